@@ -1,2 +1,193 @@
+"""The `skulk` command line (typer).
+
+`skulk` with no sub-command is `skulk run`. Flags beat environment variables, which beat
+`skulk.yaml`, which beats defaults; that merge is the pure `resolve_settings`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from skulk import __version__
+from skulk.node import ExitCode, NodeSettings, default_node_name, run_node
+from skulk.store.config import ConfigError, SkulkConfig, load_config
+from skulk.store.paths import SkulkPaths, resolve_paths
+
+app = typer.Typer(
+    help="Skulk: join machines into one cluster that serves language models.",
+    no_args_is_help=False,
+    add_completion=False,
+)
+cluster_app = typer.Typer(help="Cluster-wide settings.", no_args_is_help=True)
+models_app = typer.Typer(help="Model cards and downloads.", no_args_is_help=True)
+app.add_typer(cluster_app, name="cluster")
+app.add_typer(models_app, name="models")
+
+
+@dataclass(frozen=True)
+class RunFlags:
+    """What the operator typed (None = not given); env values are already folded in by typer."""
+
+    api_port: int | None = None
+    data_dir: Path | None = None
+    listen: str | None = None
+    bootstrap_peers: str | None = None
+    no_multicast: bool = False
+    cluster_key: str | None = None
+    no_worker: bool = False
+    no_api: bool = False
+    node_name: str | None = None
+    api_host: str | None = None
+
+
+def _split_endpoints(value: str | None) -> tuple[str, ...]:
+    if not value:
+        return ()
+    return tuple(part.strip() for part in value.split(",") if part.strip())
+
+
+def resolve_settings(flags: RunFlags, config: SkulkConfig, paths: SkulkPaths, hostname: str) -> NodeSettings:
+    """Merge flags (with env folded in) over the config file over defaults. Pure."""
+    listen = _split_endpoints(flags.listen) or tuple(config.node.listen)
+    peers = _split_endpoints(flags.bootstrap_peers) or tuple(config.node.bootstrap_peers)
+    return NodeSettings(
+        paths=paths,
+        node_name=flags.node_name or config.node.name or hostname,
+        api_host=flags.api_host or config.api.host,
+        api_port=flags.api_port if flags.api_port is not None else config.node.api_port,
+        listen=listen,
+        bootstrap_peers=peers,
+        multicast=config.node.multicast and not flags.no_multicast,
+        cluster_key=flags.cluster_key,
+        api_enabled=not flags.no_api,
+        worker_enabled=not flags.no_worker,
+    )
+
+
+def _paths(data_dir: Path | None) -> SkulkPaths:
+    return resolve_paths(os.environ, sys.platform, Path.home(), data_dir)
+
+
+def _configure_logging() -> None:
+    logging.basicConfig(
+        level=os.environ.get("SKULK_LOG_LEVEL", "INFO").upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+ApiPort = Annotated[Optional[int], typer.Option("--api-port", envvar="SKULK_API_PORT", help="HTTP port (default 52415).")]
+DataDir = Annotated[Optional[Path], typer.Option("--data-dir", envvar="SKULK_HOME", help="Root of this node's data.")]
+Listen = Annotated[Optional[str], typer.Option("--listen", envvar="SKULK_LISTEN", help="Transport endpoint(s), e.g. tcp/127.0.0.1:7447.")]
+Peers = Annotated[Optional[str], typer.Option("--bootstrap-peers", envvar="SKULK_BOOTSTRAP_PEERS", help="Comma-separated peer endpoints.")]
+NoMulticast = Annotated[bool, typer.Option("--no-multicast", help="Disable LAN multicast scouting.")]
+ClusterKey = Annotated[Optional[str], typer.Option("--cluster-key", envvar="SKULK_CLUSTER_KEY", help="Shared cluster secret.")]
+NoWorker = Annotated[bool, typer.Option("--no-worker", help="Run without the worker.")]
+NoApi = Annotated[bool, typer.Option("--no-api", help="Run without the HTTP API.")]
+NodeName = Annotated[Optional[str], typer.Option("--node-name", help="Friendly name shown in state and dashboard.")]
+ApiHost = Annotated[Optional[str], typer.Option("--api-host", envvar="SKULK_API_HOST", help="Address the API binds (default 0.0.0.0).")]
+
+
+def _run(flags: RunFlags) -> None:
+    _configure_logging()
+    paths = _paths(flags.data_dir)
+    try:
+        config = load_config(paths.config_file)
+    except ConfigError as exc:
+        typer.echo(f"skulk: {exc}", err=True)
+        raise typer.Exit(ExitCode.USAGE) from None
+    settings = resolve_settings(flags, config, paths, default_node_name())
+    raise typer.Exit(run_node(settings))
+
+
+@app.callback(invoke_without_command=True)
+def default(
+    ctx: typer.Context,
+    api_port: ApiPort = None,
+    data_dir: DataDir = None,
+    listen: Listen = None,
+    bootstrap_peers: Peers = None,
+    no_multicast: NoMulticast = False,
+    cluster_key: ClusterKey = None,
+    no_worker: NoWorker = False,
+    no_api: NoApi = False,
+    node_name: NodeName = None,
+    api_host: ApiHost = None,
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+) -> None:
+    """With no sub-command, run a node (same flags as `skulk run`)."""
+    if version:
+        typer.echo(f"skulk {__version__}")
+        raise typer.Exit(0)
+    if ctx.invoked_subcommand is None:
+        _run(RunFlags(api_port, data_dir, listen, bootstrap_peers, no_multicast, cluster_key, no_worker, no_api, node_name, api_host))
+
+
+@app.command()
+def run(
+    api_port: ApiPort = None,
+    data_dir: DataDir = None,
+    listen: Listen = None,
+    bootstrap_peers: Peers = None,
+    no_multicast: NoMulticast = False,
+    cluster_key: ClusterKey = None,
+    no_worker: NoWorker = False,
+    no_api: NoApi = False,
+    node_name: NodeName = None,
+    api_host: ApiHost = None,
+) -> None:
+    """Run a node: router, election, master, worker and API in one process."""
+    _run(RunFlags(api_port, data_dir, listen, bootstrap_peers, no_multicast, cluster_key, no_worker, no_api, node_name, api_host))
+
+
+@cluster_app.command("key")
+def cluster_key(data_dir: DataDir = None, cluster_key: ClusterKey = None) -> None:
+    """Print the cluster key (creating it in the data dir on first use).
+
+    Give it to other nodes as `--cluster-key` or `SKULK_CLUSTER_KEY` so they can join."""
+    from skulk.routing.cluster_key import ClusterKeyError, resolve_cluster_key
+
+    paths = _paths(data_dir)
+    paths.data_home.mkdir(parents=True, exist_ok=True)
+    try:
+        typer.echo(resolve_cluster_key(cluster_key, paths.data_home))
+    except ClusterKeyError as exc:
+        typer.echo(f"skulk: {exc}", err=True)
+        raise typer.Exit(ExitCode.USAGE) from None
+
+
+@models_app.command("list")
+def models_list(data_dir: DataDir = None) -> None:
+    """List the model cards this node knows (built-in and custom)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from skulk.store.cards import builtin_cards_dir, resolve_cards
+
+    paths = _paths(data_dir)
+    card_set = resolve_cards(builtin_cards_dir(), paths.custom_cards_dir)
+    table = Table("model", "family", "layers", "context", "size", "engines", "source")
+    for model_id in sorted(card_set.cards):
+        card = card_set.cards[model_id]
+        origin = "custom" if model_id in card_set.custom_ids else "built-in"
+        table.add_row(
+            model_id, card.family, str(card.num_layers), str(card.context_length),
+            f"{card.storage_size_bytes / 1e9:.2f} GB", ", ".join(sorted(card.engines)), origin,
+        )
+    console = Console()
+    console.print(table)
+    for error in card_set.errors:
+        console.print(f"[red]{error}[/red]")
+    if card_set.errors:
+        raise typer.Exit(ExitCode.USAGE)
+
+
 def main() -> None:
-    print("skulk")
+    app()

@@ -1,0 +1,3 @@
+from skulk.cli import main
+
+main()

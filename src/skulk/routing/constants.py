@@ -1,0 +1,60 @@
+"""Wire constants of the cluster transport: the network version and the key-expression layout.
+
+`NETWORK_VERSION` names the wire protocol of this build. It is bound into the wire key (see
+`cluster_key.derive_wire_key`) and into every key expression, so two builds whose wire
+behaviour differs cannot read each other's traffic: they are counted and logged as rejects,
+never half-joined. Bump it in the same change as anything that alters what goes on the wire
+(envelope layout, key-expression layout, payload framing, presence token shape, QoS).
+
+This module must never import zenoh or do I/O: it is plain data shared by pure code.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+NETWORK_VERSION: Final = "skulk-net-1"
+
+# Every key expression this build publishes or subscribes to starts with this prefix.
+KEY_ROOT: Final = "skulk"
+
+# Reserved key segment for liveliness (presence) tokens; no topic may use it as a name.
+PRESENCE_SEGMENT: Final = "presence"
+
+# Node ids, session ids and topic names become single key-expression chunks, so they must not
+# contain '/', wildcards ('*', '$'), selector characters ('?', '#') or whitespace. A leading
+# '@' would make a zenoh "verbatim" chunk, so the first character is further restricted.
+MAX_ID_CHARS: Final = 128
+ID_PATTERN: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
+
+
+def key_prefix(network_version: str = NETWORK_VERSION) -> str:
+    """`skulk/<NETWORK_VERSION>`: the root under which this build's traffic lives."""
+    return f"{KEY_ROOT}/{network_version}"
+
+
+def is_valid_id(value: str) -> bool:
+    """True when `value` can be used as one key-expression chunk (node id, session id, topic)."""
+    return isinstance(value, str) and ID_PATTERN.fullmatch(value) is not None
+
+
+def check_id(kind: str, value: str) -> str:
+    """Return `value` or raise ValueError naming what was wrong with it."""
+    if not is_valid_id(value):
+        raise ValueError(
+            f"invalid {kind} {value!r}: expected 1-{MAX_ID_CHARS} characters of "
+            "[A-Za-z0-9_.-], not starting with '.' or '-'"
+        )
+    return value
+
+
+def topic_key(topic_name: str, node_id: str | None = None, *, network_version: str = NETWORK_VERSION) -> str:
+    """Key expression of a topic: `skulk/<ver>/<topic>` or `skulk/<ver>/<topic>/<node>`."""
+    base = f"{key_prefix(network_version)}/{topic_name}"
+    return base if node_id is None else f"{base}/{node_id}"
+
+
+def presence_root(network_version: str = NETWORK_VERSION) -> str:
+    """Key expression under which presence (liveliness) tokens are declared."""
+    return f"{key_prefix(network_version)}/{PRESENCE_SEGMENT}"

@@ -1,0 +1,134 @@
+"""Topics and planes: which typed messages travel where, and with which delivery guarantees.
+
+Every topic is assigned exactly one plane in one table (`TOPICS`), checked by
+`validate_topic_table`. The plane decides QoS (see `router.py` for the zenoh mapping) and the
+receive-queue policy:
+
+- CONTROL: events, commands, election. Reliable, publisher blocks on congestion, high
+  priority; a full receive queue drops the newest and counts it (logged once).
+- TELEMETRY: readings that are not decisions. Best effort, dropped under congestion; the
+  receive queue keeps the latest value per (sender, key, reading) instead of dropping.
+- DATA: generated output and bulk input. Reliable, node-addressed (`.../<topic>/<node>`),
+  bounded per subscription with drop-and-count.
+
+This module must never import zenoh: the table is plain data, usable by pure code and
+tests. The concrete topic list lands once `skulk.shared.types` has the events and commands;
+add entries to `TOPICS` then.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from pydantic import BaseModel, TypeAdapter
+
+from skulk.routing.constants import PRESENCE_SEGMENT, is_valid_id
+
+
+class Plane(enum.Enum):
+    CONTROL = "control"
+    TELEMETRY = "telemetry"
+    DATA = "data"
+
+    @property
+    def reliable(self) -> bool:
+        return self is not Plane.TELEMETRY
+
+    @property
+    def blocks_on_congestion(self) -> bool:
+        """True when a publisher waits for network capacity instead of dropping."""
+        return self is not Plane.TELEMETRY
+
+    @property
+    def latest_value(self) -> bool:
+        """True when a full receive queue replaces older values instead of dropping new ones."""
+        return self is Plane.TELEMETRY
+
+
+# Receive-queue capacities per plane when a subscriber does not choose one. Telemetry follows
+# the seed's 256-key admission map; control and data hold a few seconds of a busy cluster.
+DEFAULT_QUEUE_CAPACITY: Final[Mapping[Plane, int]] = {
+    Plane.CONTROL: 1024,
+    Plane.TELEMETRY: 256,
+    Plane.DATA: 1024,
+}
+
+
+def default_latest_key(message: Any) -> Hashable:
+    """Telemetry readings of different types from one sender never overwrite each other."""
+    return type(message).__name__
+
+
+@dataclass(frozen=True, eq=False)
+class Topic:
+    """One typed topic. `adapter` may be a pydantic model class or a TypeAdapter (e.g. of a union).
+
+    `latest_key` (telemetry only) names the reading within one sender's stream; values with
+    the same (sender, key expression, latest_key) replace each other in a full receive queue.
+    """
+
+    name: str
+    plane: Plane
+    adapter: TypeAdapter[Any] | type[BaseModel]
+    node_addressed: bool = False
+    latest_key: Callable[[Any], Hashable] = field(default=default_latest_key)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.adapter, TypeAdapter):
+            object.__setattr__(self, "adapter", TypeAdapter(self.adapter))
+
+    @property
+    def type_adapter(self) -> TypeAdapter[Any]:
+        adapter = self.adapter
+        assert isinstance(adapter, TypeAdapter)
+        return adapter
+
+    def __repr__(self) -> str:
+        suffix = ", node_addressed" if self.node_addressed else ""
+        return f"Topic({self.name!r}, {self.plane.name}{suffix})"
+
+
+class TopicTableError(ValueError):
+    """The topic table breaks an invariant; `problems` lists every one found."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("invalid topic table: " + "; ".join(problems))
+        self.problems = problems
+
+
+def validate_topic_table(topics: Iterable[Topic]) -> None:
+    """Raise TopicTableError unless names are unique key chunks and every topic has a plane.
+
+    Data-plane topics must be node-addressed: bulk output goes to the one node that asked.
+    """
+    problems: list[str] = []
+    seen: set[str] = set()
+    for topic in topics:
+        if not isinstance(topic, Topic):
+            problems.append(f"{topic!r} is not a Topic")
+            continue
+        if not is_valid_id(topic.name):
+            problems.append(f"topic name {topic.name!r} is not a single key-expression chunk")
+        if topic.name == PRESENCE_SEGMENT:
+            problems.append(f"topic name {topic.name!r} is reserved for presence tokens")
+        if topic.name in seen:
+            problems.append(f"topic name {topic.name!r} is used twice")
+        seen.add(topic.name)
+        if not isinstance(topic.plane, Plane):
+            problems.append(f"topic {topic.name!r} has no plane ({topic.plane!r})")
+        elif topic.plane is Plane.DATA and not topic.node_addressed:
+            problems.append(f"data-plane topic {topic.name!r} must be node-addressed")
+    if problems:
+        raise TopicTableError(problems)
+
+
+# The cluster's topic table. Concrete entries (GLOBAL_EVENTS, LOCAL_EVENTS, COMMANDS,
+# DOWNLOAD_COMMANDS, STATE_SYNC, ELECTION, CONNECTION, TELEMETRY, DATA) are added here once
+# their types exist in `skulk.shared.types`, e.g.
+#     GLOBAL_EVENTS = Topic("global_events", Plane.CONTROL, IndexedEvent)
+#     TOPICS = [GLOBAL_EVENTS, ...]
+TOPICS: list[Topic] = []
+validate_topic_table(TOPICS)

@@ -1,0 +1,440 @@
+"""Model cards: what a model *is*, as placement, engines and the capacity planner need it.
+
+A card is a description, never a policy. It states the model's shape (layers, heads, window
+pattern, size), the artifacts it is made of (Hugging Face repo, GGUF file, revision pin,
+local path) and which engines can run those artifacts. It must never encode a gap in our own
+implementation (that lives in code-level capability tables) nor compute costs (the capacity
+planner owns KV arithmetic, placement owns memory fits). Cards arrive as snake_case TOML
+(`skulk.store.cards` loads them) and travel on the wire as camelCase like every `WireModel`.
+
+Every validator raises a `card_field` error naming the offending field, so the loader can
+tell a user exactly which key of which file to fix.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import PurePosixPath
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, ConfigDict, Field, Strict, model_validator
+from pydantic_core import PydanticCustomError
+
+from skulk.shared.types.base import WireModel
+from skulk.shared.types.ids import ModelId
+
+# ---------------------------------------------------------------------------------------
+# Vocabularies. Extending one of these is a schema change on purpose: a card naming an
+# engine or family this build does not know must fail loudly, not land nowhere silently.
+# ---------------------------------------------------------------------------------------
+
+Family = Literal["llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "phi3"]
+ModelTask = Literal["TextGeneration", "Embedding"]
+Capability = Literal["text", "tools", "thinking", "vision", "embedding"]
+CardSource = Literal["huggingface", "local-generated", "local-path"]
+ToolCallFormat = Literal["hermes", "llama3_json", "mistral", "none"]
+ReasoningFormat = Literal["none", "think_tags", "harmony"]
+ArtifactFormat = Literal["safetensors", "gguf"]
+
+KNOWN_ENGINES: frozenset[str] = frozenset({"mlx", "mlx_audio", "llama_cpp", "llama_server", "vllm"})
+"""Runner engines a backend tag may name (the part before the first '-')."""
+
+KNOWN_COMPUTES: frozenset[str] = frozenset({"metal", "cuda", "rocm", "vulkan", "cpu"})
+"""Accelerators a backend tag may name (the part after the first '-')."""
+
+GGUF_ENGINES: frozenset[str] = frozenset({"llama_cpp", "llama_server"})
+"""Engines that load only GGUF files: a card listing one of them describes a GGUF artifact."""
+
+SAFETENSORS_ONLY_ENGINES: frozenset[str] = frozenset({"mlx", "mlx_audio"})
+"""Engines that cannot load GGUF at all (mlx-lm reads HF safetensors directories)."""
+
+LOCAL_MODEL_PREFIX = "local/"
+"""Model ids under this owner never touch the hub: they are generated or read from disk."""
+
+_REPO_PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
+_MODEL_ID_RE = re.compile(rf"^{_REPO_PART}/{_REPO_PART}$")
+_REVISION_RE = re.compile(r"^[0-9a-f]{40}$")
+_KV_BACKEND_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+def card_field_error(field: str, message: str) -> PydanticCustomError:
+    """A validation error that names its field (dotted, snake_case) in `ctx['field']`."""
+    return PydanticCustomError("card_field", "{message}", {"field": field, "message": message})
+
+
+def backend_engine(tag: str) -> str:
+    """The engine part of a backend tag: 'llama_cpp-cuda' -> 'llama_cpp', 'mlx' -> 'mlx'."""
+    return tag.split("-", 1)[0]
+
+
+def is_model_id(value: str) -> bool:
+    """'owner/name' as Hugging Face spells repo ids. Hugging Face forbids '--' and '..' in
+    them; relying on that keeps the card file name ('/' -> '--') unambiguous and reversible."""
+    return bool(_MODEL_ID_RE.match(value)) and "--" not in value and ".." not in value
+
+
+def _check_model_id(value: str) -> str:
+    if not is_model_id(value):
+        raise ValueError(
+            f"{value!r} is not a model id: expected 'owner/name' of letters, digits, '.', '_' "
+            "and '-', without '--' or '..'"
+        )
+    return value
+
+
+def _check_backend_tag(value: str) -> str:
+    engine, sep, compute = value.partition("-")
+    if engine not in KNOWN_ENGINES:
+        raise ValueError(f"backend tag {value!r} names unknown engine {engine!r} (known: {sorted(KNOWN_ENGINES)})")
+    if sep and compute not in KNOWN_COMPUTES:
+        raise ValueError(
+            f"backend tag {value!r} names unknown compute {compute!r} (known: {sorted(KNOWN_COMPUTES)})"
+        )
+    return value
+
+
+def _check_gguf_file(value: str) -> str:
+    path = PurePosixPath(value)
+    if path.is_absolute() or ".." in path.parts or "\\" in value or not value.lower().endswith(".gguf"):
+        raise ValueError(f"{value!r} must be a repo-relative path ending in .gguf")
+    return value
+
+
+def _check_revision(value: str) -> str:
+    if not _REVISION_RE.match(value):
+        raise ValueError(f"{value!r} is not an immutable commit pin (40 lowercase hex digits); branches and tags move")
+    return value
+
+
+def _check_absolute(value: str) -> str:
+    if not PurePosixPath(value).is_absolute() and not re.match(r"^[A-Za-z]:[\\/]", value):
+        raise ValueError(f"{value!r} must be an absolute path")
+    return value
+
+
+def _check_kv_backend(value: str) -> str:
+    if not _KV_BACKEND_RE.match(value):
+        raise ValueError(f"{value!r} is not a KV cache backend name (lowercase identifier)")
+    return value
+
+
+def _unique(values: tuple[str, ...]) -> tuple[str, ...]:
+    duplicates = sorted({v for v in values if values.count(v) > 1})
+    if duplicates:
+        raise ValueError(f"duplicate entries {duplicates}")
+    return values
+
+
+# Strict scalars: TOML already gives native types, so a quoted "16" where a count belongs is a
+# mistake to report, not a value to coerce.
+PositiveInt = Annotated[int, Strict(), Field(gt=0)]
+NonEmptyStr = Annotated[str, Strict(), Field(min_length=1)]
+StrictBool = Annotated[bool, Strict()]
+CardModelId = Annotated[ModelId, Strict(), AfterValidator(_check_model_id)]
+BackendTag = Annotated[str, Strict(), AfterValidator(_check_backend_tag)]
+GgufFile = Annotated[str, Strict(), AfterValidator(_check_gguf_file)]
+Revision = Annotated[str, Strict(), AfterValidator(_check_revision)]
+AbsolutePath = Annotated[str, Strict(), AfterValidator(_check_absolute)]
+KvCacheBackend = Annotated[str, Strict(), AfterValidator(_check_kv_backend)]
+
+
+class PlacementSection(WireModel):
+    """Where the model may run. Placement and the worker read it; they own the decisions."""
+
+    compatible_backends: Annotated[tuple[BackendTag, ...], Field(min_length=1), AfterValidator(_unique)]
+    """Hard filter: '<engine>-<compute>' tags or bare engines. A node is eligible only if its
+    advertised tags intersect this list. A bare engine ('mlx') matches a node advertising that
+    bare engine, which every node running the engine does alongside its specific tags."""
+
+    backend_preference: Annotated[tuple[BackendTag, ...], AfterValidator(_unique)] = ()
+    """Soft order over a subset of compatible_backends, best first. Compatible tags absent
+    from it rank after every listed one, in compatible_backends order (see
+    `ModelCard.ordered_backends`)."""
+
+    max_pipeline_split_layer: PositiveInt | None = None
+    """Hard sharding bound: no pipeline stage boundary may be placed after this many layers
+    (for architectures whose tail layers reuse KV from earlier ones). None = unconstrained."""
+
+    supports_tensor: StrictBool = False
+    """The architecture can be split within a layer (tensor parallel) across ranks."""
+
+    @model_validator(mode="after")
+    def _preference_within_compatible(self) -> PlacementSection:
+        for tag in self.backend_preference:
+            if tag not in self.compatible_backends:
+                raise card_field_error("backend_preference", f"{tag!r} is not in compatible_backends")
+        return self
+
+
+class RuntimeSection(WireModel):
+    """Per-model engine knobs. None everywhere means 'use the cluster / node default'; only
+    an explicit value overrides it."""
+
+    metal_fast_synch: StrictBool | None = None
+    """Metal FAST_SYNCH pin; False for models that deadlock or slow down with it."""
+
+    flash_attn: StrictBool | None = None
+    """llama.cpp Flash Attention pin; the node default is on."""
+
+    kv_cache_backend: KvCacheBackend | None = None
+    """MLX KV cache backend name ('default', 'mlx_quantized', ...); the engine owns the set."""
+
+    speculative_multi_node: StrictBool | None = None
+    """Only an explicit False gates: multi-node speculation measured slower than plain decode."""
+
+
+class ToolingSection(WireModel):
+    """How the model's chat template expresses tool calls; the family adapter parses it."""
+
+    tool_call_format: ToolCallFormat = "none"
+
+
+class ReasoningSection(WireModel):
+    """How the model marks its reasoning in the output stream."""
+
+    format: ReasoningFormat = "none"
+    start_tag: NonEmptyStr | None = None
+    """For think_tags: the opening marker, e.g. '<think>'."""
+    end_tag: NonEmptyStr | None = None
+    """For think_tags: the closing marker, e.g. '</think>'."""
+
+    @model_validator(mode="after")
+    def _tags_match_format(self) -> ReasoningSection:
+        if self.format == "think_tags":
+            for name in ("start_tag", "end_tag"):
+                if getattr(self, name) is None:
+                    raise card_field_error(name, "required when format is 'think_tags'")
+        else:
+            for name in ("start_tag", "end_tag"):
+                if getattr(self, name) is not None:
+                    raise card_field_error(name, f"only meaningful when format is 'think_tags', not {self.format!r}")
+        return self
+
+
+class ModelCard(WireModel):
+    """One model: identity, shape, artifacts, and where it may run.
+
+    Attention layout (the capacity planner depends on this exact rule). Layers are indexed
+    0..num_layers-1; each layer is either *global* (attends to the whole context) or
+    *windowed* (attends to at most `sliding_window` most recent tokens):
+
+    - sliding_window None (then sliding_window_pattern must be None): every layer is global.
+    - sliding_window W, sliding_window_pattern None: every layer is windowed to W.
+    - sliding_window W, sliding_window_pattern N: layer i is global iff (i + 1) % N == 0, and
+      windowed to W otherwise. Gemma 3 (N=6): layers 5, 11, 17, ... are global, five windowed
+      layers precede each. Gemma 2 (N=2): odd layers global, even layers windowed.
+
+    `is_windowed_layer` is the executable form of this rule.
+    """
+
+    model_config = ConfigDict(protected_namespaces=())
+
+    model_id: CardModelId
+    """Hugging Face repo id ('mlx-community/Llama-3.2-1B-Instruct-4bit'), or 'local/<name>'
+    for models generated by the project or read from a local path."""
+    name: NonEmptyStr
+    """Display name."""
+    family: Family
+    """Architecture family; selects the per-family adapter."""
+
+    source: CardSource = "huggingface"
+    """Where the artifacts come from. huggingface: downloaded from the hub (or the store);
+    local-generated: produced offline by the project's generator; local-path: already on disk
+    at local_path."""
+    source_revision: Revision | None = None
+    """Immutable hub commit the artifacts are pinned to; part of artifact identity. None =
+    the repo's main branch. Only for source = huggingface."""
+    local_path: AbsolutePath | None = None
+    """Absolute directory on the node's disk holding the artifacts (the safetensors model, or
+    the directory containing gguf_file); only for source = local-path."""
+    gguf_file: GgufFile | None = None
+    """Exact GGUF file this card means, relative to the repo (or local_path); the first shard
+    for split files. Required for GGUF cards unless source = local-generated; forbidden for
+    safetensors cards."""
+    quantization: NonEmptyStr
+    """As published: '4bit', '8bit', 'bf16' (MLX), 'Q4_K_M', 'Q8_0', 'f16' (GGUF)."""
+    storage_size_bytes: PositiveInt
+    """Bytes of the artifacts this card downloads/loads: the whole repo for safetensors, the
+    named gguf_file for GGUF (not the repo, which holds every quant)."""
+
+    tasks: Annotated[tuple[ModelTask, ...], Field(min_length=1), AfterValidator(_unique)]
+    capabilities: Annotated[tuple[Capability, ...], Field(min_length=1), AfterValidator(_unique)]
+
+    num_layers: PositiveInt
+    """Transformer blocks (config.json num_hidden_layers)."""
+    hidden_size: PositiveInt
+    num_attention_heads: PositiveInt
+    num_key_value_heads: PositiveInt
+    """KV heads (GQA); num_attention_heads must be a multiple of it."""
+    head_dim: PositiveInt
+    """Per-head dimension, stated explicitly: it is not always hidden_size / heads (Gemma 3)."""
+    vocab_size: PositiveInt
+    context_length: PositiveInt
+    """Largest context the model was trained/published for, in tokens."""
+    sliding_window: PositiveInt | None = None
+    """Window of windowed layers, in tokens; see the class docstring."""
+    sliding_window_pattern: Annotated[int, Strict(), Field(ge=2)] | None = None
+    """Period N of the global/windowed interleave; see the class docstring."""
+
+    placement: PlacementSection
+    runtime: RuntimeSection = RuntimeSection()
+    tooling: ToolingSection = ToolingSection()
+    reasoning: ReasoningSection = ReasoningSection()
+
+    # -- derived descriptions ------------------------------------------------------------
+
+    @property
+    def engines(self) -> frozenset[str]:
+        """Engines named by compatible_backends ('llama_cpp-cuda' contributes 'llama_cpp')."""
+        return frozenset(backend_engine(tag) for tag in self.placement.compatible_backends)
+
+    @property
+    def is_gguf(self) -> bool:
+        """The artifact is a GGUF file (some compatible engine loads only GGUF)."""
+        return bool(self.engines & GGUF_ENGINES)
+
+    @property
+    def artifact_format(self) -> ArtifactFormat:
+        return "gguf" if self.is_gguf else "safetensors"
+
+    @property
+    def is_local(self) -> bool:
+        """Resolved without the hub (generated or on-disk)."""
+        return self.source != "huggingface"
+
+    @property
+    def ordered_backends(self) -> tuple[str, ...]:
+        """compatible_backends, best first: backend_preference, then the rest in listed order."""
+        preferred = self.placement.backend_preference
+        return preferred + tuple(t for t in self.placement.compatible_backends if t not in preferred)
+
+    def is_windowed_layer(self, layer_index: int) -> bool:
+        """Whether layer `layer_index` (0-based) uses the sliding window (see class docstring)."""
+        if not 0 <= layer_index < self.num_layers:
+            raise IndexError(f"layer {layer_index} out of range for {self.num_layers} layers")
+        if self.sliding_window is None:
+            return False
+        if self.sliding_window_pattern is None:
+            return True
+        return (layer_index + 1) % self.sliding_window_pattern != 0
+
+    # -- cross-field rules, each naming the field to fix ----------------------------------
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ModelCard:
+        for rule in (
+            _heads_divide,
+            _window_pattern_needs_window,
+            _split_layer_within_model,
+            _one_artifact_format,
+            _gguf_file_matches_format,
+            _source_fields_match,
+            _tasks_match_capabilities,
+            _tooling_matches_capabilities,
+            _reasoning_matches_capabilities,
+        ):
+            rule(self)
+        return self
+
+
+def _heads_divide(card: ModelCard) -> None:
+    if card.num_attention_heads % card.num_key_value_heads != 0:
+        raise card_field_error(
+            "num_key_value_heads",
+            f"num_attention_heads ({card.num_attention_heads}) is not a multiple of "
+            f"num_key_value_heads ({card.num_key_value_heads})",
+        )
+
+
+def _window_pattern_needs_window(card: ModelCard) -> None:
+    if card.sliding_window_pattern is not None and card.sliding_window is None:
+        raise card_field_error("sliding_window_pattern", "set without sliding_window")
+
+
+def _split_layer_within_model(card: ModelCard) -> None:
+    limit = card.placement.max_pipeline_split_layer
+    if limit is not None and limit > card.num_layers:
+        raise card_field_error(
+            "placement.max_pipeline_split_layer", f"{limit} exceeds num_layers ({card.num_layers})"
+        )
+
+
+def _one_artifact_format(card: ModelCard) -> None:
+    gguf, safetensors = card.engines & GGUF_ENGINES, card.engines & SAFETENSORS_ONLY_ENGINES
+    if gguf and safetensors:
+        raise card_field_error(
+            "placement.compatible_backends",
+            f"mixes GGUF-only engines {sorted(gguf)} with engines that cannot load GGUF "
+            f"{sorted(safetensors)}; one card describes one artifact, make two cards",
+        )
+
+
+def _gguf_file_matches_format(card: ModelCard) -> None:
+    # A generated model's file name is the generator's business; every other GGUF card must
+    # say which of the repo's (or directory's) many quant files it means.
+    if card.is_gguf and card.gguf_file is None and card.source != "local-generated":
+        raise card_field_error("gguf_file", "required for a GGUF card (one with a llama_cpp/llama_server backend)")
+    if not card.is_gguf and card.gguf_file is not None:
+        raise card_field_error("gguf_file", "set on a card with no GGUF engine in compatible_backends")
+
+
+def _source_fields_match(card: ModelCard) -> None:
+    local_id = card.model_id.startswith(LOCAL_MODEL_PREFIX)
+    if card.source == "huggingface" and local_id:
+        raise card_field_error("model_id", f"'{LOCAL_MODEL_PREFIX}...' ids are for local sources, not huggingface")
+    if card.source != "huggingface" and not local_id:
+        raise card_field_error("model_id", f"source {card.source!r} needs a '{LOCAL_MODEL_PREFIX}<name>' id")
+    if card.source_revision is not None and card.source != "huggingface":
+        raise card_field_error("source_revision", "only a huggingface source can be pinned to a commit")
+    if card.source == "local-path" and card.local_path is None:
+        raise card_field_error("local_path", "required when source is 'local-path'")
+    if card.source != "local-path" and card.local_path is not None:
+        raise card_field_error("local_path", f"only meaningful when source is 'local-path', not {card.source!r}")
+
+
+def _tasks_match_capabilities(card: ModelCard) -> None:
+    for task, capability in (("TextGeneration", "text"), ("Embedding", "embedding")):
+        if (task in card.tasks) != (capability in card.capabilities):
+            raise card_field_error(
+                "capabilities", f"task {task!r} and capability {capability!r} must be declared together"
+            )
+
+
+def _tooling_matches_capabilities(card: ModelCard) -> None:
+    has_format = card.tooling.tool_call_format != "none"
+    if has_format != ("tools" in card.capabilities):
+        raise card_field_error(
+            "tooling.tool_call_format", "must be set (not 'none') exactly when capabilities include 'tools'"
+        )
+
+
+def _reasoning_matches_capabilities(card: ModelCard) -> None:
+    has_format = card.reasoning.format != "none"
+    if has_format != ("thinking" in card.capabilities):
+        raise card_field_error(
+            "reasoning.format", "must be set (not 'none') exactly when capabilities include 'thinking'"
+        )
+
+
+__all__ = [
+    "GGUF_ENGINES",
+    "KNOWN_COMPUTES",
+    "KNOWN_ENGINES",
+    "LOCAL_MODEL_PREFIX",
+    "SAFETENSORS_ONLY_ENGINES",
+    "ArtifactFormat",
+    "Capability",
+    "CardSource",
+    "Family",
+    "ModelCard",
+    "ModelTask",
+    "PlacementSection",
+    "ReasoningFormat",
+    "ReasoningSection",
+    "RuntimeSection",
+    "ToolCallFormat",
+    "ToolingSection",
+    "backend_engine",
+    "card_field_error",
+    "is_model_id",
+]

@@ -1,0 +1,173 @@
+"""Commands: imperative requests to the master (or, for downloads, to a target worker).
+
+A command is a wish, not a fact: the master validates it against replicated state and
+answers with events (or refuses). Commands are never applied to State and never replayed.
+Every command carries a `command_id` minted by the shell that sends it; API commands reuse
+it as the id of their data-plane stream.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import Field, TypeAdapter
+
+from skulk.shared.types.base import WireModel
+from skulk.shared.types.cards import ModelCard
+from skulk.shared.types.common import NonNegInt, Sharding
+from skulk.shared.types.ids import CommandId, InstanceId, ModelId, NodeId
+from skulk.shared.types.instances import Instance
+from skulk.shared.types.tasks import EmbeddingParams, TextGenerationParams
+
+
+class _CommandBase(WireModel):
+    command_id: CommandId
+
+
+class PlaceInstance(_CommandBase):
+    """Ask the master to choose a placement. `excluded_nodes` is a per-launch hint that is
+    stamped onto the resulting instance so repairs keep honouring it."""
+
+    type: Literal["PlaceInstance"] = "PlaceInstance"
+    model_id: ModelId
+    sharding: Sharding = "Pipeline"
+    min_nodes: int = Field(default=1, ge=1)
+    excluded_nodes: list[NodeId] = Field(default_factory=list)
+
+
+class CreateInstance(_CommandBase):
+    """Create an instance whose placement the caller already decided (e.g. a dry run)."""
+
+    type: Literal["CreateInstance"] = "CreateInstance"
+    instance: Instance
+
+
+class DeleteInstance(_CommandBase):
+    type: Literal["DeleteInstance"] = "DeleteInstance"
+    instance_id: InstanceId
+
+
+class GenerateText(_CommandBase):
+    type: Literal["GenerateText"] = "GenerateText"
+    params: TextGenerationParams
+
+
+class Embed(_CommandBase):
+    type: Literal["Embed"] = "Embed"
+    params: EmbeddingParams
+
+
+class TaskFinished(_CommandBase):
+    """The owning API saw the terminal frame of `finished_command_id`; its task may go."""
+
+    type: Literal["TaskFinished"] = "TaskFinished"
+    finished_command_id: CommandId
+
+
+class CancelCommand(_CommandBase):
+    type: Literal["CancelCommand"] = "CancelCommand"
+    cancelled_command_id: CommandId
+
+
+class SetTracingEnabled(_CommandBase):
+    type: Literal["SetTracingEnabled"] = "SetTracingEnabled"
+    enabled: bool
+
+
+class RefuseInstancePlacement(_CommandBase):
+    """A worker's pre-load memory guard refused its shard of `instance_id`."""
+
+    type: Literal["RefuseInstancePlacement"] = "RefuseInstancePlacement"
+    instance_id: InstanceId
+    node_id: NodeId
+    needed_bytes: NonNegInt
+    available_bytes: NonNegInt
+    message: str
+
+
+class EvictStagedModel(_CommandBase):
+    type: Literal["EvictStagedModel"] = "EvictStagedModel"
+    model_id: ModelId
+
+
+class RequestEventLog(_CommandBase):
+    """A follower asks for retained events with idx >= `since_idx` (its
+    `last_event_applied_idx + 1`)."""
+
+    type: Literal["RequestEventLog"] = "RequestEventLog"
+    since_idx: NonNegInt
+
+
+class StartDownload(_CommandBase):
+    type: Literal["StartDownload"] = "StartDownload"
+    target_node_id: NodeId
+    model_id: ModelId
+
+
+class CancelDownload(_CommandBase):
+    type: Literal["CancelDownload"] = "CancelDownload"
+    target_node_id: NodeId
+    model_id: ModelId
+
+
+class AddCustomModelCard(_CommandBase):
+    type: Literal["AddCustomModelCard"] = "AddCustomModelCard"
+    card: ModelCard
+
+
+class DeleteCustomModelCard(_CommandBase):
+    type: Literal["DeleteCustomModelCard"] = "DeleteCustomModelCard"
+    model_id: ModelId
+
+
+Command = Annotated[
+    Union[
+        PlaceInstance,
+        CreateInstance,
+        AddCustomModelCard,
+        DeleteCustomModelCard,
+        DeleteInstance,
+        GenerateText,
+        Embed,
+        TaskFinished,
+        CancelCommand,
+        SetTracingEnabled,
+        RefuseInstancePlacement,
+        EvictStagedModel,
+        RequestEventLog,
+        StartDownload,
+        CancelDownload,
+    ],
+    Field(discriminator="type"),
+]
+COMMAND_ADAPTER: TypeAdapter[Command] = TypeAdapter(Command)
+
+
+class ForwarderCommand(WireModel):
+    """A command as it travels on the COMMANDS topic, with the node that sent it (the node
+    whose API owns the resulting stream)."""
+
+    origin: NodeId
+    command: Command
+
+
+__all__ = [
+    "AddCustomModelCard",
+    "DeleteCustomModelCard",
+    "COMMAND_ADAPTER",
+    "CancelCommand",
+    "CancelDownload",
+    "Command",
+    "CreateInstance",
+    "DeleteInstance",
+    "Embed",
+    "EvictStagedModel",
+    "ForwarderCommand",
+    "GenerateText",
+    "PlaceInstance",
+    "RefuseInstancePlacement",
+    "RequestEventLog",
+    "SetTracingEnabled",
+    "StartDownload",
+    "TaskFinished",
+]

@@ -1,0 +1,310 @@
+"""Events: past-tense facts, the only input to `apply()`.
+
+Producers publish an event wrapped in a `LocalEvent` (origin node, session, sequence); only
+the elected master orders them, dedups by (origin, origin_session, origin_seq), assigns the
+index and republishes `IndexedEvent`s. Once indexed an event is immutable history, so its
+shape changes only with the wire version. Events carry ids minted by the producer; nothing
+here may be derived from a clock or randomness at apply time.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import Field, TypeAdapter
+
+from skulk.shared.types.base import WireModel
+from skulk.shared.types.cards import ModelCard
+from skulk.shared.types.common import (
+    Edge,
+    FiniteFloat,
+    NetworkInterface,
+    NonNegInt,
+    TaskStatus,
+    UtcDatetime,
+)
+from skulk.shared.types.ids import (
+    DownloadAttemptId,
+    EventId,
+    InstanceId,
+    ModelId,
+    NodeId,
+    RunnerId,
+    SessionId,
+    TaskId,
+)
+from skulk.shared.types.instances import Instance, RunnerStatus
+from skulk.shared.types.tasks import Task
+
+NonNegFloat = Annotated[FiniteFloat, Field(ge=0)]
+
+
+class _EventBase(WireModel):
+    event_id: EventId
+
+
+# -- membership and topology -------------------------------------------------------------
+
+
+class NodeJoined(_EventBase):
+    type: Literal["NodeJoined"] = "NodeJoined"
+    node_id: NodeId
+    node_name: str
+    version: str
+    api_endpoint: str | None = None
+
+
+class NodeLeft(_EventBase):
+    type: Literal["NodeLeft"] = "NodeLeft"
+    node_id: NodeId
+
+
+class NodeTimedOut(_EventBase):
+    """The master pruned a silent node. The ages that decided it are persisted so the log
+    explains the prune after the ephemeral receipt times are gone."""
+
+    type: Literal["NodeTimedOut"] = "NodeTimedOut"
+    node_id: NodeId
+    last_event_age_s: NonNegFloat
+    heartbeat_age_s: NonNegFloat | None = None
+    telemetry_age_s: NonNegFloat | None = None
+    effective_age_s: NonNegFloat
+    timeout_s: NonNegFloat
+
+
+class NodeNetworkUpdated(_EventBase):
+    type: Literal["NodeNetworkUpdated"] = "NodeNetworkUpdated"
+    node_id: NodeId
+    interfaces: list[NetworkInterface] = Field(default_factory=list)
+
+
+class TopologyEdgeCreated(_EventBase):
+    type: Literal["TopologyEdgeCreated"] = "TopologyEdgeCreated"
+    edge: Edge
+
+
+class TopologyEdgeDeleted(_EventBase):
+    type: Literal["TopologyEdgeDeleted"] = "TopologyEdgeDeleted"
+    edge: Edge
+
+
+# -- instances and runners -----------------------------------------------------------------
+
+
+class InstanceCreated(_EventBase):
+    type: Literal["InstanceCreated"] = "InstanceCreated"
+    instance: Instance
+
+
+class InstanceDeleted(_EventBase):
+    type: Literal["InstanceDeleted"] = "InstanceDeleted"
+    instance_id: InstanceId
+    reason: str
+
+
+class InstancePlacementRefused(_EventBase):
+    """A worker's pre-load guard refused its shard; the master re-places (bounded by the
+    instance's `repair_hop`). Recorded for the log; it does not change State by itself."""
+
+    type: Literal["InstancePlacementRefused"] = "InstancePlacementRefused"
+    instance_id: InstanceId
+    node_id: NodeId
+    needed_bytes: NonNegInt
+    available_bytes: NonNegInt
+    message: str
+
+
+class RunnerStatusUpdated(_EventBase):
+    type: Literal["RunnerStatusUpdated"] = "RunnerStatusUpdated"
+    runner_id: RunnerId
+    status: RunnerStatus
+
+
+class RunnerDeleted(_EventBase):
+    type: Literal["RunnerDeleted"] = "RunnerDeleted"
+    runner_id: RunnerId
+
+
+# -- tasks ----------------------------------------------------------------------------------
+
+
+class TaskCreated(_EventBase):
+    type: Literal["TaskCreated"] = "TaskCreated"
+    task: Task
+
+
+class TaskAcknowledged(_EventBase):
+    type: Literal["TaskAcknowledged"] = "TaskAcknowledged"
+    task_id: TaskId
+
+
+class TaskStatusUpdated(_EventBase):
+    type: Literal["TaskStatusUpdated"] = "TaskStatusUpdated"
+    task_id: TaskId
+    status: TaskStatus
+    error_message: str | None = None
+
+
+class TaskFailed(_EventBase):
+    """Terminal failure of a task; the owning API turns it into an error on the stream."""
+
+    type: Literal["TaskFailed"] = "TaskFailed"
+    task_id: TaskId
+    error_type: str
+    error_message: str
+
+
+class TaskDeleted(_EventBase):
+    type: Literal["TaskDeleted"] = "TaskDeleted"
+    task_id: TaskId
+
+
+# -- downloads ------------------------------------------------------------------------------
+
+
+class _DownloadEventBase(_EventBase):
+    node_id: NodeId
+    model_id: ModelId
+    attempt_id: DownloadAttemptId
+
+
+class DownloadPending(_DownloadEventBase):
+    """An ordered start/reset decision; clears an older terminal outcome."""
+
+    type: Literal["DownloadPending"] = "DownloadPending"
+
+
+class DownloadOngoing(_DownloadEventBase):
+    """Decodable for replay compatibility only: progress now rides telemetry
+    (`DownloadProgress`) and this event does not change State."""
+
+    type: Literal["DownloadOngoing"] = "DownloadOngoing"
+    downloaded_bytes: NonNegInt
+    total_bytes: NonNegInt
+
+
+class DownloadCompleted(_DownloadEventBase):
+    type: Literal["DownloadCompleted"] = "DownloadCompleted"
+    total_bytes: NonNegInt
+
+
+class DownloadFailed(_DownloadEventBase):
+    type: Literal["DownloadFailed"] = "DownloadFailed"
+    error_message: str
+
+
+# -- cluster-wide switches ----------------------------------------------------------------------
+
+
+class TracingStateChanged(_EventBase):
+    type: Literal["TracingStateChanged"] = "TracingStateChanged"
+    enabled: bool
+
+
+class StagedModelEvicted(_EventBase):
+    """Every named node (all nodes when `node_ids` is None) dropped its staged copy."""
+
+    type: Literal["StagedModelEvicted"] = "StagedModelEvicted"
+    model_id: ModelId
+    node_ids: list[NodeId] | None = None
+
+
+# -- custom model cards -----------------------------------------------------------------------
+
+
+class CustomModelCardAdded(_EventBase):
+    """An operator added (or replaced) a custom card; every node writes it to its own
+    custom cards directory so any node's API can resolve the model."""
+
+    type: Literal["CustomModelCardAdded"] = "CustomModelCardAdded"
+    card: ModelCard
+
+
+class CustomModelCardDeleted(_EventBase):
+    type: Literal["CustomModelCardDeleted"] = "CustomModelCardDeleted"
+    model_id: ModelId
+
+
+Event = Annotated[
+    Union[
+        NodeJoined,
+        NodeLeft,
+        NodeTimedOut,
+        NodeNetworkUpdated,
+        TopologyEdgeCreated,
+        TopologyEdgeDeleted,
+        InstanceCreated,
+        InstanceDeleted,
+        InstancePlacementRefused,
+        RunnerStatusUpdated,
+        RunnerDeleted,
+        TaskCreated,
+        TaskAcknowledged,
+        TaskStatusUpdated,
+        TaskFailed,
+        TaskDeleted,
+        DownloadPending,
+        DownloadOngoing,
+        DownloadCompleted,
+        DownloadFailed,
+        TracingStateChanged,
+        StagedModelEvicted,
+        CustomModelCardAdded,
+        CustomModelCardDeleted,
+    ],
+    Field(discriminator="type"),
+]
+EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+
+
+class LocalEvent(WireModel):
+    """An event as its producer publishes it, before the master orders it. The master
+    dedups on (origin, origin_session, origin_seq); a producer restart is a new session."""
+
+    origin: NodeId
+    origin_session: SessionId
+    origin_seq: NonNegInt
+    event: Event
+
+
+class IndexedEvent(WireModel):
+    """An event the master has ordered: `idx` is its position in the one cluster log."""
+
+    idx: NonNegInt
+    origin: NodeId
+    indexed_at: UtcDatetime
+    event: Event
+
+
+__all__ = [
+    "EVENT_ADAPTER",
+    "CustomModelCardAdded",
+    "CustomModelCardDeleted",
+    "DownloadCompleted",
+    "DownloadFailed",
+    "DownloadOngoing",
+    "DownloadPending",
+    "Edge",
+    "Event",
+    "IndexedEvent",
+    "InstanceCreated",
+    "InstanceDeleted",
+    "InstancePlacementRefused",
+    "LocalEvent",
+    "NetworkInterface",
+    "NodeJoined",
+    "NodeLeft",
+    "NodeNetworkUpdated",
+    "NodeTimedOut",
+    "RunnerDeleted",
+    "RunnerStatusUpdated",
+    "StagedModelEvicted",
+    "TaskAcknowledged",
+    "TaskCreated",
+    "TaskDeleted",
+    "TaskFailed",
+    "TaskStatusUpdated",
+    "TopologyEdgeCreated",
+    "TopologyEdgeDeleted",
+    "TracingStateChanged",
+]

@@ -1,0 +1,86 @@
+"""Placed instances: which runner on which node serves which layers of a model.
+
+The master decides an `Instance` once (placement is a pure function over replicated state)
+and stamps on it everything every rank must agree on, such as `context_token_limit`, so no
+rank ever recomputes it from time-varying telemetry. Types only; no placement logic here.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from skulk.shared.types.base import WireModel
+from skulk.shared.types.common import NonNegInt, RunnerState, Sharding
+from skulk.shared.types.ids import CommandId, InstanceId, ModelId, NodeId, RunnerId
+
+MAX_REPAIR_HOP = 2
+"""Bound on automatic re-placement after a refusal: 0 is the original placement, 1 the
+one-node-wider re-placement, 2 the single-node fallback. A refusal at hop 2 is terminal, so
+the chain can never oscillate between two refusing nodes."""
+
+
+class ShardAssignment(WireModel):
+    """One rank of an instance: layers [start_layer, end_layer) on one node's runner."""
+
+    node_id: NodeId
+    runner_id: RunnerId
+    rank: NonNegInt
+    world_size: int = Field(ge=1)
+    start_layer: NonNegInt
+    end_layer: NonNegInt
+    backend: str
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ShardAssignment:
+        if self.rank >= self.world_size:
+            raise ValueError(f"rank {self.rank} outside world size {self.world_size}")
+        if self.end_layer <= self.start_layer:
+            raise ValueError(
+                f"empty layer range [{self.start_layer}, {self.end_layer}) for rank {self.rank}"
+            )
+        return self
+
+
+class Instance(WireModel):
+    instance_id: InstanceId
+    model_id: ModelId
+    sharding: Sharding
+    shards: list[ShardAssignment] = Field(min_length=1)
+    excluded_nodes: list[NodeId] = Field(default_factory=list)
+    context_token_limit: int = Field(ge=1)
+    ring_hosts: list[str] = Field(default_factory=list)
+    repair_hop: int = Field(default=0, ge=0, le=MAX_REPAIR_HOP)
+    created_by_command: CommandId | None = None
+
+    @model_validator(mode="after")
+    def _ranks_in_order(self) -> Instance:
+        # Every rank must see the same ordered group, or collectives deadlock.
+        n = len(self.shards)
+        for position, shard in enumerate(self.shards):
+            if shard.rank != position or shard.world_size != n:
+                raise ValueError(
+                    f"shards must be ordered by rank 0..{n - 1} with world_size {n}; "
+                    f"position {position} has rank {shard.rank}, world_size {shard.world_size}"
+                )
+        runner_ids = [s.runner_id for s in self.shards]
+        if len(set(runner_ids)) != n:
+            raise ValueError("each shard needs its own runner id")
+        return self
+
+    def runner_ids(self) -> list[RunnerId]:
+        return [s.runner_id for s in self.shards]
+
+    def node_ids(self) -> list[NodeId]:
+        """Hosting nodes in rank order (a node may host several ranks)."""
+        return [s.node_id for s in self.shards]
+
+    def shard_for_runner(self, runner_id: RunnerId) -> ShardAssignment | None:
+        return next((s for s in self.shards if s.runner_id == runner_id), None)
+
+
+class RunnerStatus(WireModel):
+    state: RunnerState
+    error_message: str | None = None
+
+
+__all__ = ["MAX_REPAIR_HOP", "Instance", "RunnerStatus", "ShardAssignment"]

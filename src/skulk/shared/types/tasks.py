@@ -1,0 +1,139 @@
+"""Tasks: units of work the master assigns to a worker and its runners.
+
+API tasks (`TextGeneration`, `Embedding`) carry a caller's request to an instance's rank 0;
+lifecycle tasks (`CreateRunner` .. `Shutdown`) move one runner through its states. Tasks
+live in State, so everything here must be deterministic data, never handles or clocks.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import Field, TypeAdapter, model_validator
+
+from skulk.shared.types.base import WireModel
+from skulk.shared.types.common import ChatMessage, FiniteFloat, TaskStatus, ToolSpec
+from skulk.shared.types.ids import CommandId, InstanceId, ModelId, NodeId, RunnerId, TaskId
+
+
+class TextGenerationParams(WireModel):
+    """A normalised generation request: either chat `messages` (rendered with the model's
+    chat template) or a raw completion `prompt`, never both."""
+
+    model_id: ModelId
+    messages: list[ChatMessage] = Field(default_factory=list)
+    prompt: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: FiniteFloat | None = Field(default=None, ge=0)
+    top_p: FiniteFloat | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=0)
+    seed: int | None = None
+    stop: list[str] = Field(default_factory=list)
+    tools: list[ToolSpec] = Field(default_factory=list)
+    tool_choice: str | dict[str, Any] | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0)
+    stream: bool = False
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TextGenerationParams:
+        if (self.prompt is None) == (not self.messages):
+            raise ValueError("exactly one of `messages` (non-empty) or `prompt` is required")
+        return self
+
+
+class EmbeddingParams(WireModel):
+    model_id: ModelId
+    inputs: list[str] = Field(min_length=1)
+    dimensions: int | None = Field(default=None, ge=1)
+
+
+class _TaskBase(WireModel):
+    task_id: TaskId
+    instance_id: InstanceId
+    status: TaskStatus = "Pending"
+    error_message: str | None = None
+
+
+class TextGeneration(_TaskBase):
+    type: Literal["TextGeneration"] = "TextGeneration"
+    command_id: CommandId
+    params: TextGenerationParams
+
+
+class Embedding(_TaskBase):
+    type: Literal["Embedding"] = "Embedding"
+    command_id: CommandId
+    params: EmbeddingParams
+
+
+class _RunnerTaskBase(_TaskBase):
+    runner_id: RunnerId
+
+
+class CreateRunner(_RunnerTaskBase):
+    type: Literal["CreateRunner"] = "CreateRunner"
+
+
+class DownloadModel(_RunnerTaskBase):
+    type: Literal["DownloadModel"] = "DownloadModel"
+    node_id: NodeId
+    model_id: ModelId
+
+
+class ConnectToGroup(_RunnerTaskBase):
+    type: Literal["ConnectToGroup"] = "ConnectToGroup"
+
+
+class LoadModel(_RunnerTaskBase):
+    type: Literal["LoadModel"] = "LoadModel"
+
+
+class StartWarmup(_RunnerTaskBase):
+    type: Literal["StartWarmup"] = "StartWarmup"
+
+
+class Shutdown(_RunnerTaskBase):
+    type: Literal["Shutdown"] = "Shutdown"
+
+
+class CancelTask(_RunnerTaskBase):
+    type: Literal["CancelTask"] = "CancelTask"
+    cancelled_task_id: TaskId
+
+
+ApiTask = TextGeneration | Embedding
+"""Tasks that answer a caller's command; they own a data-plane stream."""
+
+Task = Annotated[
+    Union[
+        TextGeneration,
+        Embedding,
+        CreateRunner,
+        DownloadModel,
+        ConnectToGroup,
+        LoadModel,
+        StartWarmup,
+        Shutdown,
+        CancelTask,
+    ],
+    Field(discriminator="type"),
+]
+TASK_ADAPTER: TypeAdapter[Task] = TypeAdapter(Task)
+
+__all__ = [
+    "TASK_ADAPTER",
+    "ApiTask",
+    "CancelTask",
+    "ConnectToGroup",
+    "CreateRunner",
+    "DownloadModel",
+    "Embedding",
+    "EmbeddingParams",
+    "LoadModel",
+    "Shutdown",
+    "StartWarmup",
+    "Task",
+    "TextGeneration",
+    "TextGenerationParams",
+]

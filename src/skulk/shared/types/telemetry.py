@@ -1,0 +1,88 @@
+"""Telemetry-plane readings: latest-value observations, not decisions.
+
+Readings are gossiped last-write-wins and land in an in-memory view keyed by node (and by
+model for download progress). They are NOT events: they are never indexed, logged, replayed
+or applied to State, so a chatty reading can never grow the event log. Receivers stamp
+their own receipt time for liveness; no reading carries a sender clock that is trusted.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import Field, TypeAdapter
+
+from skulk.shared.types.base import WireModel
+from skulk.shared.types.common import NonNegInt
+from skulk.shared.types.ids import DownloadAttemptId, ModelId, NodeId
+
+
+class NodeHeartbeat(WireModel):
+    """Payload-free liveness signal, published every couple of seconds by every node."""
+
+    type: Literal["NodeHeartbeat"] = "NodeHeartbeat"
+    node_id: NodeId
+
+
+class MemoryReading(WireModel):
+    ram_total_bytes: NonNegInt
+    ram_available_bytes: NonNegInt
+
+
+class DiskReading(WireModel):
+    models_dir: str
+    total_bytes: NonNegInt
+    free_bytes: NonNegInt
+
+
+class CapabilityConflict(WireModel):
+    """Something a node's probed facts contradict (e.g. a GPU build with no GPU), with the
+    fix an operator should apply."""
+
+    code: str
+    level: Literal["info", "warn", "error"]
+    message: str
+    remediation: str | None = None
+
+
+class NodeResources(WireModel):
+    type: Literal["NodeResources"] = "NodeResources"
+    node_id: NodeId
+    node_name: str
+    version: str
+    memory: MemoryReading
+    disk: DiskReading
+    backends: list[str] = Field(default_factory=list)
+    capability_conflicts: list[CapabilityConflict] = Field(default_factory=list)
+    api_endpoint: str | None = None
+
+
+class DownloadProgress(WireModel):
+    """Non-terminal progress of one download attempt. Terminal outcomes are events
+    (DownloadCompleted/DownloadFailed); `attempt_id` lets a receiver drop a late sample of
+    an older attempt that would otherwise override a newer decision."""
+
+    type: Literal["DownloadProgress"] = "DownloadProgress"
+    node_id: NodeId
+    model_id: ModelId
+    attempt_id: DownloadAttemptId
+    downloaded_bytes: NonNegInt
+    total_bytes: NonNegInt
+
+
+TelemetryReading = Annotated[
+    Union[NodeHeartbeat, NodeResources, DownloadProgress],
+    Field(discriminator="type"),
+]
+TELEMETRY_ADAPTER: TypeAdapter[TelemetryReading] = TypeAdapter(TelemetryReading)
+
+__all__ = [
+    "TELEMETRY_ADAPTER",
+    "CapabilityConflict",
+    "DiskReading",
+    "DownloadProgress",
+    "MemoryReading",
+    "NodeHeartbeat",
+    "NodeResources",
+    "TelemetryReading",
+]

@@ -1,0 +1,34 @@
+from pathlib import Path
+
+from skulk.cli import RunFlags, resolve_settings
+from skulk.store.config import parse_config
+from skulk.store.paths import resolve_paths
+
+PATHS = resolve_paths({"SKULK_HOME": "/h"}, "linux", Path("/home/x"))
+
+
+def test_defaults():
+    s = resolve_settings(RunFlags(), parse_config("", Path("c")), PATHS, "host1")
+    assert (s.api_port, s.node_name, s.multicast, s.api_enabled, s.worker_enabled) == (52415, "host1", True, True, True)
+    assert s.listen == () and s.bootstrap_peers == ()
+
+
+def test_config_over_defaults_and_flags_over_config():
+    config = parse_config(
+        "node:\n  name: cfg\n  api_port: 6000\n  bootstrap_peers: [tcp/1.2.3.4:7447]\n  multicast: true\n", Path("c")
+    )
+    s = resolve_settings(RunFlags(), config, PATHS, "host1")
+    assert (s.api_port, s.node_name, s.bootstrap_peers) == (6000, "cfg", ("tcp/1.2.3.4:7447",))
+    s = resolve_settings(
+        RunFlags(api_port=7000, node_name="flag", bootstrap_peers="tcp/a:1, tcp/b:2", no_multicast=True,
+                 no_api=True, no_worker=True, listen="tcp/127.0.0.1:9"),
+        config, PATHS, "host1",
+    )
+    assert (s.api_port, s.node_name, s.bootstrap_peers, s.multicast) == (7000, "flag", ("tcp/a:1", "tcp/b:2"), False)
+    assert s.listen == ("tcp/127.0.0.1:9",) and not s.api_enabled and not s.worker_enabled
+    assert s.api_endpoint is None
+
+
+def test_config_can_turn_multicast_off():
+    s = resolve_settings(RunFlags(), parse_config("node:\n  multicast: false\n", Path("c")), PATHS, "h")
+    assert not s.multicast

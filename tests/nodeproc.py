@@ -1,0 +1,106 @@
+"""Start real `skulk` node processes for tests: free ports, own data dirs, always cleaned up."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+START_DEADLINE_S = 60.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(condition: Callable[[], object], *, timeout_s: float, interval_s: float = 0.1, what: str = "condition"):
+    """Poll `condition` until it returns a truthy value or the deadline passes."""
+    deadline = time.monotonic() + timeout_s
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = condition()
+            if value:
+                return value
+        except Exception as exc:  # noqa: BLE001 - polling tolerates transient failures
+            last_error = exc
+        time.sleep(interval_s)
+    raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}; last error: {last_error!r}")
+
+
+@dataclass
+class NodeProcess:
+    data_dir: Path
+    api_port: int
+    extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen | None = None
+    log_path: Path | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.api_port}"
+
+    def start(self) -> NodeProcess:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = self.data_dir.parent / f"{self.data_dir.name}.log"
+        env = {**os.environ, "SKULK_LOG_LEVEL": "INFO", **self.env}
+        env.pop("SKULK_HOME", None)
+        args = [
+            sys.executable, "-m", "skulk", "run",
+            "--data-dir", str(self.data_dir),
+            "--api-port", str(self.api_port),
+            "--api-host", "127.0.0.1",
+            "--no-multicast",
+            *self.extra_args,
+        ]
+        self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text() if self.log_path and self.log_path.exists() else ""
+
+    def get(self, path: str, **kwargs) -> httpx.Response:
+        return httpx.get(self.url + path, timeout=5, **kwargs)
+
+    def wait_ready(self, timeout_s: float = START_DEADLINE_S) -> NodeProcess:
+        def ready():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"node exited early with {self.proc.returncode}:\n{self.log()}")
+            return self.get("/node_id").status_code == 200
+
+        try:
+            wait_for(ready, timeout_s=timeout_s, what=f"node on :{self.api_port}")
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}\n{self.log()}") from None
+        return self
+
+    def signal(self, sig: int) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def wait_exit(self, timeout_s: float) -> int:
+        return self.proc.wait(timeout=timeout_s)
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self._log.close()
