@@ -46,22 +46,28 @@ class NodeProcess:
     env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen | None = None
     log_path: Path | None = None
+    netns: str | None = None
+    """Run the node inside this network namespace (its API is then reached through it)."""
+    multicast: bool = False
+    api_host: str = "127.0.0.1"
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.api_port}"
+        host = "127.0.0.1" if self.api_host in ("0.0.0.0", "") else self.api_host
+        return f"http://{host}:{self.api_port}"
 
     def start(self) -> NodeProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}.log"
         env = {**os.environ, "SKULK_LOG_LEVEL": "INFO", **self.env}
         env.pop("SKULK_HOME", None)
+        prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
         args = [
-            sys.executable, "-m", "skulk", "run",
+            *prefix, sys.executable, "-m", "skulk", "run",
             "--data-dir", str(self.data_dir),
             "--api-port", str(self.api_port),
-            "--api-host", "127.0.0.1",
-            "--no-multicast",
+            "--api-host", self.api_host,
+            *([] if self.multicast else ["--no-multicast"]),
             *self.extra_args,
         ]
         self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
@@ -72,7 +78,14 @@ class NodeProcess:
         return self.log_path.read_text() if self.log_path and self.log_path.exists() else ""
 
     def get(self, path: str, **kwargs) -> httpx.Response:
-        return httpx.get(self.url + path, timeout=5, **kwargs)
+        if self.netns is None:
+            return httpx.get(self.url + path, timeout=5, **kwargs)
+        result = subprocess.run(
+            ["ip", "netns", "exec", self.netns, "curl", "-s", "-m", "5", "-w", "\n%{http_code}", self.url + path],
+            capture_output=True, text=True, timeout=15,
+        )
+        body, _, status = result.stdout.rpartition("\n")
+        return httpx.Response(int(status or 0), content=body.encode())
 
     def wait_ready(self, timeout_s: float = START_DEADLINE_S) -> NodeProcess:
         def ready():

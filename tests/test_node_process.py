@@ -4,7 +4,10 @@ import signal
 import subprocess
 import time
 
+import httpx
 import pytest
+
+from tests.nodeproc import wait_for
 
 
 def test_node_serves_node_id_and_state(spawn_node):
@@ -61,8 +64,7 @@ def test_bad_config_exits_with_usage_error_naming_key(spawn_node, tmp_path):
 def test_node_on_a_full_disk_keeps_serving(spawn_node, tmp_path):
     """A data dir on a tiny filesystem: the event log degrades to counting-only, the node serves.
 
-    That indices keep advancing in counting-only mode is shown at the log level in
-    tests/store/test_event_log.py and, once a master indexes, in tests/cluster."""
+    Indices keep advancing: the node's master indexes a command though nothing is written."""
     mount_point = tmp_path / "tiny"
     mount_point.mkdir()
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mount_point)], capture_output=True)
@@ -80,7 +82,14 @@ def test_node_on_a_full_disk_keeps_serving(spawn_node, tmp_path):
         diagnostics = node.get("/v1/diagnostics/node").json()
         assert diagnostics["eventLog"]["mode"] == "counting_only"
         assert diagnostics["eventLog"]["degradedReason"].startswith("free-space floor")
-        assert node.get("/state").status_code == 200
+        # The node elects itself and keeps indexing: indices advance though nothing is written.
+        wait_for(lambda: node.get("/v1/cluster").json()["masterNodeId"], timeout_s=30, what="a master")
+        before = node.get("/v1/cluster").json()["lastEventIdx"]
+        assert httpx.put(node.url + "/v1/tracing", json={"enabled": True}, timeout=5).status_code == 202
+        wait_for(lambda: node.get("/v1/cluster").json()["lastEventIdx"] > before, timeout_s=20, what="index advance")
+        log_stats = node.get("/v1/diagnostics/node").json()["eventLog"]
+        assert log_stats["recordsCountedOnly"] > 0
+        assert node.get("/state").json()["tracingEnabled"] is True
         node.signal(signal.SIGTERM)
         assert node.wait_exit(timeout_s=10) == 0
     finally:

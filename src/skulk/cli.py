@@ -81,6 +81,8 @@ def _configure_logging() -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    # One line per request from our own peer probes is noise, not an operator event.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 ApiPort = Annotated[Optional[int], typer.Option("--api-port", envvar="SKULK_API_PORT", help="HTTP port (default 52415).")]

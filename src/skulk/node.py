@@ -1,20 +1,21 @@
-"""Wires one Skulk node: lease, event log, API (and, as they land, router, election,
-master and worker). Holds no policy: every decision lives in a pure module.
+"""Wires one Skulk node: lease, event log, router, election, state replica, event producer,
+telemetry, membership, master (while elected) and API. Holds no policy: every decision
+lives in a pure module; this file only connects subsystems and owns their lifetimes.
 
-Lifecycle: acquire the data-dir lease (or exit naming its holder), open the event log, bind
-the API socket, serve until SIGINT/SIGTERM, a self-fence, or a subsystem failure, then shut
-down in a bounded time: stop serving, close the log (its live file is archived), release
-the lease.
+Lifecycle: acquire the data-dir lease (or exit naming its holder), open the event log and
+the transport, serve until SIGINT/SIGTERM, a self-fence, or a subsystem failure, then shut
+down within a bounded time: announce leaving, stop serving, close the transport and the
+log (its live file is archived), release the lease.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import signal
 import socket
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,19 +23,31 @@ import uvicorn
 
 from skulk import __version__
 from skulk.api.app import ApiContext, create_app
-from skulk.shared.wire_keys import to_camel_keys
+from skulk.cluster.election import ElectionService
+from skulk.cluster.membership import MembershipService
+from skulk.cluster.producer import EventProducer
+from skulk.cluster.replica import StateReplica
+from skulk.cluster.telemetry import TelemetryService
+from skulk.facts.network import probe_interfaces
+from skulk.master.main import EventLogSlot, Master
+from skulk.routing.cluster_key import ClusterKeyError, derive_wire_key, resolve_cluster_key
+from skulk.routing.constants import NETWORK_VERSION
+from skulk.routing.router import Router, RouterError
+from skulk.routing.topics import TOPICS
+from skulk.shared import election as election_machine
+from skulk.shared.membership import SelfInfo
+from skulk.shared.types.commands import Command, ForwarderCommand
 from skulk.shared.types.ids import new_id
-from skulk.shared.types.state import State
-from skulk.store.event_log import DiskEventLog
+from skulk.shared.wire_keys import to_camel_keys
 from skulk.store.lease import Lease, LeaseHeldError
 from skulk.store.paths import SkulkPaths, ensure_dirs
 
 logger = logging.getLogger(__name__)
 
-SHUTDOWN_DEADLINE_S = 8.0
+SHUTDOWN_DEADLINE_S = 7.0
 """Everything after a stop request must finish within this, inside the contract's 10 s."""
 
-API_GRACEFUL_SHUTDOWN_S = 3.0
+API_GRACEFUL_SHUTDOWN_S = 2.0
 """Open HTTP streams get this long to finish before uvicorn closes them."""
 
 
@@ -61,10 +74,24 @@ class NodeSettings:
 
     @property
     def api_endpoint(self) -> str | None:
+        """The address peers and clients should use for this node's API."""
         if not self.api_enabled:
             return None
-        host = "127.0.0.1" if self.api_host in ("0.0.0.0", "::") else self.api_host
+        host = self.api_host
+        if host in ("0.0.0.0", "::", ""):
+            host = _primary_address()
+        if ":" in host:
+            host = f"[{host}]"
         return f"http://{host}:{self.api_port}"
+
+
+def _primary_address() -> str:
+    """First non-loopback IPv4 of this machine, or loopback on an offline host."""
+    for interface in probe_interfaces():
+        for address in interface.addresses:
+            if not ipaddress.ip_address(address).is_loopback:
+                return address
+    return "127.0.0.1"
 
 
 class _Server(uvicorn.Server):
@@ -93,9 +120,11 @@ class Node:
     def __init__(self, settings: NodeSettings) -> None:
         self.settings = settings
         self.node_id = new_id()
-        self.state = State()
+        self.session_id = new_id()
         self._stop = asyncio.Event()
         self._exit_code = ExitCode.OK
+        self._master: Master | None = None
+        self._master_task: asyncio.Task | None = None
 
     def request_stop(self, exit_code: int = ExitCode.OK, reason: str = "stop requested") -> None:
         if not self._stop.is_set():
@@ -120,30 +149,76 @@ class Node:
         finally:
             lease.release()
 
+    async def _open_router(self) -> Router:
+        settings = self.settings
+        key = resolve_cluster_key(settings.cluster_key, settings.paths.data_home)
+        return await Router.open(
+            node_id=self.node_id,
+            session_id=self.session_id,
+            listen=list(settings.listen),
+            connect=list(settings.bootstrap_peers),
+            multicast=settings.multicast,
+            wire_key=derive_wire_key(key, NETWORK_VERSION),
+        )
+
     async def _run_holding_lease(self, lease: Lease) -> int:
         settings = self.settings
-        event_log = DiskEventLog(settings.paths.event_log_dir)
+        log_slot = EventLogSlot(settings.paths.event_log_dir)
         api_socket = None
-        if settings.api_enabled:
-            try:
+        router: Router | None = None
+        try:
+            if settings.api_enabled:
                 api_socket = bind_api_socket(settings.api_host, settings.api_port)
-            except OSError as exc:
-                logger.error("cannot listen on %s:%s: %s", settings.api_host, settings.api_port, exc)
-                event_log.close()
-                return ExitCode.FAILURE
+            router = await self._open_router()
+        except OSError as exc:
+            logger.error("cannot listen on %s:%s: %s", settings.api_host, settings.api_port, exc)
+            return await self._abort(log_slot, router, ExitCode.FAILURE)
+        except ClusterKeyError as exc:
+            logger.error("cluster key: %s", exc)
+            return await self._abort(log_slot, router, ExitCode.USAGE)
+        except RouterError as exc:
+            logger.error("cannot open the cluster transport: %s", exc)
+            return await self._abort(log_slot, router, ExitCode.FAILURE)
+
+        router.declare_presence()
+        self.replica = StateReplica(router)
+        self.producer = EventProducer(router)
+        self.replica.on_applied(self.producer.observe)
+        self.telemetry = TelemetryService(
+            router, node_name=settings.node_name, models_dir=settings.paths.models_dir, api_endpoint=settings.api_endpoint
+        )
+        me = SelfInfo(
+            node_id=self.node_id, node_name=settings.node_name, version=__version__,
+            api_endpoint=settings.api_endpoint, interfaces=tuple(probe_interfaces()),
+        )
+        self.membership = MembershipService(router, self.replica, self.producer, me)
+        self.election = ElectionService(
+            router,
+            commands_seen=lambda: self.replica.state.last_event_applied_idx + 1,
+            on_elected=lambda elected: self._on_elected(elected, router, log_slot),
+            on_demoted=self._stop_master,
+        )
 
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.request_stop, ExitCode.OK, f"received {signal.Signals(sig).name}")
 
-        tasks: list[asyncio.Task] = [asyncio.create_task(lease.run_renewal(self._fenced), name="lease-renewal")]
+        tasks = [
+            asyncio.create_task(lease.run_renewal(self._fenced), name="lease-renewal"),
+            asyncio.create_task(self.replica.run(), name="replica"),
+            asyncio.create_task(self.producer.run(), name="producer"),
+            asyncio.create_task(self.telemetry.run(), name="telemetry"),
+            asyncio.create_task(self.membership.run(), name="membership"),
+            asyncio.create_task(self.election.run(), name="election"),
+        ]
         server: _Server | None = None
         if api_socket is not None:
-            server = self._make_api_server(lambda: self._diagnostics(event_log, lease))
+            server = self._make_api_server(router, log_slot, lease)
             tasks.append(asyncio.create_task(server.serve(sockets=[api_socket]), name="api"))
         logger.info(
-            "skulk %s node %s (%s) up; data %s; api %s",
+            "skulk %s node %s (%s) up; data %s; api %s; listen %s; peers %s",
             __version__, self.node_id, settings.node_name, settings.paths.data_home, settings.api_endpoint or "off",
+            list(settings.listen) or "default", list(settings.bootstrap_peers) or "none",
         )
         stop_waiter = asyncio.create_task(self._stop.wait(), name="stop-waiter")
         done, _ = await asyncio.wait([stop_waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
@@ -152,26 +227,74 @@ class Node:
                 logger.error("subsystem %s failed: %r", task.get_name(), task.exception())
                 self.request_stop(ExitCode.FAILURE, f"{task.get_name()} failed")
         self.request_stop(self._exit_code, "a subsystem finished")
-        await self._shutdown(server, tasks, stop_waiter)
-        event_log.close()
+        await self._shutdown(server, tasks, stop_waiter, router)
+        log_slot.close()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
         logger.info("node %s stopped", self.node_id)
         return self._exit_code
 
-    def _diagnostics(self, event_log: DiskEventLog, lease: Lease) -> dict[str, Any]:
+    async def _abort(self, log_slot: EventLogSlot, router: Router | None, code: int) -> int:
+        if router is not None:
+            await router.close()
+        log_slot.close()
+        return code
+
+    # -- election results --------------------------------------------------------------------
+
+    def _on_elected(self, elected: election_machine.Elected, router: Router, log_slot: EventLogSlot) -> None:
+        self.replica.adopt_session(elected.master_id, elected.session_id, elected.i_am_master)
+        if self._master is not None and (not elected.i_am_master or self._master.session_id != elected.session_id):
+            self._stop_master()
+        if elected.i_am_master and self._master_task is None:
+            self._master = Master(router, self.replica, log_slot, lambda: self.telemetry.view, session_id=elected.session_id)
+            self._master_task = asyncio.create_task(self._run_master(self._master), name="master")
+        self.producer.resend_all()
+
+    def _stop_master(self) -> None:
+        if self._master_task is not None:
+            logger.info("stepping down as master of session %s", self._master.session_id)
+            self._master_task.cancel()
+        self._master_task, self._master = None, None
+
+    async def _run_master(self, master: Master) -> None:
+        try:
+            await master.run()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("master of session %s failed; this node stops", master.session_id)
+            self.request_stop(ExitCode.FAILURE, "master failed")
+
+    # -- API -------------------------------------------------------------------------------
+
+    def _diagnostics(self, router: Router, log_slot: EventLogSlot, lease: Lease) -> dict[str, Any]:
         return {
             "version": __version__,
-            "eventLog": to_camel_keys(event_log.stats()),
+            "sessionId": self.session_id,
+            "eventLog": to_camel_keys(log_slot.log.stats()),
             "lease": {"path": str(lease.path), "held": lease.held, "fencedReason": lease.fenced_reason},
+            "transport": router.diagnostics(),
+            "election": self.election.stats(),
+            "replica": self.replica.stats(),
+            "producer": self.producer.stats(),
+            "telemetry": self.telemetry.stats(),
+            "membership": self.membership.stats(),
+            "master": self._master.stats() if self._master else None,
         }
 
-    def _make_api_server(self, diagnostics: Callable[[], dict[str, Any]]) -> _Server:
+    def _make_api_server(self, router: Router, log_slot: EventLogSlot, lease: Lease) -> _Server:
+        async def submit(command: Command) -> None:
+            await router.publish(TOPICS.commands, ForwarderCommand(origin=self.node_id, command=command))
+
         context = ApiContext(
             node_id=self.node_id,
             node_name=self.settings.node_name,
-            get_state=lambda: self.state,
-            get_diagnostics=diagnostics,
+            get_state=lambda: self.replica.state,
+            get_telemetry=lambda: self.telemetry.view,
+            get_master=lambda: (self.replica.master_id, self.replica.session_id),
+            get_diagnostics=lambda: self._diagnostics(router, log_slot, lease),
+            submit_command=submit,
         )
         config = uvicorn.Config(
             create_app(context),
@@ -181,18 +304,27 @@ class Node:
         )
         return _Server(config)
 
-    async def _shutdown(self, server: _Server | None, tasks: list[asyncio.Task], stop_waiter: asyncio.Task) -> None:
+    # -- shutdown --------------------------------------------------------------------------
+
+    async def _shutdown(
+        self, server: _Server | None, tasks: list[asyncio.Task], stop_waiter: asyncio.Task, router: Router
+    ) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.membership.leave(), timeout=2.0)
         if server is not None:
             server.should_exit = True
-        api_tasks = [t for t in tasks if t.get_name() == "api"]
+        if self._master_task is not None:
+            self._master_task.cancel()
+            tasks.append(self._master_task)
         for task in tasks:
-            if task not in api_tasks:
+            if task.get_name() != "api":
                 task.cancel()
         stop_waiter.cancel()
-        _, pending = await asyncio.wait([*tasks, stop_waiter], timeout=SHUTDOWN_DEADLINE_S)
+        _, pending = await asyncio.wait([*tasks, stop_waiter], timeout=SHUTDOWN_DEADLINE_S - 3.0)
         for task in pending:
-            logger.warning("subsystem %s did not stop in %.0f s; cancelling", task.get_name(), SHUTDOWN_DEADLINE_S)
+            logger.warning("subsystem %s did not stop in time; cancelling", task.get_name())
             task.cancel()
+        await router.close()
 
 
 def run_node(settings: NodeSettings) -> int:
@@ -201,6 +333,3 @@ def run_node(settings: NodeSettings) -> int:
 
 def default_node_name() -> str:
     return socket.gethostname()
-
-
-

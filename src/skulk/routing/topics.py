@@ -125,10 +125,55 @@ def validate_topic_table(topics: Iterable[Topic]) -> None:
         raise TopicTableError(problems)
 
 
-# The cluster's topic table. Concrete entries (GLOBAL_EVENTS, LOCAL_EVENTS, COMMANDS,
-# DOWNLOAD_COMMANDS, STATE_SYNC, ELECTION, CONNECTION, TELEMETRY, DATA) are added here once
-# their types exist in `skulk.shared.types`, e.g.
-#     GLOBAL_EVENTS = Topic("global_events", Plane.CONTROL, IndexedEvent)
-#     TOPICS = [GLOBAL_EVENTS, ...]
-TOPICS: list[Topic] = []
-validate_topic_table(TOPICS)
+# The cluster's topic table: every topic, its plane and its payload type.
+def _telemetry_key(message: Any) -> Hashable:
+    """Download progress is keyed per model so one model's progress never hides another's."""
+    model_id = getattr(message, "model_id", None)
+    return (type(message).__name__, model_id) if model_id is not None else type(message).__name__
+
+
+def _build_topics() -> dict[str, Topic]:
+    # Imported here so that pure code can use Plane/Topic without loading the whole model.
+    from skulk.shared.types.chunks import DATA_FRAME_ADAPTER
+    from skulk.shared.types.commands import ForwarderCommand
+    from skulk.shared.types.election import ElectionMessage
+    from skulk.shared.types.events import LocalEvent
+    from skulk.shared.types.sync import SYNC_REPLY_ADAPTER, GlobalEvent, SyncRequest
+    from skulk.shared.types.telemetry import TELEMETRY_ADAPTER
+
+    table = [
+        Topic("global_events", Plane.CONTROL, GlobalEvent),
+        Topic("local_events", Plane.CONTROL, LocalEvent),
+        Topic("commands", Plane.CONTROL, ForwarderCommand),
+        Topic("election", Plane.CONTROL, ElectionMessage),
+        Topic("sync_requests", Plane.CONTROL, SyncRequest),
+        Topic("state_sync", Plane.CONTROL, SYNC_REPLY_ADAPTER, node_addressed=True),
+        Topic("telemetry", Plane.TELEMETRY, TELEMETRY_ADAPTER, latest_key=_telemetry_key),
+        Topic("data", Plane.DATA, DATA_FRAME_ADAPTER, node_addressed=True),
+    ]
+    validate_topic_table(table)
+    return {topic.name: topic for topic in table}
+
+
+class _Topics:
+    """Lazy, attribute-style access to the table: `TOPICS.global_events`."""
+
+    def __init__(self) -> None:
+        self._table: dict[str, Topic] | None = None
+
+    def _get(self) -> dict[str, Topic]:
+        if self._table is None:
+            self._table = _build_topics()
+        return self._table
+
+    def __getattr__(self, name: str) -> Topic:
+        try:
+            return self._get()[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __iter__(self):  # noqa: ANN204
+        return iter(self._get().values())
+
+
+TOPICS = _Topics()

@@ -9,9 +9,9 @@ here may be derived from a clock or randomness at apply time.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import Field, TypeAdapter
+from pydantic import Field, SerializerFunctionWrapHandler, TypeAdapter, model_serializer
 
 from skulk.shared.types.base import WireModel
 from skulk.shared.types.cards import ModelCard
@@ -268,12 +268,28 @@ class LocalEvent(WireModel):
 
 
 class IndexedEvent(WireModel):
-    """An event the master has ordered: `idx` is its position in the one cluster log."""
+    """An event the master has ordered: `idx` is its position in the one cluster log.
+
+    `origin_session`/`origin_seq` echo the producer's LocalEvent coordinates so a producer
+    can see which of its events were confirmed (and a new master can rebuild its dedup
+    floor from the log). The master's own decisions carry neither. When unset they are left
+    off the wire entirely, so records written before they existed keep identical bytes.
+    """
 
     idx: NonNegInt
     origin: NodeId
     indexed_at: UtcDatetime
     event: Event
+    origin_session: SessionId | None = None
+    origin_seq: NonNegInt | None = None
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_origin(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        for key in ("origin_session", "originSession", "origin_seq", "originSeq"):
+            if key in data and data[key] is None:
+                del data[key]
+        return data
 
 
 __all__ = [

@@ -55,6 +55,7 @@ class NodeResources(WireModel):
     backends: list[str] = Field(default_factory=list)
     capability_conflicts: list[CapabilityConflict] = Field(default_factory=list)
     api_endpoint: str | None = None
+    zenoh_connected_peers: NonNegInt | None = None
 
 
 class DownloadProgress(WireModel):

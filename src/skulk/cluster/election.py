@@ -1,0 +1,108 @@
+"""Runs the pure election machine (`skulk.shared.election`) against the network.
+
+Feeds it election messages, presence changes and a steady tick; publishes what it asks to
+broadcast; reports each new (master, session) to the node. Commands seen are approximated
+by events applied (`commands_seen` callable): the node with the most history wins a tie.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from skulk.routing.router import Router, RouterError
+from skulk.routing.topics import TOPICS
+from skulk.shared import election as machine
+from skulk.shared.types.election import ElectionMessage
+
+logger = logging.getLogger(__name__)
+
+TICK_S = 0.25
+
+
+class ElectionService:
+    def __init__(
+        self,
+        router: Router,
+        *,
+        commands_seen: Callable[[], int],
+        on_elected: Callable[[machine.Elected], None],
+        on_demoted: Callable[[], None] = lambda: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._router = router
+        self._commands_seen = commands_seen
+        self._on_elected = on_elected
+        self._on_demoted = on_demoted
+        self._clock = clock
+        self.view = machine.initial_view(clock())
+        self.seniority = 0
+        self.elections_seen = 0
+
+    def _me(self) -> machine.Me:
+        return machine.Me(node_id=self._router.node_id, seniority=self.seniority, commands_seen=self._commands_seen())
+
+    async def _step(self, event: object) -> None:
+        was_leading = machine.is_leading(self.view)
+        self.view, actions = machine.step(self.view, event, self._me(), self._clock())
+        if was_leading and not machine.is_leading(self.view):
+            # Only a leading node may index: stop at once, before the next campaign ends.
+            logger.info("no longer leading (phase %s)", self.view.phase)
+            self._on_demoted()
+        for action in actions:
+            if isinstance(action, machine.Broadcast):
+                try:
+                    await self._router.publish(TOPICS.election, action.message)
+                except RouterError as exc:
+                    logger.warning("election broadcast failed: %s", exc)
+            elif isinstance(action, machine.Elected):
+                self.elections_seen += 1
+                if action.i_am_master:
+                    self.seniority += 1
+                logger.info(
+                    "elected master %s (session %s, clock %d)%s",
+                    action.master_id, action.session_id, action.clock, " - this node" if action.i_am_master else "",
+                )
+                self._on_elected(action)
+
+    async def run(self) -> None:
+        messages = self._router.subscribe(TOPICS.election)
+        presence = self._router.watch_presence()
+        me = self._router.node_id
+        inbox: asyncio.Queue[object] = asyncio.Queue(maxsize=1024)
+
+        async def pump_messages() -> None:
+            async for received in messages:
+                message: ElectionMessage = received.message
+                if received.sender != message.node_id or message.node_id == me:
+                    continue  # a node speaks only for itself; our own broadcasts echo back
+                await inbox.put(machine.Received(message))
+
+        async def pump_presence() -> None:
+            async for _change in presence:
+                await inbox.put(machine.PresenceChanged(frozenset(presence.alive()) - {me}))
+
+        async def ticker() -> None:
+            while True:
+                await asyncio.sleep(TICK_S)
+                await inbox.put(machine.Tick())
+
+        async def consume() -> None:
+            while True:
+                await self._step(await inbox.get())
+
+        async with asyncio.TaskGroup() as group:
+            for coro in (pump_messages(), pump_presence(), ticker(), consume()):
+                group.create_task(coro)
+
+    def stats(self) -> dict[str, object]:
+        return {
+            "phase": self.view.phase,
+            "clock": self.view.clock,
+            "masterNodeId": self.view.master_id,
+            "sessionId": self.view.session_id,
+            "seniority": self.seniority,
+            "elections": self.elections_seen,
+        }

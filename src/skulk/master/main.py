@@ -1,0 +1,300 @@
+"""The master's shell: active on the elected node only, for one session.
+
+It seeds the session from this node's replicated State (so placed instances survive a
+failover and indices continue where the cluster left off), then runs one sequential loop
+over an inbox fed by: producers' LocalEvents, commands, followers' sync requests, and its
+own plan tick. Every decision is a pure function (`indexer.admit`, `commands.decide`,
+`plan.plan`); this module persists, applies and publishes what they return, in index order:
+apply to the local replica, append to the disk log, broadcast on GLOBAL_EVENTS. A snapshot
+is taken every `SNAPSHOT_EVERY_EVENTS`, so a joining node needs the snapshot plus a short
+retained tail, which is replayed to it in paced bursts (`shared.sync.ReplayScheduler`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from skulk.cluster.replica import StateReplica
+from skulk.master import indexer as ix
+from skulk.master.commands import Refusal, decide
+from skulk.master.plan import MasterView, heartbeat_warnings, plan, track_zombies
+from skulk.routing.router import Router, RouterError
+from skulk.routing.topics import TOPICS
+from skulk.shared.sync import due_bursts, replay_scheduler, request
+from skulk.shared.telemetry_view import TelemetryView, freshness
+from skulk.shared.types.commands import ForwarderCommand
+from skulk.shared.types.events import Event, IndexedEvent, LocalEvent
+from skulk.shared.types.ids import new_id
+from skulk.shared.types.state import State
+from skulk.shared.types.sync import EventBurst, GlobalEvent, SnapshotOffer, SyncRequest
+from skulk.shared.wire_keys import to_camel_keys
+from skulk.store.event_log import DiskEventLog
+
+logger = logging.getLogger(__name__)
+
+SNAPSHOT_EVERY_EVENTS = 512
+"""A snapshot every this many indexed events bounds a joiner's replay to ~16 bursts."""
+
+RETAINED_TAIL_EVENTS = 4096
+"""Indexed events kept in memory for replay; must exceed SNAPSHOT_EVERY_EVENTS."""
+
+PLAN_INTERVAL_S = 1.0
+PLAN_GRACE_AFTER_PROMOTION_S = 6.0
+"""No liveness verdicts until three heartbeat periods after promotion: a freshly promoted
+node may not have heard every peer's heartbeat yet."""
+
+REPLAY_TICK_S = 0.05
+INBOX_CAPACITY = 4096
+
+
+class EventLogSlot:
+    """The node's event log, replaceable when a new session must start a fresh log."""
+
+    def __init__(self, directory: Path, open_log: Callable[[Path], DiskEventLog] = DiskEventLog) -> None:
+        self.directory = directory
+        self._open = open_log
+        self.log = open_log(directory)
+
+    def supersede(self) -> None:
+        """Move the current log aside (its indices would collide with the new session's)."""
+        self.log.close()
+        aside = self.directory.with_name(f"{self.directory.name}.superseded-{int(time.time())}")
+        try:
+            self.directory.rename(aside)
+            logger.warning("event log %s holds indices this session will reuse; moved it to %s", self.directory, aside)
+        except OSError as exc:
+            logger.error("could not move event log %s aside (%s); starting a log in place", self.directory, exc)
+        self.log = self._open(self.directory)
+
+    def close(self) -> None:
+        self.log.close()
+
+
+@dataclass(frozen=True)
+class _Tick:
+    pass
+
+
+@dataclass(frozen=True)
+class _ReplayTick:
+    pass
+
+
+class Master:
+    def __init__(
+        self,
+        router: Router,
+        replica: StateReplica,
+        log_slot: EventLogSlot,
+        telemetry: Callable[[], TelemetryView],
+        *,
+        session_id: str,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._router = router
+        self._replica = replica
+        self._slot = log_slot
+        self._telemetry = telemetry
+        self.session_id = session_id
+        self._clock = clock
+        self._indexer: ix.Indexer | None = None
+        self._tail: deque[IndexedEvent] = deque(maxlen=RETAINED_TAIL_EVENTS)
+        self._snapshot: tuple[int, State] = (-1, State())
+        self._replay = replay_scheduler()
+        self._zombie_since: dict[str, float] = {}
+        self._warned: frozenset[str] = frozenset()
+        self._promoted_at = clock()
+        self.indexed = 0
+        self.refused_commands = 0
+        self.snapshots_sent = 0
+        self.bursts_sent = 0
+
+    @property
+    def me(self) -> str:
+        return self._router.node_id
+
+    # -- seeding ----------------------------------------------------------------------------
+
+    def _seed(self) -> None:
+        state = self._replica.state
+        next_idx = state.last_event_applied_idx + 1
+        log_last = self._slot.log.last_idx
+        if log_last is not None and log_last >= next_idx:
+            self._slot.supersede()
+        self._indexer = ix.new_indexer(next_idx)
+        self._snapshot = (state.last_event_applied_idx, state)
+        self._write_snapshot_soon(state)
+        logger.info("master %s session %s starts at idx %d", self.me, self.session_id, next_idx)
+
+    def _write_snapshot_soon(self, state: State) -> None:
+        if state.last_event_applied_idx < 0:
+            return
+        idx = state.last_event_applied_idx
+        wire = state.to_wire()
+
+        def write() -> None:
+            log = self._slot.log
+            if log.last_idx is None or idx > log.last_idx:
+                return  # the log never saw these indices (fresh log after a failover)
+            if log.write_snapshot(idx, wire):
+                log.compact_before(idx)
+
+        asyncio.get_running_loop().run_in_executor(None, write)
+
+    # -- committing -------------------------------------------------------------------------
+
+    async def _commit(self, events: list[IndexedEvent]) -> None:
+        for event in events:
+            self._replica.apply_indexed(event)
+            self._slot.log.append(event.to_wire())
+            self._tail.append(event)
+            self.indexed += 1
+            try:
+                await self._router.publish(TOPICS.global_events, GlobalEvent(session_id=self.session_id, event=event))
+            except RouterError as exc:
+                logger.warning("broadcast of event %d failed (followers will ask for it): %s", event.idx, exc)
+        if self._replica.state.last_event_applied_idx - self._snapshot[0] >= SNAPSHOT_EVERY_EVENTS:
+            state = self._replica.state
+            self._snapshot = (state.last_event_applied_idx, state)
+            self._write_snapshot_soon(state)
+
+    async def _index_own(self, events: list[Event]) -> None:
+        if not events:
+            return
+        self._indexer, indexed = ix.index_own(self._indexer, events, self.me, datetime.now(UTC))
+        await self._commit(indexed)
+
+    # -- inputs -----------------------------------------------------------------------------
+
+    async def _on_local_event(self, local: LocalEvent) -> None:
+        self._indexer, indexed = ix.admit(self._indexer, local, datetime.now(UTC))
+        await self._commit(indexed)
+
+    async def _on_command(self, forwarded: ForwarderCommand) -> None:
+        decision = decide(self._replica.state, forwarded.command, new_id)
+        if isinstance(decision, Refusal):
+            self.refused_commands += 1
+            logger.info("refused %s from %s: %s", type(forwarded.command).__name__, forwarded.origin, decision.message)
+            return
+        await self._index_own(decision)
+
+    async def _on_sync_request(self, req: SyncRequest) -> None:
+        if req.session_id != self.session_id:
+            return
+        tail_start = self._tail[0].idx if self._tail else self._replica.state.last_event_applied_idx + 1
+        snapshot_idx, snapshot_state = self._snapshot
+        if req.want_snapshot or req.since_idx < tail_start:
+            offer = SnapshotOffer(session_id=self.session_id, high_water_idx=snapshot_idx, state=snapshot_state)
+            await self._send(req.node_id, offer)
+            self.snapshots_sent += 1
+            since = snapshot_idx + 1
+        else:
+            since = req.since_idx
+        self._replay = request(self._replay, req.node_id, since)
+
+    async def _on_replay_tick(self) -> None:
+        last = self._replica.state.last_event_applied_idx
+        self._replay, bursts = due_bursts(self._replay, self._clock(), last)
+        tail_start = self._tail[0].idx if self._tail else last + 1
+        for node_id, start, end in bursts:
+            if start < tail_start:  # evicted from memory meanwhile: start over from the snapshot
+                await self._on_sync_request(SyncRequest(node_id=node_id, session_id=self.session_id, since_idx=start,
+                                                        want_snapshot=True))
+                continue
+            events = [e for e in self._tail if start <= e.idx < end]
+            if events:
+                await self._send(node_id, EventBurst(session_id=self.session_id, events=events))
+                self.bursts_sent += 1
+
+    async def _send(self, node_id: str, message: Any) -> None:
+        try:
+            await self._router.publish(TOPICS.state_sync, message, to_node=node_id)
+        except RouterError as exc:
+            logger.warning("state sync to %s failed: %s", node_id, exc)
+
+    async def _on_plan_tick(self) -> None:
+        # A producer gap open too long (its message was dropped) is skipped, not waited on.
+        self._indexer, released = ix.release_stale(self._indexer, datetime.now(UTC))
+        await self._commit(released)
+        now = self._clock()
+        if now - self._promoted_at < PLAN_GRACE_AFTER_PROMOTION_S:
+            return
+        state = self._replica.state
+        view_telemetry = self._telemetry()
+        now_utc = datetime.now(UTC)
+        fresh = {node: freshness(view_telemetry, state, node, now, now_utc) for node in state.nodes if node != self.me}
+        newly_late, recovered = heartbeat_warnings(fresh, self._warned)
+        for node in sorted(newly_late):
+            logger.warning("no heartbeat from node %s for %.0f s", node, fresh[node].heartbeat_age_s or -1)
+        for node in sorted(recovered):
+            logger.info("heartbeats from node %s resumed", node)
+        self._warned = ((self._warned | newly_late) - recovered) & frozenset(fresh)
+        self._zombie_since = track_zombies(state, self._zombie_since, now)
+        events = plan(MasterView(state=state, me=self.me, freshness=fresh, zombie_since=self._zombie_since, now=now), new_id)
+        await self._index_own(events)
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        self._seed()
+        inbox: asyncio.Queue[object] = asyncio.Queue(maxsize=INBOX_CAPACITY)
+        # The master's receive queues are as deep as its inbox: a burst of commands waits
+        # here rather than being dropped while the loop commits.
+        local_events = self._router.subscribe(TOPICS.local_events, maxsize=INBOX_CAPACITY)
+        commands = self._router.subscribe(TOPICS.commands, maxsize=INBOX_CAPACITY)
+        sync_requests = self._router.subscribe(TOPICS.sync_requests)
+
+        async def pump(subscription) -> None:  # noqa: ANN001
+            async for received in subscription:
+                message = received.message
+                if isinstance(message, LocalEvent) and message.origin != received.sender:
+                    continue  # a node submits only its own events
+                if isinstance(message, SyncRequest) and message.node_id != received.sender:
+                    continue
+                await inbox.put(message)
+
+        async def every(interval_s: float, item: object) -> None:
+            while True:
+                await asyncio.sleep(interval_s)
+                await inbox.put(item)
+
+        handlers = {
+            LocalEvent: self._on_local_event,
+            ForwarderCommand: self._on_command,
+            SyncRequest: self._on_sync_request,
+            _Tick: lambda _item: self._on_plan_tick(),
+            _ReplayTick: lambda _item: self._on_replay_tick(),
+        }
+        try:
+            async with asyncio.TaskGroup() as group:
+                for subscription in (local_events, commands, sync_requests):
+                    group.create_task(pump(subscription))
+                group.create_task(every(PLAN_INTERVAL_S, _Tick()))
+                group.create_task(every(REPLAY_TICK_S, _ReplayTick()))
+                while True:
+                    item = await inbox.get()
+                    await handlers[type(item)](item)
+        finally:
+            for subscription in (local_events, commands, sync_requests):
+                subscription.close()
+
+    def stats(self) -> dict[str, object]:
+        return {
+            "sessionId": self.session_id,
+            "indexed": self.indexed,
+            "nextIdx": self._indexer.next_idx if self._indexer else None,
+            "retainedTail": len(self._tail),
+            "snapshotIdx": self._snapshot[0],
+            "refusedCommands": self.refused_commands,
+            "snapshotsSent": self.snapshots_sent,
+            "burstsSent": self.bursts_sent,
+            "indexer": to_camel_keys(self._indexer.stats()) if self._indexer else None,
+        }

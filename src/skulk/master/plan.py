@@ -1,0 +1,237 @@
+"""The master's reconciliation pass: which cleanup decisions the cluster needs right now.
+
+`plan(view, new_id)` looks at replicated State plus the live freshness of every node and
+returns the events the master should index next, as a chain of ordered rules where the
+first rule with something to do wins (the chain is the list of priorities). The shell
+indexes the result with `index_own` and applies it before planning again, so one pass's
+decisions are never repeated by the next.
+
+Order *within* a decision matters as much as the decision: every TaskFailed is emitted
+before the InstanceDeleted that removes its instance, and both before the NodeTimedOut
+that removes the node. Applied in that order, the owning API sees each open request fail
+(and can end its stream with an error) before anything it refers to disappears, and no task
+is ever left open on an instance that no longer exists.
+
+Pure: no clock, no I/O, ids come from the injected `new_id`. The master never judges itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from skulk.shared.telemetry_view import HEARTBEAT_WARN_S, NODE_TIMEOUT_S, NodeFreshness
+from skulk.shared.types.common import TERMINAL_TASK_STATUSES
+from skulk.shared.types.events import Event, InstanceDeleted, NodeTimedOut, TaskFailed
+from skulk.shared.types.ids import EventId, InstanceId, NodeId, TaskId
+from skulk.shared.types.state import State
+from skulk.shared.types.tasks import Task
+
+ZOMBIE_TASK_GRACE_S = 5.0
+"""How long an open task may reference an instance that no longer exists before the master
+fails it. A short grace lets a task whose instance was just deleted finish its own
+teardown (a Shutdown completing, a Cancelled status landing) before it is reaped."""
+
+NODE_LOST = "NodeLost"
+INSTANCE_GONE = "InstanceGone"
+
+IdFactory = Callable[[], str]
+
+
+@dataclass(frozen=True)
+class MasterView:
+    """What one reconciliation pass reads. `now` is the shell's monotonic clock, the same
+    one `zombie_since` values were taken on; `freshness` has an entry per node the shell
+    has any liveness signal for (see `skulk.shared.telemetry_view.all_freshness`)."""
+
+    state: State
+    me: NodeId
+    freshness: Mapping[NodeId, NodeFreshness] = field(default_factory=dict)
+    zombie_since: Mapping[TaskId, float] = field(default_factory=dict)
+    now: float = 0.0
+
+
+# -- helpers --------------------------------------------------------------------------------
+
+
+def _is_open(task: Task) -> bool:
+    return task.status not in TERMINAL_TASK_STATUSES
+
+
+def _open_tasks_on(state: State, instance_ids: Iterable[InstanceId]) -> list[Task]:
+    wanted = set(instance_ids)
+    return [t for t in state.tasks.values() if t.instance_id in wanted and _is_open(t)]
+
+
+def _instances_on(state: State, node_id: NodeId) -> list[InstanceId]:
+    return [i for i, inst in state.instances.items() if node_id in inst.node_ids()]
+
+
+def _fail(task: Task, error_type: str, message: str, new_id: IdFactory) -> TaskFailed:
+    return TaskFailed(
+        event_id=EventId(new_id()), task_id=task.task_id, error_type=error_type, error_message=message
+    )
+
+
+def _teardown(
+    state: State, causes: Mapping[InstanceId, tuple[str, str]], new_id: IdFactory
+) -> list[Event]:
+    """TaskFailed for every open task on these instances (in State's task order), then
+    their InstanceDeleted. `causes` maps each instance to (task message, delete reason)."""
+    failed: list[Event] = [
+        _fail(t, NODE_LOST, f"{causes[t.instance_id][0]}; instance {t.instance_id} is being torn down", new_id)
+        for t in _open_tasks_on(state, causes)
+    ]
+    deleted: list[Event] = [
+        InstanceDeleted(event_id=EventId(new_id()), instance_id=i, reason=reason)
+        for i, (_message, reason) in causes.items()
+    ]
+    return failed + deleted
+
+
+def _timed_out(view: MasterView, node_id: NodeId) -> NodeFreshness | None:
+    """The node's freshness if it has been silent too long; None if alive or unknown."""
+    f = view.freshness.get(node_id)
+    age = f.effective_age_s if f is not None else None
+    return f if age is not None and age >= NODE_TIMEOUT_S else None
+
+
+# -- rules ----------------------------------------------------------------------------------
+
+
+def time_out_silent_nodes(view: MasterView, new_id: IdFactory) -> list[Event] | None:
+    """Prune every member (never the master) whose freshest liveness signal is at least
+    NODE_TIMEOUT_S old. A node with no signal at all is left alone: the shell has not been
+    up long enough to judge it. Per node: TaskFailed..., InstanceDeleted..., NodeTimedOut."""
+    events: list[Event] = []
+    handled: set[InstanceId] = set()
+    for node_id in sorted(view.state.nodes):
+        f = _timed_out(view, node_id) if node_id != view.me else None
+        if f is None:
+            continue
+        age = f.effective_age_s
+        assert age is not None  # _timed_out only returns judged nodes
+        instances = [i for i in _instances_on(view.state, node_id) if i not in handled]
+        handled.update(instances)
+        cause = (
+            f"node {node_id} lost: no sign of life for {age:.1f}s",
+            f"node {node_id} timed out after {age:.1f}s",
+        )
+        events += _teardown(view.state, {i: cause for i in instances}, new_id)
+        events.append(
+            NodeTimedOut(
+                event_id=EventId(new_id()),
+                node_id=node_id,
+                # NodeTimedOut requires a last-event age; a member that never logged an
+                # event of its own is recorded as old as the signals that judged it.
+                last_event_age_s=f.last_event_age_s if f.last_event_age_s is not None else age,
+                heartbeat_age_s=f.heartbeat_age_s,
+                telemetry_age_s=f.telemetry_age_s,
+                effective_age_s=age,
+                timeout_s=NODE_TIMEOUT_S,
+            )
+        )
+    return events or None
+
+
+def delete_instances_on_departed_nodes(view: MasterView, new_id: IdFactory) -> list[Event] | None:
+    """An instance with a shard on a node that is no longer a member (it left, or an earlier
+    pass pruned it) can never serve: fail its open tasks, then delete it."""
+    members = view.state.nodes
+    causes: dict[InstanceId, tuple[str, str]] = {}
+    for instance_id, inst in view.state.instances.items():
+        gone = ", ".join(sorted({n for n in inst.node_ids() if n not in members}))
+        if gone:
+            causes[instance_id] = (
+                f"node {gone} lost: no longer a cluster member",
+                f"node {gone} is no longer a cluster member",
+            )
+    return _teardown(view.state, causes, new_id) or None
+
+
+def reap_zombie_tasks(view: MasterView, new_id: IdFactory) -> list[Event] | None:
+    """Fail open tasks whose instance has been gone for at least ZOMBIE_TASK_GRACE_S: their
+    owner was deleted (a killed node returns with a new identity), so nobody else ever
+    will. A task not yet in `zombie_since` has not been tracked long enough to judge."""
+    events: list[Event] = []
+    for task in view.state.tasks.values():
+        if not _is_open(task) or task.instance_id in view.state.instances:
+            continue
+        since = view.zombie_since.get(task.task_id)
+        if since is None or view.now - since < ZOMBIE_TASK_GRACE_S:
+            continue
+        events.append(
+            _fail(
+                task,
+                INSTANCE_GONE,
+                f"instance gone: {task.instance_id} no longer exists "
+                f"(task open {view.now - since:.1f}s after it was deleted)",
+                new_id,
+            )
+        )
+    return events or None
+
+
+def plan(view: MasterView, new_id: IdFactory) -> list[Event]:
+    """The events to index next, most urgent decision first; [] when nothing is due."""
+    return (
+        time_out_silent_nodes(view, new_id)
+        or delete_instances_on_departed_nodes(view, new_id)
+        or reap_zombie_tasks(view, new_id)
+        or []
+    )
+
+
+# -- bookkeeping helpers for the shell ------------------------------------------------------
+
+
+def zombie_task_ids(state: State) -> list[TaskId]:
+    """Open tasks whose instance is not in State, in State's task order."""
+    return [
+        t.task_id for t in state.tasks.values() if _is_open(t) and t.instance_id not in state.instances
+    ]
+
+
+def track_zombies(state: State, previous: Mapping[TaskId, float], now: float) -> dict[TaskId, float]:
+    """First-seen times of the current zombie tasks: kept from `previous` when already
+    tracked, `now` for new ones; tasks that finished or disappeared are dropped."""
+    return {t: previous.get(t, now) for t in zombie_task_ids(state)}
+
+
+def heartbeat_warnings(
+    freshness: Mapping[NodeId, NodeFreshness], warned: frozenset[NodeId]
+) -> tuple[frozenset[NodeId], frozenset[NodeId]]:
+    """(newly late, recovered): nodes whose dedicated heartbeat gap just reached
+    HEARTBEAT_WARN_S (warn once), and warned nodes whose heartbeat is back under it (log
+    recovery once). A node with no heartbeat age is neither. The shell keeps
+    `warned = ((warned | late) - recovered) & freshness.keys()` so pruned nodes drop out."""
+    late = frozenset(
+        n
+        for n, f in freshness.items()
+        if n not in warned and f.heartbeat_age_s is not None and f.heartbeat_age_s >= HEARTBEAT_WARN_S
+    )
+    recovered = frozenset(
+        n
+        for n in warned
+        if (f := freshness.get(n)) is not None
+        and f.heartbeat_age_s is not None
+        and f.heartbeat_age_s < HEARTBEAT_WARN_S
+    )
+    return late, recovered
+
+
+__all__ = [
+    "HEARTBEAT_WARN_S",
+    "INSTANCE_GONE",
+    "NODE_LOST",
+    "NODE_TIMEOUT_S",
+    "ZOMBIE_TASK_GRACE_S",
+    "MasterView",
+    "delete_instances_on_departed_nodes",
+    "heartbeat_warnings",
+    "plan",
+    "reap_zombie_tasks",
+    "time_out_silent_nodes",
+    "track_zombies",
+    "zombie_task_ids",
+]

@@ -1,0 +1,67 @@
+import itertools
+
+import pytest
+
+from skulk.master.commands import Refusal, decide
+from skulk.shared.types.commands import (
+    CreateInstance,
+    DeleteInstance,
+    EvictStagedModel,
+    PlaceInstance,
+    SetTracingEnabled,
+)
+from skulk.shared.types.events import InstanceCreated, InstanceDeleted, StagedModelEvicted, TaskStatusUpdated, TracingStateChanged
+from skulk.shared.types.instances import Instance, ShardAssignment
+from skulk.shared.types.state import NodeInfo, State
+from skulk.shared.types.tasks import Embedding, EmbeddingParams
+
+INSTANCE = Instance(
+    instance_id="i1", model_id="local/tiny-llama", sharding="Pipeline",
+    shards=[ShardAssignment(node_id="n1", runner_id="r1", rank=0, world_size=1, start_layer=0, end_layer=6,
+                            backend="mlx-cpu")],
+    context_token_limit=2048,
+)
+OPEN = Embedding(task_id="t1", instance_id="i1", command_id="c", params=EmbeddingParams(model_id="m", inputs=["x"]))
+DONE = Embedding(task_id="t2", instance_id="i1", command_id="c", params=EmbeddingParams(model_id="m", inputs=["x"]),
+                 status="Complete")
+STATE = State(nodes={"n1": NodeInfo(node_id="n1", node_name="a", version="1")}, instances={"i1": INSTANCE},
+              tasks={"t1": OPEN, "t2": DONE})
+
+
+def ids():
+    counter = itertools.count()
+    return lambda: f"e{next(counter)}"
+
+
+def kinds(decision):
+    return decision.code if isinstance(decision, Refusal) else [type(e).__name__ for e in decision]
+
+
+@pytest.mark.parametrize(
+    ("state", "command", "expected"),
+    [
+        (State(), SetTracingEnabled(command_id="c", enabled=True), ["TracingStateChanged"]),
+        (State(tracing_enabled=True), SetTracingEnabled(command_id="c", enabled=True), []),
+        (STATE, DeleteInstance(command_id="c", instance_id="i1"), ["TaskStatusUpdated", "InstanceDeleted"]),
+        (STATE, DeleteInstance(command_id="c", instance_id="nope"), "unknown_instance"),
+        (STATE.model_copy(update={"instances": {}}), CreateInstance(command_id="c", instance=INSTANCE), ["InstanceCreated"]),
+        (STATE, CreateInstance(command_id="c", instance=INSTANCE), "instance_exists"),
+        (State(), CreateInstance(command_id="c", instance=INSTANCE), "unknown_nodes"),
+        (State(), EvictStagedModel(command_id="c", model_id="local/tiny-llama"), ["StagedModelEvicted"]),
+        (State(), PlaceInstance(command_id="c", model_id="local/tiny-llama"), "not_supported"),
+    ],
+)
+def test_decide(state, command, expected):
+    assert kinds(decide(state, command, ids())) == expected
+
+
+def test_delete_cancels_only_open_tasks_before_deleting():
+    events = decide(STATE, DeleteInstance(command_id="c", instance_id="i1"), ids())
+    assert isinstance(events[0], TaskStatusUpdated) and events[0].task_id == "t1" and events[0].status == "Cancelled"
+    assert isinstance(events[-1], InstanceDeleted)
+
+
+def test_event_types_are_the_decided_ones():
+    assert isinstance(decide(State(), SetTracingEnabled(command_id="c", enabled=True), ids())[0], TracingStateChanged)
+    assert isinstance(decide(State(), EvictStagedModel(command_id="c", model_id="a/b"), ids())[0], StagedModelEvicted)
+    assert isinstance(decide(STATE.model_copy(update={"instances": {}}), CreateInstance(command_id="c", instance=INSTANCE), ids())[0], InstanceCreated)

@@ -1,0 +1,483 @@
+"""The election machine: each rule on small hand-built views, then whole clusters of
+simulated nodes on an in-memory network with a fake clock (no event loop, no sockets)."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pytest
+from pydantic import ValidationError
+
+from skulk.shared.codec import round_trip
+from skulk.shared.election import (
+    CAMPAIGN_WINDOW_S,
+    CANDIDATE_REBROADCAST_S,
+    DISCOVERY_S,
+    LEADER_ANNOUNCE_S,
+    LEADER_SILENCE_S,
+    MAX_CANDIDATES,
+    Broadcast,
+    Elected,
+    ElectionView,
+    Me,
+    Output,
+    PresenceChanged,
+    Received,
+    Tick,
+    initial_view,
+    is_leading,
+    rank,
+    session_id_for,
+    step,
+)
+from skulk.shared.types.election import ElectionMessage
+
+ME = Me(node_id="b", seniority=0, commands_seen=0)
+
+
+def cand(node: str, clock: int, seniority: int = 0, commands_seen: int = 0) -> ElectionMessage:
+    return ElectionMessage(kind="candidate", node_id=node, clock=clock, seniority=seniority, commands_seen=commands_seen)
+
+
+def lead(node: str, clock: int, seniority: int = 0, commands_seen: int = 0) -> ElectionMessage:
+    return ElectionMessage(
+        kind="leader",
+        node_id=node,
+        clock=clock,
+        seniority=seniority,
+        commands_seen=commands_seen,
+        session_id=session_id_for(node, clock),
+    )
+
+
+def run(view: ElectionView, *inputs: tuple[object, float], me: Me = ME) -> tuple[ElectionView, list[Output]]:
+    """Feed (input, now) pairs in order; return the last view and every output."""
+    outputs: list[Output] = []
+    for inp, now in inputs:
+        view, out = step(view, inp, me, now)
+        outputs.extend(out)
+    return view, outputs
+
+
+# -- views to start rules from, built through the public API --------------------------------
+
+
+def discovering() -> ElectionView:
+    return initial_view(0.0)  # discovery ends at DISCOVERY_S
+
+
+def campaigning() -> ElectionView:
+    """Campaigning at clock 1 since t=2.0 (deadline 3.5), candidates: me only."""
+    view, _ = run(discovering(), (Tick(), DISCOVERY_S))
+    return view
+
+
+def following() -> ElectionView:
+    """Following c at clock 1 (session c.1), last heard at t=10, peers a and c live."""
+    view, _ = run(discovering(), (PresenceChanged(frozenset({"a", "c"})), 9.0), (Received(lead("c", 1)), 10.0))
+    return view
+
+
+def leading() -> ElectionView:
+    """Leading at clock 2 (session b.2) since t=1.5, last announced then."""
+    view, _ = run(discovering(), (Received(cand("a", 2)), 0.0), (Tick(), CAMPAIGN_WINDOW_S))
+    assert is_leading(view)
+    return view
+
+
+def summary(outputs: list[Output]) -> list[str]:
+    def one(out: Output) -> str:
+        if isinstance(out, Broadcast):
+            return f"{out.message.kind}@{out.message.clock}"
+        return f"elected {out.session_id}{' (me)' if out.i_am_master else ''}"
+
+    return [one(o) for o in outputs]
+
+
+RULES = [
+    # id, start view, input, now, expected phase, clock, master, outputs
+    ("discovering: quiet before DISCOVERY_S", discovering, Tick(), 1.75, "discovering", 0, None, []),
+    ("discovering: campaign after DISCOVERY_S", discovering, Tick(), 2.0, "campaigning", 1, None, ["candidate@1"]),
+    ("discovering: a leader is adopted at once", discovering, Received(lead("c", 4)), 0.5, "following", 4, "c",
+     ["elected c.4"]),
+    ("discovering: joins a running campaign", discovering, Received(cand("a", 3)), 0.5, "campaigning", 3, None,
+     ["candidate@3"]),
+    ("discovering: presence alone starts nothing", discovering, PresenceChanged(frozenset({"a"})), 0.5,
+     "discovering", 0, None, []),
+    ("campaigning: same-clock candidate is recorded", campaigning, Received(cand("c", 1)), 2.5, "campaigning", 1,
+     None, []),
+    ("campaigning: higher clock restarts", campaigning, Received(cand("a", 5)), 2.5, "campaigning", 5, None,
+     ["candidate@5"]),
+    ("campaigning: lower clock ignored", campaigning, Received(cand("a", 0)), 2.5, "campaigning", 1, None, []),
+    ("campaigning: rebroadcast not yet due", campaigning, Tick(), 2.25, "campaigning", 1, None, []),
+    ("campaigning: rebroadcast due", campaigning, Tick(), 2.0 + CANDIDATE_REBROADCAST_S, "campaigning", 1, None,
+     ["candidate@1"]),
+    ("campaigning: alone at deadline -> lead", campaigning, Tick(), 3.5, "leading", 1, "b",
+     ["elected b.1 (me)", "leader@1"]),
+    ("campaigning: leader at my clock is followed", campaigning, Received(lead("a", 1)), 2.5, "following", 1, "a",
+     ["elected a.1"]),
+    ("campaigning: leader at later clock is followed", campaigning, Received(lead("a", 3)), 2.5, "following", 3,
+     "a", ["elected a.3"]),
+    ("following: master's announcement refreshes", following, Received(lead("c", 1)), 12.0, "following", 1, "c",
+     []),
+    ("following: lower-ranked leader ignored", following, Received(lead("a", 1)), 12.0, "following", 1, "c", []),
+    ("following: older-clock leader ignored", following, Received(lead("z", 0)), 12.0, "following", 1, "c", []),
+    ("following: higher-ranked leader adopted", following, Received(lead("d", 1)), 12.0, "following", 1, "d",
+     ["elected d.1"]),
+    ("following: newer session adopted", following, Received(lead("a", 2)), 12.0, "following", 2, "a",
+     ["elected a.2"]),
+    ("following: stale candidate ignored", following, Received(cand("z", 1)), 12.0, "following", 1, "c", []),
+    ("following: higher-clock candidate joined", following, Received(cand("a", 2)), 12.0, "campaigning", 2, "c",
+     ["candidate@2"]),
+    ("following: quiet master within silence", following, Tick(), 10.0 + LEADER_SILENCE_S - 0.25, "following", 1,
+     "c", []),
+    ("following: silent master -> re-elect", following, Tick(), 10.0 + LEADER_SILENCE_S, "campaigning", 2, "c",
+     ["candidate@2"]),
+    ("following: master left presence -> re-elect", following, PresenceChanged(frozenset({"a"})), 11.0,
+     "campaigning", 2, "c", ["candidate@2"]),
+    ("following: a join never re-elects", following, PresenceChanged(frozenset({"a", "c", "z"})), 11.0,
+     "following", 1, "c", []),
+    ("following: another peer leaving never re-elects", following, PresenceChanged(frozenset({"c"})), 11.0,
+     "following", 1, "c", []),
+    ("leading: announce not yet due", leading, Tick(), 2.25, "leading", 2, "b", []),
+    ("leading: periodic announce", leading, Tick(), 1.5 + LEADER_ANNOUNCE_S, "leading", 2, "b", ["leader@2"]),
+    ("leading: lower leader -> re-announce", leading, Received(lead("a", 2)), 1.75, "leading", 2, "b",
+     ["leader@2"]),
+    ("leading: higher leader -> step down", leading, Received(lead("c", 2)), 1.75, "following", 2, "c",
+     ["elected c.2"]),
+    ("leading: newer-clock leader -> step down", leading, Received(lead("a", 3)), 1.75, "following", 3, "a",
+     ["elected a.3"]),
+    ("leading: straggler candidate -> re-announce", leading, Received(cand("z", 1)), 1.75, "leading", 2, "b",
+     ["leader@2"]),
+    ("leading: same-clock candidate -> re-announce", leading, Received(cand("z", 2)), 1.75, "leading", 2, "b",
+     ["leader@2"]),
+    ("leading: re-election elsewhere -> join", leading, Received(cand("a", 3)), 1.75, "campaigning", 3, "b",
+     ["candidate@3"]),
+    ("any: own echo ignored", following, Received(lead("b", 9)), 12.0, "following", 1, "c", []),
+]
+
+
+@pytest.mark.parametrize(
+    ("start", "inp", "now", "phase", "clock", "master", "outputs"),
+    [pytest.param(*row[1:], id=row[0]) for row in RULES],
+)
+def test_rule(start: Callable[[], ElectionView], inp, now, phase, clock, master, outputs) -> None:
+    view, out = step(start(), inp, ME, now)
+    assert (view.phase, view.clock, view.master_id, summary(out)) == (phase, clock, master, outputs)
+
+
+@pytest.mark.parametrize(
+    ("recorded", "live_after", "winner"),
+    [
+        pytest.param([cand("c", 1)], {"a", "c"}, "c", id="best candidate wins"),
+        pytest.param([cand("a", 1)], {"a"}, "b", id="I beat a lower candidate"),
+        pytest.param([cand("c", 1)], {"a"}, "b", id="candidate that left presence does not count"),
+        pytest.param([cand("a", 1, seniority=1)], {"a"}, "a", id="seniority before node id"),
+        pytest.param([cand("a", 1, commands_seen=7)], {"a"}, "a", id="commands_seen before node id"),
+        pytest.param([cand("a", 1, commands_seen=7), cand("c", 1, seniority=1)], {"a", "c"}, "c",
+                     id="seniority before commands_seen"),
+    ],
+)
+def test_campaign_winner(recorded: list[ElectionMessage], live_after: set[str], winner: str) -> None:
+    view, _ = run(campaigning(), (PresenceChanged(frozenset({"a", "c"})), 2.0),
+                  *[(Received(m), 2.25) for m in recorded],
+                  (PresenceChanged(frozenset(live_after)), 3.0))
+    view, out = step(view, Tick(), ME, 2.0 + CAMPAIGN_WINDOW_S)
+    assert view.master_id == winner
+    assert view.session_id == f"{winner}.1"
+    assert [o for o in out if isinstance(o, Elected)] == [
+        Elected(master_id=winner, session_id=f"{winner}.1", clock=1, i_am_master=winner == "b")
+    ]
+
+
+@pytest.mark.parametrize(
+    ("lower", "higher"),
+    [
+        ((1, 9, 9, "z"), (2, 0, 0, "a")),  # clock first
+        ((1, 0, 9, "z"), (1, 1, 0, "a")),  # then seniority
+        ((1, 1, 0, "z"), (1, 1, 1, "a")),  # then commands_seen
+        ((1, 1, 1, "a"), (1, 1, 1, "b")),  # node id last
+    ],
+)
+def test_rank_order(lower: tuple, higher: tuple) -> None:
+    assert rank(cand(lower[3], *lower[:3])) < rank(cand(higher[3], *higher[:3]))
+
+
+def test_claim_is_frozen_for_the_campaign() -> None:
+    """My counters move during a campaign; what I broadcast (and announce as leader) does not,
+    so every peer keeps ranking me the same way."""
+    view, first = step(discovering(), Tick(), ME, DISCOVERY_S)
+    busier = Me(node_id="b", seniority=0, commands_seen=50)
+    view, again = step(view, Tick(), busier, DISCOVERY_S + CANDIDATE_REBROADCAST_S)
+    view, won = step(view, Tick(), busier, DISCOVERY_S + CAMPAIGN_WINDOW_S)
+    announced = [o.message for o in first + again + won if isinstance(o, Broadcast)]
+    assert {m.commands_seen for m in announced} == {0}
+    assert announced[-1].kind == "leader"
+
+
+def test_elected_never_repeated_for_one_session() -> None:
+    view = following()
+    outputs: list[Output] = []
+    for i in range(20):
+        view, out = step(view, Received(lead("c", 1)), ME, 10.0 + i)
+        outputs.extend(out)
+        view, out = step(view, Tick(), ME, 10.5 + i)
+        outputs.extend(out)
+    assert outputs == [] and view.master_id == "c"
+
+
+def test_departed_nodes_messages_ignored_until_they_return() -> None:
+    view, _ = run(following(), (PresenceChanged(frozenset({"c"})), 11.0))  # a left
+    assert step(view, Received(lead("a", 5)), ME, 11.5)[0].master_id == "c"
+    view, _ = run(view, (PresenceChanged(frozenset({"a", "c"})), 12.0))  # a is back
+    assert step(view, Received(lead("a", 5)), ME, 12.5)[0].master_id == "a"
+
+
+def test_candidates_are_bounded_without_changing_the_winner() -> None:
+    view = campaigning()
+    for i in range(MAX_CANDIDATES + 50):
+        view, _ = step(view, Received(cand(f"n{i:04d}", 1, commands_seen=i)), ME, 2.25)
+    assert len(view.candidates) == MAX_CANDIDATES
+    assert "b" in view.candidates
+    view, _ = step(view, Tick(), ME, 3.5)
+    assert view.master_id == f"n{MAX_CANDIDATES + 49:04d}"
+
+
+@pytest.mark.parametrize(
+    ("node", "clock", "expected"),
+    [("c", 3, "c.3"), ("node_7-x.y", 12, "node_7-x.y.12")],
+)
+def test_session_id_derivation(node: str, clock: int, expected: str) -> None:
+    assert session_id_for(node, clock) == expected
+
+
+def test_session_id_of_a_long_node_id_stays_valid_and_deterministic() -> None:
+    node = "n" * 128
+    sid = session_id_for(node, 123456)
+    assert sid == session_id_for(node, 123456) != session_id_for(node, 123457)
+    assert len(sid) <= 128 and sid.endswith(".123456")
+
+
+def test_wire_message_round_trips_and_rejects_bad_shapes() -> None:
+    msg = lead("c", 3, seniority=2, commands_seen=9)
+    assert round_trip(msg) == msg
+    assert msg.to_wire()["commandsSeen"] == 9 and msg.to_wire()["type"] == "ElectionMessage"
+    with pytest.raises(ValidationError):
+        ElectionMessage(kind="leader", node_id="c", clock=1, seniority=0, commands_seen=0)
+    with pytest.raises(ValidationError):
+        ElectionMessage(kind="candidate", node_id="c", clock=1, seniority=0, commands_seen=0, session_id="c.1")
+    with pytest.raises(ValidationError):
+        ElectionMessage(kind="candidate", node_id="c", clock=-1, seniority=0, commands_seen=0)
+
+
+# -- simulated clusters ----------------------------------------------------------------------
+
+TICK_S = 0.25
+
+Drop = Callable[[str, str, ElectionMessage], bool]
+
+
+@dataclass
+class SimNode:
+    me: Me
+    view: ElectionView
+    elected: list[Elected] = field(default_factory=list)
+    sent: list[ElectionMessage] = field(default_factory=list)
+    running: bool = True  # stepped and reachable
+    present: bool = True  # listed by presence
+
+
+class Cluster:
+    """Nodes on an in-memory network: each Broadcast reaches every other running node at
+    once, unless `drop(src, dst, message)` says that link loses it."""
+
+    def __init__(self, mes: list[Me], drop: Drop | None = None) -> None:
+        self.now = 0.0
+        self.drop: Drop = drop or (lambda src, dst, msg: False)
+        self.nodes: dict[str, SimNode] = {}
+        self._inflight: deque[tuple[str, ElectionMessage]] = deque()
+        for me in mes:
+            self.nodes[me.node_id] = SimNode(me=me, view=initial_view(self.now))
+        self.publish_presence()
+
+    def join(self, me: Me) -> None:
+        self.nodes[me.node_id] = SimNode(me=me, view=initial_view(self.now))
+        self.publish_presence()
+
+    def kill(self, name: str) -> None:
+        self.nodes[name].running = self.nodes[name].present = False
+        self.publish_presence()
+
+    def freeze(self, name: str) -> None:
+        """Hung process: stops speaking, but its presence token lives on."""
+        self.nodes[name].running = False
+
+    def publish_presence(self) -> None:
+        live = {n for n, node in self.nodes.items() if node.present}
+        for name, node in self.nodes.items():
+            if node.running:
+                self._step(name, PresenceChanged(frozenset(live - {name})))
+        self._deliver()
+
+    def run_until(self, t: float) -> None:
+        while self.now < t:
+            self.now += TICK_S
+            for name, node in list(self.nodes.items()):
+                if node.running:
+                    self._step(name, Tick())
+            self._deliver()
+
+    def _step(self, name: str, inp: object) -> None:
+        node = self.nodes[name]
+        node.view, out = step(node.view, inp, node.me, self.now)
+        for o in out:
+            if isinstance(o, Broadcast):
+                node.sent.append(o.message)
+                self._inflight.append((name, o.message))
+            else:
+                node.elected.append(o)
+
+    def _deliver(self) -> None:
+        delivered = 0
+        while self._inflight:
+            src, msg = self._inflight.popleft()
+            for dst, node in self.nodes.items():
+                if dst != src and node.running and not self.drop(src, dst, msg):
+                    self._step(dst, Received(msg))
+            delivered += 1
+            assert delivered < 10_000, "election messages never settle"
+
+    # -- what tests assert on
+    def running(self) -> dict[str, SimNode]:
+        return {n: node for n, node in self.nodes.items() if node.running}
+
+    def masters(self) -> set[tuple[str | None, str | None]]:
+        return {(node.view.master_id, node.view.session_id) for node in self.running().values()}
+
+    def leaders(self) -> list[str]:
+        return [n for n, node in self.running().items() if is_leading(node.view)]
+
+
+def me(name: str, seniority: int = 0, commands_seen: int = 0) -> Me:
+    return Me(node_id=name, seniority=seniority, commands_seen=commands_seen)
+
+
+def settled(cluster: Cluster) -> tuple[str, str]:
+    """Assert the running nodes agree on one master that alone leads; return it."""
+    masters = cluster.masters()
+    assert len(masters) == 1, masters
+    ((master, session),) = masters
+    assert cluster.leaders() == [master]
+    assert master is not None and session is not None
+    return master, session
+
+
+def test_simultaneous_start_elects_the_highest_node_once() -> None:
+    cluster = Cluster([me("a"), me("b"), me("c")])
+    cluster.run_until(DISCOVERY_S + CAMPAIGN_WINDOW_S)
+    assert settled(cluster) == ("c", "c.1")
+    cluster.run_until(30.0)
+    assert settled(cluster) == ("c", "c.1")
+    for name, node in cluster.nodes.items():
+        assert node.elected == [Elected("c", "c.1", 1, i_am_master=name == "c")]
+
+
+@pytest.mark.parametrize("newcomer", [me("d"), me("z", seniority=9, commands_seen=99)])
+def test_late_joiner_adopts_the_leader_without_churn(newcomer: Me) -> None:
+    cluster = Cluster([me("a"), me("b"), me("c")])
+    cluster.run_until(10.0)
+    before = {n: list(node.elected) for n, node in cluster.nodes.items()}
+    cluster.join(newcomer)
+    cluster.run_until(10.0 + LEADER_ANNOUNCE_S)
+    assert settled(cluster) == ("c", "c.1")
+    cluster.run_until(30.0)
+    assert settled(cluster) == ("c", "c.1")
+    assert {n: node.elected for n, node in cluster.nodes.items() if n != newcomer.node_id} == before
+    assert cluster.nodes[newcomer.node_id].elected == [Elected("c", "c.1", 1, i_am_master=False)]
+    assert cluster.nodes[newcomer.node_id].sent == []  # never campaigned
+
+
+def test_leader_leaving_presence_is_replaced_quickly() -> None:
+    cluster = Cluster([me("a"), me("b"), me("c")])
+    cluster.run_until(10.0)
+    cluster.kill("c")
+    cluster.run_until(10.0 + CAMPAIGN_WINDOW_S + TICK_S)  # well inside LEADER_SILENCE_S
+    assert settled(cluster) == ("b", "b.2")
+    assert cluster.nodes["a"].elected[-1] == Elected("b", "b.2", 2, i_am_master=False)
+    assert cluster.nodes["b"].elected[-1] == Elected("b", "b.2", 2, i_am_master=True)
+
+
+def test_silent_leader_is_replaced_after_silence_timeout() -> None:
+    cluster = Cluster([me("a"), me("b"), me("c")])
+    cluster.run_until(10.0)
+    cluster.freeze("c")  # presence still lists it
+    cluster.run_until(10.0 + LEADER_SILENCE_S - 1.0)
+    assert cluster.masters() == {("c", "c.1")}
+    cluster.run_until(10.0 + LEADER_SILENCE_S + CAMPAIGN_WINDOW_S + TICK_S)
+    assert settled(cluster) == ("b", "b.2")
+
+
+@pytest.mark.parametrize(
+    ("island", "mainland", "expected"),
+    [
+        pytest.param(me("a"), [me("b"), me("c")], "c", id="mainland leader outranks"),
+        pytest.param(me("a", seniority=3), [me("b"), me("c")], "a", id="senior island leader takes over"),
+    ],
+)
+def test_split_brain_converges_on_the_higher_leader(island: Me, mainland: list[Me], expected: str) -> None:
+    healed = False
+
+    def partition(src: str, dst: str, msg: ElectionMessage) -> bool:
+        return not healed and "a" in (src, dst)
+
+    cluster = Cluster([island, *mainland], drop=partition)
+    cluster.run_until(10.0)
+    assert sorted(cluster.leaders()) == ["a", "c"]  # two masters, one per side
+    healed = True
+    cluster.run_until(10.0 + 2 * LEADER_ANNOUNCE_S)
+    assert settled(cluster) == (expected, f"{expected}.1")
+    cluster.run_until(30.0)
+    assert settled(cluster) == (expected, f"{expected}.1")
+
+
+@pytest.mark.parametrize("link", [("a", "c"), ("b", "c"), ("a", "b")])
+def test_lost_candidates_on_one_link_still_converge(link: tuple[str, str]) -> None:
+    def lossy(src: str, dst: str, msg: ElectionMessage) -> bool:
+        return msg.kind == "candidate" and {src, dst} == set(link)
+
+    cluster = Cluster([me("a"), me("b"), me("c")], drop=lossy)
+    cluster.run_until(DISCOVERY_S + CAMPAIGN_WINDOW_S + 2 * LEADER_ANNOUNCE_S)
+    assert settled(cluster) == ("c", "c.1")
+    cluster.run_until(30.0)
+    assert settled(cluster) == ("c", "c.1")
+    assert all(node.elected[-1].session_id == "c.1" for node in cluster.nodes.values())
+
+
+@pytest.mark.parametrize(
+    ("mes", "expected"),
+    [
+        pytest.param([me("a", seniority=2), me("b", seniority=1), me("c")], "a", id="most senior"),
+        pytest.param([me("a", commands_seen=5), me("b", commands_seen=9), me("c")], "b", id="most commands seen"),
+        pytest.param([me("a", 1, 1), me("b", 1, 9), me("c", 2, 0)], "c", id="seniority before commands"),
+    ],
+)
+def test_seniority_and_commands_seen_decide_before_node_id(mes: list[Me], expected: str) -> None:
+    cluster = Cluster(mes)
+    cluster.run_until(10.0)
+    assert settled(cluster) == (expected, f"{expected}.1")
+
+
+def test_survivors_of_repeated_failures_keep_one_master() -> None:
+    cluster = Cluster([me("a"), me("b"), me("c"), me("d")])
+    cluster.run_until(10.0)
+    cluster.kill("d")
+    cluster.run_until(15.0)
+    assert settled(cluster) == ("c", "c.2")
+    cluster.freeze("c")
+    cluster.run_until(30.0)
+    assert settled(cluster) == ("b", "b.3")
+    for node in cluster.running().values():
+        sessions = [e.session_id for e in node.elected]
+        assert len(sessions) == len(set(sessions)) == 3  # one Elected per session, never repeated
