@@ -21,8 +21,8 @@ INSTANCE = Instance(
                             backend="mlx-cpu")],
     context_token_limit=2048,
 )
-OPEN = Embedding(task_id="t1", instance_id="i1", command_id="c", params=EmbeddingParams(model_id="m", inputs=["x"]))
-DONE = Embedding(task_id="t2", instance_id="i1", command_id="c", params=EmbeddingParams(model_id="m", inputs=["x"]),
+OPEN = Embedding(owner_node_id="n1", task_id="t1", instance_id="i1", command_id="c", params=EmbeddingParams(model_id="m", inputs=["x"]))
+DONE = Embedding(owner_node_id="n1", task_id="t2", instance_id="i1", command_id="c", params=EmbeddingParams(model_id="m", inputs=["x"]),
                  status="Complete")
 STATE = State(nodes={"n1": NodeInfo(node_id="n1", node_name="a", version="1")}, instances={"i1": INSTANCE},
               tasks={"t1": OPEN, "t2": DONE})

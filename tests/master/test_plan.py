@@ -49,12 +49,12 @@ def _instance(instance_id: str, nodes: list[str]) -> Instance:
 
 
 def _gen(task_id: str, instance_id: str, status: str = "Running") -> TextGeneration:
-    return TextGeneration(task_id=task_id, instance_id=instance_id, status=status, command_id=f"c-{task_id}",
+    return TextGeneration(owner_node_id="n1", task_id=task_id, instance_id=instance_id, status=status, command_id=f"c-{task_id}",
                           params=TextGenerationParams(model_id="m", prompt="hi"))
 
 
 def _emb(task_id: str, instance_id: str, status: str = "Pending") -> Embedding:
-    return Embedding(task_id=task_id, instance_id=instance_id, status=status, command_id=f"c-{task_id}",
+    return Embedding(owner_node_id="n1", task_id=task_id, instance_id=instance_id, status=status, command_id=f"c-{task_id}",
                      params=EmbeddingParams(model_id="m", inputs=["x"]))
 
 

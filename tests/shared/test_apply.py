@@ -79,7 +79,7 @@ I2 = _instance("i2", ["n3"], ["r3"])
 E12 = Edge(source="n1", sink="n2", kind="session")
 E21 = Edge(source="n2", sink="n1", kind="probed", address="10.0.0.1:52415")
 E2G = Edge(source="n2", sink="ghost", kind="session")
-PENDING = Embedding(task_id="t1", instance_id="i1", command_id="c1", params=EmbeddingParams(model_id=M, inputs=["x"]))
+PENDING = Embedding(owner_node_id="n1", task_id="t1", instance_id="i1", command_id="c1", params=EmbeddingParams(model_id=M, inputs=["x"]))
 DONE = CreateRunner(task_id="t2", instance_id="i1", runner_id="r1", status="Complete")
 NEW_TASK = CreateRunner(task_id="t9", instance_id="i1", runner_id="r2")
 LAN = [NetworkInterface(name="en0", addresses=["10.0.0.1"], kind="ethernet")]

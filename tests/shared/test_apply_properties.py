@@ -126,10 +126,10 @@ def tasks(draw: st.DrawFn):  # type: ignore[no-untyped-def]
             temperature=draw(st.none() | st.floats(0, 2, allow_nan=False)),
             stop=draw(st.lists(text, max_size=2)),
         )
-        return TextGeneration(command_id=draw(event_id), params=params, **common)
+        return TextGeneration(owner_node_id="n1", command_id=draw(event_id), params=params, **common)
     if kind == "embed":
         params = EmbeddingParams(model_id=draw(model), inputs=draw(st.lists(text, min_size=1, max_size=2)))
-        return Embedding(command_id=draw(event_id), params=params, **common)
+        return Embedding(owner_node_id="n1", command_id=draw(event_id), params=params, **common)
     runner = draw(st.sampled_from(RUNNERS))
     if kind == "create":
         return CreateRunner(runner_id=runner, **common)

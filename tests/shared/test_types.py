@@ -162,7 +162,7 @@ CHAT_PARAMS = TextGenerationParams(
 )
 RAW_PARAMS = TextGenerationParams(model_id=MODEL, prompt="Once upon a time", tool_choice="auto")
 EMBED_PARAMS = EmbeddingParams(model_id=MODEL, inputs=["a", "b"], dimensions=64)
-TEXT_TASK = TextGeneration(task_id="t1", instance_id="i1", command_id="c1", params=CHAT_PARAMS)
+TEXT_TASK = TextGeneration(owner_node_id="n1", task_id="t1", instance_id="i1", command_id="c1", params=CHAT_PARAMS)
 EDGE = Edge(source="n1", sink="n2", kind="probed", address="10.0.0.2:52415")
 USAGE = Usage(prompt_tokens=3, completion_tokens=2, total_tokens=5)
 TOKEN = TokenChunk(
@@ -253,7 +253,7 @@ COMMANDS: list[BaseModel] = [
 ]
 TASKS: list[BaseModel] = [
     TEXT_TASK,
-    Embedding(task_id="t2", instance_id="i1", command_id="c5", params=EMBED_PARAMS, status="Running"),
+    Embedding(owner_node_id="n1", task_id="t2", instance_id="i1", command_id="c5", params=EMBED_PARAMS, status="Running"),
     CreateRunner(task_id="t3", instance_id="i1", runner_id="r1"),
     DownloadModel(task_id="t4", instance_id="i1", runner_id="r1", node_id="n1", model_id=MODEL),
     ConnectToGroup(task_id="t5", instance_id="i1", runner_id="r1"),

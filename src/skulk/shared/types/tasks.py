@@ -58,12 +58,15 @@ class _TaskBase(WireModel):
 class TextGeneration(_TaskBase):
     type: Literal["TextGeneration"] = "TextGeneration"
     command_id: CommandId
+    owner_node_id: NodeId
+    """The node whose API holds the client's request: output streams go there."""
     params: TextGenerationParams
 
 
 class Embedding(_TaskBase):
     type: Literal["Embedding"] = "Embedding"
     command_id: CommandId
+    owner_node_id: NodeId
     params: EmbeddingParams
 
 
