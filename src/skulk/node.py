@@ -23,12 +23,15 @@ import uvicorn
 
 from skulk import __version__
 from skulk.api.app import ApiContext, create_app
+from skulk.api.streams import CommandStreams
 from skulk.cluster.election import ElectionService
 from skulk.cluster.membership import MembershipService
 from skulk.cluster.producer import EventProducer
 from skulk.cluster.replica import StateReplica
 from skulk.cluster.telemetry import TelemetryService
+from skulk.facts.derive import DerivedBackends, derive_node_backends
 from skulk.facts.network import probe_interfaces
+from skulk.facts.probe import probe_node_facts
 from skulk.master.main import EventLogSlot, Master
 from skulk.routing.cluster_key import ClusterKeyError, derive_wire_key, resolve_cluster_key
 from skulk.routing.constants import NETWORK_VERSION
@@ -37,7 +40,12 @@ from skulk.routing.topics import TOPICS
 from skulk.shared import election as election_machine
 from skulk.shared.membership import SelfInfo
 from skulk.shared.types.commands import Command, ForwarderCommand
+from skulk.shared.types.events import IndexedEvent
 from skulk.shared.types.ids import new_id
+from skulk.shared.types.tasks import TextGeneration
+from skulk.shared.telemetry_view import node_resources
+from skulk.store.cards import builtin_cards_dir, resolve_cards
+from skulk.worker.main import Worker
 from skulk.shared.wire_keys import to_camel_keys
 from skulk.store.lease import Lease, LeaseHeldError
 from skulk.store.paths import SkulkPaths, ensure_dirs
@@ -125,6 +133,8 @@ class Node:
         self._exit_code = ExitCode.OK
         self._master: Master | None = None
         self._master_task: asyncio.Task | None = None
+        self.streams = CommandStreams()
+        self.worker: Worker | None = None
 
     def request_stop(self, exit_code: int = ExitCode.OK, reason: str = "stop requested") -> None:
         if not self._stop.is_set():
@@ -181,12 +191,28 @@ class Node:
             return await self._abort(log_slot, router, ExitCode.FAILURE)
 
         router.declare_presence()
+        derived = await asyncio.to_thread(self._derive_backends)
+        card_set = resolve_cards(builtin_cards_dir(), settings.paths.custom_cards_dir)
+        for error in card_set.errors:
+            logger.error("%s (ignored)", error)
         self.replica = StateReplica(router)
+
+        def cards():  # noqa: ANN202 - built-in and local custom cards, overridden by the cluster's
+            return {**card_set.cards, **self.replica.state.custom_cards}
+
+        self.cards = cards
         self.producer = EventProducer(router)
         self.replica.on_applied(self.producer.observe)
         self.telemetry = TelemetryService(
-            router, node_name=settings.node_name, models_dir=settings.paths.models_dir, api_endpoint=settings.api_endpoint
+            router, node_name=settings.node_name, models_dir=settings.paths.models_dir, api_endpoint=settings.api_endpoint,
+            backends=lambda: list(derived.tags), conflicts=lambda: list(derived.conflicts),
         )
+        self.replica.on_applied(self._fail_streams_of_failed_tasks)
+        if settings.worker_enabled:
+            self.worker = Worker(
+                router, self.replica, self.producer, models_dir=settings.paths.models_dir, cards=cards,
+                deliver_local=self.streams.deliver,
+            )
         me = SelfInfo(
             node_id=self.node_id, node_name=settings.node_name, version=__version__,
             api_endpoint=settings.api_endpoint, interfaces=tuple(probe_interfaces()),
@@ -210,7 +236,11 @@ class Node:
             asyncio.create_task(self.telemetry.run(), name="telemetry"),
             asyncio.create_task(self.membership.run(), name="membership"),
             asyncio.create_task(self.election.run(), name="election"),
+            asyncio.create_task(self._receive_output(router), name="data-receive"),
+            asyncio.create_task(self._expire_streams(), name="stream-expiry"),
         ]
+        if self.worker is not None:
+            tasks.append(asyncio.create_task(self.worker.run(), name="worker"))
         server: _Server | None = None
         if api_socket is not None:
             server = self._make_api_server(router, log_slot, lease)
@@ -243,13 +273,49 @@ class Node:
     # -- election results --------------------------------------------------------------------
 
     def _on_elected(self, elected: election_machine.Elected, router: Router, log_slot: EventLogSlot) -> None:
+        previous_session = self.replica.session_id
         self.replica.adopt_session(elected.master_id, elected.session_id, elected.i_am_master)
+        if previous_session is not None and previous_session != elected.session_id:
+            # The new session cannot carry the old one's tasks: end their streams now.
+            self.streams.fail_all("MasterFailover", f"the master changed (new session {elected.session_id}); retry")
         if self._master is not None and (not elected.i_am_master or self._master.session_id != elected.session_id):
             self._stop_master()
         if elected.i_am_master and self._master_task is None:
-            self._master = Master(router, self.replica, log_slot, lambda: self.telemetry.view, session_id=elected.session_id)
+            self._master = Master(
+                router, self.replica, log_slot, lambda: self.telemetry.view, session_id=elected.session_id,
+                cards=self.cards,
+            )
             self._master_task = asyncio.create_task(self._run_master(self._master), name="master")
         self.producer.resend_all()
+
+    def _derive_backends(self) -> DerivedBackends:
+        derived = derive_node_backends(probe_node_facts())
+        for conflict in derived.conflicts:
+            logger.warning("capability conflict %s: %s", conflict.code, conflict.message)
+        if not self.settings.worker_enabled:
+            return DerivedBackends(tags=[], conflicts=list(derived.conflicts))
+        return derived
+
+    def _fail_streams_of_failed_tasks(self, indexed: IndexedEvent) -> None:
+        """A task this node's API owns failed or was cancelled in the cluster: end its stream."""
+        task_id = getattr(indexed.event, "task_id", None) or getattr(getattr(indexed.event, "task", None), "task_id", None)
+        task = self.replica.state.tasks.get(task_id) if task_id else None
+        if not isinstance(task, TextGeneration) or task.owner_node_id != self.node_id:
+            return
+        if task.status == "Failed":
+            self.streams.fail(task.command_id, "TaskFailed", task.error_message or "the task failed")
+        elif task.status == "Cancelled":
+            self.streams.fail(task.command_id, "TaskCancelled", task.error_message or "the task was cancelled",
+                              outcome="cancelled")
+
+    async def _receive_output(self, router: Router) -> None:
+        async for received in router.subscribe(TOPICS.data):
+            self.streams.deliver(received.message)
+
+    async def _expire_streams(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            self.streams.expire()
 
     def _stop_master(self) -> None:
         if self._master_task is not None:
@@ -280,6 +346,8 @@ class Node:
             "producer": self.producer.stats(),
             "telemetry": self.telemetry.stats(),
             "membership": self.membership.stats(),
+            "streams": self.streams.stats(),
+            "worker": self.worker.stats() if self.worker else None,
             "master": self._master.stats() if self._master else None,
         }
 
@@ -295,6 +363,9 @@ class Node:
             get_master=lambda: (self.replica.master_id, self.replica.session_id),
             get_diagnostics=lambda: self._diagnostics(router, log_slot, lease),
             submit_command=submit,
+            streams=self.streams,
+            get_cards=self.cards,
+            get_resources=lambda: node_resources(self.telemetry.view, self.replica.state),
         )
         config = uvicorn.Config(
             create_app(context),
@@ -310,7 +381,10 @@ class Node:
         self, server: _Server | None, tasks: list[asyncio.Task], stop_waiter: asyncio.Task, router: Router
     ) -> None:
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.membership.leave(), timeout=2.0)
+            await asyncio.wait_for(self.membership.leave(), timeout=1.5)
+        if self.worker is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.worker.shutdown(), timeout=3.0)
         if server is not None:
             server.should_exit = True
         if self._master_task is not None:

@@ -2,7 +2,7 @@ import itertools
 
 import pytest
 
-from skulk.master.commands import Refusal, decide
+from skulk.master.commands import DecisionContext, Refusal, decide
 from skulk.shared.types.commands import (
     CreateInstance,
     DeleteInstance,
@@ -30,7 +30,7 @@ STATE = State(nodes={"n1": NodeInfo(node_id="n1", node_name="a", version="1")}, 
 
 def ids():
     counter = itertools.count()
-    return lambda: f"e{next(counter)}"
+    return DecisionContext(new_id=lambda: f"e{next(counter)}", origin="n1")
 
 
 def kinds(decision):
@@ -48,7 +48,7 @@ def kinds(decision):
         (STATE, CreateInstance(command_id="c", instance=INSTANCE), "instance_exists"),
         (State(), CreateInstance(command_id="c", instance=INSTANCE), "unknown_nodes"),
         (State(), EvictStagedModel(command_id="c", model_id="local/tiny-llama"), ["StagedModelEvicted"]),
-        (State(), PlaceInstance(command_id="c", model_id="local/tiny-llama"), "not_supported"),
+        (State(), PlaceInstance(command_id="c", model_id="local/tiny-llama"), "unknown_model"),
     ],
 )
 def test_decide(state, command, expected):

@@ -6,16 +6,22 @@ reach into subsystems directly, so they stay testable with a hand-built context.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI
 
 from skulk import __version__
-from skulk.api.routes import control, diagnostics
+from skulk.api.errors import install_error_handlers
+from skulk.api.routes import control, diagnostics, instances
+from skulk.api.routes import openai as openai_routes
+from skulk.api.streams import CommandStreams
 from skulk.shared.telemetry_view import TelemetryView
 from skulk.shared.types.commands import Command
+from skulk.shared.types.cards import ModelCard
+from skulk.shared.types.instances import Instance
+from skulk.shared.types.telemetry import NodeResources
 from skulk.shared.types.state import State
 
 
@@ -32,11 +38,44 @@ class ApiContext:
     get_master: Callable[[], tuple[str | None, str | None]] = field(default=lambda: (None, None))
     get_diagnostics: Callable[[], dict[str, Any]] = field(default=lambda: {})
     submit_command: Callable[[Command], Awaitable[None]] = field(default=_no_cluster)
+    streams: CommandStreams = field(default_factory=CommandStreams)
+    """This node's open command streams: the node calls `streams.deliver(frame)` for every
+    DATA frame addressed to it, and `streams.fail_all` when the master session changes."""
+    find_instance: Callable[[str], Instance | None] | None = None
+    """The placed instance a request for a model id binds to (None: 404). Defaults to a
+    lookup in `get_state()`."""
+    list_instances: Callable[[], list[Instance]] | None = None
+    """Every placed instance. Defaults to those in `get_state()`."""
+    get_cards: Callable[[], Mapping[str, ModelCard]] = field(default=dict)
+    """Model cards this node resolves (built-in, local custom, cluster custom)."""
+    get_resources: Callable[[], Mapping[str, NodeResources]] = field(default=dict)
+    """Latest NodeResources of every member (the placement planner's memory input)."""
+
+    def __post_init__(self) -> None:
+        # Frozen dataclass: defaults that need `get_state` are filled in once, here.
+        if self.find_instance is None:
+            object.__setattr__(self, "find_instance", lambda model_id: find_placed_instance(self.get_state(), model_id))
+        if self.list_instances is None:
+            object.__setattr__(self, "list_instances", lambda: list(self.get_state().instances.values()))
+
+
+def find_placed_instance(state: State, model_id: str) -> Instance | None:
+    """An instance of `model_id` in `state`, preferring one whose runners all serve; the
+    master makes the final choice when it creates the task."""
+    candidates = sorted((i for i in state.instances.values() if i.model_id == model_id), key=lambda i: i.instance_id)
+    serving = [
+        i for i in candidates
+        if all((s := state.runners.get(r)) is not None and s.state in ("Ready", "Running") for r in i.runner_ids())
+    ]
+    return (serving or candidates or [None])[0]
 
 
 def create_app(context: ApiContext) -> FastAPI:
     app = FastAPI(title="Skulk", version=__version__)
     app.state.skulk = context
+    install_error_handlers(app)
     app.include_router(control.router)
     app.include_router(diagnostics.router)
+    app.include_router(instances.router)
+    app.include_router(openai_routes.router)
     return app

@@ -24,6 +24,7 @@ from skulk.routing.router import Router, RouterError
 from skulk.routing.topics import TOPICS
 from skulk.shared.telemetry_view import TelemetryView, record
 from skulk.shared.types.telemetry import (
+    CapabilityConflict,
     DiskReading,
     MemoryReading,
     NodeHeartbeat,
@@ -80,6 +81,7 @@ class TelemetryService:
         models_dir: Path,
         api_endpoint: str | None,
         backends: Callable[[], list[str]] = lambda: [],
+        conflicts: Callable[[], list[CapabilityConflict]] = lambda: [],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._router = router
@@ -87,6 +89,7 @@ class TelemetryService:
         self._models_dir = models_dir
         self._api_endpoint = api_endpoint
         self._backends = backends
+        self._conflicts = conflicts
         self._clock = clock
         self.view = TelemetryView()
         self.outbox = LatestValueOutbox()
@@ -110,6 +113,7 @@ class TelemetryService:
             memory=MemoryReading(ram_total_bytes=memory.total, ram_available_bytes=memory.available),
             disk=disk_reading,
             backends=self._backends(),
+            capability_conflicts=self._conflicts(),
             api_endpoint=self._api_endpoint,
             zenoh_connected_peers=self._router.connected_peer_count(),
         )

@@ -1,25 +1,33 @@
-"""The master's answer to each command: `decide(state, command, new_id) -> events`.
+"""The master's answer to each command: `decide(state, command, ctx) -> events`.
 
 Pure. A command that cannot be honoured yields no events and a typed `Refusal` naming why;
 the API dry-runs the same checks before it publishes, so a caller sees the reason as an
-HTTP error rather than an acknowledged command that silently does nothing. Commands whose
-capability has not landed yet (placement, generation, downloads) are refused as
+HTTP error rather than an acknowledged command that silently does nothing. A generation
+request that cannot be served is the exception: it is recorded as a task created Failed,
+so the owning API learns the reason from replicated State and the log explains it later.
+Commands whose capability has not landed yet (downloads, placement repair) are refused as
 `not_supported` until their issue wires them in.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
+from skulk.master.placement import PlacementError, PlacementRequest, place
+from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.commands import (
     AddCustomModelCard,
+    CancelCommand,
     Command,
     CreateInstance,
     DeleteCustomModelCard,
     DeleteInstance,
     EvictStagedModel,
+    GenerateText,
+    PlaceInstance,
     SetTracingEnabled,
+    TaskFinished,
 )
 from skulk.shared.types.common import TERMINAL_TASK_STATUSES
 from skulk.shared.types.events import (
@@ -29,10 +37,16 @@ from skulk.shared.types.events import (
     InstanceCreated,
     InstanceDeleted,
     StagedModelEvicted,
+    TaskCreated,
+    TaskDeleted,
     TaskStatusUpdated,
     TracingStateChanged,
 )
+from skulk.shared.types.ids import NodeId
+from skulk.shared.types.instances import Instance
 from skulk.shared.types.state import State
+from skulk.shared.types.telemetry import NodeResources
+from skulk.shared.types.tasks import TextGeneration
 
 
 @dataclass(frozen=True)
@@ -44,53 +58,144 @@ class Refusal:
 Decision = list[Event] | Refusal
 NewId = Callable[[], str]
 
+UNPLACED_INSTANCE = "unplaced"
+"""instance_id of a generation task the master could not bind to any instance."""
 
-def _set_tracing(state: State, command: SetTracingEnabled, new_id: NewId) -> Decision:
+SERVING_RUNNER_STATES = frozenset({"Ready", "Running"})
+
+
+@dataclass(frozen=True)
+class DecisionContext:
+    new_id: NewId
+    origin: NodeId
+    cards: Mapping[str, ModelCard] = field(default_factory=dict)
+    resources: Mapping[NodeId, NodeResources] = field(default_factory=dict)
+    memory_credits: Mapping[NodeId, int] = field(default_factory=dict)
+
+
+def _set_tracing(state: State, command: SetTracingEnabled, ctx: DecisionContext) -> Decision:
     if state.tracing_enabled == command.enabled:
         return []  # already so: the log records changes, not requests
-    return [TracingStateChanged(event_id=new_id(), enabled=command.enabled)]
+    return [TracingStateChanged(event_id=ctx.new_id(), enabled=command.enabled)]
 
 
-def _create_instance(state: State, command: CreateInstance, new_id: NewId) -> Decision:
+def _create_instance(state: State, command: CreateInstance, ctx: DecisionContext) -> Decision:
     instance = command.instance
     if instance.instance_id in state.instances:
         return Refusal("instance_exists", f"instance {instance.instance_id} already exists")
     missing = sorted({s.node_id for s in instance.shards} - set(state.nodes))
     if missing:
         return Refusal("unknown_nodes", f"instance names nodes that are not members: {', '.join(missing)}")
-    return [InstanceCreated(event_id=new_id(), instance=instance)]
+    return [InstanceCreated(event_id=ctx.new_id(), instance=instance)]
 
 
-def _delete_instance(state: State, command: DeleteInstance, new_id: NewId) -> Decision:
+def _delete_instance(state: State, command: DeleteInstance, ctx: DecisionContext) -> Decision:
     if command.instance_id not in state.instances:
         return Refusal("unknown_instance", f"no instance {command.instance_id}")
     cancelled = [
-        TaskStatusUpdated(event_id=new_id(), task_id=task.task_id, status="Cancelled",
+        TaskStatusUpdated(event_id=ctx.new_id(), task_id=task.task_id, status="Cancelled",
                           error_message=f"instance {command.instance_id} deleted by operator")
         for task in sorted(state.tasks.values(), key=lambda t: t.task_id)
         if task.instance_id == command.instance_id and task.status not in TERMINAL_TASK_STATUSES
     ]
-    return [*cancelled, InstanceDeleted(event_id=new_id(), instance_id=command.instance_id, reason="deleted by operator")]
+    return [*cancelled, InstanceDeleted(event_id=ctx.new_id(), instance_id=command.instance_id, reason="deleted by operator")]
 
 
-def _evict(state: State, command: EvictStagedModel, new_id: NewId) -> Decision:
-    return [StagedModelEvicted(event_id=new_id(), model_id=command.model_id)]
+def _evict(state: State, command: EvictStagedModel, ctx: DecisionContext) -> Decision:
+    return [StagedModelEvicted(event_id=ctx.new_id(), model_id=command.model_id)]
 
 
-def _add_card(state: State, command: AddCustomModelCard, new_id: NewId) -> Decision:
+def ready_instance_for(state: State, model_id: str) -> Instance | None:
+    """The instance to bind a new request to: every runner serving, fewest open tasks."""
+    open_tasks: dict[str, int] = {}
+    for task in state.tasks.values():
+        if task.status not in TERMINAL_TASK_STATUSES:
+            open_tasks[task.instance_id] = open_tasks.get(task.instance_id, 0) + 1
+    ready = [
+        instance for instance in state.instances.values()
+        if instance.model_id == model_id
+        and all((s := state.runners.get(r)) is not None and s.state in SERVING_RUNNER_STATES for r in instance.runner_ids())
+    ]
+    loading = [i for i in state.instances.values() if i.model_id == model_id and i not in ready]
+    candidates = ready or loading  # a request for a model still loading waits for it
+    if not candidates:
+        return None
+    return min(candidates, key=lambda i: (open_tasks.get(i.instance_id, 0), i.instance_id))
+
+
+def _generate(state: State, command: GenerateText, ctx: DecisionContext) -> Decision:
+    instance = ready_instance_for(state, command.params.model_id)
+    task = TextGeneration(
+        task_id=ctx.new_id(),
+        instance_id=instance.instance_id if instance else UNPLACED_INSTANCE,
+        command_id=command.command_id,
+        owner_node_id=ctx.origin,
+        params=command.params,
+    )
+    if instance is None:
+        task = task.model_copy(update={
+            "status": "Failed",
+            "error_message": f"no instance of {command.params.model_id} is placed; place it first: "
+                             f"POST /place_instance {{\"modelId\": \"{command.params.model_id}\"}}",
+        })
+    return [TaskCreated(event_id=ctx.new_id(), task=task)]
+
+
+def _tasks_of_command(state: State, command_id: str) -> list:
+    return sorted(
+        (t for t in state.tasks.values() if getattr(t, "command_id", None) == command_id), key=lambda t: t.task_id
+    )
+
+
+def _task_finished(state: State, command: TaskFinished, ctx: DecisionContext) -> Decision:
+    return [TaskDeleted(event_id=ctx.new_id(), task_id=t.task_id) for t in _tasks_of_command(state, command.finished_command_id)]
+
+
+def _cancel(state: State, command: CancelCommand, ctx: DecisionContext) -> Decision:
+    return [
+        TaskStatusUpdated(event_id=ctx.new_id(), task_id=t.task_id, status="Cancelled", error_message="cancelled by the client")
+        for t in _tasks_of_command(state, command.cancelled_command_id)
+        if t.status not in TERMINAL_TASK_STATUSES
+    ]
+
+
+def _place(state: State, command: PlaceInstance, ctx: DecisionContext) -> Decision:
+    card = ctx.cards.get(command.model_id)
+    if card is None:
+        return Refusal("unknown_model", f"no model card for {command.model_id}")
+    request = PlacementRequest(
+        model_id=command.model_id,
+        sharding=command.sharding,
+        min_nodes=command.min_nodes,
+        excluded_nodes=frozenset(command.excluded_nodes),
+    )
+    try:
+        instance = place(card, state, ctx.resources, request, new_id=ctx.new_id, memory_credits=ctx.memory_credits)
+    except PlacementError as exc:
+        return Refusal(exc.code, str(exc))
+    if command.instance_id is not None:
+        instance = instance.model_copy(update={"instance_id": command.instance_id})
+    return [InstanceCreated(event_id=ctx.new_id(), instance=instance)]
+
+
+def _add_card(state: State, command: AddCustomModelCard, ctx: DecisionContext) -> Decision:
     if state.custom_cards.get(command.card.model_id) == command.card:
         return []
-    return [CustomModelCardAdded(event_id=new_id(), card=command.card)]
+    return [CustomModelCardAdded(event_id=ctx.new_id(), card=command.card)]
 
 
-def _delete_card(state: State, command: DeleteCustomModelCard, new_id: NewId) -> Decision:
+def _delete_card(state: State, command: DeleteCustomModelCard, ctx: DecisionContext) -> Decision:
     if command.model_id not in state.custom_cards:
         return Refusal("unknown_card", f"no custom card {command.model_id}")
-    return [CustomModelCardDeleted(event_id=new_id(), model_id=command.model_id)]
+    return [CustomModelCardDeleted(event_id=ctx.new_id(), model_id=command.model_id)]
 
 
-_DECIDERS: dict[type, Callable[[State, object, NewId], Decision]] = {
+_DECIDERS: dict[type, Callable[[State, object, DecisionContext], Decision]] = {
     SetTracingEnabled: _set_tracing,
+    GenerateText: _generate,
+    TaskFinished: _task_finished,
+    CancelCommand: _cancel,
+    PlaceInstance: _place,
     CreateInstance: _create_instance,
     DeleteInstance: _delete_instance,
     EvictStagedModel: _evict,
@@ -99,8 +204,8 @@ _DECIDERS: dict[type, Callable[[State, object, NewId], Decision]] = {
 }
 
 
-def decide(state: State, command: Command, new_id: NewId) -> Decision:
+def decide(state: State, command: Command, ctx: DecisionContext) -> Decision:
     decider = _DECIDERS.get(type(command))
     if decider is None:
         return Refusal("not_supported", f"{type(command).__name__} is not handled by this master yet")
-    return decider(state, command, new_id)
+    return decider(state, command, ctx)

@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,12 +24,13 @@ from typing import Any
 
 from skulk.cluster.replica import StateReplica
 from skulk.master import indexer as ix
-from skulk.master.commands import Refusal, decide
+from skulk.master.commands import DecisionContext, Refusal, decide
 from skulk.master.plan import MasterView, heartbeat_warnings, plan, track_zombies
 from skulk.routing.router import Router, RouterError
 from skulk.routing.topics import TOPICS
 from skulk.shared.sync import due_bursts, replay_scheduler, request
-from skulk.shared.telemetry_view import TelemetryView, freshness
+from skulk.shared.telemetry_view import TelemetryView, freshness, node_resources
+from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.commands import ForwarderCommand
 from skulk.shared.types.events import Event, IndexedEvent, LocalEvent
 from skulk.shared.types.ids import new_id
@@ -97,8 +98,10 @@ class Master:
         telemetry: Callable[[], TelemetryView],
         *,
         session_id: str,
+        cards: Callable[[], Mapping[str, ModelCard]] = dict,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._cards = cards
         self._router = router
         self._replica = replica
         self._slot = log_slot
@@ -179,7 +182,14 @@ class Master:
         await self._commit(indexed)
 
     async def _on_command(self, forwarded: ForwarderCommand) -> None:
-        decision = decide(self._replica.state, forwarded.command, new_id)
+        state = self._replica.state
+        context = DecisionContext(
+            new_id=new_id,
+            origin=forwarded.origin,
+            cards=self._cards(),
+            resources=node_resources(self._telemetry(), state),
+        )
+        decision = decide(state, forwarded.command, context)
         if isinstance(decision, Refusal):
             self.refused_commands += 1
             logger.info("refused %s from %s: %s", type(forwarded.command).__name__, forwarded.origin, decision.message)

@@ -30,6 +30,8 @@ class PlaceInstance(_CommandBase):
 
     type: Literal["PlaceInstance"] = "PlaceInstance"
     model_id: ModelId
+    instance_id: InstanceId | None = None
+    """Chosen by the API that dry-ran the placement, so it can answer with the id at once."""
     sharding: Sharding = "Pipeline"
     min_nodes: int = Field(default=1, ge=1)
     excluded_nodes: list[NodeId] = Field(default_factory=list)

@@ -1,0 +1,484 @@
+"""The OpenAI Chat Completions wire format, both ways.
+
+Incoming: `ChatCompletionRequest` (what OpenAI clients send; unknown fields are ignored, as
+OpenAI does) and `to_params`, which normalises it into the internal `TextGenerationParams`
+or raises `InvalidRequest` naming the parameter to fix. Outgoing: `ChatStreamEncoder` turns
+token chunks into `chat.completion.chunk` SSE events ending in `data: [DONE]`,
+`collect_response` builds a non-streaming `chat.completion`, and `model_list` answers
+`GET /v1/models`.
+
+Pure translation only: this module must never touch streams, commands or the cluster, and
+never decide policy beyond what the OpenAI format itself requires.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from skulk.api.errors import ApiError, InvalidRequest, invalid_request_from_validation, openai_error_body
+from skulk.shared.types.chunks import TokenChunk
+from skulk.shared.types.common import ChatMessage, ToolCall, ToolSpec, Usage
+from skulk.shared.types.instances import Instance
+from skulk.shared.types.tasks import TextGenerationParams
+
+MAX_STOP_SEQUENCES = 4
+"""OpenAI accepts at most four stop sequences."""
+
+MAX_TOP_LOGPROBS = 20
+"""OpenAI's upper bound on `top_logprobs`."""
+
+MIN_TOP_P = 1e-6
+"""OpenAI allows `top_p: 0` (keep only the most likely token); the internal params need a
+positive nucleus, and any nucleus this small keeps exactly that one token."""
+
+COMPLETION_ID_PREFIX = "chatcmpl-"
+"""Completion ids are this prefix plus the command id, so `POST /v1/cancel/{id}` takes either."""
+
+TOOL_CHOICE_WORDS = frozenset({"none", "auto", "required"})
+
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+"""OpenAI roles -> internal roles. `developer` is the newer name for `system`."""
+
+# ---------------------------------------------------------------------------------------
+# Request
+# ---------------------------------------------------------------------------------------
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class ContentPart(_Lenient):
+    """One part of a list-valued `content`. Only text parts are supported; other types are
+    accepted by the schema so that `to_params` can name them in a clear 400."""
+
+    type: str
+    text: str | None = None
+
+
+class FunctionCall(_Lenient):
+    name: str
+    arguments: str = ""
+
+
+class MessageToolCall(_Lenient):
+    id: str
+    type: str = "function"
+    function: FunctionCall
+
+
+class Message(_Lenient):
+    role: str
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class FunctionDefinition(_Lenient):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class Tool(_Lenient):
+    type: str = "function"
+    function: FunctionDefinition
+
+
+class StreamOptions(_Lenient):
+    include_usage: bool | None = None
+
+
+class ChatCompletionRequest(_Lenient):
+    """`POST /v1/chat/completions`, as OpenAI documents it. Range and combination rules live
+    in `to_params`, so that each failure names its parameter the OpenAI way."""
+
+    model: str
+    messages: list[Message]
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    """Not OpenAI's; accepted as the common extension that llama.cpp and vLLM servers take."""
+    n: int | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    tools: list[Tool] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+
+def parse_request(body: Any) -> ChatCompletionRequest:
+    """A decoded JSON body as a request; schema violations raise `InvalidRequest`."""
+    try:
+        return ChatCompletionRequest.model_validate(body)
+    except ValidationError as error:
+        raise invalid_request_from_validation(error) from None
+
+
+def _message_text(content: str | list[ContentPart] | None, where: str) -> str | None:
+    if content is None or isinstance(content, str):
+        return content
+    texts = []
+    for index, part in enumerate(content):
+        if part.type != "text":
+            raise InvalidRequest(
+                f"Content parts of type {part.type!r} are not supported; only 'text' parts are.",
+                param=f"{where}.content[{index}].type",
+            )
+        if part.text is None:
+            raise InvalidRequest("A text content part needs 'text'.", param=f"{where}.content[{index}].text")
+        texts.append(part.text)
+    # Separate parts are separate passages; a newline keeps their words apart.
+    return "\n".join(texts)
+
+
+def _to_message(message: Message, index: int) -> ChatMessage:
+    where = f"messages[{index}]"
+    role = _ROLES.get(message.role)
+    if role is None:
+        raise InvalidRequest(
+            f"Invalid role {message.role!r}; expected one of {', '.join(sorted(_ROLES))}.", param=f"{where}.role"
+        )
+    content = _message_text(message.content, where)
+    tool_calls = []
+    for call_index, call in enumerate(message.tool_calls or []):
+        if role != "assistant":
+            raise InvalidRequest("Only assistant messages may carry tool_calls.", param=f"{where}.tool_calls")
+        if call.type != "function":
+            raise InvalidRequest(
+                f"Tool calls of type {call.type!r} are not supported; only 'function' is.",
+                param=f"{where}.tool_calls[{call_index}].type",
+            )
+        tool_calls.append(ToolCall(id=call.id, name=call.function.name, arguments=call.function.arguments))
+    if role == "tool" and not message.tool_call_id:
+        raise InvalidRequest("A tool message needs the 'tool_call_id' it answers.", param=f"{where}.tool_call_id")
+    if content is None and not tool_calls:
+        raise InvalidRequest("A message needs 'content' (or, for an assistant, 'tool_calls').", param=f"{where}.content")
+    return ChatMessage(role=role, content=content, name=message.name, tool_calls=tool_calls,
+                       tool_call_id=message.tool_call_id)
+
+
+def _to_tools(request: ChatCompletionRequest) -> list[ToolSpec]:
+    tools = []
+    for index, tool in enumerate(request.tools or []):
+        if tool.type != "function":
+            raise InvalidRequest(
+                f"Tools of type {tool.type!r} are not supported; only 'function' is.", param=f"tools[{index}].type"
+            )
+        tools.append(ToolSpec(
+            name=tool.function.name, description=tool.function.description or "",
+            parameters=tool.function.parameters or {},
+        ))
+    return tools
+
+
+def _check_tool_choice(choice: str | dict[str, Any] | None, tools: Sequence[ToolSpec]) -> None:
+    if choice is None:
+        return
+    if isinstance(choice, str):
+        if choice not in TOOL_CHOICE_WORDS:
+            raise InvalidRequest(
+                f"Invalid tool_choice {choice!r}; expected 'none', 'auto', 'required' or a function.", param="tool_choice"
+            )
+        if choice == "required" and not tools:
+            raise InvalidRequest("tool_choice 'required' needs 'tools'.", param="tool_choice")
+        return
+    name = (choice.get("function") or {}).get("name") if isinstance(choice.get("function"), dict) else None
+    if choice.get("type") != "function" or not isinstance(name, str):
+        raise InvalidRequest(
+            'A tool_choice object must be {"type": "function", "function": {"name": ...}}.', param="tool_choice"
+        )
+    if name not in {t.name for t in tools}:
+        raise InvalidRequest(f"tool_choice names {name!r}, which is not among 'tools'.", param="tool_choice")
+
+
+def _max_tokens(request: ChatCompletionRequest) -> int | None:
+    for param in ("max_completion_tokens", "max_tokens"):
+        value = getattr(request, param)
+        if value is not None:
+            if value < 1:
+                raise InvalidRequest(f"'{param}' must be at least 1, got {value}.", param=param)
+            return value
+    return None
+
+
+def _in_range(value: float | None, low: float, high: float, param: str) -> float | None:
+    # Written as a positive range test so that NaN (which Python's JSON accepts) fails too.
+    if value is not None and not (low <= value <= high):
+        raise InvalidRequest(f"'{param}' must be between {low:g} and {high:g}, got {value}.", param=param)
+    return value
+
+
+def _stops(stop: str | list[str] | None) -> list[str]:
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    if len(stops) > MAX_STOP_SEQUENCES:
+        raise InvalidRequest(f"At most {MAX_STOP_SEQUENCES} stop sequences are allowed, got {len(stops)}.", param="stop")
+    if any(s == "" for s in stops):
+        raise InvalidRequest("Stop sequences must not be empty.", param="stop")
+    return stops
+
+
+def to_params(request: ChatCompletionRequest) -> TextGenerationParams:
+    """The internal generation request, or `InvalidRequest` naming the parameter at fault."""
+    if not request.model.strip():
+        raise InvalidRequest("'model' must name a model.", param="model")
+    if not request.messages:
+        raise InvalidRequest("'messages' must contain at least one message.", param="messages")
+    if request.n is not None and request.n != 1:
+        raise InvalidRequest(f"Only n=1 is supported, got n={request.n}.", param="n")
+    temperature = _in_range(request.temperature, 0.0, 2.0, "temperature")
+    top_p = _in_range(request.top_p, 0.0, 1.0, "top_p")
+    if request.top_k is not None and request.top_k < 0:
+        raise InvalidRequest(f"'top_k' must be at least 0, got {request.top_k}.", param="top_k")
+    if request.top_logprobs is not None:
+        _in_range(request.top_logprobs, 0, MAX_TOP_LOGPROBS, "top_logprobs")
+        if not request.logprobs:
+            raise InvalidRequest("'top_logprobs' requires 'logprobs' to be true.", param="top_logprobs")
+    messages = [_to_message(m, i) for i, m in enumerate(request.messages)]
+    tools = _to_tools(request)
+    _check_tool_choice(request.tool_choice, tools)
+    try:
+        return TextGenerationParams(
+            model_id=request.model,
+            messages=messages,
+            max_tokens=_max_tokens(request),
+            temperature=temperature,
+            top_p=None if top_p is None else max(top_p, MIN_TOP_P),
+            top_k=request.top_k,
+            seed=request.seed,
+            stop=_stops(request.stop),
+            tools=tools,
+            tool_choice=request.tool_choice,
+            logprobs=bool(request.logprobs),
+            top_logprobs=request.top_logprobs,
+            stream=bool(request.stream),
+        )
+    except ValidationError as error:
+        raise invalid_request_from_validation(error) from None
+
+
+# ---------------------------------------------------------------------------------------
+# Response pieces
+# ---------------------------------------------------------------------------------------
+
+_OPENAI_FINISH_REASONS = frozenset({"stop", "length", "tool_calls"})
+
+
+def completion_id(command_id: str) -> str:
+    return f"{COMPLETION_ID_PREFIX}{command_id}"
+
+
+def command_id_from(value: str) -> str:
+    """A command id from either itself or a completion id."""
+    return value.removeprefix(COMPLETION_ID_PREFIX)
+
+
+def _usage(usage: Usage) -> dict[str, int]:
+    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+            "total_tokens": usage.total_tokens}
+
+
+def _finish_reason(reported: str | None, saw_tool_calls: bool) -> str:
+    # Internal reasons the OpenAI format lacks ('error', 'cancelled') never end a completed
+    # stream in practice (those streams fail); should one appear, the text did stop.
+    reason = reported if reported in _OPENAI_FINISH_REASONS else "stop"
+    return "tool_calls" if saw_tool_calls and reason == "stop" else reason
+
+
+def _tool_call(call: ToolCall, index: int | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+    return body if index is None else {"index": index, **body}
+
+
+def _logprob_entry(chunk: TokenChunk) -> dict[str, Any]:
+    return {
+        "token": chunk.text,
+        "logprob": chunk.logprob,
+        "bytes": list(chunk.text.encode()),
+        "top_logprobs": [
+            {"token": top.token, "logprob": top.logprob, "bytes": list(top.token.encode())}
+            for top in chunk.top_logprobs or []
+        ],
+    }
+
+
+def sse_event(payload: dict[str, Any] | str) -> str:
+    """One server-sent event: `data: <json>` and a blank line."""
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+    return f"data: {data}\n\n"
+
+
+SSE_DONE = sse_event("[DONE]")
+
+
+def sse_error(error: ApiError) -> list[str]:
+    """How a stream that already answered 200 reports a failure: an error event (the OpenAI
+    SDK raises it as an `APIError`), then `[DONE]`."""
+    return [sse_event(openai_error_body(error)), SSE_DONE]
+
+
+@dataclass
+class ChatStreamEncoder:
+    """Serialises one completion's chunks as `chat.completion.chunk` SSE events.
+
+    `start()` first (the role chunk), `chunk_to_sse()` per token chunk, then `finish()` (the
+    finish_reason chunk, the usage chunk when asked for, `[DONE]`) or `sse_error` on failure.
+    """
+
+    command_id: str
+    model: str
+    created: int
+    include_usage: bool = False
+    logprobs: bool = False
+    _finish_reason: str | None = field(default=None, init=False)
+    _usage: Usage | None = field(default=None, init=False)
+    _tool_calls: int = field(default=0, init=False)
+    _completion_tokens: int = field(default=0, init=False)
+
+    def _chunk(self, delta: dict[str, Any], *, finish_reason: str | None = None,
+               logprobs: dict[str, Any] | None = None) -> str:
+        body: dict[str, Any] = {
+            "id": completion_id(self.command_id),
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
+        }
+        if self.include_usage:
+            body["usage"] = None  # OpenAI: every chunk but the last carries a null usage
+        return sse_event(body)
+
+    def start(self) -> list[str]:
+        return [self._chunk({"role": "assistant", "content": ""})]
+
+    def chunk_to_sse(self, chunk: TokenChunk) -> list[str]:
+        if chunk.finish_reason is not None:
+            self._finish_reason = chunk.finish_reason
+        if chunk.usage is not None:
+            self._usage = chunk.usage
+        self._completion_tokens += 1
+        delta: dict[str, Any] = {}
+        if chunk.text:
+            delta["reasoning_content" if chunk.reasoning else "content"] = chunk.text
+        if chunk.tool_calls:
+            delta["tool_calls"] = [_tool_call(call, self._tool_calls + i) for i, call in enumerate(chunk.tool_calls)]
+            self._tool_calls += len(chunk.tool_calls)
+        if not delta:
+            return []
+        logprobs = {"content": [_logprob_entry(chunk)]} if self.logprobs and chunk.logprob is not None else None
+        return [self._chunk(delta, logprobs=logprobs)]
+
+    def finish(self) -> list[str]:
+        events = [self._chunk({}, finish_reason=_finish_reason(self._finish_reason, self._tool_calls > 0))]
+        if self.include_usage:
+            usage = self._usage or Usage(completion_tokens=self._completion_tokens, total_tokens=self._completion_tokens)
+            events.append(sse_event({
+                "id": completion_id(self.command_id),
+                "object": "chat.completion.chunk",
+                "created": self.created,
+                "model": self.model,
+                "choices": [],
+                "usage": _usage(usage),
+            }))
+        events.append(SSE_DONE)
+        return events
+
+
+def collect_response(
+    chunks: Iterable[TokenChunk], *, command_id: str, model: str, created: int, logprobs: bool = False
+) -> dict[str, Any]:
+    """The non-streaming `chat.completion` for a completed stream's chunks."""
+    content: list[str] = []
+    reasoning: list[str] = []
+    tool_calls: list[ToolCall] = []
+    entries: list[dict[str, Any]] = []
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    count = 0
+    for chunk in chunks:
+        count += 1
+        (reasoning if chunk.reasoning else content).append(chunk.text)
+        tool_calls.extend(chunk.tool_calls or [])
+        if logprobs and chunk.logprob is not None and not chunk.reasoning:
+            entries.append(_logprob_entry(chunk))
+        finish_reason = chunk.finish_reason or finish_reason
+        usage = chunk.usage or usage
+    text = "".join(content)
+    message: dict[str, Any] = {"role": "assistant", "content": text if text or not tool_calls else None}
+    if tool_calls:
+        message["tool_calls"] = [_tool_call(call) for call in tool_calls]
+    if reasoning:
+        message["reasoning_content"] = "".join(reasoning)
+    usage = usage or Usage(completion_tokens=count, total_tokens=count)
+    return {
+        "id": completion_id(command_id),
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [{
+            "index": 0,
+            "message": message,
+            "logprobs": {"content": entries} if logprobs else None,
+            "finish_reason": _finish_reason(finish_reason, bool(tool_calls)),
+        }],
+        "usage": _usage(usage),
+    }
+
+
+# ---------------------------------------------------------------------------------------
+# Models
+# ---------------------------------------------------------------------------------------
+
+
+def model_entry(model_id: str, context_length: int, created: int) -> dict[str, Any]:
+    """One `model` object; `context_length` (tokens) is Skulk's extra field."""
+    return {"id": model_id, "object": "model", "created": created, "owned_by": "skulk", "context_length": context_length}
+
+
+def model_list(instances: Iterable[Instance], created: int) -> dict[str, Any]:
+    """`GET /v1/models`: each model with a placed instance once, with the largest context
+    any of its instances was stamped with."""
+    limits: dict[str, int] = {}
+    for instance in instances:
+        limits[instance.model_id] = max(limits.get(instance.model_id, 0), instance.context_token_limit)
+    return {"object": "list", "data": [model_entry(m, limits[m], created) for m in sorted(limits)]}
+
+
+__all__ = [
+    "COMPLETION_ID_PREFIX",
+    "MAX_STOP_SEQUENCES",
+    "MAX_TOP_LOGPROBS",
+    "MIN_TOP_P",
+    "SSE_DONE",
+    "ChatCompletionRequest",
+    "ChatStreamEncoder",
+    "ContentPart",
+    "Message",
+    "StreamOptions",
+    "Tool",
+    "collect_response",
+    "command_id_from",
+    "completion_id",
+    "model_entry",
+    "model_list",
+    "parse_request",
+    "sse_error",
+    "sse_event",
+    "to_params",
+]

@@ -1,0 +1,109 @@
+"""Placement control: dry-run and place a model, preview placements, inspect and delete instances.
+
+`POST /place_instance` runs the same pure planner the master runs, against this node's
+replicated State and telemetry, before it publishes anything: an impossible placement is a
+400 with the planner's reason (per-node memory arithmetic included), cluster info still
+gossiping is a 503, and a feasible one is submitted with the instance id chosen here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from skulk.master.placement import PlacementError, PlacementInfoPending, PlacementRequest, place, preview
+from skulk.shared.types.commands import DeleteInstance, PlaceInstance
+from skulk.shared.types.ids import new_id
+
+router = APIRouter()
+
+
+class PlaceInstanceBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True)
+    model_id: str
+    sharding: Literal["Pipeline", "Tensor"] = "Pipeline"
+    min_nodes: int = Field(1, ge=1)
+    excluded_nodes: list[str] = []
+
+
+def _placement_error(exc: PlacementError) -> JSONResponse:
+    status = 503 if isinstance(exc, PlacementInfoPending) else 400
+    return JSONResponse(status_code=status, content={"error": {"code": exc.code, "message": str(exc)}})
+
+
+@router.post("/place_instance")
+async def place_instance(request: Request, body: PlaceInstanceBody) -> Any:
+    context = request.app.state.skulk
+    card = context.get_cards().get(body.model_id)
+    if card is None:
+        return JSONResponse(status_code=404, content={"error": {
+            "code": "unknown_model",
+            "message": f"no model card for {body.model_id}; see GET /models for the models this cluster knows",
+        }})
+    placement_request = PlacementRequest(
+        model_id=body.model_id, sharding=body.sharding, min_nodes=body.min_nodes,
+        excluded_nodes=frozenset(body.excluded_nodes),
+    )
+    try:
+        instance = place(card, context.get_state(), context.get_resources(), placement_request, new_id=new_id)
+    except PlacementError as exc:
+        return _placement_error(exc)
+    command = PlaceInstance(
+        command_id=new_id(), model_id=body.model_id, sharding=body.sharding, min_nodes=body.min_nodes,
+        excluded_nodes=sorted(body.excluded_nodes), instance_id=instance.instance_id,
+    )
+    await context.submit_command(command)
+    return {"instanceId": instance.instance_id, "commandId": command.command_id, "preview": instance.to_wire()}
+
+
+@router.get("/instance/previews")
+def instance_previews(request: Request, modelId: str) -> Any:  # noqa: N803 - wire name
+    context = request.app.state.skulk
+    card = context.get_cards().get(modelId)
+    if card is None:
+        raise HTTPException(404, f"no model card for {modelId}")
+    options = preview(card, context.get_state(), context.get_resources())
+    return {"modelId": modelId, "previews": [_wire(option) for option in options]}
+
+
+def _wire(value: Any) -> Any:
+    if hasattr(value, "to_wire"):
+        return value.to_wire()
+    if hasattr(value, "__dataclass_fields__"):
+        return {to_camel(k): _wire(getattr(value, k)) for k in value.__dataclass_fields__}
+    if isinstance(value, list | tuple | frozenset | set):
+        return [_wire(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _wire(v) for k, v in value.items()}
+    return value
+
+
+@router.get("/instance/{instance_id}")
+def get_instance(request: Request, instance_id: str) -> Any:
+    state = request.app.state.skulk.get_state()
+    instance = state.instances.get(instance_id)
+    if instance is None:
+        raise HTTPException(404, f"no instance {instance_id}")
+    body = instance.to_wire()
+    body["runners"] = {r: state.runners[r].to_wire() for r in instance.runner_ids() if r in state.runners}
+    return body
+
+
+@router.delete("/instance/{instance_id}")
+async def delete_instance(request: Request, instance_id: str) -> Any:
+    context = request.app.state.skulk
+    if instance_id not in context.get_state().instances:
+        raise HTTPException(404, f"no instance {instance_id}")
+    command = DeleteInstance(command_id=new_id(), instance_id=instance_id)
+    await context.submit_command(command)
+    return {"instanceId": instance_id, "commandId": command.command_id, "deleting": True}
+
+
+@router.get("/models")
+def list_models(request: Request) -> Any:
+    cards = request.app.state.skulk.get_cards()
+    return {"models": [cards[m].to_wire() for m in sorted(cards)]}

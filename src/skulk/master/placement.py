@@ -1,0 +1,752 @@
+"""Placement: which nodes serve which layers of a model, decided once by the master.
+
+`place(card, state, resources, request, new_id=...)` returns an `Instance` or raises a typed
+`PlacementError`; `preview(...)` lists every feasible placement, best first, for the API's
+dry run and the dashboard's launch modal. Both are pure: replicated State plus the latest
+gossiped NodeResources in, data out. Ids come from the injected `new_id`; no clock, no I/O.
+
+The rules, in the order they apply:
+
+1. Candidates are cluster members (state.nodes) with a NodeResources reading, minus the
+   request's excluded nodes.
+2. The card's compatible_backends must intersect a node's advertised backends (hard
+   filter). A node serves with the first tag of `card.ordered_backends` it advertises.
+3. Node sets are tried from `min_nodes` up to every candidate. A multi-node set needs one
+   engine that can span nodes (MULTI_NODE_ENGINES) and a rank order in which consecutive
+   ranks share an edge (either kind, either direction).
+4. Shards: Pipeline gives each rank layers in proportion to its available memory (largest
+   remainder, at least one layer each, no boundary beyond max_pipeline_split_layer);
+   Tensor splits the weights evenly, only where the card supports it and the world size
+   divides the attention and KV heads.
+5. Memory admission is per node: each shard's footprint (`skulk.shared.memory_estimate`)
+   must be strictly below the node's available memory plus any master credit; an exact fit
+   thrashes and is refused.
+6. Best first: fewest nodes, then the best backend_preference rank (a set ranks by its
+   worst shard), then the most headroom on its tightest node, then node ids.
+
+When nothing fits, `_diagnose` explains why with the first rule that applies (see there):
+PlacementInfoPending (retryable, HTTP 503) when the answer may change once gossip settles,
+otherwise a 400-class error carrying the numbers.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from types import MappingProxyType
+from typing import ClassVar
+
+from skulk.shared.memory_estimate import (
+    Footprint,
+    NodeMemoryTotals,
+    admission_context_tokens,
+    format_gb,
+    instance_context_token_limit,
+    shard_footprint,
+)
+from skulk.shared.types.base import WireModel
+from skulk.shared.types.cards import ModelCard, backend_engine
+from skulk.shared.types.commands import PlaceInstance
+from skulk.shared.types.common import Sharding
+from skulk.shared.types.ids import InstanceId, ModelId, NodeId, RunnerId
+from skulk.shared.types.instances import Instance, ShardAssignment
+from skulk.shared.types.state import State
+from skulk.shared.types.telemetry import NodeResources
+
+MULTI_NODE_ENGINES: frozenset[str] = frozenset({"mlx"})
+"""Engines whose runners can split one model across nodes (pipeline ring, tensor). This is
+platform truth, not model truth: the in-process llama.cpp runner, llama-server, vLLM and
+mlx_audio serve single-node in this build (llama.cpp RPC pooling is a different placement
+shape with no layer ranges), so their cards only ever get single-node placements."""
+
+MAX_SETS_PER_SIZE = 4096
+"""Bound on the node sets examined per world size (combinations in node-id order). Exact
+for clusters up to 14 nodes; beyond that placement stays fast and deterministic but may miss
+an exotic set."""
+
+MAX_PATH_STEPS = 20_000
+"""Bound on the search for a rank order whose consecutive ranks are connected. A set whose
+order is not found within it counts as disconnected."""
+
+EMPTY_CREDITS: Mapping[NodeId, int] = MappingProxyType({})
+
+
+# ---------------------------------------------------------------------------------------
+# Request and errors
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PlacementRequest:
+    model_id: ModelId
+    sharding: Sharding = "Pipeline"
+    min_nodes: int = 1
+    excluded_nodes: frozenset[NodeId] = frozenset()
+
+    @classmethod
+    def from_command(cls, command: PlaceInstance) -> PlacementRequest:
+        return cls(
+            model_id=command.model_id,
+            sharding=command.sharding,
+            min_nodes=command.min_nodes,
+            excluded_nodes=frozenset(command.excluded_nodes),
+        )
+
+
+class PlacementError(Exception):
+    """Why a model cannot be placed. `code` is stable; `message` is for people. Retryable
+    errors (HTTP 503) may clear on their own once gossip settles; the rest are 400s."""
+
+    code: ClassVar[str] = "placement_failed"
+    retryable: ClassVar[bool] = False
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    @property
+    def http_status(self) -> int:
+        return 503 if self.retryable else 400
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class ModelUnknown(PlacementError):
+    code = "model_unknown"
+
+    def __init__(self, model_id: str) -> None:
+        self.model_id = model_id
+        super().__init__(f"no model card for {model_id!r}")
+
+
+class ShardingUnsupported(PlacementError):
+    """The card or the engines cannot be sharded the way the request asks."""
+
+    code = "sharding_unsupported"
+
+    def __init__(self, model_id: str, sharding: Sharding, reason: str) -> None:
+        self.model_id, self.sharding, self.reason = model_id, sharding, reason
+        super().__init__(f"{model_id} cannot be placed with {sharding} sharding: {reason}")
+
+
+class ExclusionsRemovedAll(PlacementError):
+    code = "exclusions_removed_all"
+
+    def __init__(self, excluded: Sequence[NodeId], members: Sequence[NodeId]) -> None:
+        self.excluded, self.members = tuple(excluded), tuple(members)
+        super().__init__(
+            f"excluded nodes {list(self.excluded)} remove every cluster member {list(self.members)}; "
+            "exclude fewer nodes"
+        )
+
+
+class NoCompatibleBackend(PlacementError):
+    code = "no_compatible_backend"
+
+    def __init__(
+        self, model_id: str, card_backends: Sequence[str], node_backends: Mapping[NodeId, Sequence[str]]
+    ) -> None:
+        self.model_id = model_id
+        self.card_backends = tuple(card_backends)
+        self.node_backends = {n: tuple(b) for n, b in node_backends.items()}
+        nodes = "; ".join(f"{n}: {list(b) or 'none'}" for n, b in self.node_backends.items())
+        super().__init__(
+            f"no node can run {model_id}: it needs one of {list(self.card_backends)}, nodes advertise {nodes}"
+        )
+
+
+class TopologyGap(PlacementError):
+    """No connected node set of the needed size exists among the candidates."""
+
+    code = "topology_gap"
+
+    def __init__(self, needed_nodes: int, candidates: Sequence[NodeId], detail: str) -> None:
+        self.needed_nodes, self.candidates, self.detail = needed_nodes, tuple(candidates), detail
+        super().__init__(f"no connected set of {needed_nodes} node(s) among {list(self.candidates)}: {detail}")
+
+
+@dataclass(frozen=True)
+class NodeShortfall:
+    node_id: NodeId
+    needed_bytes: int
+    available_bytes: int
+    arithmetic: str
+    """'weights 1.20 GB x 1.15 + KV 0.30 GB (8192 tokens) + floor 0.54 GB = 2.22 GB > 1.90 GB available'."""
+
+
+class MemoryShortfall(PlacementError):
+    """The closest-to-fitting attempt, with every node that could not hold its share."""
+
+    code = "memory_shortfall"
+
+    def __init__(
+        self, model_id: str, sharding: Sharding, node_ids: Sequence[NodeId], shortfalls: Sequence[NodeShortfall]
+    ) -> None:
+        self.model_id, self.sharding = model_id, sharding
+        self.node_ids, self.shortfalls = tuple(node_ids), tuple(shortfalls)
+        details = "; ".join(f"{s.node_id}: {s.arithmetic}" for s in self.shortfalls)
+        super().__init__(
+            f"{model_id} does not fit ({sharding} over {list(self.node_ids)}): {details}"
+        )
+
+
+class PlacementInfoPending(PlacementError):
+    """Cluster info has not finished gossiping (resources lagging members, or edges lagging
+    members): retry shortly."""
+
+    code = "placement_info_pending"
+    retryable = True
+
+    def __init__(self, reason: str, nodes: Sequence[NodeId] = ()) -> None:
+        self.reason, self.nodes = reason, tuple(nodes)
+        suffix = f" (nodes {list(self.nodes)})" if self.nodes else ""
+        super().__init__(f"placement info pending: {reason}{suffix}; retry shortly")
+
+
+# ---------------------------------------------------------------------------------------
+# Preview (wire shape for the API)
+# ---------------------------------------------------------------------------------------
+
+
+class PreviewShard(WireModel):
+    node_id: NodeId
+    rank: int
+    start_layer: int
+    end_layer: int
+    backend: str
+    needed_bytes: int
+    available_bytes: int
+
+
+class PlacementPreview(WireModel):
+    model_id: ModelId
+    sharding: Sharding
+    node_ids: list[NodeId]
+    """Hosting nodes in rank order."""
+    shards: list[PreviewShard]
+    context_token_limit: int
+
+
+# ---------------------------------------------------------------------------------------
+# Entry points
+# ---------------------------------------------------------------------------------------
+
+
+def place(
+    card: ModelCard | None,
+    state: State,
+    resources: Mapping[NodeId, NodeResources],
+    request: PlacementRequest,
+    *,
+    new_id: Callable[[], str],
+    memory_credits: Mapping[NodeId, int] = EMPTY_CREDITS,
+) -> Instance:
+    """The best placement for `request` as a new Instance, or a PlacementError. `card` None
+    means the model is unknown. `memory_credits` adds bytes to a node's available memory
+    (the master's grace credit for a just-deleted instance)."""
+    if card is None:
+        raise ModelUnknown(request.model_id)
+    if card.model_id != request.model_id:
+        raise ValueError(f"card {card.model_id!r} does not match request {request.model_id!r}")
+    unsupported = _sharding_unsupported(card, request.sharding, request.min_nodes)
+    if unsupported is not None:
+        raise unsupported
+    search = _search(
+        card,
+        state,
+        resources,
+        request.sharding,
+        request.min_nodes,
+        request.excluded_nodes,
+        memory_credits,
+        first_fit_only=True,
+    )
+    if search.feasible:
+        return _instantiate(card, resources, request, search.feasible[0], new_id)
+    raise _diagnose(search)
+
+
+def preview(
+    card: ModelCard,
+    state: State,
+    resources: Mapping[NodeId, NodeResources],
+    *,
+    sharding: Sharding | None = None,
+    excluded_nodes: frozenset[NodeId] = frozenset(),
+    memory_credits: Mapping[NodeId, int] = EMPTY_CREDITS,
+) -> list[PlacementPreview]:
+    """Every feasible placement (both shardings unless one is given; then a one-node tensor
+    option is left out as a duplicate of the pipeline one), best first. Empty when nothing
+    fits; `place` says why."""
+    options: list[_Option] = []
+    for mode in ("Pipeline", "Tensor") if sharding is None else (sharding,):
+        if _sharding_unsupported(card, mode, 1) is None:
+            found = _search(card, state, resources, mode, 1, excluded_nodes, memory_credits).feasible
+            # A one-rank tensor "split" is the pipeline placement again: list it once.
+            options.extend(o for o in found if not (sharding is None and mode == "Tensor" and len(o.shards) == 1))
+    options.sort(key=_Option.score)
+    return [_to_preview(card, resources, option) for option in options]
+
+
+# ---------------------------------------------------------------------------------------
+# Shards: layer allocation and footprints
+# ---------------------------------------------------------------------------------------
+
+
+def allocate_layers(num_layers: int, weights: Sequence[int], max_split_layer: int | None = None) -> list[int] | None:
+    """Layers per rank, proportional to `weights` (largest remainder, ties to the lower
+    rank), at least one each, with every stage boundary at or before `max_split_layer`
+    (boundaries move left: the last rank takes the excess). None when impossible: more
+    ranks than layers, or more boundaries than the split limit allows."""
+    n = len(weights)
+    if n == 0 or n > num_layers or (max_split_layer is not None and n - 1 > max_split_layer):
+        return None
+    total = sum(max(w, 0) for w in weights)
+    quotas = [Fraction(num_layers * max(w, 0), total) if total else Fraction(num_layers, n) for w in weights]
+    counts = [int(q) for q in quotas]
+    by_remainder = sorted(range(n), key=lambda i: (-(quotas[i] - counts[i]), i))
+    for i in by_remainder[: num_layers - sum(counts)]:
+        counts[i] += 1
+    for i in range(n):
+        while counts[i] == 0:  # every rank holds at least one layer; the biggest pays
+            donor = max(range(n), key=lambda j: (counts[j], -j))
+            counts[donor] -= 1
+            counts[i] += 1
+    if max_split_layer is not None and n > 1 and num_layers - counts[-1] > max_split_layer:
+        # The last boundary sits past the limit: the front ranks share exactly the layers
+        # before it (still in proportion) and the last rank takes the rest.
+        front = allocate_layers(max_split_layer, weights[:-1])
+        assert front is not None  # n - 1 <= max_split_layer was checked above
+        counts = [*front, num_layers - max_split_layer]
+    return counts
+
+
+@dataclass(frozen=True)
+class _Node:
+    """One candidate's admission inputs."""
+
+    node_id: NodeId
+    backend: str
+    backend_rank: int
+    available_bytes: int
+    """ram_available_bytes plus any master credit."""
+
+
+@dataclass(frozen=True)
+class _Shard:
+    node: _Node
+    start_layer: int
+    end_layer: int
+    footprint: Footprint
+
+    @property
+    def fits(self) -> bool:
+        return self.footprint.total_bytes < self.node.available_bytes  # an exact fit thrashes
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.node.available_bytes - self.footprint.total_bytes
+
+
+@dataclass(frozen=True)
+class _Option:
+    sharding: Sharding
+    shards: tuple[_Shard, ...]
+    connected: bool
+
+    @property
+    def fits(self) -> bool:
+        return all(s.fits for s in self.shards)
+
+    @property
+    def node_ids(self) -> tuple[NodeId, ...]:
+        return tuple(s.node.node_id for s in self.shards)
+
+    def score(self) -> tuple:
+        return (
+            len(self.shards),
+            max(s.node.backend_rank for s in self.shards),
+            -min(s.headroom_bytes for s in self.shards),
+            self.node_ids,
+            self.sharding,
+        )
+
+    def worst_deficit(self) -> tuple:
+        return (max(-s.headroom_bytes for s in self.shards), len(self.shards), self.node_ids)
+
+
+def _build_option(card: ModelCard, sharding: Sharding, order: Sequence[_Node], connected: bool) -> _Option | None:
+    tokens = admission_context_tokens(card)
+    n = len(order)
+    if sharding == "Tensor":
+        fraction = Fraction(1, n)
+        footprint = shard_footprint(card, fraction, tokens)
+        shards = tuple(_Shard(node, 0, card.num_layers, footprint) for node in order)
+        return _Option(sharding, shards, connected)
+    weights = [node.available_bytes for node in order]
+    counts = allocate_layers(card.num_layers, weights, card.placement.max_pipeline_split_layer)
+    if counts is None:
+        return None
+    shards_list: list[_Shard] = []
+    start = 0
+    for node, count in zip(order, counts, strict=True):
+        end = start + count
+        shards_list.append(_Shard(node, start, end, shard_footprint(card, range(start, end), tokens)))
+        start = end
+    return _Option(sharding, tuple(shards_list), connected)
+
+
+# ---------------------------------------------------------------------------------------
+# Search
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Search:
+    """Everything the search saw, kept so a failure can be explained."""
+
+    card: ModelCard
+    sharding: Sharding
+    min_nodes: int
+    excluded: frozenset[NodeId]
+    members: list[NodeId] = field(default_factory=list)
+    eligible: list[NodeId] = field(default_factory=list)
+    pending: list[NodeId] = field(default_factory=list)
+    """Eligible members without a NodeResources reading yet."""
+    compatible: list[_Node] = field(default_factory=list)
+    incompatible: dict[NodeId, tuple[str, ...]] = field(default_factory=dict)
+    edge_lagging: list[NodeId] = field(default_factory=list)
+    """Compatible members that no edge touches at all (their connectivity not reported yet)."""
+    links: list[tuple[NodeId, NodeId]] = field(default_factory=list)
+    """Undirected connections among compatible nodes, sorted (for messages)."""
+    invalid_sizes: dict[int, str] = field(default_factory=dict)
+    feasible: list[_Option] = field(default_factory=list)
+    short_connected: list[_Option] = field(default_factory=list)
+    short_disconnected: list[_Option] = field(default_factory=list)
+    fit_but_disconnected: list[_Option] = field(default_factory=list)
+
+
+def _search(
+    card: ModelCard,
+    state: State,
+    resources: Mapping[NodeId, NodeResources],
+    sharding: Sharding,
+    min_nodes: int,
+    excluded: frozenset[NodeId],
+    credits: Mapping[NodeId, int],
+    *,
+    first_fit_only: bool = False,
+) -> _Search:
+    s = _Search(card=card, sharding=sharding, min_nodes=min_nodes, excluded=excluded)
+    s.members = sorted(state.nodes)
+    s.eligible = [n for n in s.members if n not in excluded]
+    s.pending = [n for n in s.eligible if n not in resources]
+    ordered = card.ordered_backends
+    for node_id in (n for n in s.eligible if n in resources):
+        reading = resources[node_id]
+        backend = next((tag for tag in ordered if tag in reading.backends), None)
+        if backend is None:
+            s.incompatible[node_id] = tuple(reading.backends)
+            continue
+        available = reading.memory.ram_available_bytes + max(credits.get(node_id, 0), 0)
+        s.compatible.append(_Node(node_id, backend, ordered.index(backend), available))
+    if len(state.nodes) > 1:
+        s.edge_lagging = [c.node_id for c in s.compatible if not any(e.touches(c.node_id) for e in state.edges)]
+    adjacency = _adjacency(state, {c.node_id for c in s.compatible})
+    s.links = sorted({(a, b) for a, near in adjacency.items() for b in near if a < b})
+    for size in range(max(min_nodes, 1), len(s.compatible) + 1):
+        reason = _invalid_world_size(card, sharding, size)
+        if reason is not None:
+            s.invalid_sizes[size] = reason
+            continue
+        for combo in itertools.islice(itertools.combinations(s.compatible, size), MAX_SETS_PER_SIZE):
+            _consider(s, combo, adjacency)
+        if first_fit_only and s.feasible:
+            break
+    s.feasible.sort(key=_Option.score)
+    return s
+
+
+def _consider(s: _Search, combo: tuple[_Node, ...], adjacency: Mapping[NodeId, frozenset[NodeId]]) -> None:
+    engines = {backend_engine(node.backend) for node in combo}
+    if len(combo) > 1 and (len(engines) > 1 or not engines <= MULTI_NODE_ENGINES):
+        return  # ranks of one instance share one engine that can span nodes
+    order = _connected_order(combo, adjacency) if len(combo) > 1 else combo
+    connected = order is not None
+    option = _build_option(s.card, s.sharding, order if order is not None else combo, connected)
+    if option is None:
+        return
+    if connected and option.fits:
+        s.feasible.append(option)
+    elif connected:
+        s.short_connected.append(option)
+    elif option.fits:
+        s.fit_but_disconnected.append(option)
+    else:
+        s.short_disconnected.append(option)
+
+
+def _adjacency(state: State, nodes: set[NodeId]) -> dict[NodeId, frozenset[NodeId]]:
+    neighbours: dict[NodeId, set[NodeId]] = {n: set() for n in nodes}
+    for edge in state.edges:  # either kind, either direction
+        if edge.source in nodes and edge.sink in nodes:
+            neighbours[edge.source].add(edge.sink)
+            neighbours[edge.sink].add(edge.source)
+    return {n: frozenset(v) for n, v in neighbours.items()}
+
+
+def _connected_order(combo: Sequence[_Node], adjacency: Mapping[NodeId, frozenset[NodeId]]) -> tuple[_Node, ...] | None:
+    """The first rank order (nodes tried in id order) in which every pair of consecutive
+    ranks shares an edge, or None."""
+    by_id = {node.node_id: node for node in combo}
+    ids = sorted(by_id)
+    steps = 0
+
+    def extend(path: list[NodeId]) -> list[NodeId] | None:
+        nonlocal steps
+        if len(path) == len(ids):
+            return path
+        for nxt in ids:
+            steps += 1
+            if steps > MAX_PATH_STEPS:
+                return None
+            if nxt not in path and nxt in adjacency.get(path[-1], ()):
+                found = extend([*path, nxt])
+                if found is not None:
+                    return found
+        return None
+
+    for first in ids:
+        path = extend([first])
+        if path is not None:
+            return tuple(by_id[n] for n in path)
+    return None
+
+
+def _sharding_unsupported(card: ModelCard, sharding: Sharding, min_nodes: int) -> ShardingUnsupported | None:
+    """Card-level refusals that no cluster state can change."""
+    if sharding == "Tensor" and not card.placement.supports_tensor:
+        return ShardingUnsupported(card.model_id, sharding, "the card does not support tensor parallelism")
+    if min_nodes > 1 and not card.engines & MULTI_NODE_ENGINES:
+        return ShardingUnsupported(
+            card.model_id,
+            sharding,
+            f"min_nodes={min_nodes} but its engines {sorted(card.engines)} serve on a single node "
+            f"(multi-node engines: {sorted(MULTI_NODE_ENGINES)})",
+        )
+    if sharding == "Pipeline":
+        reason = _invalid_world_size(card, sharding, min_nodes)
+        if reason is not None:  # pipeline limits only tighten as the world grows
+            return ShardingUnsupported(card.model_id, sharding, reason)
+    return None
+
+
+def _invalid_world_size(card: ModelCard, sharding: Sharding, size: int) -> str | None:
+    if sharding == "Tensor":
+        if card.num_attention_heads % size or card.num_key_value_heads % size:
+            return (
+                f"world size {size} does not divide num_attention_heads ({card.num_attention_heads}) "
+                f"and num_key_value_heads ({card.num_key_value_heads})"
+            )
+        return None
+    if size > card.num_layers:
+        return f"{size} ranks exceed num_layers ({card.num_layers})"
+    limit = card.placement.max_pipeline_split_layer
+    if limit is not None and size - 1 > limit:
+        return f"{size} ranks need {size - 1} stage boundaries, max_pipeline_split_layer is {limit}"
+    return None
+
+
+# ---------------------------------------------------------------------------------------
+# Failure: the first rule that explains it
+# ---------------------------------------------------------------------------------------
+
+
+def _diagnose(s: _Search) -> PlacementError:
+    error = (
+        _no_members(s)
+        or _all_excluded(s)
+        or _no_readings(s)
+        or _no_compatible_backend(s)
+        or _fits_only_if_connected(s)
+        or _memory_short(s)
+        or _no_valid_world_size(s)
+    )
+    return error if error is not None else _too_few_nodes(s)
+
+
+def _no_members(s: _Search) -> PlacementError | None:
+    return None if s.members else PlacementInfoPending("no cluster members known yet")
+
+
+def _all_excluded(s: _Search) -> PlacementError | None:
+    return None if s.eligible else ExclusionsRemovedAll(sorted(s.excluded), s.members)
+
+
+def _no_readings(s: _Search) -> PlacementError | None:
+    if s.compatible or s.incompatible:
+        return None
+    return PlacementInfoPending("node resources not gossiped yet", s.pending)
+
+
+def _no_compatible_backend(s: _Search) -> PlacementError | None:
+    if s.compatible:
+        return None
+    if s.pending:
+        return PlacementInfoPending("no reporting node is compatible; waiting for node resources", s.pending)
+    return NoCompatibleBackend(s.card.model_id, s.card.placement.compatible_backends, s.incompatible)
+
+
+def _fits_only_if_connected(s: _Search) -> PlacementError | None:
+    if not s.fit_but_disconnected:
+        return None
+    if s.pending or s.edge_lagging:
+        return PlacementInfoPending("connection edges lagging node membership", sorted({*s.pending, *s.edge_lagging}))
+    best = min(s.fit_but_disconnected, key=_Option.score)
+    return TopologyGap(
+        len(best.shards),
+        [c.node_id for c in s.compatible],
+        f"{list(best.node_ids)} would fit {s.card.model_id} but are not connected in a chain "
+        f"(edges: {_edge_summary(s)})",
+    )
+
+
+def _memory_short(s: _Search) -> PlacementError | None:
+    attempts = s.short_connected or s.short_disconnected
+    if not attempts:
+        return None
+    if s.pending:
+        return PlacementInfoPending("not every member's memory is known yet", s.pending)
+    closest = min(attempts, key=_Option.worst_deficit)
+    shortfalls = [
+        NodeShortfall(
+            node_id=shard.node.node_id,
+            needed_bytes=shard.footprint.total_bytes,
+            available_bytes=shard.node.available_bytes,
+            arithmetic=_arithmetic(shard),
+        )
+        for shard in closest.shards
+        if not shard.fits
+    ]
+    return MemoryShortfall(s.card.model_id, s.sharding, closest.node_ids, shortfalls)
+
+
+def _no_valid_world_size(s: _Search) -> PlacementError | None:
+    sizes = range(max(s.min_nodes, 1), len(s.compatible) + 1)
+    if not sizes or any(size not in s.invalid_sizes for size in sizes):
+        return None
+    reasons = "; ".join(s.invalid_sizes[size] for size in sizes)
+    return ShardingUnsupported(s.card.model_id, s.sharding, f"no usable world size among {list(sizes)}: {reasons}")
+
+
+def _too_few_nodes(s: _Search) -> PlacementError:
+    if s.pending:
+        return PlacementInfoPending("waiting for node resources", s.pending)
+    return TopologyGap(
+        s.min_nodes,
+        [c.node_id for c in s.compatible],
+        f"needs {s.min_nodes} compatible node(s), only {len(s.compatible)} available",
+    )
+
+
+def _arithmetic(shard: _Shard) -> str:
+    relation = ">" if shard.footprint.total_bytes > shard.node.available_bytes else ">="
+    note = "" if relation == ">" else " (an exact fit thrashes)"
+    return f"{shard.footprint.describe()} {relation} {format_gb(shard.node.available_bytes)} available{note}"
+
+
+def _edge_summary(s: _Search) -> str:
+    return ", ".join(f"{a}-{b}" for a, b in s.links) or "none"
+
+
+# ---------------------------------------------------------------------------------------
+# Output
+# ---------------------------------------------------------------------------------------
+
+
+def _assignments(option: _Option, runner_ids: Iterator[RunnerId]) -> list[ShardAssignment]:
+    n = len(option.shards)
+    return [
+        ShardAssignment(
+            node_id=shard.node.node_id,
+            runner_id=next(runner_ids),
+            rank=rank,
+            world_size=n,
+            start_layer=shard.start_layer,
+            end_layer=shard.end_layer,
+            backend=shard.node.backend,
+        )
+        for rank, shard in enumerate(option.shards)
+    ]
+
+
+def _totals(resources: Mapping[NodeId, NodeResources], node_ids: Sequence[NodeId]) -> dict[NodeId, NodeMemoryTotals]:
+    # NodeResources carries no discrete-VRAM total yet, so load-time-window engines keep the
+    # admission floor; when it does, pass it here.
+    return {n: NodeMemoryTotals(ram_total_bytes=resources[n].memory.ram_total_bytes) for n in node_ids}
+
+
+def _instantiate(
+    card: ModelCard,
+    resources: Mapping[NodeId, NodeResources],
+    request: PlacementRequest,
+    option: _Option,
+    new_id: Callable[[], str],
+) -> Instance:
+    instance_id = InstanceId(new_id())  # instance first, then runners in rank order
+    shards = _assignments(option, (RunnerId(new_id()) for _ in itertools.count()))
+    return Instance(
+        instance_id=instance_id,
+        model_id=card.model_id,
+        sharding=option.sharding,
+        shards=shards,
+        excluded_nodes=sorted(request.excluded_nodes),
+        context_token_limit=instance_context_token_limit(card, shards, _totals(resources, option.node_ids)),
+    )
+
+
+def _to_preview(card: ModelCard, resources: Mapping[NodeId, NodeResources], option: _Option) -> PlacementPreview:
+    shards = _assignments(option, (RunnerId(f"preview-{i}") for i in itertools.count()))
+    return PlacementPreview(
+        model_id=card.model_id,
+        sharding=option.sharding,
+        node_ids=list(option.node_ids),
+        shards=[
+            PreviewShard(
+                node_id=shard.node.node_id,
+                rank=rank,
+                start_layer=shard.start_layer,
+                end_layer=shard.end_layer,
+                backend=shard.node.backend,
+                needed_bytes=shard.footprint.total_bytes,
+                available_bytes=shard.node.available_bytes,
+            )
+            for rank, shard in enumerate(option.shards)
+        ],
+        context_token_limit=instance_context_token_limit(card, shards, _totals(resources, option.node_ids)),
+    )
+
+
+__all__ = [
+    "MAX_PATH_STEPS",
+    "MAX_SETS_PER_SIZE",
+    "MULTI_NODE_ENGINES",
+    "ExclusionsRemovedAll",
+    "MemoryShortfall",
+    "ModelUnknown",
+    "NoCompatibleBackend",
+    "NodeShortfall",
+    "PlacementError",
+    "PlacementInfoPending",
+    "PlacementPreview",
+    "PlacementRequest",
+    "PreviewShard",
+    "ShardingUnsupported",
+    "TopologyGap",
+    "allocate_layers",
+    "place",
+    "preview",
+]

@@ -1,0 +1,323 @@
+"""Memory arithmetic shared by placement (master), the worker's pre-load guard and the API.
+
+Two questions, answered from a card's shape alone:
+
+- *Does a shard fit?* `shard_footprint(card, share, context_tokens)`: the shard's share of
+  the weights times ENGINE_OVERHEAD_FACTOR, plus a KV cache reservation for its layers at
+  the admission context (`admission_context_tokens`), plus FLAT_FLOOR_BYTES. Placement
+  compares that with a node's available memory; the footprint carries its own arithmetic
+  for error messages. For a placed shard use `assignment_footprint(card, shard)`: the
+  master admitted exactly that figure, so a worker guard re-checking it agrees.
+- *What window does an instance serve?* `instance_context_token_limit(...)`: computed once
+  at placement and stamped on the Instance, so every rank admits a request identically.
+  It reads only static totals (total RAM, a discrete VRAM total), never the time-varying
+  available-memory reading; the same inputs always give the same window.
+
+KV arithmetic follows the card's attention layout (`ModelCard.is_windowed_layer`): a global
+layer holds K and V for every token of the context, a windowed layer for at most
+`sliding_window` tokens. Weights are shared out by layer count (storage_size_bytes x
+layers / num_layers), which lumps embeddings and heads in with the blocks: the overhead
+factor and the floor absorb that imprecision.
+
+Pure and integer-exact (fractions, no floats in the sums), so master and worker agree to the
+byte. Never reads telemetry, the clock or the disk.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+
+from skulk.shared.types.cards import ModelCard, backend_engine
+from skulk.shared.types.ids import NodeId
+from skulk.shared.types.instances import Instance, ShardAssignment
+
+ENGINE_OVERHEAD_FACTOR = 1.15
+"""Runtime memory over the raw weight bytes: activations, engine scratch and allocator
+slack, dequantisation buffers. Applied to the weight share only; the KV cache is reserved
+separately."""
+
+FLAT_FLOOR_BYTES = 512 * 1024 * 1024
+"""Per-shard fixed cost independent of model size: the runner process, the Python
+interpreter with mlx/llama.cpp loaded, and the engine's fixed buffers."""
+
+ADMISSION_CONTEXT_FLOOR_TOKENS = 8192
+"""KV cache placement reserves per shard, in tokens (or the card's whole context if
+smaller). Also the smallest window an instance is ever stamped with."""
+
+KV_DTYPE_BYTES = 2
+"""Bytes per cached K or V element: fp16/bf16, the engines' default cache dtype."""
+
+LOAD_TIME_WINDOW_ENGINES: frozenset[str] = frozenset({"llama_cpp", "llama_server", "vllm"})
+"""Engines that commit their whole context window at load. They get a window above the
+floor only where it lands in discrete GPU VRAM; MLX grows its KV cache lazily per request."""
+
+VLLM_CONTEXT_CAP_TOKENS = 32768
+"""vLLM commits and optimises its entire declared window at start, so a 262k card would take
+over an hour to bring up; its placements are capped here until vLLM-aware admission lands."""
+
+_OVERHEAD = Fraction(ENGINE_OVERHEAD_FACTOR).limit_denominator(1000)  # 23/20, exactly
+
+
+@dataclass(frozen=True)
+class NodeMemoryTotals:
+    """A node's static memory totals: what the served window is sized against."""
+
+    ram_total_bytes: int
+    discrete_vram_bytes: int | None = None
+    """Dedicated GPU VRAM; None for CPU, Apple unified memory, AMD APUs and unknown."""
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """One shard's admission footprint and the numbers it is made of."""
+
+    weights_bytes: int
+    kv_bytes: int
+    context_tokens: int
+    floor_bytes: int = FLAT_FLOOR_BYTES
+    overhead_factor: float = ENGINE_OVERHEAD_FACTOR
+
+    @property
+    def weights_with_overhead_bytes(self) -> int:
+        return _ceil(self.weights_bytes * Fraction(self.overhead_factor).limit_denominator(1000))
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_with_overhead_bytes + self.kv_bytes + self.floor_bytes
+
+    def describe(self) -> str:
+        """'weights 1.20 GB x 1.15 + KV 0.30 GB (8192 tokens) + floor 0.54 GB = 2.22 GB'."""
+        return (
+            f"weights {format_gb(self.weights_bytes)} x {self.overhead_factor:.2f} "
+            f"+ KV {format_gb(self.kv_bytes)} ({self.context_tokens} tokens) "
+            f"+ floor {format_gb(self.floor_bytes)} = {format_gb(self.total_bytes)}"
+        )
+
+
+def format_gb(size_bytes: int) -> str:
+    """Decimal gigabytes with two places, as every memory message prints them."""
+    return f"{size_bytes / 1e9:.2f} GB"
+
+
+def admission_context_tokens(card: ModelCard) -> int:
+    """Tokens of KV cache placement reserves: the floor, or the card's context if smaller."""
+    return min(ADMISSION_CONTEXT_FLOOR_TOKENS, card.context_length)
+
+
+# -- KV cache ---------------------------------------------------------------------------------
+
+
+def kv_bytes_per_token_per_layer(card: ModelCard, dtype_bytes: int = KV_DTYPE_BYTES) -> int:
+    """K and V for one token in one layer: 2 x kv_heads x head_dim x dtype."""
+    return 2 * card.num_key_value_heads * card.head_dim * dtype_bytes
+
+
+def kv_bytes_per_token(card: ModelCard, dtype_bytes: int = KV_DTYPE_BYTES, layers: range | None = None) -> int:
+    """KV growth per token over `layers` (all by default) while the context is within the
+    sliding window: 2 x layers x kv_heads x head_dim x dtype. Past the window only global
+    layers keep growing; `kv_cache_bytes` applies that cap."""
+    span = range(card.num_layers) if layers is None else layers
+    return len(span) * kv_bytes_per_token_per_layer(card, dtype_bytes)
+
+
+def kv_cache_bytes(
+    card: ModelCard, context_tokens: int, layers: range | None = None, dtype_bytes: int = KV_DTYPE_BYTES
+) -> int:
+    """KV cache for `layers` at `context_tokens`, windowed layers capped by the window."""
+    global_rate, windowed_rate = _kv_rates(card, range(card.num_layers) if layers is None else layers, dtype_bytes)
+    window = card.sliding_window or 0
+    return global_rate * context_tokens + windowed_rate * min(context_tokens, window)
+
+
+def _kv_rates(card: ModelCard, layers: range, dtype_bytes: int = KV_DTYPE_BYTES) -> tuple[int, int]:
+    """(bytes/token over global layers, bytes/token over windowed layers) within `layers`."""
+    per_layer = kv_bytes_per_token_per_layer(card, dtype_bytes)
+    windowed = sum(1 for i in layers if card.is_windowed_layer(i))
+    return (len(layers) - windowed) * per_layer, windowed * per_layer
+
+
+# -- shard footprints -----------------------------------------------------------------------
+
+
+ShardShare = int | range | Fraction
+"""Which part of the model a shard holds: a `range` of layers (a pipeline stage, exact), an
+`int` count of layers (a stage whose position is unknown: its KV is bounded from above by
+counting global layers first), or a `Fraction` of every layer (a tensor rank, 1/world)."""
+
+
+def shard_footprint(card: ModelCard, share: ShardShare, context_tokens: int | None = None) -> Footprint:
+    """Admission footprint of one shard: its weight share x ENGINE_OVERHEAD_FACTOR + its KV
+    cache at `context_tokens` (default: the admission context) + FLAT_FLOOR_BYTES."""
+    tokens = admission_context_tokens(card) if context_tokens is None else context_tokens
+    if isinstance(share, range):
+        if not 0 <= share.start < share.stop <= card.num_layers or share.step != 1:
+            raise ValueError(f"layers {share} outside [0, {card.num_layers})")
+        weights = Fraction(len(share), card.num_layers)
+        kv = kv_cache_bytes(card, tokens, share)
+    elif isinstance(share, int):
+        if not 0 < share <= card.num_layers:
+            raise ValueError(f"layer count {share} outside [1, {card.num_layers}]")
+        weights = Fraction(share, card.num_layers)
+        kv = _kv_upper_bound(card, share, tokens)
+    elif isinstance(share, Fraction):
+        if not 0 < share <= 1:
+            raise ValueError(f"weight fraction {share} outside (0, 1]")
+        weights = share
+        kv = _ceil(kv_cache_bytes(card, tokens) * share)
+    else:
+        raise TypeError(f"share must be a layer range, a layer count or a Fraction, not {type(share).__name__}")
+    return Footprint(weights_bytes=_ceil(card.storage_size_bytes * weights), kv_bytes=kv, context_tokens=tokens)
+
+
+def shard_footprint_bytes(card: ModelCard, share: ShardShare, context_tokens: int | None = None) -> int:
+    """`shard_footprint(...).total_bytes`."""
+    return shard_footprint(card, share, context_tokens).total_bytes
+
+
+def _kv_upper_bound(card: ModelCard, layer_count: int, tokens: int) -> int:
+    global_layers = sum(1 for i in range(card.num_layers) if not card.is_windowed_layer(i))
+    per_layer = kv_bytes_per_token_per_layer(card)
+    as_global = min(layer_count, global_layers)
+    window = min(tokens, card.sliding_window or tokens)
+    return per_layer * (as_global * tokens + (layer_count - as_global) * window)
+
+
+def assignment_share(card: ModelCard, shard: ShardAssignment) -> tuple[range, Fraction]:
+    """(layers whose KV the shard holds, fraction of those layers' bytes it holds). A rank
+    that spans the whole model in a world larger than one is a tensor rank (1/world_size of
+    every layer); any other rank is a pipeline stage holding its range outright."""
+    layers = range(shard.start_layer, shard.end_layer)
+    if shard.world_size > 1 and shard.start_layer == 0 and shard.end_layer == card.num_layers:
+        return layers, Fraction(1, shard.world_size)
+    return layers, Fraction(1)
+
+
+def assignment_footprint(card: ModelCard, shard: ShardAssignment, context_tokens: int | None = None) -> Footprint:
+    """Admission footprint of a placed shard (at the admission context by default)."""
+    tokens = admission_context_tokens(card) if context_tokens is None else context_tokens
+    layers, fraction = assignment_share(card, shard)
+    return shard_footprint(card, layers if fraction == 1 else fraction, tokens)
+
+
+def instance_node_footprints(card: ModelCard, instance: Instance) -> dict[NodeId, int]:
+    """Admission bytes per hosting node (summed when a node hosts several ranks): what the
+    master credits back for a just-deleted instance, and what a worker guard re-checks."""
+    totals: dict[NodeId, int] = {}
+    for shard in instance.shards:
+        totals[shard.node_id] = totals.get(shard.node_id, 0) + assignment_footprint(card, shard).total_bytes
+    return totals
+
+
+# -- the served window --------------------------------------------------------------------
+
+
+def instance_context_token_limit(
+    card: ModelCard, shards: Sequence[ShardAssignment], node_totals: Mapping[NodeId, NodeMemoryTotals]
+) -> int:
+    """The window an instance serves, deterministic from static totals.
+
+    For each hosting node: the pool is total RAM, or for an engine that commits its window
+    at load (LOAD_TIME_WINDOW_ENGINES) the node's discrete VRAM; the node's tokens are the
+    most whose KV cache (for its layers, windowed layers capped) fits the pool after its
+    weight share x ENGINE_OVERHEAD_FACTOR and FLAT_FLOOR_BYTES. The limit is the minimum
+    over nodes, capped at card.context_length (and VLLM_CONTEXT_CAP_TOKENS for vLLM), and
+    never below the admission floor. It clamps to the floor when the fit is uncomputable
+    (a node without totals) or when a load-time-window engine has no discrete VRAM (CPU,
+    Apple unified memory, AMD APUs: their load-time window competes with live memory).
+    """
+    floor = admission_context_tokens(card)
+    ceiling = card.context_length
+    if any(backend_engine(s.backend) == "vllm" for s in shards):
+        ceiling = min(ceiling, VLLM_CONTEXT_CAP_TOKENS)
+    limit = ceiling
+    for node_id, node_shards in _by_node(shards).items():
+        totals = node_totals.get(node_id)
+        if totals is None:
+            return floor
+        pool = _window_pool(node_shards, totals)
+        if pool is None:
+            return floor
+        limit = min(limit, _tokens_fitting(card, node_shards, pool))
+    return max(floor, min(limit, ceiling))
+
+
+def _by_node(shards: Iterable[ShardAssignment]) -> dict[NodeId, list[ShardAssignment]]:
+    grouped: dict[NodeId, list[ShardAssignment]] = {}
+    for shard in shards:
+        grouped.setdefault(shard.node_id, []).append(shard)
+    return grouped
+
+
+def _window_pool(shards: Sequence[ShardAssignment], totals: NodeMemoryTotals) -> int | None:
+    """Bytes the node's window is sized against, or None when it must keep the floor."""
+    if not any(backend_engine(s.backend) in LOAD_TIME_WINDOW_ENGINES for s in shards):
+        return totals.ram_total_bytes
+    on_gpu = all(s.backend.partition("-")[2] in ("cuda", "rocm", "vulkan") for s in shards)
+    if totals.discrete_vram_bytes is None or not on_gpu:
+        return None
+    return totals.discrete_vram_bytes
+
+
+def _tokens_fitting(card: ModelCard, shards: Sequence[ShardAssignment], pool_bytes: int) -> int:
+    """Most tokens whose KV for these shards fits `pool_bytes` after their fixed costs
+    (card.context_length when the KV stops growing before the budget runs out)."""
+    fixed_bytes, global_rate, windowed_rate = _node_costs(card, shards)
+    budget = pool_bytes - fixed_bytes
+    if budget <= 0:
+        return 0
+    rate = global_rate + windowed_rate
+    if rate == 0:
+        return card.context_length
+    within_window = math.floor(budget / rate)
+    window = card.sliding_window
+    if window is None or windowed_rate == 0 or within_window <= window:
+        return within_window
+    if global_rate == 0:  # every layer windowed: the cache stops growing at the window
+        return card.context_length
+    return math.floor((budget - windowed_rate * window) / global_rate)
+
+
+def _node_costs(card: ModelCard, shards: Sequence[ShardAssignment]) -> tuple[int, Fraction, Fraction]:
+    """(fixed bytes: weights x overhead + floor per shard, KV bytes/token over global layers,
+    KV bytes/token over windowed layers) for the shards one node hosts."""
+    fixed = 0
+    global_rate = windowed_rate = Fraction(0)
+    for shard in shards:
+        layers, fraction = assignment_share(card, shard)
+        footprint = assignment_footprint(card, shard, context_tokens=0)
+        fixed += footprint.weights_with_overhead_bytes + footprint.floor_bytes
+        g, w = _kv_rates(card, layers)
+        global_rate += g * fraction
+        windowed_rate += w * fraction
+    return fixed, global_rate, windowed_rate
+
+
+def _ceil(value: Fraction | int) -> int:
+    return math.ceil(value)
+
+
+__all__ = [
+    "ADMISSION_CONTEXT_FLOOR_TOKENS",
+    "ENGINE_OVERHEAD_FACTOR",
+    "FLAT_FLOOR_BYTES",
+    "KV_DTYPE_BYTES",
+    "LOAD_TIME_WINDOW_ENGINES",
+    "VLLM_CONTEXT_CAP_TOKENS",
+    "Footprint",
+    "NodeMemoryTotals",
+    "ShardShare",
+    "admission_context_tokens",
+    "assignment_footprint",
+    "assignment_share",
+    "format_gb",
+    "instance_context_token_limit",
+    "instance_node_footprints",
+    "kv_bytes_per_token",
+    "kv_bytes_per_token_per_layer",
+    "kv_cache_bytes",
+    "shard_footprint",
+    "shard_footprint_bytes",
+]

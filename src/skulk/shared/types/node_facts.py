@@ -1,0 +1,89 @@
+"""NodeFacts: what one probe pass observed about this machine, before any interpretation.
+
+The record is the single input of `skulk.facts.derive.derive_node_backends` (and of the
+doctor's checks): every GPU the node can see and how it was seen, which engine packages
+import, what the llama.cpp build itself reports, the state of every configured engine
+binary, and the operator's raw serving declarations. Facts are observations, never
+decisions: this module must never decide which backends a node advertises, and nothing here
+does I/O (the probe in `skulk.facts.probe` fills it in).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from skulk.shared.types.base import WireModel
+from skulk.shared.types.common import NonNegInt
+
+GpuVendor = Literal["nvidia", "amd", "apple", "intel"]
+
+GpuDetectedBy = Literal["nvml", "device_node", "sysfs", "apple_platform"]
+"""How a GPU was seen. nvml: the NVIDIA management library read it fully (name, VRAM);
+device_node: only a /dev/nvidiaN node exists (driver present, NVML unreadable); sysfs: a DRM
+card's PCI vendor id under /sys/class/drm; apple_platform: macOS on Apple Silicon."""
+
+EngineBinaryState = Literal["usable", "missing", "not_executable"]
+
+PROBED_MODULES: tuple[str, ...] = ("llama_cpp", "mlx", "mlx_lm", "mlx_audio")
+"""Python packages whose importability decides which in-process engines a node can run."""
+
+ENGINE_BINARY_ENV: dict[str, str] = {
+    "llama_server": "SKULK_LLAMA_SERVER_BIN",
+    "vllm": "SKULK_VLLM_BIN",
+}
+"""Served engines and the env var an operator (or provisioning) points at their binary."""
+
+
+class GpuFact(WireModel):
+    vendor: GpuVendor
+    name: str
+    vram_total_bytes: NonNegInt | None = None
+    """Dedicated VRAM as the driver reports it; None when unknown or unified (Apple)."""
+    detected_by: GpuDetectedBy
+
+
+class EngineBinary(WireModel):
+    """An engine binary an operator pointed at (e.g. SKULK_LLAMA_SERVER_BIN)."""
+
+    path: str
+    state: EngineBinaryState
+
+
+class NodeFacts(WireModel):
+    os: str
+    """platform.system(), lowercased: 'linux', 'darwin', 'windows'."""
+    machine: str
+    """platform.machine(), lowercased: 'x86_64', 'arm64', 'aarch64'."""
+    gpus: list[GpuFact] = Field(default_factory=list)
+    importable: dict[str, bool] = Field(default_factory=dict)
+    """Module name ('llama_cpp', 'mlx', 'mlx_lm', ...) -> whether `find_spec` found it."""
+    llama_cpp_gpu_offload: bool | None = None
+    """llama_cpp.llama_supports_gpu_offload(): the build's own word on GPU offload. None when
+    llama_cpp does not import or the call failed. A build with GGML_RPC also reports True on
+    a GPU-less box (RPC counts as an offload device), so True alone never names a GPU."""
+    engine_binaries: dict[str, EngineBinary] = Field(default_factory=dict)
+    """Engine name ('llama_server', 'vllm') -> the configured binary and its state. Only
+    engines whose binary env var is set appear."""
+    declarations: dict[str, str] = Field(default_factory=dict)
+    """Serving-relevant SKULK_* environment variables, verbatim (never secrets)."""
+
+    def is_apple_silicon(self) -> bool:
+        return self.os == "darwin" and self.machine in ("arm64", "aarch64")
+
+    def gpu_vendors(self) -> list[GpuVendor]:
+        """Distinct vendors of the visible GPUs, in first-seen order."""
+        return list(dict.fromkeys(g.vendor for g in self.gpus))
+
+
+__all__ = [
+    "ENGINE_BINARY_ENV",
+    "PROBED_MODULES",
+    "EngineBinary",
+    "EngineBinaryState",
+    "GpuDetectedBy",
+    "GpuFact",
+    "GpuVendor",
+    "NodeFacts",
+]

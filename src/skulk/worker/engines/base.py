@@ -1,0 +1,516 @@
+"""The engine protocol, the data an engine produces, and the dispatch loop in front of it.
+
+An engine owns one loaded model inside a runner process and turns one request into a stream
+of `GeneratedToken`s. Every engine sits behind the same `Dispatcher`, which admits requests
+FIFO at the engine's width (1 for in-process llama.cpp), runs them on its own threads,
+cancels them race-safely and reports the true in-flight count. Engine-agnostic text handling
+(UTF-8 reassembly, stop strings) lives here too, so every engine streams the same way.
+
+This module never imports an engine library, never touches IPC queues and never decides
+placement; engines never manage threads or queues of their own requests.
+"""
+
+from __future__ import annotations
+
+import codecs
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal, Protocol, runtime_checkable
+
+from skulk.shared.types.cards import ModelCard
+from skulk.shared.types.common import FinishReason, Usage
+from skulk.shared.types.ids import RunnerId
+from skulk.shared.types.instances import Instance, ShardAssignment
+from skulk.shared.types.tasks import TextGenerationParams
+
+log = logging.getLogger(__name__)
+
+DISPATCH_QUEUE_CAPACITY = 64
+"""Requests admitted but not yet started, per dispatcher. Beyond it `submit` refuses with
+`DispatchRejected`: a runner never queues invisibly without bound."""
+
+DISPATCH_CLOSE_TIMEOUT_S = 10.0
+"""How long `Dispatcher.close` waits for running generations to notice their abort (they
+check every token, so this bounds one token's compute plus one prompt evaluation)."""
+
+# ---------------------------------------------------------------------------------------
+# Data
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """What an engine loads: one rank of one instance, from a local artifact."""
+
+    instance: Instance
+    runner_id: RunnerId
+    card: ModelCard
+    model_path: str
+    n_threads: int | None = None
+
+    @property
+    def shard(self) -> ShardAssignment:
+        shard = self.instance.shard_for_runner(self.runner_id)
+        if shard is None:
+            raise ValueError(f"runner {self.runner_id} has no shard in instance {self.instance.instance_id}")
+        return shard
+
+
+@dataclass(frozen=True, slots=True)
+class GeneratedToken:
+    """One sampled token as the client sees it. `text` is the newly releasable text, which
+    may be empty (bytes of an unfinished UTF-8 sequence, or text that might start a stop
+    string, are held back). The last token of a finished generation carries `finish_reason`
+    and `usage`."""
+
+    text: str
+    token_id: int | None = None
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None
+
+
+GenerationOutcome = Literal["completed", "failed", "cancelled"]
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationResult:
+    """How one dispatched request ended."""
+
+    outcome: GenerationOutcome
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None
+    error_type: str | None = None
+    error_message: str | None = None
+
+
+def usage_of(prompt_tokens: int, completion_tokens: int) -> Usage:
+    return Usage(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------------------
+
+
+class EngineError(Exception):
+    """A failure an engine can explain; `error_type` is what the client's stream carries."""
+
+    error_type: ClassVar[str] = "EngineError"
+
+
+class EngineNotLoaded(EngineError):
+    error_type = "EngineNotLoaded"
+
+
+class EngineBusy(EngineError):
+    """More concurrent generations than the engine's width (a dispatcher bug if seen)."""
+
+    error_type = "EngineBusy"
+
+
+class ModelLoadFailed(EngineError):
+    error_type = "ModelLoadFailed"
+
+
+class ChatTemplateMissing(EngineError):
+    error_type = "ChatTemplateMissing"
+
+
+class PromptTooLong(EngineError):
+    error_type = "ContextLengthExceeded"
+
+    def __init__(self, prompt_tokens: int, context_tokens: int) -> None:
+        self.prompt_tokens = prompt_tokens
+        self.context_tokens = context_tokens
+        super().__init__(
+            f"prompt is {prompt_tokens} tokens; this instance's context holds {context_tokens} "
+            f"and must leave room for at least one generated token"
+        )
+
+    def __reduce__(self):  # pickling rebuilds from the fields, not from the message
+        return (PromptTooLong, (self.prompt_tokens, self.context_tokens))
+
+
+class DispatchRejected(Exception):
+    """The dispatcher refused a request; `error_type` says why in the client's stream."""
+
+    def __init__(self, error_type: str, message: str) -> None:
+        self.error_type = error_type
+        self.message = message
+        super().__init__(error_type, message)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+# ---------------------------------------------------------------------------------------
+# The engine protocol
+# ---------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """One loaded model. `load` and `warm_up` run once, on the runner's main thread;
+    `generate` runs on dispatcher threads, at most `concurrency` at a time."""
+
+    @property
+    def concurrency(self) -> int:
+        """How many generations the engine runs at once: the dispatcher's width."""
+        ...
+
+    @property
+    def in_flight(self) -> int:
+        """Generations inside `generate` right now (the engine's own view)."""
+        ...
+
+    def load(self, spec: ShardSpec) -> None: ...
+
+    def warm_up(self) -> None: ...
+
+    def generate(self, request: TextGenerationParams, cancelled: threading.Event) -> Iterator[GeneratedToken]:
+        """Stream tokens. Checks `cancelled` at every token and returns early (without a
+        finish_reason) when it is set. Raises `EngineError` for explainable failures."""
+        ...
+
+    def close(self) -> None: ...
+
+
+# ---------------------------------------------------------------------------------------
+# Streaming text helpers shared by every engine
+# ---------------------------------------------------------------------------------------
+
+
+class Utf8StreamDecoder:
+    """Bytes of consecutive tokens in, text out, never splitting a UTF-8 sequence: bytes of
+    an unfinished character are held until the token that completes it. Invalid bytes become
+    U+FFFD; an unfinished sequence left at the end is dropped (it can never become text)."""
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def decode(self, piece: bytes) -> str:
+        return self._decoder.decode(piece, final=False)
+
+    @property
+    def pending_bytes(self) -> int:
+        return len(self._decoder.getstate()[0])
+
+
+class StopStringFilter:
+    """Holds back text that might be the start of a stop string; reports the first match.
+
+    `push(text)` returns (releasable_text, matched). On a match the releasable text is
+    everything before the stop string and the stop string itself (and what follows) is
+    dropped. Text is held only while it could still complete a stop string, so a match can
+    never begin inside text already released."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self._stops = tuple(s for s in stops if s)
+        self._held = ""
+        self.matched: str | None = None
+
+    def push(self, text: str) -> tuple[str, bool]:
+        if self.matched is not None:
+            return "", True
+        if not self._stops:
+            return text, False
+        buffer = self._held + text
+        first: tuple[int, str] | None = None
+        for stop in self._stops:
+            at = buffer.find(stop)
+            if at != -1 and (first is None or at < first[0]):
+                first = (at, stop)
+        if first is not None:
+            self.matched = first[1]
+            self._held = ""
+            return buffer[: first[0]], True
+        keep = self._longest_stop_prefix_suffix(buffer)
+        self._held = buffer[len(buffer) - keep :] if keep else ""
+        return buffer[: len(buffer) - keep], False
+
+    def flush(self) -> str:
+        """Release held text at the end of a generation (no stop string completed)."""
+        held, self._held = self._held, ""
+        return held if self.matched is None else ""
+
+    def _longest_stop_prefix_suffix(self, buffer: str) -> int:
+        best = 0
+        for stop in self._stops:
+            for length in range(min(len(stop) - 1, len(buffer)), best, -1):
+                if buffer.endswith(stop[:length]):
+                    best = length
+                    break
+        return best
+
+
+# ---------------------------------------------------------------------------------------
+# Dispatcher
+# ---------------------------------------------------------------------------------------
+
+
+class DispatchSink(Protocol):
+    """Where a dispatcher reports. Called from dispatcher threads (on_start, on_token,
+    on_finish) or from the caller of `cancel`/`close` (on_finish of a request that never
+    started). For one request the calls are ordered: on_start?, on_token*, on_finish, and
+    on_finish happens exactly once, after the request no longer counts as in flight."""
+
+    def on_start(self, request_id: str) -> None: ...
+
+    def on_token(self, request_id: str, token: GeneratedToken) -> None: ...
+
+    def on_finish(self, request_id: str, result: GenerationResult) -> None: ...
+
+
+@dataclass
+class _Job:
+    request_id: str
+    request: TextGenerationParams
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    started: bool = False
+    abort: GenerationResult | None = None
+    """Set when the dispatcher (not the client) ends the job, e.g. on close."""
+
+
+@dataclass(frozen=True)
+class DispatchStats:
+    width: int
+    queued: int
+    running: int
+    queue_capacity: int
+    admitted_total: int
+    rejected_total: int
+    completed_total: int
+    failed_total: int
+    cancelled_total: int
+
+
+class Dispatcher:
+    """FIFO admission at a fixed width in front of one engine.
+
+    `submit` admits (or refuses with `DispatchRejected`); `width` worker threads take jobs in
+    admission order and stream them through the sink. `cancel` is idempotent and race-safe:
+    a queued job is removed and finished as cancelled at once, a running one is signalled
+    and stops at its next token, a finished or unknown one is left alone. `in_flight` counts
+    admitted jobs whose `on_finish` has not been issued (queued plus running)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        sink: DispatchSink,
+        *,
+        width: int = 1,
+        queue_capacity: int = DISPATCH_QUEUE_CAPACITY,
+        name: str = "dispatch",
+    ) -> None:
+        if width < 1:
+            raise ValueError(f"dispatcher width must be >= 1, got {width}")
+        self._engine = engine
+        self._sink = sink
+        self._width = width
+        self._capacity = queue_capacity
+        self._lock = threading.Lock()
+        self._wakeup = threading.Condition(self._lock)
+        self._queue: deque[_Job] = deque()
+        self._jobs: dict[str, _Job] = {}
+        self._closed = False
+        self._counts = {"admitted": 0, "rejected": 0, "completed": 0, "failed": 0, "cancelled": 0}
+        self._threads = [
+            threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True) for i in range(width)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    # -- public -----------------------------------------------------------------------
+
+    @property
+    def width(self) -> int:
+        return self._width
+
+    @property
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self._jobs)
+
+    @property
+    def running(self) -> int:
+        with self._lock:
+            return sum(1 for job in self._jobs.values() if job.started)
+
+    @property
+    def queued(self) -> int:
+        with self._lock:
+            return len(self._queue)
+
+    def submit(self, request_id: str, request: TextGenerationParams) -> None:
+        with self._lock:
+            refusal = self._refusal(request_id)
+            if refusal is not None:
+                self._counts["rejected"] += 1
+                raise refusal
+            job = _Job(request_id, request)
+            self._jobs[request_id] = job
+            self._queue.append(job)
+            self._counts["admitted"] += 1
+            self._wakeup.notify()
+
+    def cancel(self, request_id: str) -> bool:
+        """True when the request was in flight (and is now ending as cancelled)."""
+        with self._lock:
+            job = self._jobs.get(request_id)
+            if job is None:
+                return False
+            job.cancelled.set()
+            if job.started:
+                return True
+            self._queue.remove(job)
+            del self._jobs[request_id]
+            self._counts["cancelled"] += 1
+        self._finish_unstarted(job, GenerationResult(outcome="cancelled", finish_reason="cancelled"))
+        return True
+
+    def close(self, timeout_s: float = DISPATCH_CLOSE_TIMEOUT_S, *, error_type: str = "RunnerShutdown",
+              message: str = "the runner is shutting down") -> bool:
+        """Refuse new work; end every job in flight as failed with `error_type`. Returns
+        True when every worker thread exited within `timeout_s`."""
+        abort = GenerationResult(outcome="failed", finish_reason="error", error_type=error_type, error_message=message)
+        with self._lock:
+            self._closed = True
+            unstarted = list(self._queue)
+            self._queue.clear()
+            for job in unstarted:
+                del self._jobs[job.request_id]
+                self._counts["failed"] += 1
+            for job in self._jobs.values():
+                job.abort = abort
+                job.cancelled.set()
+            self._wakeup.notify_all()
+        for job in unstarted:
+            self._finish_unstarted(job, abort)
+        deadline = time.monotonic() + timeout_s
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return not any(thread.is_alive() for thread in self._threads)
+
+    def stats(self) -> DispatchStats:
+        with self._lock:
+            running = sum(1 for job in self._jobs.values() if job.started)
+            return DispatchStats(
+                width=self._width,
+                queued=len(self._queue),
+                running=running,
+                queue_capacity=self._capacity,
+                admitted_total=self._counts["admitted"],
+                rejected_total=self._counts["rejected"],
+                completed_total=self._counts["completed"],
+                failed_total=self._counts["failed"],
+                cancelled_total=self._counts["cancelled"],
+            )
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _refusal(self, request_id: str) -> DispatchRejected | None:
+        if self._closed:
+            return DispatchRejected("RunnerShutdown", "the runner is shutting down")
+        if request_id in self._jobs:
+            return DispatchRejected("DuplicateTask", f"request {request_id} is already in flight")
+        if len(self._queue) >= self._capacity:
+            return DispatchRejected(
+                "RunnerBusy", f"{len(self._queue)} requests already queued (capacity {self._capacity})"
+            )
+        return None
+
+    def _finish_unstarted(self, job: _Job, result: GenerationResult) -> None:
+        try:
+            self._sink.on_finish(job.request_id, result)
+        except Exception:
+            log.exception("dispatch sink failed finishing request %s", job.request_id)
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                while not self._queue and not self._closed:
+                    self._wakeup.wait()
+                if not self._queue:
+                    return  # closed and drained
+                job = self._queue.popleft()
+                job.started = True
+            result = self._run(job)
+            with self._lock:
+                self._jobs.pop(job.request_id, None)
+                self._counts[result.outcome] += 1
+            try:
+                self._sink.on_finish(job.request_id, result)
+            except Exception:
+                log.exception("dispatch sink failed finishing request %s", job.request_id)
+
+    def _run(self, job: _Job) -> GenerationResult:
+        last: GeneratedToken | None = None
+        try:
+            self._sink.on_start(job.request_id)
+            if not job.cancelled.is_set():
+                tokens = self._engine.generate(job.request, job.cancelled)
+                try:
+                    for token in tokens:
+                        self._sink.on_token(job.request_id, token)
+                        last = token
+                        if token.finish_reason is not None or job.cancelled.is_set():
+                            break
+                finally:
+                    close = getattr(tokens, "close", None)
+                    if close is not None:
+                        close()  # release the engine now, not when the generator is collected
+        except EngineError as exc:
+            return GenerationResult(
+                outcome="failed", finish_reason="error", error_type=exc.error_type, error_message=str(exc)
+            )
+        except Exception as exc:  # an engine bug must end this request, not the runner
+            log.exception("generation %s failed", job.request_id)
+            return GenerationResult(
+                outcome="failed",
+                finish_reason="error",
+                error_type=type(exc).__name__,
+                error_message=str(exc) or repr(exc),
+            )
+        if last is not None and last.finish_reason is not None:
+            # Finished before any cancel took effect: a late cancel changes nothing.
+            return GenerationResult(outcome="completed", finish_reason=last.finish_reason, usage=last.usage)
+        if job.abort is not None:
+            return job.abort
+        if job.cancelled.is_set():
+            return GenerationResult(outcome="cancelled", finish_reason="cancelled")
+        return GenerationResult(
+            outcome="failed", finish_reason="error", error_type="EngineError",
+            error_message="the engine ended the stream without a finish reason",
+        )
+
+
+__all__ = [
+    "DISPATCH_CLOSE_TIMEOUT_S",
+    "DISPATCH_QUEUE_CAPACITY",
+    "ChatTemplateMissing",
+    "DispatchRejected",
+    "DispatchSink",
+    "DispatchStats",
+    "Dispatcher",
+    "Engine",
+    "EngineBusy",
+    "EngineError",
+    "EngineNotLoaded",
+    "GeneratedToken",
+    "GenerationOutcome",
+    "GenerationResult",
+    "ModelLoadFailed",
+    "PromptTooLong",
+    "ShardSpec",
+    "StopStringFilter",
+    "Utf8StreamDecoder",
+    "usage_of",
+]

@@ -1,0 +1,323 @@
+"""In-process llama.cpp engine: one GGUF model, one generation at a time.
+
+It renders chat messages with the GGUF's own embedded chat template (or takes a raw prompt),
+tokenizes, and decodes with llama-cpp-python's low-level `Llama.generate` token loop. It
+deliberately avoids `create_completion` / `create_chat_completion`: their per-token Python
+bookkeeping (logprob arrays, repeated detokenization of the whole tail, stop scanning over
+bytes) costs more than a small model's forward pass. Stop strings, UTF-8 reassembly and
+usage counting use the shared helpers in `engines.base`, so every engine streams alike.
+
+This module never manages threads, queues or processes (the dispatcher and the runner do),
+and it never reads cluster state: everything it needs arrives in the `ShardSpec`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from skulk.shared.types.cards import backend_engine
+from skulk.shared.types.common import ChatMessage
+from skulk.shared.types.tasks import TextGenerationParams
+from skulk.worker.engines.base import (
+    ChatTemplateMissing,
+    EngineBusy,
+    EngineNotLoaded,
+    GeneratedToken,
+    ModelLoadFailed,
+    PromptTooLong,
+    ShardSpec,
+    StopStringFilter,
+    Utf8StreamDecoder,
+    usage_of,
+)
+
+log = logging.getLogger(__name__)
+
+FLASH_ATTN_ENV = "SKULK_LLAMA_CPP_FLASH_ATTN"
+"""Node-wide Flash Attention switch: '0' turns it off; anything else (or unset) leaves it on.
+A card's `runtime.flash_attn` pin overrides it for that model."""
+
+# llama.cpp's own sampling defaults, used when a request leaves a knob unset.
+DEFAULT_TEMPERATURE = 0.8
+DEFAULT_TOP_P = 0.95
+DEFAULT_TOP_K = 40
+DEFAULT_MIN_P = 0.05
+
+WARM_UP_PROMPT = b"Hello"
+"""A few tokens through the whole graph: pages the weights in and builds the compute graph
+before the first client pays for it."""
+
+CHAT_TEMPLATE_KEY = "tokenizer.chat_template"
+
+
+def flash_attn_enabled(card_pin: bool | None, env: dict[str, str] | os._Environ[str]) -> bool:
+    """The card's explicit pin wins; otherwise the node setting; otherwise on."""
+    if card_pin is not None:
+        return card_pin
+    return env.get(FLASH_ATTN_ENV, "1").strip() != "0"
+
+
+def physical_cores() -> int:
+    try:
+        import psutil
+
+        cores = psutil.cpu_count(logical=False)
+    except Exception:  # psutil may not know on exotic platforms
+        cores = None
+    return max(1, cores or os.cpu_count() or 1)
+
+
+def gpu_layers_for(backend_tag: str) -> int:
+    """Offload every layer unless the placement chose the CPU build ('llama_cpp-cpu'); a
+    CPU-only llama.cpp build ignores the request, so -1 is safe everywhere else."""
+    compute = backend_tag.split("-", 1)[1] if "-" in backend_tag else None
+    return 0 if compute == "cpu" else -1
+
+
+def chat_message_dict(message: ChatMessage) -> dict[str, Any]:
+    """A ChatMessage in the shape Hugging Face chat templates expect."""
+    out: dict[str, Any] = {"role": message.role, "content": message.content or ""}
+    if message.name is not None:
+        out["name"] = message.name
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+            for call in message.tool_calls
+        ]
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    return out
+
+
+class LlamaCppEngine:
+    """`Engine` over llama_cpp.Llama. Width 1: llama.cpp's context is not re-entrant."""
+
+    def __init__(self) -> None:
+        self._llama: Any = None
+        self._vocab: Any = None
+        self._formatter: Any = None
+        self._n_ctx = 0
+        self._busy = threading.Lock()
+        self._in_flight = 0
+        self._spec: ShardSpec | None = None
+
+    # -- protocol -------------------------------------------------------------------------
+
+    @property
+    def concurrency(self) -> int:
+        return 1
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    @property
+    def context_tokens(self) -> int:
+        """The loaded context size (0 before load)."""
+        return self._n_ctx
+
+    @property
+    def llama(self) -> Any:
+        """The underlying llama_cpp.Llama (for diagnostics and tests)."""
+        return self._require_loaded()
+
+    def load(self, spec: ShardSpec) -> None:
+        import llama_cpp
+
+        if backend_engine(spec.shard.backend) != "llama_cpp":
+            raise ModelLoadFailed(f"shard backend {spec.shard.backend!r} is not a llama_cpp backend")
+        if spec.shard.world_size != 1:
+            raise ModelLoadFailed("the in-process llama.cpp engine serves single-node instances only")
+        if not Path(spec.model_path).is_file():
+            raise ModelLoadFailed(f"GGUF file not found: {spec.model_path}")
+        n_ctx = min(spec.instance.context_token_limit, spec.card.context_length)
+        threads = spec.n_threads or physical_cores()
+        options = dict(
+            model_path=spec.model_path,
+            n_threads=threads,
+            n_threads_batch=threads,
+            n_gpu_layers=gpu_layers_for(spec.shard.backend),
+            flash_attn=flash_attn_enabled(spec.card.runtime.flash_attn, os.environ),
+            logits_all=False,
+            verbose=False,
+        )
+        llama = self._open(llama_cpp, n_ctx=n_ctx, **options)
+        trained = llama_cpp.llama_model_n_ctx_train(llama.model)  # the GGUF's own trained context
+        if 0 < trained < n_ctx:
+            # The card over-states the context: never allocate (or promise) more than trained.
+            log.info("%s: trained context %d < %d requested; reloading", spec.model_path, trained, n_ctx)
+            llama.close()
+            n_ctx = trained
+            llama = self._open(llama_cpp, n_ctx=n_ctx, **options)
+        self._llama = llama
+        self._vocab = llama_cpp.llama_model_get_vocab(llama.model)
+        # llama.cpp pads its context (to 256 tokens); the instance's limit is still the
+        # promise every rank keeps, so the engine enforces the smaller of the two.
+        self._n_ctx = min(llama.n_ctx(), n_ctx)
+        self._formatter = self._chat_formatter(llama)
+        self._spec = spec
+        log.info(
+            "loaded %s: n_ctx=%d threads=%d flash_attn=%s", spec.model_path, self._n_ctx, threads, options["flash_attn"]
+        )
+
+    def warm_up(self) -> None:
+        llama = self._require_loaded()
+        tokens = llama.tokenize(WARM_UP_PROMPT, add_bos=self._adds_bos(), special=False)
+        generator = llama.generate(tokens, temp=0.0, reset=True)
+        try:
+            next(generator, None)
+        finally:
+            generator.close()
+        llama.reset()
+
+    def generate(self, request: TextGenerationParams, cancelled: threading.Event) -> Iterator[GeneratedToken]:
+        llama = self._require_loaded()
+        if not self._busy.acquire(blocking=False):
+            raise EngineBusy("llama.cpp runs one generation at a time")
+        try:
+            self._in_flight = 1
+            yield from self._generate(llama, request, cancelled)
+        finally:
+            self._in_flight = 0
+            self._busy.release()
+
+    def close(self) -> None:
+        llama, self._llama = self._llama, None
+        if llama is not None:
+            llama.close()
+
+    # -- prompt -------------------------------------------------------------------------
+
+    def prompt_tokens(self, request: TextGenerationParams) -> list[int]:
+        """The exact tokens the model sees for `request`: the raw prompt, or the messages
+        rendered with the GGUF's chat template. Special-token text ('<|eot_id|>') becomes
+        the special token, and BOS is added once, only if the model wants one and the text
+        did not already start with it (templates usually write it themselves)."""
+        llama = self._require_loaded()
+        text = request.prompt if request.prompt is not None else self.render_chat(request)
+        tokens = llama.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+        bos = llama.token_bos()
+        if self._adds_bos() and bos >= 0 and (not tokens or tokens[0] != bos):
+            tokens.insert(0, bos)
+        return tokens
+
+    def render_chat(self, request: TextGenerationParams) -> str:
+        if self._formatter is None:
+            raise ChatTemplateMissing(
+                "this GGUF has no tokenizer.chat_template; send a raw `prompt` instead of `messages`"
+            )
+        tools = [
+            {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
+            for t in request.tools
+        ] or None
+        response = self._formatter(messages=[chat_message_dict(m) for m in request.messages], tools=tools)
+        return response.prompt
+
+    # -- internals ----------------------------------------------------------------------
+
+    @staticmethod
+    def _open(llama_cpp: Any, **kwargs: Any) -> Any:
+        try:
+            return llama_cpp.Llama(**kwargs)
+        except Exception as exc:  # llama.cpp reports load failures as ValueError/RuntimeError
+            raise ModelLoadFailed(f"llama.cpp could not load {kwargs.get('model_path')}: {exc}") from exc
+
+    @staticmethod
+    def _chat_formatter(llama: Any) -> Any:
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        template = llama.metadata.get(CHAT_TEMPLATE_KEY)
+        if not template:
+            return None
+
+        def token_text(token_id: int) -> str:
+            if token_id < 0:
+                return ""
+            return llama.detokenize([token_id], special=True).decode("utf-8", errors="ignore")
+
+        return Jinja2ChatFormatter(
+            template=template,
+            eos_token=token_text(llama.token_eos()),
+            bos_token=token_text(llama.token_bos()),
+            add_generation_prompt=True,
+        )
+
+    def _adds_bos(self) -> bool:
+        import llama_cpp
+
+        return bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
+
+    def _is_end_of_generation(self, token: int) -> bool:
+        import llama_cpp
+
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    def _require_loaded(self) -> Any:
+        if self._llama is None:
+            raise EngineNotLoaded("no model is loaded")
+        return self._llama
+
+    def _generate(
+        self, llama: Any, request: TextGenerationParams, cancelled: threading.Event
+    ) -> Iterator[GeneratedToken]:
+        prompt = self.prompt_tokens(request)
+        n_prompt = len(prompt)
+        if n_prompt >= self._n_ctx:
+            raise PromptTooLong(n_prompt, self._n_ctx)
+        room = self._n_ctx - n_prompt
+        max_new = min(request.max_tokens, room) if request.max_tokens is not None else room
+
+        temperature = DEFAULT_TEMPERATURE if request.temperature is None else request.temperature
+        # LLAMA_DEFAULT_SEED asks llama.cpp for a fresh random seed; masks keep it uint32.
+        llama.set_seed(0xFFFFFFFF if request.seed is None else request.seed & 0xFFFFFFFF)
+        decoder = Utf8StreamDecoder()
+        stops = StopStringFilter(request.stop)
+        completion = 0
+
+        generator = llama.generate(
+            prompt,
+            temp=temperature,
+            top_p=DEFAULT_TOP_P if request.top_p is None else request.top_p,
+            top_k=DEFAULT_TOP_K if request.top_k is None else request.top_k,
+            min_p=DEFAULT_MIN_P,
+            repeat_penalty=1.0,
+            reset=True,  # keeps the longest common prefix of the KV cache, re-evaluates the rest
+        )
+        try:
+            for token in generator:
+                if cancelled.is_set():
+                    return
+                completion += 1
+                if self._is_end_of_generation(token):
+                    yield GeneratedToken(stops.flush(), token, "stop", usage_of(n_prompt, completion))
+                    return
+                text, matched = stops.push(decoder.decode(llama.detokenize([token])))
+                if matched:
+                    yield GeneratedToken(text, token, "stop", usage_of(n_prompt, completion))
+                    return
+                if completion >= max_new:
+                    # max_tokens reached, or the context is full: either way "length".
+                    yield GeneratedToken(text + stops.flush(), token, "length", usage_of(n_prompt, completion))
+                    return
+                yield GeneratedToken(text, token)
+        finally:
+            generator.close()
+
+
+__all__ = [
+    "DEFAULT_MIN_P",
+    "DEFAULT_TEMPERATURE",
+    "DEFAULT_TOP_K",
+    "DEFAULT_TOP_P",
+    "FLASH_ATTN_ENV",
+    "LlamaCppEngine",
+    "chat_message_dict",
+    "flash_attn_enabled",
+    "gpu_layers_for",
+    "physical_cores",
+]

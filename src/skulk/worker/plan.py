@@ -1,0 +1,192 @@
+"""The worker's next step: `plan(view) -> WorkerAction | None`.
+
+Pure. The view is replicated State plus what only this node knows (its runner supervisors,
+resolved model artifacts, tasks it has handed to runners, live free memory). Rules are tried
+in priority order and the first that applies wins; the shell carries the action out and
+asks again, so one action at a time converges the node on what State says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from skulk.shared.memory_estimate import assignment_footprint
+from skulk.shared.types.cards import ModelCard
+from skulk.shared.types.common import TERMINAL_TASK_STATUSES
+from skulk.shared.types.ids import InstanceId, ModelId, NodeId, RunnerId, TaskId
+from skulk.shared.types.instances import Instance, RunnerStatus, ShardAssignment
+from skulk.shared.types.state import State
+from skulk.shared.types.tasks import TextGeneration
+
+MEMORY_FIT_TOLERANCE = 0.10
+"""The pre-spawn guard allows a shard to exceed live free memory by this fraction of it: the
+footprint already includes overhead, a full KV reservation and a floor, and live readings
+jitter against the gossiped figure the master admitted on (seed: a 2 % miss once refused a
+24B model that ran fine)."""
+
+SERVING_STATES = frozenset({"Ready", "Running"})
+
+
+@dataclass(frozen=True)
+class LocalRunner:
+    runner_id: RunnerId
+    instance_id: InstanceId
+    status: RunnerStatus
+    in_flight: frozenset[TaskId] = frozenset()
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    node_id: NodeId
+    state: State
+    cards: Mapping[ModelId, ModelCard]
+    runners: Mapping[RunnerId, LocalRunner] = field(default_factory=dict)
+    artifacts: Mapping[ModelId, str] = field(default_factory=dict)
+    artifact_failures: Mapping[ModelId, str] = field(default_factory=dict)
+    resolving: frozenset[ModelId] = frozenset()
+    dispatched: frozenset[TaskId] = frozenset()
+    given_up: frozenset[RunnerId] = frozenset()
+    reported_failed: frozenset[RunnerId] = frozenset()
+    ram_available_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class StopRunner:
+    runner_id: RunnerId
+    reason: str
+
+
+@dataclass(frozen=True)
+class CancelRunnerTask:
+    runner_id: RunnerId
+    task_id: TaskId
+
+
+@dataclass(frozen=True)
+class ReportRunnerFailed:
+    runner_id: RunnerId
+    message: str
+
+
+@dataclass(frozen=True)
+class ResolveArtifact:
+    model_id: ModelId
+
+
+@dataclass(frozen=True)
+class SpawnRunner:
+    instance: Instance
+    shard: ShardAssignment
+    card: ModelCard
+    model_path: str
+
+
+@dataclass(frozen=True)
+class DispatchTask:
+    runner_id: RunnerId
+    task: TextGeneration
+
+
+WorkerAction = StopRunner | CancelRunnerTask | ReportRunnerFailed | ResolveArtifact | SpawnRunner | DispatchTask
+
+
+def _my_shards(view: WorkerView) -> list[tuple[Instance, ShardAssignment]]:
+    return [
+        (instance, shard)
+        for _, instance in sorted(view.state.instances.items())
+        for shard in instance.shards
+        if shard.node_id == view.node_id
+    ]
+
+
+def stop_orphaned_runners(view: WorkerView) -> WorkerAction | None:
+    for runner_id, runner in sorted(view.runners.items()):
+        instance = view.state.instances.get(runner.instance_id)
+        if instance is None or runner_id not in instance.runner_ids():
+            return StopRunner(runner_id, f"instance {runner.instance_id} is gone")
+    return None
+
+
+def cancel_abandoned_tasks(view: WorkerView) -> WorkerAction | None:
+    for runner_id, runner in sorted(view.runners.items()):
+        for task_id in sorted(runner.in_flight):
+            task = view.state.tasks.get(task_id)
+            if task is None or task.status in TERMINAL_TASK_STATUSES:
+                return CancelRunnerTask(runner_id, task_id)
+    return None
+
+
+def report_unservable_shards(view: WorkerView) -> WorkerAction | None:
+    for instance, shard in _my_shards(view):
+        failure = view.artifact_failures.get(instance.model_id)
+        if failure and shard.runner_id not in view.reported_failed:
+            return ReportRunnerFailed(shard.runner_id, f"model {instance.model_id} unavailable: {failure}")
+    return None
+
+
+def resolve_missing_artifacts(view: WorkerView) -> WorkerAction | None:
+    for instance, _shard in _my_shards(view):
+        model = instance.model_id
+        if model not in view.artifacts and model not in view.artifact_failures and model not in view.resolving:
+            return ResolveArtifact(model)
+    return None
+
+
+def refuse_shards_that_do_not_fit(view: WorkerView) -> WorkerAction | None:
+    """The last-resort guard below the master's admission: live memory, with a tolerance."""
+    if view.ram_available_bytes is None:
+        return None
+    for instance, shard in _my_shards(view):
+        card = view.cards.get(instance.model_id)
+        if card is None or shard.runner_id in view.runners or shard.runner_id in view.reported_failed:
+            continue
+        needed = assignment_footprint(card, shard).total_bytes
+        allowed = view.ram_available_bytes * (1 + MEMORY_FIT_TOLERANCE)
+        if needed > allowed:
+            return ReportRunnerFailed(
+                shard.runner_id,
+                f"shard of {instance.model_id} needs {needed / 1e9:.2f} GB but only "
+                f"{view.ram_available_bytes / 1e9:.2f} GB is free (+{MEMORY_FIT_TOLERANCE:.0%} tolerance)",
+            )
+    return None
+
+
+def start_missing_runners(view: WorkerView) -> WorkerAction | None:
+    for instance, shard in _my_shards(view):
+        runner_id = shard.runner_id
+        if runner_id in view.runners or runner_id in view.given_up or runner_id in view.reported_failed:
+            continue
+        path = view.artifacts.get(instance.model_id)
+        card = view.cards.get(instance.model_id)
+        if path is not None and card is not None:
+            return SpawnRunner(instance, shard, card, path)
+    return None
+
+
+def dispatch_pending_tasks(view: WorkerView) -> WorkerAction | None:
+    for task_id, task in sorted(view.state.tasks.items()):
+        if not isinstance(task, TextGeneration) or task.status in TERMINAL_TASK_STATUSES:
+            continue
+        if task_id in view.dispatched:
+            continue
+        instance = view.state.instances.get(task.instance_id)
+        if instance is None:
+            continue
+        first = instance.shards[0]
+        runner = view.runners.get(first.runner_id)
+        if first.node_id == view.node_id and runner is not None and runner.status.state in SERVING_STATES:
+            return DispatchTask(first.runner_id, task)
+    return None
+
+
+def plan(view: WorkerView) -> WorkerAction | None:
+    return (
+        stop_orphaned_runners(view)
+        or cancel_abandoned_tasks(view)
+        or report_unservable_shards(view)
+        or resolve_missing_artifacts(view)
+        or refuse_shards_that_do_not_fit(view)
+        or start_missing_runners(view)
+        or dispatch_pending_tasks(view)
+    )

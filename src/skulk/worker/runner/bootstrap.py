@@ -1,0 +1,346 @@
+"""The runner process: the child side of one (instance, rank).
+
+`runner_main` is the `multiprocessing` (spawn) target. It waits for `LoadShard`, loads the
+engine chosen by the shard's backend engine from `ENGINES`, warms it up, then serves
+`Generate` / `Cancel` through a `Dispatcher` at the engine's width until `ShutdownRunner`,
+SIGTERM, or the death of its parent. The message protocol is documented in `messages`.
+
+This process must never touch the network, cluster state or the event log: it talks only to
+its parent, through the two queues it was given. It must never outlive its parent either (a
+watchdog thread exits it when the parent pid goes away).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from multiprocessing.queues import Queue as MpQueue
+from typing import Any
+
+from skulk.shared.types.cards import backend_engine
+from skulk.shared.types.chunks import StreamPayload, StreamStarted, StreamTerminal, TokenChunk
+from skulk.shared.types.common import RunnerState
+from skulk.shared.types.ids import RunnerId, TaskId
+from skulk.shared.types.instances import RunnerStatus
+from skulk.shared.types.tasks import TextGeneration
+from skulk.worker.engines.base import (
+    DispatchRejected,
+    Dispatcher,
+    Engine,
+    GeneratedToken,
+    GenerationResult,
+    ShardSpec,
+)
+from skulk.worker.runner.messages import (
+    Cancel,
+    Frame,
+    Generate,
+    LoadShard,
+    ShutdownRunner,
+    StatusChanged,
+    TaskAccepted,
+    TaskDone,
+)
+
+log = logging.getLogger(__name__)
+
+INBOX_POLL_S = 0.2
+"""How long the main loop blocks on its inbox before re-checking SIGTERM; bounds how late a
+SIGTERM that arrived between messages is noticed."""
+
+PARENT_WATCH_INTERVAL_S = 1.0
+"""How often the watchdog checks that the parent is alive; an orphaned runner (holding a
+whole model's memory) lives at most this long."""
+
+EXIT_OK = 0
+EXIT_LOAD_FAILED = 1
+EXIT_PARENT_GONE = 3
+
+
+def _llama_cpp_engine() -> Engine:
+    from skulk.worker.engines.llama_cpp import LlamaCppEngine
+
+    return LlamaCppEngine()
+
+
+ENGINES: Mapping[str, Callable[[], Engine]] = {
+    "llama_cpp": _llama_cpp_engine,
+    # "mlx": added with the MLX engine; imports stay lazy so a runner loads one library.
+}
+"""Engine constructors keyed by the shard's backend engine ('llama_cpp-cuda' -> 'llama_cpp')."""
+
+
+def runner_main(inbox: MpQueue, outbox: MpQueue, parent_pid: int) -> None:
+    """Child entry point. Returns (exit 0) after a clean shutdown; exits non-zero on failure."""
+    _configure_logging()
+    _start_parent_watchdog(parent_pid)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent's Ctrl-C is the parent's to handle
+
+    load = _await_load(inbox, stop)
+    if load is None:
+        _flush(outbox)
+        return
+    runner = Runner(load, outbox)
+    code = runner.start()
+    if code == EXIT_OK:
+        runner.serve(inbox, stop)
+    _flush(outbox)
+    if code != EXIT_OK:
+        sys.exit(code)
+
+
+@dataclass
+class _Stream:
+    """Per-task output state. `lock` orders every emission of one task's frames, so the
+    started frame always precedes tokens even when the dispatcher starts the task at once."""
+
+    task: TextGeneration
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    next_seq: int = 1
+
+
+class Runner:
+    """The serving state of one runner process; also the dispatcher's sink."""
+
+    def __init__(self, load: LoadShard, outbox: MpQueue) -> None:
+        self._load = load
+        self._outbox = outbox
+        self._runner_id: RunnerId = load.runner_id
+        self._engine: Engine | None = None
+        self._dispatcher: Dispatcher | None = None
+        self._streams: dict[TaskId, _Stream] = {}
+        self._streams_lock = threading.Lock()
+        self._status_lock = threading.Lock()
+        self._phase: RunnerState = "Loading"
+        self._last_status: tuple[RunnerState, int, str | None] | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> int:
+        """Load and warm up; returns an exit code (EXIT_OK to go on serving)."""
+        self._set_phase("Loading")
+        spec = ShardSpec(
+            instance=self._load.instance,
+            runner_id=self._load.runner_id,
+            card=self._load.card,
+            model_path=self._load.model_path,
+            n_threads=self._load.n_threads,
+        )
+        try:
+            shard = spec.shard
+            factory = ENGINES.get(backend_engine(shard.backend))
+            if factory is None:
+                raise ValueError(f"no engine for backend {shard.backend!r} (known: {sorted(ENGINES)})")
+            engine = factory()
+            engine.load(spec)
+            self._engine = engine
+            self._set_phase("Loaded")
+            self._set_phase("WarmingUp")
+            engine.warm_up()
+        except Exception as exc:
+            log.exception("runner %s failed to load", self._runner_id)
+            self._set_phase("Failed", error=f"{type(exc).__name__}: {exc}")
+            return EXIT_LOAD_FAILED
+        self._dispatcher = Dispatcher(engine, self, width=engine.concurrency, name=f"runner-{self._runner_id}")
+        self._set_phase("Ready")
+        return EXIT_OK
+
+    def serve(self, inbox: MpQueue, stop: threading.Event) -> None:
+        handlers: dict[type, Callable[[Any], bool]] = {
+            Generate: self._on_generate,
+            Cancel: self._on_cancel,
+            ShutdownRunner: lambda _: False,
+            LoadShard: self._on_second_load,
+        }
+        while not stop.is_set():
+            try:
+                message = inbox.get(timeout=INBOX_POLL_S)
+            except queue.Empty:
+                continue
+            handler = handlers.get(type(message))
+            if handler is None:
+                log.error("runner %s: unexpected message %r", self._runner_id, type(message).__name__)
+                continue
+            if not handler(message):
+                break
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        self._set_phase("ShuttingDown")
+        if self._dispatcher is not None:
+            if not self._dispatcher.close():
+                log.warning("runner %s: generations still running at shutdown", self._runner_id)
+        if self._engine is not None:
+            self._engine.close()
+
+    # -- inbox handlers (main thread); each returns False to stop serving -------------------
+
+    def _on_generate(self, message: Generate) -> bool:
+        task = message.task
+        assert self._dispatcher is not None
+        with self._streams_lock:
+            if task.task_id in self._streams:
+                # Emitting anything would corrupt the live stream of the same command.
+                log.error("runner %s: duplicate task %s ignored", self._runner_id, task.task_id)
+                return True
+            stream = _Stream(task)
+            self._streams[task.task_id] = stream
+        with stream.lock:
+            try:
+                self._dispatcher.submit(task.task_id, task.params)
+            except DispatchRejected as refusal:
+                with self._streams_lock:
+                    del self._streams[task.task_id]
+                self._refuse(task, refusal.error_type, refusal.message)
+                return True
+            self._send(TaskAccepted(task_id=task.task_id))
+            self._frame(task, StreamStarted(command_id=task.command_id, runner_id=self._runner_id))
+        self._report_status()
+        return True
+
+    def _on_cancel(self, message: Cancel) -> bool:
+        if self._dispatcher is not None:
+            self._dispatcher.cancel(message.task_id)
+        return True
+
+    def _on_second_load(self, message: LoadShard) -> bool:
+        log.error("runner %s: already loaded; LoadShard ignored", self._runner_id)
+        return True
+
+    # -- DispatchSink (dispatcher threads) ----------------------------------------------
+
+    def on_start(self, request_id: str) -> None:
+        pass  # the started frame went out at admission
+
+    def on_token(self, request_id: str, token: GeneratedToken) -> None:
+        stream = self._streams[TaskId(request_id)]
+        task = stream.task
+        chunk = TokenChunk(
+            command_id=task.command_id,
+            text=token.text,
+            token_id=token.token_id,
+            finish_reason=token.finish_reason,
+            usage=token.usage,
+        )
+        with stream.lock:
+            self._frame(task, StreamPayload(command_id=task.command_id, seq=stream.next_seq, chunk=chunk))
+            stream.next_seq += 1
+
+    def on_finish(self, request_id: str, result: GenerationResult) -> None:
+        with self._streams_lock:
+            stream = self._streams.pop(TaskId(request_id))
+        task = stream.task
+        with stream.lock:
+            self._frame(
+                task,
+                StreamTerminal(
+                    command_id=task.command_id,
+                    seq=stream.next_seq,
+                    outcome=result.outcome,
+                    error_type=result.error_type,
+                    error_message=result.error_message,
+                ),
+            )
+            self._send(TaskDone(task_id=task.task_id, outcome=result.outcome, error_message=result.error_message))
+        self._report_status()
+
+    # -- output -------------------------------------------------------------------------
+
+    def _refuse(self, task: TextGeneration, error_type: str, message: str) -> None:
+        log.warning("runner %s refused task %s: %s", self._runner_id, task.task_id, message)
+        self._frame(task, StreamStarted(command_id=task.command_id, runner_id=self._runner_id))
+        self._frame(
+            task,
+            StreamTerminal(
+                command_id=task.command_id, seq=1, outcome="failed", error_type=error_type, error_message=message
+            ),
+        )
+        self._send(TaskDone(task_id=task.task_id, outcome="failed", error_message=message))
+
+    def _frame(self, task: TextGeneration, frame: Any) -> None:
+        self._send(Frame(owner_node_id=task.owner_node_id, frame=frame))
+
+    def _send(self, message: Any) -> None:
+        # Blocking put on a bounded queue: a slow parent slows generation instead of growing
+        # memory. The parent's reader drains continuously; the watchdog covers a dead parent.
+        self._outbox.put(message)
+
+    def _set_phase(self, phase: RunnerState, error: str | None = None) -> None:
+        with self._status_lock:
+            self._phase = phase
+        self._report_status(error)
+
+    def _report_status(self, error: str | None = None) -> None:
+        with self._status_lock:
+            in_flight = self._dispatcher.in_flight if self._dispatcher is not None else 0
+            state: RunnerState = self._phase
+            if state == "Ready" and in_flight > 0:
+                state = "Running"
+            current = (state, in_flight, error)
+            if current == self._last_status:
+                return
+            self._last_status = current
+            self._send(StatusChanged(status=RunnerStatus(state=state, error_message=error), in_flight=in_flight))
+
+
+def _await_load(inbox: MpQueue, stop: threading.Event) -> LoadShard | None:
+    """Block until LoadShard; None when told to stop first."""
+    while not stop.is_set():
+        try:
+            message = inbox.get(timeout=INBOX_POLL_S)
+        except queue.Empty:
+            continue
+        if isinstance(message, LoadShard):
+            return message
+        if isinstance(message, ShutdownRunner):
+            return None
+        log.error("runner got %s before LoadShard; ignored", type(message).__name__)
+    return None
+
+
+def _start_parent_watchdog(parent_pid: int) -> None:
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent_pid:
+                # Re-parented: the worker is gone and nobody will ever read our output.
+                os._exit(EXIT_PARENT_GONE)
+            time.sleep(PARENT_WATCH_INTERVAL_S)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+
+
+def _flush(outbox: MpQueue) -> None:
+    """Make sure everything put has reached the pipe before the process exits."""
+    outbox.close()
+    outbox.join_thread()
+
+
+def _configure_logging() -> None:
+    root = logging.getLogger()
+    if not root.handlers:
+        logging.basicConfig(
+            level=os.environ.get("SKULK_RUNNER_LOG_LEVEL", "INFO"),
+            format=f"%(asctime)s runner[{os.getpid()}] %(levelname)s %(name)s: %(message)s",
+            stream=sys.stderr,
+        )
+
+
+__all__ = [
+    "ENGINES",
+    "EXIT_LOAD_FAILED",
+    "EXIT_OK",
+    "EXIT_PARENT_GONE",
+    "INBOX_POLL_S",
+    "PARENT_WATCH_INTERVAL_S",
+    "Runner",
+    "runner_main",
+]

@@ -1,0 +1,547 @@
+"""The parent side of one runner process: spawn, feed, watch, and end it.
+
+One `RunnerSupervisor` per (instance, rank). It spawns `bootstrap.runner_main` in a
+`multiprocessing` spawn-context daemon process with two bounded queues, sends `LoadShard`,
+and turns everything the runner says into `on_report(message)` calls on the event loop, in
+the order the runner said it. It guarantees what the runner cannot: a runner that dies,
+hangs before its first status, or is shut down never leaves a task without its terminal
+frame and `TaskDone`, and never leaves its status stale.
+
+It never decides whether to start, restart or give up on a runner (the worker's plan does,
+consulting `breaker.CrashBreaker`), and it never blocks the event loop on the process.
+
+Reports it adds to the runner's own (see `messages` for the runner's protocol):
+- first-status deadline: a runner silent for `first_status_deadline_s` after spawn is
+  reported `StatusChanged(Failed, ...)` and killed;
+- unexpected exit (crash, kill -9, OOM): for each task still in flight, the frames it lacks
+  (`StreamStarted` if none was seen, then `StreamTerminal(failed, RunnerCrashed)`) and
+  `TaskDone(failed)`; then `StatusChanged(Failed, "runner exited with code N")`;
+- exit after `shutdown()`: leftover tasks end failed with `RunnerShutdown`, then
+  `StatusChanged(Shutdown)`;
+- a task it cannot hand to the runner (not started, exited, shutting down, inbox full) ends
+  at once with started + failed terminal (`RunnerUnavailable` / `RunnerBusy`) + TaskDone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing as mp
+import os
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from skulk.shared.types.cards import ModelCard
+from skulk.shared.types.chunks import StreamPayload, StreamStarted, StreamTerminal
+from skulk.shared.types.ids import CommandId, RunnerId, TaskId
+from skulk.shared.types.instances import Instance, RunnerStatus
+from skulk.shared.types.tasks import TextGeneration
+from skulk.worker.runner.bootstrap import runner_main
+from skulk.worker.runner.messages import (
+    Cancel,
+    Frame,
+    FromRunner,
+    Generate,
+    LoadShard,
+    ShutdownRunner,
+    StatusChanged,
+    TaskAccepted,
+    TaskDone,
+)
+
+log = logging.getLogger(__name__)
+
+FIRST_STATUS_DEADLINE_S = 120.0
+"""A runner must send its first status this long after spawn. A process frozen before that
+(stuck import, wedged driver init) is alive, so no crash detection sees it; without this
+deadline the instance would wait for it forever."""
+
+SHUTDOWN_TIMEOUT_S = 10.0
+"""Default time a runner gets to exit after `ShutdownRunner` before SIGTERM."""
+
+TERMINATE_TIMEOUT_S = 5.0
+"""Time between SIGTERM and SIGKILL during shutdown."""
+
+KILL_TIMEOUT_S = 5.0
+"""Time allowed for the kernel to reap a SIGKILLed runner before shutdown gives up waiting."""
+
+EXIT_DRAIN_TIMEOUT_S = 1.0
+"""After the process is gone, how long the reader may keep draining what it wrote before
+the supervisor reports the exit. Bounds the case of a message cut in half by a kill."""
+
+INBOX_CAPACITY = 256
+"""Parent -> runner messages not yet read. Fills only while the runner is loading (it reads
+continuously once serving); a Generate that finds it full is refused as RunnerBusy."""
+
+OUTBOX_CAPACITY = 4096
+"""Runner -> parent messages not yet read. The runner blocks when it is full, so a slow
+parent slows generation rather than growing memory."""
+
+READER_POLL_S = 0.05
+"""The reader thread's blocking-get slice; bounds how late it notices the process is gone."""
+
+CANCEL_RETRY_S = 0.05
+"""Retry interval for a Cancel that found the inbox full (it must not be lost)."""
+
+CRASH_ERROR_TYPE = "RunnerCrashed"
+SHUTDOWN_ERROR_TYPE = "RunnerShutdown"
+UNAVAILABLE_ERROR_TYPE = "RunnerUnavailable"
+BUSY_ERROR_TYPE = "RunnerBusy"
+
+ReportCallback = Callable[[FromRunner], None]
+
+
+@dataclass
+class _Tracked:
+    """What the parent has seen of one submitted task's stream."""
+
+    task: TextGeneration
+    accepted: bool = False
+    last_seq: int | None = None
+    terminal_sent: bool = False
+
+
+@dataclass(frozen=True)
+class SupervisorStats:
+    runner_id: str
+    instance_id: str
+    pid: int | None
+    alive: bool
+    exitcode: int | None
+    status: str
+    in_flight: int
+    inbox_depth: int | None
+    inbox_capacity: int
+    outbox_depth: int | None
+    outbox_capacity: int
+    crashes: int
+    refused_submits: int
+    synthesized_terminals: int
+    reports_delivered: int
+    uptime_s: float | None
+
+
+def describe_exit(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "runner exited with an unknown code"
+    if exitcode < 0:
+        try:
+            return f"runner exited with code {exitcode} ({signal.Signals(-exitcode).name})"
+        except ValueError:
+            pass
+    return f"runner exited with code {exitcode}"
+
+
+class RunnerSupervisor:
+    """Spawns and supervises one runner process. All methods run on one event loop."""
+
+    def __init__(
+        self,
+        *,
+        instance: Instance,
+        runner_id: RunnerId,
+        card: ModelCard,
+        model_path: str,
+        on_report: ReportCallback,
+        n_threads: int | None = None,
+        first_status_deadline_s: float = FIRST_STATUS_DEADLINE_S,
+        inbox_capacity: int = INBOX_CAPACITY,
+        outbox_capacity: int = OUTBOX_CAPACITY,
+    ) -> None:
+        self._load = LoadShard(
+            instance=instance, runner_id=runner_id, card=card, model_path=model_path, n_threads=n_threads
+        )
+        self._on_report = on_report
+        self._first_status_deadline_s = first_status_deadline_s
+        self._inbox_capacity = inbox_capacity
+        self._outbox_capacity = outbox_capacity
+
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._process: Any = None
+        self._inbox: Any = None
+        self._outbox: Any = None
+        self._gone = threading.Event()  # the process has exited (set by the waiter thread)
+        self._drained: asyncio.Event | None = None
+        self._exit_handled: asyncio.Event | None = None
+        self._deadline: asyncio.TimerHandle | None = None
+
+        self._status = RunnerStatus(state="Idle")
+        self._seen_status = False
+        self._failure_reported = False
+        self._shutdown_requested = False
+        self._exitcode: int | None = None
+        self._tasks: dict[TaskId, _Tracked] = {}
+        self._by_command: dict[CommandId, TaskId] = {}
+        self._started_at: float | None = None
+        self._counts = {"crashes": 0, "refused": 0, "synthesized": 0, "delivered": 0}
+
+    # -- properties -------------------------------------------------------------------------
+
+    @property
+    def runner_id(self) -> RunnerId:
+        return self._load.runner_id
+
+    @property
+    def instance(self) -> Instance:
+        return self._load.instance
+
+    @property
+    def status(self) -> RunnerStatus:
+        return self._status
+
+    @property
+    def in_flight(self) -> int:
+        """Tasks submitted whose TaskDone has not been reported yet."""
+        return len(self._tasks)
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def exited(self) -> bool:
+        return self._exit_handled is not None and self._exit_handled.is_set()
+
+    @property
+    def exitcode(self) -> int | None:
+        return self._exitcode
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Spawn the runner and send it LoadShard. Returns once the process is started; its
+        progress arrives as StatusChanged reports."""
+        if self._process is not None:
+            raise RuntimeError(f"runner {self.runner_id} was already started")
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._drained = asyncio.Event()
+        self._exit_handled = asyncio.Event()
+        ctx = mp.get_context("spawn")
+        self._inbox = ctx.Queue(maxsize=self._inbox_capacity)
+        self._outbox = ctx.Queue(maxsize=self._outbox_capacity)
+        self._process = ctx.Process(
+            target=runner_main,
+            args=(self._inbox, self._outbox, os.getpid()),
+            name=f"skulk-runner-{self.runner_id}",
+            daemon=True,
+        )
+        try:
+            self._process.start()
+        except Exception as exc:  # fork/exec refused (limits, memory): a failure to report, not raise
+            reason = f"could not start the runner process: {type(exc).__name__}: {exc}"
+            log.error("runner %s: %s", self.runner_id, reason)
+            self._failure_reported = True
+            self._exit_handled.set()
+            self._close_queues()
+            loop.call_soon(self._emit, StatusChanged(status=RunnerStatus(state="Failed", error_message=reason)))
+            return
+        self._started_at = time.monotonic()
+        self._inbox.put_nowait(self._load)
+        threading.Thread(target=self._read, name=f"runner-{self.runner_id}-reader", daemon=True).start()
+        threading.Thread(target=self._wait_process, name=f"runner-{self.runner_id}-waiter", daemon=True).start()
+        self._deadline = loop.call_later(self._first_status_deadline_s, self._first_status_expired)
+        log.info(
+            "runner %s (instance %s) spawned, pid %s", self.runner_id, self.instance.instance_id, self._process.pid
+        )
+
+    def submit(self, task: TextGeneration) -> None:
+        """Hand a generation to the runner. Never blocks; a task that cannot be handed over
+        ends at once (on the next loop iteration) with a failed terminal and TaskDone."""
+        if task.task_id in self._tasks:
+            raise ValueError(f"task {task.task_id} is already in flight on runner {self.runner_id}")
+        if self._started_at is None or self._gone.is_set() or self.exited or self._shutdown_requested:
+            self._refuse(task, UNAVAILABLE_ERROR_TYPE, f"runner {self.runner_id} is not running")
+            return
+        tracked = _Tracked(task)
+        self._tasks[task.task_id] = tracked
+        self._by_command[task.command_id] = task.task_id
+        try:
+            self._inbox.put_nowait(Generate(task=task))
+        except queue.Full:
+            self._untrack(task.task_id)
+            self._refuse(task, BUSY_ERROR_TYPE, f"runner {self.runner_id} has {self._inbox_capacity} messages queued")
+
+    def cancel(self, task_id: TaskId) -> None:
+        """Ask the runner to stop a task. Idempotent; a no-op for unknown or finished tasks."""
+        if task_id not in self._tasks or self.exited or self._gone.is_set():
+            return
+        try:
+            self._inbox.put_nowait(Cancel(task_id=task_id))
+        except queue.Full:
+            assert self._loop is not None
+            self._loop.call_later(CANCEL_RETRY_S, self.cancel, task_id)
+
+    async def shutdown(self, timeout_s: float = SHUTDOWN_TIMEOUT_S) -> int | None:
+        """Stop the runner: ShutdownRunner, then SIGTERM after `timeout_s`, then SIGKILL after
+        TERMINATE_TIMEOUT_S; each wait bounded. Returns the exit code (None if unknown)."""
+        if self._process is None:
+            return None
+        self._shutdown_requested = True
+        if not self.exited and not self._gone.is_set():
+            try:
+                self._inbox.put_nowait(ShutdownRunner())
+            except queue.Full:
+                timeout_s = 0.0  # cannot ask nicely; go straight to SIGTERM
+        if not await self._wait_exit(timeout_s):
+            log.warning("runner %s ignored ShutdownRunner for %.1fs; terminating", self.runner_id, timeout_s)
+            if not self._gone.is_set():  # never signal a pid that may already be reaped
+                self._process.terminate()
+            if not await self._wait_exit(TERMINATE_TIMEOUT_S):
+                log.warning("runner %s ignored SIGTERM for %.1fs; killing", self.runner_id, TERMINATE_TIMEOUT_S)
+                if not self._gone.is_set():
+                    self._process.kill()
+                if not await self._wait_exit(KILL_TIMEOUT_S + EXIT_DRAIN_TIMEOUT_S):
+                    log.error("runner %s (pid %s) did not exit after SIGKILL", self.runner_id, self.pid)
+        return self._exitcode
+
+    def stats(self) -> SupervisorStats:
+        return SupervisorStats(
+            runner_id=self.runner_id,
+            instance_id=self.instance.instance_id,
+            pid=self.pid,
+            alive=self._started_at is not None and not self._gone.is_set(),
+            exitcode=self._exitcode,
+            status=self._status.state,
+            in_flight=self.in_flight,
+            inbox_depth=_depth(self._inbox),
+            inbox_capacity=self._inbox_capacity,
+            outbox_depth=_depth(self._outbox),
+            outbox_capacity=self._outbox_capacity,
+            crashes=self._counts["crashes"],
+            refused_submits=self._counts["refused"],
+            synthesized_terminals=self._counts["synthesized"],
+            reports_delivered=self._counts["delivered"],
+            uptime_s=None if self._started_at is None else time.monotonic() - self._started_at,
+        )
+
+    # -- threads (never touch supervisor state; they only post to the loop) ---------------
+
+    def _read(self) -> None:
+        outbox, loop = self._outbox, self._loop
+        assert loop is not None
+        while True:
+            try:
+                message = outbox.get(timeout=READER_POLL_S)
+            except queue.Empty:
+                if self._gone.is_set():
+                    break  # the process is gone and everything it wrote has been read
+                continue
+            except (EOFError, OSError, ValueError):
+                break  # queue closed under us
+            if not _post(loop, self._deliver, message):
+                return
+        _post(loop, self._set_drained)
+
+    def _wait_process(self) -> None:
+        self._process.join()
+        self._gone.set()
+        assert self._loop is not None
+        _post(self._loop, self._on_process_gone)
+
+    # -- loop side ----------------------------------------------------------------------------
+
+    def _set_drained(self) -> None:
+        assert self._drained is not None
+        self._drained.set()
+
+    def _on_process_gone(self) -> None:
+        assert self._loop is not None
+        self._loop.create_task(self._after_exit())
+
+    async def _after_exit(self) -> None:
+        assert self._drained is not None
+        try:
+            await asyncio.wait_for(self._drained.wait(), EXIT_DRAIN_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            log.warning("runner %s: output not fully drained after exit", self.runner_id)
+        self._handle_exit(self._process.exitcode)
+
+    def _handle_exit(self, exitcode: int | None) -> None:
+        assert self._exit_handled is not None
+        if self._exit_handled.is_set():
+            return
+        self._exitcode = exitcode
+        if self._deadline is not None:
+            self._deadline.cancel()
+        expected = self._shutdown_requested
+        prior_error = self._status.error_message if self._status.state == "Failed" else None
+        reason = describe_exit(exitcode)
+        if prior_error and not self._failure_reported:
+            reason = f"{reason}: {prior_error}"
+        if expected:
+            log.info("runner %s shut down (%s)", self.runner_id, reason)
+        else:
+            self._counts["crashes"] += 1
+            log.error("runner %s (instance %s) died: %s", self.runner_id, self.instance.instance_id, reason)
+        error_type = SHUTDOWN_ERROR_TYPE if expected else CRASH_ERROR_TYPE
+        for tracked in list(self._tasks.values()):
+            self._fail_tracked(tracked, error_type, f"{reason} while serving this request")
+        if expected:
+            if not self._failure_reported:
+                self._emit(StatusChanged(status=RunnerStatus(state="Shutdown"), in_flight=0))
+        elif not self._failure_reported:
+            self._failure_reported = True
+            self._emit(StatusChanged(status=RunnerStatus(state="Failed", error_message=reason), in_flight=0))
+        self._exit_handled.set()
+        self._close_queues()
+
+    def _first_status_expired(self) -> None:
+        if self._seen_status or self._gone.is_set():
+            return
+        reason = f"runner sent no status within {self._first_status_deadline_s:g}s of spawn"
+        log.error("runner %s (pid %s): %s; killing it", self.runner_id, self.pid, reason)
+        self._failure_reported = True
+        self._emit(StatusChanged(status=RunnerStatus(state="Failed", error_message=reason), in_flight=self.in_flight))
+        self._process.kill()
+
+    def _deliver(self, message: FromRunner) -> None:
+        """A message from the runner, on the loop, in the runner's order."""
+        assert self._exit_handled is not None
+        if self._exit_handled.is_set():
+            return  # the exit was already reported; late output would contradict it
+        self._emit(message)
+
+    def _emit(self, message: FromRunner) -> None:
+        self._note(message)
+        self._counts["delivered"] += 1
+        try:
+            self._on_report(message)
+        except Exception:
+            log.exception("runner %s: on_report failed for %s", self.runner_id, type(message).__name__)
+
+    def _note(self, message: FromRunner) -> None:
+        """Bookkeeping before a report goes out."""
+        if isinstance(message, StatusChanged):
+            self._status = message.status
+            if not self._seen_status:
+                self._seen_status = True
+                if self._deadline is not None:
+                    self._deadline.cancel()
+        elif isinstance(message, TaskAccepted):
+            tracked = self._tasks.get(message.task_id)
+            if tracked is not None:
+                tracked.accepted = True
+        elif isinstance(message, Frame):
+            task_id = self._by_command.get(message.frame.command_id)
+            tracked = self._tasks.get(task_id) if task_id is not None else None
+            if tracked is not None:
+                frame = message.frame
+                if isinstance(frame, (StreamStarted, StreamPayload)):
+                    tracked.last_seq = frame.seq
+                elif isinstance(frame, StreamTerminal):
+                    tracked.last_seq = frame.seq
+                    tracked.terminal_sent = True
+        elif isinstance(message, TaskDone):
+            self._untrack(message.task_id)
+
+    def _untrack(self, task_id: TaskId) -> None:
+        tracked = self._tasks.pop(task_id, None)
+        if tracked is not None:
+            self._by_command.pop(tracked.task.command_id, None)
+
+    def _fail_tracked(self, tracked: _Tracked, error_type: str, message: str) -> None:
+        task = tracked.task
+        if not tracked.terminal_sent:
+            seq = 0
+            if tracked.last_seq is None:
+                self._emit(self._frame(task, StreamStarted(command_id=task.command_id, runner_id=self.runner_id)))
+            else:
+                seq = tracked.last_seq
+            self._counts["synthesized"] += 1
+            self._emit(
+                self._frame(
+                    task,
+                    StreamTerminal(
+                        command_id=task.command_id, seq=seq + 1, outcome="failed",
+                        error_type=error_type, error_message=message,
+                    ),
+                )
+            )
+        self._emit(TaskDone(task_id=task.task_id, outcome="failed", error_message=message))
+
+    def _refuse(self, task: TextGeneration, error_type: str, message: str) -> None:
+        self._counts["refused"] += 1
+        log.warning("runner %s refused task %s: %s", self.runner_id, task.task_id, message)
+
+        def report() -> None:
+            self._counts["synthesized"] += 1
+            self._emit(self._frame(task, StreamStarted(command_id=task.command_id, runner_id=self.runner_id)))
+            self._emit(
+                self._frame(
+                    task,
+                    StreamTerminal(
+                        command_id=task.command_id, seq=1, outcome="failed",
+                        error_type=error_type, error_message=message,
+                    ),
+                )
+            )
+            self._emit(TaskDone(task_id=task.task_id, outcome="failed", error_message=message))
+
+        # Never call on_report re-entrantly from inside submit().
+        asyncio.get_running_loop().call_soon(report)
+
+    @staticmethod
+    def _frame(task: TextGeneration, frame: Any) -> Frame:
+        return Frame(owner_node_id=task.owner_node_id, frame=frame)
+
+    async def _wait_exit(self, timeout_s: float) -> bool:
+        assert self._exit_handled is not None
+        try:
+            await asyncio.wait_for(self._exit_handled.wait(), max(timeout_s, 0.0))
+        except asyncio.TimeoutError:
+            return self._exit_handled.is_set()
+        return True
+
+    def _close_queues(self) -> None:
+        # The process is gone: anything still buffered for it can never be read. Without
+        # cancel_join_thread the parent would hang at its own exit flushing into the pipe.
+        for q in (self._inbox, self._outbox):
+            try:
+                q.cancel_join_thread()
+                q.close()
+            except (OSError, ValueError):
+                pass
+
+
+def _post(loop: asyncio.AbstractEventLoop, callback: Callable[..., None], *args: Any) -> bool:
+    try:
+        loop.call_soon_threadsafe(callback, *args)
+        return True
+    except RuntimeError:  # the loop is closed: nobody is listening any more
+        return False
+
+
+def _depth(q: Any) -> int | None:
+    if q is None:
+        return None
+    try:
+        return q.qsize()
+    except (NotImplementedError, OSError, ValueError):  # qsize is unsupported on macOS
+        return None
+
+
+__all__ = [
+    "BUSY_ERROR_TYPE",
+    "CANCEL_RETRY_S",
+    "CRASH_ERROR_TYPE",
+    "EXIT_DRAIN_TIMEOUT_S",
+    "FIRST_STATUS_DEADLINE_S",
+    "INBOX_CAPACITY",
+    "KILL_TIMEOUT_S",
+    "OUTBOX_CAPACITY",
+    "READER_POLL_S",
+    "SHUTDOWN_ERROR_TYPE",
+    "SHUTDOWN_TIMEOUT_S",
+    "TERMINATE_TIMEOUT_S",
+    "UNAVAILABLE_ERROR_TYPE",
+    "ReportCallback",
+    "RunnerSupervisor",
+    "SupervisorStats",
+    "describe_exit",
+]

@@ -1,0 +1,228 @@
+import math
+from fractions import Fraction
+
+import pytest
+
+from skulk.shared.memory_estimate import (
+    ADMISSION_CONTEXT_FLOOR_TOKENS,
+    FLAT_FLOOR_BYTES,
+    VLLM_CONTEXT_CAP_TOKENS,
+    NodeMemoryTotals,
+    admission_context_tokens,
+    instance_context_token_limit,
+    instance_node_footprints,
+    kv_bytes_per_token,
+    kv_cache_bytes,
+    shard_footprint,
+    shard_footprint_bytes,
+)
+from skulk.shared.types.instances import Instance, ShardAssignment
+from skulk.store.cards import builtin_cards_dir, resolve_cards
+
+CARDS = resolve_cards(builtin_cards_dir(), None).cards
+TINY = CARDS["local/tiny-llama"]
+LLAMA_1B = CARDS["mlx-community/Llama-3.2-1B-Instruct-4bit"]
+GEMMA3 = CARDS["mlx-community/gemma-3-4b-it-4bit"]
+GGUF_8B = CARDS["bartowski/Meta-Llama-3.1-8B-Instruct-GGUF"]
+GB = 10**9
+
+
+def shard(node, start, end, backend="mlx-cpu", rank=0, world=1):
+    return ShardAssignment(
+        node_id=node, runner_id=f"r{rank}", rank=rank, world_size=world, start_layer=start, end_layer=end, backend=backend
+    )
+
+
+@pytest.mark.parametrize(
+    ("card", "expected"),
+    [
+        (TINY, 2 * 6 * 2 * 32 * 2),
+        (LLAMA_1B, 2 * 16 * 8 * 64 * 2),
+        (GEMMA3, 2 * 34 * 4 * 256 * 2),
+    ],
+)
+def test_kv_bytes_per_token(card, expected):
+    assert kv_bytes_per_token(card) == expected
+    assert kv_bytes_per_token(card, dtype_bytes=1) == expected // 2
+    assert kv_bytes_per_token(card, layers=range(2)) == expected * 2 // card.num_layers
+
+
+# Gemma 3: pattern 6 -> layers 5, 11, 17, 23, 29 global (5), the other 29 windowed to 1024.
+GEMMA_LAYER = 2 * 4 * 256 * 2
+
+
+@pytest.mark.parametrize(
+    ("card", "tokens", "layers", "expected"),
+    [
+        (LLAMA_1B, 8192, None, 16 * 2048 * 8192),
+        (LLAMA_1B, 8192, range(4, 8), 4 * 2048 * 8192),
+        (GEMMA3, 512, None, 34 * GEMMA_LAYER * 512),  # within the window every layer grows
+        (GEMMA3, 8192, None, 5 * GEMMA_LAYER * 8192 + 29 * GEMMA_LAYER * 1024),
+        (GEMMA3, 8192, range(0, 5), 5 * GEMMA_LAYER * 1024),  # all windowed
+        (GEMMA3, 8192, range(5, 6), GEMMA_LAYER * 8192),  # the one global layer
+    ],
+)
+def test_kv_cache_caps_windowed_layers_at_the_window(card, tokens, layers, expected):
+    assert kv_cache_bytes(card, tokens, layers) == expected
+
+
+def test_every_layer_windowed_without_a_pattern():
+    card = LLAMA_1B.model_copy(update={"sliding_window": 100})
+    assert kv_cache_bytes(card, 8192) == 16 * 2048 * 100
+
+
+@pytest.mark.parametrize(("card", "tokens"), [(TINY, 2048), (LLAMA_1B, ADMISSION_CONTEXT_FLOOR_TOKENS)])
+def test_admission_context_is_the_floor_or_the_cards_smaller_context(card, tokens):
+    assert admission_context_tokens(card) == tokens
+
+
+def test_pipeline_footprint_arithmetic():
+    fp = shard_footprint(LLAMA_1B, range(0, 4), 8192)
+    weights = math.ceil(695_000_000 * Fraction(4, 16))
+    assert fp.weights_bytes == weights
+    assert fp.kv_bytes == 4 * 2048 * 8192
+    assert fp.total_bytes == math.ceil(weights * Fraction(115, 100)) + 4 * 2048 * 8192 + FLAT_FLOOR_BYTES
+    assert shard_footprint_bytes(LLAMA_1B, range(0, 4), 8192) == fp.total_bytes
+    assert fp.describe() == "weights 0.17 GB x 1.15 + KV 0.07 GB (8192 tokens) + floor 0.54 GB = 0.80 GB"
+
+
+def test_tensor_footprint_splits_weights_and_kv_evenly():
+    half = shard_footprint(LLAMA_1B, Fraction(1, 2), 8192)
+    whole = shard_footprint(LLAMA_1B, range(16), 8192)
+    assert half.weights_bytes == whole.weights_bytes // 2
+    assert half.kv_bytes == whole.kv_bytes // 2
+
+
+@pytest.mark.parametrize(
+    ("share", "error"),
+    [(range(0, 17), ValueError), (range(3, 3), ValueError), (0, ValueError), (17, ValueError),
+     (Fraction(0), ValueError), (Fraction(3, 2), ValueError), (0.5, TypeError)],
+)
+def test_footprint_rejects_out_of_range_shares(share, error):
+    with pytest.raises(error):
+        shard_footprint(LLAMA_1B, share, 8192)
+
+
+def test_default_context_is_the_admission_context():
+    assert shard_footprint(LLAMA_1B, range(16)) == shard_footprint(LLAMA_1B, range(16), 8192)
+    assert shard_footprint(TINY, range(6)).context_tokens == 2048
+
+
+@pytest.mark.parametrize(
+    ("card", "count", "exact_layers"),
+    [
+        (LLAMA_1B, 4, range(0, 4)),  # no window: a count is as good as a range
+        (GEMMA3, 5, range(0, 5)),  # five windowed layers...
+    ],
+)
+def test_a_layer_count_bounds_kv_from_above(card, count, exact_layers):
+    by_count = shard_footprint(card, count, 8192)
+    exact = shard_footprint(card, exact_layers, 8192)
+    assert by_count.weights_bytes == exact.weights_bytes
+    assert by_count.kv_bytes >= exact.kv_bytes
+    if card.sliding_window is None:
+        assert by_count == exact
+    else:  # ...are counted as the five global ones
+        assert by_count.kv_bytes == 5 * GEMMA_LAYER * 8192
+
+
+def _fixed(card, layers):
+    fp = shard_footprint(card, layers, 0)
+    return fp.weights_with_overhead_bytes + fp.floor_bytes
+
+
+LLAMA_1B_RATE = 16 * 2048
+SMALL_RAM = 2 * GB
+
+
+@pytest.mark.parametrize(
+    ("name", "card", "shards", "totals", "expected"),
+    [
+        ("mlx, ample RAM: the card's whole context", LLAMA_1B, [shard("a", 0, 16)], {"a": NodeMemoryTotals(64 * GB)}, 131072),
+        (
+            "mlx, tight RAM: tokens whose KV fits after weights and floor",
+            LLAMA_1B,
+            [shard("a", 0, 16)],
+            {"a": NodeMemoryTotals(SMALL_RAM)},
+            (SMALL_RAM - _fixed(LLAMA_1B, range(16))) // LLAMA_1B_RATE,
+        ),
+        ("never below the floor", LLAMA_1B, [shard("a", 0, 16)], {"a": NodeMemoryTotals(GB)}, 8192),
+        ("a context smaller than the floor is the whole answer", TINY, [shard("a", 0, 6)], {"a": NodeMemoryTotals(GB)}, 2048),
+        ("uncomputable (no totals): the floor", LLAMA_1B, [shard("a", 0, 16)], {}, 8192),
+        (
+            "the minimum over nodes",
+            LLAMA_1B,
+            [shard("a", 0, 8, rank=0, world=2), shard("b", 8, 16, rank=1, world=2)],
+            {"a": NodeMemoryTotals(64 * GB), "b": NodeMemoryTotals(SMALL_RAM)},
+            (SMALL_RAM - _fixed(LLAMA_1B, range(8, 16))) // (8 * 2048),
+        ),
+        (
+            "gguf on cpu keeps the floor however much RAM",
+            GGUF_8B,
+            [shard("a", 0, 32, "llama_cpp-cpu")],
+            {"a": NodeMemoryTotals(512 * GB)},
+            8192,
+        ),
+        (
+            "gguf on a gpu without a discrete VRAM total keeps the floor",
+            GGUF_8B,
+            [shard("a", 0, 32, "llama_cpp-vulkan")],
+            {"a": NodeMemoryTotals(512 * GB)},
+            8192,
+        ),
+        (
+            "gguf on discrete VRAM is lifted to what fits the VRAM",
+            GGUF_8B,
+            [shard("a", 0, 32, "llama_cpp-cuda")],
+            {"a": NodeMemoryTotals(512 * GB, discrete_vram_bytes=16 * GB)},
+            (16 * GB - _fixed(GGUF_8B, range(32))) // (32 * 4096),
+        ),
+        (
+            "vllm is capped",
+            GGUF_8B,
+            [shard("a", 0, 32, "vllm-cuda")],
+            {"a": NodeMemoryTotals(512 * GB, discrete_vram_bytes=141 * GB)},
+            VLLM_CONTEXT_CAP_TOKENS,
+        ),
+    ],
+)
+def test_instance_context_token_limit(name, card, shards, totals, expected):
+    assert instance_context_token_limit(card, shards, totals) == expected
+
+
+def test_windowed_layers_stop_growing_past_the_window():
+    totals = {"a": NodeMemoryTotals(5 * GB)}
+    budget = 5 * GB - _fixed(GEMMA3, range(34))
+    expected = (budget - 29 * GEMMA_LAYER * 1024) // (5 * GEMMA_LAYER)
+    assert 1024 < expected < GEMMA3.context_length
+    assert instance_context_token_limit(GEMMA3, [shard("a", 0, 34)], totals) == expected
+    # and the answer really is the most that fits
+    assert kv_cache_bytes(GEMMA3, expected) <= budget < kv_cache_bytes(GEMMA3, expected + 1)
+
+
+def test_tensor_ranks_hold_a_share_of_every_layer():
+    shards = [shard("a", 0, 16, rank=0, world=2), shard("b", 0, 16, rank=1, world=2)]
+    totals = {"a": NodeMemoryTotals(SMALL_RAM), "b": NodeMemoryTotals(SMALL_RAM)}
+    fixed = shard_footprint(LLAMA_1B, Fraction(1, 2), 0)
+    budget = SMALL_RAM - fixed.weights_with_overhead_bytes - fixed.floor_bytes
+    assert instance_context_token_limit(LLAMA_1B, shards, totals) == budget // (LLAMA_1B_RATE // 2)
+
+
+def test_deterministic_from_static_totals():
+    shards = [shard("a", 0, 16)]
+    totals = {"a": NodeMemoryTotals(SMALL_RAM)}
+    assert len({instance_context_token_limit(LLAMA_1B, shards, totals) for _ in range(5)}) == 1
+
+
+def test_instance_node_footprints_sum_per_node():
+    instance = Instance(
+        instance_id="i",
+        model_id=LLAMA_1B.model_id,
+        sharding="Pipeline",
+        shards=[shard("a", 0, 6, rank=0, world=2), shard("b", 6, 16, rank=1, world=2)],
+        context_token_limit=8192,
+    )
+    assert instance_node_footprints(LLAMA_1B, instance) == {
+        "a": shard_footprint_bytes(LLAMA_1B, range(0, 6)),
+        "b": shard_footprint_bytes(LLAMA_1B, range(6, 16)),
+    }

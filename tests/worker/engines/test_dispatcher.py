@@ -1,0 +1,379 @@
+"""The dispatch loop in front of every engine: FIFO admission at a width, race-safe
+cancellation, true in-flight counts. A scripted engine stands in for llama.cpp so each race
+can be staged exactly (the engine blocks on a gate between tokens)."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from skulk.shared.types.tasks import TextGenerationParams
+from skulk.worker.engines.base import (
+    DispatchRejected,
+    Dispatcher,
+    EngineError,
+    GeneratedToken,
+    GenerationResult,
+    usage_of,
+)
+
+pytestmark = pytest.mark.timeout(30)
+
+WAIT_S = 5.0
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met before the deadline")
+        time.sleep(0.002)
+
+
+def request(name: str, tokens: int = 3) -> TextGenerationParams:
+    return TextGenerationParams(model_id="local/fake", prompt=name, max_tokens=tokens)
+
+
+class Exploding(EngineError):
+    error_type = "Exploding"
+
+
+class ScriptedEngine:
+    """Emits `max_tokens` tokens named after the prompt. With `gated`, waits for `step()`
+    before each token after the first, so a test can hold a generation mid-stream."""
+
+    def __init__(self, *, gated: bool = False, width: int = 1) -> None:
+        self.gated = gated
+        self.width = width
+        self.started: list[str] = []
+        self._running = 0
+        self.max_running = 0
+        self._lock = threading.Lock()
+        self._gates: dict[str, threading.Semaphore] = {}
+
+    @property
+    def concurrency(self) -> int:
+        return self.width
+
+    @property
+    def in_flight(self) -> int:
+        return self._running
+
+    def gate(self, name: str) -> threading.Semaphore:
+        with self._lock:
+            return self._gates.setdefault(name, threading.Semaphore(0))
+
+    def step(self, name: str, n: int = 1) -> None:
+        for _ in range(n):
+            self.gate(name).release()
+
+    def _wait_for_step(self, name: str, cancelled: threading.Event) -> None:
+        # A real engine notices a cancel within one token; this one within 10 ms of waiting.
+        deadline = time.monotonic() + WAIT_S
+        while not self.gate(name).acquire(timeout=0.01):
+            if cancelled.is_set():
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{name} was never stepped")
+
+    def load(self, spec) -> None: ...
+
+    def warm_up(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def generate(self, req: TextGenerationParams, cancelled: threading.Event) -> Iterator[GeneratedToken]:
+        name = req.prompt or ""
+        with self._lock:
+            self.started.append(name)
+            self._running += 1
+            self.max_running = max(self.max_running, self._running)
+        try:
+            if name.startswith("explode"):
+                raise Exploding(f"{name} blew up")
+            if name.startswith("crash"):
+                raise RuntimeError("engine bug")
+            total = req.max_tokens or 1
+            for i in range(total):
+                if i and self.gated:
+                    self._wait_for_step(name, cancelled)
+                if cancelled.is_set():
+                    return
+                last = i == total - 1
+                yield GeneratedToken(
+                    f"{name}{i}", i, "length" if last else None, usage_of(1, i + 1) if last else None
+                )
+        finally:
+            with self._lock:
+                self._running -= 1
+
+
+class RecordingSink:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, object]] = []
+        self._lock = threading.Lock()
+
+    def on_start(self, request_id: str) -> None:
+        with self._lock:
+            self.events.append(("start", request_id, None))
+
+    def on_token(self, request_id: str, token: GeneratedToken) -> None:
+        with self._lock:
+            self.events.append(("token", request_id, token))
+
+    def on_finish(self, request_id: str, result: GenerationResult) -> None:
+        with self._lock:
+            self.events.append(("finish", request_id, result))
+
+    def of(self, request_id: str) -> list[tuple[str, object]]:
+        with self._lock:
+            return [(kind, payload) for kind, rid, payload in self.events if rid == request_id]
+
+    def results(self) -> dict[str, GenerationResult]:
+        with self._lock:
+            return {rid: payload for kind, rid, payload in self.events if kind == "finish"}  # type: ignore[misc]
+
+    def finish_order(self) -> list[str]:
+        with self._lock:
+            return [rid for kind, rid, _ in self.events if kind == "finish"]
+
+    def finished(self, request_id: str) -> bool:
+        return request_id in self.results()
+
+
+@pytest.fixture
+def make():
+    made: list[Dispatcher] = []
+
+    def factory(engine: ScriptedEngine, **kwargs) -> tuple[Dispatcher, RecordingSink]:
+        sink = RecordingSink()
+        dispatcher = Dispatcher(engine, sink, width=engine.concurrency, **kwargs)
+        made.append(dispatcher)
+        return dispatcher, sink
+
+    yield factory
+    for dispatcher in made:
+        dispatcher.close(timeout_s=2)
+
+
+def test_requests_run_in_admission_order_one_at_a_time(make) -> None:
+    engine = ScriptedEngine()
+    dispatcher, sink = make(engine)
+    for name in ("a", "b", "c", "d"):
+        dispatcher.submit(name, request(name))
+    wait_until(lambda: len(sink.results()) == 4)
+    assert engine.started == ["a", "b", "c", "d"]
+    assert sink.finish_order() == ["a", "b", "c", "d"]
+    assert engine.max_running == 1
+    assert [kind for kind, _ in sink.of("b")] == ["start", "token", "token", "token", "finish"]
+    result = sink.results()["b"]
+    assert (result.outcome, result.finish_reason, result.usage) == ("completed", "length", usage_of(1, 3))
+    assert dispatcher.in_flight == 0
+
+
+def test_width_bounds_concurrent_generations(make) -> None:
+    engine = ScriptedEngine(gated=True, width=2)
+    dispatcher, sink = make(engine)
+    for name in ("a", "b", "c", "d"):
+        dispatcher.submit(name, request(name, tokens=2))
+    wait_until(lambda: engine.started == ["a", "b"])
+    assert (dispatcher.running, dispatcher.queued, dispatcher.in_flight) == (2, 2, 4)
+    for name in ("a", "b", "c", "d"):
+        engine.step(name)
+    wait_until(lambda: len(sink.results()) == 4)
+    assert engine.max_running == 2
+    assert engine.started[:2] == ["a", "b"] and sorted(engine.started[2:]) == ["c", "d"]
+
+
+def test_in_flight_counts_queued_and_running_until_finish_is_reported(make) -> None:
+    engine = ScriptedEngine(gated=True)
+    dispatcher, sink = make(engine)
+    assert dispatcher.in_flight == 0
+    dispatcher.submit("a", request("a", tokens=2))
+    dispatcher.submit("b", request("b", tokens=2))
+    dispatcher.submit("c", request("c", tokens=2))
+    wait_until(lambda: engine.started == ["a"])
+    assert (dispatcher.in_flight, dispatcher.running, dispatcher.queued) == (3, 1, 2)
+    engine.step("a")
+    wait_until(lambda: sink.finished("a"))
+    wait_until(lambda: engine.started == ["a", "b"])
+    assert (dispatcher.in_flight, dispatcher.running, dispatcher.queued) == (2, 1, 1)
+    engine.step("b")
+    engine.step("c")
+    wait_until(lambda: dispatcher.in_flight == 0)
+    stats = dispatcher.stats()
+    assert (stats.admitted_total, stats.completed_total, stats.running, stats.queued) == (3, 3, 0, 0)
+
+
+def test_in_flight_is_already_decremented_when_finish_is_reported(make) -> None:
+    engine = ScriptedEngine()
+    seen: list[int] = []
+    sink = RecordingSink()
+    holder: dict[str, Dispatcher] = {}
+    original = sink.on_finish
+
+    def on_finish(request_id: str, result: GenerationResult) -> None:
+        seen.append(holder["d"].in_flight)
+        original(request_id, result)
+
+    sink.on_finish = on_finish  # type: ignore[method-assign]
+    dispatcher = Dispatcher(engine, sink, width=1)
+    holder["d"] = dispatcher
+    try:
+        dispatcher.submit("a", request("a"))
+        wait_until(lambda: sink.finished("a"))
+        assert seen == [0]
+    finally:
+        dispatcher.close(timeout_s=2)
+
+
+def test_cancel_before_start_finishes_at_once_and_never_reaches_the_engine(make) -> None:
+    engine = ScriptedEngine(gated=True)
+    dispatcher, sink = make(engine)
+    dispatcher.submit("a", request("a"))
+    dispatcher.submit("b", request("b"))
+    wait_until(lambda: engine.started == ["a"])
+
+    assert dispatcher.cancel("b") is True
+    assert sink.of("b") == [("finish", GenerationResult(outcome="cancelled", finish_reason="cancelled"))]
+    assert (dispatcher.in_flight, dispatcher.queued) == (1, 0)
+    assert dispatcher.cancel("b") is False  # idempotent: already finished
+
+    engine.step("a", 2)
+    wait_until(lambda: sink.finished("a"))
+    assert engine.started == ["a"]
+    assert sink.results()["a"].outcome == "completed"
+    assert len(sink.of("b")) == 1
+
+
+def test_cancel_during_generation_stops_at_the_next_token(make) -> None:
+    engine = ScriptedEngine(gated=True)
+    dispatcher, sink = make(engine)
+    dispatcher.submit("a", request("a", tokens=100))
+    dispatcher.submit("b", request("b", tokens=1))
+    wait_until(lambda: len(sink.of("a")) == 2)  # start + first token
+
+    assert dispatcher.cancel("a") is True
+    assert dispatcher.cancel("a") is True  # still in flight until it notices; harmless
+    engine.step("a")
+    wait_until(lambda: sink.finished("a"))
+
+    events = sink.of("a")
+    tokens = [payload for kind, payload in events if kind == "token"]
+    assert len(tokens) == 1
+    assert events[-1] == ("finish", GenerationResult(outcome="cancelled", finish_reason="cancelled"))
+    assert [kind for kind, _ in events].count("finish") == 1
+    wait_until(lambda: sink.finished("b"))  # the queue moves on
+    assert sink.results()["b"].outcome == "completed"
+    assert dispatcher.in_flight == 0
+
+
+def test_cancel_after_finish_changes_nothing(make) -> None:
+    engine = ScriptedEngine()
+    dispatcher, sink = make(engine)
+    dispatcher.submit("a", request("a"))
+    wait_until(lambda: sink.finished("a"))
+    before = sink.of("a")
+    assert dispatcher.cancel("a") is False
+    assert dispatcher.cancel("never-submitted") is False
+    assert sink.of("a") == before
+    assert sink.results()["a"].outcome == "completed"
+
+
+def test_cancel_arriving_with_the_last_token_keeps_the_completed_outcome(make) -> None:
+    engine = ScriptedEngine(gated=True)
+    dispatcher, sink = make(engine)
+    dispatcher.submit("a", request("a", tokens=2))
+    wait_until(lambda: len(sink.of("a")) == 2)
+    engine.step("a")
+    wait_until(lambda: sink.finished("a"))
+    dispatcher.cancel("a")
+    assert sink.results()["a"].outcome == "completed"
+
+
+def test_a_finished_id_can_be_submitted_again(make) -> None:
+    engine = ScriptedEngine()
+    dispatcher, sink = make(engine)
+    dispatcher.submit("a", request("a"))
+    wait_until(lambda: sink.finished("a"))
+    dispatcher.submit("a", request("a"))
+    wait_until(lambda: sink.finish_order() == ["a", "a"])
+
+
+def test_duplicate_and_over_capacity_requests_are_refused(make) -> None:
+    engine = ScriptedEngine(gated=True)
+    dispatcher, sink = make(engine, queue_capacity=1)
+    dispatcher.submit("a", request("a"))
+    wait_until(lambda: engine.started == ["a"])
+    dispatcher.submit("b", request("b"))
+    with pytest.raises(DispatchRejected) as duplicate:
+        dispatcher.submit("a", request("a"))
+    assert duplicate.value.error_type == "DuplicateTask"
+    with pytest.raises(DispatchRejected) as full:
+        dispatcher.submit("c", request("c"))
+    assert full.value.error_type == "RunnerBusy"
+    assert dispatcher.in_flight == 2
+    assert dispatcher.stats().rejected_total == 2
+
+
+@pytest.mark.parametrize(
+    ("name", "error_type"),
+    [("explode", "Exploding"), ("crash", "RuntimeError")],
+)
+def test_engine_failure_fails_that_request_only(make, name: str, error_type: str) -> None:
+    engine = ScriptedEngine()
+    dispatcher, sink = make(engine)
+    dispatcher.submit(name, request(name))
+    dispatcher.submit("after", request("after"))
+    wait_until(lambda: len(sink.results()) == 2)
+    failed = sink.results()[name]
+    assert (failed.outcome, failed.finish_reason, failed.error_type) == ("failed", "error", error_type)
+    assert failed.error_message
+    assert sink.results()["after"].outcome == "completed"
+
+
+def test_close_fails_everything_in_flight_and_refuses_new_work() -> None:
+    engine = ScriptedEngine(gated=True)
+    sink = RecordingSink()
+    dispatcher = Dispatcher(engine, sink, width=1)
+    dispatcher.submit("a", request("a", tokens=100))
+    dispatcher.submit("b", request("b"))
+    wait_until(lambda: len(sink.of("a")) == 2)
+
+    closer = threading.Thread(target=dispatcher.close, kwargs={"timeout_s": WAIT_S})
+    closer.start()
+    wait_until(lambda: sink.finished("b"))
+    engine.step("a")
+    closer.join(WAIT_S)
+    assert not closer.is_alive()
+
+    for rid in ("a", "b"):
+        result = sink.results()[rid]
+        assert (result.outcome, result.error_type) == ("failed", "RunnerShutdown")
+    with pytest.raises(DispatchRejected) as refused:
+        dispatcher.submit("c", request("c"))
+    assert refused.value.error_type == "RunnerShutdown"
+    assert dispatcher.in_flight == 0
+
+
+def test_random_cancel_timing_always_ends_each_request_exactly_once(make) -> None:
+    engine = ScriptedEngine()
+    dispatcher, sink = make(engine, queue_capacity=1000)
+    rng = random.Random(7)
+    ids = [f"r{i}" for i in range(200)]
+    for rid in ids:
+        dispatcher.submit(rid, request(rid, tokens=rng.randint(1, 5)))
+        if rng.random() < 0.5:
+            victim = rng.choice(ids[: ids.index(rid) + 1])
+            dispatcher.cancel(victim)
+    wait_until(lambda: dispatcher.in_flight == 0)
+    assert sorted(sink.finish_order()) == sorted(ids)
+    for rid in ids:
+        kinds = [kind for kind, _ in sink.of(rid)]
+        assert kinds.count("finish") == 1 and kinds[-1] == "finish"
+        if sink.results()[rid].outcome == "completed":
+            assert kinds[0] == "start"

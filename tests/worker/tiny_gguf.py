@@ -1,0 +1,63 @@
+"""The generated tiny GGUF model and the typed objects around it, for engine and runner
+tests. Import the fixtures into a test module: `from tests.worker.tiny_gguf import tiny_gguf`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from skulk.shared.types.cards import ModelCard
+from skulk.shared.types.ids import CommandId, InstanceId, ModelId, NodeId, RunnerId, TaskId
+from skulk.shared.types.instances import Instance, ShardAssignment
+from skulk.shared.types.tasks import TextGeneration, TextGenerationParams
+from skulk.store.cards import builtin_cards_dir, load_card
+
+TINY_GGUF_MODEL_ID = "local/tiny-llama-gguf"
+NODE = NodeId("node-test")
+OWNER = NodeId("node-owner")
+RUNNER = RunnerId("runner-0")
+INSTANCE = InstanceId("instance-0")
+
+
+def tiny_gguf_card() -> ModelCard:
+    return load_card(builtin_cards_dir() / "local--tiny-llama-gguf.toml")
+
+
+def tiny_instance(card: ModelCard, *, context_token_limit: int = 2048, backend: str = "llama_cpp-cpu") -> Instance:
+    return Instance(
+        instance_id=INSTANCE,
+        model_id=ModelId(card.model_id),
+        sharding="Pipeline",
+        shards=[
+            ShardAssignment(
+                node_id=NODE, runner_id=RUNNER, rank=0, world_size=1,
+                start_layer=0, end_layer=card.num_layers, backend=backend,
+            )
+        ],
+        context_token_limit=context_token_limit,
+    )
+
+
+def text_task(name: str, params: TextGenerationParams) -> TextGeneration:
+    return TextGeneration(
+        task_id=TaskId(f"task-{name}"),
+        instance_id=INSTANCE,
+        command_id=CommandId(f"cmd-{name}"),
+        owner_node_id=OWNER,
+        params=params,
+    )
+
+
+def prompt_params(prompt: str, **kwargs) -> TextGenerationParams:
+    return TextGenerationParams(model_id=ModelId(TINY_GGUF_MODEL_ID), prompt=prompt, **kwargs)
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory) -> Path:
+    """Path of the generated tiny GGUF (generated once per test session)."""
+    from skulk.store.tiny_models import ensure_local_model
+
+    path = ensure_local_model(tiny_gguf_card(), tmp_path_factory.mktemp("models"))
+    assert path.suffix == ".gguf" and path.is_file(), path
+    return path
