@@ -52,10 +52,16 @@ from skulk.store.paths import SkulkPaths, ensure_dirs
 
 logger = logging.getLogger(__name__)
 
-SHUTDOWN_DEADLINE_S = 7.0
-"""Everything after a stop request must finish within this, inside the contract's 10 s."""
+LEAVE_ANNOUNCE_S = 1.5
+RUNNERS_STOP_S = 3.0
+SUBSYSTEM_STOP_S = 2.0
+TRANSPORT_CLOSE_S = 1.5
+"""Shutdown budget, step by step: announce leaving, stop runners (escalating to SIGKILL),
+stop subsystems (the API drains streams meanwhile), close the transport. They add up to
+8 s, inside the contract's 10 s; runner processes that outlive this exit on their own
+when their parent is gone."""
 
-API_GRACEFUL_SHUTDOWN_S = 2.0
+API_GRACEFUL_SHUTDOWN_S = 1.5
 """Open HTTP streams get this long to finish before uvicorn closes them."""
 
 
@@ -381,10 +387,10 @@ class Node:
         self, server: _Server | None, tasks: list[asyncio.Task], stop_waiter: asyncio.Task, router: Router
     ) -> None:
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.membership.leave(), timeout=1.5)
+            await asyncio.wait_for(self.membership.leave(), timeout=LEAVE_ANNOUNCE_S)
         if self.worker is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.worker.shutdown(), timeout=3.0)
+                await asyncio.wait_for(self.worker.shutdown(), timeout=RUNNERS_STOP_S)
         if server is not None:
             server.should_exit = True
         if self._master_task is not None:
@@ -394,11 +400,12 @@ class Node:
             if task.get_name() != "api":
                 task.cancel()
         stop_waiter.cancel()
-        _, pending = await asyncio.wait([*tasks, stop_waiter], timeout=SHUTDOWN_DEADLINE_S - 3.0)
+        _, pending = await asyncio.wait([*tasks, stop_waiter], timeout=SUBSYSTEM_STOP_S)
         for task in pending:
             logger.warning("subsystem %s did not stop in time; cancelling", task.get_name())
             task.cancel()
-        await router.close()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(router.close(), TRANSPORT_CLOSE_S)
 
 
 def run_node(settings: NodeSettings) -> int:

@@ -42,10 +42,12 @@ async def until(condition: Callable[[], bool], timeout_s: float = 3.0) -> None:
 class FakeCluster:
     """Records commands; on GenerateText, a simulated rank-0 runner sends frames back."""
 
-    def __init__(self, streams: CommandStreams, runner: str = "complete", tokens=("Hel", "lo")) -> None:
+    def __init__(self, streams: CommandStreams, runner: str = "complete", tokens=("Hel", "lo"),
+                 finish: str = "stop") -> None:
         self.streams = streams
         self.runner = runner
         self.tokens = tokens
+        self.finish = finish
         self.commands: list = []
         self.tasks: list[asyncio.Task] = []
 
@@ -68,7 +70,7 @@ class FakeCluster:
         for seq, text in enumerate(self.tokens, start=1):
             await asyncio.sleep(0)
             last = seq == len(self.tokens)
-            chunk = TokenChunk(command_id=cid, text=text, finish_reason="stop" if last else None,
+            chunk = TokenChunk(command_id=cid, text=text, finish_reason=self.finish if last else None,
                                usage=USAGE if last else None)
             self.streams.deliver(StreamPayload(command_id=cid, seq=seq, chunk=chunk))
         end = len(self.tokens) + 1
@@ -81,12 +83,12 @@ class FakeCluster:
 
 
 def make(runner: str = "complete", *, streams: CommandStreams | None = None, master: str | None = "n1",
-         tokens=("Hel", "lo")):
+         tokens=("Hel", "lo"), finish: str = "stop", **context_fields):
     streams = streams or CommandStreams()
-    cluster = FakeCluster(streams, runner, tokens)
+    cluster = FakeCluster(streams, runner, tokens, finish)
     context = ApiContext(
         node_id="n1", node_name="one", get_state=lambda: STATE, get_master=lambda: (master, "s1" if master else None),
-        submit_command=cluster.submit, streams=streams,
+        submit_command=cluster.submit, streams=streams, **context_fields,
     )
     return create_app(context), cluster
 
@@ -326,8 +328,9 @@ async def test_models_lists_placed_models_with_their_context():
 class AsgiCall:
     """One POST driven by hand, so the test decides when the client goes away."""
 
-    def __init__(self, app, body: dict, spec_version: str) -> None:
+    def __init__(self, app, body: dict, spec_version: str, path: str = "/v1/chat/completions") -> None:
         self.app = app
+        self.path = path
         self.body = json.dumps(body).encode()
         self.spec_version = spec_version
         self.gone = asyncio.Event()
@@ -353,7 +356,7 @@ class AsgiCall:
     async def __call__(self) -> None:
         scope = {
             "type": "http", "asgi": {"version": "3.0", "spec_version": self.spec_version}, "http_version": "1.1",
-            "method": "POST", "scheme": "http", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
+            "method": "POST", "scheme": "http", "path": self.path, "raw_path": self.path.encode(),
             "query_string": b"", "root_path": "", "client": ("127.0.0.1", 5000), "server": ("skulk", 80),
             "headers": [(b"host", b"skulk"), (b"content-type", b"application/json")],
         }

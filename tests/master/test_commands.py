@@ -3,6 +3,7 @@ import itertools
 import pytest
 
 from skulk.master.commands import DecisionContext, Refusal, decide
+from skulk.master.commands import UNPLACED_INSTANCE, ready_instance_for
 from skulk.shared.types.commands import (
     CreateInstance,
     DeleteInstance,
@@ -13,6 +14,11 @@ from skulk.shared.types.commands import (
 from skulk.shared.types.events import InstanceCreated, InstanceDeleted, StagedModelEvicted, TaskStatusUpdated, TracingStateChanged
 from skulk.shared.types.instances import Instance, ShardAssignment
 from skulk.shared.types.state import NodeInfo, State
+from skulk.shared.types.commands import CancelCommand, GenerateText, TaskFinished
+from skulk.shared.types.common import ChatMessage
+from skulk.shared.types.events import TaskCreated, TaskDeleted
+from skulk.shared.types.instances import RunnerStatus
+from skulk.shared.types.tasks import TextGeneration, TextGenerationParams
 from skulk.shared.types.tasks import Embedding, EmbeddingParams
 
 INSTANCE = Instance(
@@ -65,3 +71,44 @@ def test_event_types_are_the_decided_ones():
     assert isinstance(decide(State(), SetTracingEnabled(command_id="c", enabled=True), ids())[0], TracingStateChanged)
     assert isinstance(decide(State(), EvictStagedModel(command_id="c", model_id="a/b"), ids())[0], StagedModelEvicted)
     assert isinstance(decide(STATE.model_copy(update={"instances": {}}), CreateInstance(command_id="c", instance=INSTANCE), ids())[0], InstanceCreated)
+
+
+# -- generation requests -----------------------------------------------------------------
+
+
+PARAMS = TextGenerationParams(model_id="local/tiny-llama", messages=[ChatMessage(role="user", content="hi")])
+SERVING = STATE.model_copy(update={"runners": {"r1": RunnerStatus(state="Ready")}, "tasks": {}})
+
+
+def test_generate_binds_a_task_to_a_serving_instance_owned_by_the_origin():
+    (event,) = decide(SERVING, GenerateText(command_id="g1", params=PARAMS), ids())
+    assert isinstance(event, TaskCreated)
+    task = event.task
+    assert (task.instance_id, task.command_id, task.owner_node_id, task.status) == ("i1", "g1", "n1", "Pending")
+
+
+def test_generate_for_an_unplaced_model_records_a_failed_task_naming_the_fix():
+    (event,) = decide(State(), GenerateText(command_id="g1", params=PARAMS), ids())
+    assert event.task.status == "Failed" and event.task.instance_id == UNPLACED_INSTANCE
+    assert "place_instance" in event.task.error_message
+
+
+def test_a_loading_instance_still_takes_requests_and_ready_ones_are_preferred():
+    loading = STATE.model_copy(update={"tasks": {}})
+    assert ready_instance_for(loading, "local/tiny-llama").instance_id == "i1"
+    second = INSTANCE.model_copy(update={"instance_id": "i0", "shards": [INSTANCE.shards[0].model_copy(update={"runner_id": "r0"})]})
+    both = SERVING.model_copy(update={"instances": {"i0": second, "i1": INSTANCE}})
+    assert ready_instance_for(both, "local/tiny-llama").instance_id == "i1"  # r0 has no status: not serving
+
+
+def test_finished_and_cancelled_commands_clean_their_tasks_up():
+    task = TextGeneration(owner_node_id="n1", task_id="t5", instance_id="i1", command_id="g1", params=PARAMS)
+    state = SERVING.model_copy(update={"tasks": {"t5": task}})
+    assert kinds(decide(state, TaskFinished(command_id="c", finished_command_id="g1"), ids())) == ["TaskDeleted"]
+    assert kinds(decide(state, CancelCommand(command_id="c", cancelled_command_id="g1"), ids())) == [
+        "TaskStatusUpdated", "TaskDeleted",
+    ]
+    done = state.model_copy(update={"tasks": {"t5": task.model_copy(update={"status": "Failed"})}})
+    assert kinds(decide(done, CancelCommand(command_id="c", cancelled_command_id="g1"), ids())) == ["TaskDeleted"]
+    assert decide(state, CancelCommand(command_id="c", cancelled_command_id="other"), ids()) == []
+    assert isinstance(decide(state, TaskFinished(command_id="c", finished_command_id="g1"), ids())[0], TaskDeleted)

@@ -39,6 +39,13 @@ def tiny_instance(card: ModelCard, *, context_token_limit: int = 2048, backend: 
     )
 
 
+LONG_PROMPT = "the the the the"
+"""A prompt the tiny model continues greedily for at least LONG_TOKENS tokens without choosing
+an end-of-generation token (most prompts end on their own after a few hundred). Tests that
+must act mid-stream use it; `test_long_prompt_really_is_long` guards the assumption."""
+LONG_TOKENS = 1800
+
+
 def text_task(name: str, params: TextGenerationParams) -> TextGeneration:
     return TextGeneration(
         task_id=TaskId(f"task-{name}"),

@@ -15,6 +15,8 @@ from fastapi import FastAPI
 from skulk import __version__
 from skulk.api.errors import install_error_handlers
 from skulk.api.routes import control, diagnostics, instances
+from skulk.api.routes import anthropic as anthropic_routes
+from skulk.api.routes import ollama as ollama_routes
 from skulk.api.routes import openai as openai_routes
 from skulk.api.streams import CommandStreams
 from skulk.shared.telemetry_view import TelemetryView
@@ -78,4 +80,6 @@ def create_app(context: ApiContext) -> FastAPI:
     app.include_router(diagnostics.router)
     app.include_router(instances.router)
     app.include_router(openai_routes.router)
+    app.include_router(anthropic_routes.router)
+    app.include_router(ollama_routes.router)
     return app

@@ -4,8 +4,9 @@ Routes and adapters raise `ApiError` subclasses that carry what they need to exp
 themselves (the parameter at fault, the model to place, the runner's own error type); the
 exception handlers installed by `install_error_handlers` choose the caller's wire format from
 the request path and render the error there. Today that is the OpenAI shape
-`{"error": {"message", "type", "param", "code"}}` for the OpenAI-compatible routes and
-FastAPI's own shapes everywhere else; Anthropic and Ollama shapes slot into `_SHAPES`.
+`{"error": {"message", "type", "param", "code"}}` for the OpenAI-compatible routes,
+Anthropic's `{"type": "error", "error": {"type", "message"}}` for `/v1/messages`, Ollama's
+`{"error": "..."}` under `/ollama/`, and FastAPI's own shapes everywhere else.
 
 This module must never decide *whether* something is an error: it only says how one looks.
 Bad input is always a 4xx here; a 500 is reserved for failures on our side.
@@ -94,7 +95,9 @@ STREAM_ERROR_KINDS: dict[str, ErrorKind] = {
     "idle_timeout": "timeout",
     "first_frame_timeout": "timeout",
     "master_failover": "unavailable",
+    "MasterFailover": "unavailable",
     "instance_gone": "unavailable",
+    "TaskFailed": "unavailable",  # the master failed the task: its instance is gone or was never placed
     "client_too_slow": "overloaded",
     "protocol_violation": "upstream",
 }
@@ -157,6 +160,45 @@ def openai_error_response(error: ApiError) -> JSONResponse:
     return JSONResponse(openai_error_body(error), status_code=openai_error_status(error), headers=headers)
 
 
+# ---------------------------------------------------------------------------------------
+# The Anthropic and Ollama shapes
+# ---------------------------------------------------------------------------------------
+
+ANTHROPIC_STATUS: dict[ErrorKind, tuple[int, str]] = {
+    "invalid_request": (400, "invalid_request_error"),
+    "not_found": (404, "not_found_error"),
+    # 529 is Anthropic's own "overloaded" status; its SDK retries it, as it should here.
+    "overloaded": (529, "overloaded_error"),
+    "unavailable": (503, "api_error"),
+    "timeout": (504, "api_error"),
+    "upstream": (502, "api_error"),
+    "internal": (500, "api_error"),
+    "cancelled": (499, "api_error"),
+}
+"""Kind -> (HTTP status, Anthropic error `type`)."""
+
+
+def anthropic_error_body(error: ApiError) -> dict[str, Any]:
+    _, error_type = ANTHROPIC_STATUS[error.kind]
+    return {"type": "error", "error": {"type": error_type, "message": error.message}}
+
+
+def anthropic_error_response(error: ApiError, status: int | None = None) -> JSONResponse:
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if error.kind in ("overloaded", "unavailable") else None
+    return JSONResponse(anthropic_error_body(error), status_code=status or ANTHROPIC_STATUS[error.kind][0],
+                        headers=headers)
+
+
+def ollama_error_body(error: ApiError) -> dict[str, Any]:
+    return {"error": error.message}
+
+
+def ollama_error_response(error: ApiError, status: int | None = None) -> JSONResponse:
+    """Ollama answers `{"error": "..."}` with the HTTP status carrying the kind."""
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if error.kind in ("overloaded", "unavailable") else None
+    return JSONResponse(ollama_error_body(error), status_code=status or OPENAI_STATUS[error.kind][0], headers=headers)
+
+
 def native_error_response(error: ApiError) -> JSONResponse:
     """Skulk-native routes: FastAPI's `detail` convention plus the typed fields (camelCase)."""
     status, _ = OPENAI_STATUS[error.kind]
@@ -169,14 +211,17 @@ def native_error_response(error: ApiError) -> JSONResponse:
 # Which caller speaks which shape
 # ---------------------------------------------------------------------------------------
 
-WireShape = Literal["openai", "native"]
+WireShape = Literal["openai", "anthropic", "ollama", "native"]
 
 NATIVE_V1_PREFIXES: tuple[str, ...] = ("/v1/cluster", "/v1/diagnostics", "/v1/tracing", "/v1/capabilities")
 """Skulk's own routes that happen to live under /v1: they keep FastAPI's shapes."""
 
-_SHAPES: tuple[tuple[str, WireShape], ...] = (("/v1/", "openai"),)
-"""Path prefix -> wire shape; longest matching prefix wins. Anthropic (/v1/messages) and
-Ollama (/ollama/) add their rows here with their own renderers."""
+_SHAPES: tuple[tuple[str, WireShape], ...] = (
+    ("/v1/", "openai"),
+    ("/v1/messages", "anthropic"),
+    ("/ollama", "ollama"),
+)
+"""Path prefix -> wire shape; longest matching prefix wins."""
 
 
 def wire_shape_for(path: str) -> WireShape:
@@ -189,11 +234,29 @@ def wire_shape_for(path: str) -> WireShape:
     return best[1]
 
 
-def render(request: Request, error: ApiError) -> JSONResponse:
-    """`error` in the wire shape of the caller of `request`."""
-    if wire_shape_for(request.url.path) == "openai":
+def render(request: Request, error: ApiError, status: int | None = None) -> JSONResponse:
+    """`error` in the wire shape of the caller of `request` (`status` overrides the kind's)."""
+    shape = wire_shape_for(request.url.path)
+    if shape == "anthropic":
+        return anthropic_error_response(error, status)
+    if shape == "ollama":
+        return ollama_error_response(error, status)
+    if shape == "openai":
         return openai_error_response(error)
     return native_error_response(error)
+
+
+def _route_error(request: Request, status: int, detail: Any) -> ApiError:
+    """A Starlette HTTP error (no route, wrong method, a route's own HTTPException) as a
+    typed error, for the compatibility shapes."""
+    method, path = request.method, request.url.path
+    if status == 404 and "endpoint" not in request.scope:
+        return NotFound(f"Unknown request URL: {method} {path}. Please check the URL for typos.", code="unknown_url")
+    if status == 405:
+        return InvalidRequest(f"Method {method} is not allowed for {path}.", code="method_not_allowed")
+    if status == 404:
+        return NotFound(str(detail))
+    return ApiError(str(detail)) if status >= 500 else InvalidRequest(str(detail))
 
 
 # ---------------------------------------------------------------------------------------
@@ -263,6 +326,8 @@ async def _api_error_handler(request: Request, exc: Exception) -> JSONResponse:
 
 async def _validation_handler(request: Request, exc: Exception) -> Any:
     assert isinstance(exc, RequestValidationError)
+    if wire_shape_for(request.url.path) in ("anthropic", "ollama"):
+        return render(request, invalid_request_from_errors(exc.errors()))
     if wire_shape_for(request.url.path) != "openai":
         return await request_validation_exception_handler(request, exc)
     return openai_error_response(invalid_request_from_errors(exc.errors()))
@@ -270,6 +335,10 @@ async def _validation_handler(request: Request, exc: Exception) -> Any:
 
 async def _http_exception_handler(request: Request, exc: Exception) -> Any:
     assert isinstance(exc, StarletteHTTPException)
+    if wire_shape_for(request.url.path) in ("anthropic", "ollama"):
+        response = render(request, _route_error(request, exc.status_code, exc.detail), exc.status_code)
+        response.headers.update(getattr(exc, "headers", None) or {})
+        return response
     if wire_shape_for(request.url.path) != "openai":
         return await http_exception_handler(request, exc)
     method, path = request.method, request.url.path
@@ -288,6 +357,8 @@ async def _http_exception_handler(request: Request, exc: Exception) -> Any:
 
 async def _unhandled_handler(request: Request, exc: Exception) -> Any:
     # Starlette re-raises the exception after this response is sent, so it is still logged.
+    if wire_shape_for(request.url.path) in ("anthropic", "ollama"):
+        return render(request, ApiError(f"Internal error: {type(exc).__name__}"))
     if wire_shape_for(request.url.path) != "openai":
         return PlainTextResponse("Internal Server Error", status_code=500)
     body = {"message": f"Internal error: {type(exc).__name__}", "type": "server_error", "param": None, "code": None}
@@ -295,7 +366,7 @@ async def _unhandled_handler(request: Request, exc: Exception) -> Any:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    """Typed errors everywhere; OpenAI shapes for malformed JSON, schema violations (a 400,
+    """Typed errors everywhere; the caller's shape (OpenAI, Anthropic, Ollama) for malformed JSON, schema violations (a 400,
     never FastAPI's 422), unknown routes and unmatched methods on the OpenAI routes."""
     app.add_exception_handler(ApiError, _api_error_handler)
     app.add_exception_handler(RequestValidationError, _validation_handler)
@@ -304,6 +375,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 __all__ = [
+    "ANTHROPIC_STATUS",
     "NATIVE_V1_PREFIXES",
     "OPENAI_STATUS",
     "RETRY_AFTER_S",
@@ -318,9 +390,13 @@ __all__ = [
     "StreamFailed",
     "StreamOrigin",
     "WireShape",
+    "anthropic_error_body",
+    "anthropic_error_response",
     "install_error_handlers",
     "invalid_request_from_errors",
     "invalid_request_from_validation",
+    "ollama_error_body",
+    "ollama_error_response",
     "openai_error_body",
     "openai_error_response",
     "openai_error_status",

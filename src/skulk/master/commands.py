@@ -152,11 +152,15 @@ def _task_finished(state: State, command: TaskFinished, ctx: DecisionContext) ->
 
 
 def _cancel(state: State, command: CancelCommand, ctx: DecisionContext) -> Decision:
-    return [
+    """Cancel what still runs, then forget the command's tasks: the API that sent this has
+    already ended the client's stream, so nobody will send TaskFinished for them."""
+    tasks = _tasks_of_command(state, command.cancelled_command_id)
+    cancelled = [
         TaskStatusUpdated(event_id=ctx.new_id(), task_id=t.task_id, status="Cancelled", error_message="cancelled by the client")
-        for t in _tasks_of_command(state, command.cancelled_command_id)
+        for t in tasks
         if t.status not in TERMINAL_TASK_STATUSES
     ]
+    return [*cancelled, *(TaskDeleted(event_id=ctx.new_id(), task_id=t.task_id) for t in tasks)]
 
 
 def _place(state: State, command: PlaceInstance, ctx: DecisionContext) -> Decision:

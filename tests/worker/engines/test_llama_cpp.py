@@ -24,6 +24,8 @@ from skulk.worker.engines.llama_cpp import (
     gpu_layers_for,
 )
 from tests.worker.tiny_gguf import (
+    LONG_PROMPT,
+    LONG_TOKENS,
     RUNNER,
     TINY_GGUF_MODEL_ID,
     prompt_params,
@@ -46,7 +48,7 @@ def load_engine(gguf_path, *, context_token_limit: int = 2048) -> LlamaCppEngine
             runner_id=RUNNER,
             card=card,
             model_path=str(gguf_path),
-            n_threads=2,
+            n_threads=1,
         )
     )
     return engine
@@ -78,6 +80,13 @@ def test_greedy_generation_is_deterministic(engine) -> None:
     assert [t.token_id for t in first] == [t.token_id for t in second]
     assert text_of(first) == text_of(second)
     assert text_of(first).strip()  # the tiny model does emit text
+
+
+def test_long_prompt_really_is_long(engine) -> None:
+    # The runner tests cancel and kill generations of this prompt mid-stream; if the model
+    # ended it early on its own, those tests would race the end instead.
+    tokens = run(engine, prompt_params(LONG_PROMPT, temperature=0, max_tokens=LONG_TOKENS))
+    assert (len(tokens), tokens[-1].finish_reason) == (LONG_TOKENS, "length")
 
 
 def test_seeded_sampling_is_reproducible(engine) -> None:
@@ -130,7 +139,7 @@ def test_end_of_generation_token_ends_with_stop(engine, monkeypatch) -> None:
 def test_cancellation_stops_mid_stream(engine) -> None:
     cancelled = threading.Event()
     received: list[GeneratedToken] = []
-    for token in engine.generate(prompt_params(PROMPT, temperature=0, max_tokens=500), cancelled):
+    for token in engine.generate(prompt_params(LONG_PROMPT, temperature=0, max_tokens=500), cancelled):
         received.append(token)
         if len(received) == 3:
             cancelled.set()

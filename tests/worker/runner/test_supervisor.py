@@ -23,6 +23,8 @@ from skulk.worker.runner.bootstrap import PARENT_WATCH_INTERVAL_S, runner_main
 from skulk.worker.runner.messages import Frame, StatusChanged, TaskAccepted, TaskDone
 from skulk.worker.runner.supervisor import RunnerSupervisor
 from tests.worker.tiny_gguf import (
+    LONG_PROMPT,
+    LONG_TOKENS,
     OWNER,
     RUNNER,
     prompt_params,
@@ -40,8 +42,8 @@ STEP_TIMEOUT_S = 20.0
 CRASH_REPORT_DEADLINE_S = 5.0
 SHUTDOWN_DEADLINE_S = 10.0
 
-LONG = prompt_params("The weather today is", temperature=0, max_tokens=1800)
-"""Long enough (seconds of decoding) that a test can act in the middle of it."""
+LONG = prompt_params(LONG_PROMPT, temperature=0, max_tokens=LONG_TOKENS)
+"""Seconds of decoding, never ended early by the model: a test can act in the middle of it."""
 
 
 class Reports:
@@ -257,7 +259,9 @@ async def test_silent_runner_is_killed_at_the_first_status_deadline(spawn) -> No
     supervisor, reports = await spawn(first_status_deadline_s=0.01)
     task = text_task("early", prompt_params("Hello", max_tokens=2))
     supervisor.submit(task)
-    await reports.wait_for(lambda: supervisor.exited, CRASH_REPORT_DEADLINE_S)
+    await reports.wait_for(lambda: reports.state() == "Failed", CRASH_REPORT_DEADLINE_S)
+    await supervisor.shutdown(timeout_s=1.0)  # what the worker does on Failed
+    assert supervisor.exited
 
     failed = [m for m in reports.messages if isinstance(m, StatusChanged)]
     assert len(failed) == 1 and failed[0].status.state == "Failed"

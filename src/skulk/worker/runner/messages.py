@@ -8,14 +8,19 @@ messages, and the only place they are interpreted is `bootstrap` (child) and `su
 Parent -> runner: `LoadShard` (once, first), then any number of `Generate` / `Cancel`, then
 `ShutdownRunner`.
 
-Runner -> parent, per task (always in this order, nothing interleaved out of it):
+Runner -> parent, per task always in this order (other tasks' messages and StatusChanged
+may interleave between them):
     TaskAccepted
     Frame(StreamStarted seq 0)
     Frame(StreamPayload seq 1..n)    each carrying one TokenChunk
     Frame(StreamTerminal seq n+1)    outcome completed | failed | cancelled
     TaskDone                         same outcome as the terminal
-A Generate the runner refuses (not ready, queue full, duplicate id) gets no TaskAccepted but
-still a started frame, a failed terminal and a TaskDone, so no client stream ever hangs.
+A Generate the runner refuses (its dispatch queue is full: RunnerBusy; it is shutting down:
+RunnerShutdown) gets no TaskAccepted but still a started frame, a failed terminal and a
+TaskDone, so no client stream ever hangs. A second Generate with a task id already in flight
+is dropped (and logged): answering it would corrupt the live stream of that command.
+When the runner process dies, the parent's supervisor sends what the runner could not (see
+`supervisor`), so the per-task order above holds whatever happens.
 `StatusChanged` is sent on every change of (state, in_flight): Loading, Loaded, WarmingUp,
 Ready, then Running while anything is in flight and Ready when it drains, ShuttingDown on
 the way out, Failed (with a reason) when loading fails.

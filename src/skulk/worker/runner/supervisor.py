@@ -369,11 +369,15 @@ class RunnerSupervisor:
         self._exitcode = exitcode
         if self._deadline is not None:
             self._deadline.cancel()
-        expected = self._shutdown_requested
+        # A runner already reported Failed by the supervisor (first-status deadline) died of
+        # that failure, even if the worker asked for a shutdown in reaction to the report.
+        expected = self._shutdown_requested and not self._failure_reported
         prior_error = self._status.error_message if self._status.state == "Failed" else None
         reason = describe_exit(exitcode)
-        if prior_error and not self._failure_reported:
-            reason = f"{reason}: {prior_error}"
+        if prior_error and self._failure_reported:
+            reason = f"{prior_error}; {reason}"  # the supervisor's own verdict came first
+        elif prior_error:
+            reason = f"{reason}: {prior_error}"  # the runner explained itself, then exited
         if expected:
             log.info("runner %s shut down (%s)", self.runner_id, reason)
         else:
@@ -383,8 +387,7 @@ class RunnerSupervisor:
         for tracked in list(self._tasks.values()):
             self._fail_tracked(tracked, error_type, f"{reason} while serving this request")
         if expected:
-            if not self._failure_reported:
-                self._emit(StatusChanged(status=RunnerStatus(state="Shutdown"), in_flight=0))
+            self._emit(StatusChanged(status=RunnerStatus(state="Shutdown"), in_flight=0))
         elif not self._failure_reported:
             self._failure_reported = True
             self._emit(StatusChanged(status=RunnerStatus(state="Failed", error_message=reason), in_flight=0))

@@ -1,0 +1,797 @@
+"""Serving benchmark: Skulk's streaming chat path against the engine it wraps, a peer server
+and the machine's memory roofline, measured side by side in one run.
+
+One generated GGUF (BENCH_SPEC, ~380 MB of f32 weights), one thread count T, one sampling
+setup (greedy: temperature 0, top_p 0.95, top_k 40, min_p 0.05, repeat_penalty 1.0, as
+Skulk's engine passes them), the same chat prompts rendered by the model's own chat
+template, N decoded tokens per request (the model never emits EOS, so every request runs to
+N). Printed, as medians over the repetitions:
+
+  (a) engine    llama_cpp.Llama in this process, `Llama.generate` on the tokenized prompt:
+                no HTTP, no chat layer. TTFT = tokenize + prompt eval + first sample.
+  (b) peer      llama-cpp-python's own OpenAI server (`python -m llama_cpp.server`), driven
+                with streaming chat completions over loopback HTTP.
+  (c) skulk     one real `skulk run` node on loopback, the model registered by a custom
+                card, placed with POST /place_instance, streamed through /v1/chat/completions.
+  (d) roofline  this machine's read bandwidth with T processes (numpy max-reduce over private
+                arrays; a lower bound on what the hardware can stream) divided by the bytes
+                of weights read per decoded token: the most tokens/s any engine could get.
+
+For (b) and (c) TTFT is request sent -> first content delta received, and decode tok/s
+counts the tokens after the first over the time from the first to the last delta; (a) uses
+the same definitions on the tokens `Llama.generate` yields. Ratios: skulk/engine (decode
+and TTFT), skulk/peer, engine/roofline.
+
+The contenders stay loaded together and the repetitions are interleaved in rotating order
+(round r starts with contender r mod 3), so drift in a shared machine's load falls on all
+three alike. Beside each figure the run prints the CPU that processes other than the
+measured contender (and this client) used while it was measured ("foreign", in cores) and
+the hypervisor's steal: a noisy neighbour shows up there, not as a silent error.
+
+Thread count: Skulk's worker has no thread setting; its runner gives llama.cpp
+`physical_cores()` threads (skulk.worker.engines.llama_cpp). T defaults to that same
+number; another --threads applies to (a), (b) and (d) only, and the run says so.
+
+The model is generated once into --model-dir (default ~/.cache/skulk-bench/<spec hash>) and
+reused. Every process started here is stopped on the way out, whatever happens; every wait
+has a deadline.
+
+Usage (the server extras are not project dependencies, hence --with):
+
+  uv run --with sse-starlette --with starlette-context --with pydantic-settings \\
+      python bench/serve.py [--tokens 128] [--reps 3] [--threads T] [--flash-attn on|off]
+
+Without those packages (plain `uv run python bench/serve.py`) the peer (b) is skipped and
+the run says why. A default run takes about 6 minutes on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import multiprocessing
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from skulk.store.tiny_models import BENCH_SPEC, GGUF_FILE_NAME, generate_tiny_model, spec_hash  # noqa: E402
+from skulk.worker.engines.llama_cpp import physical_cores  # noqa: E402
+from tests.cluster.harness import wait_agreed  # noqa: E402
+from tests.nodeproc import NodeProcess, free_port, wait_for  # noqa: E402
+
+MODEL_ID = "local/bench-llama-gguf"
+CLUSTER_KEY = "bench-serve-key"
+
+PROMPT = "Request {tag}: write a long story about a fox who learns to cross a wide river, and tell it slowly."
+"""The user message; `tag` differs per request so each prompt is evaluated past its first few
+tokens (llama.cpp reuses the KV cache of a common prefix), identically in all three."""
+
+SAMPLING: dict[str, Any] = {"temperature": 0.0, "top_p": 0.95, "top_k": 40, "min_p": 0.05, "repeat_penalty": 1.0}
+"""What Skulk's engine passes to `Llama.generate` for a temperature-0 request (its defaults
+for the knobs OpenAI lacks). Sent to both servers; Skulk ignores the fields it does not
+take, whose defaults are these values."""
+
+WARM_UP_TOKENS = 8
+"""Tokens of each contender's untimed first request: pages the weights in, builds graphs."""
+
+SERVER_START_DEADLINE_S = 180.0
+"""The peer server loads the 380 MB model before it answers; on a loaded 2-core box that
+has taken ~20 s. Hang guard only."""
+NODE_START_DEADLINE_S = 60.0
+"""A node answers its API within seconds; hang guard only."""
+PLACE_DEADLINE_S = 300.0
+"""Placement accepted and the runner Ready (spawn, load, engine warm-up). Hang guard only."""
+MIN_DECODE_RATE_TOK_S = 0.25
+"""Slowest decode a request may show before the run gives up on it (the slowest seen here
+is ~2 tok/s): a request's deadline is REQUEST_SLACK_S + tokens / this."""
+REQUEST_SLACK_S = 60.0
+STOP_DEADLINE_S = 10.0
+"""SIGTERM, then SIGKILL after this long."""
+
+QUIET_FOREIGN_CORES = 0.25
+"""A measurement starts once processes outside the benchmark used less than this many cores
+over one QUIET_WINDOW_S: on a shared 2-core machine a neighbour's test run otherwise takes a
+core from llama.cpp's T threads, whose barrier spinning then triples the CPU per token
+(seen here: 66 -> 188 ms/token) and the figure measures the neighbour."""
+QUIET_WINDOW_S = 1.0
+QUIET_WAIT_PER_MEASUREMENT_S = 30.0
+"""Longest wait for quiet before one measurement; after it (or once --quiet-budget is spent)
+the measurement runs anyway and is marked as started under load."""
+
+BANDWIDTH_ARRAY_BYTES = 256 * 2**20
+"""Per-process array for the bandwidth probe: far beyond any L3 slice, so sums stream DRAM."""
+BANDWIDTH_ROUNDS = 5
+BANDWIDTH_DEADLINE_S = 120.0
+
+
+# ---------------------------------------------------------------------------------------
+# Model
+# ---------------------------------------------------------------------------------------
+
+
+def ensure_bench_model(model_dir: Path | None) -> Path:
+    """The BENCH_SPEC GGUF: generated on first use into a directory named by its spec hash
+    (written beside it, then renamed into place, so a directory that exists is complete)."""
+    digest = spec_hash(BENCH_SPEC)[:16]
+    target = model_dir or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "skulk-bench" / digest
+    gguf = target / GGUF_FILE_NAME
+    if gguf.is_file():
+        return gguf
+    target.parent.mkdir(parents=True, exist_ok=True)
+    print(f"generating the benchmark model into {target} (about 10 s) ...", flush=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}.partial-") as tmp:
+        generate_tiny_model(Path(tmp) / "model", BENCH_SPEC)
+        os.replace(Path(tmp) / "model", target)
+    return gguf
+
+
+def bytes_per_token(gguf: Path) -> tuple[int, int]:
+    """(weight bytes read per decoded token, all tensor bytes). Each token reads every weight
+    matrix once; of the embedding table it reads one row."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(gguf))
+    total = sum(int(t.n_bytes) for t in reader.tensors)
+    read = 0
+    for tensor in reader.tensors:
+        if tensor.name == "token_embd.weight":
+            read += int(tensor.n_bytes) // BENCH_SPEC.vocab_size
+        else:
+            read += int(tensor.n_bytes)
+    return read, total
+
+
+def card_toml(gguf: Path, flash_attn: bool) -> str:
+    """A local-path card for the generated GGUF (shape from BENCH_SPEC)."""
+    spec = BENCH_SPEC
+    backends = ["llama_cpp", "llama_cpp-cpu", "llama_cpp-cuda", "llama_cpp-vulkan", "llama_cpp-metal"]
+    preference = ["llama_cpp-cuda", "llama_cpp-metal", "llama_cpp-vulkan", "llama_cpp-cpu", "llama_cpp"]
+    return "\n".join([
+        f"model_id = {json.dumps(MODEL_ID)}",
+        'name = "Benchmark Llama (generated, GGUF)"',
+        'family = "llama"',
+        'source = "local-path"',
+        f"local_path = {json.dumps(str(gguf.parent.resolve()))}",
+        f"gguf_file = {json.dumps(gguf.name)}",
+        'quantization = "f32"',
+        f"storage_size_bytes = {gguf.stat().st_size}",
+        'tasks = ["TextGeneration"]',
+        'capabilities = ["text"]',
+        f"num_layers = {spec.num_layers}",
+        f"hidden_size = {spec.hidden_size}",
+        f"num_attention_heads = {spec.num_attention_heads}",
+        f"num_key_value_heads = {spec.num_key_value_heads}",
+        f"head_dim = {spec.head_dim}",
+        f"vocab_size = {spec.vocab_size}",
+        f"context_length = {spec.context_length}",
+        "",
+        "[placement]",
+        f"compatible_backends = {json.dumps(backends)}",
+        f"backend_preference = {json.dumps(preference)}",
+        "",
+        "[runtime]",
+        f"flash_attn = {'true' if flash_attn else 'false'}",
+        "",
+    ])
+
+
+# ---------------------------------------------------------------------------------------
+# Roofline
+# ---------------------------------------------------------------------------------------
+
+
+def _bandwidth_worker(barrier: Any, results: Any, rounds: int) -> None:
+    data = np.ones(BANDWIDTH_ARRAY_BYTES // 4, dtype=np.float32)
+    data.max()  # fault the pages in before timing
+    for round_index in range(rounds):
+        barrier.wait(timeout=BANDWIDTH_DEADLINE_S)
+        started = time.perf_counter()
+        data.max()  # SIMD compare, no arithmetic chain: the fastest plain read numpy has here
+        results.put((round_index, started, time.perf_counter()))
+
+
+def read_bandwidth_bytes_s(processes: int) -> float:
+    """Best aggregate read rate over BANDWIDTH_ROUNDS: `processes` workers sum private arrays
+    at the same moment; a round's rate is all their bytes over first start -> last end."""
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(processes), ctx.Queue()
+    workers = [ctx.Process(target=_bandwidth_worker, args=(barrier, results, BANDWIDTH_ROUNDS), daemon=True)
+               for _ in range(processes)]
+    for worker in workers:
+        worker.start()
+    try:
+        spans: dict[int, list[tuple[float, float]]] = {}
+        for _ in range(processes * BANDWIDTH_ROUNDS):
+            round_index, start, end = results.get(timeout=BANDWIDTH_DEADLINE_S)
+            spans.setdefault(round_index, []).append((start, end))
+    finally:
+        for worker in workers:
+            worker.join(timeout=STOP_DEADLINE_S)
+            if worker.is_alive():
+                worker.kill()
+    return max(processes * BANDWIDTH_ARRAY_BYTES / (max(e for _, e in s) - min(b for b, _ in s))
+               for s in spans.values())
+
+
+# ---------------------------------------------------------------------------------------
+# Measurement
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Stream:
+    """One request as the client saw it: when it was sent, when each token (or content
+    delta) arrived, the text, and the prompt tokens where the contender reports them."""
+
+    sent_at: float
+    arrivals: tuple[float, ...]
+    text: str
+    prompt_tokens: int | None = None
+
+    @property
+    def ttft_s(self) -> float:
+        return self.arrivals[0] - self.sent_at
+
+    @property
+    def decode_tok_s(self) -> float:
+        return (len(self.arrivals) - 1) / (self.arrivals[-1] - self.arrivals[0])
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One timed request, with the CPU the machine spent while it ran (cores = CPU s / wall s)."""
+
+    stream: Stream
+    cpu_s: float
+    """CPU of this process (engine or client) plus the measured contender's process tree."""
+    idle_cores: dict[str, float]
+    """Each other contender's process tree, idle meanwhile: its background cost."""
+    foreign_cores: float
+    """Everything else on the machine: processes that are not part of this benchmark."""
+    steal_cores: float
+    """CPU the hypervisor gave to other guests."""
+
+    @property
+    def cpu_ms_per_token(self) -> float:
+        return self.cpu_s * 1000 / len(self.stream.arrivals)
+
+
+def _cpu_s(pids: Sequence[int], *, with_children: bool = True) -> float:
+    """CPU seconds of `pids` (and, by default, all their descendants) so far."""
+    total = 0.0
+    for pid in pids:
+        try:
+            procs = [psutil.Process(pid)]
+            if with_children:
+                procs += procs[0].children(recursive=True)
+        except psutil.NoSuchProcess:
+            continue
+        for proc in procs:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                times = proc.cpu_times()
+                total += times.user + times.system
+    return total
+
+
+def _machine_cpu_s() -> tuple[float, float]:
+    """(busy CPU seconds, steal seconds) of the whole machine so far."""
+    t = psutil.cpu_times()
+    busy = t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
+    return busy, getattr(t, "steal", 0.0)
+
+
+class Contender:
+    """Something that streams a chat completion: the engine, the peer or Skulk."""
+
+    name: str
+
+    def pids(self) -> list[int]:
+        """Processes (with their children) that do this contender's work, besides this one."""
+        return []
+
+    def stream(self, user_message: str, max_tokens: int) -> Stream:
+        raise NotImplementedError
+
+
+def measure(contender: Contender, everyone: Sequence[Contender], user_message: str, max_tokens: int) -> Sample:
+    """Stream one request from `contender`, accounting the machine's CPU meanwhile."""
+
+    def snapshot() -> tuple[float, float, float, dict[str, float]]:
+        busy, steal = _machine_cpu_s()
+        # This process alone: the servers and the node are its children, accounted apart.
+        own = _cpu_s([os.getpid()], with_children=False) + _cpu_s(contender.pids())
+        others = {c.name: _cpu_s(c.pids()) for c in everyone if c is not contender and c.pids()}
+        return busy, steal, own, others
+
+    busy0, steal0, own0, others0 = snapshot()
+    wall0 = time.perf_counter()
+    stream = contender.stream(user_message, max_tokens)
+    wall = time.perf_counter() - wall0
+    busy1, steal1, own1, others1 = snapshot()
+    if len(stream.arrivals) < 2:
+        raise RuntimeError(f"{contender.name}: {len(stream.arrivals)} tokens streamed; need at least 2 to time decode")
+    idle = {name: (others1[name] - others0[name]) / wall for name in others0}
+    foreign = max(0.0, (busy1 - busy0) - (own1 - own0) - sum(idle.values()) * wall) / wall
+    return Sample(stream, own1 - own0, idle, foreign, (steal1 - steal0) / wall)
+
+
+def foreign_cores_now(everyone: Sequence[Contender], window_s: float = QUIET_WINDOW_S) -> float:
+    """Cores used over `window_s` by processes that are not this benchmark's."""
+
+    def ours() -> float:
+        return _cpu_s([os.getpid()], with_children=False) + sum(_cpu_s(c.pids()) for c in everyone)
+
+    busy0, _ = _machine_cpu_s()
+    ours0, wall0 = ours(), time.perf_counter()
+    time.sleep(window_s)  # a sampling window, not synchronisation
+    busy1, _ = _machine_cpu_s()
+    wall = time.perf_counter() - wall0
+    return max(0.0, (busy1 - busy0) - (ours() - ours0)) / wall
+
+
+def wait_for_quiet(everyone: Sequence[Contender], budget_s: float) -> tuple[bool, float]:
+    """Wait, at most min(budget_s, QUIET_WAIT_PER_MEASUREMENT_S), for a quiet window.
+    Returns (quiet, seconds waited)."""
+    started = time.monotonic()
+    limit = min(budget_s, QUIET_WAIT_PER_MEASUREMENT_S)
+    while True:
+        if foreign_cores_now(everyone) < QUIET_FOREIGN_CORES:
+            return True, time.monotonic() - started
+        if time.monotonic() - started >= limit:
+            return False, time.monotonic() - started
+
+
+class Engine(Contender):
+    """(a) llama_cpp.Llama in this process, Llama.generate on the rendered prompt's tokens."""
+
+    name = "engine"
+
+    def __init__(self, gguf: Path, threads: int, n_ctx: int, flash_attn: bool) -> None:
+        import llama_cpp
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        self.llama = llama_cpp.Llama(
+            model_path=str(gguf), n_threads=threads, n_threads_batch=threads, n_ctx=n_ctx, n_gpu_layers=0,
+            flash_attn=flash_attn, logits_all=False, verbose=False,
+        )
+        llama = self.llama
+        vocab = llama_cpp.llama_model_get_vocab(llama.model)
+        self._add_bos = bool(llama_cpp.llama_vocab_get_add_bos(vocab))
+
+        def text_of(token: int) -> str:
+            return llama.detokenize([token], special=True).decode() if token >= 0 else ""
+
+        self._formatter = Jinja2ChatFormatter(
+            template=llama.metadata["tokenizer.chat_template"], eos_token=text_of(llama.token_eos()),
+            bos_token=text_of(llama.token_bos()), add_generation_prompt=True,
+        )
+
+    def render(self, user_message: str) -> bytes:
+        """The prompt text, rendered with the GGUF's chat template (outside the timing)."""
+        return self._formatter(messages=[{"role": "user", "content": user_message}]).prompt.encode()
+
+    def stream(self, user_message: str, max_tokens: int) -> Stream:
+        prompt = self.render(user_message)
+        sampling = {k: v for k, v in SAMPLING.items() if k != "temperature"}
+        arrivals: list[float] = []
+        tokens: list[int] = []
+        sent_at = time.perf_counter()
+        ids = self.llama.tokenize(prompt, add_bos=False, special=True)
+        if self._add_bos and (not ids or ids[0] != self.llama.token_bos()):
+            ids.insert(0, self.llama.token_bos())
+        generator = self.llama.generate(ids, temp=SAMPLING["temperature"], reset=True, **sampling)
+        try:
+            for token in generator:
+                arrivals.append(time.perf_counter())
+                tokens.append(token)
+                if len(tokens) >= max_tokens:
+                    break
+        finally:
+            generator.close()
+        return Stream(sent_at, tuple(arrivals), self.llama.detokenize(tokens).decode("utf-8", "replace"), len(ids))
+
+    def close(self) -> None:
+        self.llama.close()
+
+
+class ChatServer(Contender):
+    """An OpenAI-compatible server streamed over HTTP: (b) the peer or (c) Skulk."""
+
+    def __init__(self, name: str, base_url: str, model: str, pids: list[int]) -> None:
+        self.name = name
+        self.base_url = base_url
+        self.model = model
+        self._pids = pids
+        self._client = httpx.Client(timeout=httpx.Timeout(30.0, read=REQUEST_SLACK_S))
+
+    def pids(self) -> list[int]:
+        return self._pids
+
+    def stream(self, user_message: str, max_tokens: int) -> Stream:
+        body = {
+            "model": self.model, "messages": [{"role": "user", "content": user_message}], "max_tokens": max_tokens,
+            "stream": True, "stream_options": {"include_usage": True}, **SAMPLING,
+        }
+        deadline = time.monotonic() + REQUEST_SLACK_S + max_tokens / MIN_DECODE_RATE_TOK_S
+        arrivals: list[float] = []
+        parts: list[str] = []
+        prompt_tokens = None
+        sent_at = time.perf_counter()
+        with self._client.stream("POST", self.base_url + "/v1/chat/completions", json=body) as response:
+            if response.status_code != 200:
+                response.read()
+                raise RuntimeError(f"{self.name}: HTTP {response.status_code}: {response.text[:500]}")
+            for line in response.iter_lines():
+                now = time.perf_counter()
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{self.name}: request still streaming after its deadline")
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                event = json.loads(data)
+                if "error" in event:
+                    raise RuntimeError(f"{self.name}: stream error: {event['error']}")
+                if event.get("usage"):
+                    prompt_tokens = event["usage"].get("prompt_tokens")
+                for choice in event.get("choices") or ():
+                    content = (choice.get("delta") or {}).get("content")
+                    if content:
+                        arrivals.append(now)
+                        parts.append(content)
+        return Stream(sent_at, tuple(arrivals), "".join(parts), prompt_tokens)
+
+    def prompt_tokens(self, user_message: str) -> int | None:
+        """Prompt tokens as the server counts them (a one-token non-streaming request)."""
+        body = {"model": self.model, "messages": [{"role": "user", "content": user_message}], "max_tokens": 1,
+                **SAMPLING}
+        response = self._client.post(self.base_url + "/v1/chat/completions", json=body)
+        response.raise_for_status()
+        return response.json().get("usage", {}).get("prompt_tokens")
+
+    def close(self) -> None:
+        self._client.close()
+
+
+# ---------------------------------------------------------------------------------------
+# Processes
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class PeerServer:
+    """`python -m llama_cpp.server` on a free loopback port, logging to a file."""
+
+    gguf: Path
+    threads: int
+    n_ctx: int
+    flash_attn: bool
+    log_path: Path
+    port: int = 0
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> PeerServer:
+        self.port = free_port()
+        args = [
+            sys.executable, "-m", "llama_cpp.server", "--model", str(self.gguf), "--model_alias", MODEL_ID,
+            "--host", "127.0.0.1", "--port", str(self.port), "--n_ctx", str(self.n_ctx),
+            "--n_threads", str(self.threads), "--n_threads_batch", str(self.threads), "--n_gpu_layers", "0",
+            "--flash_attn", "true" if self.flash_attn else "false",
+        ]
+        self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT)
+        return self
+
+    def wait_ready(self) -> PeerServer:
+        def ready() -> bool:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llama_cpp.server exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
+            return httpx.get(self.url + "/v1/models", timeout=5).status_code == 200
+
+        wait_for(ready, timeout_s=SERVER_START_DEADLINE_S, interval_s=0.25, what="llama_cpp.server")
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=STOP_DEADLINE_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=STOP_DEADLINE_S)
+        self._log.close()
+
+
+def peer_server_available() -> str | None:
+    """None when llama_cpp.server can start here; else what is missing."""
+    missing = [m for m in ("sse_starlette", "starlette_context", "pydantic_settings", "fastapi", "uvicorn")
+               if not _importable(m)]
+    return f"missing {', '.join(missing)}" if missing else None
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def start_skulk(root: Path, gguf: Path, flash_attn: bool) -> NodeProcess:
+    data_dir = root / "skulk"
+    cards = data_dir / "custom_model_cards"
+    cards.mkdir(parents=True)
+    (cards / (MODEL_ID.replace("/", "--") + ".toml")).write_text(card_toml(gguf, flash_attn))
+    port = free_port()
+    node = NodeProcess(data_dir=data_dir, api_port=free_port(), extra_args=[
+        "--listen", f"tcp/127.0.0.1:{port}", "--cluster-key", CLUSTER_KEY, "--node-name", "bench",
+    ])
+    return node.start()
+
+
+def wait_node_ready(node: NodeProcess) -> None:
+    """Like NodeProcess.wait_ready, but a node that exits fails the run at once (with its log)
+    rather than after the whole start deadline."""
+    deadline = time.monotonic() + NODE_START_DEADLINE_S
+    while time.monotonic() < deadline:
+        if node.proc.poll() is not None:
+            raise RuntimeError(f"skulk node exited with {node.proc.returncode}:\n{node.log()[-3000:]}")
+        with contextlib.suppress(httpx.HTTPError):
+            if node.get("/node_id").status_code == 200:
+                return
+        time.sleep(0.1)  # polling interval
+    raise TimeoutError(f"skulk node not answering after {NODE_START_DEADLINE_S:.0f} s:\n{node.log()[-3000:]}")
+
+
+def place_on_skulk(node: NodeProcess) -> dict:
+    """POST /place_instance (retried while node info is still gossiping: 503), then wait
+    until every runner is Ready. Returns the instance as /instance/{id} shows it."""
+
+    def placed() -> dict | None:
+        response = httpx.post(node.url + "/place_instance", json={"modelId": MODEL_ID}, timeout=10)
+        if response.status_code == 503:
+            return None
+        if response.status_code != 200:
+            raise AssertionError(f"place_instance: {response.status_code} {response.text}")
+        return response.json()
+
+    deadline = time.monotonic() + PLACE_DEADLINE_S
+    instance_id = wait_for(placed, timeout_s=PLACE_DEADLINE_S, interval_s=0.25, what="placement")["instanceId"]
+
+    def ready() -> dict | None:
+        response = node.get(f"/instance/{instance_id}")
+        if response.status_code != 200:
+            return None
+        body = response.json()
+        runners = list(body["runners"].values())
+        failed = [r for r in runners if r["state"] == "Failed"]
+        if failed:
+            raise AssertionError(f"runner failed: {failed}\n{node.log()[-3000:]}")
+        return body if runners and all(r["state"] in ("Ready", "Running") for r in runners) else None
+
+    try:
+        return wait_for(ready, timeout_s=max(1.0, deadline - time.monotonic()), interval_s=0.25,
+                        what=f"instance {instance_id} ready")
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}\n{node.log()[-3000:]}") from None
+
+
+def skulk_engine_settings(node: NodeProcess) -> dict[str, str]:
+    """What the runner logged when it loaded: n_ctx, threads, flash_attn."""
+    match = None
+    for match in re.finditer(r"loaded \S+: n_ctx=(\d+) threads=(\d+) flash_attn=(\w+)", node.log()):
+        pass
+    return dict(zip(("n_ctx", "threads", "flash_attn"), match.groups(), strict=True)) if match else {}
+
+
+# ---------------------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------------------
+
+
+def _median(values: Sequence[float]) -> float:
+    return statistics.median(values)
+
+
+def _spread(values: Sequence[float], scale: float = 1.0, fmt: str = ".2f") -> str:
+    med = _median(values) * scale
+    return f"{med:{fmt}} ({min(values) * scale:{fmt}}..{max(values) * scale:{fmt}})"
+
+
+def report(samples: dict[str, list[Sample]], roofline_tok_s: float, tokens: int) -> None:
+    print()
+    print(f"{'':8} {'TTFT ms, median (min..max)':>28} {'decode tok/s, median (min..max)':>33} "
+          f"{'CPU ms/token':>13} {'foreign':>8} {'steal':>6}")
+    for name, runs in samples.items():
+        ttft = [s.stream.ttft_s for s in runs]
+        rate = [s.stream.decode_tok_s for s in runs]
+        cpu = _median([s.cpu_ms_per_token for s in runs])
+        foreign = _median([s.foreign_cores for s in runs])
+        steal = _median([s.steal_cores for s in runs])
+        print(f"{name:8} {_spread(ttft, 1000, '.0f'):>28} {_spread(rate):>33} {cpu:>13.1f} {foreign:>8.2f} "
+              f"{steal:>6.2f}")
+    print(f"{'roofline':8} {'':>28} {roofline_tok_s:>33.2f}")
+    print("(CPU ms/token: the contender's processes and this client, per streamed token; foreign and steal:")
+    print(" cores used meanwhile by processes outside the benchmark, and by the hypervisor's other guests)")
+    idle: dict[str, list[float]] = {}
+    for runs in samples.values():
+        for sample in runs:
+            for name, cores in sample.idle_cores.items():
+                idle.setdefault(name, []).append(cores)
+    if idle:
+        print("idle background while the others were measured (median cores): "
+              + ", ".join(f"{name} {_median(values):.3f}" for name, values in idle.items()))
+    deltas = {name: {len(s.stream.arrivals) for s in runs} for name, runs in samples.items()}
+    short = {name: sorted(d) for name, d in deltas.items() if d != {tokens}}
+    if short:
+        print(f"note: content deltas per request differ from {tokens}: {short}")
+
+    med = {name: (_median([s.stream.ttft_s for s in runs]), _median([s.stream.decode_tok_s for s in runs]))
+           for name, runs in samples.items()}
+    print()
+    if "skulk" in med and "engine" in med:
+        print(f"skulk / engine   decode {med['skulk'][1] / med['engine'][1]:.3f}   "
+              f"TTFT {med['skulk'][0] / med['engine'][0]:.2f}x  "
+              f"({(med['skulk'][0] - med['engine'][0]) * 1000:+.0f} ms)")
+    if "skulk" in med and "peer" in med:
+        print(f"skulk / peer     decode {med['skulk'][1] / med['peer'][1]:.3f}   "
+              f"TTFT {med['skulk'][0] / med['peer'][0]:.2f}x  "
+              f"({(med['skulk'][0] - med['peer'][0]) * 1000:+.0f} ms)")
+    if "peer" in med and "engine" in med:
+        print(f"peer / engine    decode {med['peer'][1] / med['engine'][1]:.3f}   "
+              f"TTFT {med['peer'][0] / med['engine'][0]:.2f}x")
+    if "engine" in med:
+        print(f"engine / roofline decode {med['engine'][1] / roofline_tok_s:.3f}")
+
+
+# ---------------------------------------------------------------------------------------
+# Run
+# ---------------------------------------------------------------------------------------
+
+
+def rounds(contenders: list[Contender], reps: int) -> Iterator[tuple[int, Contender]]:
+    """Round r runs every contender, starting with contender r mod len (rotating order)."""
+    for r in range(reps):
+        for i in range(len(contenders)):
+            yield r, contenders[(r + i) % len(contenders)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tokens", type=int, default=128, help="decoded tokens per request")
+    parser.add_argument("--reps", type=int, default=5, help="timed requests per contender (median reported)")
+    parser.add_argument("--threads", type=int, default=physical_cores(),
+                        help="llama.cpp threads for the engine and the peer, and bandwidth probe processes "
+                             "(default: physical cores, what Skulk's runner uses)")
+    parser.add_argument("--flash-attn", choices=("on", "off"), default="on",
+                        help="llama.cpp Flash Attention for all three (Skulk's default is on)")
+    parser.add_argument("--model-dir", type=Path, default=None, help="where the benchmark GGUF is (or is generated)")
+    parser.add_argument("--quiet-budget", type=float, default=120.0,
+                        help="seconds the whole run may spend waiting for other processes to go quiet before "
+                             "measurements (0: never wait)")
+    parser.add_argument("--skip-peer", action="store_true", help="leave out llama-cpp-python's server (b)")
+    args = parser.parse_args()
+    if args.tokens < 2 or args.reps < 1 or args.threads < 1:
+        parser.error("need --tokens >= 2, --reps >= 1, --threads >= 1")
+    threads, flash_attn = args.threads, args.flash_attn == "on"
+
+    started = time.monotonic()
+    gguf = ensure_bench_model(args.model_dir)
+    read_bytes, tensor_bytes = bytes_per_token(gguf)
+    print(f"model      {gguf} ({gguf.stat().st_size / 1e6:.0f} MB file, {BENCH_SPEC.parameter_count / 1e6:.1f} M "
+          f"params f32; {read_bytes / 1e6:.0f} MB of weights read per token)")
+    print(f"machine    {os.cpu_count()} logical / {physical_cores()} physical cores; "
+          f"load average {os.getloadavg()[0]:.2f}; threads T={threads}; flash_attn={flash_attn}")
+    if threads != physical_cores():
+        print(f"warning    Skulk has no thread setting: its runner uses physical_cores()={physical_cores()} "
+              f"threads, while (a) and (b) use {threads}")
+    print(f"request    {args.tokens} tokens, greedy ({json.dumps(SAMPLING)}), {args.reps} timed reps each, "
+          f"interleaved", flush=True)
+
+    bandwidth = read_bandwidth_bytes_s(threads)
+    roofline = bandwidth / read_bytes
+    print(f"roofline   read bandwidth {bandwidth / 1e9:.1f} GB/s with {threads} processes / "
+          f"{read_bytes / 1e6:.0f} MB per token = {roofline:.1f} tok/s", flush=True)
+
+    peer_missing = "left out (--skip-peer)" if args.skip_peer else peer_server_available()
+    if peer_missing:
+        print(f"peer       skipped: {peer_missing}; run with `uv run --with sse-starlette --with starlette-context "
+              f"--with pydantic-settings python bench/serve.py`")
+
+    contenders: list[Contender] = []
+    node: NodeProcess | None = None
+    peer: PeerServer | None = None
+    engine: Engine | None = None
+    with tempfile.TemporaryDirectory(prefix="skulk-bench-serve-") as tmp:
+        root = Path(tmp)
+        try:
+            node = start_skulk(root, gguf, flash_attn)
+            wait_node_ready(node)
+            wait_agreed([node], members=1, what="single-node cluster")
+            instance = place_on_skulk(node)
+            n_ctx = min(int(instance.get("contextTokenLimit") or BENCH_SPEC.context_length), BENCH_SPEC.context_length)
+            settings = skulk_engine_settings(node)
+            backends = sorted({s.get("backend", "?") for s in instance.get("shards", [])})
+            print(f"skulk      placed {instance.get('instanceId')} on {backends}, runner loaded with {settings}",
+                  flush=True)
+            if not peer_missing:
+                peer = PeerServer(gguf, threads, n_ctx, flash_attn, root / "peer.log").start().wait_ready()
+            engine = Engine(gguf, threads, n_ctx, flash_attn)
+
+            contenders.append(engine)
+            if peer is not None:
+                contenders.append(ChatServer("peer", peer.url, MODEL_ID, [peer.proc.pid]))
+            skulk = ChatServer("skulk", node.url, MODEL_ID, [node.proc.pid])
+            contenders.append(skulk)
+
+            warm = PROMPT.format(tag="warm-up")
+            counts = {}
+            for contender in contenders:
+                contender.stream(warm, WARM_UP_TOKENS)
+                counts[contender.name] = (len(engine.llama.tokenize(engine.render(warm), add_bos=False, special=True))
+                                          if contender is engine else contender.prompt_tokens(warm))
+            print(f"prompt     {counts} tokens (same rendered prompt everywhere when equal)", flush=True)
+
+            samples: dict[str, list[Sample]] = {c.name: [] for c in contenders}
+            texts: dict[str, str] = {}
+            quiet_budget_s, loaded = args.quiet_budget, 0
+            for r, contender in rounds(contenders, args.reps):
+                quiet, waited = wait_for_quiet(contenders, quiet_budget_s)
+                quiet_budget_s = max(0.0, quiet_budget_s - waited)
+                loaded += not quiet
+                sample = measure(contender, contenders, PROMPT.format(tag=str(r)), args.tokens)
+                samples[contender.name].append(sample)
+                if r == 0:
+                    texts[contender.name] = sample.stream.text
+                print(f"  round {r} {contender.name:6} TTFT {sample.stream.ttft_s * 1000:6.0f} ms  "
+                      f"decode {sample.stream.decode_tok_s:6.2f} tok/s  CPU {sample.cpu_ms_per_token:5.1f} ms/token  "
+                      f"foreign {sample.foreign_cores:.2f} cores{'' if quiet else '  (started under load)'}",
+                      flush=True)
+            same = len(set(texts.values())) == 1
+            print(f"greedy text of round 0 identical across {sorted(texts)}: {'yes' if same else 'NO'}")
+            if not same:
+                for name, text in texts.items():
+                    print(f"  {name}: {text[:80]!r}")
+            report(samples, roofline, args.tokens)
+            total = args.reps * len(contenders)
+            print(f"{total - loaded} of {total} measurements started after a quiet second (other processes < "
+                  f"{QUIET_FOREIGN_CORES} cores); {args.quiet_budget - quiet_budget_s:.0f} s spent waiting for quiet")
+            print(f"\nload average at the end {os.getloadavg()[0]:.2f}; whole run {time.monotonic() - started:.0f} s")
+        finally:
+            for contender in contenders:
+                if isinstance(contender, ChatServer):
+                    contender.close()
+            if engine is not None:
+                engine.close()
+            if peer is not None:
+                peer.stop()
+            if node is not None:
+                node.stop()
+
+
+if __name__ == "__main__":
+    main()

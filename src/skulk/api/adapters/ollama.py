@@ -1,0 +1,360 @@
+"""The Ollama wire format (`/api/chat`, `/api/generate`, `/api/tags`, `/api/ps`,
+`/api/show`, `/api/version`), both ways; Skulk serves it under `/ollama`.
+
+Incoming: `ChatRequest` / `GenerateRequest` with their `options` (temperature, top_p,
+top_k, seed, num_predict, stop; other options such as num_ctx are accepted and ignored),
+normalised by `chat_params` / `generate_params` into `TextGenerationParams` or an
+`InvalidRequest` naming the parameter. Outgoing: `OllamaEncoder` builds the NDJSON lines
+(one object per token chunk, then a final `done: true` object with done_reason, token
+counts and durations in nanoseconds) and `collect` the single non-streaming object; the
+`*_entry` helpers describe placed models from their cards.
+
+Pure translation only: this module must never touch streams, commands or the cluster.
+Note that Ollama's `stream` defaults to true.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from skulk.api.errors import ApiError, InvalidRequest, invalid_request_from_validation, ollama_error_body
+from skulk.shared.types.cards import ModelCard
+from skulk.shared.types.chunks import TokenChunk
+from skulk.shared.types.common import ChatMessage, Usage
+from skulk.shared.types.instances import Instance
+from skulk.shared.types.tasks import TextGenerationParams
+
+OLLAMA_VERSION = "0.6.0"
+"""The Ollama server version `/api/version` reports; clients use it only to gate features."""
+
+MIN_TOP_P = 1e-6
+"""`top_p: 0` keeps only the most likely token; the internal params need a positive nucleus."""
+
+_ROLES = {"system": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+
+Endpoint = Literal["chat", "generate"]
+
+# ---------------------------------------------------------------------------------------
+# Request
+# ---------------------------------------------------------------------------------------
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class Options(_Lenient):
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    num_predict: int | None = None
+    stop: str | list[str] | None = None
+
+
+class Message(_Lenient):
+    role: str
+    content: str | None = None
+    images: list[str] | None = None
+
+
+class ChatRequest(_Lenient):
+    model: str
+    messages: list[Message] = []
+    stream: bool = True
+    options: Options | None = None
+    format: Any = None
+    keep_alive: Any = None
+    tools: list[dict[str, Any]] | None = None
+
+
+class GenerateRequest(_Lenient):
+    model: str
+    prompt: str | None = None
+    system: str | None = None
+    suffix: str | None = None
+    raw: bool | None = None
+    stream: bool = True
+    options: Options | None = None
+    images: list[str] | None = None
+    format: Any = None
+    keep_alive: Any = None
+
+
+class ShowRequest(_Lenient):
+    model: str | None = None
+    name: str | None = None
+    """The older spelling of `model`."""
+
+
+def _sampling(options: Options | None) -> dict[str, Any]:
+    options = options or Options()
+    if options.temperature is not None and not options.temperature >= 0:
+        raise InvalidRequest(f"options.temperature must be at least 0, got {options.temperature}",
+                             param="options.temperature")
+    if options.top_p is not None and not (0 <= options.top_p <= 1):
+        raise InvalidRequest(f"options.top_p must be between 0 and 1, got {options.top_p}", param="options.top_p")
+    if options.top_k is not None and options.top_k < 0:
+        raise InvalidRequest(f"options.top_k must be at least 0, got {options.top_k}", param="options.top_k")
+    if options.num_predict == 0:
+        raise InvalidRequest("options.num_predict must not be 0", param="options.num_predict")
+    # Ollama: num_predict -1 is "no limit" and -2 "fill the context"; both leave it to the context.
+    max_tokens = options.num_predict if options.num_predict is not None and options.num_predict > 0 else None
+    stops = [options.stop] if isinstance(options.stop, str) else list(options.stop or [])
+    return {
+        "temperature": options.temperature,
+        "top_p": None if options.top_p is None else max(options.top_p, MIN_TOP_P),
+        "top_k": options.top_k,
+        "seed": options.seed,
+        "max_tokens": max_tokens,
+        "stop": [s for s in stops if s],
+    }
+
+
+def _params(model: str, stream: bool, options: Options | None, **inputs: Any) -> TextGenerationParams:
+    if not model.strip():
+        raise InvalidRequest("model is required", param="model")
+    try:
+        return TextGenerationParams(model_id=model, stream=stream, **_sampling(options), **inputs)
+    except ValidationError as error:
+        raise invalid_request_from_validation(error) from None
+
+
+def chat_params(request: ChatRequest) -> TextGenerationParams:
+    if request.tools:
+        raise InvalidRequest("tools are not supported on /api/chat yet", param="tools")
+    messages = []
+    for index, message in enumerate(request.messages):
+        role = _ROLES.get(message.role)
+        if role is None:
+            raise InvalidRequest(f"invalid role {message.role!r} in messages[{index}]", param=f"messages[{index}].role")
+        if message.images:
+            raise InvalidRequest("images are not supported", param=f"messages[{index}].images")
+        messages.append(ChatMessage(role=role, content=message.content or ""))
+    return _params(request.model, request.stream, request.options, messages=messages)
+
+
+def generate_params(request: GenerateRequest) -> TextGenerationParams:
+    """A prompt becomes a user turn (with `system` before it), rendered by the model's chat
+    template as Ollama does; `raw: true` sends the prompt as it is."""
+    if request.images:
+        raise InvalidRequest("images are not supported", param="images")
+    prompt = request.prompt or ""
+    if request.raw:
+        return _params(request.model, request.stream, request.options, prompt=prompt)
+    messages = [ChatMessage(role="system", content=request.system)] if request.system else []
+    messages.append(ChatMessage(role="user", content=prompt))
+    return _params(request.model, request.stream, request.options, messages=messages)
+
+
+# ---------------------------------------------------------------------------------------
+# Response pieces
+# ---------------------------------------------------------------------------------------
+
+
+def timestamp(now: datetime | None = None) -> str:
+    """RFC 3339 with nanosecond-style precision, as Ollama writes `created_at`."""
+    return (now or datetime.now(UTC)).isoformat().replace("+00:00", "Z")
+
+
+def ndjson(payload: Mapping[str, Any]) -> str:
+    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False) + "\n"
+
+
+def ndjson_error(error: ApiError) -> str:
+    """How a stream that already answered 200 reports a failure: an `{"error"}` line, which
+    the Ollama client raises as a `ResponseError`."""
+    return ndjson(ollama_error_body(error))
+
+
+def load_response(endpoint: Endpoint, model: str) -> dict[str, Any]:
+    """Ollama's answer to a request with nothing to generate (an empty prompt or no
+    messages): it only loads the model. A placed model is already loaded."""
+    body: dict[str, Any] = {"model": model, "created_at": timestamp()}
+    if endpoint == "chat":
+        body["message"] = {"role": "assistant", "content": ""}
+    else:
+        body["response"] = ""
+    return {**body, "done": True, "done_reason": "load"}
+
+
+def done_reason(finish_reason: str | None) -> str:
+    return "length" if finish_reason == "length" else "stop"
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Monotonic nanosecond marks of one request, taken by the route."""
+
+    started_ns: int
+    first_token_ns: int | None
+    ended_ns: int
+
+    def durations(self) -> dict[str, int]:
+        first = self.first_token_ns if self.first_token_ns is not None else self.ended_ns
+        return {
+            "total_duration": self.ended_ns - self.started_ns,
+            "load_duration": 0,
+            "prompt_eval_duration": first - self.started_ns,
+            "eval_duration": self.ended_ns - first,
+        }
+
+
+@dataclass
+class OllamaEncoder:
+    """Serialises one generation as Ollama objects for `endpoint` (chat: `message`,
+    generate: `response`): `line()` per token chunk, then `final()`."""
+
+    endpoint: Endpoint
+    model: str
+    _finish_reason: str | None = field(default=None, init=False)
+    _usage: Usage | None = field(default=None, init=False)
+    _count: int = field(default=0, init=False)
+
+    def _body(self, text: str, thinking: str | None, *, done: bool) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": self.model, "created_at": timestamp()}
+        if self.endpoint == "chat":
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if thinking:
+                message["thinking"] = thinking
+            body["message"] = message
+        else:
+            body["response"] = text
+            if thinking:
+                body["thinking"] = thinking
+        body["done"] = done
+        return body
+
+    def observe(self, chunk: TokenChunk) -> None:
+        self._count += 1
+        self._finish_reason = chunk.finish_reason or self._finish_reason
+        self._usage = chunk.usage or self._usage
+
+    def line(self, chunk: TokenChunk) -> str | None:
+        self.observe(chunk)
+        if not chunk.text:
+            return None
+        text, thinking = ("", chunk.text) if chunk.reasoning else (chunk.text, None)
+        return ndjson(self._body(text, thinking, done=False))
+
+    def final(self, timing: Timing, text: str = "", thinking: str | None = None) -> dict[str, Any]:
+        body = self._body(text, thinking, done=True)
+        body["done_reason"] = done_reason(self._finish_reason)
+        body.update(timing.durations())
+        usage = self._usage
+        body["prompt_eval_count"] = usage.prompt_tokens if usage else 0
+        body["eval_count"] = usage.completion_tokens if usage else self._count
+        return body
+
+
+def collect(encoder: OllamaEncoder, chunks: Iterable[TokenChunk], timing: Timing) -> dict[str, Any]:
+    """The single non-streaming object for a completed stream's chunks."""
+    texts: list[str] = []
+    thoughts: list[str] = []
+    for chunk in chunks:
+        encoder.observe(chunk)
+        (thoughts if chunk.reasoning else texts).append(chunk.text)
+    return encoder.final(timing, "".join(texts), "".join(thoughts) or None)
+
+
+# ---------------------------------------------------------------------------------------
+# Models
+# ---------------------------------------------------------------------------------------
+
+
+def digest(model_id: str) -> str:
+    """A stable stand-in for Ollama's blob digest (Skulk has no Ollama blobs)."""
+    return hashlib.sha256(model_id.encode()).hexdigest()
+
+
+def details(card: ModelCard | None) -> dict[str, Any]:
+    if card is None:
+        return {"parent_model": "", "format": "", "family": "", "families": None, "parameter_size": "",
+                "quantization_level": ""}
+    return {"parent_model": "", "format": card.artifact_format, "family": card.family, "families": [card.family],
+            "parameter_size": "", "quantization_level": card.quantization}
+
+
+def _placed(instances: Iterable[Instance]) -> dict[str, int]:
+    """Placed model id -> the largest context any of its instances has."""
+    limits: dict[str, int] = {}
+    for instance in instances:
+        limits[instance.model_id] = max(limits.get(instance.model_id, 0), instance.context_token_limit)
+    return limits
+
+
+def tags(instances: Iterable[Instance], cards: Mapping[str, ModelCard], modified_at: str) -> dict[str, Any]:
+    """`/api/tags`: every placed model once, named by its model id."""
+    models = []
+    for model_id in sorted(_placed(instances)):
+        card = cards.get(model_id)
+        models.append({
+            "name": model_id, "model": model_id, "modified_at": modified_at,
+            "size": card.storage_size_bytes if card else 0, "digest": digest(model_id), "details": details(card),
+        })
+    return {"models": models}
+
+
+def ps(instances: Iterable[Instance], cards: Mapping[str, ModelCard], expires_at: str) -> dict[str, Any]:
+    """`/api/ps`: the placed models with their context limit; they stay until deleted."""
+    models = []
+    for model_id, context_length in sorted(_placed(instances).items()):
+        card = cards.get(model_id)
+        size = card.storage_size_bytes if card else 0
+        models.append({
+            "name": model_id, "model": model_id, "size": size, "digest": digest(model_id), "details": details(card),
+            "expires_at": expires_at, "size_vram": size, "context_length": context_length,
+        })
+    return {"models": models}
+
+
+def show(model_id: str, card: ModelCard | None, context_length: int, modified_at: str) -> dict[str, Any]:
+    """`/api/show` for a placed model."""
+    info: dict[str, Any] = {"general.architecture": card.family if card else ""}
+    capabilities = ["completion"]
+    if card is not None:
+        arch = card.family
+        info.update({
+            "general.basename": card.name,
+            f"{arch}.block_count": card.num_layers,
+            f"{arch}.embedding_length": card.hidden_size,
+            f"{arch}.attention.head_count": card.num_attention_heads,
+            f"{arch}.attention.head_count_kv": card.num_key_value_heads,
+            f"{arch}.context_length": card.context_length,
+        })
+        capabilities += [c for c in ("tools", "thinking", "vision") if c in card.capabilities]
+    return {
+        "modelfile": f"FROM {model_id}\n", "parameters": f"num_ctx {context_length}", "template": "",
+        "details": details(card), "model_info": info, "capabilities": capabilities, "modified_at": modified_at,
+    }
+
+
+__all__ = [
+    "OLLAMA_VERSION",
+    "ChatRequest",
+    "GenerateRequest",
+    "OllamaEncoder",
+    "Options",
+    "ShowRequest",
+    "Timing",
+    "chat_params",
+    "collect",
+    "details",
+    "digest",
+    "done_reason",
+    "generate_params",
+    "load_response",
+    "ndjson",
+    "ndjson_error",
+    "ps",
+    "show",
+    "tags",
+    "timestamp",
+]

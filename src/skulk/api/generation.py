@@ -1,0 +1,158 @@
+"""The generation path every inference wire format shares: bind a normalised request to a
+placed instance, open its command stream, submit `GenerateText`, and drive the stream to its
+end, telling the cluster how it ended exactly once (`TaskFinished` when the runner ended
+it, `CancelCommand` when this side or the client did).
+
+The routes of each wire format (OpenAI, Anthropic, Ollama) call into here after their
+adapter has produced `TextGenerationParams`, and serialise what comes out. This module must
+never know any wire format: errors leave it typed (`skulk.api.errors`) and are rendered by
+the caller's shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+
+from skulk.api.errors import ClusterNotReady, InvalidRequest, ModelNotFound, StreamFailed
+from skulk.api.streams import CommandStream
+from skulk.shared.types.chunks import TokenChunk
+from skulk.shared.types.commands import CancelCommand, Command, GenerateText, TaskFinished
+from skulk.shared.types.ids import new_id
+from skulk.shared.types.instances import Instance
+from skulk.shared.types.tasks import TextGenerationParams
+
+logger = logging.getLogger(__name__)
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+"""Keep proxies from buffering a streamed response (SSE or NDJSON)."""
+
+_background: set[asyncio.Task[None]] = set()
+"""Commands sent after a request ended, held until sent (the loop keeps only weak refs)."""
+
+
+def api_context(request: Request):  # noqa: ANN201 - ApiContext (import cycle otherwise)
+    return request.app.state.skulk
+
+
+def send_later(context: Any, command: Command) -> None:
+    """Submit `command` without waiting. Used where the request is ending (or already
+    cancelled), so an await could be cancelled before the command leaves."""
+
+    async def send() -> None:
+        try:
+            await context.submit_command(command)
+        except Exception as exc:  # the request is over; all that is left is to say so
+            logger.warning("could not send %s for command %s: %s", command.type, _subject(command), exc)
+
+    try:
+        task = asyncio.get_running_loop().create_task(send())
+    except RuntimeError:  # a response generator finalised while the loop shuts down
+        logger.warning("could not send %s for command %s: no running loop", command.type, _subject(command))
+        return
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+
+
+def _subject(command: Command) -> str:
+    return getattr(command, "cancelled_command_id", None) or getattr(command, "finished_command_id", command.command_id)
+
+
+def cancel_later(context: Any, command_id: str) -> None:
+    send_later(context, CancelCommand(command_id=new_id(), cancelled_command_id=command_id))
+
+
+def finished_later(context: Any, command_id: str) -> None:
+    send_later(context, TaskFinished(command_id=new_id(), finished_command_id=command_id))
+
+
+async def _close_on_disconnect(request: Request, context: Any, stream: CommandStream) -> None:
+    """Wait for the client to go away; then close its stream and cancel the command."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            break
+    if stream.close():
+        logger.info("command %s: client disconnected; cancelling", stream.command_id)
+        cancel_later(context, stream.command_id)
+
+
+async def drive(request: Request, context: Any, stream: CommandStream) -> AsyncIterator[TokenChunk]:
+    """The token chunks of `stream` until it ends, telling the cluster how it ended: TaskFinished
+    after the runner's terminal, CancelCommand when this node or the client ended it. Callers
+    wrap it in `contextlib.aclosing` so that leaving early cancels the command."""
+    watcher = asyncio.create_task(_close_on_disconnect(request, context, stream))
+    try:
+        async for chunk in stream:
+            if not isinstance(chunk, TokenChunk):
+                # Skipped; the stream now ends with the violation once what is queued is read.
+                context.streams.fail(stream.command_id, "protocol_violation", f"A chat stream carried a {chunk.type}.")
+                continue
+            yield chunk
+        finished_later(context, stream.command_id)
+    except StreamFailed as failure:
+        if failure.origin == "runner":
+            finished_later(context, stream.command_id)
+        elif failure.origin == "api":
+            cancel_later(context, stream.command_id)
+        raise
+    finally:
+        watcher.cancel()
+        if stream.close():  # left early (the response generator was closed): cancel
+            cancel_later(context, stream.command_id)
+
+
+async def submit(context: Any, stream: CommandStream, command: Command) -> None:
+    """Submit `command`; when the master cannot be reached, free `stream` and raise 503."""
+    try:
+        await context.submit_command(command)
+    except Exception as exc:
+        stream.close()
+        raise ClusterNotReady(f"The command could not reach the master: {exc}") from exc
+
+
+def bind_instance(context: Any, params: TextGenerationParams, *, max_tokens_param: str = "max_tokens") -> Instance:
+    """The placed instance `params` will run on, after the checks every wire format shares:
+    the model is placed (404 naming the fix otherwise), `max_tokens` fits its context (400
+    naming `max_tokens_param`, the caller's name for it), and there is a master (503)."""
+    instance = context.find_instance(params.model_id)
+    if instance is None:
+        raise ModelNotFound(params.model_id)
+    if params.max_tokens is not None and params.max_tokens > instance.context_token_limit:
+        raise InvalidRequest(
+            f"'{max_tokens_param}' is {params.max_tokens}, but {params.model_id} is placed with a context of "
+            f"{instance.context_token_limit} tokens.",
+            param=max_tokens_param,
+        )
+    if context.get_master()[0] is None:
+        raise ClusterNotReady("The cluster has no master yet (election in progress); retry shortly.")
+    return instance
+
+
+async def start_generation(
+    context: Any, params: TextGenerationParams, *, max_tokens_param: str = "max_tokens"
+) -> CommandStream:
+    """Bind `params` (see `bind_instance`), open its stream and submit `GenerateText`. The
+    caller must then consume the stream through `drive` (or close it)."""
+    bind_instance(context, params, max_tokens_param=max_tokens_param)
+    command_id = new_id()
+    stream = context.streams.open(command_id)
+    await submit(context, stream, GenerateText(command_id=command_id, params=params))
+    return stream
+
+
+__all__ = [
+    "SSE_HEADERS",
+    "api_context",
+    "bind_instance",
+    "cancel_later",
+    "drive",
+    "finished_later",
+    "send_later",
+    "start_generation",
+    "submit",
+]

@@ -1,0 +1,58 @@
+"""Anthropic-compatible route: `POST /v1/messages`, stream and not.
+
+The request is normalised by `skulk.api.adapters.anthropic` and then takes the shared
+generation path (`skulk.api.generation`): bound to a placed instance (404 naming the fix
+when there is none), submitted as `GenerateText`, its output serialised as Anthropic SSE
+events or one `message`, and the cluster told exactly once how it ended. Errors on this
+path render in Anthropic's shape (`skulk.api.errors`, selected by path). No policy here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+
+from skulk.api.adapters.anthropic import MessagesRequest, MessageStreamEncoder, collect_message, sse_error, to_params
+from skulk.api.errors import StreamFailed
+from skulk.api.generation import SSE_HEADERS, api_context, drive, start_generation
+from skulk.api.streams import CommandStream
+
+logger = logging.getLogger(__name__)
+
+router = APIRouter()
+
+
+@router.post("/v1/messages", response_model=None)
+async def create_message(request: Request, body: MessagesRequest) -> StreamingResponse | dict[str, Any]:
+    context = api_context(request)
+    params = to_params(body)
+    stream = await start_generation(context, params)
+    if body.stream:
+        encoder = MessageStreamEncoder(command_id=stream.command_id, model=body.model, stop_sequences=params.stop)
+        return StreamingResponse(_sse(request, context, stream, encoder), media_type="text/event-stream",
+                                 headers=SSE_HEADERS)
+    async with aclosing(drive(request, context, stream)) as output:
+        chunks = [chunk async for chunk in output]
+    return collect_message(chunks, command_id=stream.command_id, model=body.model, stop_sequences=params.stop)
+
+
+async def _sse(request: Request, context: Any, stream: CommandStream, encoder: MessageStreamEncoder) -> AsyncIterator[str]:
+    for event in encoder.start():
+        yield event
+    try:
+        async with aclosing(drive(request, context, stream)) as output:
+            async for chunk in output:
+                for event in encoder.chunk_to_sse(chunk):
+                    yield event
+    except StreamFailed as failure:
+        logger.info("command %s ended: %s (%s)", stream.command_id, failure.error_type, failure.message)
+        for event in sse_error(failure):
+            yield event
+        return
+    for event in encoder.finish():
+        yield event

@@ -1,0 +1,148 @@
+"""Ollama-compatible routes under `/ollama`: `/api/chat` and `/api/generate` (NDJSON
+streaming, on by default as in Ollama), `/api/tags`, `/api/ps`, `/api/show`, `/api/version`,
+and the `GET`/`HEAD /ollama` liveness answer "Ollama is running".
+
+Generation takes the shared path (`skulk.api.generation`): normalised by
+`skulk.api.adapters.ollama`, bound to a placed instance (404 naming the fix when there is
+none), submitted as `GenerateText`, and the cluster told exactly once how it ended. Errors
+under `/ollama` render as `{"error": "..."}` (`skulk.api.errors`, selected by path). The
+model listings show placed models only: Skulk places models, it does not pull them here.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import PlainTextResponse, StreamingResponse
+
+from skulk.api.adapters.ollama import (
+    OLLAMA_VERSION,
+    ChatRequest,
+    Endpoint,
+    GenerateRequest,
+    OllamaEncoder,
+    ShowRequest,
+    Timing,
+    chat_params,
+    collect,
+    generate_params,
+    load_response,
+    ndjson,
+    ndjson_error,
+    ps,
+    show,
+    tags,
+    timestamp,
+)
+from skulk.api.errors import InvalidRequest, ModelNotFound, StreamFailed
+from skulk.api.generation import SSE_HEADERS, api_context, drive, start_generation
+from skulk.api.streams import CommandStream
+from skulk.shared.types.tasks import TextGenerationParams
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "/ollama"
+
+router = APIRouter(prefix=PREFIX)
+
+KEEP_ALIVE_EXPIRY = "2318-01-01T00:00:00Z"
+"""`expires_at` in `/api/ps`: a placed instance stays until it is deleted, so its expiry
+is as far off as Ollama's own "keep forever" answer."""
+
+
+@router.api_route("", methods=["GET", "HEAD"], response_class=PlainTextResponse)
+@router.api_route("/", methods=["GET", "HEAD"], response_class=PlainTextResponse)
+def running() -> str:
+    return "Ollama is running"
+
+
+@router.get("/api/version")
+def version() -> dict[str, str]:
+    return {"version": OLLAMA_VERSION}
+
+
+@router.get("/api/tags")
+def list_tags(request: Request) -> dict[str, Any]:
+    context = api_context(request)
+    return tags(context.list_instances(), context.get_cards(), timestamp())
+
+
+@router.get("/api/ps")
+def list_running(request: Request) -> dict[str, Any]:
+    context = api_context(request)
+    return ps(context.list_instances(), context.get_cards(), KEEP_ALIVE_EXPIRY)
+
+
+@router.post("/api/show")
+def show_model(request: Request, body: ShowRequest) -> dict[str, Any]:
+    context = api_context(request)
+    model_id = body.model or body.name
+    if not model_id:
+        raise InvalidRequest("model is required", param="model")
+    limits = [i.context_token_limit for i in context.list_instances() if i.model_id == model_id]
+    if not limits:
+        raise ModelNotFound(model_id)
+    return show(model_id, context.get_cards().get(model_id), max(limits), timestamp())
+
+
+@router.post("/api/chat", response_model=None)
+async def chat(request: Request, body: ChatRequest) -> StreamingResponse | dict[str, Any]:
+    if not body.messages:
+        return _load(request, "chat", body.model)
+    return await _generate(request, "chat", body.model, chat_params(body))
+
+
+@router.post("/api/generate", response_model=None)
+async def generate(request: Request, body: GenerateRequest) -> StreamingResponse | dict[str, Any]:
+    if not body.prompt and not body.raw:
+        return _load(request, "generate", body.model)
+    return await _generate(request, "generate", body.model, generate_params(body))
+
+
+def _load(request: Request, endpoint: Endpoint, model: str) -> dict[str, Any]:
+    context = api_context(request)
+    if context.find_instance(model) is None:
+        raise ModelNotFound(model)
+    return load_response(endpoint, model)
+
+
+async def _generate(
+    request: Request, endpoint: Endpoint, model: str, params: TextGenerationParams
+) -> StreamingResponse | dict[str, Any]:
+    context = api_context(request)
+    started_ns = time.monotonic_ns()
+    stream = await start_generation(context, params, max_tokens_param="options.num_predict")
+    encoder = OllamaEncoder(endpoint=endpoint, model=model)
+    if params.stream:
+        return StreamingResponse(_lines(request, context, stream, encoder, started_ns),
+                                 media_type="application/x-ndjson", headers=SSE_HEADERS)
+    first_token_ns: int | None = None
+    chunks = []
+    async with aclosing(drive(request, context, stream)) as output:
+        async for chunk in output:
+            first_token_ns = first_token_ns or time.monotonic_ns()
+            chunks.append(chunk)
+    return collect(encoder, chunks, Timing(started_ns, first_token_ns, time.monotonic_ns()))
+
+
+async def _lines(
+    request: Request, context: Any, stream: CommandStream, encoder: OllamaEncoder, started_ns: int
+) -> AsyncIterator[str]:
+    first_token_ns: int | None = None
+    try:
+        async with aclosing(drive(request, context, stream)) as output:
+            async for chunk in output:
+                first_token_ns = first_token_ns or time.monotonic_ns()
+                line = encoder.line(chunk)
+                if line is not None:
+                    yield line
+    except StreamFailed as failure:
+        logger.info("command %s ended: %s (%s)", stream.command_id, failure.error_type, failure.message)
+        yield ndjson_error(failure)
+        return
+    yield ndjson(encoder.final(Timing(started_ns, first_token_ns, time.monotonic_ns())))
