@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import multiprocessing
 import os
@@ -87,8 +88,9 @@ SAMPLING: dict[str, Any] = {"temperature": 0.0, "top_p": 0.95, "top_k": 40, "min
 for the knobs OpenAI lacks). Sent to both servers; Skulk ignores the fields it does not
 take, whose defaults are these values."""
 
-WARM_UP_TOKENS = 8
-"""Tokens of each contender's untimed first request: pages the weights in, builds graphs."""
+WARM_UP_TOKENS = 16
+"""Tokens of each contender's untimed first request: pages the weights in, builds graphs;
+its text, the same greedy prompt everywhere, checks that all three decode the same tokens."""
 
 SERVER_START_DEADLINE_S = 180.0
 """The peer server loads the 380 MB model before it answers; on a loaded 2-core box that
@@ -105,14 +107,15 @@ STOP_DEADLINE_S = 10.0
 """SIGTERM, then SIGKILL after this long."""
 
 QUIET_FOREIGN_CORES = 0.25
-"""A measurement starts once processes outside the benchmark used less than this many cores
-over one QUIET_WINDOW_S: on a shared 2-core machine a neighbour's test run otherwise takes a
-core from llama.cpp's T threads, whose barrier spinning then triples the CPU per token
-(seen here: 66 -> 188 ms/token) and the figure measures the neighbour."""
+"""Most cores processes outside the benchmark may use during a measurement that counts. On a
+shared 2-core machine a neighbour's test run takes a core from llama.cpp's T threads, whose
+barrier spinning then triples the CPU per token (seen here: 56 -> 170 ms/token, 35 -> 7
+tok/s): such a figure measures the neighbour. A measurement starts after a window this quiet,
+and one that was disturbed anyway is discarded and repeated (new prompt), until the quiet
+budget (--quiet-budget) is spent; after that every measurement counts and is marked."""
 QUIET_WINDOW_S = 1.0
 QUIET_WAIT_PER_MEASUREMENT_S = 30.0
-"""Longest wait for quiet before one measurement; after it (or once --quiet-budget is spent)
-the measurement runs anyway and is marked as started under load."""
+"""Longest wait for a quiet window before one attempt; it then runs anyway."""
 
 BANDWIDTH_ARRAY_BYTES = 256 * 2**20
 """Per-process array for the bandwidth probe: far beyond any L3 slice, so sums stream DRAM."""
@@ -258,6 +261,7 @@ class Sample:
     """One timed request, with the CPU the machine spent while it ran (cores = CPU s / wall s)."""
 
     stream: Stream
+    wall_s: float
     cpu_s: float
     """CPU of this process (engine or client) plus the measured contender's process tree."""
     idle_cores: dict[str, float]
@@ -328,7 +332,7 @@ def measure(contender: Contender, everyone: Sequence[Contender], user_message: s
         raise RuntimeError(f"{contender.name}: {len(stream.arrivals)} tokens streamed; need at least 2 to time decode")
     idle = {name: (others1[name] - others0[name]) / wall for name in others0}
     foreign = max(0.0, (busy1 - busy0) - (own1 - own0) - sum(idle.values()) * wall) / wall
-    return Sample(stream, own1 - own0, idle, foreign, (steal1 - steal0) / wall)
+    return Sample(stream, wall, own1 - own0, idle, foreign, (steal1 - steal0) / wall)
 
 
 def foreign_cores_now(everyone: Sequence[Contender], window_s: float = QUIET_WINDOW_S) -> float:
@@ -348,6 +352,8 @@ def foreign_cores_now(everyone: Sequence[Contender], window_s: float = QUIET_WIN
 def wait_for_quiet(everyone: Sequence[Contender], budget_s: float) -> tuple[bool, float]:
     """Wait, at most min(budget_s, QUIET_WAIT_PER_MEASUREMENT_S), for a quiet window.
     Returns (quiet, seconds waited)."""
+    if budget_s <= 0:
+        return False, 0.0
     started = time.monotonic()
     limit = min(budget_s, QUIET_WAIT_PER_MEASUREMENT_S)
     while True:
@@ -690,9 +696,9 @@ def main() -> None:
     parser.add_argument("--flash-attn", choices=("on", "off"), default="on",
                         help="llama.cpp Flash Attention for all three (Skulk's default is on)")
     parser.add_argument("--model-dir", type=Path, default=None, help="where the benchmark GGUF is (or is generated)")
-    parser.add_argument("--quiet-budget", type=float, default=120.0,
-                        help="seconds the whole run may spend waiting for other processes to go quiet before "
-                             "measurements (0: never wait)")
+    parser.add_argument("--quiet-budget", type=float, default=180.0,
+                        help="seconds the run may spend waiting for quiet and repeating measurements that other "
+                             "processes disturbed (0: take every measurement as it comes)")
     parser.add_argument("--skip-peer", action="store_true", help="leave out llama-cpp-python's server (b)")
     args = parser.parse_args()
     if args.tokens < 2 or args.reps < 1 or args.threads < 1:
@@ -749,37 +755,41 @@ def main() -> None:
             contenders.append(skulk)
 
             warm = PROMPT.format(tag="warm-up")
-            counts = {}
+            counts, texts = {}, {}
             for contender in contenders:
-                contender.stream(warm, WARM_UP_TOKENS)
+                texts[contender.name] = contender.stream(warm, WARM_UP_TOKENS).text
                 counts[contender.name] = (len(engine.llama.tokenize(engine.render(warm), add_bos=False, special=True))
                                           if contender is engine else contender.prompt_tokens(warm))
-            print(f"prompt     {counts} tokens (same rendered prompt everywhere when equal)", flush=True)
-
-            samples: dict[str, list[Sample]] = {c.name: [] for c in contenders}
-            texts: dict[str, str] = {}
-            quiet_budget_s, loaded = args.quiet_budget, 0
-            for r, contender in rounds(contenders, args.reps):
-                quiet, waited = wait_for_quiet(contenders, quiet_budget_s)
-                quiet_budget_s = max(0.0, quiet_budget_s - waited)
-                loaded += not quiet
-                sample = measure(contender, contenders, PROMPT.format(tag=str(r)), args.tokens)
-                samples[contender.name].append(sample)
-                if r == 0:
-                    texts[contender.name] = sample.stream.text
-                print(f"  round {r} {contender.name:6} TTFT {sample.stream.ttft_s * 1000:6.0f} ms  "
-                      f"decode {sample.stream.decode_tok_s:6.2f} tok/s  CPU {sample.cpu_ms_per_token:5.1f} ms/token  "
-                      f"foreign {sample.foreign_cores:.2f} cores{'' if quiet else '  (started under load)'}",
-                      flush=True)
+            print(f"prompt     {counts} tokens (same rendered prompt everywhere when equal)")
             same = len(set(texts.values())) == 1
-            print(f"greedy text of round 0 identical across {sorted(texts)}: {'yes' if same else 'NO'}")
+            print(f"greedy     warm-up text identical across {sorted(texts)}: {'yes' if same else 'NO'}", flush=True)
             if not same:
                 for name, text in texts.items():
-                    print(f"  {name}: {text[:80]!r}")
+                    print(f"  {name}: {text!r}")
+
+            samples: dict[str, list[Sample]] = {c.name: [] for c in contenders}
+            budget_s, discarded = args.quiet_budget, 0
+            for r, contender in rounds(contenders, args.reps):
+                for attempt in itertools.count():
+                    waited = wait_for_quiet(contenders, budget_s)[1]
+                    sample = measure(contender, contenders, PROMPT.format(tag=f"{r}.{attempt}"), args.tokens)
+                    budget_s = max(0.0, budget_s - waited)
+                    disturbed = sample.foreign_cores >= QUIET_FOREIGN_CORES
+                    print(f"  round {r} {contender.name:6} TTFT {sample.stream.ttft_s * 1000:6.0f} ms  "
+                          f"decode {sample.stream.decode_tok_s:6.2f} tok/s  CPU {sample.cpu_ms_per_token:5.1f} "
+                          f"ms/token  foreign {sample.foreign_cores:.2f} cores"
+                          + ((" (disturbed: repeated)" if budget_s > 0 else " (disturbed: kept)") if disturbed else ""),
+                          flush=True)
+                    if not disturbed or budget_s <= 0:
+                        break
+                    budget_s = max(0.0, budget_s - sample.wall_s)
+                    discarded += 1
+                samples[contender.name].append(sample)
             report(samples, roofline, args.tokens)
-            total = args.reps * len(contenders)
-            print(f"{total - loaded} of {total} measurements started after a quiet second (other processes < "
-                  f"{QUIET_FOREIGN_CORES} cores); {args.quiet_budget - quiet_budget_s:.0f} s spent waiting for quiet")
+            kept = sum(s.foreign_cores >= QUIET_FOREIGN_CORES for runs in samples.values() for s in runs)
+            print(f"disturbed (others used >= {QUIET_FOREIGN_CORES} cores): {discarded} measurements repeated, "
+                  f"{kept} kept once the quiet budget was spent; {args.quiet_budget - budget_s:.0f} of "
+                  f"{args.quiet_budget:.0f} s of quiet budget used")
             print(f"\nload average at the end {os.getloadavg()[0]:.2f}; whole run {time.monotonic() - started:.0f} s")
         finally:
             for contender in contenders:

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import aclosing
+from typing import Any, Protocol
 
 from fastapi import Request
 
@@ -156,3 +157,36 @@ __all__ = [
     "start_generation",
     "submit",
 ]
+
+
+class StreamEncoder(Protocol):
+    """A wire format's streaming serialiser: events before, per chunk, and after the output."""
+
+    def start(self) -> Iterable[str]: ...
+    def chunk_to_sse(self, chunk: TokenChunk) -> Iterable[str]: ...
+    def finish(self) -> Iterable[str]: ...
+
+
+async def encoded_events(
+    request: Request,
+    context: Any,
+    stream: CommandStream,
+    encoder: StreamEncoder,
+    on_failure: Callable[[StreamFailed], Iterable[str]],
+) -> AsyncIterator[str]:
+    """The streaming body of one request in its caller's wire format: the encoder's events
+    around the output, or the format's error events when the stream fails."""
+    for event in encoder.start():
+        yield event
+    try:
+        async with aclosing(drive(request, context, stream)) as output:
+            async for chunk in output:
+                for event in encoder.chunk_to_sse(chunk):
+                    yield event
+    except StreamFailed as failure:
+        logger.info("command %s ended: %s (%s)", stream.command_id, failure.error_type, failure.message)
+        for event in on_failure(failure):
+            yield event
+        return
+    for event in encoder.finish():
+        yield event

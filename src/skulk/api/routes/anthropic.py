@@ -9,7 +9,6 @@ path render in Anthropic's shape (`skulk.api.errors`, selected by path). No poli
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
@@ -18,11 +17,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from skulk.api.adapters.anthropic import MessagesRequest, MessageStreamEncoder, collect_message, sse_error, to_params
-from skulk.api.errors import StreamFailed
-from skulk.api.generation import SSE_HEADERS, api_context, drive, start_generation
+from skulk.api.generation import SSE_HEADERS, api_context, drive, encoded_events, start_generation
 from skulk.api.streams import CommandStream
 
-logger = logging.getLogger(__name__)
 
 router = APIRouter()
 
@@ -41,18 +38,5 @@ async def create_message(request: Request, body: MessagesRequest) -> StreamingRe
     return collect_message(chunks, command_id=stream.command_id, model=body.model, stop_sequences=params.stop)
 
 
-async def _sse(request: Request, context: Any, stream: CommandStream, encoder: MessageStreamEncoder) -> AsyncIterator[str]:
-    for event in encoder.start():
-        yield event
-    try:
-        async with aclosing(drive(request, context, stream)) as output:
-            async for chunk in output:
-                for event in encoder.chunk_to_sse(chunk):
-                    yield event
-    except StreamFailed as failure:
-        logger.info("command %s ended: %s (%s)", stream.command_id, failure.error_type, failure.message)
-        for event in sse_error(failure):
-            yield event
-        return
-    for event in encoder.finish():
-        yield event
+def _sse(request: Request, context: Any, stream: CommandStream, encoder: MessageStreamEncoder) -> AsyncIterator[str]:
+    return encoded_events(request, context, stream, encoder, sse_error)

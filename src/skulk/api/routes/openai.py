@@ -33,8 +33,8 @@ from skulk.api.adapters.openai_chat import (
     sse_error,
     to_params,
 )
-from skulk.api.errors import ClusterNotReady, ModelNotFound, NotFound, StreamFailed
-from skulk.api.generation import SSE_HEADERS, api_context, drive, start_generation
+from skulk.api.errors import ClusterNotReady, ModelNotFound, NotFound
+from skulk.api.generation import SSE_HEADERS, api_context, drive, encoded_events, start_generation
 from skulk.api.streams import CommandStream
 from skulk.shared.types.commands import CancelCommand
 from skulk.shared.types.ids import new_id
@@ -90,21 +90,8 @@ async def chat_completions(request: Request, body: ChatCompletionRequest) -> Str
                             logprobs=params.logprobs)
 
 
-async def _sse(request: Request, context: Any, stream: CommandStream, encoder: ChatStreamEncoder) -> AsyncIterator[str]:
-    for event in encoder.start():
-        yield event
-    try:
-        async with aclosing(_drive(request, context, stream)) as output:
-            async for chunk in output:
-                for event in encoder.chunk_to_sse(chunk):
-                    yield event
-    except StreamFailed as failure:
-        logger.info("command %s ended: %s (%s)", stream.command_id, failure.error_type, failure.message)
-        for event in sse_error(failure):
-            yield event
-        return
-    for event in encoder.finish():
-        yield event
+def _sse(request: Request, context: Any, stream: CommandStream, encoder: ChatStreamEncoder) -> AsyncIterator[str]:
+    return encoded_events(request, context, stream, encoder, sse_error)
 
 
 @router.post("/v1/cancel/{command_id}")
