@@ -24,9 +24,23 @@ and TTFT), skulk/peer, engine/roofline.
 
 The contenders stay loaded together and the repetitions are interleaved in rotating order
 (round r starts with contender r mod 3), so drift in a shared machine's load falls on all
-three alike. Beside each figure the run prints the CPU that processes other than the
-measured contender (and this client) used while it was measured ("foreign", in cores) and
-the hypervisor's steal: a noisy neighbour shows up there, not as a silent error.
+three alike. Beside each figure the run prints the CPU per token of the measured contender
+(its processes and this client), and the CPU that processes outside the benchmark used
+meanwhile ("foreign", in cores) and the hypervisor's steal: a noisy neighbour shows up
+there, not as a silent error. A measurement that a neighbour disturbed is repeated while
+the quiet budget lasts (see QUIET_FOREIGN_CORES).
+
+OpenMP barrier waiting (the figure that matters most on a busy machine). This llama.cpp
+build runs its T threads under libgomp, which spins at every barrier (a few hundred per
+token) for ~300k iterations before sleeping, but only ~100 when the process has more
+libgomp threads than CPUs. The engine here and the peer use one thread team and spin; when
+a neighbour takes a core, the spinning thread starves the one holding the work and decode
+collapses (measured: 35 -> 1-7 tok/s at 3-8x the CPU per token). Skulk's runner warms up on
+its main thread and generates on its dispatcher thread: two teams, 2T threads > T CPUs, so
+libgomp throttles and Skulk barely notices a neighbour. --omp-wait-policy passive sets
+OMP_WAIT_POLICY=PASSIVE for all three (in this process before llama.cpp loads, and in the
+environment of the peer and the node), which puts them on the same footing and leaves the
+serving path as the only difference; the default measures each as shipped.
 
 Thread count: Skulk's worker has no thread setting; its runner gives llama.cpp
 `physical_cores()` threads (skulk.worker.engines.llama_cpp). T defaults to that same
@@ -40,9 +54,11 @@ Usage (the server extras are not project dependencies, hence --with):
 
   uv run --with sse-starlette --with starlette-context --with pydantic-settings \\
       python bench/serve.py [--tokens 128] [--reps 3] [--threads T] [--flash-attn on|off]
+                            [--omp-wait-policy asis|passive] [--quiet-budget 120]
 
 Without those packages (plain `uv run python bench/serve.py`) the peer (b) is skipped and
-the run says why. A default run takes about 6 minutes on a 2-core machine.
+the run says why. On a quiet 2-core machine a default run takes about 2 minutes; under a
+neighbour's constant load, where the engine and peer fall to ~3 tok/s, about 8.
 """
 
 from __future__ import annotations
@@ -144,20 +160,19 @@ def ensure_bench_model(model_dir: Path | None) -> Path:
     return gguf
 
 
-def bytes_per_token(gguf: Path) -> tuple[int, int]:
-    """(weight bytes read per decoded token, all tensor bytes). Each token reads every weight
-    matrix once; of the embedding table it reads one row."""
+def bytes_per_token(gguf: Path) -> int:
+    """Weight bytes read per decoded token: every weight matrix once, one row of the
+    embedding table (the KV cache of a short context is negligible beside them)."""
     from gguf import GGUFReader
 
     reader = GGUFReader(str(gguf))
-    total = sum(int(t.n_bytes) for t in reader.tensors)
     read = 0
     for tensor in reader.tensors:
         if tensor.name == "token_embd.weight":
             read += int(tensor.n_bytes) // BENCH_SPEC.vocab_size
         else:
             read += int(tensor.n_bytes)
-    return read, total
+    return read
 
 
 def card_toml(gguf: Path, flash_attn: bool) -> str:
@@ -534,6 +549,18 @@ class PeerServer:
         self._log.close()
 
 
+def set_omp_wait_policy(policy: str) -> str:
+    """Apply --omp-wait-policy to this process's environment (the peer and the node inherit it)
+    and say what is in force. libgomp reads it once, when llama.cpp's library loads: this must
+    run before anything here loads llama_cpp."""
+    maps = Path("/proc/self/maps")
+    if maps.exists() and "libgomp" in maps.read_text():
+        raise RuntimeError("libgomp is already loaded; OMP_WAIT_POLICY would not apply to the engine")
+    if policy == "passive":
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    return f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}"
+
+
 def peer_server_available() -> str | None:
     """None when llama_cpp.server can start here; else what is missing."""
     missing = [m for m in ("sse_starlette", "starlette_context", "pydantic_settings", "fastapi", "uvicorn")
@@ -689,14 +716,16 @@ def rounds(contenders: list[Contender], reps: int) -> Iterator[tuple[int, Conten
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, default=128, help="decoded tokens per request")
-    parser.add_argument("--reps", type=int, default=5, help="timed requests per contender (median reported)")
+    parser.add_argument("--reps", type=int, default=3, help="timed requests per contender (median reported)")
     parser.add_argument("--threads", type=int, default=physical_cores(),
                         help="llama.cpp threads for the engine and the peer, and bandwidth probe processes "
                              "(default: physical cores, what Skulk's runner uses)")
     parser.add_argument("--flash-attn", choices=("on", "off"), default="on",
                         help="llama.cpp Flash Attention for all three (Skulk's default is on)")
     parser.add_argument("--model-dir", type=Path, default=None, help="where the benchmark GGUF is (or is generated)")
-    parser.add_argument("--quiet-budget", type=float, default=180.0,
+    parser.add_argument("--omp-wait-policy", choices=("asis", "passive"), default="asis",
+                        help="asis: each contender as shipped; passive: OMP_WAIT_POLICY=PASSIVE for all three")
+    parser.add_argument("--quiet-budget", type=float, default=120.0,
                         help="seconds the run may spend waiting for quiet and repeating measurements that other "
                              "processes disturbed (0: take every measurement as it comes)")
     parser.add_argument("--skip-peer", action="store_true", help="leave out llama-cpp-python's server (b)")
@@ -704,14 +733,15 @@ def main() -> None:
     if args.tokens < 2 or args.reps < 1 or args.threads < 1:
         parser.error("need --tokens >= 2, --reps >= 1, --threads >= 1")
     threads, flash_attn = args.threads, args.flash_attn == "on"
+    omp_note = set_omp_wait_policy(args.omp_wait_policy)
 
     started = time.monotonic()
     gguf = ensure_bench_model(args.model_dir)
-    read_bytes, tensor_bytes = bytes_per_token(gguf)
+    read_bytes = bytes_per_token(gguf)
     print(f"model      {gguf} ({gguf.stat().st_size / 1e6:.0f} MB file, {BENCH_SPEC.parameter_count / 1e6:.1f} M "
           f"params f32; {read_bytes / 1e6:.0f} MB of weights read per token)")
     print(f"machine    {os.cpu_count()} logical / {physical_cores()} physical cores; "
-          f"load average {os.getloadavg()[0]:.2f}; threads T={threads}; flash_attn={flash_attn}")
+          f"load average {os.getloadavg()[0]:.2f}; threads T={threads}; flash_attn={flash_attn}; {omp_note}")
     if threads != physical_cores():
         print(f"warning    Skulk has no thread setting: its runner uses physical_cores()={physical_cores()} "
               f"threads, while (a) and (b) use {threads}")

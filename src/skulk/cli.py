@@ -16,6 +16,7 @@ from typing import Annotated, Optional
 import typer
 
 from skulk import __version__
+from skulk.api.auth import API_KEY_ENV
 from skulk.node import ExitCode, NodeSettings, default_node_name, run_node
 from skulk.store.config import ConfigError, SkulkConfig, load_config
 from skulk.store.paths import SkulkPaths, resolve_paths
@@ -53,7 +54,9 @@ def _split_endpoints(value: str | None) -> tuple[str, ...]:
     return tuple(part.strip() for part in value.split(",") if part.strip())
 
 
-def resolve_settings(flags: RunFlags, config: SkulkConfig, paths: SkulkPaths, hostname: str) -> NodeSettings:
+def resolve_settings(
+    flags: RunFlags, config: SkulkConfig, paths: SkulkPaths, hostname: str, env_api_key: str | None = None
+) -> NodeSettings:
     """Merge flags (with env folded in) over the config file over defaults. Pure."""
     listen = _split_endpoints(flags.listen) or tuple(config.node.listen)
     peers = _split_endpoints(flags.bootstrap_peers) or tuple(config.node.bootstrap_peers)
@@ -66,6 +69,7 @@ def resolve_settings(flags: RunFlags, config: SkulkConfig, paths: SkulkPaths, ho
         bootstrap_peers=peers,
         multicast=config.node.multicast and not flags.no_multicast,
         cluster_key=flags.cluster_key,
+        api_key=env_api_key or config.api.api_key,
         api_enabled=not flags.no_api,
         worker_enabled=not flags.no_worker,
     )
@@ -105,7 +109,7 @@ def _run(flags: RunFlags) -> None:
     except ConfigError as exc:
         typer.echo(f"skulk: {exc}", err=True)
         raise typer.Exit(ExitCode.USAGE) from None
-    settings = resolve_settings(flags, config, paths, default_node_name())
+    settings = resolve_settings(flags, config, paths, default_node_name(), os.environ.get(API_KEY_ENV) or None)
     raise typer.Exit(run_node(settings))
 
 
@@ -163,6 +167,58 @@ def cluster_key(data_dir: DataDir = None, cluster_key: ClusterKey = None) -> Non
     except ClusterKeyError as exc:
         typer.echo(f"skulk: {exc}", err=True)
         raise typer.Exit(ExitCode.USAGE) from None
+
+
+@app.command()
+def doctor(
+    data_dir: DataDir = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable results.")] = False,
+    fix: Annotated[bool, typer.Option("--fix", help="Apply the safe idempotent fixes, then re-check.")] = False,
+) -> None:
+    """Check this node's environment: engines, conflicts, storage, dashboard, cluster key, lease.
+
+    Exits non-zero when any check is an error."""
+    import json
+
+    from skulk.facts.doctor import apply_fixes, gather_doctor_inputs, has_errors, run_checks
+
+    paths = _paths(data_dir)
+    results = run_checks(gather_doctor_inputs(paths, os.environ))
+    applied: list[str] = []
+    if fix:
+        applied = apply_fixes(results, paths)
+        if applied:
+            results = run_checks(gather_doctor_inputs(paths, os.environ))
+    failed = has_errors(results)
+    if as_json:
+        typer.echo(json.dumps({"ok": not failed, "fixed": applied, "results": [r.as_json() for r in results]}, indent=2))
+    else:
+        _print_doctor(results, applied)
+    raise typer.Exit(ExitCode.FAILURE if failed else ExitCode.OK)
+
+
+def _print_doctor(results: list, applied: list[str]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    style = {"ok": "green", "warn": "yellow", "error": "red"}
+    table = Table("check", "status", "finding")
+    for result in results:
+        verdict = result.verdict
+        table.add_row(result.title, f"[{style[verdict.status]}]{verdict.status}[/]", verdict.message)
+    console = Console()
+    console.print(table)
+    for result in results:
+        verdict = result.verdict
+        if verdict.status == "ok":
+            continue
+        console.print(f"[{style[verdict.status]}]{result.title}[/]: {verdict.message}")
+        if verdict.consequence:
+            console.print(f"  consequence: {verdict.consequence}")
+        if verdict.remediation:
+            console.print(f"  fix: {verdict.remediation}" + (" (applied by --fix)" if verdict.fixable else ""))
+    if applied:
+        console.print(f"applied fixes: {', '.join(applied)}")
 
 
 @models_app.command("list")

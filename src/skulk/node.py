@@ -83,6 +83,8 @@ class NodeSettings:
     bootstrap_peers: tuple[str, ...] = ()
     multicast: bool = True
     cluster_key: str | None = field(default=None, repr=False)
+    api_key: str | None = field(default=None, repr=False)
+    """When set, every API route but static assets requires it (Bearer / x-api-key)."""
     api_enabled: bool = True
     worker_enabled: bool = True
 
@@ -223,7 +225,7 @@ class Node:
             node_id=self.node_id, node_name=settings.node_name, version=__version__,
             api_endpoint=settings.api_endpoint, interfaces=tuple(probe_interfaces()),
         )
-        self.membership = MembershipService(router, self.replica, self.producer, me)
+        self.membership = MembershipService(router, self.replica, self.producer, me, api_key=lambda: settings.api_key)
         self.election = ElectionService(
             router,
             commands_seen=lambda: self.replica.state.last_event_applied_idx + 1,
@@ -372,6 +374,7 @@ class Node:
             streams=self.streams,
             get_cards=self.cards,
             get_resources=lambda: node_resources(self.telemetry.view, self.replica.state),
+            api_key=self.settings.api_key,
         )
         config = uvicorn.Config(
             create_app(context),

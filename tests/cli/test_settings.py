@@ -32,3 +32,10 @@ def test_config_over_defaults_and_flags_over_config():
 def test_config_can_turn_multicast_off():
     s = resolve_settings(RunFlags(), parse_config("node:\n  multicast: false\n", Path("c")), PATHS, "h")
     assert not s.multicast
+
+
+def test_api_key_from_env_beats_config():
+    config = parse_config("api:\n  api_key: from-config\n", Path("c"))
+    assert resolve_settings(RunFlags(), config, PATHS, "h").api_key == "from-config"
+    assert resolve_settings(RunFlags(), config, PATHS, "h", "from-env").api_key == "from-env"
+    assert resolve_settings(RunFlags(), parse_config("", Path("c")), PATHS, "h").api_key is None

@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from skulk import __version__
+from skulk.api.auth import ApiKeyMiddleware
 from skulk.api.errors import install_error_handlers
 from skulk.api.routes import control, diagnostics, instances
 from skulk.api.routes import anthropic as anthropic_routes
@@ -52,6 +53,10 @@ class ApiContext:
     """Model cards this node resolves (built-in, local custom, cluster custom)."""
     get_resources: Callable[[], Mapping[str, NodeResources]] = field(default=dict)
     """Latest NodeResources of every member (the placement planner's memory input)."""
+    api_key: str | None = None
+    """When set, every route but the dashboard's static assets requires this key (Bearer,
+    or `x-api-key` on /v1/messages); None or empty leaves the API open. The node passes
+    `SKULK_API_KEY` (`skulk.api.auth.API_KEY_ENV`) or its configured key."""
 
     def __post_init__(self) -> None:
         # Frozen dataclass: defaults that need `get_state` are filled in once, here.
@@ -76,6 +81,8 @@ def create_app(context: ApiContext) -> FastAPI:
     app = FastAPI(title="Skulk", version=__version__)
     app.state.skulk = context
     install_error_handlers(app)
+    if context.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=context.api_key)
     app.include_router(control.router)
     app.include_router(diagnostics.router)
     app.include_router(instances.router)

@@ -1,5 +1,6 @@
-"""OpenAI-compatible routes: `GET /v1/models`, `POST /v1/chat/completions`, and Skulk's
-`POST /v1/cancel/{command_id}`.
+"""OpenAI-compatible routes: `GET /v1/models`, `POST /v1/chat/completions`,
+`POST /v1/completions` (legacy), `POST /v1/responses`, and Skulk's
+`POST /v1/cancel/{command_id}` (which takes a command id or any of the response ids).
 
 A chat request is validated and normalised by the adapter, bound to a placed instance (404
 naming the fix when there is none: chat requests never place models), given a command
@@ -33,6 +34,7 @@ from skulk.api.adapters.openai_chat import (
     sse_error,
     to_params,
 )
+from skulk.api.adapters import openai_completions, openai_responses
 from skulk.api.errors import ClusterNotReady, ModelNotFound, NotFound
 from skulk.api.generation import SSE_HEADERS, api_context, drive, encoded_events, start_generation
 from skulk.api.streams import CommandStream
@@ -90,7 +92,45 @@ async def chat_completions(request: Request, body: ChatCompletionRequest) -> Str
                             logprobs=params.logprobs)
 
 
-def _sse(request: Request, context: Any, stream: CommandStream, encoder: ChatStreamEncoder) -> AsyncIterator[str]:
+@router.post("/v1/completions", response_model=None)
+async def completions(
+    request: Request, body: openai_completions.CompletionRequest
+) -> StreamingResponse | dict[str, Any]:
+    """Legacy text completions: the prompt is sent raw (no chat template)."""
+    context = _context(request)
+    params = openai_completions.to_params(body)
+    stream = await start_generation(context, params)
+    created = int(time.time())
+    if body.stream:
+        encoder = openai_completions.CompletionStreamEncoder(command_id=stream.command_id, model=body.model,
+                                                             created=created)
+        return StreamingResponse(_sse(request, context, stream, encoder), media_type="text/event-stream",
+                                 headers=SSE_HEADERS)
+    async with aclosing(_drive(request, context, stream)) as output:
+        chunks = [chunk async for chunk in output]
+    return openai_completions.collect_completion(chunks, command_id=stream.command_id, model=body.model,
+                                                 created=created)
+
+
+@router.post("/v1/responses", response_model=None)
+async def responses(request: Request, body: openai_responses.ResponsesRequest) -> StreamingResponse | dict[str, Any]:
+    """The Responses API (stateless: `store`/`previous_response_id` are not kept)."""
+    context = _context(request)
+    params = openai_responses.to_params(body)
+    stream = await start_generation(context, params, max_tokens_param="max_output_tokens")
+    created = int(time.time())
+    if body.stream:
+        encoder = openai_responses.ResponseStreamEncoder(command_id=stream.command_id, request=body, created=created)
+        return StreamingResponse(
+            encoded_events(request, context, stream, encoder, encoder.error_events),
+            media_type="text/event-stream", headers=SSE_HEADERS,
+        )
+    async with aclosing(_drive(request, context, stream)) as output:
+        chunks = [chunk async for chunk in output]
+    return openai_responses.collect_response(chunks, command_id=stream.command_id, request=body, created=created)
+
+
+def _sse(request: Request, context: Any, stream: CommandStream, encoder: Any) -> AsyncIterator[str]:
     return encoded_events(request, context, stream, encoder, sse_error)
 
 
@@ -99,6 +139,8 @@ async def cancel(request: Request, command_id: str) -> dict[str, Any]:
     """Cancel a running request by its command id (or its `chatcmpl-` completion id)."""
     context = _context(request)
     command_id = command_id_from(command_id)
+    for prefix in (openai_completions.COMPLETION_ID_PREFIX, openai_responses.RESPONSE_ID_PREFIX):
+        command_id = command_id.removeprefix(prefix)
     open_here = context.streams.is_open(command_id)
     known = open_here or any(
         getattr(task, "command_id", None) == command_id for task in context.get_state().tasks.values()

@@ -1,0 +1,173 @@
+"""The legacy OpenAI Completions wire format (`POST /v1/completions`), both ways.
+
+Incoming: `CompletionRequest` and `to_params`, which turns it into a raw-prompt
+`TextGenerationParams` (no chat template) or raises `InvalidRequest` naming the parameter.
+Outgoing: `CompletionStreamEncoder` (`text_completion` SSE chunks ending in `data: [DONE]`)
+and `collect_completion` (one `text_completion` object).
+
+Pure translation only: no streams, commands or cluster here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from skulk.api.adapters.openai_chat import (
+    MIN_TOP_P,
+    SSE_DONE,
+    _finish_reason,
+    _in_range,
+    _Lenient,
+    _stops,
+    _usage,
+    sse_event,
+)
+from skulk.api.errors import InvalidRequest, invalid_request_from_validation
+from skulk.shared.types.chunks import TokenChunk
+from skulk.shared.types.common import Usage
+from skulk.shared.types.tasks import TextGenerationParams
+
+DEFAULT_MAX_TOKENS = 16
+"""OpenAI's default `max_tokens` for legacy completions."""
+
+COMPLETION_ID_PREFIX = "cmpl-"
+
+
+class CompletionRequest(_Lenient):
+    model: str
+    prompt: str | list[str] | None = None
+    max_tokens: int | None = DEFAULT_MAX_TOKENS
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    n: int | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool | None = False
+    echo: bool | None = None
+    suffix: str | None = None
+    best_of: int | None = None
+    logprobs: int | None = None
+    user: str | None = None
+
+
+def _prompt(prompt: str | list[str] | None) -> str:
+    if prompt is None:
+        raise InvalidRequest("Missing required parameter: 'prompt'.", param="prompt", code="missing_required_parameter")
+    if isinstance(prompt, str):
+        return prompt
+    if len(prompt) != 1:
+        raise InvalidRequest(f"Only one prompt per request is supported, got {len(prompt)}.", param="prompt")
+    return prompt[0]
+
+
+def to_params(request: CompletionRequest) -> TextGenerationParams:
+    """The internal raw-prompt generation request, or `InvalidRequest` naming the parameter."""
+    if not request.model.strip():
+        raise InvalidRequest("'model' must name a model.", param="model")
+    prompt = _prompt(request.prompt)
+    if request.n is not None and request.n != 1:
+        raise InvalidRequest(f"Only n=1 is supported, got n={request.n}.", param="n")
+    if request.best_of is not None and request.best_of != 1:
+        raise InvalidRequest(f"Only best_of=1 is supported, got best_of={request.best_of}.", param="best_of")
+    if request.echo:
+        raise InvalidRequest("'echo' is not supported.", param="echo")
+    if request.suffix:
+        raise InvalidRequest("'suffix' is not supported.", param="suffix")
+    if request.logprobs is not None:
+        raise InvalidRequest("'logprobs' is not supported on /v1/completions.", param="logprobs")
+    if request.max_tokens is not None and request.max_tokens < 1:
+        raise InvalidRequest(f"'max_tokens' must be at least 1, got {request.max_tokens}.", param="max_tokens")
+    if request.top_k is not None and request.top_k < 0:
+        raise InvalidRequest(f"'top_k' must be at least 0, got {request.top_k}.", param="top_k")
+    temperature = _in_range(request.temperature, 0.0, 2.0, "temperature")
+    top_p = _in_range(request.top_p, 0.0, 1.0, "top_p")
+    try:
+        return TextGenerationParams(
+            model_id=request.model,
+            prompt=prompt,
+            max_tokens=request.max_tokens,
+            temperature=temperature,
+            top_p=None if top_p is None else max(top_p, MIN_TOP_P),
+            top_k=request.top_k,
+            seed=request.seed,
+            stop=_stops(request.stop),
+            stream=bool(request.stream),
+        )
+    except ValidationError as error:
+        raise invalid_request_from_validation(error) from None
+
+
+def completion_id(command_id: str) -> str:
+    return f"{COMPLETION_ID_PREFIX}{command_id}"
+
+
+def _body(command_id: str, model: str, created: int, text: str, finish_reason: str | None) -> dict[str, Any]:
+    return {
+        "id": completion_id(command_id),
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}],
+    }
+
+
+@dataclass
+class CompletionStreamEncoder:
+    """`text_completion` SSE chunks: one per token chunk with text, then a final chunk with
+    the finish_reason and usage, then `[DONE]`."""
+
+    command_id: str
+    model: str
+    created: int
+    _finish_reason: str | None = field(default=None, init=False)
+    _usage: Usage | None = field(default=None, init=False)
+    _count: int = field(default=0, init=False)
+
+    def start(self) -> list[str]:
+        return []
+
+    def chunk_to_sse(self, chunk: TokenChunk) -> list[str]:
+        self._count += 1
+        self._finish_reason = chunk.finish_reason or self._finish_reason
+        self._usage = chunk.usage or self._usage
+        if not chunk.text or chunk.reasoning:
+            return []
+        return [sse_event(_body(self.command_id, self.model, self.created, chunk.text, None))]
+
+    def finish(self) -> list[str]:
+        body = _body(self.command_id, self.model, self.created, "", _finish_reason(self._finish_reason, False))
+        body["usage"] = _usage(self._usage or Usage(completion_tokens=self._count, total_tokens=self._count))
+        return [sse_event(body), SSE_DONE]
+
+
+def collect_completion(chunks: Iterable[TokenChunk], *, command_id: str, model: str, created: int) -> dict[str, Any]:
+    """The non-streaming `text_completion` for a completed stream's chunks."""
+    texts: list[str] = []
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    count = 0
+    for chunk in chunks:
+        count += 1
+        if not chunk.reasoning:
+            texts.append(chunk.text)
+        finish_reason = chunk.finish_reason or finish_reason
+        usage = chunk.usage or usage
+    body = _body(command_id, model, created, "".join(texts), _finish_reason(finish_reason, False))
+    body["usage"] = _usage(usage or Usage(completion_tokens=count, total_tokens=count))
+    return body
+
+
+__all__ = [
+    "COMPLETION_ID_PREFIX",
+    "DEFAULT_MAX_TOKENS",
+    "CompletionRequest",
+    "CompletionStreamEncoder",
+    "collect_completion",
+    "completion_id",
+    "to_params",
+]

@@ -1,0 +1,296 @@
+"""The OpenAI Responses wire format (`POST /v1/responses`), both ways, stateless.
+
+Incoming: `ResponsesRequest` (`input` as a string or a list of message items, `instructions`
+as the system message, `max_output_tokens`, sampling) and `to_params`, which normalises it
+into chat `TextGenerationParams` or raises `InvalidRequest` naming the parameter at fault.
+Features that need server-side state or tools (`previous_response_id`, `tools`, non-message
+input items) are refused with a 400 rather than silently ignored.
+
+Outgoing: `collect_response` builds one `response` object; `ResponseStreamEncoder` emits the
+documented event sequence (`response.created`, `response.in_progress`,
+`response.output_item.added`, `response.content_part.added`, `response.output_text.delta`*,
+`response.output_text.done`, `response.content_part.done`, `response.output_item.done`,
+then `response.completed`, or `response.incomplete` when cut by `max_output_tokens`), each
+as `event: <type>` + `data: <json>` with increasing `sequence_number`; no `[DONE]`.
+
+Pure translation only: no streams, commands or cluster here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from skulk.api.adapters.openai_chat import MIN_TOP_P, _in_range, _Lenient
+from skulk.api.errors import ApiError, InvalidRequest, invalid_request_from_validation
+from skulk.shared.types.chunks import TokenChunk
+from skulk.shared.types.common import ChatMessage, Usage
+from skulk.shared.types.tasks import TextGenerationParams
+
+RESPONSE_ID_PREFIX = "resp_"
+MESSAGE_ID_PREFIX = "msg_"
+
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+_TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
+
+
+class InputPart(_Lenient):
+    type: str
+    text: str | None = None
+
+
+class InputItem(_Lenient):
+    type: str | None = "message"
+    role: str | None = None
+    content: str | list[InputPart] | None = None
+
+
+class ResponsesRequest(_Lenient):
+    model: str
+    input: str | list[InputItem]
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    """Not OpenAI's; the common server extension, as on chat completions."""
+    seed: int | None = None
+    stream: bool | None = False
+    previous_response_id: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    user: str | None = None
+
+
+def _item_message(item: InputItem, index: int) -> ChatMessage:
+    where = f"input[{index}]"
+    if item.type not in (None, "message"):
+        raise InvalidRequest(f"Input items of type {item.type!r} are not supported; only messages are.",
+                             param=f"{where}.type")
+    role = _ROLES.get(item.role or "")
+    if role is None:
+        raise InvalidRequest(f"Invalid role {item.role!r}; expected one of {', '.join(sorted(_ROLES))}.",
+                             param=f"{where}.role")
+    if item.content is None:
+        raise InvalidRequest("A message item needs 'content'.", param=f"{where}.content")
+    if isinstance(item.content, str):
+        return ChatMessage(role=role, content=item.content)
+    texts = []
+    for part_index, part in enumerate(item.content):
+        if part.type not in _TEXT_PARTS:
+            raise InvalidRequest(f"Content parts of type {part.type!r} are not supported; only 'input_text' is.",
+                                 param=f"{where}.content[{part_index}].type")
+        if part.text is None:
+            raise InvalidRequest("A text content part needs 'text'.", param=f"{where}.content[{part_index}].text")
+        texts.append(part.text)
+    return ChatMessage(role=role, content="\n".join(texts))
+
+
+def to_params(request: ResponsesRequest) -> TextGenerationParams:
+    """Chat generation params for a Responses request, or `InvalidRequest` naming the param."""
+    if not request.model.strip():
+        raise InvalidRequest("'model' must name a model.", param="model")
+    if request.previous_response_id:
+        raise InvalidRequest("'previous_response_id' is not supported: responses are not stored; send the whole "
+                             "conversation in 'input'.", param="previous_response_id")
+    if request.tools:
+        raise InvalidRequest("'tools' are not supported on /v1/responses; use /v1/chat/completions.", param="tools")
+    if request.max_output_tokens is not None and request.max_output_tokens < 1:
+        raise InvalidRequest(f"'max_output_tokens' must be at least 1, got {request.max_output_tokens}.",
+                             param="max_output_tokens")
+    if request.top_k is not None and request.top_k < 0:
+        raise InvalidRequest(f"'top_k' must be at least 0, got {request.top_k}.", param="top_k")
+    temperature = _in_range(request.temperature, 0.0, 2.0, "temperature")
+    top_p = _in_range(request.top_p, 0.0, 1.0, "top_p")
+    messages = [ChatMessage(role="system", content=request.instructions)] if request.instructions else []
+    if isinstance(request.input, str):
+        messages.append(ChatMessage(role="user", content=request.input))
+    else:
+        if not request.input:
+            raise InvalidRequest("'input' must contain at least one item.", param="input")
+        messages.extend(_item_message(item, i) for i, item in enumerate(request.input))
+    try:
+        return TextGenerationParams(
+            model_id=request.model,
+            messages=messages,
+            max_tokens=request.max_output_tokens,
+            temperature=temperature,
+            top_p=None if top_p is None else max(top_p, MIN_TOP_P),
+            top_k=request.top_k,
+            seed=request.seed,
+            stream=bool(request.stream),
+        )
+    except ValidationError as error:
+        raise invalid_request_from_validation(error) from None
+
+
+# ---------------------------------------------------------------------------------------
+# Response pieces
+# ---------------------------------------------------------------------------------------
+
+
+def response_id(command_id: str) -> str:
+    return f"{RESPONSE_ID_PREFIX}{command_id}"
+
+
+def message_id(command_id: str) -> str:
+    return f"{MESSAGE_ID_PREFIX}{command_id}"
+
+
+def _usage(usage: Usage) -> dict[str, Any]:
+    return {
+        "input_tokens": usage.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": usage.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": usage.total_tokens,
+    }
+
+
+def _text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": []}
+
+
+def _message(command_id: str, status: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"id": message_id(command_id), "type": "message", "status": status, "role": "assistant", "content": parts}
+
+
+def response_object(
+    request: ResponsesRequest, *, command_id: str, created: int, status: str,
+    output: list[dict[str, Any]], usage: Usage | None = None, error: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A `response` object in any state (`in_progress`, `completed`, `incomplete`, `failed`)."""
+    return {
+        "id": response_id(command_id),
+        "object": "response",
+        "created_at": created,
+        "status": status,
+        "error": error,
+        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+        "instructions": request.instructions,
+        "max_output_tokens": request.max_output_tokens,
+        "model": request.model,
+        "output": output,
+        "parallel_tool_calls": False,
+        "previous_response_id": None,
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "tool_choice": "none",
+        "tools": [],
+        "store": False,
+        "text": {"format": {"type": "text"}},
+        "truncation": "disabled",
+        "usage": None if usage is None else _usage(usage),
+        "user": request.user,
+        "metadata": request.metadata or {},
+    }
+
+
+def _final_status(finish_reason: str | None) -> str:
+    return "incomplete" if finish_reason == "length" else "completed"
+
+
+def collect_response(
+    chunks: Iterable[TokenChunk], *, command_id: str, request: ResponsesRequest, created: int
+) -> dict[str, Any]:
+    """The non-streaming `response` for a completed stream's chunks."""
+    texts: list[str] = []
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    count = 0
+    for chunk in chunks:
+        count += 1
+        if not chunk.reasoning:
+            texts.append(chunk.text)
+        finish_reason = chunk.finish_reason or finish_reason
+        usage = chunk.usage or usage
+    status = _final_status(finish_reason)
+    output = [_message(command_id, status, [_text_part("".join(texts))])]
+    return response_object(request, command_id=command_id, created=created, status=status, output=output,
+                           usage=usage or Usage(completion_tokens=count, total_tokens=count))
+
+
+@dataclass
+class ResponseStreamEncoder:
+    """The Responses streaming events for one response; `error_events` on failure."""
+
+    command_id: str
+    request: ResponsesRequest
+    created: int
+    _sequence: int = field(default=0, init=False)
+    _texts: list[str] = field(default_factory=list, init=False)
+    _finish_reason: str | None = field(default=None, init=False)
+    _usage: Usage | None = field(default=None, init=False)
+    _count: int = field(default=0, init=False)
+
+    def _event(self, type_: str, **fields: Any) -> str:
+        payload = {"type": type_, "sequence_number": self._sequence, **fields}
+        self._sequence += 1
+        data = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+        return f"event: {type_}\ndata: {data}\n\n"
+
+    def _response(self, status: str, output: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        return response_object(self.request, command_id=self.command_id, created=self.created, status=status,
+                               output=output, **extra)
+
+    def _where(self) -> dict[str, Any]:
+        return {"item_id": message_id(self.command_id), "output_index": 0, "content_index": 0}
+
+    def start(self) -> list[str]:
+        return [
+            self._event("response.created", response=self._response("in_progress", [])),
+            self._event("response.in_progress", response=self._response("in_progress", [])),
+            self._event("response.output_item.added", output_index=0,
+                        item=_message(self.command_id, "in_progress", [])),
+            self._event("response.content_part.added", part=_text_part(""), **self._where()),
+        ]
+
+    def chunk_to_sse(self, chunk: TokenChunk) -> list[str]:
+        self._count += 1
+        self._finish_reason = chunk.finish_reason or self._finish_reason
+        self._usage = chunk.usage or self._usage
+        if not chunk.text or chunk.reasoning:
+            return []
+        self._texts.append(chunk.text)
+        return [self._event("response.output_text.delta", delta=chunk.text, logprobs=[], **self._where())]
+
+    def finish(self) -> list[str]:
+        text = "".join(self._texts)
+        status = _final_status(self._finish_reason)
+        item = _message(self.command_id, status, [_text_part(text)])
+        usage = self._usage or Usage(completion_tokens=self._count, total_tokens=self._count)
+        return [
+            self._event("response.output_text.done", text=text, logprobs=[], **self._where()),
+            self._event("response.content_part.done", part=_text_part(text), **self._where()),
+            self._event("response.output_item.done", output_index=0, item=item),
+            self._event(f"response.{status}", response=self._response(status, [item], usage=usage)),
+        ]
+
+    def error_events(self, error: ApiError) -> list[str]:
+        """A failure after the 200: an `error` event, then `response.failed`."""
+        item = _message(self.command_id, "incomplete", [_text_part("".join(self._texts))])
+        return [
+            self._event("error", code=error.code, message=error.message, param=error.param),
+            self._event("response.failed", response=self._response(
+                "failed", [item], error={"code": "server_error", "message": error.message})),
+        ]
+
+
+__all__ = [
+    "MESSAGE_ID_PREFIX",
+    "RESPONSE_ID_PREFIX",
+    "InputItem",
+    "InputPart",
+    "ResponseStreamEncoder",
+    "ResponsesRequest",
+    "collect_response",
+    "message_id",
+    "response_id",
+    "response_object",
+    "to_params",
+]
