@@ -49,7 +49,8 @@ def test_restart_on_same_data_dir_after_kill(spawn_node):
     first.proc.wait(timeout=10)
     again = spawn_node("a2", data_dir=first.data_dir, port=first.api_port).wait_ready()
     assert again.get("/node_id").status_code == 200
-    assert "no longer running" in again.log()
+    # Taken over because the holder died (or, on a slow machine, because its lease expired).
+    assert "took over lease" in again.log()
 
 
 def test_bad_config_exits_with_usage_error_naming_key(spawn_node, tmp_path):
