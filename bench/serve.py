@@ -31,16 +31,17 @@ there, not as a silent error. A measurement that a neighbour disturbed is repeat
 the quiet budget lasts (see QUIET_FOREIGN_CORES).
 
 OpenMP barrier waiting (the figure that matters most on a busy machine). This llama.cpp
-build runs its T threads under libgomp, which spins at every barrier (a few hundred per
-token) for ~300k iterations before sleeping, but only ~100 when the process has more
-libgomp threads than CPUs. The engine here and the peer use one thread team and spin; when
-a neighbour takes a core, the spinning thread starves the one holding the work and decode
-collapses (measured: 35 -> 1-7 tok/s at 3-8x the CPU per token). Skulk's runner warms up on
-its main thread and generates on its dispatcher thread: two teams, 2T threads > T CPUs, so
-libgomp throttles and Skulk barely notices a neighbour. --omp-wait-policy passive sets
-OMP_WAIT_POLICY=PASSIVE for all three (in this process before llama.cpp loads, and in the
-environment of the peer and the node), which puts them on the same footing and leaves the
-serving path as the only difference; the default measures each as shipped.
+build runs its T threads under libgomp, which spins at every barrier (hundreds per token)
+for ~300k iterations before sleeping, but only ~100 when the process holds more libgomp
+threads than it has CPUs. The engine here and the peer use one thread team and spin; when a
+neighbour takes a core, the spinning starves the thread holding the work and decode
+collapses (measured on 2 cores beside one busy neighbour: 35-40 -> 2-5 tok/s at 3-8x the
+CPU per token). Skulk's runner warms up on its main thread and generates on its dispatcher
+thread: two teams, 2T threads > T CPUs, so libgomp throttles, and Skulk keeps 13-25 tok/s
+there, but on a quiet machine the short spin costs it ~8% against the spinning engine.
+--omp-wait-policy passive sets OMP_WAIT_POLICY=PASSIVE for all three (in this process
+before llama.cpp loads, and in the environment of the peer and the node): the same footing,
+the serving path the only difference. The default measures each as shipped.
 
 Thread count: Skulk's worker has no thread setting; its runner gives llama.cpp
 `physical_cores()` threads (skulk.worker.engines.llama_cpp). T defaults to that same
@@ -53,7 +54,7 @@ has a deadline.
 Usage (the server extras are not project dependencies, hence --with):
 
   uv run --with sse-starlette --with starlette-context --with pydantic-settings \\
-      python bench/serve.py [--tokens 128] [--reps 3] [--threads T] [--flash-attn on|off]
+      python bench/serve.py [--tokens 128] [--reps 5] [--threads T] [--flash-attn on|off]
                             [--omp-wait-policy asis|passive] [--quiet-budget 120]
 
 Without those packages (plain `uv run python bench/serve.py`) the peer (b) is skipped and
@@ -76,7 +77,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,10 +88,16 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from skulk.store.tiny_models import BENCH_SPEC, GGUF_FILE_NAME, generate_tiny_model, spec_hash  # noqa: E402
+from skulk.api.auth import API_KEY_ENV  # noqa: E402
+from skulk.store.tiny_models import (  # noqa: E402
+    BENCH_SPEC,
+    GGUF_FILE_NAME,
+    generate_tiny_model,
+    spec_hash,
+)
 from skulk.worker.engines.llama_cpp import physical_cores  # noqa: E402
 from tests.cluster.harness import wait_agreed  # noqa: E402
-from tests.nodeproc import NodeProcess, free_port, wait_for  # noqa: E402
+from tests.nodeproc import NodeProcess, free_port  # noqa: E402
 
 MODEL_ID = "local/bench-llama-gguf"
 CLUSTER_KEY = "bench-serve-key"
@@ -134,7 +141,7 @@ QUIET_WAIT_PER_MEASUREMENT_S = 30.0
 """Longest wait for a quiet window before one attempt; it then runs anyway."""
 
 BANDWIDTH_ARRAY_BYTES = 256 * 2**20
-"""Per-process array for the bandwidth probe: far beyond any L3 slice, so sums stream DRAM."""
+"""Per-process array for the bandwidth probe: far beyond any L3 slice, so reads stream DRAM."""
 BANDWIDTH_ROUNDS = 5
 BANDWIDTH_DEADLINE_S = 120.0
 
@@ -156,7 +163,11 @@ def ensure_bench_model(model_dir: Path | None) -> Path:
     print(f"generating the benchmark model into {target} (about 10 s) ...", flush=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}.partial-") as tmp:
         generate_tiny_model(Path(tmp) / "model", BENCH_SPEC)
-        os.replace(Path(tmp) / "model", target)
+        try:
+            os.replace(Path(tmp) / "model", target)
+        except OSError:
+            if not gguf.is_file():  # not a concurrent run that finished first
+                raise
     return gguf
 
 
@@ -225,7 +236,7 @@ def _bandwidth_worker(barrier: Any, results: Any, rounds: int) -> None:
 
 
 def read_bandwidth_bytes_s(processes: int) -> float:
-    """Best aggregate read rate over BANDWIDTH_ROUNDS: `processes` workers sum private arrays
+    """Best aggregate read rate over BANDWIDTH_ROUNDS: `processes` workers read private arrays
     at the same moment; a round's rate is all their bytes over first start -> last end."""
     ctx = multiprocessing.get_context("spawn")
     barrier, results = ctx.Barrier(processes), ctx.Queue()
@@ -525,12 +536,8 @@ class PeerServer:
         return self
 
     def wait_ready(self) -> PeerServer:
-        def ready() -> bool:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"llama_cpp.server exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
-            return httpx.get(self.url + "/v1/models", timeout=5).status_code == 200
-
-        wait_for(ready, timeout_s=SERVER_START_DEADLINE_S, interval_s=0.25, what="llama_cpp.server")
+        wait_answering(self.proc, lambda: httpx.get(self.url + "/v1/models", timeout=5).status_code == 200,
+                       SERVER_START_DEADLINE_S, "llama_cpp.server", self.log)
         return self
 
     def log(self) -> str:
@@ -582,22 +589,37 @@ def start_skulk(root: Path, gguf: Path, flash_attn: bool) -> NodeProcess:
     port = free_port()
     node = NodeProcess(data_dir=data_dir, api_port=free_port(), extra_args=[
         "--listen", f"tcp/127.0.0.1:{port}", "--cluster-key", CLUSTER_KEY, "--node-name", "bench",
-    ])
+    ], env={API_KEY_ENV: ""})  # a private loopback node: no key, whatever this shell exports
     return node.start()
 
 
-def wait_node_ready(node: NodeProcess) -> None:
-    """Like NodeProcess.wait_ready, but a node that exits fails the run at once (with its log)
-    rather than after the whole start deadline."""
-    deadline = time.monotonic() + NODE_START_DEADLINE_S
+def poll(condition: Callable[[], Any], *, timeout_s: float, what: str, interval_s: float = 0.1) -> Any:
+    """Call `condition` until it returns something truthy, and return that. Only connection
+    errors are retried: anything else `condition` raises ends the wait at once (unlike
+    tests.nodeproc.wait_for, which retries through every exception until its deadline)."""
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if node.proc.poll() is not None:
-            raise RuntimeError(f"skulk node exited with {node.proc.returncode}:\n{node.log()[-3000:]}")
         with contextlib.suppress(httpx.HTTPError):
-            if node.get("/node_id").status_code == 200:
-                return
-        time.sleep(0.1)  # polling interval
-    raise TimeoutError(f"skulk node not answering after {NODE_START_DEADLINE_S:.0f} s:\n{node.log()[-3000:]}")
+            value = condition()
+            if value:
+                return value
+        time.sleep(interval_s)  # polling interval
+    raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def wait_answering(proc: subprocess.Popen, answers: Callable[[], bool], timeout_s: float, what: str,
+                   log: Callable[[], str]) -> None:
+    """Poll `answers` until it is true; a process that exits fails the run at once, with its log."""
+
+    def up() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}:\n{log()[-3000:]}")
+        return answers()
+
+    try:
+        poll(up, timeout_s=timeout_s, what=what)
+    except TimeoutError as exc:
+        raise TimeoutError(f"{exc}\n{log()[-3000:]}") from None
 
 
 def place_on_skulk(node: NodeProcess) -> dict:
@@ -609,11 +631,11 @@ def place_on_skulk(node: NodeProcess) -> dict:
         if response.status_code == 503:
             return None
         if response.status_code != 200:
-            raise AssertionError(f"place_instance: {response.status_code} {response.text}")
+            raise RuntimeError(f"place_instance: {response.status_code} {response.text}")
         return response.json()
 
     deadline = time.monotonic() + PLACE_DEADLINE_S
-    instance_id = wait_for(placed, timeout_s=PLACE_DEADLINE_S, interval_s=0.25, what="placement")["instanceId"]
+    instance_id = poll(placed, timeout_s=PLACE_DEADLINE_S, interval_s=0.25, what="placement")["instanceId"]
 
     def ready() -> dict | None:
         response = node.get(f"/instance/{instance_id}")
@@ -623,22 +645,20 @@ def place_on_skulk(node: NodeProcess) -> dict:
         runners = list(body["runners"].values())
         failed = [r for r in runners if r["state"] == "Failed"]
         if failed:
-            raise AssertionError(f"runner failed: {failed}\n{node.log()[-3000:]}")
+            raise RuntimeError(f"runner failed: {failed}\n{node.log()[-3000:]}")
         return body if runners and all(r["state"] in ("Ready", "Running") for r in runners) else None
 
     try:
-        return wait_for(ready, timeout_s=max(1.0, deadline - time.monotonic()), interval_s=0.25,
-                        what=f"instance {instance_id} ready")
+        return poll(ready, timeout_s=max(1.0, deadline - time.monotonic()), interval_s=0.25,
+                    what=f"instance {instance_id} ready")
     except TimeoutError as exc:
-        raise AssertionError(f"{exc}\n{node.log()[-3000:]}") from None
+        raise TimeoutError(f"{exc}\n{node.log()[-3000:]}") from None
 
 
 def skulk_engine_settings(node: NodeProcess) -> dict[str, str]:
     """What the runner logged when it loaded: n_ctx, threads, flash_attn."""
-    match = None
-    for match in re.finditer(r"loaded \S+: n_ctx=(\d+) threads=(\d+) flash_attn=(\w+)", node.log()):
-        pass
-    return dict(zip(("n_ctx", "threads", "flash_attn"), match.groups(), strict=True)) if match else {}
+    matches = re.findall(r"loaded \S+: n_ctx=(\d+) threads=(\d+) flash_attn=(\w+)", node.log())
+    return dict(zip(("n_ctx", "threads", "flash_attn"), matches[-1], strict=True)) if matches else {}
 
 
 # ---------------------------------------------------------------------------------------
@@ -716,7 +736,7 @@ def rounds(contenders: list[Contender], reps: int) -> Iterator[tuple[int, Conten
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, default=128, help="decoded tokens per request")
-    parser.add_argument("--reps", type=int, default=3, help="timed requests per contender (median reported)")
+    parser.add_argument("--reps", type=int, default=5, help="timed requests per contender (median reported)")
     parser.add_argument("--threads", type=int, default=physical_cores(),
                         help="llama.cpp threads for the engine and the peer, and bandwidth probe processes "
                              "(default: physical cores, what Skulk's runner uses)")
@@ -766,7 +786,8 @@ def main() -> None:
         root = Path(tmp)
         try:
             node = start_skulk(root, gguf, flash_attn)
-            wait_node_ready(node)
+            wait_answering(node.proc, lambda: node.get("/node_id").status_code == 200, NODE_START_DEADLINE_S,
+                           "skulk node", node.log)
             wait_agreed([node], members=1, what="single-node cluster")
             instance = place_on_skulk(node)
             n_ctx = min(int(instance.get("contextTokenLimit") or BENCH_SPEC.context_length), BENCH_SPEC.context_length)
