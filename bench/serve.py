@@ -32,16 +32,16 @@ the quiet budget lasts (see QUIET_FOREIGN_CORES).
 
 OpenMP barrier waiting (the figure that matters most on a busy machine). This llama.cpp
 build runs its T threads under libgomp, which spins at every barrier (hundreds per token)
-for ~300k iterations before sleeping, but only ~100 when the process holds more libgomp
-threads than it has CPUs. The engine here and the peer use one thread team and spin; when a
-neighbour takes a core, the spinning starves the thread holding the work and decode
-collapses (measured on 2 cores beside one busy neighbour: 35-40 -> 2-5 tok/s at 3-8x the
-CPU per token). Skulk's runner warms up on its main thread and generates on its dispatcher
-thread: two teams, 2T threads > T CPUs, so libgomp throttles, and Skulk keeps 13-25 tok/s
-there, but on a quiet machine the short spin costs it ~8% against the spinning engine.
---omp-wait-policy passive sets OMP_WAIT_POLICY=PASSIVE for all three (in this process
-before llama.cpp loads, and in the environment of the peer and the node): the same footing,
-the serving path the only difference. The default measures each as shipped.
+for ~300k iterations before sleeping. The engine here and the peer run as shipped and spin
+that long; when a neighbour takes a core, the spinning starves the thread holding the work
+and decode collapses (measured on 2 cores beside busy neighbours: 35-40 -> 2-8 tok/s at 3-8x
+the CPU per token). Skulk's runner warms up and decodes on one thread (one team) and, unless
+the operator set OMP_WAIT_POLICY or GOMP_SPINCOUNT, bounds the spin at
+skulk.worker.engines.openmp.DEFAULT_SPIN_COUNT iterations: near the spinning engine on a
+quiet machine, and it degrades gently beside neighbours (17 tok/s where the engine fell to
+7.5 and the peer to 2). --omp-wait-policy passive sets OMP_WAIT_POLICY=PASSIVE for all three
+(in this process before llama.cpp loads, and in the environment of the peer and the node):
+the same footing, the serving path the only difference. The default measures each as shipped.
 
 Thread count: Skulk's worker has no thread setting; its runner gives llama.cpp
 `physical_cores()` threads (skulk.worker.engines.llama_cpp). T defaults to that same

@@ -72,6 +72,7 @@ def resolve_settings(
         api_key=env_api_key or config.api.api_key,
         api_enabled=not flags.no_api,
         worker_enabled=not flags.no_worker,
+        model_store=config.model_store,
     )
 
 
@@ -231,13 +232,19 @@ def models_list(data_dir: DataDir = None) -> None:
 
     paths = _paths(data_dir)
     card_set = resolve_cards(builtin_cards_dir(), paths.custom_cards_dir)
-    table = Table("model", "family", "layers", "context", "size", "engines", "source")
+    from skulk.store.downloads import local_artifact
+
+    table = Table("model", "family", "layers", "context", "size", "engines", "source", "downloaded")
     for model_id in sorted(card_set.cards):
         card = card_set.cards[model_id]
         origin = "custom" if model_id in card_set.custom_ids else "built-in"
+        if card.source != "huggingface":
+            downloaded = "local"  # generated on first use, or read in place
+        else:
+            downloaded = "yes" if local_artifact(card, paths.models_dir) is not None else "no"
         table.add_row(
             model_id, card.family, str(card.num_layers), str(card.context_length),
-            f"{card.storage_size_bytes / 1e9:.2f} GB", ", ".join(sorted(card.engines)), origin,
+            f"{card.storage_size_bytes / 1e9:.2f} GB", ", ".join(sorted(card.engines)), origin, downloaded,
         )
     console = Console()
     console.print(table)
@@ -245,6 +252,68 @@ def models_list(data_dir: DataDir = None) -> None:
         console.print(f"[red]{error}[/red]")
     if card_set.errors:
         raise typer.Exit(ExitCode.USAGE)
+
+
+@models_app.command("pull")
+def models_pull(
+    model_id: Annotated[str, typer.Argument(help="Model id of a built-in or custom card, e.g. mlx-community/Llama-3.2-1B-Instruct-4bit.")],
+    data_dir: DataDir = None,
+) -> None:
+    """Download a model's weights into this node's models dir, with a progress bar.
+
+    Hugging Face cards download through HF_ENDPOINT (default huggingface.co) with HF_TOKEN
+    for private or gated repos; local cards are generated or checked in place. Exits 1 with
+    the reason when the download fails, 2 when no card has this id."""
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
+    from skulk.store.cards import builtin_cards_dir, resolve_cards
+    from skulk.store.downloads import download_model
+    from skulk.store.tiny_models import ArtifactUnavailable, ensure_local_model
+
+    _configure_logging()
+    for noisy in ("huggingface_hub", "httpx2"):  # one line per request; our bar and errors say it
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+    paths = _paths(data_dir)
+    card = resolve_cards(builtin_cards_dir(), paths.custom_cards_dir).cards.get(model_id)
+    if card is None:
+        typer.echo(f"skulk: no model card for {model_id}; see `skulk models list`", err=True)
+        raise typer.Exit(ExitCode.USAGE)
+    console = Console(stderr=True)
+    try:
+        if card.source != "huggingface":
+            path = ensure_local_model(card, paths.models_dir)
+        else:
+            columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                       TimeRemainingColumn())
+            with Progress(*columns, console=console, transient=False) as progress:
+                task = progress.add_task(model_id, total=None)
+                path = download_model(
+                    card, paths.models_dir,
+                    on_progress=lambda done, total: progress.update(task, completed=done, total=total),
+                )
+    except ArtifactUnavailable as exc:  # DownloadFailed included: the reason is the message
+        typer.echo(f"skulk: {exc}", err=True)
+        raise typer.Exit(ExitCode.FAILURE) from None
+    typer.echo(f"{model_id}: {path}")
+
+
+@models_app.command("rm")
+def models_rm(
+    model_id: Annotated[str, typer.Argument(help="Model id whose downloaded weights to delete.")],
+    data_dir: DataDir = None,
+) -> None:
+    """Delete a model's downloaded weights from this node (every revision). The card stays;
+    the next use downloads again. Exits 1 when there was nothing to delete."""
+    from skulk.store.downloads import remove_model
+
+    paths = _paths(data_dir)
+    removed = remove_model(paths.models_dir, model_id)
+    if not removed:
+        typer.echo(f"skulk: no local copy of {model_id} in {paths.models_dir}", err=True)
+        raise typer.Exit(ExitCode.FAILURE)
+    for path in removed:
+        typer.echo(f"removed {path}")
 
 
 def main() -> None:

@@ -45,7 +45,13 @@ from skulk.shared.types.ids import new_id
 from skulk.shared.types.tasks import TextGeneration
 from skulk.shared.telemetry_view import node_resources
 from skulk.store.cards import builtin_cards_dir, resolve_cards
+from skulk.store.config import ModelStoreSection
+from skulk.store.eviction import in_use_model_ids
+from skulk.store.model_store import NodeStore, StoreBinding, bind_store, eviction_policy
+from skulk.store.staging import staging_root_for
+from skulk.store.store_host import StoreAddress, StoreAddressError, StoreChoice, advertised_store, parse_store_address
 from skulk.worker.main import Worker
+from skulk.worker.staged_copies import StagedCopyKeeper
 from skulk.shared.wire_keys import to_camel_keys
 from skulk.store.lease import Lease, LeaseHeldError
 from skulk.store.paths import SkulkPaths, ensure_dirs
@@ -63,6 +69,10 @@ when their parent is gone."""
 
 API_GRACEFUL_SHUTDOWN_S = 1.5
 """Open HTTP streams get this long to finish before uvicorn closes them."""
+
+STARTUP_RECONCILE_WAIT_S = 30.0
+"""How long the startup staged-copy pass waits for the replica to sync (so it knows which
+models this node's instances use) before running on what it has."""
 
 
 class ExitCode:
@@ -87,6 +97,7 @@ class NodeSettings:
     """When set, every API route but static assets requires it (Bearer / x-api-key)."""
     api_enabled: bool = True
     worker_enabled: bool = True
+    model_store: ModelStoreSection = ModelStoreSection()
 
     @property
     def api_endpoint(self) -> str | None:
@@ -143,6 +154,11 @@ class Node:
         self._master_task: asyncio.Task | None = None
         self.streams = CommandStreams()
         self.worker: Worker | None = None
+        self._explicit_store: StoreAddress | None = None
+        self._own_store: StoreAddress | None = None
+        self._own_hosts: frozenset[str] = frozenset()
+        self._store_choice: StoreChoice | None = None
+        self._housekeeping: set[asyncio.Task] = set()
 
     def request_stop(self, exit_code: int = ExitCode.OK, reason: str = "stop requested") -> None:
         if not self._stop.is_set():
@@ -155,6 +171,12 @@ class Node:
 
     async def run(self) -> int:
         settings = self.settings
+        try:
+            self._explicit_store = (parse_store_address(settings.model_store.store_host, settings.api_port)
+                                    if settings.model_store.store_host else None)
+        except StoreAddressError as exc:
+            logger.error("model_store.store_host: %s", exc)
+            return ExitCode.USAGE
         ensure_dirs(settings.paths)
         lease = Lease(settings.paths.lease_file, node_id=self.node_id, api_endpoint=settings.api_endpoint)
         try:
@@ -200,6 +222,10 @@ class Node:
 
         router.declare_presence()
         derived = await asyncio.to_thread(self._derive_backends)
+        interfaces = tuple(await asyncio.to_thread(probe_interfaces))
+        self._own_store = advertised_store(settings.api_endpoint)
+        self._own_hosts = frozenset({"localhost", "127.0.0.1", "::1", settings.api_host,
+                                     *(a for i in interfaces for a in i.addresses)})
         card_set = resolve_cards(builtin_cards_dir(), settings.paths.custom_cards_dir)
         for error in card_set.errors:
             logger.error("%s (ignored)", error)
@@ -216,14 +242,23 @@ class Node:
             backends=lambda: list(derived.tags), conflicts=lambda: list(derived.conflicts),
         )
         self.replica.on_applied(self._fail_streams_of_failed_tasks)
+        self.staged_copies = StagedCopyKeeper(
+            node_id=self.node_id, staging_root=staging_root_for(settings.paths.data_home),
+            canonical_root=settings.paths.models_dir,  # a guard: never delete into the models dir
+            policy=eviction_policy(settings.model_store),
+            in_use=lambda: in_use_model_ids(self.replica.state, self.node_id),
+        )
+        self.replica.on_applied(self.staged_copies.on_event)
         if settings.worker_enabled:
             self.worker = Worker(
                 router, self.replica, self.producer, models_dir=settings.paths.models_dir, cards=cards,
-                deliver_local=self.streams.deliver,
+                deliver_local=self.streams.deliver, publish_telemetry=self.telemetry.publish,
+                store=self.store_binding, store_api_key=settings.api_key,
+                on_deactivate=self.staged_copies.reconcile,
             )
         me = SelfInfo(
             node_id=self.node_id, node_name=settings.node_name, version=__version__,
-            api_endpoint=settings.api_endpoint, interfaces=tuple(probe_interfaces()),
+            api_endpoint=settings.api_endpoint, interfaces=interfaces,
         )
         self.membership = MembershipService(router, self.replica, self.producer, me, api_key=lambda: settings.api_key)
         self.election = ElectionService(
@@ -249,6 +284,7 @@ class Node:
         ]
         if self.worker is not None:
             tasks.append(asyncio.create_task(self.worker.run(), name="worker"))
+        self._spawn_housekeeping(self._startup_reconcile(), "staged-copies-startup")
         server: _Server | None = None
         if api_socket is not None:
             server = self._make_api_server(router, log_slot, lease)
@@ -283,6 +319,7 @@ class Node:
     def _on_elected(self, elected: election_machine.Elected, router: Router, log_slot: EventLogSlot) -> None:
         previous_session = self.replica.session_id
         self.replica.adopt_session(elected.master_id, elected.session_id, elected.i_am_master)
+        self.store_binding()  # re-run the store choice for the new master (logs a change)
         if previous_session is not None and previous_session != elected.session_id:
             # The new session cannot carry the old one's tasks: end their streams now.
             self.streams.fail_all("MasterFailover", f"the master changed (new session {elected.session_id}); retry")
@@ -340,6 +377,63 @@ class Node:
             logger.exception("master of session %s failed; this node stops", master.session_id)
             self.request_stop(ExitCode.FAILURE, "master failed")
 
+    # -- model store -------------------------------------------------------------------------
+
+    def _master_api_endpoint(self) -> str | None:
+        """The elected master's advertised API endpoint (its store address), once known."""
+        master_id = self.replica.master_id
+        if master_id is None:
+            return None
+        info = self.replica.state.nodes.get(master_id)
+        if info is not None and info.api_endpoint:
+            return info.api_endpoint
+        telemetry = self.telemetry.view.nodes.get(master_id)
+        resources = getattr(telemetry, "resources", None)
+        return getattr(resources, "api_endpoint", None)
+
+    def store_binding(self) -> StoreBinding | None:
+        """The store this node uses now: the pure `bind_store` re-run on what the node knows
+        (explicit store_host, the current master's endpoint, its own API), so the choice
+        follows the master as it changes. Cheap (no I/O); callers ask at the point of use."""
+        binding = bind_store(
+            self.settings.paths, self.settings.model_store, explicit=self._explicit_store,
+            master_endpoint=self._master_api_endpoint(), own=self._own_store, own_hosts=self._own_hosts,
+        )
+        choice = binding.choice if binding is not None else None
+        if choice != self._store_choice:
+            self._store_choice = choice
+            if choice is None:
+                logger.info("model store: none (no API and no store to follow); downloads go straight to the hub")
+            else:
+                logger.info("model store: %s (%s)%s", choice.address.base_url, choice.source,
+                            "; this node hosts it" if choice.is_self else "")
+        return binding
+
+    def _current_store(self) -> NodeStore | None:
+        binding = self.store_binding()
+        return binding.store if binding is not None else None
+
+    async def _startup_reconcile(self) -> None:
+        """The recency pass at startup, once the replica knows which models are in use:
+        reconciles staged copies a crashed session left behind."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + STARTUP_RECONCILE_WAIT_S
+        while not self.replica.synced and loop.time() < deadline:
+            await asyncio.sleep(0.5)
+        try:
+            result = await self.staged_copies.reconcile()
+        except Exception:  # noqa: BLE001 - housekeeping never takes the node down
+            logger.exception("startup staged-copy pass failed")
+            return
+        if result.removed:
+            logger.info("startup staged-copy pass removed %s (%d bytes)", ", ".join(result.removed),
+                        result.freed_bytes)
+
+    def _spawn_housekeeping(self, coro: Any, name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._housekeeping.add(task)
+        task.add_done_callback(self._housekeeping.discard)
+
     # -- API -------------------------------------------------------------------------------
 
     def _diagnostics(self, router: Router, log_slot: EventLogSlot, lease: Lease) -> dict[str, Any]:
@@ -357,7 +451,15 @@ class Node:
             "streams": self.streams.stats(),
             "worker": self.worker.stats() if self.worker else None,
             "master": self._master.stats() if self._master else None,
+            "modelStore": self._store_stats(),
         }
+
+    def _store_stats(self) -> dict[str, Any] | None:
+        choice = self._store_choice
+        if choice is None:
+            return None
+        return {"address": choice.address.base_url, "source": choice.source, "isSelf": choice.is_self,
+                "stagedCopyEvictionsDropped": self.staged_copies.dropped_events}
 
     def _make_api_server(self, router: Router, log_slot: EventLogSlot, lease: Lease) -> _Server:
         async def submit(command: Command) -> None:
@@ -375,6 +477,7 @@ class Node:
             get_cards=self.cards,
             get_resources=lambda: node_resources(self.telemetry.view, self.replica.state),
             api_key=self.settings.api_key,
+            get_store=self._current_store,
         )
         config = uvicorn.Config(
             create_app(context),
@@ -402,6 +505,8 @@ class Node:
         for task in tasks:
             if task.get_name() != "api":
                 task.cancel()
+        for task in list(self._housekeeping):
+            task.cancel()
         stop_waiter.cancel()
         _, pending = await asyncio.wait([*tasks, stop_waiter], timeout=SUBSYSTEM_STOP_S)
         for task in pending:

@@ -65,7 +65,7 @@ async def test_streaming_message_event_sequence():
     assert response.headers["content-type"].startswith("text/event-stream")
     seen = events(response.text)
     assert [name for name, _ in seen] == [
-        "message_start", "content_block_start", "ping", "content_block_delta", "content_block_delta",
+        "message_start", "ping", "content_block_start", "content_block_delta", "content_block_delta",
         "content_block_stop", "message_delta", "message_stop"]
     assert all(data["type"] == name for name, data in seen)
     assert seen[0][1]["message"]["id"] == f"msg_{cluster.command_id}"

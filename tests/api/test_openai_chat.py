@@ -30,7 +30,7 @@ from skulk.api.errors import (
 )
 from skulk.shared.types.chunks import TokenChunk, TopLogprob
 from skulk.shared.types.common import ToolCall, Usage
-from skulk.shared.types.instances import Instance, ShardAssignment
+from skulk.shared.types.instances import Instance, InstanceCapacity, ShardAssignment
 
 MODEL = "local/tiny-llama"
 USER = {"role": "user", "content": "hi"}
@@ -307,6 +307,17 @@ def test_model_list_has_each_placed_model_once_with_its_context():
         {"id": "a/m", "object": "model", "created": 7, "owned_by": "skulk", "context_length": 50},
         {"id": "b/m", "object": "model", "created": 7, "owned_by": "skulk", "context_length": 300},
     ]}
+
+
+def test_model_list_shows_the_capacity_planners_view_of_the_listed_instance():
+    capacity = InstanceCapacity(effective_context_tokens=300, hot_kv_tokens=256, planner_effective_context_tokens=900,
+                                gpu_layers=0, num_layers=4)
+    planned = instance("i3", "b/m", 300).model_copy(update={"capacity": capacity})
+    listing = model_list([instance("i2", "b/m", 100), planned], 7)
+    assert listing["data"] == [{
+        "id": "b/m", "object": "model", "created": 7, "owned_by": "skulk", "context_length": 300,
+        "effective_context_tokens": 300, "hot_kv_tokens": 256, "gpu_layers": 0, "num_layers": 4,
+    }]
 
 
 def test_command_ids_accept_completion_ids():

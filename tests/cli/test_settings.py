@@ -39,3 +39,10 @@ def test_api_key_from_env_beats_config():
     assert resolve_settings(RunFlags(), config, PATHS, "h").api_key == "from-config"
     assert resolve_settings(RunFlags(), config, PATHS, "h", "from-env").api_key == "from-env"
     assert resolve_settings(RunFlags(), parse_config("", Path("c")), PATHS, "h").api_key is None
+
+
+def test_model_store_section_reaches_the_node_settings():
+    config = parse_config("model_store:\n  store_host: 10.0.0.9:52415\n  staging_keep_recent_gb: 5\n", Path("c"))
+    s = resolve_settings(RunFlags(), config, PATHS, "h")
+    assert s.model_store.store_host == "10.0.0.9:52415" and s.model_store.staging_keep_recent_gb == 5
+    assert resolve_settings(RunFlags(), parse_config("", Path("c")), PATHS, "h").model_store.store_host is None

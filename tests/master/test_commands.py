@@ -112,3 +112,20 @@ def test_finished_and_cancelled_commands_clean_their_tasks_up():
     assert kinds(decide(done, CancelCommand(command_id="c", cancelled_command_id="g1"), ids())) == ["TaskDeleted"]
     assert decide(state, CancelCommand(command_id="c", cancelled_command_id="other"), ids()) == []
     assert isinstance(decide(state, TaskFinished(command_id="c", finished_command_id="g1"), ids())[0], TaskDeleted)
+
+
+@pytest.mark.parametrize(
+    ("state", "status", "instance_id"),
+    [(SERVING, "Pending", "i1"), (State(), "Failed", UNPLACED_INSTANCE)],
+)
+def test_embed_binds_like_generate(state, status, instance_id):
+    from skulk.shared.types.commands import Embed
+
+    params = EmbeddingParams(model_id="local/tiny-llama", inputs=["hello"])
+    (event,) = decide(state, Embed(command_id="e1", params=params), ids())
+    task = event.task
+    assert isinstance(task, Embedding)
+    assert (task.instance_id, task.command_id, task.owner_node_id, task.status) == (instance_id, "e1", "n1", status)
+    assert task.params == params
+    if status == "Failed":
+        assert "place_instance" in task.error_message

@@ -26,6 +26,8 @@ from skulk.shared.types.commands import PlaceInstance
 from skulk.shared.types.common import Edge
 from skulk.shared.types.state import NodeInfo, State
 from skulk.shared.types.telemetry import DiskReading, MemoryReading, NodeResources
+from skulk.capacity.instance import plan_instance
+from skulk.capacity.planner import DeviceSnapshot
 from skulk.store.cards import builtin_cards_dir, resolve_cards
 
 CARDS = resolve_cards(builtin_cards_dir(), None).cards
@@ -84,9 +86,43 @@ def test_single_node_fit():
     assert layers(instance) == [("a", 0, 16)]
     assert instance.shards[0].backend == "mlx-cpu" and instance.shards[0].world_size == 1
     assert instance.sharding == "Pipeline" and instance.excluded_nodes == []
-    assert instance.context_token_limit == instance_context_token_limit(
+    # The stamped window is the capacity planner's on the admitted 4 GB, within the static
+    # bound of 8 GB total RAM.
+    capacity = plan_instance(LLAMA_1B, instance.shards, {"a": DeviceSnapshot("ram", 8 * GB, 4 * GB)})
+    assert instance.capacity == capacity
+    assert instance.context_token_limit == capacity.effective_context_tokens
+    assert admission_context_tokens(LLAMA_1B) < capacity.effective_context_tokens < instance_context_token_limit(
         LLAMA_1B, instance.shards, {"a": NodeMemoryTotals(8 * GB)}
     )
+
+
+@pytest.mark.parametrize(
+    ("name", "available", "expected"),
+    [
+        # 4 GB free: the planner's window (live memory) binds below the card's 131072.
+        ("planner binds", 4 * GB, "planner"),
+        # 2.2 GB free: admitted (footprint ~1.6 GB) but the planner's reserve and headroom
+        # leave less than the admission floor of KV: the floor placement reserved still holds.
+        ("never below the admission floor", int(2.2 * GB), 8192),
+        # 400 GB free on 800 GB: everything fits, the card's context caps it.
+        ("capped at the card's context", 400 * GB, LLAMA_1B.context_length),
+    ],
+)
+def test_stamped_context_comes_from_the_capacity_planner(name, available, expected):
+    instance = place(LLAMA_1B, cluster("a"), {"a": res("a", available)}, request(LLAMA_1B), new_id=ids())
+    if expected == "planner":
+        expected = instance.capacity.effective_context_tokens
+        assert 8192 < expected < LLAMA_1B.context_length
+    assert instance.context_token_limit == expected
+
+
+def test_preview_shows_the_planners_outputs():
+    (option,) = preview(LLAMA_1B, cluster("a"), {"a": res("a", 4 * GB)}, sharding="Pipeline")
+    wire = option.to_wire()
+    assert wire["capacity"]["effectiveContextTokens"] == option.context_token_limit
+    assert wire["capacity"]["hotKvTokens"] >= wire["capacity"]["effectiveContextTokens"]
+    assert wire["capacity"]["gpuLayers"] == LLAMA_1B.num_layers
+    assert [s["nodeId"] for s in wire["capacity"]["shards"]] == ["a"]
 
 
 @pytest.mark.parametrize(

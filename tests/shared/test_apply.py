@@ -23,6 +23,7 @@ from skulk.shared.types.events import (
     InstanceCreated,
     InstanceDeleted,
     InstancePlacementRefused,
+    InstanceRepairAbandoned,
     NodeJoined,
     NodeLeft,
     NodeNetworkUpdated,
@@ -45,6 +46,7 @@ from skulk.shared.types.state import (
     DownloadStatusFailed,
     DownloadStatusPending,
     NodeInfo,
+    RepairFailure,
     State,
 )
 from skulk.shared.types.tasks import CreateRunner, Embedding, EmbeddingParams
@@ -146,6 +148,10 @@ CASES: list[tuple[str, Event, Callable[[], State]]] = [
      lambda: _expect(instances={}, runners={})),
     ("placement-refused", InstancePlacementRefused(event_id="e", instance_id="i1", node_id="n2", needed_bytes=9, available_bytes=1, message="m"),
      lambda: _expect()),
+    ("repair-abandoned", InstanceRepairAbandoned(event_id="e", model_id=M, instance_id="i1", node_id="n2", repair_hop=2,
+                                                 reason="refused at the last hop"),
+     lambda: _expect(repair_failures={M: RepairFailure(instance_id="i1", node_id="n2", repair_hop=2,
+                                                       reason="refused at the last hop")})),
     ("runner-status", RunnerStatusUpdated(event_id="e", runner_id="r2", status=RunnerStatus(state="Failed", error_message="oom")),
      lambda: _expect(runners={**BASE.runners, "r2": RunnerStatus(state="Failed", error_message="oom")})),
     ("runner-deleted", RunnerDeleted(event_id="e", runner_id="r1"), lambda: _expect(runners={"r2": BASE.runners["r2"]})),
@@ -186,6 +192,13 @@ def test_custom_card_added_then_deleted() -> None:
     deleted = apply(added, _at(CustomModelCardDeleted(event_id="f", model_id=CARD.model_id), idx=added.last_event_applied_idx + 1))
     assert added.custom_cards == {CARD.model_id: CARD}
     assert deleted.custom_cards == {}
+
+
+def test_a_new_placement_of_the_model_clears_its_repair_failure() -> None:
+    failure = RepairFailure(instance_id="i0", node_id="n2", repair_hop=2, reason="gave up")
+    before = BASE.model_copy(update={"repair_failures": {I2.model_id: failure, "other/model": failure}})
+    after = apply(before, _at(InstanceCreated(event_id="e", instance=I2)))
+    assert after.repair_failures == {"other/model": failure}
 
 
 def test_every_event_type_has_a_case() -> None:

@@ -55,6 +55,7 @@ from skulk.shared.types.events import (
     InstanceCreated,
     InstanceDeleted,
     InstancePlacementRefused,
+    InstanceRepairAbandoned,
     LocalEvent,
     NodeJoined,
     NodeLeft,
@@ -210,6 +211,9 @@ EVENTS: list[BaseModel] = [
     InstanceDeleted(event_id="e8", instance_id="i1", reason="operator"),
     InstancePlacementRefused(
         event_id="e9", instance_id="i1", node_id="n2", needed_bytes=10, available_bytes=5, message="m"
+    ),
+    InstanceRepairAbandoned(
+        event_id="e9b", model_id=MODEL, instance_id="i1", node_id="n2", repair_hop=2, reason="refused at the last hop"
     ),
     RunnerStatusUpdated(event_id="e10", runner_id="r1", status=RunnerStatus(state="Failed", error_message="boom")),
     RunnerDeleted(event_id="e11", runner_id="r1"),

@@ -374,14 +374,18 @@ def test_local_path_cards_resolve_to_their_files(tmp_path: Path) -> None:
         ensure_local_model(missing, tmp_path / "models")
 
 
-def test_hugging_face_cards_are_refused_without_network(tmp_path: Path) -> None:
+def test_hugging_face_cards_download_and_fail_typed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # HF_ENDPOINT points at an empty mock hub (tests/store/test_downloads.py covers downloads).
+    from tests.mockhub import MockHub, serve
+
     cards = load_cards(builtin_cards_dir()).cards
     hub_card = cards["mlx-community/Llama-3.2-1B-Instruct-4bit"]
-    with pytest.raises(ArtifactUnavailable) as caught:
+    with serve(MockHub()) as hub, pytest.raises(ArtifactUnavailable) as caught:
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
         ensure_local_model(hub_card, tmp_path)
     assert caught.value.model_id == hub_card.model_id
-    assert "not implemented" in caught.value.reason
-    assert list(tmp_path.iterdir()) == []
+    assert "does not exist" in caught.value.reason
+    assert [p for p in tmp_path.iterdir() if p.is_dir()] == []  # nothing half-written
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 
 import pytest
 
+from skulk.shared.memory_estimate import assignment_footprint
 from skulk.shared.types.common import ChatMessage
 from skulk.shared.types.instances import Instance, RunnerStatus, ShardAssignment
 from skulk.shared.types.state import State
@@ -11,6 +12,7 @@ from skulk.worker.plan import (
     CancelRunnerTask,
     DispatchTask,
     LocalRunner,
+    RefusePlacement,
     ReportRunnerFailed,
     ResolveArtifact,
     SpawnRunner,
@@ -87,15 +89,43 @@ def test_plan(name, v, expected):
 
 def test_memory_guard_refuses_a_shard_that_does_not_fit_live_memory():
     action = plan(view(artifacts=PATH, ram_available_bytes=1024))
-    assert isinstance(action, ReportRunnerFailed) and "GB is free" in action.message
+    assert isinstance(action, RefusePlacement) and "GB is free" in action.message
+    assert (action.runner_id, action.instance_id, action.available_bytes) == ("r1", "i1", 1024)
 
 
-def test_memory_guard_tolerates_a_small_miss():
-    from skulk.shared.memory_estimate import assignment_footprint
+NEEDED = assignment_footprint(CARD, INSTANCE.shards[0]).total_bytes
 
-    needed = assignment_footprint(CARD, INSTANCE.shards[0]).total_bytes
-    # 5 % short of the footprint: within the 10 % tolerance, so the runner starts.
-    action = plan(view(artifacts=PATH, ram_available_bytes=int(needed / 1.05)))
-    assert isinstance(action, SpawnRunner)
-    action = plan(view(artifacts=PATH, ram_available_bytes=int(needed / 1.2)))
-    assert isinstance(action, ReportRunnerFailed)
+
+@pytest.mark.parametrize(
+    ("name", "available", "expected"),
+    [
+        ("plenty of memory: spawn", 64 * GIB, SpawnRunner),
+        ("5 % short: within the 10 % tolerance, spawn", int(NEEDED / 1.05), SpawnRunner),
+        ("exactly at the tolerance edge: spawn", -(-NEEDED * 10 // 11), SpawnRunner),
+        ("20 % short: refuse and ask for a re-placement", int(NEEDED / 1.2), RefusePlacement),
+        ("unknown live memory: spawn (the master admitted it)", None, SpawnRunner),
+    ],
+)
+def test_memory_guard_tolerance(name, available, expected):
+    assert type(plan(view(artifacts=PATH, ram_available_bytes=available))) is expected
+
+
+@pytest.mark.parametrize(
+    ("name", "v"),
+    [
+        ("already refused: not again", view(artifacts=PATH, ram_available_bytes=1024, reported_failed=frozenset({"r1"}))),
+        ("runner already running: no guard", view(artifacts=PATH, ram_available_bytes=1024, runners=runner())),
+        ("shard elsewhere: not ours to refuse", view(state=State(instances={"i2": ELSEWHERE}), ram_available_bytes=1024)),
+    ],
+)
+def test_memory_guard_refuses_once_and_only_its_own_unstarted_shards(name, v):
+    assert not isinstance(plan(v), RefusePlacement)
+
+
+def test_embedding_tasks_dispatch_to_rank_zero_like_generations():
+    from skulk.shared.types.tasks import Embedding, EmbeddingParams
+
+    task = Embedding(task_id="t1", instance_id="i1", command_id="c1", owner_node_id="api",
+                     params=EmbeddingParams(model_id=CARD.model_id, inputs=["hi"]))
+    v = view(state=STATE.model_copy(update={"tasks": {"t1": task}}), artifacts=PATH, runners=runner())
+    assert plan(v) == DispatchTask("r1", task)

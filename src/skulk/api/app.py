@@ -15,10 +15,11 @@ from fastapi import FastAPI
 from skulk import __version__
 from skulk.api.auth import ApiKeyMiddleware
 from skulk.api.errors import install_error_handlers
-from skulk.api.routes import control, diagnostics, instances
+from skulk.api.routes import control, diagnostics, instances, model_cards
 from skulk.api.routes import anthropic as anthropic_routes
 from skulk.api.routes import ollama as ollama_routes
 from skulk.api.routes import openai as openai_routes
+from skulk.api.routes import store as store_routes
 from skulk.api.streams import CommandStreams
 from skulk.shared.telemetry_view import TelemetryView
 from skulk.shared.types.commands import Command
@@ -57,6 +58,10 @@ class ApiContext:
     """When set, every route but the dashboard's static assets requires this key (Bearer,
     or `x-api-key` on /v1/messages); None or empty leaves the API open. The node passes
     `SKULK_API_KEY` (`skulk.api.auth.API_KEY_ENV`) or its configured key."""
+    store: store_routes.StoreContext | None = None
+    """The model store's roots and policy on this node (None: the /store routes answer 503)."""
+    get_store: Callable[[], store_routes.StoreContext | None] | None = None
+    """The store as it is now (it follows the elected master); defaults to `store`."""
 
     def __post_init__(self) -> None:
         # Frozen dataclass: defaults that need `get_state` are filled in once, here.
@@ -64,6 +69,8 @@ class ApiContext:
             object.__setattr__(self, "find_instance", lambda model_id: find_placed_instance(self.get_state(), model_id))
         if self.list_instances is None:
             object.__setattr__(self, "list_instances", lambda: list(self.get_state().instances.values()))
+        if self.get_store is None:
+            object.__setattr__(self, "get_store", lambda: self.store)
 
 
 def find_placed_instance(state: State, model_id: str) -> Instance | None:
@@ -86,7 +93,9 @@ def create_app(context: ApiContext) -> FastAPI:
     app.include_router(control.router)
     app.include_router(diagnostics.router)
     app.include_router(instances.router)
+    app.include_router(model_cards.router)
     app.include_router(openai_routes.router)
     app.include_router(anthropic_routes.router)
     app.include_router(ollama_routes.router)
+    app.include_router(store_routes.router)
     return app

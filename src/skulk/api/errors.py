@@ -100,6 +100,10 @@ STREAM_ERROR_KINDS: dict[str, ErrorKind] = {
     "TaskFailed": "unavailable",  # the master failed the task: its instance is gone or was never placed
     "client_too_slow": "overloaded",
     "protocol_violation": "upstream",
+    # Runner errors that are the request's fault, reported before any output went out
+    # (embeddings answer only once everything is computed): the caller gets a 4xx.
+    "ContextLengthExceeded": "invalid_request",
+    "InvalidRequest": "invalid_request",
 }
 """Kinds of the stream error types this API produces itself; a runner's own error types (an
 engine crash, an out-of-memory) are `internal` unless listed here."""

@@ -1,7 +1,8 @@
 """The generation path every inference wire format shares: bind a normalised request to a
-placed instance, open its command stream, submit `GenerateText`, and drive the stream to its
-end, telling the cluster how it ended exactly once (`TaskFinished` when the runner ended
-it, `CancelCommand` when this side or the client did).
+placed instance, open its command stream, submit `GenerateText` (or `Embed`), and drive the
+stream to its end, telling the cluster how it ended exactly once (`TaskFinished` when the
+runner ended it, `CancelCommand` when this side or the client did). Token chunks are shaped
+on the way (`skulk.api.output`: reasoning apart, tool calls assembled).
 
 The routes of each wire format (OpenAI, Anthropic, Ollama) call into here after their
 adapter has produced `TextGenerationParams`, and serialise what comes out. This module must
@@ -20,12 +21,14 @@ from typing import Any, Protocol
 from fastapi import Request
 
 from skulk.api.errors import ClusterNotReady, InvalidRequest, ModelNotFound, StreamFailed
+from skulk.api.output import OutputShaper
 from skulk.api.streams import CommandStream
-from skulk.shared.types.chunks import TokenChunk
-from skulk.shared.types.commands import CancelCommand, Command, GenerateText, TaskFinished
+from skulk.shared.types.chunks import EmbeddingChunk, TokenChunk
+from skulk.shared.types.commands import CancelCommand, Command, Embed, GenerateText, TaskFinished
+from skulk.shared.types.common import Usage
 from skulk.shared.types.ids import new_id
 from skulk.shared.types.instances import Instance
-from skulk.shared.types.tasks import TextGenerationParams
+from skulk.shared.types.tasks import EmbeddingParams, TextGenerationParams
 
 logger = logging.getLogger(__name__)
 
@@ -82,16 +85,19 @@ async def _close_on_disconnect(request: Request, context: Any, stream: CommandSt
         cancel_later(context, stream.command_id)
 
 
-async def drive(request: Request, context: Any, stream: CommandStream) -> AsyncIterator[TokenChunk]:
-    """The token chunks of `stream` until it ends, telling the cluster how it ended: TaskFinished
-    after the runner's terminal, CancelCommand when this node or the client ended it. Callers
-    wrap it in `contextlib.aclosing` so that leaving early cancels the command."""
+async def _follow(
+    request: Request, context: Any, stream: CommandStream, kind: type[Any]
+) -> AsyncIterator[Any]:
+    """The chunks of `stream` (all of type `kind`) until it ends, telling the cluster how it
+    ended: TaskFinished after the runner's terminal, CancelCommand when this node or the
+    client ended it. A chunk of another type ends the stream as a protocol violation."""
     watcher = asyncio.create_task(_close_on_disconnect(request, context, stream))
     try:
         async for chunk in stream:
-            if not isinstance(chunk, TokenChunk):
+            if not isinstance(chunk, kind):
                 # Skipped; the stream now ends with the violation once what is queued is read.
-                context.streams.fail(stream.command_id, "protocol_violation", f"A chat stream carried a {chunk.type}.")
+                context.streams.fail(stream.command_id, "protocol_violation",
+                                     f"A {kind.__name__} stream carried a {chunk.type}.")
                 continue
             yield chunk
         finished_later(context, stream.command_id)
@@ -107,19 +113,107 @@ async def drive(request: Request, context: Any, stream: CommandStream) -> AsyncI
             cancel_later(context, stream.command_id)
 
 
+async def drive(
+    request: Request, context: Any, stream: CommandStream, params: TextGenerationParams | None = None
+) -> AsyncIterator[TokenChunk]:
+    """The token chunks of `stream` until it ends (see `_follow`). Callers wrap it in
+    `contextlib.aclosing` so that leaving early cancels the command.
+
+    With `params`, the chunks are shaped for the request (`skulk.api.output`): reasoning
+    marked apart, tool calls assembled once the output is complete."""
+    shaper = OutputShaper(params, _call_id_factory(stream.command_id)) if params is not None else None
+    async with aclosing(_follow(request, context, stream, TokenChunk)) as chunks:
+        async for chunk in chunks:
+            if shaper is None:
+                yield chunk
+                continue
+            for shaped in shaper.push(chunk):
+                yield shaped
+    if shaper is not None:
+        for shaped in shaper.finish():
+            yield shaped
+
+
+async def start_embedding(context: Any, params: EmbeddingParams) -> CommandStream:
+    """Check the model is placed (404) and there is a master (503), open the command's
+    stream and submit `Embed`. The caller then reads it with `collect_embedding`."""
+    check_wire_ints(params)
+    if context.find_instance(params.model_id) is None:
+        raise ModelNotFound(params.model_id)
+    if context.get_master()[0] is None:
+        raise ClusterNotReady("The cluster has no master yet (election in progress); retry shortly.")
+    command_id = new_id()
+    stream = context.streams.open(command_id)
+    await submit(context, stream, Embed(command_id=command_id, params=params))
+    return stream
+
+
+async def collect_embedding(
+    request: Request, context: Any, stream: CommandStream, expected: int | None = None
+) -> EmbeddingChunk:
+    """The one embedding chunk of a completed stream (several are concatenated in order).
+    With `expected`, a count of vectors other than one per input is a protocol violation
+    (502), never a short answer passed off as complete."""
+    chunks: list[EmbeddingChunk] = []
+    async with aclosing(_follow(request, context, stream, EmbeddingChunk)) as output:
+        async for chunk in output:
+            chunks.append(chunk)
+    if not chunks:
+        raise StreamFailed("protocol_violation", "The embedding stream ended without embeddings.", origin="api")
+    returned = sum(len(c.embeddings) for c in chunks)
+    if expected is not None and returned != expected:
+        raise StreamFailed("protocol_violation",
+                           f"The runner returned {returned} embeddings for {expected} inputs.", origin="api")
+    if len(chunks) == 1:
+        return chunks[0]
+    prompt_tokens = sum(c.usage.prompt_tokens for c in chunks if c.usage is not None)
+    return EmbeddingChunk(
+        command_id=stream.command_id,
+        embeddings=[vector for c in chunks for vector in c.embeddings],
+        usage=Usage(prompt_tokens=prompt_tokens, total_tokens=prompt_tokens),
+    )
+
+
+def _call_id_factory(command_id: str) -> Callable[[int], str]:
+    """Tool-call ids unique per request and stable for its calls: `call_<command>_<n>`."""
+    return lambda index: f"call_{command_id}_{index}"
+
+
 async def submit(context: Any, stream: CommandStream, command: Command) -> None:
     """Submit `command`; when the master cannot be reached, free `stream` and raise 503."""
     try:
         await context.submit_command(command)
+    except OverflowError as exc:
+        # Framing refused a value (an integer past 64 bits deep in a tool schema, say):
+        # the request's fault, not the cluster's.
+        stream.close()
+        raise InvalidRequest(f"The request holds a number too large to carry: {exc}.") from exc
     except Exception as exc:
         stream.close()
         raise ClusterNotReady(f"The command could not reach the master: {exc}") from exc
+
+
+WIRE_INT_MIN, WIRE_INT_MAX = -(2**63), 2**64 - 1
+"""The integers msgpack (the cluster's framing) can carry. JSON has no bound, so a request
+with `seed: 1e30` written out as an integer would otherwise fail only when the command is
+framed, reading as an unreachable master (503) instead of the caller's mistake."""
+
+_BOUNDED_INT_FIELDS = ("seed", "top_k", "max_tokens", "top_logprobs", "dimensions")
+
+
+def check_wire_ints(params: TextGenerationParams | EmbeddingParams) -> None:
+    """`InvalidRequest` naming the first integer parameter the cluster cannot carry."""
+    for name in _BOUNDED_INT_FIELDS:
+        value = getattr(params, name, None)
+        if value is not None and not (WIRE_INT_MIN <= value <= WIRE_INT_MAX):
+            raise InvalidRequest(f"'{name}' is out of range: {value}.", param=name)
 
 
 def bind_instance(context: Any, params: TextGenerationParams, *, max_tokens_param: str = "max_tokens") -> Instance:
     """The placed instance `params` will run on, after the checks every wire format shares:
     the model is placed (404 naming the fix otherwise), `max_tokens` fits its context (400
     naming `max_tokens_param`, the caller's name for it), and there is a master (503)."""
+    check_wire_ints(params)
     instance = context.find_instance(params.model_id)
     if instance is None:
         raise ModelNotFound(params.model_id)
@@ -150,10 +244,13 @@ __all__ = [
     "SSE_HEADERS",
     "api_context",
     "bind_instance",
+    "check_wire_ints",
     "cancel_later",
+    "collect_embedding",
     "drive",
     "finished_later",
     "send_later",
+    "start_embedding",
     "start_generation",
     "submit",
 ]
@@ -173,20 +270,30 @@ async def encoded_events(
     stream: CommandStream,
     encoder: StreamEncoder,
     on_failure: Callable[[StreamFailed], Iterable[str]],
+    params: TextGenerationParams | None = None,
 ) -> AsyncIterator[str]:
     """The streaming body of one request in its caller's wire format: the encoder's events
     around the output, or the format's error events when the stream fails."""
     for event in encoder.start():
         yield event
+    pending: list[str] = []
     try:
-        async with aclosing(drive(request, context, stream)) as output:
+        async with aclosing(drive(request, context, stream, params)) as output:
             async for chunk in output:
-                for event in encoder.chunk_to_sse(chunk):
-                    yield event
+                pending.extend(encoder.chunk_to_sse(chunk))
+                if stream.queued == 0 and pending:
+                    # Tokens that arrived together leave in one write: one send through the
+                    # ASGI stack per batch, not per token, when the client side falls behind.
+                    yield "".join(pending)
+                    pending.clear()
     except StreamFailed as failure:
+        if pending:
+            yield "".join(pending)
         logger.info("command %s ended: %s (%s)", stream.command_id, failure.error_type, failure.message)
         for event in on_failure(failure):
             yield event
         return
+    if pending:
+        yield "".join(pending)
     for event in encoder.finish():
         yield event

@@ -134,7 +134,9 @@ class CommandStream:
             self._wakeup.clear()
             timeout = self._owner._time_left(self)
             try:
-                await asyncio.wait_for(self._wakeup.wait(), timeout=max(timeout, 0.0))
+                # asyncio.timeout arms one timer; wait_for would also wrap the wait in a task.
+                async with asyncio.timeout(max(timeout, 0.0)):
+                    await self._wakeup.wait()
             except TimeoutError:
                 self._owner.expire()
 

@@ -12,7 +12,9 @@ Given a model's shape (`ModelMeta`), a live free-memory snapshot of the target d
   context fits; a RAM device holds every layer.
 
 When even the minimum hot context does not fit, the result is a `CapacityShortfall` naming
-why, the bytes needed and the bytes available.
+why, the bytes needed and the bytes available. A shard of a placed instance is planned the
+same way over the layers it holds and its share of them (`plan_capacity(..., layers=,
+share=)`); `skulk.capacity.instance` does that for every rank at placement.
 
 KV arithmetic follows the card's attention layout exactly (`ModelCard.is_windowed_layer`):
 a global layer holds K and V for every token, a windowed layer for at most `sliding_window`
@@ -336,31 +338,51 @@ def usable_bytes(device: DeviceSnapshot, policy: CapacityPolicy) -> int:
     return max(0, device.free_bytes - policy.reserve_bytes - headroom)
 
 
-def plan_capacity(meta: ModelMeta, device: DeviceSnapshot, policy: CapacityPolicy) -> CapacityPlan | CapacityShortfall:
-    """The capacity plan for `meta` on `device`, or why even the minimum does not fit."""
+def plan_capacity(
+    meta: ModelMeta,
+    device: DeviceSnapshot,
+    policy: CapacityPolicy,
+    *,
+    layers: range | None = None,
+    share: Fraction = Fraction(1),
+) -> CapacityPlan | CapacityShortfall:
+    """The capacity plan for `meta` on `device`, or why even the minimum does not fit.
+
+    By default the whole model. A shard of a placed instance passes the `layers` it holds (a
+    pipeline stage) and the `share` of those layers' weights and KV it holds (1/world for a
+    tensor rank): the plan is then that shard's, on its own device, with `gpu_layers`
+    counted within `layers`."""
+    span = range(meta.num_layers) if layers is None else layers
+    if span.step != 1 or not 0 <= span.start < span.stop <= meta.num_layers:
+        raise ModelShapeError(f"layers {span} outside [0, {meta.num_layers})")
+    if not 0 < share <= 1:
+        raise ModelShapeError(f"share {share} outside (0, 1]")
     usable = usable_bytes(device, policy)
     min_hot = min(policy.min_hot_context_tokens, meta.trained_context_tokens)
-    dense_rate = meta.num_layers * kv_bytes_per_token_per_layer(meta, policy.kv_dtype_bytes)
+    dense_rate = math.ceil(len(span) * kv_bytes_per_token_per_layer(meta, policy.kv_dtype_bytes) * share)
     if device.kind == "ram":
-        layers_on_device = meta.num_layers
-        if meta.weights_bytes >= usable:
-            return CapacityShortfall("weights_exceed_memory", meta.weights_bytes, usable, min_hot)
+        layers_on_device = len(span)
+        weights_all = _layer_weights(meta, len(span), share)
+        if weights_all >= usable:
+            return CapacityShortfall("weights_exceed_memory", weights_all, usable, min_hot)
     else:
-        layers_on_device = _gpu_layers_for_min_hot(meta, usable, min_hot, policy.kv_dtype_bytes)
+        layers_on_device = _gpu_layers_for_min_hot(meta, span, share, usable, min_hot, policy.kv_dtype_bytes)
         if layers_on_device == 0:
-            needed = _layer_weights(meta, 1) + kv_cache_bytes(meta, min_hot, _last_layers(meta, 1), policy.kv_dtype_bytes)
+            needed = _layer_weights(meta, 1, share) + _kv(meta, min_hot, _last_of(span, 1), share, policy.kv_dtype_bytes)
             return CapacityShortfall("min_hot_context_unfit", needed, usable, min_hot)
-    layers = _last_layers(meta, layers_on_device)
-    weights = _layer_weights(meta, layers_on_device)
+    resident = _last_of(span, layers_on_device)
+    weights = _layer_weights(meta, layers_on_device, share)
     budget = usable - weights
-    hot = tokens_fitting(meta, budget, layers, policy.kv_dtype_bytes)
+    # A token costs `share` of the layers' full KV, so the budget holds 1/share as many.
+    hot = tokens_fitting(meta, math.floor(budget / share), resident, policy.kv_dtype_bytes)
     if hot < min_hot:
-        needed = weights + kv_cache_bytes(meta, min_hot, layers, policy.kv_dtype_bytes)
+        needed = weights + _kv(meta, min_hot, resident, share, policy.kv_dtype_bytes)
         return CapacityShortfall("min_hot_context_unfit", needed, usable, min_hot)
     effective = min(hot, meta.trained_context_tokens)
     # Cold blocks hold tokens older than the hot window; windowed layers never need those,
     # so a cold token costs only the global layers' KV.
-    global_rate, _ = kv_rates(meta, None, policy.kv_dtype_bytes)
+    global_rate, _ = kv_rates(meta, span, policy.kv_dtype_bytes)
+    global_rate = math.ceil(global_rate * share)
     cold_tokens = policy.cold_budget_bytes // global_rate if global_rate else 0
     return CapacityPlan(
         device_kind=device.kind,
@@ -375,21 +397,26 @@ def plan_capacity(meta: ModelMeta, device: DeviceSnapshot, policy: CapacityPolic
     )
 
 
-def _last_layers(meta: ModelMeta, count: int) -> range:
-    """llama.cpp offloads the last n_gpu_layers blocks."""
-    return range(meta.num_layers - count, meta.num_layers)
+def _last_of(span: range, count: int) -> range:
+    """llama.cpp offloads the last n_gpu_layers blocks (of the layers this shard holds)."""
+    return range(span.stop - count, span.stop)
 
 
-def _layer_weights(meta: ModelMeta, count: int) -> int:
+def _layer_weights(meta: ModelMeta, count: int, share: Fraction = Fraction(1)) -> int:
     """Weights shared out by layer count (embeddings and heads lumped in, as placement does)."""
-    return math.ceil(Fraction(meta.weights_bytes * count, meta.num_layers))
+    return math.ceil(Fraction(meta.weights_bytes * count, meta.num_layers) * share)
 
 
-def _gpu_layers_for_min_hot(meta: ModelMeta, usable: int, min_hot: int, dtype_bytes: int) -> int:
-    """Most layers (from the end) whose weights plus KV for `min_hot` tokens fit; 0 if none."""
-    for count in range(meta.num_layers, 0, -1):
-        layers = _last_layers(meta, count)
-        if _layer_weights(meta, count) + kv_cache_bytes(meta, min_hot, layers, dtype_bytes) <= usable:
+def _kv(meta: ModelMeta, tokens: int, layers: range, share: Fraction, dtype_bytes: int) -> int:
+    return math.ceil(kv_cache_bytes(meta, tokens, layers, dtype_bytes) * share)
+
+
+def _gpu_layers_for_min_hot(
+    meta: ModelMeta, span: range, share: Fraction, usable: int, min_hot: int, dtype_bytes: int
+) -> int:
+    """Most layers (from the end of `span`) whose weights plus KV for `min_hot` tokens fit; 0 if none."""
+    for count in range(len(span), 0, -1):
+        if _layer_weights(meta, count, share) + _kv(meta, min_hot, _last_of(span, count), share, dtype_bytes) <= usable:
             return count
     return 0
 

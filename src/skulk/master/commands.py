@@ -5,8 +5,9 @@ the API dry-runs the same checks before it publishes, so a caller sees the reaso
 HTTP error rather than an acknowledged command that silently does nothing. A generation
 request that cannot be served is the exception: it is recorded as a task created Failed,
 so the owning API learns the reason from replicated State and the log explains it later.
-Commands whose capability has not landed yet (downloads, placement repair) are refused as
-`not_supported` until their issue wires them in.
+A worker's RefuseInstancePlacement is answered by `skulk.master.repair` (teardown, then
+a bounded re-placement). Commands whose capability has not landed yet (downloads) are
+refused as `not_supported` until their issue wires them in.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from skulk.master.placement import PlacementError, PlacementRequest, place
+from skulk.master.repair import RepairInputs, repair_refused
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.commands import (
     AddCustomModelCard,
@@ -24,8 +26,10 @@ from skulk.shared.types.commands import (
     DeleteCustomModelCard,
     DeleteInstance,
     EvictStagedModel,
+    Embed,
     GenerateText,
     PlaceInstance,
+    RefuseInstancePlacement,
     SetTracingEnabled,
     TaskFinished,
 )
@@ -46,7 +50,7 @@ from skulk.shared.types.ids import NodeId
 from skulk.shared.types.instances import Instance
 from skulk.shared.types.state import State
 from skulk.shared.types.telemetry import NodeResources
-from skulk.shared.types.tasks import TextGeneration
+from skulk.shared.types.tasks import Embedding, TextGeneration
 
 
 @dataclass(frozen=True)
@@ -123,9 +127,19 @@ def ready_instance_for(state: State, model_id: str) -> Instance | None:
     return min(candidates, key=lambda i: (open_tasks.get(i.instance_id, 0), i.instance_id))
 
 
-def _generate(state: State, command: GenerateText, ctx: DecisionContext) -> Decision:
+def unplaced_message(state: State, model_id: str) -> str:
+    """Why a request for `model_id` has no instance, naming the fix (and the abandoned
+    repair, when that is why the model is gone)."""
+    failure = state.repair_failures.get(model_id)
+    why = f" (its last placement could not be repaired: {failure.reason})" if failure is not None else ""
+    return f"no instance of {model_id} is placed{why}; place it first: POST /place_instance {{\"modelId\": \"{model_id}\"}}"
+
+
+def _bind(state: State, command: GenerateText | Embed, ctx: DecisionContext, task_type: type) -> Decision:
+    """An API request becomes a task on the least busy serving instance of its model, or a
+    task born failed that names the fix (and an abandoned repair, when that is the cause)."""
     instance = ready_instance_for(state, command.params.model_id)
-    task = TextGeneration(
+    task = task_type(
         task_id=ctx.new_id(),
         instance_id=instance.instance_id if instance else UNPLACED_INSTANCE,
         command_id=command.command_id,
@@ -133,12 +147,16 @@ def _generate(state: State, command: GenerateText, ctx: DecisionContext) -> Deci
         params=command.params,
     )
     if instance is None:
-        task = task.model_copy(update={
-            "status": "Failed",
-            "error_message": f"no instance of {command.params.model_id} is placed; place it first: "
-                             f"POST /place_instance {{\"modelId\": \"{command.params.model_id}\"}}",
-        })
+        task = task.model_copy(update={"status": "Failed", "error_message": unplaced_message(state, command.params.model_id)})
     return [TaskCreated(event_id=ctx.new_id(), task=task)]
+
+
+def _generate(state: State, command: GenerateText, ctx: DecisionContext) -> Decision:
+    return _bind(state, command, ctx, TextGeneration)
+
+
+def _embed(state: State, command: Embed, ctx: DecisionContext) -> Decision:
+    return _bind(state, command, ctx, Embedding)
 
 
 def _tasks_of_command(state: State, command_id: str) -> list:
@@ -182,6 +200,18 @@ def _place(state: State, command: PlaceInstance, ctx: DecisionContext) -> Decisi
     return [InstanceCreated(event_id=ctx.new_id(), instance=instance)]
 
 
+def _refuse_placement(state: State, command: RefuseInstancePlacement, ctx: DecisionContext) -> Decision:
+    instance = state.instances.get(command.instance_id)
+    if instance is None:
+        return Refusal("unknown_instance", f"no instance {command.instance_id} (already repaired or deleted)")
+    if command.node_id != ctx.origin:
+        return Refusal("not_the_refuser", f"node {ctx.origin} cannot refuse a shard on behalf of {command.node_id}")
+    if command.node_id not in instance.node_ids():
+        return Refusal("not_a_host", f"node {command.node_id} hosts no shard of instance {command.instance_id}")
+    inputs = RepairInputs(new_id=ctx.new_id, cards=ctx.cards, resources=ctx.resources, memory_credits=ctx.memory_credits)
+    return repair_refused(state, instance, command, inputs)
+
+
 def _add_card(state: State, command: AddCustomModelCard, ctx: DecisionContext) -> Decision:
     if state.custom_cards.get(command.card.model_id) == command.card:
         return []
@@ -197,11 +227,13 @@ def _delete_card(state: State, command: DeleteCustomModelCard, ctx: DecisionCont
 _DECIDERS: dict[type, Callable[[State, object, DecisionContext], Decision]] = {
     SetTracingEnabled: _set_tracing,
     GenerateText: _generate,
+    Embed: _embed,
     TaskFinished: _task_finished,
     CancelCommand: _cancel,
     PlaceInstance: _place,
     CreateInstance: _create_instance,
     DeleteInstance: _delete_instance,
+    RefuseInstancePlacement: _refuse_placement,
     EvictStagedModel: _evict,
     AddCustomModelCard: _add_card,
     DeleteCustomModelCard: _delete_card,

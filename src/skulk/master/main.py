@@ -8,6 +8,8 @@ own plan tick. Every decision is a pure function (`indexer.admit`, `commands.dec
 apply to the local replica, append to the disk log, broadcast on GLOBAL_EVENTS. A snapshot
 is taken every `SNAPSHOT_EVERY_EVENTS`, so a joining node needs the snapshot plus a short
 retained tail, which is replayed to it in paced bursts (`shared.sync.ReplayScheduler`).
+Every instance deletion it commits is remembered for `repair.CREDIT_GRACE_S`, and its
+memory is credited to placement decisions meanwhile (gossiped memory lags a teardown).
 """
 
 from __future__ import annotations
@@ -26,13 +28,22 @@ from skulk.cluster.replica import StateReplica
 from skulk.master import indexer as ix
 from skulk.master.commands import DecisionContext, Refusal, decide
 from skulk.master.plan import MasterView, heartbeat_warnings, plan, track_zombies
+from skulk.master.repair import DeletionCredit, active_credits, record_deletion
 from skulk.routing.router import Router, RouterError
 from skulk.routing.topics import TOPICS
 from skulk.shared.sync import due_bursts, replay_scheduler, request
 from skulk.shared.telemetry_view import TelemetryView, freshness, node_resources
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.commands import ForwarderCommand
-from skulk.shared.types.events import Event, IndexedEvent, LocalEvent
+from skulk.shared.types.events import (
+    Event,
+    IndexedEvent,
+    InstanceCreated,
+    InstanceDeleted,
+    InstancePlacementRefused,
+    InstanceRepairAbandoned,
+    LocalEvent,
+)
 from skulk.shared.types.ids import new_id
 from skulk.shared.types.state import State
 from skulk.shared.types.sync import EventBurst, GlobalEvent, SnapshotOffer, SyncRequest
@@ -113,6 +124,7 @@ class Master:
         self._snapshot: tuple[int, State] = (-1, State())
         self._replay = replay_scheduler()
         self._zombie_since: dict[str, float] = {}
+        self._deletion_credits: tuple[DeletionCredit, ...] = ()
         self._warned: frozenset[str] = frozenset()
         self._promoted_at = clock()
         self.indexed = 0
@@ -156,6 +168,20 @@ class Master:
 
     async def _commit(self, events: list[IndexedEvent]) -> None:
         for event in events:
+            if isinstance(event.event, InstancePlacementRefused):
+                logger.warning("node %s refused its shard of instance %s: %s; re-placing",
+                               event.event.node_id, event.event.instance_id, event.event.message)
+            elif isinstance(event.event, InstanceCreated) and event.event.instance.repair_hop > 0:
+                repaired = event.event.instance
+                logger.warning("re-placed %s as instance %s at repair hop %d on nodes %s", repaired.model_id,
+                               repaired.instance_id, repaired.repair_hop, ",".join(repaired.node_ids()))
+            elif isinstance(event.event, InstanceRepairAbandoned):
+                logger.error("gave up repairing %s (instance %s, hop %d): %s", event.event.model_id,
+                             event.event.instance_id, event.event.repair_hop, event.event.reason)
+            if isinstance(event.event, InstanceDeleted):
+                self._deletion_credits = record_deletion(
+                    self._deletion_credits, self._replica.state, event.event.instance_id, self._cards(), self._clock()
+                )
             self._replica.apply_indexed(event)
             self._slot.log.append(event.to_wire())
             self._tail.append(event)
@@ -188,6 +214,7 @@ class Master:
             origin=forwarded.origin,
             cards=self._cards(),
             resources=node_resources(self._telemetry(), state),
+            memory_credits=active_credits(self._deletion_credits, self._clock()),
         )
         decision = decide(state, forwarded.command, context)
         if isinstance(decision, Refusal):
@@ -248,7 +275,12 @@ class Master:
             logger.info("heartbeats from node %s resumed", node)
         self._warned = ((self._warned | newly_late) - recovered) & frozenset(fresh)
         self._zombie_since = track_zombies(state, self._zombie_since, now)
-        events = plan(MasterView(state=state, me=self.me, freshness=fresh, zombie_since=self._zombie_since, now=now), new_id)
+        view = MasterView(
+            state=state, me=self.me, freshness=fresh, zombie_since=self._zombie_since, now=now,
+            cards=self._cards(), resources=node_resources(view_telemetry, state),
+            memory_credits=active_credits(self._deletion_credits, now),
+        )
+        events = plan(view, new_id)
         await self._index_own(events)
 
     # -- the loop ---------------------------------------------------------------------------
@@ -304,6 +336,7 @@ class Master:
             "retainedTail": len(self._tail),
             "snapshotIdx": self._snapshot[0],
             "refusedCommands": self.refused_commands,
+            "memoryCredits": active_credits(self._deletion_credits, self._clock()),
             "snapshotsSent": self.snapshots_sent,
             "burstsSent": self.bursts_sent,
             "indexer": to_camel_keys(self._indexer.stats()) if self._indexer else None,

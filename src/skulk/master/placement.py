@@ -38,12 +38,14 @@ from fractions import Fraction
 from types import MappingProxyType
 from typing import ClassVar
 
+from skulk.capacity.instance import plan_instance, stamped_context_tokens
+from skulk.capacity.planner import DeviceSnapshot
+from skulk.master.ring_hosts import ring_hosts_for
 from skulk.shared.memory_estimate import (
     Footprint,
     NodeMemoryTotals,
     admission_context_tokens,
     format_gb,
-    instance_context_token_limit,
     shard_footprint,
 )
 from skulk.shared.types.base import WireModel
@@ -51,7 +53,7 @@ from skulk.shared.types.cards import ModelCard, backend_engine
 from skulk.shared.types.commands import PlaceInstance
 from skulk.shared.types.common import Sharding
 from skulk.shared.types.ids import InstanceId, ModelId, NodeId, RunnerId
-from skulk.shared.types.instances import Instance, ShardAssignment
+from skulk.shared.types.instances import Instance, InstanceCapacity, ShardAssignment
 from skulk.shared.types.state import State
 from skulk.shared.types.telemetry import NodeResources
 
@@ -84,6 +86,9 @@ class PlacementRequest:
     sharding: Sharding = "Pipeline"
     min_nodes: int = 1
     excluded_nodes: frozenset[NodeId] = frozenset()
+    max_nodes: int | None = None
+    """Largest world size to try; None means every candidate. Repairs use it to pin a
+    single-node fallback or a same-width re-placement."""
 
     @classmethod
     def from_command(cls, command: PlaceInstance) -> PlacementRequest:
@@ -228,6 +233,8 @@ class PlacementPreview(WireModel):
     """Hosting nodes in rank order."""
     shards: list[PreviewShard]
     context_token_limit: int
+    capacity: InstanceCapacity
+    """The capacity planner's outputs: effective context, hot KV tokens, GPU layers."""
 
 
 # ---------------------------------------------------------------------------------------
@@ -263,9 +270,11 @@ def place(
         request.excluded_nodes,
         memory_credits,
         first_fit_only=True,
+        max_nodes=request.max_nodes,
     )
     if search.feasible:
-        return _instantiate(card, resources, request, search.feasible[0], new_id)
+        instance = _instantiate(card, resources, request, search.feasible[0], new_id)
+        return instance.model_copy(update={"ring_hosts": ring_hosts_for(instance, state)})
     raise _diagnose(search)
 
 
@@ -439,6 +448,7 @@ def _search(
     credits: Mapping[NodeId, int],
     *,
     first_fit_only: bool = False,
+    max_nodes: int | None = None,
 ) -> _Search:
     s = _Search(card=card, sharding=sharding, min_nodes=min_nodes, excluded=excluded)
     s.members = sorted(state.nodes)
@@ -457,7 +467,8 @@ def _search(
         s.edge_lagging = [c.node_id for c in s.compatible if not any(e.touches(c.node_id) for e in state.edges)]
     adjacency = _adjacency(state, {c.node_id for c in s.compatible})
     s.links = sorted({(a, b) for a, near in adjacency.items() for b in near if a < b})
-    for size in range(max(min_nodes, 1), len(s.compatible) + 1):
+    largest = len(s.compatible) if max_nodes is None else min(max_nodes, len(s.compatible))
+    for size in range(max(min_nodes, 1), largest + 1):
         reason = _invalid_world_size(card, sharding, size)
         if reason is not None:
             s.invalid_sizes[size] = reason
@@ -689,6 +700,21 @@ def _totals(resources: Mapping[NodeId, NodeResources], node_ids: Sequence[NodeId
     return {n: NodeMemoryTotals(ram_total_bytes=resources[n].memory.ram_total_bytes) for n in node_ids}
 
 
+def _capacity(
+    card: ModelCard, resources: Mapping[NodeId, NodeResources], option: _Option, shards: Sequence[ShardAssignment]
+) -> tuple[InstanceCapacity, int]:
+    """The capacity planner on each hosting node's admission snapshot (available memory plus
+    credit, the figure its shard was admitted against), and the window to stamp from it."""
+    # NodeResources carries no VRAM figures yet, so every device is planned as RAM (every
+    # layer resident); with a VRAM reading a GPU backend's node becomes a "vram" device.
+    devices = {
+        s.node.node_id: DeviceSnapshot("ram", resources[s.node.node_id].memory.ram_total_bytes, s.node.available_bytes)
+        for s in option.shards
+    }
+    capacity = plan_instance(card, shards, devices)
+    return capacity, stamped_context_tokens(card, shards, _totals(resources, option.node_ids), capacity)
+
+
 def _instantiate(
     card: ModelCard,
     resources: Mapping[NodeId, NodeResources],
@@ -698,18 +724,21 @@ def _instantiate(
 ) -> Instance:
     instance_id = InstanceId(new_id())  # instance first, then runners in rank order
     shards = _assignments(option, (RunnerId(new_id()) for _ in itertools.count()))
+    capacity, context_token_limit = _capacity(card, resources, option, shards)
     return Instance(
         instance_id=instance_id,
         model_id=card.model_id,
         sharding=option.sharding,
         shards=shards,
         excluded_nodes=sorted(request.excluded_nodes),
-        context_token_limit=instance_context_token_limit(card, shards, _totals(resources, option.node_ids)),
+        context_token_limit=context_token_limit,
+        capacity=capacity,
     )
 
 
 def _to_preview(card: ModelCard, resources: Mapping[NodeId, NodeResources], option: _Option) -> PlacementPreview:
     shards = _assignments(option, (RunnerId(f"preview-{i}") for i in itertools.count()))
+    capacity, context_token_limit = _capacity(card, resources, option, shards)
     return PlacementPreview(
         model_id=card.model_id,
         sharding=option.sharding,
@@ -726,7 +755,8 @@ def _to_preview(card: ModelCard, resources: Mapping[NodeId, NodeResources], opti
             )
             for rank, shard in enumerate(option.shards)
         ],
-        context_token_limit=instance_context_token_limit(card, shards, _totals(resources, option.node_ids)),
+        context_token_limit=context_token_limit,
+        capacity=capacity,
     )
 
 

@@ -12,6 +12,9 @@ that removes the node. Applied in that order, the owning API sees each open requ
 (and can end its stream with an error) before anything it refers to disappears, and no task
 is ever left open on an instance that no longer exists.
 
+A not-yet-serving instance with a rank whose download failed terminally is torn down and
+re-placed without that node (`skulk.master.repair`), after dead nodes are handled.
+
 Pure: no clock, no I/O, ids come from the injected `new_id`. The master never judges itself.
 """
 
@@ -20,12 +23,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from skulk.master.repair import RepairInputs, repair_failed_download
 from skulk.shared.telemetry_view import HEARTBEAT_WARN_S, NODE_TIMEOUT_S, NodeFreshness
+from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.common import TERMINAL_TASK_STATUSES
 from skulk.shared.types.events import Event, InstanceDeleted, NodeTimedOut, TaskFailed
 from skulk.shared.types.ids import EventId, InstanceId, NodeId, TaskId
 from skulk.shared.types.state import State
 from skulk.shared.types.tasks import Task
+from skulk.shared.types.telemetry import NodeResources
 
 ZOMBIE_TASK_GRACE_S = 5.0
 """How long an open task may reference an instance that no longer exists before the master
@@ -49,6 +55,11 @@ class MasterView:
     freshness: Mapping[NodeId, NodeFreshness] = field(default_factory=dict)
     zombie_since: Mapping[TaskId, float] = field(default_factory=dict)
     now: float = 0.0
+    cards: Mapping[str, ModelCard] = field(default_factory=dict)
+    """Model cards and gossiped resources, for repair re-placements."""
+    resources: Mapping[NodeId, NodeResources] = field(default_factory=dict)
+    memory_credits: Mapping[NodeId, int] = field(default_factory=dict)
+    """Memory of recently deleted instances, credited back to placement (see repair)."""
 
 
 # -- helpers --------------------------------------------------------------------------------
@@ -149,6 +160,14 @@ def delete_instances_on_departed_nodes(view: MasterView, new_id: IdFactory) -> l
     return _teardown(view.state, causes, new_id) or None
 
 
+def repair_failed_downloads(view: MasterView, new_id: IdFactory) -> list[Event] | None:
+    """A not-yet-serving instance whose rank's download failed terminally would wait for
+    that rank forever: fail its requests, tear it down, re-place it without the node."""
+    inputs = RepairInputs(new_id=new_id, cards=view.cards, resources=view.resources,
+                          memory_credits=view.memory_credits)
+    return repair_failed_download(view.state, inputs)
+
+
 def reap_zombie_tasks(view: MasterView, new_id: IdFactory) -> list[Event] | None:
     """Fail open tasks whose instance has been gone for at least ZOMBIE_TASK_GRACE_S: their
     owner was deleted (a killed node returns with a new identity), so nobody else ever
@@ -177,6 +196,7 @@ def plan(view: MasterView, new_id: IdFactory) -> list[Event]:
     return (
         time_out_silent_nodes(view, new_id)
         or delete_instances_on_departed_nodes(view, new_id)
+        or repair_failed_downloads(view, new_id)
         or reap_zombie_tasks(view, new_id)
         or []
     )
@@ -231,6 +251,7 @@ __all__ = [
     "heartbeat_warnings",
     "plan",
     "reap_zombie_tasks",
+    "repair_failed_downloads",
     "time_out_silent_nodes",
     "track_zombies",
     "zombie_task_ids",

@@ -27,6 +27,7 @@ from skulk.shared.types.events import (
     InstanceCreated,
     InstanceDeleted,
     InstancePlacementRefused,
+    InstanceRepairAbandoned,
     NodeJoined,
     NodeLeft,
     NodeNetworkUpdated,
@@ -50,6 +51,7 @@ from skulk.shared.types.state import (
     DownloadStatusFailed,
     DownloadStatusPending,
     NodeInfo,
+    RepairFailure,
     State,
 )
 
@@ -153,8 +155,12 @@ def _edge_deleted(state: State, e: TopologyEdgeDeleted) -> State:
 def _instance_created(state: State, e: InstanceCreated) -> State:
     if e.instance.instance_id in state.instances:
         return state  # an instance id is created once; a duplicate is ignored
+    # A new placement of the model supersedes any earlier abandoned repair of it.
     return state.model_copy(
-        update={"instances": _with(state.instances, e.instance.instance_id, e.instance)}
+        update={
+            "instances": _with(state.instances, e.instance.instance_id, e.instance),
+            "repair_failures": _without(state.repair_failures, e.instance.model_id),
+        }
     )
 
 
@@ -168,6 +174,11 @@ def _instance_deleted(state: State, e: InstanceDeleted) -> State:
             "runners": _without(state.runners, *instance.runner_ids()),
         }
     )
+
+
+def _repair_abandoned(state: State, e: InstanceRepairAbandoned) -> State:
+    failure = RepairFailure(instance_id=e.instance_id, node_id=e.node_id, repair_hop=e.repair_hop, reason=e.reason)
+    return state.model_copy(update={"repair_failures": _with(state.repair_failures, e.model_id, failure)})
 
 
 def _runner_status_updated(state: State, e: RunnerStatusUpdated) -> State:
@@ -281,6 +292,7 @@ _APPLIERS: dict[type, Callable[[State, Any], State]] = {
     InstanceCreated: _instance_created,
     InstanceDeleted: _instance_deleted,
     InstancePlacementRefused: _no_change,
+    InstanceRepairAbandoned: _repair_abandoned,
     RunnerStatusUpdated: _runner_status_updated,
     RunnerDeleted: _runner_deleted,
     TaskCreated: _task_created,

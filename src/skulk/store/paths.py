@@ -99,6 +99,16 @@ def resolve_paths(
     )
 
 
+def hub_model_dir_name(model_id: str, revision: str | None) -> str:
+    """Directory (under the models dir) of a Hugging Face card's artifact: 'owner--name' for
+    the repo's main branch, 'owner--name@<commit>' for a pinned revision. The pin is part of
+    artifact identity, so pinned bytes never share the mutable-main path and a moved main can
+    never substitute different weights for a pinned card. Hub ids never contain '--', so the
+    name maps back to one id."""
+    base = model_id.replace("/", "--")
+    return base if revision is None else f"{base}@{revision}"
+
+
 def ensure_dirs(paths: SkulkPaths) -> None:
     """Create the node's directories (the shell's job, never the resolver's)."""
     for directory in (paths.data_home, paths.event_log_dir, paths.models_dir, paths.cache_home, paths.custom_cards_dir):

@@ -19,9 +19,8 @@ random model's stream arrives token by token rather than in bursts of partial ch
 The price: other characters (non-ASCII, control codes) have no token and both engines
 drop them on input.
 
-`ensure_local_model` is the one place that maps a card to a path on disk. It never touches
-the network: Hugging Face cards are refused with `ArtifactUnavailable` until the download
-path exists.
+`ensure_local_model` is the one place that maps a card to a path on disk. Only Hugging Face
+cards touch the network, through `skulk.store.downloads`.
 """
 
 from __future__ import annotations
@@ -39,7 +38,7 @@ import sys
 import tempfile
 import time
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
@@ -710,13 +709,17 @@ def _ensure_generated(card: ModelCard, models_dir: Path) -> Path:
     return target / GGUF_FILE_NAME if card.is_gguf else target / HF_DIR_NAME
 
 
-def ensure_local_model(card: ModelCard, models_dir: Path) -> Path:
+def ensure_local_model(
+    card: ModelCard, models_dir: Path, *, on_progress: Callable[[int, int], None] | None = None
+) -> Path:
     """The path an engine loads for `card`: an HF folder (MLX) or a .gguf file (llama.cpp).
 
     - local-generated: generated under `models_dir` on first use, reused after, regenerated
       when the generator's spec hash changes; safe for concurrent callers on one machine.
     - local-path: card.local_path (joined with gguf_file when set); it must exist.
-    - huggingface: not downloadable yet; raises ArtifactUnavailable. Never touches the network.
+    - huggingface: downloaded into `models_dir` through `skulk.store.downloads` (HF_ENDPOINT
+      and HF_TOKEN honoured), reused when a complete copy is there; `on_progress(done,
+      total)` sees the bytes. Failures raise `DownloadFailed`, an ArtifactUnavailable.
     """
     if card.source == "local-generated":
         return _ensure_generated(card, models_dir)
@@ -728,7 +731,9 @@ def ensure_local_model(card: ModelCard, models_dir: Path) -> Path:
         if not path.exists():
             raise ArtifactUnavailable(card.model_id, f"{path} does not exist on this node")
         return path
-    raise ArtifactUnavailable(card.model_id, "downloading from Hugging Face is not implemented yet; use a local card")
+    from skulk.store.downloads import download_model  # imports this module: import late
+
+    return download_model(card, models_dir, on_progress=on_progress)
 
 
 # ---------------------------------------------------------------------------------------

@@ -11,10 +11,13 @@ order, through one bounded egress queue.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
+import os
+import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Hashable, Mapping
 from pathlib import Path
 
 import psutil
@@ -25,23 +28,83 @@ from skulk.routing.router import Router, RouterError
 from skulk.routing.topics import TOPICS
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.chunks import DataFrame
-from skulk.shared.types.events import RunnerStatusUpdated, TaskAcknowledged, TaskStatusUpdated
-from skulk.shared.types.ids import new_id
+from skulk.shared.types.commands import ForwarderCommand, RefuseInstancePlacement
+from skulk.shared.types.events import (
+    DownloadCompleted,
+    DownloadPending,
+    RunnerStatusUpdated,
+    TaskAcknowledged,
+    TaskStatusUpdated,
+)
+from skulk.shared.types.events import DownloadFailed as DownloadFailedEvent
+from skulk.shared.types.ids import DownloadAttemptId, ModelId, NodeId, new_id
 from skulk.shared.types.instances import RunnerStatus
+from skulk.shared.types.state import DownloadStatusCompleted
+from skulk.shared.types.telemetry import DownloadProgress, TelemetryReading
 from skulk.shared.wire_keys import to_camel_keys
+from skulk.store.downloads import (
+    DownloadFailed,
+    ProgressCallback,
+    ProgressGate,
+    download_model,
+    gate_progress,
+    local_artifact,
+    local_size_bytes,
+)
+from skulk.store.eviction import in_use_model_ids
+from skulk.store.model_store import StoreBinding
+from skulk.store.staging import StagingFailed, mark_used
+from skulk.store.store_fetch import stage_card
 from skulk.store.tiny_models import ArtifactUnavailable, ensure_local_model
 from skulk.worker import plan as worker_plan
 from skulk.worker.runner.breaker import CrashBreaker
 from skulk.worker.runner.messages import Frame, StatusChanged, TaskAccepted, TaskDone
 from skulk.worker.runner.supervisor import RunnerSupervisor
+from skulk.worker.staged_copies import eviction_applies
 
 logger = logging.getLogger(__name__)
 
 PASS_INTERVAL_S = 0.25
+REFUSAL_RETRY_S = 1.0
+"""Pause before re-sending a RefuseInstancePlacement that could not be published (no master
+reachable): bounds the retry rate while the cluster elects one."""
+REFUSAL_RESEND_S = 10.0
+"""How long a published refusal may go unanswered (its instance still in State) before it is
+sent again: the master acts on one within a plan tick, so this only fires when it was lost."""
 MAX_ACTIONS_PER_PASS = 64
 EGRESS_CAPACITY = 4096
 """Frames waiting to go to remote owning APIs; beyond it a frame is dropped and counted
 (the owning API then fails that stream on its lifecycle check, never hangs)."""
+
+TEST_RAM_AVAILABLE_ENV = "SKULK_TEST_WORKER_RAM_AVAILABLE_BYTES"
+"""Test-only knob: when set (an integer), the pre-spawn memory guard reads this many bytes
+as live free memory instead of psutil's figure. Telemetry (what the master admits on) is
+unaffected, so a test can make one real node refuse a shard the master placed on it and
+watch the repair chain. Never set it in production."""
+
+
+def live_ram_available_bytes() -> int:
+    """Free memory for the pre-spawn guard: psutil's reading, or the test knob."""
+    forced = os.environ.get(TEST_RAM_AVAILABLE_ENV)
+    return int(forced) if forced else psutil.virtual_memory().available
+
+
+DOWNLOAD_FAILURE_COOLDOWN_S = 60.0
+"""How long a transient download failure keeps failing this node's runners of that model
+before the next placement may try the download again (bounds retry traffic to the hub)."""
+RETRYABLE_DOWNLOAD_FAILURES = frozenset({"transient", "deadline", "cancelled", "disk"})
+"""DownloadFailed kinds that can clear on their own; 404 and 401/403 need an operator."""
+
+_STAGING_FAILURE_KINDS = {
+    "not_found": "not_found", "disk": "disk", "deadline": "deadline", "cancelled": "cancelled",
+    "transfer": "transient", "size_mismatch": "transient", "unreachable": "transient", "invalid": "error",
+}
+"""A failed store staging as a download failure kind (what the retry cool-down reads)."""
+
+
+def staging_as_download_failure(exc: StagingFailed) -> DownloadFailed:
+    return DownloadFailed(exc.model_id, f"staging from the model store failed: {exc.reason}",
+                          _STAGING_FAILURE_KINDS.get(exc.kind, "error"))  # type: ignore[arg-type]
 
 _OUTCOME_STATUS = {"completed": "Complete", "failed": "Failed", "cancelled": "Cancelled"}
 
@@ -57,6 +120,10 @@ class Worker:
         cards: Callable[[], Mapping[str, ModelCard]],
         deliver_local: Callable[[DataFrame], None],
         clock: Callable[[], float] = time.monotonic,
+        publish_telemetry: Callable[[Hashable, TelemetryReading], None] | None = None,
+        store: Callable[[], StoreBinding | None] | None = None,
+        store_api_key: str | None = None,
+        on_deactivate: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
         self._router = router
         self._replica = replica
@@ -65,6 +132,17 @@ class Worker:
         self._cards = cards
         self._deliver_local = deliver_local
         self._clock = clock
+        self._publish_telemetry = publish_telemetry
+        self._store = store
+        """The model store binding as it is now (it follows the master): Hugging Face cards
+        resolve through it; None (or a None binding) downloads straight into `models_dir`."""
+        self._store_api_key = store_api_key
+        self._on_deactivate = on_deactivate
+        """Run after an instance's runner stops: the staged-copy recency pass."""
+        self._fallback_logged: set[str] = set()
+        self._download_cancel = threading.Event()
+        """Set at shutdown: a download thread stops at its next chunk instead of holding the
+        process (the interpreter waits for executor threads) until the transfer ends."""
         self._supervisors: dict[str, RunnerSupervisor] = {}
         self._artifacts: dict[str, str] = {}
         self._artifact_failures: dict[str, str] = {}
@@ -81,6 +159,7 @@ class Worker:
         self.frames_local = 0
         self.frames_remote = 0
         self.frames_dropped = 0
+        self.refusals_sent = 0
 
     @property
     def node_id(self) -> str:
@@ -112,7 +191,7 @@ class Worker:
             dispatched=frozenset(self._dispatched),
             given_up=frozenset(self._given_up),
             reported_failed=frozenset(self._reported_failed),
-            ram_available_bytes=psutil.virtual_memory().available,
+            ram_available_bytes=live_ram_available_bytes(),
         )
 
     async def _pass(self) -> None:
@@ -128,6 +207,8 @@ class Worker:
             logger.info("stopping runner %s: %s", action.runner_id, action.reason)
             self._spawn_background(supervisor.shutdown())
             self._breaker = self._breaker.forget(supervisor.instance.instance_id)
+            if self._on_deactivate is not None:
+                self._spawn_background(self._deactivated(supervisor))
         elif isinstance(action, worker_plan.CancelRunnerTask):
             self._supervisors[action.runner_id].cancel(action.task_id)
             self._dispatched.discard(action.task_id)
@@ -135,6 +216,11 @@ class Worker:
             self._reported_failed.add(action.runner_id)
             logger.warning("runner %s cannot start: %s", action.runner_id, action.message)
             self._report_status(action.runner_id, RunnerStatus(state="Failed", error_message=action.message))
+        elif isinstance(action, worker_plan.RefusePlacement):
+            self._reported_failed.add(action.runner_id)
+            logger.warning("refusing shard %s of instance %s: %s", action.runner_id, action.instance_id, action.message)
+            self._report_status(action.runner_id, RunnerStatus(state="Failed", error_message=action.message))
+            self._spawn_background(self._send_refusal(action))
         elif isinstance(action, worker_plan.ResolveArtifact):
             self._resolving.add(action.model_id)
             self._spawn_background(self._resolve(action.model_id))
@@ -145,15 +231,41 @@ class Worker:
             self._task_runner[action.task.task_id] = action.runner_id
             self._supervisors[action.runner_id].submit(action.task)
 
+    async def _send_refusal(self, action: worker_plan.RefusePlacement) -> None:
+        """Ask the master to re-place the instance. A command that cannot be published, or
+        that the master never acted on (published while no master listened), is sent again:
+        the runner is un-marked so the next pass refuses anew, for as long as the instance
+        exists. The master ignores a refusal of an instance it already repaired."""
+        command = RefuseInstancePlacement(
+            command_id=new_id(), instance_id=action.instance_id, node_id=self.node_id,
+            needed_bytes=action.needed_bytes, available_bytes=action.available_bytes, message=action.message,
+        )
+        try:
+            await self._router.publish(TOPICS.commands, ForwarderCommand(origin=self.node_id, command=command))
+            self.refusals_sent += 1
+            wait_s = REFUSAL_RESEND_S
+        except RouterError as exc:
+            logger.warning("refusal of instance %s could not reach the master (%s); will retry", action.instance_id, exc)
+            wait_s = REFUSAL_RETRY_S
+        await asyncio.sleep(wait_s)
+        if action.instance_id in self._replica.state.instances:
+            self._reported_failed.discard(action.runner_id)
+            self.wake()
+
     async def _resolve(self, model_id: str) -> None:
         card = self._cards().get(model_id)
         try:
             if card is None:
                 raise ArtifactUnavailable(model_id, "no model card")
-            path = await asyncio.to_thread(ensure_local_model, card, self._models_dir)
+            if card.source == "huggingface":
+                path = await self._download(card)
+            else:
+                path = await asyncio.to_thread(ensure_local_model, card, self._models_dir)
             self._artifacts[model_id] = str(path)
         except ArtifactUnavailable as exc:
             self._artifact_failures[model_id] = str(exc)
+            if isinstance(exc, DownloadFailed) and exc.kind in RETRYABLE_DOWNLOAD_FAILURES:
+                self._spawn_background(self._forget_failure_later(model_id, str(exc)))
         except Exception as exc:  # noqa: BLE001 - any failure must surface as a reason
             logger.exception("resolving model %s failed", model_id)
             self._artifact_failures[model_id] = f"{type(exc).__name__}: {exc}"
@@ -161,8 +273,166 @@ class Worker:
             self._resolving.discard(model_id)
             self.wake()
 
+    async def _forget_failure_later(self, model_id: str, failure: str) -> None:
+        """A download that failed for a passing reason (network, hub outage, shutdown) may
+        succeed later: after a cool-down the failure is forgotten, so the next placement on
+        this node downloads again instead of failing at once on a stale reason. The runner
+        that failed stays failed; the master's recovery re-places its instance."""
+        await asyncio.sleep(DOWNLOAD_FAILURE_COOLDOWN_S)
+        if self._artifact_failures.get(model_id) == failure:
+            del self._artifact_failures[model_id]
+            self.wake()
+
+    async def _download(self, card: ModelCard) -> Path:
+        """Obtain a hub card's artifact, telling the cluster: DownloadPending, throttled
+        DownloadProgress telemetry, then DownloadCompleted or DownloadFailed (with the reason)
+        under one attempt id. A copy already on disk is reported completed once, unless State
+        already says so. Failures are re-raised for the runner-failure path.
+
+        With a model store it is staged through the store (`store_fetch.stage_card`); a store
+        this node cannot reach at all falls back to a direct hub download. Without one, the
+        artifact downloads straight into the models dir."""
+        binding = self._store() if self._store is not None else None
+        if binding is None:
+            return await self._with_download_events(
+                card, self._models_dir, lambda: local_artifact(card, self._models_dir),
+                lambda on_progress: self._download_direct(card, on_progress))
+        root = binding.store.staging_root
+
+        def staged_locally() -> Path | None:
+            found = local_artifact(card, root)
+            staged = _staged_dir(found, root) if found is not None else None
+            if staged is not None:
+                mark_used(staged)
+            return found
+
+        in_use = in_use_model_ids(self._replica.state, self.node_id)  # read on the loop, not in the thread
+        return await self._with_download_events(
+            card, root, staged_locally, lambda on_progress: self._stage(binding, card, in_use, on_progress))
+
+    def _download_direct(self, card: ModelCard, on_progress: ProgressCallback) -> tuple[Path, int | None]:
+        path = download_model(card, self._models_dir, on_progress=on_progress, cancel=self._download_cancel)
+        return path, local_size_bytes(card, self._models_dir)
+
+    def _stage(self, binding: StoreBinding, card: ModelCard, in_use: frozenset[str],
+               on_progress: ProgressCallback) -> tuple[Path, int | None]:
+        """Through the store (runs in a worker thread): the copy's path and its size."""
+        try:
+            path = stage_card(binding, card, in_use_model_ids=in_use, api_key=self._store_api_key,
+                              on_progress=on_progress, cancel=self._download_cancel)
+        except StagingFailed as exc:
+            if exc.kind != "unreachable":
+                raise staging_as_download_failure(exc) from exc
+            if card.model_id not in self._fallback_logged:
+                self._fallback_logged.add(card.model_id)
+                logger.error(
+                    "MODEL STORE UNREACHABLE: the store at %s (%s) did not answer this node (%s); downloading %s "
+                    "directly from Hugging Face instead. Expected for a remote member with no route to the home "
+                    "store; otherwise fix the route to the store host.",
+                    binding.choice.address.base_url, binding.choice.source, exc.reason, card.model_id,
+                )
+            return self._download_direct(card, on_progress)
+        return path, local_size_bytes(card, binding.store.staging_root)
+
+    async def _with_download_events(
+        self,
+        card: ModelCard,
+        root: Path,
+        local: Callable[[], Path | None],
+        fetch: Callable[[ProgressCallback], tuple[Path, int | None]],
+    ) -> Path:
+        node_id, model_id = NodeId(self.node_id), ModelId(card.model_id)
+        attempt_id = DownloadAttemptId(new_id())
+        found = await asyncio.to_thread(local)
+        if found is not None:
+            known = self._replica.state.downloads.get(node_id, {}).get(model_id)
+            if not isinstance(known, DownloadStatusCompleted):
+                size = await asyncio.to_thread(local_size_bytes, card, root)
+                self._producer.submit(DownloadCompleted(
+                    event_id=new_id(), node_id=node_id, model_id=model_id, attempt_id=attempt_id,
+                    total_bytes=size if size is not None else card.storage_size_bytes,
+                ))
+            return found
+        self._producer.submit(DownloadPending(event_id=new_id(), node_id=node_id, model_id=model_id,
+                                              attempt_id=attempt_id))
+        loop = asyncio.get_running_loop()
+        gate = ProgressGate()
+        seen_total = 0
+
+        def on_progress(done: int, total: int) -> None:  # the download thread
+            nonlocal gate, seen_total
+            seen_total = total
+            gate, due = gate_progress(gate, time.monotonic(), done, total)
+            if due:
+                reading = DownloadProgress(node_id=node_id, model_id=model_id, attempt_id=attempt_id,
+                                           downloaded_bytes=done, total_bytes=total)
+                with contextlib.suppress(RuntimeError):  # the loop closed under a shutdown
+                    loop.call_soon_threadsafe(self._publish_progress, reading)
+
+        try:
+            path, size = await asyncio.to_thread(fetch, on_progress)
+        except Exception as exc:
+            reason = exc.reason if isinstance(exc, ArtifactUnavailable) else f"{type(exc).__name__}: {exc}"
+            logger.warning("download of %s failed: %s", model_id, reason)
+            self._producer.submit(DownloadFailedEvent(event_id=new_id(), node_id=node_id, model_id=model_id,
+                                                      attempt_id=attempt_id, error_message=reason))
+            raise
+        self._producer.submit(DownloadCompleted(event_id=new_id(), node_id=node_id, model_id=model_id,
+                                                attempt_id=attempt_id,
+                                                total_bytes=size if size is not None else seen_total))
+        return path
+
+    def _publish_progress(self, reading: DownloadProgress) -> None:
+        """Download progress is telemetry, never an event: the master skips DownloadOngoing at
+        its source and the producer would hold and resend every sample until a later event
+        confirmed it. Through the node's telemetry outbox when wired, else straight onto the
+        telemetry topic (latest-value: a lost sample is superseded by the next)."""
+        key = ("download", reading.model_id)
+        if self._publish_telemetry is not None:
+            self._publish_telemetry(key, reading)
+            return
+
+        async def send() -> None:
+            try:
+                await self._router.publish(TOPICS.telemetry, reading)
+            except RouterError as exc:
+                logger.debug("download progress not published: %s", exc)
+
+        self._spawn_background(send())
+
+    async def _deactivated(self, supervisor: RunnerSupervisor) -> None:
+        """After an instance's runner stops on this node: the staged-copy recency pass."""
+        try:
+            await self._on_deactivate()  # type: ignore[misc]
+        except Exception:  # noqa: BLE001 - housekeeping must never take the worker down
+            logger.exception("staged-copy pass after deactivating instance %s failed",
+                             supervisor.instance.instance_id)
+
+    def _mark_staged_use(self, model_path: str) -> None:
+        """A runner loads a staged copy: record the use (the recency pass's clock)."""
+        binding = self._store() if self._store is not None else None
+        if binding is None:
+            return
+        staged = _staged_dir(Path(model_path), binding.store.staging_root)
+        if staged is not None:
+            with contextlib.suppress(OSError):
+                mark_used(staged)
+
+    def _forget_evicted(self, indexed: object) -> None:
+        """A StagedModelEvicted for this node: its staged copy is (about to be) gone unless a
+        live runner uses it, so the resolved path is forgotten and the next placement
+        resolves the model again."""
+        model_id = eviction_applies(getattr(indexed, "event", None), self.node_id)
+        if model_id is None or model_id in in_use_model_ids(self._replica.state, self.node_id):
+            return
+        binding = self._store() if self._store is not None else None
+        path = self._artifacts.get(model_id)
+        if path is not None and (binding is None or _staged_dir(Path(path), binding.store.staging_root) is not None):
+            del self._artifacts[model_id]
+
     async def _spawn_runner(self, action: worker_plan.SpawnRunner) -> None:
         runner_id = action.shard.runner_id
+        await asyncio.to_thread(self._mark_staged_use, action.model_path)
         supervisor = RunnerSupervisor(
             instance=action.instance,
             runner_id=runner_id,
@@ -183,8 +453,10 @@ class Worker:
 
     def _on_report(self, runner_id: str, message: object) -> None:
         if isinstance(message, Frame):
+            # Output only: nothing the plan reads changed, so no planning pass per token.
             self._route_frame(message.owner_node_id, message.frame)
-        elif isinstance(message, StatusChanged):
+            return
+        if isinstance(message, StatusChanged):
             self._report_status(runner_id, message.status)
             if message.status.state == "Failed":
                 self._runner_failed(runner_id, message.status)
@@ -242,6 +514,7 @@ class Worker:
         task.add_done_callback(self._background.discard)
 
     async def run(self) -> None:
+        self._replica.on_applied(self._forget_evicted)
         self._replica.on_applied(lambda _event: self.wake())
         egress = asyncio.create_task(self._egress_loop(), name="worker-egress")
         try:
@@ -257,7 +530,8 @@ class Worker:
             egress.cancel()
 
     async def shutdown(self) -> None:
-        """Stop every runner (bounded: each supervisor escalates to SIGKILL)."""
+        """Stop every runner (bounded: each supervisor escalates to SIGKILL) and downloads."""
+        self._download_cancel.set()
         supervisors, self._supervisors = list(self._supervisors.values()), {}
         await asyncio.gather(*(s.shutdown(timeout_s=2.0) for s in supervisors), return_exceptions=True)
 
@@ -271,4 +545,15 @@ class Worker:
             "egress": {"depth": self._egress.qsize(), "capacity": EGRESS_CAPACITY, "dropped": self.frames_dropped},
             "framesLocal": self.frames_local,
             "framesRemote": self.frames_remote,
+            "refusalsSent": self.refusals_sent,
         }
+
+
+def _staged_dir(path: Path, staging_root: Path) -> Path | None:
+    """The staged copy directory `path` lies in (or is), or None when it is not staged."""
+    try:
+        relative = Path(path).relative_to(staging_root)
+    except ValueError:
+        return None
+    return staging_root / relative.parts[0] if relative.parts else None
+

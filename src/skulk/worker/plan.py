@@ -17,7 +17,7 @@ from skulk.shared.types.common import TERMINAL_TASK_STATUSES
 from skulk.shared.types.ids import InstanceId, ModelId, NodeId, RunnerId, TaskId
 from skulk.shared.types.instances import Instance, RunnerStatus, ShardAssignment
 from skulk.shared.types.state import State
-from skulk.shared.types.tasks import TextGeneration
+from skulk.shared.types.tasks import ApiTask, Embedding, TextGeneration
 
 MEMORY_FIT_TOLERANCE = 0.10
 """The pre-spawn guard allows a shard to exceed live free memory by this fraction of it: the
@@ -70,6 +70,19 @@ class ReportRunnerFailed:
 
 
 @dataclass(frozen=True)
+class RefusePlacement:
+    """The pre-spawn guard refused this node's shard: the shell marks the runner failed and
+    sends RefuseInstancePlacement, so the master re-places the model (one node wider, then
+    a single other node) instead of the placement silently failing."""
+
+    runner_id: RunnerId
+    instance_id: InstanceId
+    needed_bytes: int
+    available_bytes: int
+    message: str
+
+
+@dataclass(frozen=True)
 class ResolveArtifact:
     model_id: ModelId
 
@@ -85,10 +98,12 @@ class SpawnRunner:
 @dataclass(frozen=True)
 class DispatchTask:
     runner_id: RunnerId
-    task: TextGeneration
+    task: ApiTask
 
 
-WorkerAction = StopRunner | CancelRunnerTask | ReportRunnerFailed | ResolveArtifact | SpawnRunner | DispatchTask
+WorkerAction = (
+    StopRunner | CancelRunnerTask | ReportRunnerFailed | RefusePlacement | ResolveArtifact | SpawnRunner | DispatchTask
+)
 
 
 def _my_shards(view: WorkerView) -> list[tuple[Instance, ShardAssignment]]:
@@ -144,9 +159,12 @@ def refuse_shards_that_do_not_fit(view: WorkerView) -> WorkerAction | None:
         needed = assignment_footprint(card, shard).total_bytes
         allowed = view.ram_available_bytes * (1 + MEMORY_FIT_TOLERANCE)
         if needed > allowed:
-            return ReportRunnerFailed(
-                shard.runner_id,
-                f"shard of {instance.model_id} needs {needed / 1e9:.2f} GB but only "
+            return RefusePlacement(
+                runner_id=shard.runner_id,
+                instance_id=instance.instance_id,
+                needed_bytes=needed,
+                available_bytes=view.ram_available_bytes,
+                message=f"shard of {instance.model_id} needs {needed / 1e9:.2f} GB but only "
                 f"{view.ram_available_bytes / 1e9:.2f} GB is free (+{MEMORY_FIT_TOLERANCE:.0%} tolerance)",
             )
     return None
@@ -166,7 +184,7 @@ def start_missing_runners(view: WorkerView) -> WorkerAction | None:
 
 def dispatch_pending_tasks(view: WorkerView) -> WorkerAction | None:
     for task_id, task in sorted(view.state.tasks.items()):
-        if not isinstance(task, TextGeneration) or task.status in TERMINAL_TASK_STATUSES:
+        if not isinstance(task, (TextGeneration, Embedding)) or task.status in TERMINAL_TASK_STATUSES:
             continue
         if task_id in view.dispatched:
             continue

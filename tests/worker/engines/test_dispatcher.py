@@ -11,11 +11,12 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from skulk.shared.types.tasks import TextGenerationParams
+from skulk.shared.types.tasks import EmbeddingParams, TextGenerationParams
 from skulk.worker.engines.base import (
     DispatchRejected,
     Dispatcher,
     EngineError,
+    GeneratedEmbedding,
     GeneratedToken,
     GenerationResult,
     usage_of,
@@ -377,3 +378,91 @@ def test_random_cancel_timing_always_ends_each_request_exactly_once(make) -> Non
         assert kinds.count("finish") == 1 and kinds[-1] == "finish"
         if sink.results()[rid].outcome == "completed":
             assert kinds[0] == "start"
+
+
+def test_run_on_worker_runs_on_the_decoding_thread_before_queued_requests(make) -> None:
+    engine = ScriptedEngine()
+    dispatcher, sink = make(engine)
+    threads: dict[str, str] = {}
+
+    def warm_up() -> None:
+        threads["warm_up"] = threading.current_thread().name
+        assert sink.events == []  # nothing ran before it
+
+    dispatcher.run_on_worker(warm_up)
+    original = engine.generate
+
+    def generate(req, cancelled):
+        threads["generate"] = threading.current_thread().name
+        return original(req, cancelled)
+
+    engine.generate = generate  # type: ignore[method-assign]
+    dispatcher.submit("a", request("a", 1))
+    wait_until(lambda: sink.finished("a"))
+    assert threads["warm_up"] == threads["generate"] != threading.current_thread().name
+
+
+def test_run_on_worker_reraises_and_the_dispatcher_still_serves(make) -> None:
+    dispatcher, sink = make(ScriptedEngine())
+
+    def broken() -> None:
+        raise RuntimeError("no graph")
+
+    with pytest.raises(RuntimeError, match="no graph"):
+        dispatcher.run_on_worker(broken)
+    dispatcher.submit("a", request("a", 2))
+    wait_until(lambda: sink.finished("a"))
+    assert sink.results()["a"].outcome == "completed"
+
+
+def test_run_on_worker_has_a_deadline_and_close_releases_a_waiting_call(make) -> None:
+    engine = ScriptedEngine(gated=True)
+    dispatcher, sink = make(engine)
+    dispatcher.submit("a", request("a", 3))
+    wait_until(lambda: engine.started == ["a"])  # the only worker is busy, held mid-stream
+    with pytest.raises(TimeoutError):
+        dispatcher.run_on_worker(lambda: None, timeout_s=0.05)
+
+    outcome: dict[str, BaseException | None] = {}
+
+    def call() -> None:
+        try:
+            dispatcher.run_on_worker(lambda: None, timeout_s=WAIT_S)
+            outcome["error"] = None
+        except BaseException as exc:  # noqa: BLE001 - recorded for the assertion
+            outcome["error"] = exc
+
+    waiter = threading.Thread(target=call)
+    waiter.start()
+    wait_until(lambda: len(dispatcher._queue) == 2)  # the timed-out call and this one, no requests
+    assert dispatcher.queued == 0
+    dispatcher.close(timeout_s=2)
+    waiter.join(WAIT_S)
+    assert isinstance(outcome["error"], DispatchRejected)
+    with pytest.raises(DispatchRejected):
+        dispatcher.run_on_worker(lambda: None)
+
+
+class EmbeddingScriptedEngine(ScriptedEngine):
+    def embed(self, inputs, dimensions=None):
+        return [[float(len(text)), 0.0][: dimensions or 2] for text in inputs], sum(len(t) for t in inputs)
+
+
+def test_an_embedding_request_yields_one_embedding_then_completes(make) -> None:
+    dispatcher, sink = make(EmbeddingScriptedEngine())
+    dispatcher.submit("e", EmbeddingParams(model_id="local/fake", inputs=["ab", "abc"], dimensions=1))
+    wait_until(lambda: sink.finished("e"))
+    kinds = sink.of("e")
+    assert [kind for kind, _ in kinds] == ["start", "token", "finish"]
+    embedding = kinds[1][1]
+    assert isinstance(embedding, GeneratedEmbedding) and embedding.embeddings == [[2.0], [3.0]]
+    assert embedding.usage == usage_of(5, 0)
+    assert sink.results()["e"].outcome == "completed"
+
+
+def test_an_engine_without_embeddings_refuses_them_typed(make) -> None:
+    dispatcher, sink = make(ScriptedEngine())
+    dispatcher.submit("e", EmbeddingParams(model_id="local/fake", inputs=["ab"]))
+    wait_until(lambda: sink.finished("e"))
+    result = sink.results()["e"]
+    assert (result.outcome, result.error_type) == ("failed", "EmbeddingsUnsupported")

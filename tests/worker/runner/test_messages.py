@@ -21,6 +21,9 @@ from skulk.worker.runner.messages import (
     StatusChanged,
     TaskAccepted,
     TaskDone,
+    pack,
+    pack_token,
+    unpack,
 )
 from tests.worker.tiny_gguf import OWNER, RUNNER, prompt_params, text_task, tiny_gguf_card, tiny_instance
 
@@ -68,3 +71,26 @@ def test_load_shard_refuses_a_zero_thread_count() -> None:
             instance=tiny_instance(tiny_gguf_card()), runner_id=RUNNER, card=tiny_gguf_card(),
             model_path="/m.gguf", n_threads=0,
         )
+
+
+@pytest.mark.parametrize("message", FROM_RUNNER, ids=lambda m: m.type)
+def test_runner_output_survives_the_pipe_encoding(message) -> None:
+    assert unpack(pack(message)) == message
+
+
+@pytest.mark.parametrize(
+    ("finish_reason", "usage"),
+    [(None, None), ("length", Usage(prompt_tokens=3, completion_tokens=1, total_tokens=4)), ("stop", None)],
+)
+def test_a_plain_token_frame_unpacks_to_the_frame_the_runner_meant(finish_reason, usage) -> None:
+    expected = Frame(
+        owner_node_id=OWNER,
+        frame=StreamPayload(
+            command_id=CMD, seq=5,
+            chunk=TokenChunk(command_id=CMD, text="é", token_id=9, finish_reason=finish_reason, usage=usage),
+        ),
+    )
+    got = unpack(pack_token(OWNER, CMD, 5, "é", 9, finish_reason, usage))
+    assert got == expected
+    assert got.to_wire() == expected.to_wire()
+    assert FROM_RUNNER_ADAPTER.validate_python(got.to_wire()) == expected

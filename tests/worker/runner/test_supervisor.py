@@ -16,13 +16,15 @@ import psutil
 import pytest
 import pytest_asyncio
 
-from skulk.shared.types.chunks import StreamPayload, StreamStarted, StreamTerminal, TokenChunk
-from skulk.shared.types.tasks import TextGeneration
+from skulk.shared.types.chunks import EmbeddingChunk, StreamPayload, StreamStarted, StreamTerminal, TokenChunk
+from skulk.shared.types.ids import CommandId, ModelId, TaskId
+from skulk.shared.types.tasks import Embedding, EmbeddingParams, TextGeneration
 from skulk.worker.runner import supervisor as supervisor_module
 from skulk.worker.runner.bootstrap import PARENT_WATCH_INTERVAL_S, runner_main
 from skulk.worker.runner.messages import Frame, StatusChanged, TaskAccepted, TaskDone
 from skulk.worker.runner.supervisor import RunnerSupervisor
 from tests.worker.tiny_gguf import (
+    INSTANCE,
     LONG_PROMPT,
     LONG_TOKENS,
     OWNER,
@@ -169,6 +171,32 @@ async def test_runner_loads_to_ready_and_streams_in_lifecycle_order(spawn) -> No
     assert supervisor.in_flight == 0
 
 
+async def test_an_embedding_task_streams_one_embedding_chunk_and_logprobs_ride_token_chunks(spawn) -> None:
+    supervisor, reports = await start_ready(spawn)
+    task = Embedding(
+        task_id=TaskId("task-embed"), instance_id=INSTANCE, command_id=CommandId("cmd-embed"), owner_node_id=OWNER,
+        params=EmbeddingParams(model_id=ModelId("local/tiny-llama-gguf"), inputs=["the weather", "a cat"]),
+    )
+    supervisor.submit(task)
+    await reports.wait_for(lambda: reports.done(task))
+    (payload,) = reports.payloads(task)
+    chunk = payload.chunk
+    assert isinstance(chunk, EmbeddingChunk) and len(chunk.embeddings) == 2
+    assert chunk.embeddings[0] != chunk.embeddings[1]
+    assert all(abs(sum(x * x for x in vector) - 1.0) < 1e-3 for vector in chunk.embeddings)  # unit length
+    assert chunk.usage is not None and chunk.usage.prompt_tokens >= 4
+    assert reports.terminal(task).outcome == "completed"
+
+    # The generation context is whole again after the embedding borrowed it.
+    scored = text_task("scored", prompt_params("The weather today is", temperature=0, max_tokens=3,
+                                               logprobs=True, top_logprobs=2))
+    supervisor.submit(scored)
+    await reports.wait_for(lambda: reports.done(scored))
+    chunks = [p.chunk for p in reports.payloads(scored)]
+    assert len(chunks) == 3 and all(c.logprob is not None and c.logprob <= 0 for c in chunks)
+    assert all(len(c.top_logprobs) == 2 for c in chunks)
+
+
 async def test_cancel_mid_stream_ends_with_a_cancelled_terminal(spawn) -> None:
     supervisor, reports = await start_ready(spawn)
     task = text_task("cancel", LONG)
@@ -305,7 +333,8 @@ async def test_shutdown_escalates_to_kill_when_the_runner_does_not_respond(spawn
 def _orphaning_parent(report) -> None:
     """A stand-in worker: starts a runner, reports its pid, then waits to be killed."""
     ctx = mp.get_context("spawn")
-    runner = ctx.Process(target=runner_main, args=(ctx.Queue(), ctx.Queue(), os.getpid()), daemon=True)
+    _reader, writer = ctx.Pipe(duplex=False)
+    runner = ctx.Process(target=runner_main, args=(ctx.Queue(), writer, os.getpid()), daemon=True)
     runner.start()
     report.put(runner.pid)
     threading.Event().wait(120)

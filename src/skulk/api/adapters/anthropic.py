@@ -7,9 +7,16 @@ Incoming: `MessagesRequest` (what the Anthropic SDK sends; unknown fields such a
 (message_start, content_block_start, ping, content_block_delta*, content_block_stop,
 message_delta, message_stop) and `collect_message` builds the non-streaming `message`.
 
+Tools: `tools` (name, description, input_schema) and `tool_choice` are normalised to the
+internal tool specs; `tool_use` blocks in assistant turns become the turn's tool calls and
+`tool_result` blocks in user turns become tool messages, so the model's chat template sees
+the whole exchange. Output tool calls leave as `tool_use` blocks (stop_reason "tool_use")
+and reasoning as `thinking` blocks. A forcing `tool_choice` ("any", or "tool" with a name) is
+decoded under a grammar on the engine, and a forced tool whose `input_schema` no grammar can
+enforce is refused with a 400 naming it. Images and documents are refused with a 400 naming the
+block; `thinking` blocks sent back by a client are dropped (the template cannot show them).
+
 Pure translation only: this module must never touch streams, commands or the cluster.
-Only text content is supported; tool use, images and documents are refused with a 400
-naming the block, and reasoning output (thinking) is not forwarded.
 """
 
 from __future__ import annotations
@@ -22,8 +29,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from skulk.api.errors import ApiError, InvalidRequest, anthropic_error_body, invalid_request_from_validation
+from skulk.api.tool_calls import check_enforceable
 from skulk.shared.types.chunks import TokenChunk
-from skulk.shared.types.common import ChatMessage, Usage
+from skulk.shared.types.common import ChatMessage, ToolCall, ToolSpec, Usage
 from skulk.shared.types.tasks import TextGenerationParams
 
 MESSAGE_ID_PREFIX = "msg_"
@@ -43,17 +51,41 @@ class _Lenient(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+class TextBlock(_Lenient):
+    type: str
+    text: str | None = None
+
+
 class ContentBlock(_Lenient):
-    """One content block. Only `text` blocks are supported; the others are accepted by the
-    schema so that `to_params` can name them in a clear 400."""
+    """One content block: `text`, `tool_use`, `tool_result` or `thinking`. Other types are
+    accepted by the schema so that `to_params` can name them in a clear 400."""
 
     type: str
     text: str | None = None
+    id: str | None = None
+    name: str | None = None
+    input: Any = None
+    tool_use_id: str | None = None
+    content: str | list[TextBlock] | None = None
+    is_error: bool | None = None
 
 
 class InputMessage(_Lenient):
     role: str
     content: str | list[ContentBlock]
+
+
+class ToolDefinition(_Lenient):
+    name: str
+    description: str | None = None
+    input_schema: dict[str, Any] | None = None
+    type: str | None = None
+    """Set only on Anthropic's server tools (web search, ...), which Skulk cannot run."""
+
+
+class ToolChoice(_Lenient):
+    type: str
+    name: str | None = None
 
 
 class MessagesRequest(_Lenient):
@@ -68,10 +100,11 @@ class MessagesRequest(_Lenient):
     top_p: float | None = None
     top_k: int | None = None
     stream: bool | None = False
-    tools: list[dict[str, Any]] | None = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: ToolChoice | None = None
 
 
-def _text(content: str | list[ContentBlock], where: str) -> str:
+def _text(content: str | Sequence[ContentBlock | TextBlock], where: str) -> str:
     if isinstance(content, str):
         return content
     texts = []
@@ -95,6 +128,79 @@ def _in_range(value: float | None, low: float, high: float, param: str) -> float
     return value
 
 
+def _tools(definitions: Sequence[ToolDefinition]) -> list[ToolSpec]:
+    tools = []
+    for index, tool in enumerate(definitions):
+        if tool.type not in (None, "custom"):
+            raise InvalidRequest(
+                f"tools[{index}]: server tools ({tool.type!r}) are not supported; define a client tool with "
+                "name, description and input_schema.", param=f"tools[{index}].type",
+            )
+        tools.append(ToolSpec(name=tool.name, description=tool.description or "",
+                              parameters=tool.input_schema or {"type": "object"}))
+    return tools
+
+
+def _tool_choice(choice: ToolChoice | None, tools: Sequence[ToolSpec]) -> str | dict[str, Any] | None:
+    """Anthropic's tool_choice as the internal (OpenAI-shaped) one."""
+    if choice is None:
+        return None
+    if choice.type in ("auto", "none"):
+        return choice.type
+    if choice.type in ("any", "tool") and not tools:
+        raise InvalidRequest(f"tool_choice: {choice.type!r} needs 'tools'.", param="tool_choice")
+    if choice.type == "any":
+        return "required"
+    if choice.type == "tool":
+        if choice.name not in {t.name for t in tools}:
+            raise InvalidRequest(f"tool_choice: {choice.name!r} is not among 'tools'.", param="tool_choice.name")
+        return {"type": "function", "function": {"name": choice.name}}
+    raise InvalidRequest(
+        f"tool_choice: unexpected type {choice.type!r}; expected 'auto', 'any', 'tool' or 'none'.",
+        param="tool_choice.type",
+    )
+
+
+def _turn(message: InputMessage, where: str) -> list[ChatMessage]:
+    """One Anthropic turn as chat messages: tool results become tool messages (ahead of the
+    turn's text, as they answer the previous turn's calls), tool_use blocks become the
+    assistant's tool calls, thinking blocks are dropped."""
+    if isinstance(message.content, str):
+        return [ChatMessage(role=message.role, content=message.content)]
+    results: list[ChatMessage] = []
+    texts: list[str] = []
+    calls: list[ToolCall] = []
+    for index, block in enumerate(message.content):
+        at = f"{where}.content[{index}]"
+        if block.type in ("thinking", "redacted_thinking"):
+            continue
+        if block.type == "tool_use" and message.role == "assistant":
+            if not block.id or not block.name:
+                raise InvalidRequest(f"{at}: a tool_use block needs 'id' and 'name'.", param=at)
+            arguments = json.dumps(block.input if block.input is not None else {}, ensure_ascii=False)
+            calls.append(ToolCall(id=block.id, name=block.name, arguments=arguments))
+        elif block.type == "tool_result" and message.role == "user":
+            if not block.tool_use_id:
+                raise InvalidRequest(f"{at}.tool_use_id: a tool_result needs the id it answers.",
+                                     param=f"{at}.tool_use_id")
+            content = _text(block.content or "", f"{at}.content")
+            results.append(ChatMessage(role="tool", content=content, tool_call_id=block.tool_use_id))
+        elif block.type == "text":
+            if block.text is None:
+                raise InvalidRequest(f"{at}.text: a text block needs 'text'.", param=f"{at}.text")
+            texts.append(block.text)
+        else:
+            raise InvalidRequest(
+                f"{at}.type: content blocks of type {block.type!r} are not supported in a {message.role} turn.",
+                param=f"{at}.type",
+            )
+    turn: list[ChatMessage] = []
+    if texts or calls or not results:
+        # Separate blocks are separate passages; a newline keeps their words apart.
+        turn.append(ChatMessage(role=message.role, content="\n".join(texts) if texts else None, tool_calls=calls))
+    return results + turn
+
+
 def to_params(request: MessagesRequest) -> TextGenerationParams:
     """The internal generation request, or `InvalidRequest` naming the parameter at fault."""
     if not request.model.strip():
@@ -103,8 +209,9 @@ def to_params(request: MessagesRequest) -> TextGenerationParams:
         raise InvalidRequest("messages: at least one message is required.", param="messages")
     if request.max_tokens < 1:
         raise InvalidRequest(f"max_tokens: must be at least 1, got {request.max_tokens}.", param="max_tokens")
-    if request.tools:
-        raise InvalidRequest("tools: tool use is not supported on /v1/messages yet.", param="tools")
+    tools = _tools(request.tools or [])
+    tool_choice = _tool_choice(request.tool_choice, tools)
+    check_enforceable(tools, tool_choice, lambda index: f"tools[{index}].input_schema")
     temperature = _in_range(request.temperature, 0.0, 1.0, "temperature")
     top_p = _in_range(request.top_p, 0.0, 1.0, "top_p")
     if request.top_k is not None and request.top_k < 0:
@@ -124,7 +231,7 @@ def to_params(request: MessagesRequest) -> TextGenerationParams:
                 f"{where}.role: unexpected role {message.role!r}; expected 'user' or 'assistant'.",
                 param=f"{where}.role",
             )
-        messages.append(ChatMessage(role=message.role, content=_text(message.content, f"{where}.content")))
+        messages.extend(_turn(message, where))
     try:
         return TextGenerationParams(
             model_id=request.model,
@@ -134,6 +241,8 @@ def to_params(request: MessagesRequest) -> TextGenerationParams:
             top_p=None if top_p is None else max(top_p, MIN_TOP_P),
             top_k=request.top_k,
             stop=stops,
+            tools=tools,
+            tool_choice=tool_choice,
             stream=bool(request.stream),
         )
     except ValidationError as error:
@@ -183,10 +292,24 @@ def sse_error(error: ApiError) -> list[str]:
     return [sse_event("error", anthropic_error_body(error))]
 
 
+def _tool_use(call: ToolCall) -> dict[str, Any]:
+    try:
+        arguments = json.loads(call.arguments) if call.arguments else {}
+    except ValueError:  # the parser only emits objects; a foreign engine might not
+        arguments = {"arguments": call.arguments}
+    return {"type": "tool_use", "id": call.id, "name": call.name, "input": arguments}
+
+
+_DELTAS = {"thinking": ("thinking_delta", "thinking"), "text": ("text_delta", "text")}
+
+
 @dataclass
 class MessageStreamEncoder:
     """Serialises one message's chunks as Anthropic SSE events: `start()`, `chunk_to_sse()`
-    per token chunk, then `finish()` (or `sse_error` on failure)."""
+    per token chunk, then `finish()` (or `sse_error` on failure). Content blocks open as
+    the output needs them: `thinking` for reasoning, `text` for the answer, one `tool_use`
+    per call (its whole input in one `input_json_delta`); a message with no output at all
+    still carries one empty text block."""
 
     command_id: str
     model: str
@@ -195,6 +318,9 @@ class MessageStreamEncoder:
     _finish_reason: str | None = field(default=None, init=False)
     _usage: Usage | None = field(default=None, init=False)
     _count: int = field(default=0, init=False)
+    _index: int = field(default=-1, init=False)
+    _open: str | None = field(default=None, init=False)
+    _tool_calls: int = field(default=0, init=False)
 
     def start(self) -> list[str]:
         message = {
@@ -202,28 +328,55 @@ class MessageStreamEncoder:
             "model": self.model, "stop_reason": None, "stop_sequence": None,
             "usage": {"input_tokens": 0, "output_tokens": 0},
         }
-        return [
-            sse_event("message_start", {"type": "message_start", "message": message}),
-            sse_event("content_block_start",
-                      {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
-            sse_event("ping", {"type": "ping"}),
-        ]
+        return [sse_event("message_start", {"type": "message_start", "message": message}), sse_event("ping", {"type": "ping"})]
+
+    def _close(self) -> list[str]:
+        if self._open is None:
+            return []
+        self._open = None
+        return [sse_event("content_block_stop", {"type": "content_block_stop", "index": self._index})]
+
+    def _begin(self, block: dict[str, Any]) -> list[str]:
+        events = self._close()
+        self._index += 1
+        self._open = block["type"]
+        events.append(sse_event("content_block_start",
+                                {"type": "content_block_start", "index": self._index, "content_block": block}))
+        return events
 
     def chunk_to_sse(self, chunk: TokenChunk) -> list[str]:
         self._count += 1
         self._finish_reason = chunk.finish_reason or self._finish_reason
         self._usage = chunk.usage or self._usage
-        if chunk.reasoning or not chunk.text:
-            return []
-        self._text.append(chunk.text)
-        return [sse_event("content_block_delta", {
-            "type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": chunk.text},
-        })]
+        events: list[str] = []
+        if chunk.text:
+            kind = "thinking" if chunk.reasoning else "text"
+            if self._open != kind:
+                events += self._begin({"type": "thinking", "thinking": "", "signature": ""} if chunk.reasoning
+                                      else {"type": "text", "text": ""})
+            if not chunk.reasoning:
+                self._text.append(chunk.text)
+            delta_type, key = _DELTAS[kind]
+            events.append(sse_event("content_block_delta", {
+                "type": "content_block_delta", "index": self._index, "delta": {"type": delta_type, key: chunk.text},
+            }))
+        for call in chunk.tool_calls or []:
+            self._tool_calls += 1
+            block = _tool_use(call)
+            events += self._begin({**block, "input": {}})
+            events.append(sse_event("content_block_delta", {
+                "type": "content_block_delta", "index": self._index,
+                "delta": {"type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)},
+            }))
+        return events
 
     def finish(self) -> list[str]:
+        events = [] if self._index >= 0 else self._begin({"type": "text", "text": ""})
+        events += self._close()
         reason, sequence = stop_reason(self._finish_reason, "".join(self._text), self.stop_sequences)
-        return [
-            sse_event("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        if self._tool_calls:
+            reason, sequence = "tool_use", None
+        return events + [
             sse_event("message_delta", {
                 "type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
                 "usage": _usage(self._usage, self._count),
@@ -237,23 +390,33 @@ def collect_message(
 ) -> dict[str, Any]:
     """The non-streaming `message` for a completed stream's chunks."""
     texts: list[str] = []
+    thoughts: list[str] = []
+    calls: list[ToolCall] = []
     finish_reason: str | None = None
     usage: Usage | None = None
     count = 0
     for chunk in chunks:
         count += 1
-        if not chunk.reasoning:
-            texts.append(chunk.text)
+        (thoughts if chunk.reasoning else texts).append(chunk.text)
+        calls.extend(chunk.tool_calls or [])
         finish_reason = chunk.finish_reason or finish_reason
         usage = chunk.usage or usage
     text = "".join(texts)
     reason, sequence = stop_reason(finish_reason, text, stop_sequences)
+    content: list[dict[str, Any]] = []
+    if thoughts:
+        content.append({"type": "thinking", "thinking": "".join(thoughts), "signature": ""})
+    if text or not calls:
+        content.append({"type": "text", "text": text})
+    content += [_tool_use(call) for call in calls]
+    if calls:
+        reason, sequence = "tool_use", None
     return {
         "id": message_id(command_id),
         "type": "message",
         "role": "assistant",
         "model": model,
-        "content": [{"type": "text", "text": text}],
+        "content": content,
         "stop_reason": reason,
         "stop_sequence": sequence,
         "usage": _usage(usage, count),

@@ -1,5 +1,5 @@
-"""The Ollama wire format (`/api/chat`, `/api/generate`, `/api/tags`, `/api/ps`,
-`/api/show`, `/api/version`), both ways; Skulk serves it under `/ollama`.
+"""The Ollama wire format (`/api/chat`, `/api/generate`, `/api/embed`, `/api/embeddings`,
+`/api/tags`, `/api/ps`, `/api/show`, `/api/version`), both ways; Skulk serves it under `/ollama`.
 
 Incoming: `ChatRequest` / `GenerateRequest` with their `options` (temperature, top_p,
 top_k, seed, num_predict, stop; other options such as num_ctx are accepted and ignored),
@@ -8,6 +8,11 @@ normalised by `chat_params` / `generate_params` into `TextGenerationParams` or a
 (one object per token chunk, then a final `done: true` object with done_reason, token
 counts and durations in nanoseconds) and `collect` the single non-streaming object; the
 `*_entry` helpers describe placed models from their cards.
+
+Tools: `tools` (OpenAI-shaped function definitions) reach the model's chat template; an
+assistant turn's `tool_calls` and `tool` messages (answered by `tool_name`) are passed
+back the same way; calls the model makes leave as `message.tool_calls` with arguments as
+an object, and reasoning as `message.thinking`.
 
 Pure translation only: this module must never touch streams, commands or the cluster.
 Note that Ollama's `stream` defaults to true.
@@ -27,9 +32,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from skulk.api.errors import ApiError, InvalidRequest, invalid_request_from_validation, ollama_error_body
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.chunks import TokenChunk
-from skulk.shared.types.common import ChatMessage, Usage
+from skulk.shared.types.common import ChatMessage, ToolCall, ToolSpec, Usage
 from skulk.shared.types.instances import Instance
-from skulk.shared.types.tasks import TextGenerationParams
+from skulk.shared.types.tasks import EmbeddingParams, TextGenerationParams
 
 OLLAMA_VERSION = "0.6.0"
 """The Ollama server version `/api/version` reports; clients use it only to gate features."""
@@ -59,10 +64,34 @@ class Options(_Lenient):
     stop: str | list[str] | None = None
 
 
+class FunctionCall(_Lenient):
+    name: str
+    arguments: dict[str, Any] | str | None = None
+
+
+class MessageToolCall(_Lenient):
+    function: FunctionCall
+    id: str | None = None
+
+
 class Message(_Lenient):
     role: str
     content: str | None = None
     images: list[str] | None = None
+    tool_calls: list[MessageToolCall] | None = None
+    tool_name: str | None = None
+    thinking: str | None = None
+
+
+class FunctionDefinition(_Lenient):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class Tool(_Lenient):
+    type: str = "function"
+    function: FunctionDefinition
 
 
 class ChatRequest(_Lenient):
@@ -72,7 +101,8 @@ class ChatRequest(_Lenient):
     options: Options | None = None
     format: Any = None
     keep_alive: Any = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[Tool] | None = None
+    think: Any = None
 
 
 class GenerateRequest(_Lenient):
@@ -85,6 +115,26 @@ class GenerateRequest(_Lenient):
     options: Options | None = None
     images: list[str] | None = None
     format: Any = None
+    keep_alive: Any = None
+
+
+class EmbedRequest(_Lenient):
+    """`/api/embed`: one string or a list of them."""
+
+    model: str
+    input: str | list[str]
+    truncate: bool | None = None
+    dimensions: int | None = None
+    options: dict[str, Any] | None = None
+    keep_alive: Any = None
+
+
+class LegacyEmbeddingsRequest(_Lenient):
+    """`/api/embeddings`, the older single-prompt form."""
+
+    model: str
+    prompt: str
+    options: dict[str, Any] | None = None
     keep_alive: Any = None
 
 
@@ -127,9 +177,28 @@ def _params(model: str, stream: bool, options: Options | None, **inputs: Any) ->
         raise invalid_request_from_validation(error) from None
 
 
+def _tools(tools: list[Tool]) -> list[ToolSpec]:
+    specs = []
+    for index, tool in enumerate(tools):
+        if tool.type != "function":
+            raise InvalidRequest(f"tools[{index}].type must be 'function', got {tool.type!r}",
+                                 param=f"tools[{index}].type")
+        specs.append(ToolSpec(name=tool.function.name, description=tool.function.description or "",
+                              parameters=tool.function.parameters or {}))
+    return specs
+
+
+def _calls(message: Message, index: int) -> list[ToolCall]:
+    calls = []
+    for number, call in enumerate(message.tool_calls or []):
+        arguments = call.function.arguments
+        text = arguments if isinstance(arguments, str) else json.dumps(arguments or {}, ensure_ascii=False)
+        # Ollama's calls carry no ids; the template pairs them with results by position.
+        calls.append(ToolCall(id=call.id or f"call_{index}_{number}", name=call.function.name, arguments=text))
+    return calls
+
+
 def chat_params(request: ChatRequest) -> TextGenerationParams:
-    if request.tools:
-        raise InvalidRequest("tools are not supported on /api/chat yet", param="tools")
     messages = []
     for index, message in enumerate(request.messages):
         role = _ROLES.get(message.role)
@@ -137,8 +206,42 @@ def chat_params(request: ChatRequest) -> TextGenerationParams:
             raise InvalidRequest(f"invalid role {message.role!r} in messages[{index}]", param=f"messages[{index}].role")
         if message.images:
             raise InvalidRequest("images are not supported", param=f"messages[{index}].images")
-        messages.append(ChatMessage(role=role, content=message.content or ""))
-    return _params(request.model, request.stream, request.options, messages=messages)
+        if message.tool_calls and role != "assistant":
+            raise InvalidRequest(f"only assistant messages may carry tool_calls (messages[{index}])",
+                                 param=f"messages[{index}].tool_calls")
+        messages.append(ChatMessage(
+            role=role, content=message.content or "", tool_calls=_calls(message, index),
+            name=message.tool_name if role == "tool" else None,
+        ))
+    tools = _tools(request.tools or [])
+    return _params(request.model, request.stream, request.options, messages=messages, tools=tools)
+
+
+def embed_params(model: str, inputs: str | list[str], dimensions: int | None = None) -> EmbeddingParams:
+    if not model.strip():
+        raise InvalidRequest("model is required", param="model")
+    items = [inputs] if isinstance(inputs, str) else list(inputs)
+    if not items:
+        raise InvalidRequest("input must not be empty", param="input")
+    if any(not item for item in items):
+        raise InvalidRequest("input must not contain empty strings", param="input")
+    if dimensions is not None and dimensions < 1:
+        raise InvalidRequest(f"dimensions must be at least 1, got {dimensions}", param="dimensions")
+    try:
+        return EmbeddingParams(model_id=model, inputs=items, dimensions=dimensions)
+    except ValidationError as error:
+        raise invalid_request_from_validation(error) from None
+
+
+def embed_response(model: str, vectors: list[list[float]], usage: Usage | None, timing: Timing) -> dict[str, Any]:
+    durations = timing.durations()
+    return {
+        "model": model,
+        "embeddings": vectors,
+        "total_duration": durations["total_duration"],
+        "load_duration": 0,
+        "prompt_eval_count": usage.prompt_tokens if usage is not None else 0,
+    }
 
 
 def generate_params(request: GenerateRequest) -> TextGenerationParams:
@@ -185,6 +288,14 @@ def load_response(endpoint: Endpoint, model: str) -> dict[str, Any]:
     return {**body, "done": True, "done_reason": "load"}
 
 
+def _tool_call(call: ToolCall) -> dict[str, Any]:
+    try:
+        arguments = json.loads(call.arguments) if call.arguments else {}
+    except ValueError:
+        arguments = {"arguments": call.arguments}
+    return {"function": {"name": call.name, "arguments": arguments}}
+
+
 def done_reason(finish_reason: str | None) -> str:
     return "length" if finish_reason == "length" else "stop"
 
@@ -218,12 +329,15 @@ class OllamaEncoder:
     _usage: Usage | None = field(default=None, init=False)
     _count: int = field(default=0, init=False)
 
-    def _body(self, text: str, thinking: str | None, *, done: bool) -> dict[str, Any]:
+    def _body(self, text: str, thinking: str | None, *, done: bool,
+              tool_calls: list[ToolCall] | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {"model": self.model, "created_at": timestamp()}
         if self.endpoint == "chat":
             message: dict[str, Any] = {"role": "assistant", "content": text}
             if thinking:
                 message["thinking"] = thinking
+            if tool_calls:
+                message["tool_calls"] = [_tool_call(call) for call in tool_calls]
             body["message"] = message
         else:
             body["response"] = text
@@ -239,13 +353,14 @@ class OllamaEncoder:
 
     def line(self, chunk: TokenChunk) -> str | None:
         self.observe(chunk)
-        if not chunk.text:
+        if not chunk.text and not chunk.tool_calls:
             return None
         text, thinking = ("", chunk.text) if chunk.reasoning else (chunk.text, None)
-        return ndjson(self._body(text, thinking, done=False))
+        return ndjson(self._body(text, thinking, done=False, tool_calls=chunk.tool_calls))
 
-    def final(self, timing: Timing, text: str = "", thinking: str | None = None) -> dict[str, Any]:
-        body = self._body(text, thinking, done=True)
+    def final(self, timing: Timing, text: str = "", thinking: str | None = None,
+              tool_calls: list[ToolCall] | None = None) -> dict[str, Any]:
+        body = self._body(text, thinking, done=True, tool_calls=tool_calls)
         body["done_reason"] = done_reason(self._finish_reason)
         body.update(timing.durations())
         usage = self._usage
@@ -258,10 +373,12 @@ def collect(encoder: OllamaEncoder, chunks: Iterable[TokenChunk], timing: Timing
     """The single non-streaming object for a completed stream's chunks."""
     texts: list[str] = []
     thoughts: list[str] = []
+    calls: list[ToolCall] = []
     for chunk in chunks:
         encoder.observe(chunk)
         (thoughts if chunk.reasoning else texts).append(chunk.text)
-    return encoder.final(timing, "".join(texts), "".join(thoughts) or None)
+        calls.extend(chunk.tool_calls or [])
+    return encoder.final(timing, "".join(texts), "".join(thoughts) or None, calls or None)
 
 
 # ---------------------------------------------------------------------------------------
@@ -340,6 +457,8 @@ __all__ = [
     "OLLAMA_VERSION",
     "ChatRequest",
     "GenerateRequest",
+    "EmbedRequest",
+    "LegacyEmbeddingsRequest",
     "OllamaEncoder",
     "Options",
     "ShowRequest",
@@ -349,6 +468,8 @@ __all__ = [
     "details",
     "digest",
     "done_reason",
+    "embed_params",
+    "embed_response",
     "generate_params",
     "load_response",
     "ndjson",

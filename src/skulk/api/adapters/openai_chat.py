@@ -7,6 +7,10 @@ token chunks into `chat.completion.chunk` SSE events ending in `data: [DONE]`,
 `collect_response` builds a non-streaming `chat.completion`, and `model_list` answers
 `GET /v1/models`.
 
+A `tool_choice` that forces a call ("required", or a named function) is decoded under a
+grammar on the engine; a forced tool whose schema no grammar can enforce is refused here
+with a 400 naming `tools[i].function.parameters` (`skulk.api.tool_calls.check_enforceable`).
+
 Pure translation only: this module must never touch streams, commands or the cluster, and
 never decide policy beyond what the OpenAI format itself requires.
 """
@@ -21,9 +25,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from skulk.api.errors import ApiError, InvalidRequest, invalid_request_from_validation, openai_error_body
+from skulk.api.tool_calls import check_enforceable
 from skulk.shared.types.chunks import TokenChunk
 from skulk.shared.types.common import ChatMessage, ToolCall, ToolSpec, Usage
-from skulk.shared.types.instances import Instance
+from skulk.shared.types.instances import Instance, InstanceCapacity
 from skulk.shared.types.tasks import TextGenerationParams
 
 MAX_STOP_SEQUENCES = 4
@@ -253,6 +258,7 @@ def to_params(request: ChatCompletionRequest) -> TextGenerationParams:
     messages = [_to_message(m, i) for i, m in enumerate(request.messages)]
     tools = _to_tools(request)
     _check_tool_choice(request.tool_choice, tools)
+    check_enforceable(tools, request.tool_choice, lambda index: f"tools[{index}].function.parameters")
     try:
         return TextGenerationParams(
             model_id=request.model,
@@ -446,18 +452,39 @@ def collect_response(
 # ---------------------------------------------------------------------------------------
 
 
-def model_entry(model_id: str, context_length: int, created: int) -> dict[str, Any]:
-    """One `model` object; `context_length` (tokens) is Skulk's extra field."""
-    return {"id": model_id, "object": "model", "created": created, "owned_by": "skulk", "context_length": context_length}
+def model_entry(model_id: str, context_length: int, created: int, capacity: InstanceCapacity | None = None) -> dict[str, Any]:
+    """One `model` object. Skulk's extra fields: `context_length` (tokens the placement
+    serves) and, when the capacity planner sized the placement, what it found:
+    `effective_context_tokens`, `hot_kv_tokens` and `gpu_layers` (of `num_layers`)."""
+    entry: dict[str, Any] = {
+        "id": model_id, "object": "model", "created": created, "owned_by": "skulk", "context_length": context_length,
+    }
+    if capacity is not None:
+        entry |= {
+            "effective_context_tokens": capacity.effective_context_tokens,
+            "hot_kv_tokens": capacity.hot_kv_tokens,
+            "gpu_layers": capacity.gpu_layers,
+            "num_layers": capacity.num_layers,
+        }
+    return entry
+
+
+def served_by(instances: Iterable[Instance], model_id: str) -> Instance | None:
+    """The instance a model is listed with: the one with the largest stamped context."""
+    candidates = [i for i in instances if i.model_id == model_id]
+    return max(candidates, key=lambda i: (i.context_token_limit, i.instance_id), default=None)
 
 
 def model_list(instances: Iterable[Instance], created: int) -> dict[str, Any]:
-    """`GET /v1/models`: each model with a placed instance once, with the largest context
-    any of its instances was stamped with."""
-    limits: dict[str, int] = {}
-    for instance in instances:
-        limits[instance.model_id] = max(limits.get(instance.model_id, 0), instance.context_token_limit)
-    return {"object": "list", "data": [model_entry(m, limits[m], created) for m in sorted(limits)]}
+    """`GET /v1/models`: each model with a placed instance once, described by the instance
+    with the largest context (`served_by`)."""
+    placed = list(instances)
+    entries = []
+    for model_id in sorted({i.model_id for i in placed}):
+        best = served_by(placed, model_id)
+        assert best is not None
+        entries.append(model_entry(model_id, best.context_token_limit, created, best.capacity))
+    return {"object": "list", "data": entries}
 
 
 __all__ = [
@@ -477,6 +504,7 @@ __all__ = [
     "completion_id",
     "model_entry",
     "model_list",
+    "served_by",
     "parse_request",
     "sse_error",
     "sse_event",

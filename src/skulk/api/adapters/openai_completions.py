@@ -36,6 +36,28 @@ DEFAULT_MAX_TOKENS = 16
 
 COMPLETION_ID_PREFIX = "cmpl-"
 
+MAX_LEGACY_LOGPROBS = 5
+"""OpenAI's bound on the legacy `logprobs` (the number of alternatives per token)."""
+
+
+def legacy_logprobs(chunks: Iterable[TokenChunk], text_offset: int = 0) -> dict[str, Any]:
+    """The legacy completions `logprobs` object for the chunks that carry a logprob:
+    parallel lists of tokens, their logprobs, their alternatives (token -> logprob) and
+    each token's character offset in the completion text."""
+    tokens: list[str] = []
+    logprobs: list[float] = []
+    tops: list[dict[str, float]] = []
+    offsets: list[int] = []
+    for chunk in chunks:
+        if chunk.logprob is None or chunk.reasoning:
+            continue
+        tokens.append(chunk.text)
+        logprobs.append(chunk.logprob)
+        tops.append({top.token: top.logprob for top in chunk.top_logprobs or []})
+        offsets.append(text_offset)
+        text_offset += len(chunk.text)
+    return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": tops, "text_offset": offsets}
+
 
 class CompletionRequest(_Lenient):
     model: str
@@ -78,8 +100,9 @@ def to_params(request: CompletionRequest) -> TextGenerationParams:
         raise InvalidRequest("'echo' is not supported.", param="echo")
     if request.suffix:
         raise InvalidRequest("'suffix' is not supported.", param="suffix")
-    if request.logprobs is not None:
-        raise InvalidRequest("'logprobs' is not supported on /v1/completions.", param="logprobs")
+    if request.logprobs is not None and not (0 <= request.logprobs <= MAX_LEGACY_LOGPROBS):
+        raise InvalidRequest(f"'logprobs' must be between 0 and {MAX_LEGACY_LOGPROBS}, got {request.logprobs}.",
+                             param="logprobs")
     if request.max_tokens is not None and request.max_tokens < 1:
         raise InvalidRequest(f"'max_tokens' must be at least 1, got {request.max_tokens}.", param="max_tokens")
     if request.top_k is not None and request.top_k < 0:
@@ -96,6 +119,8 @@ def to_params(request: CompletionRequest) -> TextGenerationParams:
             top_k=request.top_k,
             seed=request.seed,
             stop=_stops(request.stop),
+            logprobs=request.logprobs is not None,
+            top_logprobs=request.logprobs,
             stream=bool(request.stream),
         )
     except ValidationError as error:
@@ -124,9 +149,11 @@ class CompletionStreamEncoder:
     command_id: str
     model: str
     created: int
+    logprobs: bool = False
     _finish_reason: str | None = field(default=None, init=False)
     _usage: Usage | None = field(default=None, init=False)
     _count: int = field(default=0, init=False)
+    _offset: int = field(default=0, init=False)
 
     def start(self) -> list[str]:
         return []
@@ -137,7 +164,11 @@ class CompletionStreamEncoder:
         self._usage = chunk.usage or self._usage
         if not chunk.text or chunk.reasoning:
             return []
-        return [sse_event(_body(self.command_id, self.model, self.created, chunk.text, None))]
+        body = _body(self.command_id, self.model, self.created, chunk.text, None)
+        if self.logprobs:
+            body["choices"][0]["logprobs"] = legacy_logprobs([chunk], self._offset)
+        self._offset += len(chunk.text)
+        return [sse_event(body)]
 
     def finish(self) -> list[str]:
         body = _body(self.command_id, self.model, self.created, "", _finish_reason(self._finish_reason, False))
@@ -145,8 +176,11 @@ class CompletionStreamEncoder:
         return [sse_event(body), SSE_DONE]
 
 
-def collect_completion(chunks: Iterable[TokenChunk], *, command_id: str, model: str, created: int) -> dict[str, Any]:
+def collect_completion(
+    chunks: Iterable[TokenChunk], *, command_id: str, model: str, created: int, logprobs: bool = False
+) -> dict[str, Any]:
     """The non-streaming `text_completion` for a completed stream's chunks."""
+    chunks = list(chunks)
     texts: list[str] = []
     finish_reason: str | None = None
     usage: Usage | None = None
@@ -158,6 +192,8 @@ def collect_completion(chunks: Iterable[TokenChunk], *, command_id: str, model: 
         finish_reason = chunk.finish_reason or finish_reason
         usage = chunk.usage or usage
     body = _body(command_id, model, created, "".join(texts), _finish_reason(finish_reason, False))
+    if logprobs:
+        body["choices"][0]["logprobs"] = legacy_logprobs(chunks)
     body["usage"] = _usage(usage or Usage(completion_tokens=count, total_tokens=count))
     return body
 
@@ -165,6 +201,8 @@ def collect_completion(chunks: Iterable[TokenChunk], *, command_id: str, model: 
 __all__ = [
     "COMPLETION_ID_PREFIX",
     "DEFAULT_MAX_TOKENS",
+    "MAX_LEGACY_LOGPROBS",
+    "legacy_logprobs",
     "CompletionRequest",
     "CompletionStreamEncoder",
     "collect_completion",

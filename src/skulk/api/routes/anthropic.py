@@ -9,7 +9,6 @@ path render in Anthropic's shape (`skulk.api.errors`, selected by path). No poli
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
@@ -18,7 +17,6 @@ from fastapi.responses import StreamingResponse
 
 from skulk.api.adapters.anthropic import MessagesRequest, MessageStreamEncoder, collect_message, sse_error, to_params
 from skulk.api.generation import SSE_HEADERS, api_context, drive, encoded_events, start_generation
-from skulk.api.streams import CommandStream
 
 
 router = APIRouter()
@@ -31,12 +29,9 @@ async def create_message(request: Request, body: MessagesRequest) -> StreamingRe
     stream = await start_generation(context, params)
     if body.stream:
         encoder = MessageStreamEncoder(command_id=stream.command_id, model=body.model, stop_sequences=params.stop)
-        return StreamingResponse(_sse(request, context, stream, encoder), media_type="text/event-stream",
-                                 headers=SSE_HEADERS)
-    async with aclosing(drive(request, context, stream)) as output:
+        return StreamingResponse(encoded_events(request, context, stream, encoder, sse_error, params),
+                                 media_type="text/event-stream", headers=SSE_HEADERS)
+    async with aclosing(drive(request, context, stream, params)) as output:
         chunks = [chunk async for chunk in output]
     return collect_message(chunks, command_id=stream.command_id, model=body.model, stop_sequences=params.stop)
 
-
-def _sse(request: Request, context: Any, stream: CommandStream, encoder: MessageStreamEncoder) -> AsyncIterator[str]:
-    return encoded_events(request, context, stream, encoder, sse_error)

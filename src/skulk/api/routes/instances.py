@@ -4,6 +4,7 @@
 replicated State and telemetry, before it publishes anything: an impossible placement is a
 400 with the planner's reason (per-node memory arithmetic included), cluster info still
 gossiping is a 503, and a feasible one is submitted with the instance id chosen here.
+Previews and `GET /models` also show the capacity planner's outputs for each placement.
 """
 
 from __future__ import annotations
@@ -105,5 +106,32 @@ async def delete_instance(request: Request, instance_id: str) -> Any:
 
 @router.get("/models")
 def list_models(request: Request) -> Any:
-    cards = request.app.state.skulk.get_cards()
-    return {"models": [cards[m].to_wire() for m in sorted(cards)]}
+    """Every card this node resolves; a model with placed instances also lists them, each
+    with its stamped context and the capacity planner's outputs (effective context, hot KV
+    tokens, GPU layers), and a model whose last repair was abandoned says why."""
+    context = request.app.state.skulk
+    cards = context.get_cards()
+    state = context.get_state()
+    placed: dict[str, list[dict[str, Any]]] = {}
+    for instance in sorted(context.list_instances(), key=lambda i: i.instance_id):
+        placed.setdefault(instance.model_id, []).append(_placed_entry(instance))
+    models = []
+    for model_id in sorted(cards):
+        entry = cards[model_id].to_wire()
+        if model_id in placed:
+            entry["instances"] = placed[model_id]
+        failure = state.repair_failures.get(model_id)
+        if failure is not None:
+            entry["repairFailure"] = failure.to_wire()
+        models.append(entry)
+    return {"models": models}
+
+
+def _placed_entry(instance: Any) -> dict[str, Any]:
+    return {
+        "instanceId": instance.instance_id,
+        "nodeIds": instance.node_ids(),
+        "contextTokenLimit": instance.context_token_limit,
+        "repairHop": instance.repair_hop,
+        "capacity": instance.capacity.to_wire() if instance.capacity is not None else None,
+    }

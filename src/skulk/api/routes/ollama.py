@@ -1,5 +1,5 @@
 """Ollama-compatible routes under `/ollama`: `/api/chat` and `/api/generate` (NDJSON
-streaming, on by default as in Ollama), `/api/tags`, `/api/ps`, `/api/show`, `/api/version`,
+streaming, on by default as in Ollama), `/api/embed` and the legacy `/api/embeddings`, `/api/tags`, `/api/ps`, `/api/show`, `/api/version`,
 and the `GET`/`HEAD /ollama` liveness answer "Ollama is running".
 
 Generation takes the shared path (`skulk.api.generation`): normalised by
@@ -23,13 +23,17 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 from skulk.api.adapters.ollama import (
     OLLAMA_VERSION,
     ChatRequest,
+    EmbedRequest,
     Endpoint,
     GenerateRequest,
+    LegacyEmbeddingsRequest,
     OllamaEncoder,
     ShowRequest,
     Timing,
     chat_params,
     collect,
+    embed_params,
+    embed_response,
     generate_params,
     load_response,
     ndjson,
@@ -40,7 +44,14 @@ from skulk.api.adapters.ollama import (
     timestamp,
 )
 from skulk.api.errors import InvalidRequest, ModelNotFound, StreamFailed
-from skulk.api.generation import SSE_HEADERS, api_context, drive, start_generation
+from skulk.api.generation import (
+    SSE_HEADERS,
+    api_context,
+    collect_embedding,
+    drive,
+    start_embedding,
+    start_generation,
+)
 from skulk.api.streams import CommandStream
 from skulk.shared.types.tasks import TextGenerationParams
 
@@ -55,9 +66,12 @@ KEEP_ALIVE_EXPIRY = "2318-01-01T00:00:00Z"
 is as far off as Ollama's own "keep forever" answer."""
 
 
-@router.api_route("", methods=["GET", "HEAD"], response_class=PlainTextResponse)
-@router.api_route("/", methods=["GET", "HEAD"], response_class=PlainTextResponse)
+@router.get("", response_class=PlainTextResponse)
+@router.head("", response_class=PlainTextResponse, include_in_schema=False)
+@router.get("/", response_class=PlainTextResponse, include_in_schema=False)
+@router.head("/", response_class=PlainTextResponse, include_in_schema=False)
 def running() -> str:
+    """Liveness, as Ollama answers it (one schema entry: the other spellings are aliases)."""
     return "Ollama is running"
 
 
@@ -104,6 +118,25 @@ async def generate(request: Request, body: GenerateRequest) -> StreamingResponse
     return await _generate(request, "generate", body.model, generate_params(body))
 
 
+@router.post("/api/embed")
+async def embed(request: Request, body: EmbedRequest) -> dict[str, Any]:
+    started_ns = time.monotonic_ns()
+    context = api_context(request)
+    stream = await start_embedding(context, embed_params(body.model, body.input, body.dimensions))
+    chunk = await collect_embedding(request, context, stream)
+    ended_ns = time.monotonic_ns()
+    return embed_response(body.model, chunk.embeddings, chunk.usage, Timing(started_ns, ended_ns, ended_ns))
+
+
+@router.post("/api/embeddings")
+async def embeddings(request: Request, body: LegacyEmbeddingsRequest) -> dict[str, Any]:
+    """The legacy single-prompt form: `{"embedding": [...]}`."""
+    context = api_context(request)
+    stream = await start_embedding(context, embed_params(body.model, body.prompt))
+    chunk = await collect_embedding(request, context, stream)
+    return {"embedding": chunk.embeddings[0]}
+
+
 def _load(request: Request, endpoint: Endpoint, model: str) -> dict[str, Any]:
     context = api_context(request)
     if context.find_instance(model) is None:
@@ -119,11 +152,11 @@ async def _generate(
     stream = await start_generation(context, params, max_tokens_param="options.num_predict")
     encoder = OllamaEncoder(endpoint=endpoint, model=model)
     if params.stream:
-        return StreamingResponse(_lines(request, context, stream, encoder, started_ns),
+        return StreamingResponse(_lines(request, context, stream, encoder, started_ns, params),
                                  media_type="application/x-ndjson", headers=SSE_HEADERS)
     first_token_ns: int | None = None
     chunks = []
-    async with aclosing(drive(request, context, stream)) as output:
+    async with aclosing(drive(request, context, stream, params)) as output:
         async for chunk in output:
             first_token_ns = first_token_ns or time.monotonic_ns()
             chunks.append(chunk)
@@ -131,11 +164,12 @@ async def _generate(
 
 
 async def _lines(
-    request: Request, context: Any, stream: CommandStream, encoder: OllamaEncoder, started_ns: int
+    request: Request, context: Any, stream: CommandStream, encoder: OllamaEncoder, started_ns: int,
+    params: TextGenerationParams,
 ) -> AsyncIterator[str]:
     first_token_ns: int | None = None
     try:
-        async with aclosing(drive(request, context, stream)) as output:
+        async with aclosing(drive(request, context, stream, params)) as output:
             async for chunk in output:
                 first_token_ns = first_token_ns or time.monotonic_ns()
                 line = encoder.line(chunk)

@@ -1,5 +1,5 @@
 """OpenAI-compatible routes: `GET /v1/models`, `POST /v1/chat/completions`,
-`POST /v1/completions` (legacy), `POST /v1/responses`, and Skulk's
+`POST /v1/completions` (legacy), `POST /v1/responses`, `POST /v1/embeddings`, and Skulk's
 `POST /v1/cancel/{command_id}` (which takes a command id or any of the response ids).
 
 A chat request is validated and normalised by the adapter, bound to a placed instance (404
@@ -31,12 +31,21 @@ from skulk.api.adapters.openai_chat import (
     command_id_from,
     model_entry,
     model_list,
+    served_by,
     sse_error,
     to_params,
 )
-from skulk.api.adapters import openai_completions, openai_responses
+from skulk.api.adapters import openai_completions, openai_embeddings, openai_responses
 from skulk.api.errors import ClusterNotReady, ModelNotFound, NotFound
-from skulk.api.generation import SSE_HEADERS, api_context, drive, encoded_events, start_generation
+from skulk.api.generation import (
+    SSE_HEADERS,
+    api_context,
+    collect_embedding,
+    drive,
+    encoded_events,
+    start_embedding,
+    start_generation,
+)
 from skulk.api.streams import CommandStream
 from skulk.shared.types.commands import CancelCommand
 from skulk.shared.types.ids import new_id
@@ -63,10 +72,10 @@ def list_models(request: Request) -> dict[str, Any]:
 
 @router.get("/v1/models/{model_id:path}")
 def get_model(request: Request, model_id: str) -> dict[str, Any]:
-    instances = [i for i in _context(request).list_instances() if i.model_id == model_id]
-    if not instances:
+    best = served_by(_context(request).list_instances(), model_id)
+    if best is None:
         raise ModelNotFound(model_id)
-    return model_entry(model_id, max(i.context_token_limit for i in instances), int(time.time()))
+    return model_entry(model_id, best.context_token_limit, int(time.time()), best.capacity)
 
 
 @router.post("/v1/chat/completions", response_model=None)
@@ -83,10 +92,10 @@ async def chat_completions(request: Request, body: ChatCompletionRequest) -> Str
             command_id=command_id, model=body.model, created=created,
             include_usage=body.include_usage, logprobs=params.logprobs,
         )
-        return StreamingResponse(_sse(request, context, stream, encoder), media_type="text/event-stream",
+        return StreamingResponse(_sse(request, context, stream, encoder, params), media_type="text/event-stream",
                                  headers=SSE_HEADERS)
 
-    async with aclosing(_drive(request, context, stream)) as output:
+    async with aclosing(_drive(request, context, stream, params)) as output:
         chunks = [chunk async for chunk in output]
     return collect_response(chunks, command_id=command_id, model=body.model, created=created,
                             logprobs=params.logprobs)
@@ -103,13 +112,13 @@ async def completions(
     created = int(time.time())
     if body.stream:
         encoder = openai_completions.CompletionStreamEncoder(command_id=stream.command_id, model=body.model,
-                                                             created=created)
+                                                             created=created, logprobs=params.logprobs)
         return StreamingResponse(_sse(request, context, stream, encoder), media_type="text/event-stream",
                                  headers=SSE_HEADERS)
     async with aclosing(_drive(request, context, stream)) as output:
         chunks = [chunk async for chunk in output]
     return openai_completions.collect_completion(chunks, command_id=stream.command_id, model=body.model,
-                                                 created=created)
+                                                 created=created, logprobs=params.logprobs)
 
 
 @router.post("/v1/responses", response_model=None)
@@ -122,16 +131,28 @@ async def responses(request: Request, body: openai_responses.ResponsesRequest) -
     if body.stream:
         encoder = openai_responses.ResponseStreamEncoder(command_id=stream.command_id, request=body, created=created)
         return StreamingResponse(
-            encoded_events(request, context, stream, encoder, encoder.error_events),
+            encoded_events(request, context, stream, encoder, encoder.error_events, params),
             media_type="text/event-stream", headers=SSE_HEADERS,
         )
-    async with aclosing(_drive(request, context, stream)) as output:
+    async with aclosing(_drive(request, context, stream, params)) as output:
         chunks = [chunk async for chunk in output]
     return openai_responses.collect_response(chunks, command_id=stream.command_id, request=body, created=created)
 
 
-def _sse(request: Request, context: Any, stream: CommandStream, encoder: Any) -> AsyncIterator[str]:
-    return encoded_events(request, context, stream, encoder, sse_error)
+@router.post("/v1/embeddings")
+async def embeddings(request: Request, body: openai_embeddings.EmbeddingRequest) -> dict[str, Any]:
+    """Embeddings from a placed model's engine, answered once all inputs are done."""
+    context = _context(request)
+    params = openai_embeddings.to_params(body)
+    stream = await start_embedding(context, params)
+    chunk = await collect_embedding(request, context, stream, expected=len(params.embedding_inputs))
+    return openai_embeddings.embedding_response(chunk.embeddings, chunk.usage, model=body.model,
+                                                encoding_format=body.encoding_format)
+
+
+def _sse(request: Request, context: Any, stream: CommandStream, encoder: Any,
+         params: Any = None) -> AsyncIterator[str]:
+    return encoded_events(request, context, stream, encoder, sse_error, params)
 
 
 @router.post("/v1/cancel/{command_id}")

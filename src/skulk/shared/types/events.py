@@ -114,6 +114,21 @@ class InstancePlacementRefused(_EventBase):
     message: str
 
 
+class InstanceRepairAbandoned(_EventBase):
+    """The master gave up re-placing a model after a repair teardown: a refusal at the last
+    repair hop, or no healthy node set left. Terminal by design, so a refusal chain can never
+    oscillate; `apply` records it in `State.repair_failures` until the model is placed again."""
+
+    type: Literal["InstanceRepairAbandoned"] = "InstanceRepairAbandoned"
+    model_id: ModelId
+    instance_id: InstanceId
+    """The torn-down instance whose repair was abandoned."""
+    node_id: NodeId | None = None
+    """The node that refused, or whose download failed; None when no single node is to blame."""
+    repair_hop: NonNegInt
+    reason: str
+
+
 class RunnerStatusUpdated(_EventBase):
     type: Literal["RunnerStatusUpdated"] = "RunnerStatusUpdated"
     runner_id: RunnerId
@@ -236,6 +251,7 @@ Event = Annotated[
         InstanceCreated,
         InstanceDeleted,
         InstancePlacementRefused,
+        InstanceRepairAbandoned,
         RunnerStatusUpdated,
         RunnerDeleted,
         TaskCreated,
@@ -306,6 +322,7 @@ __all__ = [
     "InstanceCreated",
     "InstanceDeleted",
     "InstancePlacementRefused",
+    "InstanceRepairAbandoned",
     "LocalEvent",
     "NetworkInterface",
     "NodeJoined",

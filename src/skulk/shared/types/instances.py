@@ -7,6 +7,8 @@ rank ever recomputes it from time-varying telemetry. Types only; no placement lo
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from skulk.shared.types.base import WireModel
@@ -41,6 +43,36 @@ class ShardAssignment(WireModel):
         return self
 
 
+class ShardCapacity(WireModel):
+    """The capacity planner's answer for one rank on its node, at placement time."""
+
+    node_id: NodeId
+    rank: NonNegInt
+    device_kind: Literal["ram", "vram"]
+    layers: NonNegInt
+    """Layers this rank holds."""
+    gpu_layers: NonNegInt
+    """Of those, layers resident on the device (llama.cpp's n_gpu_layers on a VRAM device)."""
+    hot_kv_tokens: NonNegInt
+    effective_context_tokens: NonNegInt
+    planner_effective_context_tokens: NonNegInt
+    shortfall: str | None = None
+    """Why even the minimum hot context does not fit (then the token counts are 0)."""
+
+
+class InstanceCapacity(WireModel):
+    """The capacity planner's outputs for a placement (`skulk.capacity.instance`): the
+    instance serves what its tightest rank can, so the token counts are minima over ranks."""
+
+    effective_context_tokens: NonNegInt
+    hot_kv_tokens: NonNegInt
+    planner_effective_context_tokens: NonNegInt
+    gpu_layers: NonNegInt
+    """Layers resident on accelerator devices, summed over ranks (every layer on RAM devices)."""
+    num_layers: NonNegInt
+    shards: list[ShardCapacity] = Field(default_factory=list)
+
+
 class Instance(WireModel):
     instance_id: InstanceId
     model_id: ModelId
@@ -51,6 +83,9 @@ class Instance(WireModel):
     ring_hosts: list[str] = Field(default_factory=list)
     repair_hop: int = Field(default=0, ge=0, le=MAX_REPAIR_HOP)
     created_by_command: CommandId | None = None
+    capacity: InstanceCapacity | None = None
+    """The capacity planner's view at placement (what `context_token_limit` was derived
+    from); None for instances placed without it."""
 
     @model_validator(mode="after")
     def _ranks_in_order(self) -> Instance:
@@ -83,4 +118,4 @@ class RunnerStatus(WireModel):
     error_message: str | None = None
 
 
-__all__ = ["MAX_REPAIR_HOP", "Instance", "RunnerStatus", "ShardAssignment"]
+__all__ = ["MAX_REPAIR_HOP", "Instance", "InstanceCapacity", "RunnerStatus", "ShardAssignment", "ShardCapacity"]

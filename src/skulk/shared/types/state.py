@@ -58,6 +58,16 @@ DownloadStatus = Annotated[
 DOWNLOAD_STATUS_ADAPTER: TypeAdapter[DownloadStatus] = TypeAdapter(DownloadStatus)
 
 
+class RepairFailure(WireModel):
+    """Why the master stopped repairing a model's placement (see InstanceRepairAbandoned):
+    visible in GET /state so an operator sees the end of a repair chain, not a silent gap."""
+
+    instance_id: InstanceId
+    node_id: NodeId | None = None
+    repair_hop: NonNegInt
+    reason: str
+
+
 class State(WireModel):
     nodes: dict[NodeId, NodeInfo] = Field(default_factory=dict)
     edges: list[Edge] = Field(default_factory=list)
@@ -68,6 +78,8 @@ class State(WireModel):
     downloads: dict[NodeId, dict[ModelId, DownloadStatus]] = Field(default_factory=dict)
     tracing_enabled: bool = False
     custom_cards: dict[ModelId, ModelCard] = Field(default_factory=dict)
+    repair_failures: dict[ModelId, RepairFailure] = Field(default_factory=dict)
+    """The last abandoned repair per model; cleared when the model is placed again."""
     last_event_applied_idx: int = Field(default=-1, ge=-1)
 
     @field_validator("edges")
@@ -101,5 +113,6 @@ __all__ = [
     "DownloadStatusFailed",
     "DownloadStatusPending",
     "NodeInfo",
+    "RepairFailure",
     "State",
 ]

@@ -43,9 +43,26 @@ class TextGenerationParams(WireModel):
 
 
 class EmbeddingParams(WireModel):
+    """A normalised embedding request: text `inputs`, or `token_inputs` (token id lists,
+    embedded as given), never both. One vector per input, in order."""
+
     model_id: ModelId
-    inputs: list[str] = Field(min_length=1)
+    inputs: list[str] = Field(default_factory=list)
     dimensions: int | None = Field(default=None, ge=1)
+    token_inputs: list[list[int]] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _one_input_kind(self) -> EmbeddingParams:
+        if bool(self.inputs) == bool(self.token_inputs):
+            raise ValueError("exactly one of `inputs` or `token_inputs` (non-empty) is required")
+        if any(not tokens for tokens in self.token_inputs):
+            raise ValueError("every `token_inputs` item must hold at least one token id")
+        return self
+
+    @property
+    def embedding_inputs(self) -> list[str] | list[list[int]]:
+        """The inputs to embed, whichever kind was given."""
+        return self.token_inputs or self.inputs
 
 
 class _TaskBase(WireModel):

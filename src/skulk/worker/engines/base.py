@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal, Protocol, runtime_checkable
 
@@ -25,13 +25,17 @@ from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.common import FinishReason, Usage
 from skulk.shared.types.ids import RunnerId
 from skulk.shared.types.instances import Instance, ShardAssignment
-from skulk.shared.types.tasks import TextGenerationParams
+from skulk.shared.types.tasks import EmbeddingParams, TextGenerationParams
 
 log = logging.getLogger(__name__)
 
 DISPATCH_QUEUE_CAPACITY = 64
 """Requests admitted but not yet started, per dispatcher. Beyond it `submit` refuses with
 `DispatchRejected`: a runner never queues invisibly without bound."""
+
+WORKER_CALL_TIMEOUT_S = 900.0
+"""Deadline for `Dispatcher.run_on_worker` (an engine's warm-up): one forward pass of the
+largest model a node would hold, with a wide margin. A warm-up past it fails the runner."""
 
 DISPATCH_CLOSE_TIMEOUT_S = 10.0
 """How long `Dispatcher.close` waits for running generations to notice their abort (they
@@ -71,6 +75,14 @@ class GeneratedToken:
     token_id: int | None = None
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GeneratedEmbedding:
+    """The whole answer to an embedding request: one vector per input, in input order."""
+
+    embeddings: list[list[float]]
+    usage: Usage
 
 
 GenerationOutcome = Literal["completed", "failed", "cancelled"]
@@ -122,6 +134,10 @@ class ModelLoadFailed(EngineError):
 
 class ChatTemplateMissing(EngineError):
     error_type = "ChatTemplateMissing"
+
+
+class EmbeddingsUnsupported(EngineError):
+    error_type = "EmbeddingsUnsupported"
 
 
 class PromptTooLong(EngineError):
@@ -181,6 +197,21 @@ class Engine(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class EmbeddingEngine(Protocol):
+    """An engine that can also embed text (optional: the dispatcher refuses embedding
+    requests, typed, for an engine without it)."""
+
+    def embed(
+        self, inputs: Sequence[str] | Sequence[Sequence[int]], dimensions: int | None = None
+    ) -> tuple[list[list[float]], int]:
+        """One vector per input (text, or token ids) and the prompt tokens consumed."""
+        ...
+
+
+ApiRequest = TextGenerationParams | EmbeddingParams
 
 
 # ---------------------------------------------------------------------------------------
@@ -264,7 +295,7 @@ class DispatchSink(Protocol):
 
     def on_start(self, request_id: str) -> None: ...
 
-    def on_token(self, request_id: str, token: GeneratedToken) -> None: ...
+    def on_token(self, request_id: str, token: GeneratedToken | GeneratedEmbedding) -> None: ...
 
     def on_finish(self, request_id: str, result: GenerationResult) -> None: ...
 
@@ -272,11 +303,20 @@ class DispatchSink(Protocol):
 @dataclass
 class _Job:
     request_id: str
-    request: TextGenerationParams
+    request: ApiRequest
     cancelled: threading.Event = field(default_factory=threading.Event)
     started: bool = False
     abort: GenerationResult | None = None
     """Set when the dispatcher (not the client) ends the job, e.g. on close."""
+
+
+@dataclass
+class _Call:
+    """A function to run on a worker thread (see `Dispatcher.run_on_worker`), not a request."""
+
+    fn: Callable[[], object]
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
 
 
 @dataclass(frozen=True)
@@ -318,7 +358,7 @@ class Dispatcher:
         self._capacity = queue_capacity
         self._lock = threading.Lock()
         self._wakeup = threading.Condition(self._lock)
-        self._queue: deque[_Job] = deque()
+        self._queue: deque[_Job | _Call] = deque()
         self._jobs: dict[str, _Job] = {}
         self._closed = False
         self._counts = {"admitted": 0, "rejected": 0, "completed": 0, "failed": 0, "cancelled": 0}
@@ -346,10 +386,11 @@ class Dispatcher:
 
     @property
     def queued(self) -> int:
+        """Requests admitted and not started (calls from `run_on_worker` are not requests)."""
         with self._lock:
-            return len(self._queue)
+            return sum(1 for job in self._queue if isinstance(job, _Job))
 
-    def submit(self, request_id: str, request: TextGenerationParams) -> None:
+    def submit(self, request_id: str, request: ApiRequest) -> None:
         with self._lock:
             refusal = self._refusal(request_id)
             if refusal is not None:
@@ -360,6 +401,22 @@ class Dispatcher:
             self._queue.append(job)
             self._counts["admitted"] += 1
             self._wakeup.notify()
+
+    def run_on_worker(self, fn: Callable[[], object], timeout_s: float = WORKER_CALL_TIMEOUT_S) -> None:
+        """Run `fn` on a dispatcher thread ahead of every request queued after it; re-raise
+        what it raises. For an engine's warm-up: a CPU engine whose thread pools belong to
+        the calling thread (llama.cpp's OpenMP teams) must warm up on the thread that will
+        decode, or it keeps two pools of waiting threads."""
+        call = _Call(fn)
+        with self._lock:
+            if self._closed:
+                raise DispatchRejected("RunnerShutdown", "the runner is shutting down")
+            self._queue.append(call)
+            self._wakeup.notify()
+        if not call.done.wait(timeout_s):
+            raise TimeoutError(f"{getattr(fn, '__qualname__', fn)} did not finish within {timeout_s:g}s")
+        if call.error is not None:
+            raise call.error
 
     def cancel(self, request_id: str) -> bool:
         """True when the request was in flight (and is now ending as cancelled)."""
@@ -383,7 +440,11 @@ class Dispatcher:
         abort = GenerationResult(outcome="failed", finish_reason="error", error_type=error_type, error_message=message)
         with self._lock:
             self._closed = True
-            unstarted = list(self._queue)
+            unstarted = [job for job in self._queue if isinstance(job, _Job)]
+            for call in self._queue:
+                if isinstance(call, _Call):
+                    call.error = DispatchRejected(error_type, message)
+                    call.done.set()
             self._queue.clear()
             for job in unstarted:
                 del self._jobs[job.request_id]
@@ -404,7 +465,7 @@ class Dispatcher:
             running = sum(1 for job in self._jobs.values() if job.started)
             return DispatchStats(
                 width=self._width,
-                queued=len(self._queue),
+                queued=sum(1 for job in self._queue if isinstance(job, _Job)),
                 running=running,
                 queue_capacity=self._capacity,
                 admitted_total=self._counts["admitted"],
@@ -441,7 +502,11 @@ class Dispatcher:
                 if not self._queue:
                     return  # closed and drained
                 job = self._queue.popleft()
-                job.started = True
+                if isinstance(job, _Job):
+                    job.started = True
+            if isinstance(job, _Call):
+                self._call(job)
+                continue
             result = self._run(job)
             with self._lock:
                 self._jobs.pop(job.request_id, None)
@@ -451,7 +516,18 @@ class Dispatcher:
             except Exception:
                 log.exception("dispatch sink failed finishing request %s", job.request_id)
 
+    @staticmethod
+    def _call(call: _Call) -> None:
+        try:
+            call.fn()
+        except BaseException as exc:  # handed to the caller, who decides what it means
+            call.error = exc
+        finally:
+            call.done.set()
+
     def _run(self, job: _Job) -> GenerationResult:
+        if isinstance(job.request, EmbeddingParams):
+            return self._embed(job, job.request)
         last: GeneratedToken | None = None
         try:
             self._sink.on_start(job.request_id)
@@ -492,16 +568,45 @@ class Dispatcher:
         )
 
 
+    def _embed(self, job: _Job, request: EmbeddingParams) -> GenerationResult:
+        """An embedding runs as one step: it is not interruptible, so a cancel that arrives
+        meanwhile only decides that its result is dropped."""
+        try:
+            self._sink.on_start(job.request_id)
+            if not isinstance(self._engine, EmbeddingEngine):
+                raise EmbeddingsUnsupported(f"the {type(self._engine).__name__} engine does not compute embeddings")
+            if not job.cancelled.is_set():
+                vectors, prompt_tokens = self._engine.embed(request.embedding_inputs, request.dimensions)
+                if not job.cancelled.is_set():
+                    self._sink.on_token(job.request_id, GeneratedEmbedding(vectors, usage_of(prompt_tokens, 0)))
+                    return GenerationResult(outcome="completed", finish_reason="stop", usage=usage_of(prompt_tokens, 0))
+        except EngineError as exc:
+            return GenerationResult(
+                outcome="failed", finish_reason="error", error_type=exc.error_type, error_message=str(exc)
+            )
+        except Exception as exc:  # an engine bug must end this request, not the runner
+            log.exception("embedding %s failed", job.request_id)
+            return GenerationResult(
+                outcome="failed", finish_reason="error", error_type=type(exc).__name__, error_message=str(exc) or repr(exc)
+            )
+        return job.abort or GenerationResult(outcome="cancelled", finish_reason="cancelled")
+
+
 __all__ = [
     "DISPATCH_CLOSE_TIMEOUT_S",
     "DISPATCH_QUEUE_CAPACITY",
+    "WORKER_CALL_TIMEOUT_S",
     "ChatTemplateMissing",
     "DispatchRejected",
     "DispatchSink",
     "DispatchStats",
     "Dispatcher",
     "Engine",
+    "EmbeddingEngine",
+    "EmbeddingsUnsupported",
     "EngineBusy",
+    "GeneratedEmbedding",
+    "ApiRequest",
     "EngineError",
     "EngineNotLoaded",
     "GeneratedToken",

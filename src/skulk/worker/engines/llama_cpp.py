@@ -7,6 +7,10 @@ bookkeeping (logprob arrays, repeated detokenization of the whole tail, stop sca
 bytes) costs more than a small model's forward pass. Stop strings, UTF-8 reassembly and
 usage counting use the shared helpers in `engines.base`, so every engine streams alike.
 
+A request whose `tool_choice` forces a call ("required", or one named function) is sampled
+under a GBNF grammar (`skulk.shared.tool_grammar`) so that its output is a call the API
+parses; every other request is sampled exactly as before, with no grammar.
+
 This module never manages threads, queues or processes (the dispatcher and the runner do),
 and it never reads cluster state: everything it needs arrives in the `ShardSpec`.
 """
@@ -16,16 +20,22 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from skulk.shared.tool_grammar import SchemaNotSupported, tool_call_grammar
 from skulk.shared.types.cards import backend_engine
-from skulk.shared.types.common import ChatMessage
+from skulk.shared.types.chunks import TopLogprob
+from skulk.shared.types.common import ChatMessage, FinishReason, Usage
 from skulk.shared.types.tasks import TextGenerationParams
 from skulk.worker.engines.base import (
     ChatTemplateMissing,
     EngineBusy,
+    EngineError,
     EngineNotLoaded,
     GeneratedToken,
     ModelLoadFailed,
@@ -53,6 +63,85 @@ WARM_UP_PROMPT = b"Hello"
 before the first client pays for it."""
 
 CHAT_TEMPLATE_KEY = "tokenizer.chat_template"
+
+POOLING_NONE = 0
+"""llama.cpp's LLAMA_POOLING_TYPE_NONE: the context yields one embedding per token (every
+generative GGUF); other types pool inside llama.cpp and yield one per sequence."""
+
+
+THINK_OPEN = "<think>"
+"""The tag reasoning models open their reasoning with. The API separates it from the
+answer; the engine only has to say when the chat template, not the model, wrote it."""
+
+
+def opens_reasoning(rendered_prompt: str) -> bool:
+    """True when a rendered chat prompt ends inside an opened think block."""
+    return rendered_prompt.rstrip().endswith(THINK_OPEN)
+
+
+@dataclass(frozen=True, slots=True)
+class ScoredToken(GeneratedToken):
+    """A sampled token with its log-probability under the model (before temperature and
+    truncation, as OpenAI reports it) and, when asked for, the most likely alternatives.
+    Only produced for requests with `logprobs`; the runner copies the two fields onto the
+    TokenChunk."""
+
+    logprob: float | None = None
+    top_logprobs: list[TopLogprob] | None = None
+
+
+class EmbeddingFailed(EngineError):
+    error_type = "EmbeddingFailed"
+
+
+class InvalidDimensions(EngineError):
+    error_type = "InvalidRequest"
+
+
+class InvalidTokens(EngineError):
+    """A token-array embedding input holds an id outside this model's vocabulary."""
+
+    error_type = "InvalidRequest"
+
+
+class GrammarRejected(EngineError):
+    """The tool-call grammar could not be built or parsed by llama.cpp. The API compiles
+    the same grammar before dispatch, so this is a guard, not the caller's usual 400."""
+
+    error_type = "InvalidRequest"
+
+
+def check_token_ids(tokens: Sequence[int], n_vocab: int, index: int) -> None:
+    """`InvalidTokens` naming the first id of input `index` outside [0, n_vocab)."""
+    for token in tokens:
+        if not 0 <= token < n_vocab:
+            raise InvalidTokens(f"input[{index}] holds token id {token}, outside this model's vocabulary "
+                                f"(0..{n_vocab - 1})")
+
+
+def log_softmax_at(logits: np.ndarray, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:
+    """log p(token) under softmax(logits), and the `top` most likely (id, logprob), best
+    first. One pass of exp over the vocabulary; argpartition keeps top-k linear."""
+    peak = float(logits.max())
+    log_z = peak + float(np.log(np.exp(logits - peak, dtype=np.float64).sum()))
+    chosen = float(logits[token]) - log_z
+    if top <= 0:
+        return chosen, []
+    k = min(top, logits.shape[0])
+    ids = np.argpartition(logits, -k)[-k:]
+    ids = ids[np.argsort(-logits[ids], kind="stable")]
+    return chosen, [(int(i), float(logits[i]) - log_z) for i in ids]
+
+
+def normalise(vector: np.ndarray, dimensions: int | None = None) -> list[float]:
+    """`vector` cut to its first `dimensions` (as OpenAI's `dimensions` does) and scaled to
+    unit L2 length; a zero vector stays zero rather than becoming NaN."""
+    if dimensions is not None:
+        if dimensions > vector.shape[0]:
+            raise InvalidDimensions(f"dimensions is {dimensions}, but this model's embeddings have {vector.shape[0]}")
+        vector = vector[:dimensions]
+    norm = float(np.linalg.norm(vector))
+    return (vector / norm if norm > 0 else vector).tolist()
 
 
 def flash_attn_enabled(card_pin: bool | None, env: dict[str, str] | os._Environ[str]) -> bool:
@@ -186,6 +275,30 @@ class LlamaCppEngine:
             self._in_flight = 0
             self._busy.release()
 
+    def embed(
+        self, inputs: Sequence[str] | Sequence[Sequence[int]], dimensions: int | None = None
+    ) -> tuple[list[list[float]], int]:
+        """One unit-length vector per input (mean of the last layer's per-token embeddings,
+        or llama.cpp's own pooling where the GGUF declares one), and the tokens consumed.
+        An input is text, or a list of token ids embedded as given (no BOS added), each
+        checked against the vocabulary (`InvalidTokens`).
+
+        It borrows the generation context: embeddings are switched on, each input decoded
+        from position 0 with outputs for every token, then switched off and the KV cache
+        cleared, so the next generation re-evaluates its prompt (no stale prefix reuse).
+        Runs under the same lock as `generate`: the context is never shared."""
+        llama = self._require_loaded()
+        if not self._busy.acquire(blocking=False):
+            raise EngineBusy("llama.cpp runs one request at a time")
+        try:
+            self._in_flight = 1
+            token_lists = [self._embedding_tokens(llama, item, index) for index, item in enumerate(inputs)]
+            vectors = [normalise(self._embed_tokens(llama, tokens), dimensions) for tokens in token_lists]
+            return vectors, sum(len(tokens) for tokens in token_lists)
+        finally:
+            self._in_flight = 0
+            self._busy.release()
+
     def close(self) -> None:
         llama, self._llama = self._llama, None
         if llama is not None:
@@ -198,8 +311,13 @@ class LlamaCppEngine:
         rendered with the GGUF's chat template. Special-token text ('<|eot_id|>') becomes
         the special token, and BOS is added once, only if the model wants one and the text
         did not already start with it (templates usually write it themselves)."""
+        return self._tokenize_prompt(self._prompt_text(request))
+
+    def _prompt_text(self, request: TextGenerationParams) -> str:
+        return request.prompt if request.prompt is not None else self.render_chat(request)
+
+    def _tokenize_prompt(self, text: str) -> list[int]:
         llama = self._require_loaded()
-        text = request.prompt if request.prompt is not None else self.render_chat(request)
         tokens = llama.tokenize(text.encode("utf-8"), add_bos=False, special=True)
         bos = llama.token_bos()
         if self._adds_bos() and bos >= 0 and (not tokens or tokens[0] != bos):
@@ -252,6 +370,110 @@ class LlamaCppEngine:
 
         return bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
 
+    def _embedding_tokens(self, llama: Any, item: str | Sequence[int], index: int) -> list[int]:
+        if isinstance(item, str):
+            tokens = llama.tokenize(item.encode("utf-8"), add_bos=self._adds_bos(), special=False)
+        else:
+            tokens = list(item)
+            check_token_ids(tokens, llama.n_vocab(), index)
+        if not tokens:
+            raise EmbeddingFailed("an input produced no tokens; embeddings need non-empty text")
+        if len(tokens) > self._n_ctx:
+            raise PromptTooLong(len(tokens), self._n_ctx)
+        return tokens
+
+    def _embed_tokens(self, llama: Any, tokens: list[int]) -> np.ndarray:
+        import llama_cpp
+
+        ctx = llama._ctx.ctx
+        n_embd = llama_cpp.llama_model_n_embd(llama.model)
+        pooled = llama_cpp.llama_pooling_type(ctx) != POOLING_NONE
+        if pooled and len(tokens) > llama.n_batch:
+            raise PromptTooLong(len(tokens), llama.n_batch)  # a pooled sequence must fit one batch
+        llama_cpp.llama_set_embeddings(ctx, True)
+        try:
+            self._clear_context(llama)
+            total = np.zeros(n_embd, dtype=np.float64)
+            for start in range(0, len(tokens), llama.n_batch):
+                part = tokens[start : start + llama.n_batch]
+                llama._batch.set_batch(batch=part, n_past=start, logits_all=True)
+                llama._ctx.decode(llama._batch)
+                if pooled:
+                    continue
+                rows = np.empty((len(part), n_embd), dtype=np.float32)
+                for i in range(len(part)):
+                    pointer = llama_cpp.llama_get_embeddings_ith(ctx, i)
+                    if not pointer:
+                        raise EmbeddingFailed("llama.cpp returned no embedding for a token")
+                    rows[i] = np.ctypeslib.as_array(pointer, shape=(n_embd,))
+                total += rows.sum(axis=0, dtype=np.float64)
+            if pooled:
+                pointer = llama_cpp.llama_get_embeddings_seq(ctx, 0)
+                if not pointer:
+                    raise EmbeddingFailed("llama.cpp returned no pooled embedding")
+                return np.ctypeslib.as_array(pointer, shape=(n_embd,)).astype(np.float64)
+            return total / len(tokens)
+        finally:
+            llama_cpp.llama_set_embeddings(ctx, False)
+            self._clear_context(llama)
+
+    @staticmethod
+    def _clear_context(llama: Any) -> None:
+        import llama_cpp
+
+        memory = llama_cpp.llama_get_memory(llama._ctx.ctx)
+        if memory is not None:
+            llama_cpp.llama_memory_clear(memory, True)
+        llama.reset()  # n_tokens = 0: the next generate finds no cached prefix to reuse
+
+    def _token_maker(
+        self, llama: Any, request: TextGenerationParams
+    ) -> Callable[[str, int, FinishReason | None, Usage | None], GeneratedToken]:
+        """How the loop builds each output token: plain `GeneratedToken` unless the request
+        asked for logprobs, so the common path does no extra work per token."""
+        if not request.logprobs:
+            return GeneratedToken
+        import llama_cpp
+
+        ctx = llama._ctx.ctx
+        n_vocab = llama.n_vocab()
+        top = request.top_logprobs or 0
+
+        def scored(text: str, token: int, finish: FinishReason | None = None, usage: Usage | None = None) -> ScoredToken:
+            # The generator is suspended at its yield: the context still holds the logits
+            # this token was sampled from (the next decode happens when we ask for more).
+            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(n_vocab,))
+            chosen, best = log_softmax_at(logits, token, top)
+            tops = [
+                TopLogprob(token=llama.detokenize([i]).decode("utf-8", errors="replace"), logprob=lp, token_id=i)
+                for i, lp in best
+            ]
+            return ScoredToken(text, token, finish, usage, chosen, tops)
+
+        return scored
+
+    def _grammar(self, llama: Any, request: TextGenerationParams) -> Any:
+        """The llama.cpp grammar forcing a tool call, or None (the common case: the request
+        does not force one, and sampling is unconstrained)."""
+        try:
+            text = tool_call_grammar(request.tools, request.tool_choice)
+        except SchemaNotSupported as exc:
+            raise GrammarRejected(str(exc)) from exc
+        if text is None:
+            return None
+        import llama_cpp
+        from llama_cpp.llama_grammar import LlamaGrammar
+
+        grammar = LlamaGrammar.from_string(text, verbose=False)
+        # llama-cpp-python adds the grammar sampler without checking it parsed (a NULL
+        # sampler crashes the chain), so parse it once here and fail the request instead.
+        probe = llama_cpp.llama_sampler_init_grammar(
+            self._vocab, grammar._grammar.encode("utf-8"), grammar._root.encode("utf-8"))
+        if not probe:
+            raise GrammarRejected("llama.cpp could not parse the tool-call grammar")
+        llama_cpp.llama_sampler_free(probe)
+        return grammar
+
     def _is_end_of_generation(self, token: int) -> bool:
         import llama_cpp
 
@@ -265,7 +487,8 @@ class LlamaCppEngine:
     def _generate(
         self, llama: Any, request: TextGenerationParams, cancelled: threading.Event
     ) -> Iterator[GeneratedToken]:
-        prompt = self.prompt_tokens(request)
+        text = self._prompt_text(request)
+        prompt = self._tokenize_prompt(text)
         n_prompt = len(prompt)
         if n_prompt >= self._n_ctx:
             raise PromptTooLong(n_prompt, self._n_ctx)
@@ -278,6 +501,7 @@ class LlamaCppEngine:
         decoder = Utf8StreamDecoder()
         stops = StopStringFilter(request.stop)
         completion = 0
+        grammar = self._grammar(llama, request)
 
         generator = llama.generate(
             prompt,
@@ -287,29 +511,47 @@ class LlamaCppEngine:
             min_p=DEFAULT_MIN_P,
             repeat_penalty=1.0,
             reset=True,  # keeps the longest common prefix of the KV cache, re-evaluates the rest
+            grammar=grammar,
         )
+        make = self._token_maker(llama, request)
         try:
+            if request.prompt is None and opens_reasoning(text) and grammar is None:
+                # The template opened the think block itself (DeepSeek-R1 style), so the
+                # model's output starts inside it: say so, as if the model had written it.
+                # Not under a tool-call grammar: the output is then the call, never thought.
+                yield GeneratedToken(THINK_OPEN)
             for token in generator:
                 if cancelled.is_set():
                     return
                 completion += 1
                 if self._is_end_of_generation(token):
-                    yield GeneratedToken(stops.flush(), token, "stop", usage_of(n_prompt, completion))
+                    yield make(stops.flush(), token, "stop", usage_of(n_prompt, completion))
                     return
                 text, matched = stops.push(decoder.decode(llama.detokenize([token])))
                 if matched:
-                    yield GeneratedToken(text, token, "stop", usage_of(n_prompt, completion))
+                    yield make(text, token, "stop", usage_of(n_prompt, completion))
                     return
                 if completion >= max_new:
                     # max_tokens reached, or the context is full: either way "length".
-                    yield GeneratedToken(text + stops.flush(), token, "length", usage_of(n_prompt, completion))
+                    yield make(text + stops.flush(), token, "length", usage_of(n_prompt, completion))
                     return
-                yield GeneratedToken(text, token)
+                yield make(text, token, None, None)
         finally:
             generator.close()
 
 
 __all__ = [
+    "POOLING_NONE",
+    "THINK_OPEN",
+    "opens_reasoning",
+    "EmbeddingFailed",
+    "GrammarRejected",
+    "InvalidTokens",
+    "check_token_ids",
+    "InvalidDimensions",
+    "ScoredToken",
+    "log_softmax_at",
+    "normalise",
     "DEFAULT_MIN_P",
     "DEFAULT_TEMPERATURE",
     "DEFAULT_TOP_K",

@@ -5,8 +5,12 @@ engine chosen by the shard's backend engine from `ENGINES`, warms it up, then se
 `Generate` / `Cancel` through a `Dispatcher` at the engine's width until `ShutdownRunner`,
 SIGTERM, or the death of its parent. The message protocol is documented in `messages`.
 
+The engine warms up on the dispatcher's own thread, the thread that will decode: llama.cpp's
+OpenMP build keeps one thread team per calling thread, and a second team (warm-up on the main
+thread, decoding on another) doubles the threads that wait at every barrier.
+
 This process must never touch the network, cluster state or the event log: it talks only to
-its parent, through the two queues it was given. It must never outlive its parent either (a
+its parent, through the inbox queue and the outbox pipe it was given. It must never outlive its parent either (a
 watchdog thread exits it when the parent pid goes away).
 """
 
@@ -21,19 +25,21 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from multiprocessing.queues import Queue as MpQueue
 from typing import Any
 
 from skulk.shared.types.cards import backend_engine
-from skulk.shared.types.chunks import StreamPayload, StreamStarted, StreamTerminal, TokenChunk
+from skulk.shared.types.chunks import EmbeddingChunk, StreamPayload, StreamStarted, StreamTerminal, TokenChunk
 from skulk.shared.types.common import RunnerState
 from skulk.shared.types.ids import RunnerId, TaskId
 from skulk.shared.types.instances import RunnerStatus
-from skulk.shared.types.tasks import TextGeneration
+from skulk.shared.types.tasks import ApiTask
 from skulk.worker.engines.base import (
     DispatchRejected,
     Dispatcher,
     Engine,
+    GeneratedEmbedding,
     GeneratedToken,
     GenerationResult,
     ShardSpec,
@@ -47,6 +53,8 @@ from skulk.worker.runner.messages import (
     StatusChanged,
     TaskAccepted,
     TaskDone,
+    pack,
+    pack_token,
 )
 
 log = logging.getLogger(__name__)
@@ -65,6 +73,9 @@ EXIT_PARENT_GONE = 3
 
 
 def _llama_cpp_engine() -> Engine:
+    from skulk.worker.engines.openmp import apply_wait_policy
+
+    apply_wait_policy(os.environ)  # before llama.cpp (and its OpenMP runtime) loads
     from skulk.worker.engines.llama_cpp import LlamaCppEngine
 
     return LlamaCppEngine()
@@ -72,12 +83,12 @@ def _llama_cpp_engine() -> Engine:
 
 ENGINES: Mapping[str, Callable[[], Engine]] = {
     "llama_cpp": _llama_cpp_engine,
-    # "mlx": added with the MLX engine; imports stay lazy so a runner loads one library.
+    "mlx": lambda: __import__("skulk.worker.engines.mlx_engine", fromlist=["MlxEngine"]).MlxEngine(),  # lazy import
 }
 """Engine constructors keyed by the shard's backend engine ('llama_cpp-cuda' -> 'llama_cpp')."""
 
 
-def runner_main(inbox: MpQueue, outbox: MpQueue, parent_pid: int) -> None:
+def runner_main(inbox: MpQueue, outbox: Connection, parent_pid: int) -> None:
     """Child entry point. Returns (exit 0) after a clean shutdown; exits non-zero on failure."""
     _configure_logging()
     _start_parent_watchdog(parent_pid)
@@ -87,13 +98,13 @@ def runner_main(inbox: MpQueue, outbox: MpQueue, parent_pid: int) -> None:
 
     load = _await_load(inbox, stop)
     if load is None:
-        _flush(outbox)
+        outbox.close()
         return
     runner = Runner(load, outbox)
     code = runner.start()
     if code == EXIT_OK:
         runner.serve(inbox, stop)
-    _flush(outbox)
+    outbox.close()  # every send was synchronous: nothing is left buffered in this process
     if code != EXIT_OK:
         sys.exit(code)
 
@@ -103,7 +114,7 @@ class _Stream:
     """Per-task output state. `lock` orders every emission of one task's frames, so the
     started frame always precedes tokens even when the dispatcher starts the task at once."""
 
-    task: TextGeneration
+    task: ApiTask
     lock: threading.Lock = field(default_factory=threading.Lock)
     next_seq: int = 1
 
@@ -111,9 +122,10 @@ class _Stream:
 class Runner:
     """The serving state of one runner process; also the dispatcher's sink."""
 
-    def __init__(self, load: LoadShard, outbox: MpQueue) -> None:
+    def __init__(self, load: LoadShard, outbox: Connection) -> None:
         self._load = load
         self._outbox = outbox
+        self._send_lock = threading.Lock()
         self._runner_id: RunnerId = load.runner_id
         self._engine: Engine | None = None
         self._dispatcher: Dispatcher | None = None
@@ -145,12 +157,14 @@ class Runner:
             self._engine = engine
             self._set_phase("Loaded")
             self._set_phase("WarmingUp")
-            engine.warm_up()
+            self._dispatcher = Dispatcher(engine, self, width=engine.concurrency, name=f"runner-{self._runner_id}")
+            self._dispatcher.run_on_worker(engine.warm_up)
         except Exception as exc:
             log.exception("runner %s failed to load", self._runner_id)
+            if self._dispatcher is not None:
+                self._dispatcher.close(timeout_s=1.0)
             self._set_phase("Failed", error=f"{type(exc).__name__}: {exc}")
             return EXIT_LOAD_FAILED
-        self._dispatcher = Dispatcher(engine, self, width=engine.concurrency, name=f"runner-{self._runner_id}")
         self._set_phase("Ready")
         return EXIT_OK
 
@@ -221,18 +235,18 @@ class Runner:
     def on_start(self, request_id: str) -> None:
         pass  # the started frame went out at admission
 
-    def on_token(self, request_id: str, token: GeneratedToken) -> None:
+    def on_token(self, request_id: str, token: GeneratedToken | GeneratedEmbedding) -> None:
         stream = self._streams[TaskId(request_id)]
         task = stream.task
-        chunk = TokenChunk(
-            command_id=task.command_id,
-            text=token.text,
-            token_id=token.token_id,
-            finish_reason=token.finish_reason,
-            usage=token.usage,
-        )
         with stream.lock:
-            self._frame(task, StreamPayload(command_id=task.command_id, seq=stream.next_seq, chunk=chunk))
+            if type(token) is GeneratedToken:  # the per-token hot path: no models built
+                self._write(pack_token(
+                    task.owner_node_id, task.command_id, stream.next_seq,
+                    token.text, token.token_id, token.finish_reason, token.usage,
+                ))
+            else:
+                chunk = _chunk_of(task.command_id, token)
+                self._frame(task, StreamPayload(command_id=task.command_id, seq=stream.next_seq, chunk=chunk))
             stream.next_seq += 1
 
     def on_finish(self, request_id: str, result: GenerationResult) -> None:
@@ -255,7 +269,7 @@ class Runner:
 
     # -- output -------------------------------------------------------------------------
 
-    def _refuse(self, task: TextGeneration, error_type: str, message: str) -> None:
+    def _refuse(self, task: ApiTask, error_type: str, message: str) -> None:
         log.warning("runner %s refused task %s: %s", self._runner_id, task.task_id, message)
         self._frame(task, StreamStarted(command_id=task.command_id, runner_id=self._runner_id))
         self._frame(
@@ -266,13 +280,22 @@ class Runner:
         )
         self._send(TaskDone(task_id=task.task_id, outcome="failed", error_message=message))
 
-    def _frame(self, task: TextGeneration, frame: Any) -> None:
+    def _frame(self, task: ApiTask, frame: Any) -> None:
         self._send(Frame(owner_node_id=task.owner_node_id, frame=frame))
 
     def _send(self, message: Any) -> None:
-        # Blocking put on a bounded queue: a slow parent slows generation instead of growing
-        # memory. The parent's reader drains continuously; the watchdog covers a dead parent.
-        self._outbox.put(message)
+        self._write(pack(message))
+
+    def _write(self, data: bytes) -> None:
+        # A blocking write into a pipe the kernel bounds: a slow parent slows generation
+        # instead of growing memory. The parent's reader drains continuously.
+        try:
+            with self._send_lock:
+                self._outbox.send_bytes(data)
+        except (BrokenPipeError, EOFError, OSError):
+            # The parent closed its end: nobody will ever read our output again.
+            log.error("runner %s: the parent's pipe is gone; exiting", self._runner_id)
+            os._exit(EXIT_PARENT_GONE)
 
     def _set_phase(self, phase: RunnerState, error: str | None = None) -> None:
         with self._status_lock:
@@ -290,6 +313,22 @@ class Runner:
                 return
             self._last_status = current
             self._send(StatusChanged(status=RunnerStatus(state=state, error_message=error), in_flight=in_flight))
+
+
+def _chunk_of(command_id: str, token: GeneratedToken | GeneratedEmbedding) -> TokenChunk | EmbeddingChunk:
+    """The chunk for output that is more than plain text: an embedding, or a token that
+    carries extras an engine computed on request (logprobs, reasoning, tool calls)."""
+    if isinstance(token, GeneratedEmbedding):
+        return EmbeddingChunk(command_id=command_id, embeddings=token.embeddings, usage=token.usage)
+    extras = {
+        name: value
+        for name in ("logprob", "top_logprobs", "tool_calls", "reasoning")
+        if (value := getattr(token, name, None)) is not None
+    }
+    return TokenChunk(
+        command_id=command_id, text=token.text, token_id=token.token_id,
+        finish_reason=token.finish_reason, usage=token.usage, **extras,
+    )
 
 
 def _await_load(inbox: MpQueue, stop: threading.Event) -> LoadShard | None:
@@ -316,12 +355,6 @@ def _start_parent_watchdog(parent_pid: int) -> None:
             time.sleep(PARENT_WATCH_INTERVAL_S)
 
     threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
-
-
-def _flush(outbox: MpQueue) -> None:
-    """Make sure everything put has reached the pipe before the process exits."""
-    outbox.close()
-    outbox.join_thread()
 
 
 def _configure_logging() -> None:

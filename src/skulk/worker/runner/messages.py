@@ -1,9 +1,12 @@
 """The typed IPC between a worker (parent) and one runner subprocess (child).
 
-Both directions carry pydantic `WireModel`s tagged on `type`, pickled through bounded
-`multiprocessing` queues. Nothing here may hold a handle, a lock or a clock: these are
-messages, and the only place they are interpreted is `bootstrap` (child) and `supervisor`
-(parent).
+Both directions carry pydantic `WireModel`s tagged on `type`. Parent -> runner messages are
+rare and go through a bounded `multiprocessing` queue. Runner -> parent messages include one
+frame per generated token, so they travel as length-prefixed bytes over a pipe written
+directly by the thread that produced them (`pack` / `unpack`): a token frame is a flat tuple
+of primitives, never a pickled model tree, and no feeder thread sits in between. Nothing here
+may hold a handle, a lock or a clock: these are messages, and the only place they are
+interpreted is `bootstrap` (child) and `supervisor` (parent).
 
 Parent -> runner: `LoadShard` (once, first), then any number of `Generate` / `Cancel`, then
 `ShutdownRunner`.
@@ -28,17 +31,18 @@ the way out, Failed (with a reason) when loading fails.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+import pickle
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import Field, TypeAdapter
 
 from skulk.shared.types.base import WireModel
 from skulk.shared.types.cards import ModelCard
-from skulk.shared.types.chunks import DataFrame, StreamOutcome
-from skulk.shared.types.common import NonNegInt
+from skulk.shared.types.chunks import DataFrame, StreamOutcome, StreamPayload, TokenChunk
+from skulk.shared.types.common import FinishReason, NonNegInt, Usage
 from skulk.shared.types.ids import NodeId, RunnerId, TaskId
 from skulk.shared.types.instances import Instance, RunnerStatus
-from skulk.shared.types.tasks import TextGeneration
+from skulk.shared.types.tasks import Embedding, TextGeneration
 
 # ---------------------------------------------------------------------------------------
 # Parent -> runner
@@ -59,8 +63,11 @@ class LoadShard(WireModel):
 
 
 class Generate(WireModel):
+    """Run one API task: a text generation (token frames) or an embedding (one
+    EmbeddingChunk frame)."""
+
     type: Literal["Generate"] = "Generate"
-    task: TextGeneration
+    task: Annotated[Union[TextGeneration, Embedding], Field(discriminator="type")]
 
 
 class Cancel(WireModel):
@@ -124,6 +131,57 @@ FromRunner = Annotated[
 ]
 FROM_RUNNER_ADAPTER: TypeAdapter[FromRunner] = TypeAdapter(FromRunner)
 
+# ---------------------------------------------------------------------------------------
+# Runner -> parent byte encoding
+# ---------------------------------------------------------------------------------------
+
+_PLAIN_TOKEN = 0
+_MESSAGE = 1
+_PICKLE_PROTOCOL = pickle.HIGHEST_PROTOCOL
+
+
+def pack_token(
+    owner_node_id: str,
+    command_id: str,
+    seq: int,
+    text: str,
+    token_id: int | None,
+    finish_reason: FinishReason | None = None,
+    usage: Usage | None = None,
+) -> bytes:
+    """The bytes of `Frame(StreamPayload(TokenChunk))` for a token with nothing but text, id,
+    finish reason and usage: the per-token hot path, a few microseconds instead of building
+    and pickling three models. `unpack` rebuilds the same `Frame`."""
+    counts = None if usage is None else (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens)
+    return pickle.dumps(
+        (_PLAIN_TOKEN, owner_node_id, command_id, seq, text, token_id, finish_reason, counts), _PICKLE_PROTOCOL
+    )
+
+
+def pack(message: FromRunner) -> bytes:
+    """Any runner -> parent message as bytes (token frames with extras, status, lifecycle)."""
+    return pickle.dumps((_MESSAGE, message), _PICKLE_PROTOCOL)
+
+
+def unpack(data: bytes) -> FromRunner:
+    """The message `pack` or `pack_token` encoded. Token frames are rebuilt without
+    re-validation: the runner built them from its own typed values, and the parent trusts
+    its own child exactly as far as it trusts a pickle from it."""
+    record: Any = pickle.loads(data)
+    if record[0] == _MESSAGE:
+        return record[1]
+    _, owner, command_id, seq, text, token_id, finish_reason, counts = record
+    usage = None
+    if counts is not None:
+        usage = Usage.model_construct(prompt_tokens=counts[0], completion_tokens=counts[1], total_tokens=counts[2])
+    chunk = TokenChunk.model_construct(
+        command_id=command_id, text=text, token_id=token_id, finish_reason=finish_reason, usage=usage
+    )
+    return Frame.model_construct(
+        owner_node_id=owner, frame=StreamPayload.model_construct(command_id=command_id, seq=seq, chunk=chunk)
+    )
+
+
 __all__ = [
     "FROM_RUNNER_ADAPTER",
     "TO_RUNNER_ADAPTER",
@@ -138,4 +196,7 @@ __all__ = [
     "TaskDone",
     "TaskOutcome",
     "ToRunner",
+    "pack",
+    "pack_token",
+    "unpack",
 ]

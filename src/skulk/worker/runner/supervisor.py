@@ -1,9 +1,11 @@
 """The parent side of one runner process: spawn, feed, watch, and end it.
 
 One `RunnerSupervisor` per (instance, rank). It spawns `bootstrap.runner_main` in a
-`multiprocessing` spawn-context daemon process with two bounded queues, sends `LoadShard`,
-and turns everything the runner says into `on_report(message)` calls on the event loop, in
-the order the runner said it. It guarantees what the runner cannot: a runner that dies,
+`multiprocessing` spawn-context daemon process with a bounded inbox queue and an outbox pipe,
+sends `LoadShard`, and turns everything the runner says into `on_report(message)` calls on
+the event loop, in the order the runner said it. Its reader thread hands the loop whatever
+has arrived in one batch, so a fast runner costs the loop one wake-up per batch rather than
+one per token. It guarantees what the runner cannot: a runner that dies,
 hangs before its first status, or is shut down never leaves a task without its terminal
 frame and `TaskDone`, and never leaves its status stale.
 
@@ -40,7 +42,7 @@ from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.chunks import StreamPayload, StreamStarted, StreamTerminal
 from skulk.shared.types.ids import CommandId, RunnerId, TaskId
 from skulk.shared.types.instances import Instance, RunnerStatus
-from skulk.shared.types.tasks import TextGeneration
+from skulk.shared.types.tasks import ApiTask
 from skulk.worker.runner.bootstrap import runner_main
 from skulk.worker.runner.messages import (
     Cancel,
@@ -52,6 +54,7 @@ from skulk.worker.runner.messages import (
     StatusChanged,
     TaskAccepted,
     TaskDone,
+    unpack,
 )
 
 log = logging.getLogger(__name__)
@@ -78,9 +81,10 @@ INBOX_CAPACITY = 256
 """Parent -> runner messages not yet read. Fills only while the runner is loading (it reads
 continuously once serving); a Generate that finds it full is refused as RunnerBusy."""
 
-OUTBOX_CAPACITY = 4096
-"""Runner -> parent messages not yet read. The runner blocks when it is full, so a slow
-parent slows generation rather than growing memory."""
+READ_BATCH_MAX = 256
+"""Most runner messages the reader hands the event loop in one callback. The runner -> parent
+pipe itself is bounded by the kernel's pipe buffer: the runner blocks when it is full, so a
+slow parent slows generation rather than growing memory."""
 
 READER_POLL_S = 0.05
 """The reader thread's blocking-get slice; bounds how late it notices the process is gone."""
@@ -100,7 +104,7 @@ ReportCallback = Callable[[FromRunner], None]
 class _Tracked:
     """What the parent has seen of one submitted task's stream."""
 
-    task: TextGeneration
+    task: ApiTask
     accepted: bool = False
     last_seq: int | None = None
     terminal_sent: bool = False
@@ -117,8 +121,8 @@ class SupervisorStats:
     in_flight: int
     inbox_depth: int | None
     inbox_capacity: int
-    outbox_depth: int | None
-    outbox_capacity: int
+    reader_batches: int
+    largest_reader_batch: int
     crashes: int
     refused_submits: int
     synthesized_terminals: int
@@ -151,7 +155,6 @@ class RunnerSupervisor:
         n_threads: int | None = None,
         first_status_deadline_s: float = FIRST_STATUS_DEADLINE_S,
         inbox_capacity: int = INBOX_CAPACITY,
-        outbox_capacity: int = OUTBOX_CAPACITY,
     ) -> None:
         self._load = LoadShard(
             instance=instance, runner_id=runner_id, card=card, model_path=model_path, n_threads=n_threads
@@ -159,12 +162,13 @@ class RunnerSupervisor:
         self._on_report = on_report
         self._first_status_deadline_s = first_status_deadline_s
         self._inbox_capacity = inbox_capacity
-        self._outbox_capacity = outbox_capacity
 
         self._loop: asyncio.AbstractEventLoop | None = None
         self._process: Any = None
         self._inbox: Any = None
-        self._outbox: Any = None
+        self._outbox: Any = None  # the parent's (read) end of the runner's outbox pipe
+        self._batches = 0  # written by the reader thread only
+        self._largest_batch = 0
         self._gone = threading.Event()  # the process has exited (set by the waiter thread)
         self._drained: asyncio.Event | None = None
         self._exit_handled: asyncio.Event | None = None
@@ -224,10 +228,10 @@ class RunnerSupervisor:
         self._exit_handled = asyncio.Event()
         ctx = mp.get_context("spawn")
         self._inbox = ctx.Queue(maxsize=self._inbox_capacity)
-        self._outbox = ctx.Queue(maxsize=self._outbox_capacity)
+        self._outbox, runner_end = ctx.Pipe(duplex=False)
         self._process = ctx.Process(
             target=runner_main,
-            args=(self._inbox, self._outbox, os.getpid()),
+            args=(self._inbox, runner_end, os.getpid()),
             name=f"skulk-runner-{self.runner_id}",
             daemon=True,
         )
@@ -238,9 +242,12 @@ class RunnerSupervisor:
             log.error("runner %s: %s", self.runner_id, reason)
             self._failure_reported = True
             self._exit_handled.set()
+            runner_end.close()
             self._close_queues()
             loop.call_soon(self._emit, StatusChanged(status=RunnerStatus(state="Failed", error_message=reason)))
             return
+        # Only the runner may hold the write end: its exit then reads as end-of-file here.
+        runner_end.close()
         self._started_at = time.monotonic()
         self._inbox.put_nowait(self._load)
         threading.Thread(target=self._read, name=f"runner-{self.runner_id}-reader", daemon=True).start()
@@ -250,7 +257,7 @@ class RunnerSupervisor:
             "runner %s (instance %s) spawned, pid %s", self.runner_id, self.instance.instance_id, self._process.pid
         )
 
-    def submit(self, task: TextGeneration) -> None:
+    def submit(self, task: ApiTask) -> None:
         """Hand a generation to the runner. Never blocks; a task that cannot be handed over
         ends at once (on the next loop iteration) with a failed terminal and TaskDone."""
         if task.task_id in self._tasks:
@@ -311,8 +318,8 @@ class RunnerSupervisor:
             in_flight=self.in_flight,
             inbox_depth=_depth(self._inbox),
             inbox_capacity=self._inbox_capacity,
-            outbox_depth=_depth(self._outbox),
-            outbox_capacity=self._outbox_capacity,
+            reader_batches=self._batches,
+            largest_reader_batch=self._largest_batch,
             crashes=self._counts["crashes"],
             refused_submits=self._counts["refused"],
             synthesized_terminals=self._counts["synthesized"],
@@ -323,18 +330,31 @@ class RunnerSupervisor:
     # -- threads (never touch supervisor state; they only post to the loop) ---------------
 
     def _read(self) -> None:
+        try:
+            self._read_until_end()
+        finally:
+            self._outbox.close()
+
+    def _read_until_end(self) -> None:
         outbox, loop = self._outbox, self._loop
         assert loop is not None
         while True:
             try:
-                message = outbox.get(timeout=READER_POLL_S)
-            except queue.Empty:
-                if self._gone.is_set():
-                    break  # the process is gone and everything it wrote has been read
-                continue
+                if not outbox.poll(READER_POLL_S):
+                    if self._gone.is_set():
+                        break  # the process is gone and everything it wrote has been read
+                    continue
+                batch = [unpack(outbox.recv_bytes())]
+                while len(batch) < READ_BATCH_MAX and outbox.poll(0):
+                    batch.append(unpack(outbox.recv_bytes()))
             except (EOFError, OSError, ValueError):
-                break  # queue closed under us
-            if not _post(loop, self._deliver, message):
+                break  # the runner closed its end (exited), or a kill cut a message short
+            except Exception:  # an undecodable message: the stream from this runner is broken
+                log.exception("runner %s: unreadable output; treating the runner as gone", self.runner_id)
+                break
+            self._batches += 1
+            self._largest_batch = max(self._largest_batch, len(batch))
+            if not _post(loop, self._deliver_batch, batch):
                 return
         _post(loop, self._set_drained)
 
@@ -403,12 +423,13 @@ class RunnerSupervisor:
         self._emit(StatusChanged(status=RunnerStatus(state="Failed", error_message=reason), in_flight=self.in_flight))
         self._process.kill()
 
-    def _deliver(self, message: FromRunner) -> None:
-        """A message from the runner, on the loop, in the runner's order."""
+    def _deliver_batch(self, batch: list[FromRunner]) -> None:
+        """Messages from the runner, on the loop, in the runner's order."""
         assert self._exit_handled is not None
-        if self._exit_handled.is_set():
-            return  # the exit was already reported; late output would contradict it
-        self._emit(message)
+        for message in batch:
+            if self._exit_handled.is_set():
+                return  # the exit was already reported; late output would contradict it
+            self._emit(message)
 
     def _emit(self, message: FromRunner) -> None:
         self._note(message)
@@ -468,7 +489,7 @@ class RunnerSupervisor:
             )
         self._emit(TaskDone(task_id=task.task_id, outcome="failed", error_message=message))
 
-    def _refuse(self, task: TextGeneration, error_type: str, message: str) -> None:
+    def _refuse(self, task: ApiTask, error_type: str, message: str) -> None:
         self._counts["refused"] += 1
         log.warning("runner %s refused task %s: %s", self.runner_id, task.task_id, message)
 
@@ -490,7 +511,7 @@ class RunnerSupervisor:
         asyncio.get_running_loop().call_soon(report)
 
     @staticmethod
-    def _frame(task: TextGeneration, frame: Any) -> Frame:
+    def _frame(task: ApiTask, frame: Any) -> Frame:
         return Frame(owner_node_id=task.owner_node_id, frame=frame)
 
     async def _wait_exit(self, timeout_s: float) -> bool:
@@ -504,12 +525,12 @@ class RunnerSupervisor:
     def _close_queues(self) -> None:
         # The process is gone: anything still buffered for it can never be read. Without
         # cancel_join_thread the parent would hang at its own exit flushing into the pipe.
-        for q in (self._inbox, self._outbox):
-            try:
-                q.cancel_join_thread()
-                q.close()
-            except (OSError, ValueError):
-                pass
+        try:
+            self._inbox.cancel_join_thread()
+            self._inbox.close()
+        except (OSError, ValueError):
+            pass
+        # The outbox's read end belongs to the reader thread, which stops at end-of-file.
 
 
 def _post(loop: asyncio.AbstractEventLoop, callback: Callable[..., None], *args: Any) -> bool:
@@ -537,7 +558,7 @@ __all__ = [
     "FIRST_STATUS_DEADLINE_S",
     "INBOX_CAPACITY",
     "KILL_TIMEOUT_S",
-    "OUTBOX_CAPACITY",
+    "READ_BATCH_MAX",
     "READER_POLL_S",
     "SHUTDOWN_ERROR_TYPE",
     "SHUTDOWN_TIMEOUT_S",

@@ -1,0 +1,101 @@
+"""Turns a runner's raw token chunks into what every wire format serialises: reasoning
+marked apart from the answer, and tool calls assembled from the finished text.
+
+`OutputShaper.push(chunk)` returns the chunks releasable now; `finish()` the rest, once
+the stream has ended normally. For chat requests a leading `<think>` block becomes
+`reasoning=True` chunks (`skulk.api.reasoning`). When the request offers tools (and
+`tool_choice` is not "none"), the answer is held until the end and parsed once
+(`skulk.api.tool_calls`): a found call leaves as one chunk with `tool_calls` and
+finish_reason "tool_calls"; otherwise the held chunks leave unchanged (reasoning is not
+held: it can never be a call). Assembling the call once is what lets every format return
+a whole, valid call instead of fragile token-by-token fragments.
+
+Pure and synchronous: no streams, no clocks; tool-call ids come from the caller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from skulk.api.reasoning import ReasoningSplitter
+from skulk.api.tool_calls import parse_tool_calls
+from skulk.shared.types.chunks import TokenChunk
+from skulk.shared.types.common import ToolCall
+from skulk.shared.types.tasks import TextGenerationParams
+
+
+def wants_tool_parsing(params: TextGenerationParams) -> bool:
+    return bool(params.tools) and params.tool_choice != "none"
+
+
+class OutputShaper:
+    def __init__(self, params: TextGenerationParams, new_call_id: Callable[[int], str]) -> None:
+        self._splitter = ReasoningSplitter() if params.prompt is None else None
+        self._tool_names = frozenset(t.name for t in params.tools) if wants_tool_parsing(params) else frozenset()
+        self._new_call_id = new_call_id
+        self._held: list[TokenChunk] = []
+        self._last: TokenChunk | None = None
+
+    def push(self, chunk: TokenChunk) -> list[TokenChunk]:
+        self._last = chunk
+        return self._route(self._split(chunk))
+
+    def finish(self) -> list[TokenChunk]:
+        out: list[TokenChunk] = []
+        if self._splitter is not None and self._last is not None:
+            tail = self._splitter.flush()
+            if tail:
+                # Held text (an unfinished tag) goes out before the finishing chunk's own.
+                out = self._route([self._last.model_copy(update={
+                    "text": text, "reasoning": reasoning, "token_id": None, "logprob": None, "top_logprobs": None,
+                    "finish_reason": None, "usage": None,
+                }) for text, reasoning in tail])
+        if not self._tool_names:
+            return out
+        held, self._held = self._held, []
+        text = "".join(c.text for c in held)
+        parsed = parse_tool_calls(text, self._tool_names)
+        if not parsed.calls:
+            return out + held
+        last = self._last
+        assert last is not None  # held is non-empty, so a chunk was pushed
+        calls = [ToolCall(id=self._new_call_id(i), name=c.name, arguments=c.arguments) for i, c in enumerate(parsed.calls)]
+        usage = next((c.usage for c in reversed(held) if c.usage is not None), last.usage)
+        return out + [TokenChunk(
+            command_id=last.command_id, text=parsed.content, tool_calls=calls, finish_reason="tool_calls", usage=usage,
+        )]
+
+    def _split(self, chunk: TokenChunk) -> list[TokenChunk]:
+        if self._splitter is None or not chunk.text or self._splitter.settled:
+            return [chunk]  # the common case once the answer has begun: no work per token
+        pieces = self._splitter.push(chunk.text)
+        if len(pieces) == 1 and pieces[0] == (chunk.text, chunk.reasoning):
+            return [chunk]  # the common case: nothing to change, no copy
+        if not pieces:
+            # Text held back (a possible tag); keep the chunk for its finish/usage/logprob.
+            return [chunk.model_copy(update={"text": ""})]
+        # The first piece keeps the token's identity and logprob, the last its ending.
+        last = len(pieces) - 1
+        return [
+            chunk.model_copy(update={
+                "text": text,
+                "reasoning": reasoning,
+                **({} if i == 0 else {"token_id": None, "logprob": None, "top_logprobs": None}),
+                **({} if i == last else {"finish_reason": None, "usage": None}),
+            })
+            for i, (text, reasoning) in enumerate(pieces)
+        ]
+
+    def _route(self, chunks: list[TokenChunk]) -> list[TokenChunk]:
+        if not self._tool_names:
+            return chunks
+        out = []
+        for chunk in chunks:
+            if chunk.reasoning:
+                out.append(chunk)
+            else:
+                self._held.append(chunk)
+        return out
+
+
+__all__ = ["OutputShaper", "wants_tool_parsing"]

@@ -1,0 +1,301 @@
+"""Model discovery and custom cards: search the hub, add a card from a repo or a local path,
+delete a custom card.
+
+- `GET /models/search?q=` (also `query=`): Hugging Face search, plus a bounded fallback for
+  GGUF file names, which the hub's search does not index: broaden the name's prefix
+  (`card_builder.broadening_prefixes`), read at most `MAX_INSPECTED_REPOS` listings, keep
+  repos holding that exact file, and return the matched path (`matchedFile`) with each.
+- `POST /models/add` `{"modelId": "owner/repo", "ggufFile"?, "revision"?}` builds a card from
+  the repo's metadata (config.json -> MLX card; a GGUF repo -> llama.cpp card pinned to one
+  quant file), `{"path": "/abs/file.gguf" | "/abs/mlx-dir", "modelId"?: "local/..."}` from a
+  local model; either way it submits AddCustomModelCard and answers with the card's modelId.
+- `DELETE /models/custom/{modelId}` submits DeleteCustomModelCard for a custom card.
+
+Hub and disk reads run in threads under a deadline; every failure is a typed ApiError
+rendered by `api.errors` (404 unknown repo, 400 unusable repo or a hub refusal naming
+HF_TOKEN, 502 hub unreachable, 503 no cluster to take the card). The master decides the
+commands (`master.commands`); this module never writes card files itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict
+from pydantic.alias_generators import to_camel
+
+from skulk.api.errors import ApiError, ClusterNotReady, InvalidRequest, NotFound
+from skulk.shared.types.cards import LOCAL_MODEL_PREFIX, ModelCard, is_model_id
+from skulk.shared.types.commands import AddCustomModelCard, DeleteCustomModelCard
+from skulk.shared.types.ids import new_id
+from skulk.store import hub_meta
+from skulk.store.card_builder import (
+    GGUF_HEADER_LIMIT_BYTES,
+    MAX_INSPECTED_REPOS,
+    CardBuildError,
+    GgufTruncated,
+    broadening_prefixes,
+    card_from_config,
+    card_from_gguf,
+    is_filename_query,
+    local_model_id,
+    match_basename,
+    parse_gguf_metadata,
+)
+from skulk.store.downloads import HubSource
+from skulk.store.hub_files import (
+    CONFIG_FILE,
+    RepoFile,
+    SelectionError,
+    choose_gguf_file,
+    is_gguf,
+    is_gguf_repo,
+    select_safetensors,
+    shard_group,
+    shard_info,
+    total_size_bytes,
+)
+
+router = APIRouter()
+
+SEARCH_DEADLINE_S = 30.0
+"""A whole search, fallback included; past it the caller gets a 504 instead of waiting."""
+ADD_DEADLINE_S = 60.0
+"""Reading a repo's metadata (listing, config or GGUF header) to build a card."""
+APPLY_WAIT_S = 10.0
+"""How long `POST /models/add` waits to see the master apply the new card before answering
+(`applied: false` after it: the master may still take it, or the call can be repeated)."""
+RESUBMIT_INTERVAL_S = 1.0
+"""Pause between sends of the same card while it has not shown up in State."""
+APPLY_POLL_S = 0.05
+
+
+class HubUnavailable(ApiError):
+    """The hub could not be reached or failed on its side (network, 5xx)."""
+
+    kind = "upstream"
+    default_code = "hub_unavailable"
+
+
+class Timeout(ApiError):
+    kind = "timeout"
+    default_code = "hub_timeout"
+
+
+def _from_hub_error(exc: hub_meta.HubError) -> ApiError:
+    if exc.kind == "not_found":
+        return NotFound(str(exc), code="hub_not_found")
+    if exc.kind == "unauthorized":
+        return InvalidRequest(f"{exc} (the node's HF_TOKEN is what the hub sees)", code="hub_unauthorized")
+    return HubUnavailable(str(exc))
+
+
+async def _off_loop(fn, deadline_s: float):  # noqa: ANN001, ANN202 - a blocking thunk, its result
+    try:
+        return await asyncio.wait_for(asyncio.to_thread(fn), deadline_s)
+    except TimeoutError:
+        raise Timeout(f"the hub did not answer within {deadline_s:.0f} s") from None
+    except hub_meta.HubError as exc:
+        raise _from_hub_error(exc) from exc
+    except (CardBuildError, SelectionError) as exc:
+        raise InvalidRequest(str(exc), code="unusable_model") from exc
+
+
+# ---------------------------------------------------------------------------------------
+# Search
+# ---------------------------------------------------------------------------------------
+
+
+def _hit_json(hit: hub_meta.SearchHit, matched_file: str | None = None) -> dict[str, Any]:
+    return {
+        "modelId": hit.repo_id,
+        "format": "gguf" if "gguf" in hit.tags else ("safetensors" if "safetensors" in hit.tags else None),
+        "tags": list(hit.tags),
+        "downloads": hit.downloads,
+        "likes": hit.likes,
+        "matchedFile": matched_file,
+    }
+
+
+def _filename_fallback(query: str, hub: HubSource) -> list[dict[str, Any]]:
+    inspected: set[str] = set()
+    results: list[dict[str, Any]] = []
+    for prefix in broadening_prefixes(query):
+        for hit in hub_meta.search(prefix, hub):
+            if hit.repo_id in inspected or len(inspected) >= MAX_INSPECTED_REPOS:
+                continue
+            inspected.add(hit.repo_id)
+            try:
+                listing = hub_meta.repo_listing(hit.repo_id, hub)
+            except hub_meta.HubError:
+                continue  # a private or vanished candidate is simply not a match
+            matched = match_basename(listing.files, query)
+            if matched is not None:
+                results.append(_hit_json(hit, matched))
+        if results or len(inspected) >= MAX_INSPECTED_REPOS:
+            break
+    return results
+
+
+def _search(query: str, limit: int, hub: HubSource) -> dict[str, Any]:
+    results = [_hit_json(hit) for hit in hub_meta.search(query, hub, limit)]
+    fallback = False
+    if not results and is_filename_query(query):
+        results, fallback = _filename_fallback(query, hub)[:limit], True
+    return {"query": query, "results": results, "filenameFallback": fallback}
+
+
+@router.get("/models/search")
+async def search_models(request: Request, q: str | None = None, query: str | None = None, limit: int = 20) -> Any:
+    text = (q if q is not None else query or "").strip()
+    if not text:
+        raise InvalidRequest("Give a search term: GET /models/search?q=llama", param="q", code="missing_required_parameter")
+    if not 1 <= limit <= hub_meta.SEARCH_LIMIT:
+        raise InvalidRequest(f"limit must be between 1 and {hub_meta.SEARCH_LIMIT}", param="limit")
+    hub = HubSource.from_env()
+    return await _off_loop(lambda: _search(text, limit, hub), SEARCH_DEADLINE_S)
+
+
+# ---------------------------------------------------------------------------------------
+# Add
+# ---------------------------------------------------------------------------------------
+
+
+class AddModelBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True)
+    model_id: str | None = None
+    path: str | None = None
+    gguf_file: str | None = None
+    revision: str | None = None
+    name: str | None = None
+
+
+def _gguf_meta(read, source: str) -> dict[str, Any]:  # noqa: ANN001 - read(n) -> first n bytes
+    for size in hub_meta.growing_prefixes(GGUF_HEADER_LIMIT_BYTES):
+        data = read(size)
+        try:
+            return parse_gguf_metadata(data, source)
+        except GgufTruncated:
+            if len(data) < size:  # the file itself ended: it is truncated, not our read
+                raise CardBuildError(source, "the GGUF file ends inside its header") from None
+    raise CardBuildError(source, f"the GGUF header is larger than {GGUF_HEADER_LIMIT_BYTES} bytes")
+
+
+def _card_from_hub(body: AddModelBody, hub: HubSource) -> ModelCard:
+    model_id = body.model_id or ""
+    listing = hub_meta.repo_listing(model_id, hub, body.revision)
+    pin = listing.revision if body.revision else None  # a branch or tag resolves to its commit
+    files = list(listing.files)
+    if is_gguf_repo(files):
+        gguf_file = choose_gguf_file(model_id, files, pinned=body.gguf_file)
+        group = shard_group(model_id, files, gguf_file)
+        meta = _gguf_meta(lambda n: hub_meta.read_prefix(model_id, gguf_file, listing.revision, hub, n),
+                          f"{model_id}/{gguf_file}")
+        return card_from_gguf(model_id, meta, gguf_file, total_size_bytes(files, group), revision=pin, name=body.name)
+    if body.gguf_file is not None:
+        raise CardBuildError(model_id, "ggufFile given, but the repository holds no GGUF files")
+    selected = select_safetensors(model_id, files)
+    config = hub_meta.read_json(model_id, CONFIG_FILE, listing.revision, hub)
+    return card_from_config(model_id, config, total_size_bytes(files, selected), revision=pin, name=body.name)
+
+
+def _local_files(directory: Path) -> list[RepoFile]:
+    return [RepoFile(p.name, p.stat().st_size) for p in sorted(directory.iterdir()) if p.is_file()]
+
+
+def _read_file_prefix(path: Path):  # noqa: ANN202 - read(n) -> bytes
+    def read(size: int) -> bytes:
+        with path.open("rb") as handle:
+            return handle.read(size)
+
+    return read
+
+
+def _card_from_path(body: AddModelBody) -> ModelCard:
+    path = Path(body.path or "")
+    if not path.is_absolute():
+        raise InvalidRequest(f"path {body.path!r} must be absolute", param="path")
+    if not path.exists():
+        raise NotFound(f"{path} does not exist on this node", code="path_not_found")
+    if body.model_id is not None and not body.model_id.startswith(LOCAL_MODEL_PREFIX):
+        raise InvalidRequest(f"a local model's id starts with {LOCAL_MODEL_PREFIX!r}", param="modelId")
+    if path.is_file():
+        if not is_gguf(path.name):
+            raise InvalidRequest("a model file must be a .gguf file (or give an MLX directory)", param="path")
+        info = shard_info(path.name)
+        stem = info[0] if info else path.name[: -len(".gguf")]
+        model_id = body.model_id or local_model_id(stem)
+        group = shard_group(model_id, _local_files(path.parent), path.name)
+        meta = _gguf_meta(_read_file_prefix(path), str(path))
+        return card_from_gguf(model_id, meta, path.name, total_size_bytes(_local_files(path.parent), group),
+                              local_path=str(path.parent), name=body.name)
+    files = _local_files(path)
+    model_id = body.model_id or local_model_id(path.name)
+    if (path / CONFIG_FILE).is_file() and any(f.path.endswith(".safetensors") for f in files):
+        selected = select_safetensors(model_id, files)
+        try:
+            config = json.loads((path / CONFIG_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise CardBuildError(str(path), f"unreadable {CONFIG_FILE}: {exc}") from None
+        return card_from_config(model_id, config, total_size_bytes(files, selected), local_path=str(path),
+                                name=body.name)
+    if is_gguf_repo(files):
+        gguf_file = choose_gguf_file(model_id, files, pinned=body.gguf_file)
+        group = shard_group(model_id, files, gguf_file)
+        meta = _gguf_meta(_read_file_prefix(path / gguf_file), str(path / gguf_file))
+        return card_from_gguf(model_id, meta, gguf_file, total_size_bytes(files, group), local_path=str(path),
+                              name=body.name)
+    raise InvalidRequest(f"{path} holds neither config.json with *.safetensors nor a .gguf file", param="path")
+
+
+async def _submit(request: Request, command) -> None:  # noqa: ANN001
+    try:
+        await request.app.state.skulk.submit_command(command)
+    except Exception as exc:  # noqa: BLE001 - the router's or a missing cluster's error
+        raise ClusterNotReady(f"the card could not reach the master: {exc}") from exc
+
+
+@router.post("/models/add")
+async def add_model(request: Request, body: AddModelBody) -> Any:
+    if body.model_id is None and body.path is None:
+        raise InvalidRequest('Give "modelId" (a Hugging Face repo) or "path" (a local model)', param="modelId")
+    if body.path is None:
+        if not is_model_id(body.model_id or "") or (body.model_id or "").startswith(LOCAL_MODEL_PREFIX):
+            raise InvalidRequest(f"{body.model_id!r} is not a Hugging Face repo id ('owner/name')", param="modelId")
+        if body.gguf_file is not None and (PurePosixPath(body.gguf_file).is_absolute() or not is_gguf(body.gguf_file)):
+            raise InvalidRequest("ggufFile must be a repo-relative path ending in .gguf", param="ggufFile")
+        hub = HubSource.from_env()
+        card = await _off_loop(lambda: _card_from_hub(body, hub), ADD_DEADLINE_S)
+    else:
+        card = await _off_loop(lambda: _card_from_path(body), ADD_DEADLINE_S)
+    context = request.app.state.skulk
+    deadline = time.monotonic() + APPLY_WAIT_S
+    next_submit = 0.0
+    while context.get_cards().get(card.model_id) != card and time.monotonic() < deadline:
+        # Commands are not queued for a master that is still being elected: send again until
+        # the card shows up (the master records an unchanged card only once).
+        if time.monotonic() >= next_submit:
+            await _submit(request, AddCustomModelCard(command_id=new_id(), card=card))
+            next_submit = time.monotonic() + RESUBMIT_INTERVAL_S
+        await asyncio.sleep(APPLY_POLL_S)
+    return {"modelId": card.model_id, "applied": context.get_cards().get(card.model_id) == card,
+            "card": card.to_wire()}
+
+
+# ---------------------------------------------------------------------------------------
+# Delete
+# ---------------------------------------------------------------------------------------
+
+
+@router.delete("/models/custom/{model_id:path}")
+async def delete_custom_model(request: Request, model_id: str) -> Any:
+    state = request.app.state.skulk.get_state()
+    if model_id not in state.custom_cards:
+        raise NotFound(f"no custom card {model_id}; built-in cards cannot be deleted", code="unknown_card")
+    await _submit(request, DeleteCustomModelCard(command_id=new_id(), model_id=model_id))
+    return {"modelId": model_id, "deleting": True}

@@ -1,0 +1,308 @@
+"""Self-healing placements: what the master decides when a placed instance cannot come up.
+
+Two causes, one shape. A worker's pre-spawn memory guard refuses its shard (the
+RefuseInstancePlacement command), or a rank's model download fails terminally (a
+DownloadFailed outcome in State for a node and model of an instance that is not serving
+yet). Either way the master fails the instance's open requests with the reason, tears it
+down (every TaskFailed before the InstanceDeleted, as in `skulk.master.plan`), and
+re-places the model:
+
+- refusal of an original placement (hop 0): one node wider (min_nodes = its width + 1),
+  same sharding, same exclusions, so each node holds a smaller share; when no wider
+  placement exists, straight to the fallback;
+- refusal of a wider re-placement (hop 1), or no wider placement: a single node that is not
+  the refuser (hop 2);
+- refusal at hop 2: terminal. InstanceRepairAbandoned records why (visible in
+  `State.repair_failures`) and nothing is placed, so a chain of refusals is bounded at
+  MAX_REPAIR_HOP and can never oscillate between two refusing nodes;
+- download failure: the same width without the failed node(s); the failed record is reset
+  to pending so it does not condemn later placements touching that node; when no healthy
+  set remains the master stops at the teardown (InstanceRepairAbandoned).
+
+The operator's exclusions stamped on the instance survive every repair; a repair adds the
+node it routed around to them. Telemetry lags a teardown by a few gossip rounds, so the
+re-placement is credited with the memory the torn-down instance's loaded shards held, and the
+shell keeps crediting every deleted instance for CREDIT_GRACE_S (`DeletionCredit`); the
+worker's own guard stays the last-resort check against an over-credit.
+
+Pure: State, cards and telemetry readings in, events out. Ids come from the injected
+`new_id`; time is passed in by the shell. Never reads a clock, never does I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from skulk.master.placement import PlacementError, PlacementRequest, place
+from skulk.shared.memory_estimate import assignment_footprint
+from skulk.shared.types.cards import ModelCard
+from skulk.shared.types.commands import RefuseInstancePlacement
+from skulk.shared.types.common import TERMINAL_TASK_STATUSES
+from skulk.shared.types.events import (
+    DownloadPending,
+    Event,
+    InstanceCreated,
+    InstanceDeleted,
+    InstancePlacementRefused,
+    InstanceRepairAbandoned,
+    TaskFailed,
+)
+from skulk.shared.types.ids import EventId, InstanceId, ModelId, NodeId
+from skulk.shared.types.instances import MAX_REPAIR_HOP, Instance
+from skulk.shared.types.state import DownloadStatusFailed, State
+from skulk.shared.types.telemetry import NodeResources
+
+CREDIT_GRACE_S = 15.0
+"""How long a deleted instance's memory is credited back to placement: three rounds of the
+5 s NodeResources reading, after which the gossiped figure reflects the teardown and a
+genuine shortfall reasserts itself."""
+
+MEMORY_HOLDING_RUNNER_STATES = frozenset({"Loading", "Loaded", "WarmingUp", "Ready", "Running", "ShuttingDown"})
+"""Runner states in which a shard's weights may be resident. Only these are credited back:
+a refused or never-started rank holds nothing, and crediting it would hand the refusing
+node memory it does not have."""
+
+PLACEMENT_REFUSED = "PlacementRefused"
+DOWNLOAD_FAILED = "DownloadFailed"
+"""`error_type` of the TaskFailed events a repair emits."""
+
+SERVING_RUNNER_STATES = frozenset({"Ready", "Running"})
+
+NewId = Callable[[], str]
+
+
+@dataclass(frozen=True)
+class RepairInputs:
+    """What a re-placement reads besides State."""
+
+    new_id: NewId
+    cards: Mapping[str, ModelCard] = field(default_factory=dict)
+    resources: Mapping[NodeId, NodeResources] = field(default_factory=dict)
+    memory_credits: Mapping[NodeId, int] = field(default_factory=dict)
+
+
+# -- memory credit --------------------------------------------------------------------------
+
+
+def held_footprints(state: State, instance: Instance, card: ModelCard | None) -> dict[NodeId, int]:
+    """Admission bytes per node of the instance's shards whose runner may hold memory."""
+    if card is None:
+        return {}
+    held: dict[NodeId, int] = {}
+    for shard in instance.shards:
+        status = state.runners.get(shard.runner_id)
+        if status is not None and status.state in MEMORY_HOLDING_RUNNER_STATES:
+            held[shard.node_id] = held.get(shard.node_id, 0) + assignment_footprint(card, shard).total_bytes
+    return held
+
+
+def merge_credits(*credits: Mapping[NodeId, int]) -> dict[NodeId, int]:
+    merged: dict[NodeId, int] = {}
+    for credit in credits:
+        for node_id, size in credit.items():
+            merged[node_id] = merged.get(node_id, 0) + size
+    return merged
+
+
+@dataclass(frozen=True)
+class DeletionCredit:
+    """Memory a deleted instance held, per node, and when the shell saw it deleted."""
+
+    node_bytes: Mapping[NodeId, int]
+    deleted_at: float
+
+
+def record_deletion(
+    credits: Sequence[DeletionCredit], state_before: State, instance_id: InstanceId,
+    cards: Mapping[str, ModelCard], now: float,
+) -> tuple[DeletionCredit, ...]:
+    """`credits` without expired entries, plus one for `instance_id` (read from the State
+    before its InstanceDeleted applies) when it held any memory."""
+    kept = tuple(c for c in credits if now - c.deleted_at < CREDIT_GRACE_S)
+    instance = state_before.instances.get(instance_id)
+    held = held_footprints(state_before, instance, cards.get(instance.model_id)) if instance else {}
+    return (*kept, DeletionCredit(held, now)) if held else kept
+
+
+def active_credits(credits: Iterable[DeletionCredit], now: float) -> dict[NodeId, int]:
+    """Bytes per node still credited at `now`."""
+    return merge_credits(*(c.node_bytes for c in credits if now - c.deleted_at < CREDIT_GRACE_S))
+
+
+# -- teardown ---------------------------------------------------------------------------------
+
+
+def teardown(state: State, instance: Instance, error_type: str, message: str, new_id: NewId) -> list[Event]:
+    """TaskFailed for every open task of the instance (State's task order), then its
+    InstanceDeleted: the owning API fails each stream before the instance disappears."""
+    failed: list[Event] = [
+        TaskFailed(
+            event_id=EventId(new_id()), task_id=task.task_id, error_type=error_type,
+            error_message=f"{message}; instance {instance.instance_id} is being torn down",
+        )
+        for task in state.tasks.values()
+        if task.instance_id == instance.instance_id and task.status not in TERMINAL_TASK_STATUSES
+    ]
+    return [*failed, InstanceDeleted(event_id=EventId(new_id()), instance_id=instance.instance_id, reason=message)]
+
+
+def _width(instance: Instance) -> int:
+    return len(set(instance.node_ids()))
+
+
+def _replace(
+    instance: Instance, state: State, inputs: RepairInputs, credits: Mapping[NodeId, int],
+    attempts: Sequence[tuple[int, PlacementRequest]],
+) -> Instance | list[str]:
+    """The first attempt that places, stamped with its repair hop; else why each failed."""
+    card = inputs.cards.get(instance.model_id)
+    if card is None:
+        return [f"no model card for {instance.model_id}"]
+    errors: list[str] = []
+    for hop, request in attempts:
+        try:
+            placed = place(card, state, inputs.resources, request, new_id=inputs.new_id, memory_credits=credits)
+        except PlacementError as exc:
+            errors.append(f"hop {hop}: {exc}")
+            continue
+        return placed.model_copy(update={"repair_hop": hop})
+    return errors
+
+
+def _abandoned(instance: Instance, node_id: NodeId | None, hop: int, reason: str, new_id: NewId) -> InstanceRepairAbandoned:
+    return InstanceRepairAbandoned(
+        event_id=EventId(new_id()), model_id=instance.model_id, instance_id=instance.instance_id,
+        node_id=node_id, repair_hop=hop, reason=reason,
+    )
+
+
+# -- a refused shard ----------------------------------------------------------------------------
+
+
+def refusal_attempts(instance: Instance, refuser: NodeId) -> list[tuple[int, PlacementRequest]]:
+    """The re-placements a refusal of `instance` may try, in order, as (hop, request):
+    one node wider from hop 0, then a single node without the refuser; none at the last hop."""
+    excluded = frozenset(instance.excluded_nodes)
+    attempts: list[tuple[int, PlacementRequest]] = []
+    if instance.repair_hop >= MAX_REPAIR_HOP:
+        return attempts
+    if instance.repair_hop == 0:
+        attempts.append((1, PlacementRequest(
+            model_id=instance.model_id, sharding=instance.sharding, min_nodes=_width(instance) + 1,
+            excluded_nodes=excluded,
+        )))
+    attempts.append((MAX_REPAIR_HOP, PlacementRequest(
+        # One rank: pipeline and tensor are the same placement, and pipeline needs no card support.
+        model_id=instance.model_id, sharding="Pipeline", min_nodes=1, max_nodes=1,
+        excluded_nodes=excluded | {refuser},
+    )))
+    return attempts
+
+
+def repair_refused(state: State, instance: Instance, command: RefuseInstancePlacement, inputs: RepairInputs) -> list[Event]:
+    """Refusal recorded, requests failed, instance deleted, then the next hop's placement or
+    InstanceRepairAbandoned. The caller has checked that the instance exists and that the
+    refuser hosts it."""
+    new_id = inputs.new_id
+    reason = f"node {command.node_id} refused its shard of {instance.model_id}: {command.message}"
+    events: list[Event] = [
+        InstancePlacementRefused(
+            event_id=EventId(new_id()), instance_id=instance.instance_id, node_id=command.node_id,
+            needed_bytes=command.needed_bytes, available_bytes=command.available_bytes, message=command.message,
+        ),
+        *teardown(state, instance, PLACEMENT_REFUSED, reason, new_id),
+    ]
+    attempts = refusal_attempts(instance, command.node_id)
+    if not attempts:
+        events.append(_abandoned(
+            instance, command.node_id, instance.repair_hop,
+            f"{reason}; refused at repair hop {instance.repair_hop}, the last: giving up", new_id,
+        ))
+        return events
+    held = held_footprints(state, instance, inputs.cards.get(instance.model_id))
+    held.pop(command.node_id, None)  # the refuser never loaded its shard
+    outcome = _replace(instance, state, inputs, merge_credits(inputs.memory_credits, held), attempts)
+    if isinstance(outcome, Instance):
+        excluded = sorted({*outcome.excluded_nodes, *instance.excluded_nodes})
+        events.append(InstanceCreated(event_id=EventId(new_id()), instance=outcome.model_copy(update={"excluded_nodes": excluded})))
+    else:
+        events.append(_abandoned(
+            instance, command.node_id, instance.repair_hop,
+            f"{reason}; no re-placement: {'; '.join(outcome)}", new_id,
+        ))
+    return events
+
+
+# -- a failed download --------------------------------------------------------------------------
+
+
+def is_serving(state: State, instance: Instance) -> bool:
+    return all((s := state.runners.get(r)) is not None and s.state in SERVING_RUNNER_STATES for r in instance.runner_ids())
+
+
+def failed_downloads(state: State, instance: Instance) -> dict[NodeId, str]:
+    """Hosting nodes whose download of the instance's model failed terminally, with why."""
+    failed: dict[NodeId, str] = {}
+    for node_id in sorted(set(instance.node_ids())):
+        status = state.downloads.get(node_id, {}).get(instance.model_id)
+        if isinstance(status, DownloadStatusFailed):
+            failed[node_id] = status.error_message
+    return failed
+
+
+def repair_failed_download(state: State, inputs: RepairInputs) -> list[Event] | None:
+    """For the first instance (id order) that is not serving and has a rank whose download
+    failed: fail its requests with the download error, delete it, reset the failed records
+    to pending, and re-place it at the same width without the failed node(s). None when no
+    instance needs it."""
+    new_id = inputs.new_id
+    for _, instance in sorted(state.instances.items()):
+        if is_serving(state, instance):
+            continue
+        failed = failed_downloads(state, instance)
+        if not failed:
+            continue
+        reason = "; ".join(f"download of {instance.model_id} on node {n} failed: {why}" for n, why in failed.items())
+        events: list[Event] = teardown(state, instance, DOWNLOAD_FAILED, reason, new_id)
+        events += [
+            DownloadPending(event_id=EventId(new_id()), node_id=node_id, model_id=ModelId(instance.model_id),
+                            attempt_id=new_id())
+            for node_id in failed
+        ]
+        width = _width(instance)
+        request = PlacementRequest(
+            model_id=instance.model_id, sharding=instance.sharding, min_nodes=width, max_nodes=width,
+            excluded_nodes=frozenset(instance.excluded_nodes) | frozenset(failed),
+        )
+        held = held_footprints(state, instance, inputs.cards.get(instance.model_id))
+        outcome = _replace(instance, state, inputs, merge_credits(inputs.memory_credits, held),
+                           [(instance.repair_hop, request)])
+        if isinstance(outcome, Instance):
+            events.append(InstanceCreated(event_id=EventId(new_id()), instance=outcome))
+        else:
+            blamed = next(iter(failed)) if len(failed) == 1 else None
+            events.append(_abandoned(instance, blamed, instance.repair_hop,
+                                     f"{reason}; no healthy placement: {'; '.join(outcome)}", new_id))
+        return events
+    return None
+
+
+__all__ = [
+    "CREDIT_GRACE_S",
+    "DOWNLOAD_FAILED",
+    "MEMORY_HOLDING_RUNNER_STATES",
+    "PLACEMENT_REFUSED",
+    "DeletionCredit",
+    "RepairInputs",
+    "active_credits",
+    "failed_downloads",
+    "held_footprints",
+    "is_serving",
+    "merge_credits",
+    "record_deletion",
+    "refusal_attempts",
+    "repair_failed_download",
+    "repair_refused",
+    "teardown",
+]

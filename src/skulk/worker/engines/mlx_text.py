@@ -1,0 +1,114 @@
+"""Text in and out of an HF tokenizer, in the shape the shared streaming helpers want.
+
+The base helpers reassemble UTF-8 from the *bytes* of each token, so a character split
+across tokens is released whole. HF tokenizers decode ids to str, which turns half a
+character into U+FFFD; `token_bytes_table` therefore maps every id to its raw bytes once, at
+load, from the vocabulary itself: byte-level BPE (GPT-2/Llama-3/Qwen) through the inverse of
+its byte-to-character alphabet, SentencePiece through its '▁' and '<0xNN>' conventions.
+Special tokens map to no bytes: they are control, not text (as llama.cpp detokenizes them).
+
+`prompt_tokens` renders chat messages with the tokenizer's own chat template, or takes a raw
+prompt, and adds BOS once, only if the tokenizer wants it and the text did not start with it.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from skulk.shared.types.tasks import TextGenerationParams
+from skulk.worker.engines.base import ChatTemplateMissing
+
+_SPM_BYTE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+
+def byte_level_alphabet() -> dict[str, int]:
+    """Byte-level BPE's printable stand-in character for each byte, inverted: printable
+    Latin-1 bytes stand for themselves; the other 68 bytes map, in byte order, to U+0100..."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    chars: dict[str, int] = {chr(b): b for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+def _decoder_kind(tokenizer: Any) -> str:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    decoder = getattr(backend, "decoder", None)
+    name = type(decoder).__name__ if decoder is not None else ""
+    if name == "ByteLevel":
+        return "byte_level"
+    if "Metaspace" in repr(decoder) or "ByteFallback" in repr(decoder):
+        return "sentencepiece"
+    return "decode"
+
+
+def token_bytes_table(tokenizer: Any) -> list[bytes]:
+    """Raw bytes of every token id (index = id)."""
+    hf = getattr(tokenizer, "_tokenizer", tokenizer)  # mlx-lm's TokenizerWrapper wraps the HF one
+    size = len(hf)
+    special = set(getattr(hf, "all_special_ids", []))
+    special.update(i for i, t in getattr(hf, "added_tokens_decoder", {}).items() if getattr(t, "special", False))
+    pieces = hf.convert_ids_to_tokens(list(range(size)))
+    kind = _decoder_kind(hf)
+    alphabet = byte_level_alphabet() if kind == "byte_level" else {}
+    table: list[bytes] = []
+    for token_id, piece in enumerate(pieces):
+        if token_id in special or piece is None:
+            table.append(b"")
+        elif kind == "byte_level":
+            try:
+                table.append(bytes(alphabet[c] for c in piece))
+            except KeyError:  # an added (non-special) token stored as plain text
+                table.append(piece.encode("utf-8"))
+        elif kind == "sentencepiece":
+            match = _SPM_BYTE.match(piece)
+            table.append(bytes([int(match.group(1), 16)]) if match else piece.replace("\u2581", " ").encode("utf-8"))
+        else:
+            table.append(hf.decode([token_id]).encode("utf-8"))
+    return table
+
+
+def chat_messages(request: TextGenerationParams) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for message in request.messages:
+        entry: dict[str, Any] = {"role": message.role, "content": message.content or ""}
+        if message.name is not None:
+            entry["name"] = message.name
+        if message.tool_calls:
+            entry["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in message.tool_calls
+            ]
+        if message.tool_call_id is not None:
+            entry["tool_call_id"] = message.tool_call_id
+        out.append(entry)
+    return out
+
+
+def prompt_tokens(tokenizer: Any, request: TextGenerationParams) -> list[int]:
+    """The exact ids the model sees for `request`."""
+    if request.prompt is not None:
+        text = request.prompt
+    else:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ChatTemplateMissing("this model has no chat template; send a raw `prompt` instead of `messages`")
+        tools = [
+            {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
+            for t in request.tools
+        ] or None
+        text = tokenizer.apply_chat_template(
+            chat_messages(request), tools=tools, add_generation_prompt=True, tokenize=False
+        )
+    tokens = list(tokenizer.encode(text, add_special_tokens=False))
+    bos = getattr(tokenizer, "bos_token_id", None)
+    wants_bos = bos is not None and bos in tokenizer.encode("", add_special_tokens=True)
+    if wants_bos and (not tokens or tokens[0] != bos):
+        tokens.insert(0, bos)
+    return tokens
+
+
+__all__ = ["byte_level_alphabet", "chat_messages", "prompt_tokens", "token_bytes_table"]

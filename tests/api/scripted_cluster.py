@@ -1,0 +1,84 @@
+"""A scripted cluster for API tests that drive the app with the official SDKs in-process:
+`submit_command` plays the master and a rank-0 runner, answering GenerateText with the
+TokenChunks a test chose (e.g. a model's tool-call text, which the tiny test model cannot be
+made to write) and Embed with an EmbeddingChunk."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+
+from skulk.api.app import ApiContext, create_app
+from skulk.shared.codec import pack
+from skulk.api.streams import CommandStreams
+from skulk.shared.types.chunks import EmbeddingChunk, StreamPayload, StreamStarted, StreamTerminal, TokenChunk
+from skulk.shared.types.commands import Embed, GenerateText
+from skulk.shared.types.common import Usage
+from tests.api.test_openai_routes import STATE
+
+USAGE = Usage(prompt_tokens=7, completion_tokens=3, total_tokens=10)
+
+
+class ScriptedCluster:
+    def __init__(self, streams: CommandStreams, texts=(), *, finish="stop", logprobs=False,
+                 vectors=None, fail: tuple[str, str] | None = None) -> None:
+        self.streams = streams
+        self.texts = list(texts)
+        self.finish = finish
+        self.logprobs = logprobs
+        self.vectors = vectors or []
+        self.fail = fail
+        self.commands: list = []
+        self._tasks: list[asyncio.Task] = []
+
+    async def submit(self, command) -> None:
+        pack(command)  # what the real transport does first: a command that cannot be framed fails here
+        self.commands.append(command)
+        if isinstance(command, (GenerateText, Embed)):
+            self._tasks.append(asyncio.create_task(self._run(command)))
+
+    def params(self, kind=GenerateText):
+        return next(c for c in self.commands if isinstance(c, kind)).params
+
+    def _chunks(self, command) -> list:
+        cid = command.command_id
+        if isinstance(command, Embed):
+            tokens = sum(len(item.split()) if isinstance(item, str) else len(item)
+                         for item in command.params.embedding_inputs)
+            return [EmbeddingChunk(command_id=cid, embeddings=self.vectors,
+                                   usage=Usage(prompt_tokens=tokens, total_tokens=tokens))]
+        last = len(self.texts) - 1
+        return [
+            TokenChunk(command_id=cid, text=text, token_id=i,
+                       logprob=-0.25 if self.logprobs else None,
+                       top_logprobs=[{"token": text, "logprob": -0.25, "token_id": i}] if self.logprobs else None,
+                       finish_reason=self.finish if i == last else None, usage=USAGE if i == last else None)
+            for i, text in enumerate(self.texts)
+        ]
+
+    async def _run(self, command) -> None:
+        cid = command.command_id
+        self.streams.deliver(StreamStarted(command_id=cid, runner_id="r1"))
+        chunks = [] if self.fail else self._chunks(command)
+        for seq, chunk in enumerate(chunks, start=1):
+            await asyncio.sleep(0)
+            self.streams.deliver(StreamPayload(command_id=cid, seq=seq, chunk=chunk))
+        end = len(chunks) + 1
+        if self.fail:
+            self.streams.deliver(StreamTerminal(command_id=cid, seq=end, outcome="failed",
+                                                error_type=self.fail[0], error_message=self.fail[1]))
+        else:
+            self.streams.deliver(StreamTerminal(command_id=cid, seq=end, outcome="completed"))
+
+
+def scripted_app(texts=(), *, context_fields=None, **kwargs):
+    streams = CommandStreams()
+    cluster = ScriptedCluster(streams, texts, **kwargs)
+    context = ApiContext(node_id="n1", node_name="one", get_state=lambda: STATE, get_master=lambda: ("n1", "s1"),
+                         submit_command=cluster.submit, streams=streams, **(context_fields or {}))
+    return create_app(context), cluster
+
+
+def asgi_http(app) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://skulk")

@@ -1,0 +1,58 @@
+"""Placement routes show the capacity planner's outputs: `GET /instance/previews` per
+feasible placement and `GET /models` per placed instance (plus an abandoned repair)."""
+
+from __future__ import annotations
+
+import itertools
+
+from fastapi.testclient import TestClient
+
+from skulk.api.app import ApiContext, create_app
+from skulk.master.placement import PlacementRequest, place
+from skulk.shared.types.state import NodeInfo, RepairFailure, State
+from skulk.shared.types.telemetry import DiskReading, MemoryReading, NodeResources
+from skulk.store.cards import builtin_cards_dir, resolve_cards
+
+CARDS = resolve_cards(builtin_cards_dir(), None).cards
+MODEL = "mlx-community/Llama-3.2-1B-Instruct-4bit"
+GB = 10**9
+RESOURCES = {
+    "a": NodeResources(
+        node_id="a", node_name="a", version="0",
+        memory=MemoryReading(ram_total_bytes=8 * GB, ram_available_bytes=4 * GB),
+        disk=DiskReading(models_dir="/m", total_bytes=10**12, free_bytes=10**12), backends=["mlx", "mlx-cpu"],
+    )
+}
+MEMBERS = State(nodes={"a": NodeInfo(node_id="a", node_name="a", version="0")})
+
+
+def client(state: State) -> TestClient:
+    context = ApiContext(node_id="a", node_name="a", get_state=lambda: state, get_cards=lambda: CARDS,
+                         get_resources=lambda: RESOURCES)
+    return TestClient(create_app(context))
+
+
+def test_previews_carry_the_planners_outputs():
+    body = client(MEMBERS).get(f"/instance/previews?modelId={MODEL}").json()
+    (option,) = [p for p in body["previews"] if p["sharding"] == "Pipeline"]
+    capacity = option["capacity"]
+    assert option["contextTokenLimit"] == capacity["effectiveContextTokens"]
+    assert capacity["hotKvTokens"] >= capacity["effectiveContextTokens"] > 8192
+    assert (capacity["gpuLayers"], capacity["numLayers"]) == (16, 16)
+    assert capacity["shards"][0]["deviceKind"] == "ram"
+
+
+def test_models_list_placed_instances_with_capacity_and_abandoned_repairs():
+    counter = itertools.count()
+    instance = place(CARDS[MODEL], MEMBERS, RESOURCES, PlacementRequest(model_id=MODEL),
+                     new_id=lambda: f"id{next(counter)}")
+    failure = RepairFailure(instance_id="old", node_id="b", repair_hop=2, reason="refused at the last hop")
+    state = MEMBERS.model_copy(update={"instances": {instance.instance_id: instance},
+                                       "repair_failures": {"local/tiny-llama": failure}})
+    models = {m["modelId"]: m for m in client(state).get("/models").json()["models"]}
+    (placed,) = models[MODEL]["instances"]
+    assert placed["contextTokenLimit"] == instance.context_token_limit
+    assert placed["capacity"]["effectiveContextTokens"] == instance.capacity.effective_context_tokens
+    assert placed["nodeIds"] == ["a"] and placed["repairHop"] == 0
+    assert models["local/tiny-llama"]["repairFailure"]["reason"] == "refused at the last hop"
+    assert "instances" not in models["local/tiny-llama"]

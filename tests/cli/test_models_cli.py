@@ -1,0 +1,57 @@
+"""`skulk models pull|rm|list` against the mock hub (HF_ENDPOINT), through typer's runner."""
+
+from __future__ import annotations
+
+from typer.testing import CliRunner
+
+from skulk.cli import app
+from skulk.store.cards import write_custom_card
+from tests.mockhub import (
+    GGUF_FILE,
+    TINY_GGUF_REPO,
+    hub_card,
+    mock_hub,  # noqa: F401 - fixture
+    tiny_artifacts,  # noqa: F401 - fixture
+)
+
+
+def _invoke(*args: str):
+    return CliRunner().invoke(app, list(args), catch_exceptions=False, env={"COLUMNS": "240"})
+
+
+def test_pull_downloads_with_progress_then_rm_deletes(mock_hub, tmp_path):
+    data_dir = tmp_path / "node"
+    write_custom_card(data_dir / "custom_model_cards", hub_card(TINY_GGUF_REPO, gguf_file=GGUF_FILE))
+
+    pulled = _invoke("models", "pull", TINY_GGUF_REPO, "--data-dir", str(data_dir))
+    assert pulled.exit_code == 0, pulled.output
+    target = data_dir / "models" / "mock-org--tiny-llama-GGUF" / GGUF_FILE
+    assert str(target) in pulled.stdout
+    assert target.is_file()
+    assert "5.3/5.3 MB" in pulled.stderr  # the progress bar's final state: every byte
+
+    listed = _invoke("models", "list", "--data-dir", str(data_dir))
+    assert listed.exit_code == 0 and TINY_GGUF_REPO in listed.stdout
+    row = next(line for line in listed.stdout.splitlines() if TINY_GGUF_REPO in line)
+    assert "yes" in row
+
+    removed = _invoke("models", "rm", TINY_GGUF_REPO, "--data-dir", str(data_dir))
+    assert removed.exit_code == 0, removed.output
+    assert not target.parent.exists()
+    row = next(line for line in _invoke("models", "list", "--data-dir", str(data_dir)).stdout.splitlines()
+               if TINY_GGUF_REPO in line)
+    assert " no " in row
+    again = _invoke("models", "rm", TINY_GGUF_REPO, "--data-dir", str(data_dir))
+    assert again.exit_code == 1 and "no local copy" in again.stderr
+
+
+def test_pull_failures_exit_with_the_reason(mock_hub, tmp_path):
+    data_dir = tmp_path / "node"
+    write_custom_card(data_dir / "custom_model_cards", hub_card("mock-org/gone"))
+
+    missing_card = _invoke("models", "pull", "mock-org/no-card", "--data-dir", str(data_dir))
+    assert missing_card.exit_code == 2 and "no model card" in missing_card.stderr
+
+    missing_repo = _invoke("models", "pull", "mock-org/gone", "--data-dir", str(data_dir))
+    assert missing_repo.exit_code == 1
+    assert "not_found" in missing_repo.stderr and "does not exist" in missing_repo.stderr

@@ -1,0 +1,191 @@
+"""llama.cpp engine features beyond plain text: embeddings, logprobs, tool rendering. Runs
+against the generated tiny GGUF model."""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import numpy as np
+import pytest
+
+from skulk.shared.types.common import ChatMessage, ToolCall, ToolSpec
+from skulk.shared.types.ids import ModelId
+from skulk.worker.engines.base import GeneratedToken, PromptTooLong
+from skulk.worker.engines.llama_cpp import (
+    InvalidDimensions,
+    ScoredToken,
+    log_softmax_at,
+    normalise,
+)
+from skulk.shared.types.tasks import TextGenerationParams
+from tests.worker.engines.test_llama_cpp import PROMPT, load_engine
+from tests.worker.tiny_gguf import TINY_GGUF_MODEL_ID, prompt_params, tiny_gguf  # noqa: F401
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_gguf):  # noqa: F811
+    engine = load_engine(tiny_gguf)
+    engine.warm_up()
+    yield engine
+    engine.close()
+
+
+def run(engine, params):
+    return list(engine.generate(params, threading.Event()))
+
+
+# -- pure helpers ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("top", [0, 1, 3])
+def test_log_softmax_matches_the_definition(top):
+    logits = np.array([1.0, 3.0, -2.0, 0.5], dtype=np.float32)
+    expected = logits - math.log(sum(math.exp(x) for x in logits))
+    chosen, best = log_softmax_at(logits, 2, top)
+    assert chosen == pytest.approx(expected[2], abs=1e-5)
+    assert [i for i, _ in best] == [1, 0, 3][:top]
+    assert [lp for _, lp in best] == pytest.approx([expected[i] for i in [1, 0, 3][:top]], abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("vector", "dimensions", "expected"),
+    [
+        ([3.0, 4.0], None, [0.6, 0.8]),
+        ([3.0, 4.0, 12.0], 2, [0.6, 0.8]),
+        ([0.0, 0.0], None, [0.0, 0.0]),
+    ],
+)
+def test_normalise(vector, dimensions, expected):
+    assert normalise(np.array(vector), dimensions) == pytest.approx(expected)
+
+
+def test_normalise_refuses_more_dimensions_than_the_model_has():
+    with pytest.raises(InvalidDimensions):
+        normalise(np.array([1.0, 2.0]), 3)
+
+
+# -- embeddings -----------------------------------------------------------------------
+
+
+def test_embeddings_are_unit_length_deterministic_and_distinct(engine):
+    vectors, tokens = engine.embed(["hello world", "a sentence about cats", "hello world"])
+    assert len(vectors) == 3 and tokens > 0
+    width = len(vectors[0])
+    assert width == engine.llama.n_embd()
+    for vector in vectors:
+        assert len(vector) == width and math.isclose(float(np.linalg.norm(vector)), 1.0, rel_tol=1e-6)
+    assert vectors[0] == pytest.approx(vectors[2], abs=1e-6)
+    assert float(np.dot(vectors[0], vectors[1])) < 0.999
+
+
+def test_embedding_does_not_depend_on_what_ran_before(engine):
+    (before,), _ = engine.embed(["the same text"])
+    run(engine, prompt_params(PROMPT, temperature=0, max_tokens=5))
+    engine.embed(["something else first"])
+    (after,), _ = engine.embed(["the same text"])
+    assert before == pytest.approx(after, abs=1e-6)
+
+
+def test_generation_after_embedding_is_unchanged(engine):
+    params = prompt_params(PROMPT, temperature=0, max_tokens=8)
+    reference = [t.token_id for t in run(engine, params)]
+    engine.embed(["interleaved embedding"])
+    assert [t.token_id for t in run(engine, params)] == reference
+
+
+def test_embedding_dimensions_truncate_and_renormalise(engine):
+    (full,), _ = engine.embed(["hello world"])
+    (short,), _ = engine.embed(["hello world"], dimensions=16)
+    assert len(short) == 16
+    assert math.isclose(float(np.linalg.norm(short)), 1.0, rel_tol=1e-6)
+    expected = np.array(full[:16]) / np.linalg.norm(full[:16])
+    assert short == pytest.approx(expected.tolist(), abs=1e-6)
+
+
+def test_embedding_longer_than_a_batch_and_too_long_for_the_context(engine):
+    text = "the " * 700  # > n_batch (512) tokens, < the 2048 context
+    vectors, tokens = engine.embed([text])
+    assert tokens > engine.llama.n_batch and len(vectors[0]) == engine.llama.n_embd()
+    with pytest.raises(PromptTooLong):
+        engine.embed(["the " * 3000])
+    assert engine.in_flight == 0
+
+
+# -- logprobs -------------------------------------------------------------------------
+
+
+def test_without_logprobs_tokens_are_plain(engine):
+    tokens = run(engine, prompt_params(PROMPT, temperature=0, max_tokens=3))
+    assert all(type(t) is GeneratedToken for t in tokens)
+
+
+def test_greedy_logprobs_name_the_sampled_token_as_most_likely(engine):
+    plain = run(engine, prompt_params(PROMPT, temperature=0, max_tokens=6))
+    scored = run(engine, prompt_params(PROMPT, temperature=0, max_tokens=6, logprobs=True, top_logprobs=3))
+    assert [t.token_id for t in scored] == [t.token_id for t in plain]  # logprobs change nothing sampled
+    for token in scored:
+        assert isinstance(token, ScoredToken)
+        assert token.logprob is not None and token.logprob <= 0
+        assert len(token.top_logprobs) == 3
+        assert token.top_logprobs[0].token_id == token.token_id
+        assert token.top_logprobs[0].logprob == pytest.approx(token.logprob)
+        assert [t.logprob for t in token.top_logprobs] == sorted((t.logprob for t in token.top_logprobs), reverse=True)
+    assert scored[-1].finish_reason == "length"
+
+
+def test_logprobs_without_top_alternatives(engine):
+    scored = run(engine, prompt_params(PROMPT, temperature=0, max_tokens=2, logprobs=True))
+    assert all(t.top_logprobs == [] and t.logprob <= 0 for t in scored)
+
+
+# -- tools through the chat template --------------------------------------------------
+
+
+def test_tools_and_tool_turns_render_through_the_chat_template(engine):
+    params = TextGenerationParams(
+        model_id=ModelId(TINY_GGUF_MODEL_ID),
+        messages=[
+            ChatMessage(role="user", content="Weather in Paris?"),
+            ChatMessage(role="assistant", tool_calls=[ToolCall(id="call_1", name="get_weather",
+                                                               arguments='{"city": "Paris"}')]),
+            ChatMessage(role="tool", content="sunny, 21C", tool_call_id="call_1"),
+        ],
+        tools=[ToolSpec(name="get_weather", description="Current weather for a city",
+                        parameters={"type": "object", "properties": {"city": {"type": "string"}}})],
+        max_tokens=4, temperature=0,
+    )
+    rendered = engine.render_chat(params)
+    assert "sunny, 21C" in rendered
+    tokens = run(engine, params)
+    assert tokens[-1].finish_reason == "length"
+
+
+# -- a template that opens the think block ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("rendered", "opens"),
+    [("...<|Assistant|><think>\n", True), ("<|assistant|>\n", False), ("<think>x</think>\n", False), ("", False)],
+)
+def test_opens_reasoning(rendered, opens):
+    from skulk.worker.engines.llama_cpp import opens_reasoning
+
+    assert opens_reasoning(rendered) is opens
+
+
+def test_output_of_a_template_opened_think_block_starts_with_the_tag(engine, monkeypatch):
+    params = TextGenerationParams(model_id=ModelId(TINY_GGUF_MODEL_ID), messages=[ChatMessage(role="user", content="hi")],
+                                  max_tokens=3, temperature=0)
+    plain = run(engine, params)
+    rendered = engine.render_chat(params)
+    monkeypatch.setattr(engine, "render_chat", lambda request: rendered + "<think>\n")
+    tokens = run(engine, params)
+    assert tokens[0].text == "<think>" and tokens[0].token_id is None
+    assert len(tokens) == 4 and tokens[-1].usage.completion_tokens == 3
+    # Raw prompts never get it: the caller wrote the prompt and reads the output raw.
+    raw = run(engine, prompt_params("x<think>", temperature=0, max_tokens=2))
+    assert raw[0].token_id is not None
+    assert len(plain) == 3

@@ -1,0 +1,510 @@
+"""The MLX engine on the generated tiny Llama: one rank in-process, and pipeline and tensor
+groups of real rank processes on loopback, all decoding exactly the tokens one rank does.
+
+The reference is mlx-lm's own `generate_step` on the unsharded model, which
+tests/store/test_tiny_models.py holds equal to llama.cpp's greedy tokens."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from skulk.shared.types.common import ChatMessage
+from skulk.shared.types.ids import InstanceId, ModelId, NodeId, RunnerId
+from skulk.shared.types.instances import Instance, ShardAssignment
+from skulk.shared.types.tasks import TextGenerationParams
+from skulk.store.cards import builtin_cards_dir, load_card
+from skulk.worker.engines.base import EngineNotLoaded, GeneratedToken, ModelLoadFailed, PromptTooLong, ShardSpec
+from skulk.worker.engines.mlx_engine import MlxEngine
+from skulk.worker.engines.mlx_group import (
+    GROUP_CONNECT_DEADLINE_ENV,
+    LOOPBACK_HOST,
+    MAX_RING_WORLD,
+    OP_BEGIN,
+    OP_STEP,
+    EvalWatchdog,
+    GroupFormationFailed,
+    Header,
+    derived_port_block,
+    hostfile_json,
+    ring_addresses,
+    seconds_from_env,
+)
+from skulk.worker.engines.mlx_pipeline import StageRole, check_layer_range, stage_role
+from skulk.worker.engines.mlx_sampling import DEFAULT_TEMPERATURE, resolve_sampling
+from skulk.worker.engines.mlx_tensor import tensor_split_error
+from skulk.worker.engines.mlx_text import byte_level_alphabet
+from tests.worker.engines.mlx_ranks import local_instance, run_group, run_tensor_logits
+
+pytestmark = pytest.mark.timeout(120)
+
+CARD = load_card(builtin_cards_dir() / "local--tiny-llama.toml")
+MODEL = ModelId(CARD.model_id)
+PROMPTS = ("The cluster by the sea", "What is a node?", "It rained again on Thursday and the")
+DECODE_TOKENS = 24
+
+
+def params(prompt: str, **kwargs) -> TextGenerationParams:
+    return TextGenerationParams(model_id=MODEL, prompt=prompt, **kwargs)
+
+
+def greedy(prompt: str, max_tokens: int = DECODE_TOKENS) -> TextGenerationParams:
+    return params(prompt, max_tokens=max_tokens, temperature=0)
+
+
+GROUP_REQUESTS = [
+    *(greedy(p) for p in PROMPTS),
+    TextGenerationParams(
+        model_id=MODEL, messages=[ChatMessage(role="user", content="Hello there")], max_tokens=12,
+        temperature=0.9, top_p=0.9, seed=7,
+    ),
+]
+"""What every group test decodes: greedy prompts plus one seeded, sampled chat request."""
+
+
+@pytest.fixture(scope="session")
+def tiny_hf(tmp_path_factory) -> Path:
+    from skulk.store.tiny_models import ensure_local_model
+
+    path = ensure_local_model(CARD, tmp_path_factory.mktemp("mlx-models"))
+    assert (path / "config.json").is_file(), path
+    return path
+
+
+def spec_for(instance: Instance, model_path: Path, rank: int = 0) -> ShardSpec:
+    return ShardSpec(instance=instance, runner_id=instance.shards[rank].runner_id, card=CARD, model_path=str(model_path))
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_hf):
+    engine = MlxEngine()
+    engine.load(spec_for(local_instance(CARD, 1), tiny_hf))
+    engine.warm_up()
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_hf) -> dict[str, list[int]]:
+    """mlx-lm's own greedy decode of the whole model, per prompt."""
+    import mlx.core as mx
+    from mlx_lm import load
+    from mlx_lm.generate import generate_step
+
+    model, tokenizer = load(str(tiny_hf))
+    return {
+        prompt: [int(t) for t, _ in generate_step(mx.array(tokenizer.encode(prompt)), model, max_tokens=DECODE_TOKENS)]
+        for prompt in PROMPTS
+    }
+
+
+@pytest.fixture(scope="module")
+def one_rank_tokens(engine) -> list[list[int]]:
+    return [ids(run(engine, request)) for request in GROUP_REQUESTS]
+
+
+def run(engine: MlxEngine, request: TextGenerationParams, cancelled: threading.Event | None = None) -> list[GeneratedToken]:
+    return list(engine.generate(request, cancelled or threading.Event()))
+
+
+def ids(tokens: list[GeneratedToken]) -> list[int]:
+    return [t.token_id for t in tokens if t.token_id is not None]
+
+
+# ---------------------------------------------------------------------------------------
+# Pure decisions
+# ---------------------------------------------------------------------------------------
+
+
+def shard(rank: int, world: int, start: int = 0, end: int = 6, node: str = "n0") -> ShardAssignment:
+    return ShardAssignment(node_id=NodeId(node), runner_id=RunnerId(f"r{rank}"), rank=rank, world_size=world,
+                           start_layer=start, end_layer=end, backend="mlx-cpu")
+
+
+def instance_of(nodes: list[str], ring_hosts: list[str] | None = None, instance_id: str = "i-1", hop: int = 0) -> Instance:
+    world = len(nodes)
+    return Instance(
+        instance_id=InstanceId(instance_id), model_id=MODEL, sharding="Pipeline",
+        shards=[shard(r, world, r, r + 1, node) for r, node in enumerate(nodes)],
+        context_token_limit=64, ring_hosts=ring_hosts or [], repair_hop=hop,
+    )
+
+
+@pytest.mark.parametrize(
+    ("nodes", "ring_hosts", "expected"),
+    [
+        (["a"], [], []),
+        (["a", "b"], ["10.0.0.1:5000", "10.0.0.2:5001"], ["10.0.0.1:5000", "10.0.0.2:5001"]),
+        (["a", "b"], ["10.0.0.1", "10.0.0.2"], ["10.0.0.1:{b}", "10.0.0.2:{b1}"]),
+        (["a", "a", "a"], [], [f"{LOOPBACK_HOST}:{{b}}", f"{LOOPBACK_HOST}:{{b1}}", f"{LOOPBACK_HOST}:{{b2}}"]),
+        (["a", "b"], ["[fe80::1]:7000", "[fe80::2]:7000"], ["fe80::1:7000", "fe80::2:7000"]),
+    ],
+)
+def test_ring_addresses(nodes, ring_hosts, expected) -> None:
+    instance = instance_of(nodes, ring_hosts)
+    b = derived_port_block(instance)
+    assert ring_addresses(instance) == [e.format(b=b, b1=b + 1, b2=b + 2) for e in expected]
+
+
+@pytest.mark.parametrize(
+    ("nodes", "ring_hosts", "match"),
+    [
+        (["a", "b"], [], "no ring_hosts"),
+        (["a", "b"], ["10.0.0.1:5000"], "2 ranks"),
+        (["a", "b"], ["10.0.0.1:5000", "10.0.0.1:5000"], "not distinct"),
+    ],
+)
+def test_ring_addresses_refuse_what_cannot_form(nodes, ring_hosts, match) -> None:
+    with pytest.raises(GroupFormationFailed, match=match):
+        ring_addresses(instance_of(nodes, ring_hosts))
+
+
+def test_every_placement_draws_a_fresh_port_block_every_rank_agrees_on() -> None:
+    first = instance_of(["a", "a"], instance_id="i-1")
+    assert derived_port_block(first) == derived_port_block(instance_of(["a", "a"], instance_id="i-1"))
+    assert derived_port_block(first) != derived_port_block(instance_of(["a", "a"], instance_id="i-2"))
+    assert derived_port_block(first) != derived_port_block(instance_of(["a", "a"], instance_id="i-1", hop=1))
+    assert derived_port_block(first) % MAX_RING_WORLD == 0
+
+
+def test_hostfile_is_one_address_list_per_rank() -> None:
+    assert hostfile_json(["127.0.0.1:1", "127.0.0.1:2"]) == '[["127.0.0.1:1"], ["127.0.0.1:2"]]'
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"), [(None, 5.0), ("", 5.0), ("2.5", 2.5), ("x", 5.0), ("-1", 5.0), ("0", 5.0)]
+)
+def test_seconds_from_env(raw, expected) -> None:
+    env = {} if raw is None else {"S": raw}
+    assert seconds_from_env(env, "S", 5.0) == expected
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        Header(OP_BEGIN, seed=123456789, temperature=0.7, top_p=0.9, top_k=40),
+        Header(OP_STEP, n_tokens=512, sample=False, tokens_follow=True),
+        Header(OP_STEP, n_tokens=1, sample=True),
+    ],
+)
+def test_header_round_trips_exactly(header: Header) -> None:
+    import struct
+
+    decoded = Header.decode(header.encode())
+    f32 = lambda v: struct.unpack("<f", struct.pack("<f", v))[0]  # noqa: E731
+    assert decoded == Header(header.op, header.n_tokens, header.sample, header.tokens_follow, header.seed,
+                             f32(header.temperature), f32(header.top_p), header.top_k)
+
+
+@pytest.mark.parametrize(
+    ("rank", "world", "sharding", "start", "end", "role"),
+    [
+        (0, 1, "Pipeline", 0, 6, StageRole(0, 1, False, 0, 6)),
+        (0, 2, "Pipeline", 0, 3, StageRole(0, 2, False, 0, 3)),
+        (1, 2, "Pipeline", 3, 6, StageRole(1, 2, False, 3, 6)),
+        (1, 2, "Tensor", 0, 6, StageRole(1, 2, True, 0, 6)),
+    ],
+)
+def test_stage_role(rank, world, sharding, start, end, role) -> None:
+    assert stage_role(shard(rank, world, start, end), sharding, 6) == role
+
+
+def test_stage_duties() -> None:
+    first, middle, last = (StageRole(r, 3, False, 2 * r, 2 * r + 2) for r in range(3))
+    assert (first.embeds, first.sends_activations, first.awaits_token, first.computes_logits) == (True, True, True, False)
+    assert (middle.receives_activations, middle.sends_activations, middle.computes_logits) == (True, True, False)
+    assert (last.computes_logits, last.returns_token, last.sends_activations) == (True, True, False)
+    tensor = StageRole(1, 2, True, 0, 6)
+    assert (tensor.embeds, tensor.computes_logits, tensor.sends_activations, tensor.returns_token) == (True, True, False, False)
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "world", "sharding", "match"),
+    [(0, 7, 2, "Pipeline", "outside"), (0, 3, 1, "Pipeline", "all 6"), (0, 3, 2, "Tensor", "all 6")],
+)
+def test_bad_layer_ranges_are_refused(start, end, world, sharding, match) -> None:
+    with pytest.raises(ModelLoadFailed, match=match):
+        check_layer_range(shard(0, world, start, end), 6, sharding)
+
+
+@pytest.mark.parametrize(
+    ("world", "heads", "kv", "mlp", "ok"),
+    [(2, 4, 2, 384, True), (3, 4, 2, 384, False), (4, 4, 2, 384, False), (2, 4, 2, 385, False)],
+)
+def test_tensor_split_rule(world, heads, kv, mlp, ok) -> None:
+    assert (tensor_split_error(world, heads, kv, mlp) is None) == ok
+
+
+def test_sampling_defaults_and_seed() -> None:
+    p = resolve_sampling(None, None, None, None, fresh_seed=(1 << 40) + 5)
+    assert (p.temperature, p.seed) == (DEFAULT_TEMPERATURE, 5)
+    assert resolve_sampling(0, 0.5, 3, 9, fresh_seed=1).greedy
+
+
+def test_byte_level_alphabet_covers_every_byte_once() -> None:
+    alphabet = byte_level_alphabet()
+    assert sorted(alphabet.values()) == list(range(256))
+    assert alphabet["A"] == ord("A") and alphabet["\u0120"] == ord(" ")  # 'Ġ' is the space
+
+
+def test_watchdog_fires_only_for_an_overdue_guard() -> None:
+    fired: list[str] = []
+    watchdog = EvalWatchdog(0.3, on_expiry=fired.append)
+    try:
+        with watchdog.guard("quick"):
+            pass
+        time.sleep(0.5)
+        assert fired == []
+        with watchdog.guard("stuck"):
+            deadline = time.monotonic() + 5
+            while not fired and time.monotonic() < deadline:
+                time.sleep(0.05)
+        assert fired and "stuck did not complete within 0.3s" in fired[0]
+    finally:
+        watchdog.close()
+
+
+# ---------------------------------------------------------------------------------------
+# One rank, in process
+# ---------------------------------------------------------------------------------------
+
+
+def test_single_rank_decodes_the_reference_greedy_tokens(engine, reference) -> None:
+    for prompt in PROMPTS:
+        tokens = run(engine, greedy(prompt))
+        assert ids(tokens) == reference[prompt], prompt
+        assert tokens[-1].finish_reason == "length"
+        assert tokens[-1].usage is not None and tokens[-1].usage.completion_tokens == DECODE_TOKENS
+
+
+def test_chat_uses_the_template_and_counts_usage(engine) -> None:
+    request = TextGenerationParams(model_id=MODEL, messages=[ChatMessage(role="user", content="Hello!")],
+                                   max_tokens=5, temperature=0)
+    prompt = engine.prompt_tokens(request)
+    assert prompt[0] == 0 and prompt.count(0) == 1  # BOS once: the template writes it
+    tokens = run(engine, request)
+    assert tokens[-1].usage.prompt_tokens == len(prompt)
+    assert "".join(t.text for t in tokens)
+
+
+def test_seeded_sampling_is_reproducible_and_seeds_differ(engine) -> None:
+    request = params("What is a node?", max_tokens=16, temperature=1.0, seed=11)
+    first, second = ids(run(engine, request)), ids(run(engine, request))
+    assert first == second
+    assert first != ids(run(engine, params("What is a node?", max_tokens=16, temperature=1.0, seed=12)))
+
+
+def test_stop_string_ends_the_stream_before_it(engine, reference) -> None:
+    full = "".join(t.text for t in run(engine, greedy(PROMPTS[0])))
+    stop = full[10:14]
+    tokens = run(engine, params(PROMPTS[0], max_tokens=DECODE_TOKENS, temperature=0, stop=[stop]))
+    assert tokens[-1].finish_reason == "stop"
+    assert "".join(t.text for t in tokens) == full[: full.index(stop)]
+
+
+def test_cancellation_stops_at_the_next_token(engine) -> None:
+    cancelled = threading.Event()
+    got = []
+    for token in engine.generate(params(PROMPTS[1], max_tokens=200, temperature=0), cancelled):
+        got.append(token)
+        if len(got) == 3:
+            cancelled.set()
+    assert len(got) == 3 and got[-1].finish_reason is None
+    assert engine.in_flight == 0
+    assert ids(run(engine, greedy(PROMPTS[1], 4)))  # the engine serves the next request
+
+
+def test_prompt_longer_than_the_context_is_refused(tiny_hf) -> None:
+    small = MlxEngine()
+    small.load(spec_for(local_instance(CARD, 1).model_copy(update={"context_token_limit": 8}), tiny_hf))
+    with pytest.raises(PromptTooLong):
+        run(small, params("It rained again on Thursday and the river rose over the old stone bridge"))
+
+
+def test_load_refuses_a_non_mlx_backend(tiny_hf) -> None:
+    instance = local_instance(CARD, 1)
+    instance = instance.model_copy(update={"shards": [instance.shards[0].model_copy(update={"backend": "llama_cpp-cpu"})]})
+    with pytest.raises(ModelLoadFailed, match="not an mlx backend"):
+        MlxEngine().load(spec_for(instance, tiny_hf))
+    with pytest.raises(EngineNotLoaded):
+        run(MlxEngine(), greedy("x"))
+
+
+# ---------------------------------------------------------------------------------------
+# Groups of real rank processes on loopback
+# ---------------------------------------------------------------------------------------
+
+
+def assert_group_matches(reports, expected: list[list[int]]) -> None:
+    for report in reports:
+        assert report.ok, f"rank {report.rank}: {report.error}"
+    assert reports[0].tokens == expected
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_pipeline_group_decodes_exactly_what_one_rank_does(tiny_hf, one_rank_tokens, world) -> None:
+    reports = run_group(local_instance(CARD, world, "Pipeline"), CARD, tiny_hf, GROUP_REQUESTS, timeout_s=100)
+    assert_group_matches(reports, one_rank_tokens)
+    # Activations really moved: every rank but the last sent hidden states for every position.
+    assert all(r.bytes_sent > 0 for r in reports)
+
+
+def test_tensor_group_decodes_exactly_what_one_rank_does(tiny_hf, one_rank_tokens) -> None:
+    reports = run_group(local_instance(CARD, 2, "Tensor"), CARD, tiny_hf, GROUP_REQUESTS, timeout_s=100)
+    assert_group_matches(reports, one_rank_tokens)
+
+
+def test_tensor_ranks_compute_the_unsharded_logits(tiny_hf) -> None:
+    import numpy as np
+
+    tokens = [0, 76, 77, 300, 185]
+    (single,) = run_tensor_logits(local_instance(CARD, 1), tiny_hf, tokens).values()
+    sharded = run_tensor_logits(local_instance(CARD, 2, "Tensor"), tiny_hf, tokens)
+    assert single[1] == "" and all(error == "" for _, error in sharded.values()), sharded
+    for rank, (logits, _) in sharded.items():
+        np.testing.assert_allclose(np.array(logits), np.array(single[0]), rtol=1e-5, atol=1e-4, err_msg=f"rank {rank}")
+
+
+def test_a_group_that_cannot_form_fails_within_its_deadline(tiny_hf) -> None:
+    deadline_s = 3.0
+    started = time.monotonic()
+    # Only rank 0 of a 2-rank group starts: its neighbour never connects.
+    (report,) = run_group(local_instance(CARD, 2, "Pipeline"), CARD, tiny_hf, [greedy("x")], ranks=[0],
+                          env={GROUP_CONNECT_DEADLINE_ENV: str(deadline_s)}, timeout_s=60)
+    elapsed = time.monotonic() - started
+    assert not report.ok
+    assert "GroupFormationFailed" in report.error and f"within {deadline_s:g}s" in report.error
+    assert elapsed < deadline_s + 30  # process start-up (imports) dominates the margin
+
+
+# ---------------------------------------------------------------------------------------
+# Batching (single rank, opt-in width)
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def batched(tiny_hf):
+    from skulk.worker.engines.mlx_batch import BATCH_WIDTH_ENV
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(BATCH_WIDTH_ENV, "4")
+        engine = MlxEngine()
+        engine.load(spec_for(local_instance(CARD, 1), tiny_hf))
+    engine.warm_up()
+    yield engine
+    engine.close()
+
+
+def test_batched_requests_share_steps_and_decode_what_one_request_does(batched, reference) -> None:
+    assert batched.concurrency == 4
+    results: dict[str, list[int]] = {}
+    peak = [0]
+    watching = threading.Event()
+
+    def watch() -> None:
+        while not watching.is_set():
+            peak[0] = max(peak[0], batched.in_flight)
+            time.sleep(0.001)
+
+    def one(prompt: str) -> None:
+        results[prompt] = ids(run(batched, greedy(prompt)))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    threads = [threading.Thread(target=one, args=(p,)) for p in PROMPTS]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    watching.set()
+    watcher.join()
+    assert results == reference
+    assert peak[0] > 1  # true in-flight: several generations at once
+    assert batched.in_flight == 0
+
+
+def test_a_cancelled_batched_request_leaves_the_others_running(batched, reference) -> None:
+    cancelled = threading.Event()
+    other: list[int] = []
+    runner = threading.Thread(target=lambda: other.extend(ids(run(batched, greedy(PROMPTS[2])))))
+    got = []
+    for token in batched.generate(params(PROMPTS[1], max_tokens=200, temperature=0), cancelled):
+        got.append(token)
+        if len(got) == 2:
+            runner.start()
+        if len(got) == 4:
+            cancelled.set()
+    runner.join(60)
+    assert len(got) == 4 and got[-1].finish_reason is None
+    assert other == reference[PROMPTS[2]]
+    assert batched.in_flight == 0
+
+
+# ---------------------------------------------------------------------------------------
+# Rendezvous (sockets only, in threads)
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_rendezvous_completes_when_every_neighbour_is_up(world) -> None:
+    from skulk.worker.engines.mlx_group import rendezvous
+    from tests.worker.engines.mlx_ranks import free_ports
+
+    addresses = [f"127.0.0.1:{p}" for p in free_ports(world)]
+    errors: list[BaseException] = []
+
+    def rank(r: int) -> None:
+        try:
+            time.sleep(0.1 * r)  # ranks arrive at different times
+            rendezvous(addresses, r, 10.0, "inst")
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(15)
+    assert errors == [] and not any(t.is_alive() for t in threads)
+    # Every ring port is free again for MLX to bind (no listener, no TIME_WAIT on it).
+    import socket
+
+    for address in addresses:
+        host, port = address.rsplit(":", 1)
+        with socket.socket() as s:
+            s.bind((host, int(port)))
+
+
+def test_rendezvous_names_the_missing_neighbour_at_its_deadline() -> None:
+    from skulk.worker.engines.mlx_group import rendezvous
+    from tests.worker.engines.mlx_ranks import free_ports
+
+    addresses = [f"127.0.0.1:{p}" for p in free_ports(3)]
+    started = time.monotonic()
+    with pytest.raises(GroupFormationFailed, match=rf"no answer from rank 1 at {addresses[1]}.*within 1s"):
+        rendezvous(addresses, 0, 1.0, "inst")
+    assert time.monotonic() - started < 3
+
+
+def test_rendezvous_ignores_a_peer_of_another_instance() -> None:
+    from skulk.worker.engines.mlx_group import rendezvous
+    from tests.worker.engines.mlx_ranks import free_ports
+
+    addresses = [f"127.0.0.1:{p}" for p in free_ports(2)]
+    errors: list[BaseException] = []
+
+    def rank(r: int, tag: str) -> None:
+        try:
+            rendezvous(addresses, r, 2.0, tag)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=rank, args=(0, "a")), threading.Thread(target=rank, args=(1, "b"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(errors) == 2 and all(isinstance(e, GroupFormationFailed) for e in errors)
