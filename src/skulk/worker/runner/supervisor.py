@@ -345,17 +345,23 @@ class RunnerSupervisor:
                         break  # the process is gone and everything it wrote has been read
                     continue
                 batch = [unpack(outbox.recv_bytes())]
-                while len(batch) < READ_BATCH_MAX and outbox.poll(0):
-                    batch.append(unpack(outbox.recv_bytes()))
             except (EOFError, OSError, ValueError):
                 break  # the runner closed its end (exited), or a kill cut a message short
             except Exception:  # an undecodable message: the stream from this runner is broken
                 log.exception("runner %s: unreadable output; treating the runner as gone", self.runner_id)
                 break
+            ended = False
+            try:
+                while len(batch) < READ_BATCH_MAX and outbox.poll(0):
+                    batch.append(unpack(outbox.recv_bytes()))
+            except Exception:  # the end (or a cut message) after what was read: deliver that first
+                ended = True
             self._batches += 1
             self._largest_batch = max(self._largest_batch, len(batch))
             if not _post(loop, self._deliver_batch, batch):
                 return
+            if ended:
+                break
         _post(loop, self._set_drained)
 
     def _wait_process(self) -> None:
