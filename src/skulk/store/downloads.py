@@ -520,8 +520,9 @@ def _sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _prepare_staging(staging: Path, revision: str) -> None:
-    """A staging directory holds finished files of one commit; another commit's are dropped."""
+def prepare_revision_dir(staging: Path, revision: str) -> None:
+    """A staging directory holds finished files of one commit; another commit's are dropped.
+    Shared by hub downloads and store staging (`skulk.store.staging`)."""
     stamp = staging / STAGING_REVISION_FILE
     if staging.exists():
         try:
@@ -534,7 +535,7 @@ def _prepare_staging(staging: Path, revision: str) -> None:
     stamp.write_text(revision, encoding="utf-8")
 
 
-def _swap_into_place(staging: Path, target: Path) -> None:
+def swap_into_place(staging: Path, target: Path) -> None:
     """Rename the finished staging directory onto the target; an older target (another
     revision) is moved aside first and removed after."""
     if target.exists():
@@ -589,7 +590,7 @@ def download_model(
         extend = existing is not None and existing.revision == revision and existing.model_id == card.model_id
         meter = _Meter(card.model_id, total_size_bytes(listing, selected), on_progress, attempts.deadline, cancel, clock)
         staging = models_dir / f".{target.name}.partial"
-        _prepare_staging(staging, revision)
+        prepare_revision_dir(staging, revision)
         logger.info("downloading %s at %s: %d files, %d bytes", card.model_id, revision[:12], len(selected),
                     meter.total_bytes)
         meter.emit()
@@ -618,7 +619,7 @@ def download_model(
         else:
             marker = DownloadMarker(card.model_id, revision, card.source_revision is not None, files)
             _write_json_atomic(staging / MARKER_FILE_NAME, marker.to_json())
-            _swap_into_place(staging, target)
+            swap_into_place(staging, target)
         logger.info("downloaded %s at %s into %s", card.model_id, revision[:12], target)
         return _artifact_path(card, target)
 

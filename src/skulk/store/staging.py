@@ -46,7 +46,14 @@ from urllib.parse import quote
 
 import httpx
 
-from skulk.store.downloads import MARKER_FILE_NAME, DownloadMarker, read_marker
+from skulk.store.downloads import (
+    MARKER_FILE_NAME,
+    STAGING_REVISION_FILE,
+    DownloadMarker,
+    prepare_revision_dir,
+    read_marker,
+    swap_into_place,
+)
 from skulk.store.eviction import EvictionPlan, EvictionPolicy, StagedCopy, plan_eviction
 from skulk.store.paths import hub_model_dir_name
 
@@ -57,7 +64,7 @@ STAGING_DIR_NAME = "staging"
 machine may share): one node's eviction must never delete a copy another node's runner uses."""
 LAST_USED_FILE = ".skulk-last-used"
 """Its mtime is when a runner last used the staged copy (the recency pass's clock)."""
-REVISION_STAMP_FILE = ".skulk-staging-revision"
+REVISION_STAMP_FILE = STAGING_REVISION_FILE
 """Names the commit a `.partial` directory's finished files belong to; another commit's
 partial files are discarded, never mixed in."""
 ADMISSION_LOCK_FILE = ".admission.lock"
@@ -410,19 +417,6 @@ def link_or_copy(src: Path, dst: Path) -> Literal["link", "copy"]:
     return "copy"
 
 
-def _prepare_partial(partial: Path, revision: str) -> None:
-    stamp = partial / REVISION_STAMP_FILE
-    if partial.exists():
-        try:
-            same = stamp.read_text(encoding="utf-8").strip() == revision
-        except OSError:
-            same = False
-        if not same:
-            shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True, exist_ok=True)
-    stamp.write_text(revision, encoding="utf-8")
-
-
 def _write_marker(model_dir: Path, manifest: Manifest) -> None:
     marker = DownloadMarker(manifest.model_id, manifest.revision, manifest.pinned,
                             {f.path: f.size_bytes for f in manifest.files})
@@ -448,13 +442,7 @@ def _finish(partial: Path, target: Path, manifest: Manifest, now_s: float | None
                                 "size_mismatch")
     _write_marker(partial, manifest)
     mark_used(partial, now_s)
-    if target.exists():
-        aside = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.stale-"))
-        os.replace(target, aside / "old")
-        os.replace(partial, target)
-        shutil.rmtree(aside, ignore_errors=True)
-    else:
-        os.replace(partial, target)
+    swap_into_place(partial, target)
 
 
 def _present_sizes(partial: Path, manifest: Manifest) -> dict[str, int]:
@@ -535,7 +523,7 @@ def stage_from_local(
             mark_used(target, options.now_s)
             return target
         partial = root / f".{manifest.dir_name}.partial"
-        _prepare_partial(partial, manifest.revision)
+        prepare_revision_dir(partial, manifest.revision)
         # Links cost nothing; where they fail, every missing byte is copied.
         links = _can_link(canonical_dir, manifest, partial)
         _admit(root, manifest, additional_bytes(manifest, _present_sizes(partial, manifest), links), options)
@@ -716,7 +704,7 @@ def stage_from_remote(
             mark_used(target, options.now_s)
             return target
         partial = root / f".{manifest.dir_name}.partial"
-        _prepare_partial(partial, manifest.revision)
+        prepare_revision_dir(partial, manifest.revision)
         _admit(root, manifest, additional_bytes(manifest, _present_sizes(partial, manifest), False), options)
         for f in manifest.files:
             check()
