@@ -56,3 +56,48 @@ def test_models_list_placed_instances_with_capacity_and_abandoned_repairs():
     assert placed["nodeIds"] == ["a"] and placed["repairHop"] == 0
     assert models["local/tiny-llama"]["repairFailure"]["reason"] == "refused at the last hop"
     assert "instances" not in models["local/tiny-llama"]
+
+
+def _two_mlx_nodes(network_of: tuple[str, ...]) -> tuple[State, dict]:
+    from skulk.shared.types.common import Edge, NetworkInterface
+
+    nodes = ("a", "b")
+    small = {n: RESOURCES["a"].model_copy(update={
+        "node_id": n, "node_name": n,
+        "memory": MemoryReading(ram_total_bytes=2 * GB, ram_available_bytes=int(1.3 * GB)),  # halves fit
+    }) for n in nodes}
+    state = State(
+        nodes={n: NodeInfo(node_id=n, node_name=n, version="0") for n in nodes},
+        edges=[Edge(source="a", sink="b", kind="session"), Edge(source="b", sink="a", kind="session")],
+        node_network={n: [NetworkInterface(name="eth0", kind="ethernet", addresses=[f"10.0.0.{i}"])]
+                      for i, n in enumerate(nodes) if n in network_of},
+    )
+    return state, small
+
+
+def _place(state: State, resources: dict):
+    submitted = []
+
+    async def submit(command):
+        submitted.append(command)
+
+    context = ApiContext(node_id="a", node_name="a", get_state=lambda: state, get_cards=lambda: CARDS,
+                         get_resources=lambda: resources, submit_command=submit)
+    response = TestClient(create_app(context)).post("/place_instance", json={"modelId": MODEL, "minNodes": 2})
+    return response, submitted
+
+
+def test_a_ring_node_without_its_network_is_a_503_naming_it_and_nothing_is_submitted():
+    response, submitted = _place(*_two_mlx_nodes(("a",)))
+    assert response.status_code == 503, response.text
+    error = response.json()["error"]
+    assert error["code"] == "placement_info_pending"
+    assert "ring addresses not reported yet" in error["message"] and "'b'" in error["message"]
+    assert submitted == []
+
+
+def test_a_ring_whose_nodes_all_reported_is_placed_with_hosts():
+    response, submitted = _place(*_two_mlx_nodes(("a", "b")))
+    assert response.status_code == 200, response.text
+    assert response.json()["preview"]["ringHosts"] == ["10.0.0.0", "10.0.0.1"]
+    assert len(submitted) == 1

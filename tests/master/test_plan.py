@@ -22,7 +22,14 @@ from skulk.master.plan import (
 from skulk.shared.apply import apply_all
 from skulk.shared.telemetry_view import NodeFreshness
 from skulk.shared.types.common import TERMINAL_TASK_STATUSES
-from skulk.shared.types.events import Event, IndexedEvent, InstanceDeleted, NodeTimedOut, TaskFailed
+from skulk.shared.types.events import (
+    Event,
+    IndexedEvent,
+    InstanceDeleted,
+    InstanceRepairAbandoned,
+    NodeTimedOut,
+    TaskFailed,
+)
 from skulk.shared.types.instances import Instance, ShardAssignment
 from skulk.shared.types.state import NodeInfo, State
 from skulk.shared.types.tasks import (
@@ -119,6 +126,8 @@ def _shape(events: list[Event]) -> list[tuple[str, str]]:
             out.append(("InstanceDeleted", e.instance_id))
         elif isinstance(e, NodeTimedOut):
             out.append(("NodeTimedOut", e.node_id))
+        elif isinstance(e, InstanceRepairAbandoned):
+            out.append(("Abandoned", e.instance_id))  # model "m" has no card: no re-placement
         else:
             out.append((type(e).__name__, ""))
     return out
@@ -136,17 +145,19 @@ TIMEOUT_CASES = [
     ("all-alive", {}, []),
     ("dead-node-tasks-then-instances-then-node", {"a": DEAD}, [
         ("TaskFailed", "t1"), ("TaskFailed", "t2"), ("TaskFailed", "t3"),
-        ("InstanceDeleted", "ia"), ("InstanceDeleted", "iab"), ("NodeTimedOut", "a")]),
+        ("InstanceDeleted", "ia"), ("InstanceDeleted", "iab"), ("NodeTimedOut", "a"),
+        ("Abandoned", "ia"), ("Abandoned", "iab")]),
     ("shared-instance-torn-down-once", {"a": DEAD, "b": DEAD}, [
         ("TaskFailed", "t1"), ("TaskFailed", "t2"), ("TaskFailed", "t3"),
-        ("InstanceDeleted", "ia"), ("InstanceDeleted", "iab"), ("NodeTimedOut", "a"), ("NodeTimedOut", "b")]),
+        ("InstanceDeleted", "ia"), ("InstanceDeleted", "iab"), ("NodeTimedOut", "a"), ("NodeTimedOut", "b"),
+        ("Abandoned", "ia"), ("Abandoned", "iab")]),
     ("dead-node-without-instances", {"b": DEAD, "a": FRESH}, [
-        ("TaskFailed", "t2"), ("InstanceDeleted", "iab"), ("NodeTimedOut", "b")]),
+        ("TaskFailed", "t2"), ("InstanceDeleted", "iab"), ("NodeTimedOut", "b"), ("Abandoned", "iab")]),
     ("master-never-times-itself-out", {ME: DEAD}, []),
     ("fallback-telemetry-keeps-node", {"a": ALIVE_BY_FALLBACK}, []),
     ("just-joined-judged-by-last-event", {"a": JUST_JOINED}, []),
     ("last-event-age-alone-can-prune", {"c": SILENT_SINCE_JOIN}, [
-        ("TaskFailed", "t5"), ("InstanceDeleted", "ic"), ("NodeTimedOut", "c")]),
+        ("TaskFailed", "t5"), ("InstanceDeleted", "ic"), ("NodeTimedOut", "c"), ("Abandoned", "ic")]),
     ("nothing-known-left-alone", {"a": NOTHING}, []),
     ("missing-from-freshness-left-alone", {"a": None}, []),
     ("just-under-timeout", {"a": NodeFreshness(heartbeat_age_s=NODE_TIMEOUT_S - 0.01)}, []),
@@ -161,7 +172,8 @@ def test_time_out_silent_nodes(name: str, fresh: dict, expected: list) -> None:
 
 def test_node_timed_out_persists_the_deciding_ages() -> None:
     events = time_out_silent_nodes(_view(a=DEAD), _new_id()) or []
-    assert events[-1] == NodeTimedOut(event_id=events[-1].event_id, node_id="a", last_event_age_s=90.0,
+    timed_out = next(e for e in events if isinstance(e, NodeTimedOut))
+    assert timed_out == NodeTimedOut(event_id=timed_out.event_id, node_id="a", last_event_age_s=90.0,
                                       heartbeat_age_s=31.0, telemetry_age_s=40.0, effective_age_s=31.0,
                                       timeout_s=NODE_TIMEOUT_S)
 
@@ -178,7 +190,8 @@ def test_node_lost_failures_name_the_node_and_age() -> None:
 def test_member_that_never_logged_is_recorded_with_its_effective_age() -> None:
     state = STATE.model_copy(update={"nodes": {**STATE.nodes, "a": NodeInfo(node_id="a", node_name="a", version="1")}})
     events = time_out_silent_nodes(_view(state, a=NodeFreshness(heartbeat_age_s=33.0)), _new_id()) or []
-    assert events[-1].last_event_age_s == 33.0 and events[-1].effective_age_s == 33.0
+    timed_out = next(e for e in events if isinstance(e, NodeTimedOut))
+    assert timed_out.last_event_age_s == 33.0 and timed_out.effective_age_s == 33.0
 
 
 def test_event_ids_come_from_the_injected_factory_and_are_unique() -> None:
@@ -191,8 +204,9 @@ def test_event_ids_come_from_the_injected_factory_and_are_unique() -> None:
 DEPARTED_CASES = [
     ("all-members", [], []),
     ("left-node", ["a"], [("TaskFailed", "t1"), ("TaskFailed", "t2"), ("TaskFailed", "t3"),
-                          ("InstanceDeleted", "ia"), ("InstanceDeleted", "iab")]),
-    ("other-rank-gone", ["b"], [("TaskFailed", "t2"), ("InstanceDeleted", "iab")]),
+                          ("InstanceDeleted", "ia"), ("InstanceDeleted", "iab"),
+                          ("Abandoned", "ia"), ("Abandoned", "iab")]),
+    ("other-rank-gone", ["b"], [("TaskFailed", "t2"), ("InstanceDeleted", "iab"), ("Abandoned", "iab")]),
 ]
 
 
@@ -247,11 +261,11 @@ def test_plan_takes_the_most_urgent_rule_first() -> None:
     state = ZSTATE.model_copy(update={"nodes": {n: i for n, i in ZSTATE.nodes.items() if n != "c"}})
     view = _view(state, now=100.0, zombie_since={"z1": 0.0}, a=DEAD)
     first = plan(view, _new_id())
-    assert {s[0] for s in _shape(first)} == {"TaskFailed", "InstanceDeleted", "NodeTimedOut"}
+    assert {s[0] for s in _shape(first)} == {"TaskFailed", "InstanceDeleted", "NodeTimedOut", "Abandoned"}
     # once applied, the next pass handles the instance on the departed node c ...
     state = _apply(state, first)
     second = plan(_view(state, now=100.0, zombie_since=track_zombies(state, {"z1": 0.0}, 100.0)), _new_id())
-    assert _shape(second) == [("TaskFailed", "t5"), ("InstanceDeleted", "ic")]
+    assert _shape(second) == [("TaskFailed", "t5"), ("InstanceDeleted", "ic"), ("Abandoned", "ic")]
     # ... then the zombies past their grace, then nothing.
     state = _apply(state, second)
     since = track_zombies(state, {"z1": 0.0, "z2": 0.0}, 100.0)
@@ -304,3 +318,13 @@ HB_CASES = [
 def test_heartbeat_warnings(name: str, ages: dict, warned: set, late: set, recovered: set) -> None:
     freshness = {n: NodeFreshness(heartbeat_age_s=a, last_event_age_s=1.0) for n, a in ages.items()}
     assert heartbeat_warnings(freshness, frozenset(warned)) == (frozenset(late), frozenset(recovered))
+
+
+def test_a_lower_node_timeout_prunes_sooner_and_is_recorded() -> None:
+    quiet = NodeFreshness(heartbeat_age_s=8.0, telemetry_age_s=8.0, last_event_age_s=8.0)
+    assert time_out_silent_nodes(_view(b=quiet), _new_id()) is None  # default: 30 s
+    view = MasterView(state=STATE, me=ME, freshness={n: FRESH for n in STATE.nodes} | {"b": quiet},
+                      node_timeout_s=6.0)
+    events = time_out_silent_nodes(view, _new_id()) or []
+    timed_out = next(e for e in events if isinstance(e, NodeTimedOut))
+    assert timed_out.node_id == "b" and timed_out.timeout_s == 6.0

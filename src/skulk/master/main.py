@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -32,7 +33,7 @@ from skulk.master.repair import DeletionCredit, active_credits, record_deletion
 from skulk.routing.router import Router, RouterError
 from skulk.routing.topics import TOPICS
 from skulk.shared.sync import due_bursts, replay_scheduler, request
-from skulk.shared.telemetry_view import TelemetryView, freshness, node_resources
+from skulk.shared.telemetry_view import NODE_TIMEOUT_S, TelemetryView, freshness, node_resources
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.commands import ForwarderCommand
 from skulk.shared.types.events import (
@@ -62,6 +63,27 @@ PLAN_INTERVAL_S = 1.0
 PLAN_GRACE_AFTER_PROMOTION_S = 6.0
 """No liveness verdicts until three heartbeat periods after promotion: a freshly promoted
 node may not have heard every peer's heartbeat yet."""
+
+TEST_NODE_TIMEOUT_ENV = "SKULK_TEST_NODE_TIMEOUT_SECONDS"
+"""Test-only knob: when set (seconds, > 0), the master prunes a silent node after this long
+instead of NODE_TIMEOUT_S, so a real-process test of node loss (kill -9, then re-placement
+on the survivors) does not wait half a minute. Heartbeats come every 2 s: keep it well
+above that. Never set it in production."""
+
+
+def node_timeout_s(env: Mapping[str, str] = os.environ) -> float:
+    """The prune timeout: NODE_TIMEOUT_S, or the test knob when it is set to a positive number."""
+    raw = env.get(TEST_NODE_TIMEOUT_ENV)
+    if not raw:
+        return NODE_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{TEST_NODE_TIMEOUT_ENV}={raw!r} is not a number of seconds") from None
+    if value <= 0:
+        raise ValueError(f"{TEST_NODE_TIMEOUT_ENV}={raw!r} must be positive")
+    return value
+
 
 REPLAY_TICK_S = 0.05
 INBOX_CAPACITY = 4096
@@ -119,6 +141,7 @@ class Master:
         self._telemetry = telemetry
         self.session_id = session_id
         self._clock = clock
+        self._node_timeout_s = node_timeout_s()
         self._indexer: ix.Indexer | None = None
         self._tail: deque[IndexedEvent] = deque(maxlen=RETAINED_TAIL_EVENTS)
         self._snapshot: tuple[int, State] = (-1, State())
@@ -278,9 +301,13 @@ class Master:
         view = MasterView(
             state=state, me=self.me, freshness=fresh, zombie_since=self._zombie_since, now=now,
             cards=self._cards(), resources=node_resources(view_telemetry, state),
-            memory_credits=active_credits(self._deletion_credits, now),
+            memory_credits=active_credits(self._deletion_credits, now), node_timeout_s=self._node_timeout_s,
         )
         events = plan(view, new_id)
+        for event in events:  # a plan's InstanceCreated is always a repair; hop > 0 logs at commit
+            if isinstance(event, InstanceCreated) and event.instance.repair_hop == 0:
+                logger.warning("re-placed %s as instance %s on nodes %s", event.instance.model_id,
+                               event.instance.instance_id, ",".join(event.instance.node_ids()))
         await self._index_own(events)
 
     # -- the loop ---------------------------------------------------------------------------

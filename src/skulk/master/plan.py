@@ -12,8 +12,12 @@ that removes the node. Applied in that order, the owning API sees each open requ
 (and can end its stream with an error) before anything it refers to disappears, and no task
 is ever left open on an instance that no longer exists.
 
-A not-yet-serving instance with a rank whose download failed terminally is torn down and
-re-placed without that node (`skulk.master.repair`), after dead nodes are handled.
+An instance torn down because one of its nodes was lost is placed again on the surviving
+members in the same pass (`skulk.master.repair.replace_after_node_loss`): its InstanceCreated
+(or InstanceRepairAbandoned when nothing fits) comes after every TaskFailed, InstanceDeleted
+and NodeTimedOut of the pass. Operator deletes never come through here, so they are never
+re-placed. A not-yet-serving instance with a rank whose download failed terminally is torn
+down and re-placed without that node (`skulk.master.repair`), after dead nodes are handled.
 
 Pure: no clock, no I/O, ids come from the injected `new_id`. The master never judges itself.
 """
@@ -23,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from skulk.master.repair import RepairInputs, repair_failed_download
+from skulk.master.repair import RepairInputs, repair_failed_download, replace_after_node_loss
 from skulk.shared.telemetry_view import HEARTBEAT_WARN_S, NODE_TIMEOUT_S, NodeFreshness
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.common import TERMINAL_TASK_STATUSES
@@ -60,6 +64,8 @@ class MasterView:
     resources: Mapping[NodeId, NodeResources] = field(default_factory=dict)
     memory_credits: Mapping[NodeId, int] = field(default_factory=dict)
     """Memory of recently deleted instances, credited back to placement (see repair)."""
+    node_timeout_s: float = NODE_TIMEOUT_S
+    """Silence after which a member is pruned (the shell may lower it for tests only)."""
 
 
 # -- helpers --------------------------------------------------------------------------------
@@ -100,11 +106,24 @@ def _teardown(
     return failed + deleted
 
 
+def _inputs(view: MasterView, new_id: IdFactory) -> RepairInputs:
+    return RepairInputs(new_id=new_id, cards=view.cards, resources=view.resources,
+                        memory_credits=view.memory_credits)
+
+
+def _replace_lost(
+    view: MasterView, causes: Mapping[InstanceId, tuple[str, str]], lost: Iterable[NodeId], new_id: IdFactory
+) -> list[Event]:
+    """The re-placement (or its abandonment) of every instance torn down for a lost node."""
+    torn_down = [(view.state.instances[i], reason) for i, (_message, reason) in causes.items()]
+    return replace_after_node_loss(view.state, torn_down, lost, _inputs(view, new_id))
+
+
 def _timed_out(view: MasterView, node_id: NodeId) -> NodeFreshness | None:
     """The node's freshness if it has been silent too long; None if alive or unknown."""
     f = view.freshness.get(node_id)
     age = f.effective_age_s if f is not None else None
-    return f if age is not None and age >= NODE_TIMEOUT_S else None
+    return f if age is not None and age >= view.node_timeout_s else None
 
 
 # -- rules ----------------------------------------------------------------------------------
@@ -112,10 +131,14 @@ def _timed_out(view: MasterView, node_id: NodeId) -> NodeFreshness | None:
 
 def time_out_silent_nodes(view: MasterView, new_id: IdFactory) -> list[Event] | None:
     """Prune every member (never the master) whose freshest liveness signal is at least
-    NODE_TIMEOUT_S old. A node with no signal at all is left alone: the shell has not been
-    up long enough to judge it. Per node: TaskFailed..., InstanceDeleted..., NodeTimedOut."""
+    `view.node_timeout_s` (NODE_TIMEOUT_S) old. A node with no signal at all is left alone:
+    the shell has not been up long enough to judge it. Per node: TaskFailed...,
+    InstanceDeleted..., NodeTimedOut; then each torn-down instance placed again on the
+    survivors (or abandoned)."""
     events: list[Event] = []
     handled: set[InstanceId] = set()
+    all_causes: dict[InstanceId, tuple[str, str]] = {}
+    lost: list[NodeId] = []
     for node_id in sorted(view.state.nodes):
         f = _timed_out(view, node_id) if node_id != view.me else None
         if f is None:
@@ -128,6 +151,8 @@ def time_out_silent_nodes(view: MasterView, new_id: IdFactory) -> list[Event] | 
             f"node {node_id} lost: no sign of life for {age:.1f}s",
             f"node {node_id} timed out after {age:.1f}s",
         )
+        lost.append(node_id)
+        all_causes.update({i: cause for i in instances})
         events += _teardown(view.state, {i: cause for i in instances}, new_id)
         events.append(
             NodeTimedOut(
@@ -139,33 +164,39 @@ def time_out_silent_nodes(view: MasterView, new_id: IdFactory) -> list[Event] | 
                 heartbeat_age_s=f.heartbeat_age_s,
                 telemetry_age_s=f.telemetry_age_s,
                 effective_age_s=age,
-                timeout_s=NODE_TIMEOUT_S,
+                timeout_s=view.node_timeout_s,
             )
         )
-    return events or None
+    if not events:
+        return None
+    return events + _replace_lost(view, all_causes, lost, new_id)
 
 
 def delete_instances_on_departed_nodes(view: MasterView, new_id: IdFactory) -> list[Event] | None:
     """An instance with a shard on a node that is no longer a member (it left, or an earlier
-    pass pruned it) can never serve: fail its open tasks, then delete it."""
+    pass pruned it) can never serve: fail its open tasks, delete it, then place it again
+    on the members that remain."""
     members = view.state.nodes
     causes: dict[InstanceId, tuple[str, str]] = {}
+    lost: set[NodeId] = set()
     for instance_id, inst in view.state.instances.items():
-        gone = ", ".join(sorted({n for n in inst.node_ids() if n not in members}))
+        departed = {n for n in inst.node_ids() if n not in members}
+        lost |= departed
+        gone = ", ".join(sorted(departed))
         if gone:
             causes[instance_id] = (
                 f"node {gone} lost: no longer a cluster member",
                 f"node {gone} is no longer a cluster member",
             )
-    return _teardown(view.state, causes, new_id) or None
+    if not causes:
+        return None
+    return _teardown(view.state, causes, new_id) + _replace_lost(view, causes, lost, new_id)
 
 
 def repair_failed_downloads(view: MasterView, new_id: IdFactory) -> list[Event] | None:
     """A not-yet-serving instance whose rank's download failed terminally would wait for
     that rank forever: fail its requests, tear it down, re-place it without the node."""
-    inputs = RepairInputs(new_id=new_id, cards=view.cards, resources=view.resources,
-                          memory_credits=view.memory_credits)
-    return repair_failed_download(view.state, inputs)
+    return repair_failed_download(view.state, _inputs(view, new_id))
 
 
 def reap_zombie_tasks(view: MasterView, new_id: IdFactory) -> list[Event] | None:

@@ -1,10 +1,12 @@
-"""Self-healing placements: what the master decides when a placed instance cannot come up.
+"""Self-healing placements: what the master decides when a placed instance cannot come up
+or loses a node.
 
-Two causes, one shape. A worker's pre-spawn memory guard refuses its shard (the
-RefuseInstancePlacement command), or a rank's model download fails terminally (a
+Three causes, one shape. A worker's pre-spawn memory guard refuses its shard (the
+RefuseInstancePlacement command), a rank's model download fails terminally (a
 DownloadFailed outcome in State for a node and model of an instance that is not serving
-yet). Either way the master fails the instance's open requests with the reason, tears it
-down (every TaskFailed before the InstanceDeleted, as in `skulk.master.plan`), and
+yet), or a node hosting a rank is lost (timed out or no longer a member; `skulk.master.plan`
+detects it). Either way the master fails the instance's open requests with the reason, tears
+it down (every TaskFailed before the InstanceDeleted, as in `skulk.master.plan`), and
 re-places the model:
 
 - refusal of an original placement (hop 0): one node wider (min_nodes = its width + 1),
@@ -17,7 +19,13 @@ re-places the model:
   MAX_REPAIR_HOP and can never oscillate between two refusing nodes;
 - download failure: the same width without the failed node(s); the failed record is reset
   to pending so it does not condemn later placements touching that node; when no healthy
-  set remains the master stops at the teardown (InstanceRepairAbandoned).
+  set remains the master stops at the teardown (InstanceRepairAbandoned);
+- lost node: the same sharding on the surviving members, the original width first, then
+  narrower down to one node; the lost node(s) are never candidates. Nothing fits:
+  InstanceRepairAbandoned, and nothing is placed. The repair hop is kept (a loss is not a
+  refusal), and each loss removes a member, so the chain is bounded by the cluster's size.
+  A lost node is not stamped as an exclusion: it is no longer a member, and the same id
+  returning (a healed partition) should be eligible again.
 
 The operator's exclusions stamped on the instance survive every repair; a repair adds the
 node it routed around to them. Telemetry lags a teardown by a few gossip rounds, so the
@@ -164,7 +172,8 @@ def _replace(
         try:
             placed = place(card, state, inputs.resources, request, new_id=inputs.new_id, memory_credits=credits)
         except PlacementError as exc:
-            errors.append(f"hop {hop}: {exc}")
+            nodes = request.min_nodes if request.max_nodes == request.min_nodes else f"{request.min_nodes}+"
+            errors.append(f"hop {hop}, {nodes} node(s): {exc}")
             continue
         return placed.model_copy(update={"repair_hop": hop})
     return errors
@@ -288,6 +297,69 @@ def repair_failed_download(state: State, inputs: RepairInputs) -> list[Event] | 
     return None
 
 
+# -- a lost node ----------------------------------------------------------------------------------
+
+
+def node_loss_attempts(instance: Instance, lost: Iterable[NodeId]) -> list[tuple[int, PlacementRequest]]:
+    """The re-placements after `instance` lost `lost`, in order, as (hop, request): its
+    width, then each narrower width down to one node, same sharding (one rank is always a
+    pipeline placement), the operator's exclusions plus the lost nodes."""
+    excluded = frozenset(instance.excluded_nodes) | frozenset(lost)
+    return [
+        (instance.repair_hop, PlacementRequest(
+            model_id=instance.model_id, sharding=instance.sharding if width > 1 else "Pipeline",
+            min_nodes=width, max_nodes=width, excluded_nodes=excluded,
+        ))
+        for width in range(_width(instance), 0, -1)
+    ]
+
+
+def _debit(resources: Mapping[NodeId, NodeResources], placed: Instance, card: ModelCard) -> dict[NodeId, NodeResources]:
+    """`resources` less the admission bytes of `placed`'s shards: a later re-placement in the
+    same pass must not count on memory an earlier one just took (telemetry has not seen it)."""
+    out = dict(resources)
+    for shard in placed.shards:
+        reading = out.get(shard.node_id)
+        if reading is None:
+            continue
+        left = max(reading.memory.ram_available_bytes - assignment_footprint(card, shard).total_bytes, 0)
+        out[shard.node_id] = reading.model_copy(
+            update={"memory": reading.memory.model_copy(update={"ram_available_bytes": left})}
+        )
+    return out
+
+
+def replace_after_node_loss(
+    state: State, torn_down: Sequence[tuple[Instance, str]], lost: Iterable[NodeId], inputs: RepairInputs,
+) -> list[Event]:
+    """One InstanceCreated (on survivors) or InstanceRepairAbandoned per instance the caller
+    tore down because `lost` went away, in the given order; `torn_down` pairs each instance
+    with the teardown's reason. `state` is the State the teardown was planned on (the lost
+    nodes may still be members there: they are excluded explicitly). The memory the torn-down
+    shards held on survivors is credited back."""
+    lost = frozenset(lost)
+    events: list[Event] = []
+    resources = inputs.resources
+    for instance, reason in torn_down:
+        card = inputs.cards.get(instance.model_id)
+        held = {n: b for n, b in held_footprints(state, instance, card).items() if n not in lost}
+        outcome = _replace(
+            instance, state, RepairInputs(inputs.new_id, inputs.cards, resources, inputs.memory_credits),
+            merge_credits(inputs.memory_credits, held), node_loss_attempts(instance, lost),
+        )
+        if isinstance(outcome, Instance):
+            assert card is not None  # _replace places only with a card
+            resources = _debit(resources, outcome, card)
+            kept = outcome.model_copy(update={"excluded_nodes": sorted(instance.excluded_nodes)})
+            events.append(InstanceCreated(event_id=EventId(inputs.new_id()), instance=kept))
+        else:
+            mine = sorted(lost & set(instance.node_ids()))
+            blamed = mine[0] if len(mine) == 1 else None  # the one node this instance lost
+            events.append(_abandoned(instance, blamed, instance.repair_hop,
+                                     f"{reason}; no placement on the survivors: {'; '.join(outcome)}", inputs.new_id))
+    return events
+
+
 __all__ = [
     "CREDIT_GRACE_S",
     "DOWNLOAD_FAILED",
@@ -300,9 +372,11 @@ __all__ = [
     "held_footprints",
     "is_serving",
     "merge_credits",
+    "node_loss_attempts",
     "record_deletion",
     "refusal_attempts",
     "repair_failed_download",
     "repair_refused",
+    "replace_after_node_loss",
     "teardown",
 ]

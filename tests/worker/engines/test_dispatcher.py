@@ -15,6 +15,7 @@ from skulk.shared.types.tasks import EmbeddingParams, TextGenerationParams
 from skulk.worker.engines.base import (
     DispatchRejected,
     Dispatcher,
+    EngineBroken,
     EngineError,
     GeneratedEmbedding,
     GeneratedToken,
@@ -41,6 +42,10 @@ def request(name: str, tokens: int = 3) -> TextGenerationParams:
 
 class Exploding(EngineError):
     error_type = "Exploding"
+
+
+class Broken(EngineBroken):
+    error_type = "Broken"
 
 
 class ScriptedEngine:
@@ -98,6 +103,8 @@ class ScriptedEngine:
                 raise Exploding(f"{name} blew up")
             if name.startswith("crash"):
                 raise RuntimeError("engine bug")
+            if name.startswith("broken"):
+                raise Broken(f"node x lost while serving {name}")
             total = req.max_tokens or 1
             for i in range(total):
                 if i and self.gated:
@@ -334,7 +341,17 @@ def test_engine_failure_fails_that_request_only(make, name: str, error_type: str
     failed = sink.results()[name]
     assert (failed.outcome, failed.finish_reason, failed.error_type) == ("failed", "error", error_type)
     assert failed.error_message
+    assert not failed.fatal  # the runner goes on serving
     assert sink.results()["after"].outcome == "completed"
+
+
+def test_a_broken_engine_fails_the_request_with_its_reason_and_marks_it_fatal(make) -> None:
+    dispatcher, sink = make(ScriptedEngine())
+    dispatcher.submit("broken", request("broken"))
+    wait_until(lambda: "broken" in sink.results())
+    failed = sink.results()["broken"]
+    assert (failed.outcome, failed.error_type, failed.fatal) == ("failed", "Broken", True)
+    assert failed.error_message == "node x lost while serving broken"
 
 
 def test_close_fails_everything_in_flight_and_refuses_new_work() -> None:

@@ -1,7 +1,7 @@
 """MLX instances through real runner processes and their supervisors: a single rank, and a
 2-rank pipeline whose rank 0 alone takes tasks and streams the tokens one rank would; a
-group that loses a rank mid-request ends its rank 0 (non-zero exit) and the client's stream
-within the eval deadline instead of hanging."""
+group that loses a rank mid-request ends the client's stream with an error naming the lost
+rank's node, and its rank 0 (non-zero exit), within the eval deadline instead of hanging."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from skulk.shared.types.tasks import TextGeneration
 from skulk.store.cards import builtin_cards_dir, load_card
 from skulk.worker.engines.mlx_group import EVAL_TIMEOUT_ENV, EXIT_GROUP_WEDGED
 from skulk.worker.runner.supervisor import RunnerSupervisor
-from tests.worker.engines.mlx_ranks import local_instance
+from tests.worker.engines.mlx_ranks import NODE, local_instance
 from tests.worker.runner.test_supervisor import Reports
 from tests.worker.tiny_gguf import text_task
 
@@ -102,6 +102,9 @@ async def test_a_lost_rank_ends_rank_0_and_the_stream_within_the_eval_deadline(g
     started = time.monotonic()
     await leader_reports.wait_for(lambda: leader_reports.done(t), EVAL_TIMEOUT_S + 15)
     assert leader_reports.done(t).outcome == "failed"
+    terminal = leader_reports.terminal(t)
+    assert terminal.error_type == "GroupBroken", terminal
+    assert f"node {NODE} lost" in terminal.error_message and "rank 1" in terminal.error_message
     await leader_reports.wait_for(lambda: leader.exited, EVAL_TIMEOUT_S + 15)
     assert leader.exitcode not in (0, None)
     assert leader.exitcode in (EXIT_GROUP_WEDGED, 1)

@@ -3,7 +3,9 @@
 `POST /place_instance` runs the same pure planner the master runs, against this node's
 replicated State and telemetry, before it publishes anything: an impossible placement is a
 400 with the planner's reason (per-node memory arithmetic included), cluster info still
-gossiping is a 503, and a feasible one is submitted with the instance id chosen here.
+gossiping is a 503 (including a multi-node MLX placement one of whose nodes has not reported
+its network yet: it would get no ring hosts, and its runners would refuse to load), and a
+feasible one is submitted with the instance id chosen here.
 Previews and `GET /models` also show the capacity planner's outputs for each placement.
 """
 
@@ -17,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from skulk.master.placement import PlacementError, PlacementInfoPending, PlacementRequest, place, preview
+from skulk.master.ring_hosts import unreported_ring_nodes
 from skulk.shared.types.commands import DeleteInstance, PlaceInstance
 from skulk.shared.types.ids import new_id
 
@@ -49,8 +52,12 @@ async def place_instance(request: Request, body: PlaceInstanceBody) -> Any:
         model_id=body.model_id, sharding=body.sharding, min_nodes=body.min_nodes,
         excluded_nodes=frozenset(body.excluded_nodes),
     )
+    state = context.get_state()
     try:
-        instance = place(card, context.get_state(), context.get_resources(), placement_request, new_id=new_id)
+        instance = place(card, state, context.get_resources(), placement_request, new_id=new_id)
+        unreported = unreported_ring_nodes(instance, state)
+        if unreported:
+            raise PlacementInfoPending("ring addresses not reported yet", unreported)
     except PlacementError as exc:
         return _placement_error(exc)
     command = PlaceInstance(

@@ -97,6 +97,9 @@ class GenerationResult:
     usage: Usage | None = None
     error_type: str | None = None
     error_message: str | None = None
+    fatal: bool = False
+    """The engine can never serve again (`EngineBroken`): the runner reports this request,
+    then itself Failed with the message, and exits."""
 
 
 def usage_of(prompt_tokens: int, completion_tokens: int) -> Usage:
@@ -116,6 +119,15 @@ class EngineError(Exception):
     """A failure an engine can explain; `error_type` is what the client's stream carries."""
 
     error_type: ClassVar[str] = "EngineError"
+
+
+class EngineBroken(EngineError):
+    """The engine can never serve again, typically a distributed group that lost a rank
+    mid-request (its ranks are out of step). The request fails with this message, so the
+    client learns what broke; then the runner exits, so the worker sees a dead runner rather
+    than a live one that fails every later request."""
+
+    error_type = "EngineBroken"
 
 
 class EngineNotLoaded(EngineError):
@@ -545,7 +557,8 @@ class Dispatcher:
                         close()  # release the engine now, not when the generator is collected
         except EngineError as exc:
             return GenerationResult(
-                outcome="failed", finish_reason="error", error_type=exc.error_type, error_message=str(exc)
+                outcome="failed", finish_reason="error", error_type=exc.error_type, error_message=str(exc),
+                fatal=isinstance(exc, EngineBroken),
             )
         except Exception as exc:  # an engine bug must end this request, not the runner
             log.exception("generation %s failed", job.request_id)
@@ -604,6 +617,7 @@ __all__ = [
     "Engine",
     "EmbeddingEngine",
     "EmbeddingsUnsupported",
+    "EngineBroken",
     "EngineBusy",
     "GeneratedEmbedding",
     "ApiRequest",

@@ -20,7 +20,12 @@ One step, per mode:
 Rank 0 decides everything that depends on the client (stop strings, cancellation, max
 tokens) and tells the followers with the next header, so they never need the tokenizer.
 A collective that raises mid-request leaves the ranks out of step; there is no safe way
-back, so the rank exits (`EXIT_GROUP_WEDGED`) and the instance is re-placed.
+back, so the rank exits and the instance is re-placed. On rank 0 the failure first ends the
+request with `GroupBroken` naming the rank and node it lost (a peer that dies closes its ring
+socket, and MLX raises within seconds), so the client's stream says which node went away
+instead of "runner exited"; the runner then exits (`EngineBroken`). Followers have no client
+and exit at once (`EXIT_GROUP_WEDGED`), as does any rank whose guarded evaluation outlives
+the eval watchdog (a peer that went silent without closing its socket).
 
 This module never manages the runner's threads or queues beyond its own follower thread, and
 never reads cluster state: everything arrives in the `ShardSpec`.
@@ -35,13 +40,14 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
 from skulk.shared.types.cards import backend_engine
 from skulk.shared.types.tasks import TextGenerationParams
 from skulk.worker.engines.base import (
+    EngineBroken,
     EngineBusy,
     EngineError,
     EngineNotLoaded,
@@ -103,7 +109,9 @@ SHUTDOWN_BROADCAST_TIMEOUT_S = 5.0
 """How long rank 0's close waits to tell followers to stop (they may already be gone)."""
 
 
-class GroupBroken(EngineError):
+class GroupBroken(EngineBroken):
+    """The group lost a rank (or fell out of step): this rank can never run a step again."""
+
     error_type = "GroupBroken"
 
 
@@ -132,6 +140,10 @@ class MlxEngine:
         self._batch_model: Any = None
         self._batch: BatchLoop | None = None
         self._count_lock = threading.Lock()
+        self._rank_nodes: list[str] = []
+        """Node id of each rank, to name the node a broken collective lost."""
+        self._my_rank = 0
+        self._broken: GroupBroken | None = None
         self.bytes_sent = 0
         """Bytes of step traffic this rank has sent, for benchmarks: pipeline activations and
         tokens as counted, tensor all_sums as the ring moves them (control headers excluded)."""
@@ -171,6 +183,8 @@ class MlxEngine:
         config = load_config(path)
         family = family_of(str(config.get("model_type")))
         role = stage_role(shard, spec.instance.sharding, int(config["num_hidden_layers"]))
+        self._rank_nodes = [str(s.node_id) for s in spec.instance.shards]
+        self._my_rank = role.rank
         if role.tensor and family.tensor is None:
             raise ModelLoadFailed(f"model_type {config.get('model_type')!r} has no tensor-parallel plan")
         if role.world > 1:
@@ -286,8 +300,10 @@ class MlxEngine:
         try:
             yield from self._text(request, len(prompt), max_new, next_token, cancelled)
         finally:
-            # Finished, cancelled, or the client went away: the followers drop the request too.
-            self._command(Header(OP_END))
+            # Finished, cancelled, or the client went away: the followers drop the request
+            # too. A broken group has nobody left to tell (and the runner is about to exit).
+            if self._broken is None:
+                self._command(Header(OP_END))
 
     def _batched(self, request: TextGenerationParams, cancelled: threading.Event) -> Iterator[GeneratedToken]:
         prompt, max_new, params = self._prepare(request)
@@ -356,11 +372,10 @@ class MlxEngine:
         stage = self._require_loaded()
         if stage.role.tensor and header.op == OP_STEP:
             header = Header(header.op, header.n_tokens, header.sample, tokens_follow=True)
+        if self._broken is not None:
+            raise self._broken
         if stage.role.world > 1:
-            try:
-                self._broadcast(header, tokens)
-            except Exception as exc:
-                self._die(f"rank 0 could not broadcast {header}: {exc}")
+            self._broadcast(header, tokens)
         return self._apply(header, tokens)
 
     def _tell_followers_to_stop(self) -> None:
@@ -430,7 +445,7 @@ class MlxEngine:
             messages.append(tokens)
         for message in messages:
             summed = mx.distributed.all_sum(mx.array(message, dtype=mx.int32), group=self._group)
-            with self._guard("header broadcast") if guarded else nullcontext():
+            with self._collective("header broadcast", None, guarded):
                 mx.eval(summed)
 
     def _apply(self, header: Header, tokens: list[int] | None) -> int | None:
@@ -464,13 +479,17 @@ class MlxEngine:
                 (1, header.n_tokens, self._hidden_size), self._activation_dtype, role.rank - 1, group=group
             )
         hidden = forward_layers(stage, hidden, self._cache)
-        with self._guard(f"rank {role.rank} layers [{role.start_layer}, {role.end_layer})"):
+        layers = f"rank {role.rank} layers [{role.start_layer}, {role.end_layer})"
+        # The layers' evaluation includes the receive from the previous rank (pipeline) or
+        # the per-layer all_sums (tensor): a peer lost there is named like any other.
+        peer = None if role.tensor else role.rank - 1
+        with self._guard(layers) if role.embeds and not role.tensor else self._collective(layers, peer):
             mx.eval(hidden)  # commit the graph (and the KV cache) before anything is sent
         if role.tensor:
             # Two ring all_sums per layer; each rank sends 2(n-1)/n of the summed bytes.
             self.bytes_sent += 2 * len(stage.layers) * hidden.nbytes * 2 * (role.world - 1) // role.world
         if role.sends_activations:
-            with self._guard(f"rank {role.rank} send to {role.rank + 1}"):
+            with self._collective(f"rank {role.rank} send", role.rank + 1):
                 mx.eval(mx.distributed.send(hidden, role.rank + 1, group=group))
             self.bytes_sent += hidden.nbytes
         if not header.sample:
@@ -482,16 +501,31 @@ class MlxEngine:
             with self._guard(f"rank {role.rank} sample"):
                 mx.eval(token)
             if role.returns_token:
-                with self._guard(f"rank {role.rank} token to rank 0"):
+                with self._collective(f"rank {role.rank} token", 0):
                     mx.eval(mx.distributed.send(token, 0, group=group))
                 self.bytes_sent += token.nbytes
         if role.awaits_token:
             token = mx.distributed.recv((1,), mx.int32, role.world - 1, group=group)
-            with self._guard("rank 0 waiting for the sampled token"):
+            with self._collective("rank 0 waiting for the sampled token", role.world - 1):
                 mx.eval(token)
         return int(token.item()) if role.rank == 0 else None
 
     # -- helpers --------------------------------------------------------------------------
+
+    @contextmanager
+    def _collective(self, label: str, peer: int | None, guarded: bool = True) -> Iterator[None]:
+        """Evaluate one collective with `peer` (None: every other rank) under the eval
+        watchdog; a failure becomes GroupBroken naming the peer's node, and marks the group
+        broken so no later step tries to use it."""
+        ranks = [peer] if peer is not None else [r for r in range(len(self._rank_nodes)) if r != self._my_rank]
+        nodes = ", ".join(sorted({self._rank_nodes[r] for r in ranks})) if self._rank_nodes else "unknown"
+        described = f"{label} with rank {', '.join(map(str, ranks))} (node {nodes})"
+        try:
+            with self._guard(described) if guarded else nullcontext():
+                yield
+        except Exception as exc:
+            self._broken = GroupBroken(f"node {nodes} lost: the MLX ring broke during {described}: {exc}")
+            raise self._broken from exc
 
     def _guard(self, label: str, timeout_s: float | None = None) -> AbstractContextManager[None]:
         if self._watchdog is None:

@@ -70,6 +70,9 @@ whole model's memory) lives at most this long."""
 EXIT_OK = 0
 EXIT_LOAD_FAILED = 1
 EXIT_PARENT_GONE = 3
+EXIT_ENGINE_BROKEN = 4
+"""The engine raised `EngineBroken`: the runner reported why, then exited (the same code as
+`mlx_group.EXIT_GROUP_WEDGED`, the other way a broken group ends its runner)."""
 
 
 def _llama_cpp_engine() -> Engine:
@@ -265,6 +268,12 @@ class Runner:
                 ),
             )
             self._send(TaskDone(task_id=task.task_id, outcome=result.outcome, error_message=result.error_message))
+        if result.fatal:
+            # Every frame above was written synchronously: the client has the reason. Say it
+            # once more as this runner's status, then end; a broken engine must not linger.
+            log.critical("runner %s: engine broken: %s; exiting", self._runner_id, result.error_message)
+            self._set_phase("Failed", error=result.error_message)
+            os._exit(EXIT_ENGINE_BROKEN)
         self._report_status()
 
     # -- output -------------------------------------------------------------------------
