@@ -1,6 +1,14 @@
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# Downloads and staging keep a 10 GiB operating-system reserve by default; the tiny test
+# models need a few MB, so a test machine with less than 10 GiB free would fail every
+# download for a reason no test is about. Tests of the reserve set it explicitly (or pass
+# `reserve_bytes`); node processes inherit this through their environment.
+os.environ.setdefault("SKULK_DISK_RESERVE_GB", "0")
 
 from tests.nodeproc import NodeProcess, free_port
 

@@ -18,7 +18,7 @@ import typer
 from skulk import __version__
 from skulk.api.auth import API_KEY_ENV
 from skulk.node import ExitCode, NodeSettings, default_node_name, run_node
-from skulk.store.config import ConfigError, SkulkConfig, load_config
+from skulk.store.config import ConfigError, SkulkConfig, load_config, with_env_overrides
 from skulk.store.paths import SkulkPaths, resolve_paths
 
 app = typer.Typer(
@@ -106,7 +106,7 @@ def _run(flags: RunFlags) -> None:
     _configure_logging()
     paths = _paths(flags.data_dir)
     try:
-        config = load_config(paths.config_file)
+        config = with_env_overrides(load_config(paths.config_file), os.environ)
     except ConfigError as exc:
         typer.echo(f"skulk: {exc}", err=True)
         raise typer.Exit(ExitCode.USAGE) from None
@@ -268,6 +268,7 @@ def models_pull(
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
     from skulk.store.cards import builtin_cards_dir, resolve_cards
+    from skulk.store.companions import ensure_companions
     from skulk.store.downloads import download_model
     from skulk.store.tiny_models import ArtifactUnavailable, ensure_local_model
 
@@ -279,7 +280,14 @@ def models_pull(
     if card is None:
         typer.echo(f"skulk: no model card for {model_id}; see `skulk models list`", err=True)
         raise typer.Exit(ExitCode.USAGE)
+    try:  # the same disk reserve the node keeps (skulk.yaml, then SKULK_DISK_RESERVE_GB)
+        store_section = with_env_overrides(load_config(paths.config_file), os.environ).model_store
+    except ConfigError as exc:
+        typer.echo(f"skulk: {exc}", err=True)
+        raise typer.Exit(ExitCode.USAGE) from None
+    reserve_bytes = int(store_section.disk_reserve_gb * 1024**3)
     console = Console(stderr=True)
+    companions: dict = {}
     try:
         if card.source != "huggingface":
             path = ensure_local_model(card, paths.models_dir)
@@ -287,15 +295,23 @@ def models_pull(
             columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                        TimeRemainingColumn())
             with Progress(*columns, console=console, transient=False) as progress:
-                task = progress.add_task(model_id, total=None)
-                path = download_model(
-                    card, paths.models_dir,
-                    on_progress=lambda done, total: progress.update(task, completed=done, total=total),
-                )
+                def pull(which):  # noqa: ANN001, ANN202 - the card, or one of its companions
+                    task = progress.add_task(which.model_id, total=None)
+                    return download_model(
+                        which, paths.models_dir,
+                        on_progress=lambda done, total: progress.update(task, completed=done, total=total),
+                        reserve_bytes=reserve_bytes,
+                    )
+
+                path = pull(card)
+                # Companion repos too, as the worker does: a required one failing fails the pull.
+                companions = ensure_companions(card, pull)
     except ArtifactUnavailable as exc:  # DownloadFailed included: the reason is the message
         typer.echo(f"skulk: {exc}", err=True)
         raise typer.Exit(ExitCode.FAILURE) from None
     typer.echo(f"{model_id}: {path}")
+    for repo_id, companion_path in companions.items():
+        typer.echo(f"{model_id} companion {repo_id}: {companion_path}")
 
 
 @models_app.command("rm")

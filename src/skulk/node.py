@@ -45,10 +45,12 @@ from skulk.shared.types.ids import new_id
 from skulk.shared.types.tasks import TextGeneration
 from skulk.shared.telemetry_view import node_resources
 from skulk.store.cards import builtin_cards_dir, resolve_cards
+from skulk.store.companions import companions_of
 from skulk.store.config import ModelStoreSection
 from skulk.store.eviction import in_use_model_ids
 from skulk.store.model_store import NodeStore, StoreBinding, bind_store, eviction_policy
 from skulk.store.staging import staging_root_for
+from skulk.store.store_memory import load_remembered_store, remember_store
 from skulk.store.store_host import StoreAddress, StoreAddressError, StoreChoice, advertised_store, parse_store_address
 from skulk.worker.main import Worker
 from skulk.worker.staged_copies import StagedCopyKeeper
@@ -158,6 +160,10 @@ class Node:
         self._own_store: StoreAddress | None = None
         self._own_hosts: frozenset[str] = frozenset()
         self._store_choice: StoreChoice | None = None
+        self._remembered_store: StoreAddress | None = None
+        """The master's store persisted by an earlier session (`store_memory.py`): used only
+        until this session hears a master."""
+        self._store_written: StoreAddress | None = None
         self._housekeeping: set[asyncio.Task] = set()
 
     def request_stop(self, exit_code: int = ExitCode.OK, reason: str = "stop requested") -> None:
@@ -177,6 +183,8 @@ class Node:
         except StoreAddressError as exc:
             logger.error("model_store.store_host: %s", exc)
             return ExitCode.USAGE
+        self._remembered_store = self._store_written = await asyncio.to_thread(
+            load_remembered_store, settings.paths.data_home)
         ensure_dirs(settings.paths)
         lease = Lease(settings.paths.lease_file, node_id=self.node_id, api_endpoint=settings.api_endpoint)
         try:
@@ -246,7 +254,7 @@ class Node:
             node_id=self.node_id, staging_root=staging_root_for(settings.paths.data_home),
             canonical_root=settings.paths.models_dir,  # a guard: never delete into the models dir
             policy=eviction_policy(settings.model_store),
-            in_use=lambda: in_use_model_ids(self.replica.state, self.node_id),
+            in_use=lambda: in_use_model_ids(self.replica.state, self.node_id, companions_of(cards)),
         )
         self.replica.on_applied(self.staged_copies.on_event)
         if settings.worker_enabled:
@@ -255,6 +263,7 @@ class Node:
                 deliver_local=self.streams.deliver, publish_telemetry=self.telemetry.publish,
                 store=self.store_binding, store_api_key=settings.api_key,
                 on_deactivate=self.staged_copies.reconcile,
+                disk_reserve_bytes=eviction_policy(settings.model_store).reserve_bytes,
             )
         me = SelfInfo(
             node_id=self.node_id, node_name=settings.node_name, version=__version__,
@@ -393,13 +402,22 @@ class Node:
 
     def store_binding(self) -> StoreBinding | None:
         """The store this node uses now: the pure `bind_store` re-run on what the node knows
-        (explicit store_host, the current master's endpoint, its own API), so the choice
-        follows the master as it changes. Cheap (no I/O); callers ask at the point of use."""
+        (explicit store_host, the current master's endpoint, its own API, and until a master
+        is heard the store remembered from before a restart), so the choice follows the
+        master as it changes. Cheap: callers ask at the point of use; the only I/O is a small
+        atomic write when the master names a store other than the remembered one."""
+        master_endpoint = self._master_api_endpoint()
+        if master_endpoint is not None:
+            self._remembered_store = None  # the startup window is over: the master speaks now
         binding = bind_store(
             self.settings.paths, self.settings.model_store, explicit=self._explicit_store,
-            master_endpoint=self._master_api_endpoint(), own=self._own_store, own_hosts=self._own_hosts,
+            master_endpoint=master_endpoint, own=self._own_store, own_hosts=self._own_hosts,
+            remembered=self._remembered_store,
         )
         choice = binding.choice if binding is not None else None
+        if choice is not None and choice.source == "master" and choice.address != self._store_written:
+            self._store_written = choice.address
+            remember_store(self.settings.paths.data_home, choice.address)
         if choice != self._store_choice:
             self._store_choice = choice
             if choice is None:

@@ -9,6 +9,7 @@ from skulk.store.cards import write_custom_card
 from tests.mockhub import (
     GGUF_FILE,
     TINY_GGUF_REPO,
+    TINY_MLX_REPO,
     hub_card,
     mock_hub,  # noqa: F401 - fixture
     tiny_artifacts,  # noqa: F401 - fixture
@@ -55,3 +56,29 @@ def test_pull_failures_exit_with_the_reason(mock_hub, tmp_path):
     missing_repo = _invoke("models", "pull", "mock-org/gone", "--data-dir", str(data_dir))
     assert missing_repo.exit_code == 1
     assert "not_found" in missing_repo.stderr and "does not exist" in missing_repo.stderr
+
+
+def test_pull_fetches_companions_and_a_missing_required_one_fails(mock_hub, tmp_path):
+    from skulk.shared.types.cards import ModelCard
+
+    data_dir = tmp_path / "node"
+    base = hub_card(TINY_GGUF_REPO, gguf_file=GGUF_FILE)
+    card = ModelCard.model_validate({**base.model_dump(by_alias=False), "vision_weights_repo": TINY_MLX_REPO})
+    write_custom_card(data_dir / "custom_model_cards", card)
+    pulled = _invoke("models", "pull", TINY_GGUF_REPO, "--data-dir", str(data_dir))
+    assert pulled.exit_code == 0, pulled.output
+    assert f"companion {TINY_MLX_REPO}: {data_dir / 'models' / 'mock-org--tiny-llama-mlx'}" in pulled.stdout
+
+    missing = ModelCard.model_validate({**base.model_dump(by_alias=False), "vision_weights_repo": "mock-org/gone"})
+    write_custom_card(data_dir / "custom_model_cards", missing)
+    failed = _invoke("models", "pull", TINY_GGUF_REPO, "--data-dir", str(data_dir))
+    assert failed.exit_code == 1 and "mock-org/gone" in failed.stderr and "required companion" in failed.stderr
+
+
+def test_pull_refuses_to_eat_the_disk_reserve(mock_hub, tmp_path, monkeypatch):
+    data_dir = tmp_path / "node"
+    write_custom_card(data_dir / "custom_model_cards", hub_card(TINY_GGUF_REPO, gguf_file=GGUF_FILE))
+    monkeypatch.setenv("SKULK_DISK_RESERVE_GB", str(10**9))
+    refused = _invoke("models", "pull", TINY_GGUF_REPO, "--data-dir", str(data_dir))
+    assert refused.exit_code == 1 and "(disk)" in refused.stderr and "reserve" in refused.stderr
+    assert not (data_dir / "models" / "mock-org--tiny-llama-GGUF").exists()

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import httpx
@@ -147,6 +148,9 @@ def test_follower_stages_from_the_master_store_and_the_hub_is_fetched_once(spawn
     # A's store serves the manifest B staged from.
     manifest = a.get(f"/store/models/{TINY_GGUF_REPO}").json()
     assert [f["path"] for f in manifest["files"]] == [GGUF_FILE]
+    # B remembers the master's store for its next start (the startup window before a master speaks).
+    remembered = json.loads((b.data_dir / "store-choice.json").read_text())
+    assert (remembered["host"], remembered["port"]) == ("127.0.0.1", a.api_port), remembered
 
 
 def test_deleting_a_model_from_the_store_evicts_the_followers_staged_copy(spawn_node, mock_hub):

@@ -116,6 +116,19 @@ class GatedDownload:
             self.finished.set()
 
 
+def settled(fetcher: StoreFetcher, card, root: Path, timeout_s: float = 10.0):  # noqa: ANN001
+    """The fetcher's answer once its job has ended: the fake download signals `finished`
+    just before the fetcher's thread records the outcome, so poll (with a deadline)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = fetcher.request(card, root)
+        if status.state != "fetching" or time.monotonic() > deadline:
+            return status
+        time.sleep(0.01)
+
+
 def test_fetcher_downloads_once_however_often_asked_then_reports_registered(tmp_path):
     card = hub_card(TINY_GGUF_REPO, gguf_file=GGUF_FILE)
     download = GatedDownload()
@@ -126,7 +139,7 @@ def test_fetcher_downloads_once_however_often_asked_then_reports_registered(tmp_
         assert fetcher.request(card, tmp_path).state == "fetching"
     download.release.set()
     assert download.finished.wait(10)
-    done = fetcher.request(card, tmp_path)
+    done = settled(fetcher, card, tmp_path)
     assert done.state == "registered" and done.http_status == 200
     assert done.manifest is not None and [f.path for f in done.manifest.files] == [GGUF_FILE]
     assert download.calls == 1
@@ -140,7 +153,7 @@ def test_fetcher_reports_a_failure_for_a_while_then_tries_again(tmp_path):
     fetcher.request(card, tmp_path)
     download.release.set()
     assert download.finished.wait(10)
-    failed = fetcher.request(card, tmp_path)
+    failed = settled(fetcher, card, tmp_path)
     assert (failed.state, failed.kind, failed.http_status) == ("failed", "not_found", 502)
     assert "404" in (failed.reason or "")
     now[0] += FAILURE_TTL_S + 1

@@ -7,6 +7,7 @@ environment variables override what the file says (the CLI applies that preceden
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -102,6 +103,27 @@ def parse_config(text: str, path: Path) -> SkulkConfig:
         return SkulkConfig.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(path, [_describe(err) for err in exc.errors()]) from None
+
+
+DISK_RESERVE_ENV = "SKULK_DISK_RESERVE_GB"
+"""Environment override of `model_store.disk_reserve_gb` (the same name
+`skulk.store.disk_admission` reads when no config is at hand)."""
+
+
+def with_env_overrides(config: SkulkConfig, env: Mapping[str, str]) -> SkulkConfig:
+    """`config` with the environment's overrides applied (environment beats the file, as
+    the CLI's flags beat both). Pure; a malformed value is a ConfigError naming it."""
+    raw = (env.get(DISK_RESERVE_ENV) or "").strip()
+    if not raw:
+        return config
+    try:
+        gib = float(raw)
+    except ValueError:
+        gib = -1.0
+    if not gib >= 0:
+        raise ConfigError(Path(f"${DISK_RESERVE_ENV}"), [f"{DISK_RESERVE_ENV}={raw!r}: expected a number of GiB >= 0"])
+    store = config.model_store.model_copy(update={"disk_reserve_gb": gib})
+    return config.model_copy(update={"model_store": store})
 
 
 def load_config(path: Path) -> SkulkConfig:

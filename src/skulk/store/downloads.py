@@ -24,6 +24,13 @@ without re-importing anything):
   `RetryPolicy.max_attempts` times per step and never past `RetryPolicy.deadline_s`.
 - progress: `on_progress(downloaded_bytes, total_bytes)` from the downloading thread, for
   the CLI's progress bar and the worker's telemetry (the worker throttles it).
+- disk reserve: once the exact file set is known, the bytes still to fetch (finished and
+  resumable data credited) must fit the volume's free space with the operating-system
+  reserve left over (`disk_admission.admit`), or the download fails as `DownloadFailed`
+  (kind `disk`) with the arithmetic, before any byte is written. Admission and transfer run
+  under one per-models-dir lock, so concurrent downloads cannot spend the same free bytes.
+  This is the only guard for the store's canonical copy and the direct fallback: nothing
+  there is ever evicted.
 
 This module never decides placement or emits events; the worker and the CLI do.
 """
@@ -31,6 +38,7 @@ This module never decides placement or emits events; the worker and the CLI do.
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import json
 import logging
@@ -47,6 +55,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from skulk.shared.types.cards import ModelCard
+from skulk.store.disk_admission import admit, disk_free_bytes, reserve_bytes_from_env
 from skulk.store.hub_files import RepoFile, SelectionError, select_files, total_size_bytes
 from skulk.store.paths import hub_model_dir_name
 from skulk.store.tiny_models import ArtifactUnavailable
@@ -67,6 +76,9 @@ DOWNLOAD_LOCK_TIMEOUT_S = 3600.0
 """Longest a caller waits for another process downloading the same model into the same
 models dir (two nodes sharing a cache). Past it the caller fails loudly instead of hanging."""
 LOCK_POLL_INTERVAL_S = 0.2
+VOLUME_LOCK_FILE = ".skulk-volume.lock"
+"""In a models dir: held from disk admission to the end of the transfer, so two downloads
+into one volume never admit against the same free bytes (one transfer at a time per dir)."""
 METADATA_TIMEOUT_S = 15.0
 """Per-request timeout of the repo listing and of each file's metadata (HEAD) request."""
 
@@ -391,10 +403,11 @@ def local_size_bytes(card: ModelCard, models_dir: Path) -> int | None:
 
 
 @contextlib.contextmanager
-def _exclusive_lock(lock_path: Path, model_id: str, timeout_s: float) -> Iterator[None]:
-    """flock on `lock_path`, polled until `timeout_s`. One descriptor per call, so threads of
-    one process exclude each other too. The lock file is never deleted (a late opener would
-    lock an orphaned inode)."""
+def _exclusive_lock(lock_path: Path, model_id: str, timeout_s: float,
+                    cancel: threading.Event | None = None) -> Iterator[None]:
+    """flock on `lock_path`, polled until `timeout_s` (or `cancel`). One descriptor per call,
+    so threads of one process exclude each other too. The lock file is never deleted (a late
+    opener would lock an orphaned inode)."""
     import fcntl
 
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -405,6 +418,8 @@ def _exclusive_lock(lock_path: Path, model_id: str, timeout_s: float) -> Iterato
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
+                if cancel is not None and cancel.is_set():
+                    raise DownloadFailed(model_id, "the download was cancelled", "cancelled") from None
                 if time.monotonic() >= deadline:
                     raise DownloadFailed(model_id, f"another process held {lock_path} for over {timeout_s:.0f} s",
                                          "deadline") from None
@@ -520,6 +535,33 @@ def _sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _present_sizes(
+    selected: tuple[str, ...], revision: str, target: Path, existing: DownloadMarker | None, extend: bool,
+    staging: Path,
+) -> dict[str, int]:
+    """Bytes each selected file already has on disk: in the target (same commit), finished
+    in the staging dir, or a resumable partial there (only when the staging dir is of this
+    commit: another commit's is discarded, so it credits nothing)."""
+    out: dict[str, int] = {}
+    try:
+        same_commit = (staging / STAGING_REVISION_FILE).read_text(encoding="utf-8").strip() == revision
+    except OSError:
+        same_commit = False
+    for path in selected:
+        if extend and existing is not None and _present(target, existing.files, (path,)):
+            out[path] = existing.files[path]
+            continue
+        if not same_commit:
+            continue
+        with contextlib.suppress(OSError):
+            out[path] = (staging / path).stat().st_size
+            continue
+        for partial in (staging / PARTIAL_DIR_NAME).glob(f"{glob.escape(path.replace('/', '--'))}.*.incomplete"):
+            with contextlib.suppress(OSError):
+                out[path] = max(out.get(path, 0), partial.stat().st_size)
+    return out
+
+
 def prepare_revision_dir(staging: Path, revision: str) -> None:
     """A staging directory holds finished files of one commit; another commit's are dropped.
     Shared by hub downloads and store staging (`skulk.store.staging`)."""
@@ -557,9 +599,14 @@ def download_model(
     cancel: threading.Event | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    reserve_bytes: int | None = None,
+    free_bytes: Callable[[Path], int] = disk_free_bytes,
 ) -> Path:
     """The card's artifact under `models_dir`, downloading what is missing. Blocking: call it
-    from a thread. Raises DownloadFailed (an ArtifactUnavailable) with the reason."""
+    from a thread. Raises DownloadFailed (an ArtifactUnavailable) with the reason.
+
+    `reserve_bytes` is the free space the download must leave on the models volume (None:
+    SKULK_DISK_RESERVE_GB, else 10 GiB); `free_bytes` measures that volume."""
     if card.source != "huggingface":
         raise ArtifactUnavailable(card.model_id, f"not a Hugging Face card (source {card.source!r})")
     hub = hub or HubSource.from_env()
@@ -568,60 +615,81 @@ def download_model(
     found = local_artifact(card, models_dir)
     if found is not None:
         return found
+    if reserve_bytes is None:
+        try:
+            reserve_bytes = reserve_bytes_from_env(os.environ)
+        except ValueError as exc:
+            raise DownloadFailed(card.model_id, str(exc), "error") from None
     models_dir.mkdir(parents=True, exist_ok=True)
     with _exclusive_lock(models_dir / f".{target.name}.lock", card.model_id, DOWNLOAD_LOCK_TIMEOUT_S):
         found = local_artifact(card, models_dir)  # another process may have finished meanwhile
         if found is not None:
             return found
-        attempts = _Attempts(card.model_id, policy, clock() + policy.deadline_s, cancel, clock, sleep)
-        revision, listing = attempts.run("reading the repository listing", lambda: _repo_listing(card, hub))
-        if card.source_revision is not None and revision != card.source_revision:
-            raise DownloadFailed(
-                card.model_id, f"the hub served commit {revision} for pinned revision {card.source_revision}",
-                "revision_mismatch",
-            )
-        try:
-            selected = select_files(card.model_id, card.artifact_format, listing, card.gguf_file)
-        except SelectionError as exc:
-            raise DownloadFailed(card.model_id, exc.reason, "no_files") from exc
-        sizes = {f.path: f.size_bytes or 0 for f in listing}
-        existing = read_marker(target)
-        # Same commit already on disk (another quant of the repo): add to it in place.
-        extend = existing is not None and existing.revision == revision and existing.model_id == card.model_id
-        meter = _Meter(card.model_id, total_size_bytes(listing, selected), on_progress, attempts.deadline, cancel, clock)
-        staging = models_dir / f".{target.name}.partial"
-        prepare_revision_dir(staging, revision)
-        logger.info("downloading %s at %s: %d files, %d bytes", card.model_id, revision[:12], len(selected),
-                    meter.total_bytes)
-        meter.emit()
-        fetched: list[str] = []
-        for path in selected:
-            meter.check()
-            if extend and _present(target, existing.files, (path,)):  # type: ignore[union-attr]
-                meter.file_done(sizes[path])
-                continue
-            attempts.run(f"downloading {path}",
-                         lambda path=path: _fetch_file(card.model_id, path, revision, staging, hub, meter))
-            fetched.append(path)
+        with _exclusive_lock(models_dir / VOLUME_LOCK_FILE, card.model_id, DOWNLOAD_LOCK_TIMEOUT_S, cancel):
+            return _download_locked(card, models_dir, target, hub, on_progress, policy, cancel, clock, sleep,
+                                    reserve_bytes, free_bytes)
+
+
+def _download_locked(
+    card: ModelCard, models_dir: Path, target: Path, hub: HubSource, on_progress: ProgressCallback | None,
+    policy: RetryPolicy, cancel: threading.Event | None, clock: Callable[[], float], sleep: Callable[[float], None],
+    reserve_bytes: int, free_bytes: Callable[[Path], int],
+) -> Path:
+    """The download proper, under the model's lock and the volume's admission lock."""
+    attempts = _Attempts(card.model_id, policy, clock() + policy.deadline_s, cancel, clock, sleep)
+    revision, listing = attempts.run("reading the repository listing", lambda: _repo_listing(card, hub))
+    if card.source_revision is not None and revision != card.source_revision:
+        raise DownloadFailed(
+            card.model_id, f"the hub served commit {revision} for pinned revision {card.source_revision}",
+            "revision_mismatch",
+        )
+    try:
+        selected = select_files(card.model_id, card.artifact_format, listing, card.gguf_file)
+    except SelectionError as exc:
+        raise DownloadFailed(card.model_id, exc.reason, "no_files") from exc
+    sizes = {f.path: f.size_bytes or 0 for f in listing}
+    existing = read_marker(target)
+    # Same commit already on disk (another quant of the repo): add to it in place.
+    extend = existing is not None and existing.revision == revision and existing.model_id == card.model_id
+    meter = _Meter(card.model_id, total_size_bytes(listing, selected), on_progress, attempts.deadline, cancel, clock)
+    staging = models_dir / f".{target.name}.partial"
+    verdict = admit({p: sizes[p] for p in selected}, _present_sizes(selected, revision, target, existing, extend,
+                                                                    staging), free_bytes(models_dir), reserve_bytes)
+    if not verdict.fits:
+        logger.error("refusing to download %s: %s", card.model_id, verdict.reason(models_dir))
+        raise DownloadFailed(card.model_id, verdict.reason(models_dir), "disk")
+    prepare_revision_dir(staging, revision)
+    logger.info("downloading %s at %s: %d files, %d bytes", card.model_id, revision[:12], len(selected),
+                meter.total_bytes)
+    meter.emit()
+    fetched: list[str] = []
+    for path in selected:
+        meter.check()
+        if extend and _present(target, existing.files, (path,)):  # type: ignore[union-attr]
             meter.file_done(sizes[path])
-        shutil.rmtree(staging / PARTIAL_DIR_NAME, ignore_errors=True)
-        (staging / STAGING_REVISION_FILE).unlink(missing_ok=True)
-        files = {p: (staging / p).stat().st_size for p in fetched}
-        if extend:
-            assert existing is not None
-            for path in fetched:
-                (target / path).parent.mkdir(parents=True, exist_ok=True)
-                os.replace(staging / path, target / path)
-            marker = DownloadMarker(card.model_id, revision, card.source_revision is not None,
-                                    {**existing.files, **files})
-            _write_json_atomic(target / MARKER_FILE_NAME, marker.to_json())
-            shutil.rmtree(staging, ignore_errors=True)
-        else:
-            marker = DownloadMarker(card.model_id, revision, card.source_revision is not None, files)
-            _write_json_atomic(staging / MARKER_FILE_NAME, marker.to_json())
-            swap_into_place(staging, target)
-        logger.info("downloaded %s at %s into %s", card.model_id, revision[:12], target)
-        return _artifact_path(card, target)
+            continue
+        attempts.run(f"downloading {path}",
+                     lambda path=path: _fetch_file(card.model_id, path, revision, staging, hub, meter))
+        fetched.append(path)
+        meter.file_done(sizes[path])
+    shutil.rmtree(staging / PARTIAL_DIR_NAME, ignore_errors=True)
+    (staging / STAGING_REVISION_FILE).unlink(missing_ok=True)
+    files = {p: (staging / p).stat().st_size for p in fetched}
+    if extend:
+        assert existing is not None
+        for path in fetched:
+            (target / path).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(staging / path, target / path)
+        marker = DownloadMarker(card.model_id, revision, card.source_revision is not None,
+                                {**existing.files, **files})
+        _write_json_atomic(target / MARKER_FILE_NAME, marker.to_json())
+        shutil.rmtree(staging, ignore_errors=True)
+    else:
+        marker = DownloadMarker(card.model_id, revision, card.source_revision is not None, files)
+        _write_json_atomic(staging / MARKER_FILE_NAME, marker.to_json())
+        swap_into_place(staging, target)
+    logger.info("downloaded %s at %s into %s", card.model_id, revision[:12], target)
+    return _artifact_path(card, target)
 
 
 def remove_model(models_dir: Path, model_id: str) -> list[Path]:
@@ -655,6 +723,7 @@ def downloaded_models(models_dir: Path) -> dict[str, list[DownloadMarker]]:
 
 __all__ = [
     "MARKER_FILE_NAME",
+    "VOLUME_LOCK_FILE",
     "DownloadFailed",
     "DownloadMarker",
     "HubSource",

@@ -22,6 +22,7 @@ from skulk.store.downloads import DownloadMarker, downloaded_models, read_marker
 from skulk.store.eviction import EvictionPolicy
 from skulk.store.paths import SkulkPaths
 from skulk.store.staging import (
+    ProgressCallback,
     RetryPolicy,
     StagingFailed,
     StagingOptions,
@@ -85,21 +86,24 @@ def bind_store(
     master_endpoint: str | None,
     own: StoreAddress | None,
     own_hosts: frozenset[str] = frozenset(),
+    remembered: StoreAddress | None = None,
 ) -> StoreBinding | None:
     """The store choice and this node's roots under it, from what the node knows now (its
     explicit `store_host`, the elected master's advertised API endpoint, its own API
     address). Pure: the node re-runs it whenever the master (or its endpoint) changes.
 
-    A node without an API (`own` None) cannot host the store: it binds to an explicit or
-    advertised store, and to none at all otherwise (the worker then downloads directly)."""
+    A node without an API (`own` None) cannot host the store: it binds to an explicit,
+    advertised or remembered store, and to none at all otherwise (the worker then downloads
+    directly). `remembered`: the master's store persisted before a restart (see
+    `store_host.choose_store`)."""
     master_store = advertised_store(master_endpoint)
     if own is None:
-        address = explicit or master_store
-        if address is None:
-            return None
-        choice = StoreChoice(address, "explicit" if explicit is not None else "master", False)
-    else:
-        choice = choose_store(explicit, master_store, own, own_hosts)
+        for source, address in (("explicit", explicit), ("master", master_store), ("remembered", remembered)):
+            if address is not None:
+                return StoreBinding(node_store(paths, section, hosts_store=False),
+                                    StoreChoice(address, source, False))  # type: ignore[arg-type]
+        return None
+    choice = choose_store(explicit, master_store, own, own_hosts, remembered)
     return StoreBinding(node_store(paths, section, hosts_store=choice.is_self), choice)
 
 
@@ -154,9 +158,11 @@ def stage_model(
     api_key: str | None = None,
     retry: RetryPolicy = RetryPolicy(),
     cancel: threading.Event | None = None,
+    on_progress: ProgressCallback | None = None,
 ) -> Path:
     """The staged directory of `model_id` (at `revision` when pinned): hardlinked from the
-    canonical copy when this node hosts the store, transferred from the store otherwise.
+    canonical copy when this node hosts the store, transferred from the store otherwise
+    (reporting `on_progress(staged_bytes, total_bytes)` as bytes arrive).
     Blocking: call it from a thread. Raises StagingFailed; kind `unreachable` is the cue for
     the caller's direct-download fallback, `not_found` for asking the store to fetch it."""
     options = StagingOptions(policy=store.policy, in_use_model_ids=in_use_model_ids,
@@ -171,7 +177,7 @@ def stage_model(
         return stage_from_local(store.canonical_root / manifest.dir_name, manifest, store.staging_root, options)
     with StoreClient(choice.address.base_url, api_key=api_key) as client:
         return stage_from_remote(client, model_id, store.staging_root, options, revision=revision, retry=retry,
-                                 cancel=cancel)
+                                 cancel=cancel, on_progress=on_progress)
 
 
 __all__ = [

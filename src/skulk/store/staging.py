@@ -46,6 +46,7 @@ from urllib.parse import quote
 
 import httpx
 
+from skulk.store.disk_admission import disk_free_bytes
 from skulk.store.downloads import (
     MARKER_FILE_NAME,
     STAGING_REVISION_FILE,
@@ -384,13 +385,6 @@ def _carry_out(staging_root: Path, plan: EvictionPlan, entries: list[StagedEntry
     return RemovalResult(tuple(removed), (), freed)
 
 
-def disk_free_bytes(path: Path) -> int:
-    probe = Path(path)
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    return shutil.disk_usage(probe).free
-
-
 # ---------------------------------------------------------------------------------------
 # Assembling a copy
 # ---------------------------------------------------------------------------------------
@@ -607,8 +601,10 @@ class StoreClient:
                                 "transfer")
         return Manifest.from_json(response.json())
 
-    def fetch(self, manifest: Manifest, file: ManifestFile, part: Path, check: Callable[[], None]) -> None:
-        """Bring `part` up to the file's full size, resuming from what it holds."""
+    def fetch(self, manifest: Manifest, file: ManifestFile, part: Path, check: Callable[[], None],
+              on_bytes: Callable[[int], None] = lambda _have: None) -> None:
+        """Bring `part` up to the file's full size, resuming from what it holds.
+        `on_bytes(have)` reports the bytes the file holds after each write."""
         have = part.stat().st_size if part.exists() else 0
         if have > file.size_bytes:
             part.unlink()
@@ -644,10 +640,37 @@ class StoreClient:
                             raise StagingFailed(manifest.model_id, f"the store sent more than {file.size_bytes} "
                                                 f"bytes for {file.path}", "size_mismatch")
                         out.write(chunk)
+                        on_bytes(have)
         except httpx.TransportError as exc:
             raise _Transient(f"transfer of {file.path} broke: {exc}") from exc
         if have != file.size_bytes:
             raise _Transient(f"{file.path} ended at {have} of {file.size_bytes} bytes")
+
+
+ProgressCallback = Callable[[int, int], None]
+"""`(staged_bytes, total_bytes)`, as downloads report it: the worker gates and publishes it as
+DownloadProgress telemetry under the attempt's id, so /state and the CLI see staging move."""
+
+
+class _StagingMeter:
+    """One (done, total) stream over a staging's files: bytes already on disk count from the
+    start, each file's progress replaces its own previous figure. A running sum, so a chunk
+    costs O(1) however many files the manifest has."""
+
+    def __init__(self, manifest: Manifest, present: Mapping[str, int], on_progress: ProgressCallback | None) -> None:
+        self._have = {f.path: min(max(present.get(f.path, 0), 0), f.size_bytes) for f in manifest.files}
+        self._done = sum(self._have.values())
+        self.total = manifest.total_bytes
+        self._on_progress = on_progress
+
+    def file_at(self, path: str, have: int) -> None:
+        self._done += have - self._have.get(path, 0)
+        self._have[path] = have
+        self.emit()
+
+    def emit(self) -> None:
+        if self._on_progress is not None:
+            self._on_progress(max(0, min(self._done, self.total)), self.total)
 
 
 def _with_retries(model_id: str, what: str, op: Callable[[], Any], policy: RetryPolicy, deadline: float,
@@ -679,9 +702,12 @@ def stage_from_remote(
     cancel: threading.Event | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    on_progress: ProgressCallback | None = None,
 ) -> Path:
     """Stage `model_id` from a remote store: manifest, admission, resumable per-file
-    transfers with size checks, then the atomic rename. Returns the staged directory."""
+    transfers with size checks, then the atomic rename. Returns the staged directory.
+    `on_progress` gets (bytes staged, manifest total) from this thread as bytes land, the
+    resumed ones included; the caller throttles it (the worker's progress gate)."""
     deadline = clock() + retry.deadline_s
     manifest: Manifest = _with_retries(model_id, "reading the manifest", lambda: client.manifest(model_id, revision),
                                        retry, deadline, clock, sleep)
@@ -705,17 +731,23 @@ def stage_from_remote(
             return target
         partial = root / f".{manifest.dir_name}.partial"
         prepare_revision_dir(partial, manifest.revision)
-        _admit(root, manifest, additional_bytes(manifest, _present_sizes(partial, manifest), False), options)
+        present = _present_sizes(partial, manifest)
+        _admit(root, manifest, additional_bytes(manifest, present, False), options)
+        meter = _StagingMeter(manifest, present, on_progress)
+        meter.emit()
         for f in manifest.files:
             check()
             final = partial / f.path
             if final.is_file() and final.stat().st_size == f.size_bytes:
                 continue  # finished by an earlier, interrupted attempt
             part = partial / (f.path + ".part")
-            _with_retries(model_id, f"fetching {f.path}", lambda f=f, part=part: client.fetch(manifest, f, part, check),
+            _with_retries(model_id, f"fetching {f.path}",
+                          lambda f=f, part=part: client.fetch(manifest, f, part, check,
+                                                              lambda have, f=f: meter.file_at(f.path, have)),
                           retry, deadline, clock, sleep)
             os.replace(part, final)
         _finish(partial, target, manifest, options.now_s)
+        meter.emit()
     logger.info("staged %s at %s from the store (%d files, %d bytes)", model_id, manifest.revision[:12],
                 len(manifest.files), manifest.total_bytes)
     return target
@@ -723,6 +755,7 @@ def stage_from_remote(
 
 __all__ = [
     "LAST_USED_FILE",
+    "ProgressCallback",
     "STAGING_DIR_NAME",
     "CanonicalPathRefused",
     "Manifest",

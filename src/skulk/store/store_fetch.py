@@ -95,6 +95,11 @@ class StoreFetcher:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     cancel: threading.Event = field(default_factory=threading.Event)
     """Set at shutdown: a fetch stops at its next chunk (the partial download resumes later)."""
+    reserve_bytes: int | None = None
+    """Free space every canonical download must leave on the store's volume (the node's
+    `disk_reserve_gb`); None: the downloader's default (SKULK_DISK_RESERVE_GB, else 10 GiB)."""
+    free_bytes: Callable[[Path], int] | None = None
+    """Measures the store's volume (None: the real disk)."""
 
     def request(self, card: ModelCard, canonical_root: Path) -> FetchStatus:
         """Registered, fetching (started now or earlier) or failed. Blocking disk reads:
@@ -129,8 +134,13 @@ class StoreFetcher:
             job.downloaded_bytes, job.total_bytes = done, total
 
         failure: DownloadFailed | None = None
+        disk: dict[str, Any] = {}
+        if self.reserve_bytes is not None:
+            disk["reserve_bytes"] = self.reserve_bytes
+        if self.free_bytes is not None:
+            disk["free_bytes"] = self.free_bytes
         try:
-            self.download(card, canonical_root, on_progress=progress, cancel=self.cancel)
+            self.download(card, canonical_root, on_progress=progress, cancel=self.cancel, **disk)
         except DownloadFailed as exc:
             failure = exc
         except Exception as exc:  # noqa: BLE001 - every failure must reach the pollers
@@ -165,7 +175,9 @@ def request_fetch(
     or the store host's DownloadFailed (the hub's answer, with its kind)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     url = f"/store/models/{quote(card.model_id, safe='/')}/fetch"
-    body = {"revision": card.source_revision, "card": card.model_dump(mode="json", by_alias=True)}
+    # Unset optional fields are left out, so a store host whose card schema predates one of
+    # them (companion repos, say) still accepts a card that does not use it.
+    body = {"revision": card.source_revision, "card": card.model_dump(mode="json", by_alias=True, exclude_none=True)}
     deadline = clock() + deadline_s
     transport_errors = 0
     with httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=REQUEST_TIMEOUT_S,
@@ -236,13 +248,15 @@ def stage_card(
 
     def stage() -> Path | None:
         stage_model(store, choice, card.model_id, revision=revision, in_use_model_ids=in_use_model_ids,
-                    api_key=api_key, retry=retry, cancel=cancel)
+                    api_key=api_key, retry=retry, cancel=cancel, on_progress=on_progress)
         return local_artifact(card, store.staging_root)
 
     if choice.is_self:
         if store.canonical_root is None:
             raise StagingFailed(card.model_id, "this node hosts the store but has no canonical models dir", "invalid")
-        download_model(card, store.canonical_root, on_progress=on_progress, cancel=cancel)
+        # The canonical copy is never evicted: the download's own disk admission guards it.
+        download_model(card, store.canonical_root, on_progress=on_progress, cancel=cancel,
+                       reserve_bytes=store.policy.reserve_bytes, free_bytes=store.free_bytes)
         artifact = stage()
     else:
         try:

@@ -7,8 +7,10 @@ One rule chain, pure, so the precedence is a table test:
 2. otherwise the store the elected master advertises (its state-sync answer carries its
    routable store address), so independently installed nodes converge on one source of
    truth;
-3. otherwise this node is its own bootstrap store: a fresh single node works at once,
-   and a follower still inside the startup window serves itself until the master speaks.
+3. otherwise, inside the startup window (no master heard yet this session), the store the
+   master advertised before the restart (`store_memory.py` persists it): a restarted
+   follower keeps its authoritative store instead of briefly becoming a store of its own;
+4. otherwise this node is its own bootstrap store: a fresh single node works at once.
 
 The store rides the node API, so a store address is an API base URL. This module never
 opens a socket; the shell re-runs `choose_store` when the master or the config changes.
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import urlsplit
 
-StoreSource = Literal["explicit", "master", "bootstrap"]
+StoreSource = Literal["explicit", "master", "remembered", "bootstrap"]
 
 
 class StoreAddressError(ValueError):
@@ -88,11 +90,13 @@ def choose_store(
     master_store: StoreAddress | None,
     own: StoreAddress,
     own_hosts: frozenset[str] = frozenset(),
+    remembered: StoreAddress | None = None,
 ) -> StoreChoice:
     """The store to use, first rule that applies wins. `own_hosts` are the other names this
     node answers to (its addresses, 'localhost'), so an explicit or advertised store that
-    is this very node is recognised as such."""
-    for source, address in (("explicit", explicit), ("master", master_store)):
+    is this very node is recognised as such. `remembered` is the persisted master store; the
+    shell passes it only until a master is heard."""
+    for source, address in (("explicit", explicit), ("master", master_store), ("remembered", remembered)):
         if address is not None:
             return StoreChoice(address, source, _is_self(address, own, own_hosts))  # type: ignore[arg-type]
     return StoreChoice(own, "bootstrap", True)

@@ -51,6 +51,7 @@ from skulk.store.downloads import (
     local_artifact,
     local_size_bytes,
 )
+from skulk.store.companions import companion_repo_ids, companions_of, ensure_companions
 from skulk.store.eviction import in_use_model_ids
 from skulk.store.model_store import StoreBinding
 from skulk.store.staging import StagingFailed, mark_used
@@ -124,6 +125,7 @@ class Worker:
         store: Callable[[], StoreBinding | None] | None = None,
         store_api_key: str | None = None,
         on_deactivate: Callable[[], Awaitable[object]] | None = None,
+        disk_reserve_bytes: int | None = None,
     ) -> None:
         self._router = router
         self._replica = replica
@@ -139,12 +141,18 @@ class Worker:
         self._store_api_key = store_api_key
         self._on_deactivate = on_deactivate
         """Run after an instance's runner stops: the staged-copy recency pass."""
+        self._disk_reserve_bytes = disk_reserve_bytes
+        """Free space a direct hub download must leave on the models volume (skulk.yaml's
+        disk_reserve_gb); None: the downloader's default (SKULK_DISK_RESERVE_GB, else 10 GiB)."""
         self._fallback_logged: set[str] = set()
         self._download_cancel = threading.Event()
         """Set at shutdown: a download thread stops at its next chunk instead of holding the
         process (the interpreter waits for executor threads) until the transfer ends."""
         self._supervisors: dict[str, RunnerSupervisor] = {}
         self._artifacts: dict[str, str] = {}
+        self._companion_artifacts: dict[str, dict[str, str]] = {}
+        """Model id -> its resolved companion repos' paths (repo id -> path), for the engines
+        that load them (a drafter, split vision weights) and for diagnostics."""
         self._artifact_failures: dict[str, str] = {}
         self._resolving: set[str] = set()
         self._dispatched: set[str] = set()
@@ -291,31 +299,55 @@ class Worker:
 
         With a model store it is staged through the store (`store_fetch.stage_card`); a store
         this node cannot reach at all falls back to a direct hub download. Without one, the
-        artifact downloads straight into the models dir."""
+        artifact downloads straight into the models dir.
+
+        The card's companion repos (`companions.companion_download_specs`) resolve through the
+        same path, on the fresh and the already-on-disk path alike, before the model is
+        reported completed: a required one's failure fails the download, naming it."""
         binding = self._store() if self._store is not None else None
         if binding is None:
+            def direct(companion: ModelCard) -> Path:
+                return self._download_direct(companion, None)[0]  # a copy on disk is reused as is
+
             return await self._with_download_events(
                 card, self._models_dir, lambda: local_artifact(card, self._models_dir),
-                lambda on_progress: self._download_direct(card, on_progress))
+                lambda on_progress: self._download_direct(card, on_progress),
+                lambda: self._ensure_companions(card, direct))
         root = binding.store.staging_root
 
-        def staged_locally() -> Path | None:
-            found = local_artifact(card, root)
+        def staged_locally(which: ModelCard) -> Path | None:
+            found = local_artifact(which, root)
             staged = _staged_dir(found, root) if found is not None else None
             if staged is not None:
                 mark_used(staged)
             return found
 
-        in_use = in_use_model_ids(self._replica.state, self.node_id)  # read on the loop, not in the thread
-        return await self._with_download_events(
-            card, root, staged_locally, lambda on_progress: self._stage(binding, card, in_use, on_progress))
+        # Read on the loop, not in the thread. This transaction's base and companions count as
+        # in use too: staging one of them must never evict another.
+        in_use = (in_use_model_ids(self._replica.state, self.node_id, companions_of(self._cards))
+                  | {card.model_id} | companion_repo_ids(card))
 
-    def _download_direct(self, card: ModelCard, on_progress: ProgressCallback) -> tuple[Path, int | None]:
-        path = download_model(card, self._models_dir, on_progress=on_progress, cancel=self._download_cancel)
+        def staged(companion: ModelCard) -> Path:
+            found = staged_locally(companion)
+            return found if found is not None else self._stage(binding, companion, in_use, None)[0]
+
+        return await self._with_download_events(
+            card, root, lambda: staged_locally(card),
+            lambda on_progress: self._stage(binding, card, in_use, on_progress),
+            lambda: self._ensure_companions(card, staged))
+
+    def _ensure_companions(self, card: ModelCard, resolve: Callable[[ModelCard], Path]) -> None:
+        """Companions through `resolve` (a worker thread); what resolved is kept per model."""
+        resolved = ensure_companions(card, resolve)
+        self._companion_artifacts[card.model_id] = {repo: str(path) for repo, path in resolved.items()}
+
+    def _download_direct(self, card: ModelCard, on_progress: ProgressCallback | None) -> tuple[Path, int | None]:
+        path = download_model(card, self._models_dir, on_progress=on_progress, cancel=self._download_cancel,
+                              reserve_bytes=self._disk_reserve_bytes)
         return path, local_size_bytes(card, self._models_dir)
 
     def _stage(self, binding: StoreBinding, card: ModelCard, in_use: frozenset[str],
-               on_progress: ProgressCallback) -> tuple[Path, int | None]:
+               on_progress: ProgressCallback | None) -> tuple[Path, int | None]:
         """Through the store (runs in a worker thread): the copy's path and its size."""
         try:
             path = stage_card(binding, card, in_use_model_ids=in_use, api_key=self._store_api_key,
@@ -340,11 +372,27 @@ class Worker:
         root: Path,
         local: Callable[[], Path | None],
         fetch: Callable[[ProgressCallback], tuple[Path, int | None]],
+        companions: Callable[[], object] = lambda: None,
     ) -> Path:
+        """`companions` runs (in a thread) after the model itself resolved, on both paths, and
+        before DownloadCompleted: a model is never reported ready without its required
+        companions."""
         node_id, model_id = NodeId(self.node_id), ModelId(card.model_id)
         attempt_id = DownloadAttemptId(new_id())
+
+        def failed(exc: Exception) -> None:
+            reason = exc.reason if isinstance(exc, ArtifactUnavailable) else f"{type(exc).__name__}: {exc}"
+            logger.warning("download of %s failed: %s", model_id, reason)
+            self._producer.submit(DownloadFailedEvent(event_id=new_id(), node_id=node_id, model_id=model_id,
+                                                      attempt_id=attempt_id, error_message=reason))
+
         found = await asyncio.to_thread(local)
         if found is not None:
+            try:
+                await asyncio.to_thread(companions)
+            except Exception as exc:
+                failed(exc)
+                raise
             known = self._replica.state.downloads.get(node_id, {}).get(model_id)
             if not isinstance(known, DownloadStatusCompleted):
                 size = await asyncio.to_thread(local_size_bytes, card, root)
@@ -369,13 +417,15 @@ class Worker:
                 with contextlib.suppress(RuntimeError):  # the loop closed under a shutdown
                     loop.call_soon_threadsafe(self._publish_progress, reading)
 
+        def fetch_all(progress: ProgressCallback) -> tuple[Path, int | None]:
+            result = fetch(progress)
+            companions()
+            return result
+
         try:
-            path, size = await asyncio.to_thread(fetch, on_progress)
+            path, size = await asyncio.to_thread(fetch_all, on_progress)
         except Exception as exc:
-            reason = exc.reason if isinstance(exc, ArtifactUnavailable) else f"{type(exc).__name__}: {exc}"
-            logger.warning("download of %s failed: %s", model_id, reason)
-            self._producer.submit(DownloadFailedEvent(event_id=new_id(), node_id=node_id, model_id=model_id,
-                                                      attempt_id=attempt_id, error_message=reason))
+            failed(exc)
             raise
         self._producer.submit(DownloadCompleted(event_id=new_id(), node_id=node_id, model_id=model_id,
                                                 attempt_id=attempt_id,
@@ -423,7 +473,8 @@ class Worker:
         live runner uses it, so the resolved path is forgotten and the next placement
         resolves the model again."""
         model_id = eviction_applies(getattr(indexed, "event", None), self.node_id)
-        if model_id is None or model_id in in_use_model_ids(self._replica.state, self.node_id):
+        if model_id is None or model_id in in_use_model_ids(self._replica.state, self.node_id,
+                                                            companions_of(self._cards)):
             return
         binding = self._store() if self._store is not None else None
         path = self._artifacts.get(model_id)
@@ -539,6 +590,7 @@ class Worker:
         return {
             "runners": {rid: to_camel_keys(dataclasses.asdict(sup.stats())) for rid, sup in self._supervisors.items()},
             "artifacts": dict(self._artifacts),
+            "companionArtifacts": {m: dict(c) for m, c in self._companion_artifacts.items()},
             "artifactFailures": dict(self._artifact_failures),
             "dispatched": len(self._dispatched),
             "givenUp": sorted(self._given_up),

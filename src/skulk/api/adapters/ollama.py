@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from skulk.api.adapters.openai_chat import Tool  # Ollama's tool definition is OpenAI's shape
 from skulk.api.errors import ApiError, InvalidRequest, invalid_request_from_validation, ollama_error_body
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.chunks import TokenChunk
@@ -81,17 +82,6 @@ class Message(_Lenient):
     tool_calls: list[MessageToolCall] | None = None
     tool_name: str | None = None
     thinking: str | None = None
-
-
-class FunctionDefinition(_Lenient):
-    name: str
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-
-
-class Tool(_Lenient):
-    type: str = "function"
-    function: FunctionDefinition
 
 
 class ChatRequest(_Lenient):

@@ -38,6 +38,7 @@ from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.commands import EvictStagedModel
 from skulk.shared.types.ids import new_id
 from skulk.shared.types.state import DownloadStatusCompleted
+from skulk.store.companions import companions_of
 from skulk.store.downloads import downloaded_models, remove_model
 from skulk.store.eviction import in_use_model_ids
 from skulk.store.model_store import NodeStore, find_registered, registered, registered_file
@@ -136,7 +137,7 @@ async def storage(request: Request) -> Any:
         store = _store(request)
     except ApiError as exc:
         return _fail(exc)
-    in_use = in_use_model_ids(context.get_state(), context.node_id)
+    in_use = in_use_model_ids(context.get_state(), context.node_id, companions_of(context.get_cards))
     local = await asyncio.to_thread(_local_storage, store, in_use)
     nodes = [{"nodeId": context.node_id, "nodeName": context.node_name, **local}]
     for node_id, resources in sorted(context.get_resources().items()):
@@ -217,10 +218,11 @@ def _fetch_card(context: Any, model_id: str, body: FetchBody | None) -> ModelCar
     return None
 
 
-def _fetcher(request: Request) -> StoreFetcher:
+def _fetcher(request: Request, store: StoreContext) -> StoreFetcher:
     fetcher = getattr(request.app.state, "store_fetcher", None)
     if fetcher is None:
-        fetcher = StoreFetcher()
+        # Canonical downloads keep the node's disk reserve on the store's volume.
+        fetcher = StoreFetcher(reserve_bytes=store.policy.reserve_bytes, free_bytes=store.free_bytes)
         request.app.state.store_fetcher = fetcher
     return fetcher
 
@@ -229,14 +231,15 @@ def _fetcher(request: Request) -> StoreFetcher:
 async def fetch_store_model(request: Request, model_id: str, body: FetchBody | None = None) -> Any:
     context = request.app.state.skulk
     try:
-        root = _canonical(_store(request))
+        store = _store(request)
+        root = _canonical(store)
     except ApiError as exc:
         return _fail(exc)
     card = _fetch_card(context, model_id, body)
     if card is None or card.source != "huggingface":
         return _fail(NotFound(f"No Hugging Face model card for {model_id!r} at that revision on the store host.",
                               code="model_card_not_found", param="modelId"))
-    status = await asyncio.to_thread(_fetcher(request).request, card, root)
+    status = await asyncio.to_thread(_fetcher(request, store).request, card, root)
     return JSONResponse(status.to_json(), status_code=status.http_status)
 
 
@@ -281,7 +284,7 @@ async def purge_staging(request: Request) -> Any:
         store = _store(request)
     except ApiError as exc:
         return _fail(exc)
-    in_use = in_use_model_ids(context.get_state(), context.node_id)
+    in_use = in_use_model_ids(context.get_state(), context.node_id, companions_of(context.get_cards))
     result = await asyncio.to_thread(remove_staged, store.staging_root, in_use, store.canonical_root)
     return {"nodeId": context.node_id, "removed": list(result.removed), "keptInUse": list(result.kept_in_use),
             "freedBytes": result.freed_bytes}

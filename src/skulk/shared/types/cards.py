@@ -257,6 +257,23 @@ class ModelCard(WireModel):
     """Bytes of the artifacts this card downloads/loads: the whole repo for safetensors, the
     named gguf_file for GGUF (not the repo, which holds every quant)."""
 
+    # Companion repos: artifacts no instance names but a runner of this model loads. Each is
+    # optional (None = none); `skulk.store.companions.companion_download_specs` is the one
+    # place that turns them into downloads and says which are required.
+    mtp_sidecar_repo: CardModelId | None = None
+    """Hub repo of separately shipped multi-token-prediction heads (best-effort: without it
+    the model decodes plainly)."""
+    assistant_model_repo: CardModelId | None = None
+    """Hub repo of a small assistant model used as the speculative drafter (best-effort)."""
+    served_spec_draft_repo: CardModelId | None = None
+    """Hub repo of the draft GGUF a served engine takes as --model-draft (best-effort)."""
+    served_spec_draft_file: GgufFile | None = None
+    """The draft GGUF file in served_spec_draft_repo; set exactly when that repo is."""
+    vision_weights_repo: CardModelId | None = None
+    """Hub repo of split vision weights (required: a vision model cannot load without them)."""
+    vision_weights_file: GgufFile | None = None
+    """The vision GGUF (an mmproj file) in vision_weights_repo; None = a safetensors repo."""
+
     tasks: Annotated[tuple[ModelTask, ...], Field(min_length=1), AfterValidator(_unique)]
     capabilities: Annotated[tuple[Capability, ...], Field(min_length=1), AfterValidator(_unique)]
 
@@ -332,6 +349,7 @@ class ModelCard(WireModel):
             _tasks_match_capabilities,
             _tooling_matches_capabilities,
             _reasoning_matches_capabilities,
+            _companions_consistent,
         ):
             rule(self)
         return self
@@ -414,6 +432,25 @@ def _reasoning_matches_capabilities(card: ModelCard) -> None:
         raise card_field_error(
             "reasoning.format", "must be set (not 'none') exactly when capabilities include 'thinking'"
         )
+
+
+def _companions_consistent(card: ModelCard) -> None:
+    for repo_field, file_field in (("served_spec_draft_repo", "served_spec_draft_file"),
+                                   ("vision_weights_repo", "vision_weights_file")):
+        if getattr(card, file_field) is not None and getattr(card, repo_field) is None:
+            raise card_field_error(file_field, f"set without {repo_field}")
+    if card.served_spec_draft_repo is not None and card.served_spec_draft_file is None:
+        raise card_field_error("served_spec_draft_file", "required with served_spec_draft_repo (the draft GGUF)")
+    for name in ("mtp_sidecar_repo", "assistant_model_repo", "served_spec_draft_repo", "vision_weights_repo"):
+        repo = getattr(card, name)
+        if repo is None:
+            continue
+        if card.source != "huggingface":
+            raise card_field_error(name, "companion repos come from the hub: only for source = huggingface")
+        if repo == card.model_id:
+            raise card_field_error(name, "names the model's own repo")
+        if repo.startswith(LOCAL_MODEL_PREFIX):
+            raise card_field_error(name, f"'{LOCAL_MODEL_PREFIX}...' ids are not hub repos")
 
 
 __all__ = [
