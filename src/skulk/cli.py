@@ -184,12 +184,17 @@ def doctor(
     from skulk.facts.doctor import apply_fixes, gather_doctor_inputs, has_errors, run_checks
 
     paths = _paths(data_dir)
-    results = run_checks(gather_doctor_inputs(paths, os.environ))
+    try:
+        reserve = int(with_env_overrides(load_config(paths.config_file), os.environ).model_store.disk_reserve_gb * 1024**3)
+    except ConfigError as exc:
+        typer.echo(f"skulk: {exc}", err=True)
+        raise typer.Exit(ExitCode.USAGE) from None
+    results = run_checks(gather_doctor_inputs(paths, os.environ, disk_reserve_bytes=reserve))
     applied: list[str] = []
     if fix:
         applied = apply_fixes(results, paths)
         if applied:
-            results = run_checks(gather_doctor_inputs(paths, os.environ))
+            results = run_checks(gather_doctor_inputs(paths, os.environ, disk_reserve_bytes=reserve))
     failed = has_errors(results)
     if as_json:
         typer.echo(json.dumps({"ok": not failed, "fixed": applied, "results": [r.as_json() for r in results]}, indent=2))

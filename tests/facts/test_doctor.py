@@ -93,6 +93,11 @@ GPU_ON_CPU_FACTS = NodeFacts(
         (check_storage_headroom, models(free_bytes=10 * GiB), "ok", None, "10.0 GiB free"),
         (check_storage_headroom, models(free_bytes=10 * GiB - 1), "warn", None, "reserve"),
         (check_storage_headroom, models(free_bytes=2 * GiB - 1), "error", None, "< 2 GiB"),
+        # the node's configured download reserve, not the default, draws the warning line
+        (check_storage_headroom, replace(models(free_bytes=10 * GiB), disk_reserve_bytes=20 * GiB), "warn", None,
+         "< 20 GiB download reserve"),
+        (check_storage_headroom, replace(models(free_bytes=5 * GiB), disk_reserve_bytes=4 * GiB), "ok", None,
+         "5.0 GiB free"),
         (check_storage_headroom, models(free_bytes=None), "warn", None, "unreadable"),
         (check_dashboard, replace(HEALTHY, dashboard_assets_present=False), "warn", None, "headless"),
         (check_cluster_key, key(exists=False, mode=None), "warn", FIX_CLUSTER_KEY, "no cluster key"),

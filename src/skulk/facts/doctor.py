@@ -32,8 +32,9 @@ from skulk.store.paths import SkulkPaths
 Status = Literal["ok", "warn", "error"]
 
 STORAGE_RESERVE_BYTES = 10 * 1024**3
-"""Below this much free space on the models volume, downloads of a typical 7B-class model
-(4-8 GB) may fail part-way: a warning."""
+"""The default reserve (`model_store.disk_reserve_gb`): downloads refuse to eat into it, so
+below it on the models volume every download is refused: a warning. The node's configured
+reserve (skulk.yaml, SKULK_DISK_RESERVE_GB) replaces it in `DoctorInputs.disk_reserve_bytes`."""
 
 STORAGE_ERROR_BYTES = 2 * 1024**3
 """Below this, even a small model or the event log's growth can fill the disk: an error."""
@@ -89,6 +90,8 @@ class DoctorInputs:
     dashboard_assets_present: bool
     cluster_key: ClusterKeyState
     lease: LeaseState
+    disk_reserve_bytes: int = STORAGE_RESERVE_BYTES
+    """The free space downloads must leave on the models volume (the node's configuration)."""
 
 
 # -- verdicts and the registry ----------------------------------------------------------------
@@ -222,7 +225,7 @@ def check_models_dir(inputs: DoctorInputs) -> list[Verdict]:
 
 
 def check_storage_headroom(inputs: DoctorInputs) -> list[Verdict]:
-    """Free space for models: a warning under 10 GiB, an error under 2 GiB."""
+    """Free space for models: a warning under the configured download reserve, an error under 2 GiB."""
     state = inputs.models_dir
     if state.free_bytes is None:
         return [Verdict("warn", f"free space on {state.path} is unreadable", consequence="downloads may fill the disk unnoticed", remediation="check the volume with `df -h`")]
@@ -237,13 +240,14 @@ def check_storage_headroom(inputs: DoctorInputs) -> list[Verdict]:
                 remediation="free disk space, or set SKULK_MODELS_DIR to a larger volume",
             )
         ]
-    if state.free_bytes < STORAGE_RESERVE_BYTES:
+    if state.free_bytes < inputs.disk_reserve_bytes:
         return [
             Verdict(
                 "warn",
-                f"only {where} (< {STORAGE_RESERVE_BYTES // 1024**3} GiB reserve)",
-                consequence="a typical 7B-class model may not fit; downloads can fail part-way",
-                remediation="free disk space, or set SKULK_MODELS_DIR to a larger volume",
+                f"only {where} (< {inputs.disk_reserve_bytes / 1024**3:g} GiB download reserve)",
+                consequence="every model download is refused until the reserve is free (downloads never eat into it)",
+                remediation="free disk space, set SKULK_MODELS_DIR to a larger volume, "
+                            "or lower model_store.disk_reserve_gb (SKULK_DISK_RESERVE_GB)",
             )
         ]
     return [ok(where)]
@@ -390,8 +394,10 @@ def gather_doctor_inputs(
     facts: NodeFacts | None = None,
     now: float | None = None,
     host: str | None = None,
+    disk_reserve_bytes: int = STORAGE_RESERVE_BYTES,
 ) -> DoctorInputs:
-    """Observe everything the checks judge. `facts` defaults to a fresh probe pass."""
+    """Observe everything the checks judge. `facts` defaults to a fresh probe pass;
+    `disk_reserve_bytes` is the node's configured download reserve."""
     if facts is None:
         from skulk.facts.probe import probe_node_facts
 
@@ -408,6 +414,7 @@ def gather_doctor_inputs(
         lease=lease_state(
             paths.lease_file, now=time.time() if now is None else now, host=host or socket.gethostname()
         ),
+        disk_reserve_bytes=disk_reserve_bytes,
     )
 
 
