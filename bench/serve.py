@@ -1,7 +1,8 @@
 """Serving benchmark: Skulk's streaming chat path against the engine it wraps, a peer server
 and the machine's memory roofline, measured side by side in one run.
 
-One generated GGUF (BENCH_SPEC, ~380 MB of f32 weights), one thread count T, one sampling
+One generated GGUF (BENCH_SPEC, ~380 MB of f32 weights; `--spec tiny` for the 5 MB test model,
+where per-token serving overhead dominates), one thread count T, one sampling
 setup (greedy: temperature 0, top_p 0.95, top_k 40, min_p 0.05, repeat_penalty 1.0, as
 Skulk's engine passes them), the same chat prompts rendered by the model's own chat
 template, N decoded tokens per request (the model never emits EOS, so every request runs to
@@ -55,7 +56,7 @@ Usage (the server extras are not project dependencies, hence --with):
 
   uv run --with sse-starlette --with starlette-context --with pydantic-settings \\
       python bench/serve.py [--tokens 128] [--reps 5] [--threads T] [--flash-attn on|off]
-                            [--omp-wait-policy asis|passive] [--quiet-budget 120]
+                            [--omp-wait-policy asis|passive] [--quiet-budget 120] [--spec bench|tiny]
 
 Without those packages (plain `uv run python bench/serve.py`) the peer (b) is skipped and
 the run says why. On a quiet 2-core machine a default run takes about 2 minutes; under a
@@ -92,6 +93,8 @@ from skulk.api.auth import API_KEY_ENV  # noqa: E402
 from skulk.store.tiny_models import (  # noqa: E402
     BENCH_SPEC,
     GGUF_FILE_NAME,
+    TINY_SPEC,
+    TinySpec,
     generate_tiny_model,
     spec_hash,
 )
@@ -151,10 +154,16 @@ BANDWIDTH_DEADLINE_S = 120.0
 # ---------------------------------------------------------------------------------------
 
 
-def ensure_bench_model(model_dir: Path | None) -> Path:
-    """The BENCH_SPEC GGUF: generated on first use into a directory named by its spec hash
+SPECS: dict[str, TinySpec] = {"bench": BENCH_SPEC, "tiny": TINY_SPEC}
+"""--spec: `bench` (the default, ~380 MB) is large enough that decode is bound by memory, as
+with a real model; `tiny` (5 MB, thousands of tokens/s) makes each server's per-token
+overhead dominate, which is where a Python-heavy serving path shows."""
+
+
+def ensure_bench_model(model_dir: Path | None, spec: TinySpec = BENCH_SPEC) -> Path:
+    """The `spec` GGUF: generated on first use into a directory named by its spec hash
     (written beside it, then renamed into place, so a directory that exists is complete)."""
-    digest = spec_hash(BENCH_SPEC)[:16]
+    digest = spec_hash(spec)[:16]
     target = model_dir or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "skulk-bench" / digest
     gguf = target / GGUF_FILE_NAME
     if gguf.is_file():
@@ -162,7 +171,7 @@ def ensure_bench_model(model_dir: Path | None) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     print(f"generating the benchmark model into {target} (about 10 s) ...", flush=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}.partial-") as tmp:
-        generate_tiny_model(Path(tmp) / "model", BENCH_SPEC)
+        generate_tiny_model(Path(tmp) / "model", spec)
         try:
             os.replace(Path(tmp) / "model", target)
         except OSError:
@@ -171,7 +180,7 @@ def ensure_bench_model(model_dir: Path | None) -> Path:
     return gguf
 
 
-def bytes_per_token(gguf: Path) -> int:
+def bytes_per_token(gguf: Path, spec: TinySpec = BENCH_SPEC) -> int:
     """Weight bytes read per decoded token: every weight matrix once, one row of the
     embedding table (the KV cache of a short context is negligible beside them)."""
     from gguf import GGUFReader
@@ -180,15 +189,14 @@ def bytes_per_token(gguf: Path) -> int:
     read = 0
     for tensor in reader.tensors:
         if tensor.name == "token_embd.weight":
-            read += int(tensor.n_bytes) // BENCH_SPEC.vocab_size
+            read += int(tensor.n_bytes) // spec.vocab_size
         else:
             read += int(tensor.n_bytes)
     return read
 
 
-def card_toml(gguf: Path, flash_attn: bool) -> str:
-    """A local-path card for the generated GGUF (shape from BENCH_SPEC)."""
-    spec = BENCH_SPEC
+def card_toml(gguf: Path, flash_attn: bool, spec: TinySpec = BENCH_SPEC) -> str:
+    """A local-path card for the generated GGUF (shape from `spec`)."""
     backends = ["llama_cpp", "llama_cpp-cpu", "llama_cpp-cuda", "llama_cpp-vulkan", "llama_cpp-metal"]
     preference = ["llama_cpp-cuda", "llama_cpp-metal", "llama_cpp-vulkan", "llama_cpp-cpu", "llama_cpp"]
     return "\n".join([
@@ -581,11 +589,11 @@ def _importable(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def start_skulk(root: Path, gguf: Path, flash_attn: bool) -> NodeProcess:
+def start_skulk(root: Path, gguf: Path, flash_attn: bool, spec: TinySpec = BENCH_SPEC) -> NodeProcess:
     data_dir = root / "skulk"
     cards = data_dir / "custom_model_cards"
     cards.mkdir(parents=True)
-    (cards / (MODEL_ID.replace("/", "--") + ".toml")).write_text(card_toml(gguf, flash_attn))
+    (cards / (MODEL_ID.replace("/", "--") + ".toml")).write_text(card_toml(gguf, flash_attn, spec))
     port = free_port()
     node = NodeProcess(data_dir=data_dir, api_port=free_port(), extra_args=[
         "--listen", f"tcp/127.0.0.1:{port}", "--cluster-key", CLUSTER_KEY, "--node-name", "bench",
@@ -743,6 +751,8 @@ def main() -> None:
     parser.add_argument("--flash-attn", choices=("on", "off"), default="on",
                         help="llama.cpp Flash Attention for all three (Skulk's default is on)")
     parser.add_argument("--model-dir", type=Path, default=None, help="where the benchmark GGUF is (or is generated)")
+    parser.add_argument("--spec", choices=sorted(SPECS), default="bench",
+                        help="bench: ~380 MB, memory-bound like a real model; tiny: 5 MB, per-token overhead dominates")
     parser.add_argument("--omp-wait-policy", choices=("asis", "passive"), default="asis",
                         help="asis: each contender as shipped; passive: OMP_WAIT_POLICY=PASSIVE for all three")
     parser.add_argument("--quiet-budget", type=float, default=120.0,
@@ -756,9 +766,10 @@ def main() -> None:
     omp_note = set_omp_wait_policy(args.omp_wait_policy)
 
     started = time.monotonic()
-    gguf = ensure_bench_model(args.model_dir)
-    read_bytes = bytes_per_token(gguf)
-    print(f"model      {gguf} ({gguf.stat().st_size / 1e6:.0f} MB file, {BENCH_SPEC.parameter_count / 1e6:.1f} M "
+    spec = SPECS[args.spec]
+    gguf = ensure_bench_model(args.model_dir, spec)
+    read_bytes = bytes_per_token(gguf, spec)
+    print(f"model      {gguf} ({gguf.stat().st_size / 1e6:.0f} MB file, {spec.parameter_count / 1e6:.1f} M "
           f"params f32; {read_bytes / 1e6:.0f} MB of weights read per token)")
     print(f"machine    {os.cpu_count()} logical / {physical_cores()} physical cores; "
           f"load average {os.getloadavg()[0]:.2f}; threads T={threads}; flash_attn={flash_attn}; {omp_note}")
@@ -785,12 +796,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="skulk-bench-serve-") as tmp:
         root = Path(tmp)
         try:
-            node = start_skulk(root, gguf, flash_attn)
+            node = start_skulk(root, gguf, flash_attn, spec)
             wait_answering(node.proc, lambda: node.get("/node_id").status_code == 200, NODE_START_DEADLINE_S,
                            "skulk node", node.log)
             wait_agreed([node], members=1, what="single-node cluster")
             instance = place_on_skulk(node)
-            n_ctx = min(int(instance.get("contextTokenLimit") or BENCH_SPEC.context_length), BENCH_SPEC.context_length)
+            n_ctx = min(int(instance.get("contextTokenLimit") or spec.context_length), spec.context_length)
             settings = skulk_engine_settings(node)
             backends = sorted({s.get("backend", "?") for s in instance.get("shards", [])})
             print(f"skulk      placed {instance.get('instanceId')} on {backends}, runner loaded with {settings}",

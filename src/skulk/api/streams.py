@@ -86,7 +86,8 @@ class CommandStream:
     Iteration yields the payload chunks in order and stops after a completed terminal; for
     any other end it raises `StreamFailed` (after the chunks that arrived first, except when
     the client closed the stream). Waiting for the next chunk also enforces the idle lease
-    and the first-frame deadline, so a waiting consumer never outlives them.
+    and the first-frame deadline, so a waiting consumer never outlives them. One consumer
+    (the request's handler) reads a stream.
     """
 
     def __init__(self, owner: CommandStreams, command_id: str, opened_at: float) -> None:
@@ -94,7 +95,9 @@ class CommandStream:
         self._owner = owner
         self._chunks: deque[Chunk] = deque()
         self._end: _End | None = None
-        self._wakeup = asyncio.Event()
+        self._waiter: asyncio.Future[None] | None = None  # the consumer waiting for a chunk or the end
+        self._deadline_timer: asyncio.TimerHandle | None = None
+        self._deadline_passed = False
         self.opened_at = opened_at
         self.last_frame_at = opened_at
         self.next_seq: int | None = None
@@ -131,24 +134,43 @@ class CommandStream:
                 raise self._end
             if self._end is not None:
                 raise StopAsyncIteration
-            self._wakeup.clear()
-            timeout = self._owner._time_left(self)
+            if self._deadline_passed:
+                self._deadline_passed = False
+                self._owner.expire()  # ends this stream if its deadline really passed
+                continue
+            loop = asyncio.get_running_loop()
+            if self._deadline_timer is None:
+                # One timer per deadline, not one per wait: a frame moves the idle deadline
+                # later, so a timer that fires early only re-checks and is armed again.
+                self._deadline_timer = loop.call_later(max(self._owner._time_left(self), 0.0), self._on_deadline)
+            self._waiter = loop.create_future()
             try:
-                # asyncio.timeout arms one timer; wait_for would also wrap the wait in a task.
-                async with asyncio.timeout(max(timeout, 0.0)):
-                    await self._wakeup.wait()
-            except TimeoutError:
-                self._owner.expire()
+                await self._waiter
+            finally:
+                self._waiter = None
 
     # -- owner side --
 
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _on_deadline(self) -> None:
+        self._deadline_timer = None
+        self._deadline_passed = True
+        self._wake()
+
     def _push(self, chunk: Chunk) -> None:
         self._chunks.append(chunk)
-        self._wakeup.set()
+        self._wake()
 
     def _finish(self, end: _End) -> None:
         self._end = end
-        self._wakeup.set()
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+            self._deadline_timer = None
+        self._wake()
 
 
 class CommandStreams:

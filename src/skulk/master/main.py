@@ -32,7 +32,7 @@ from skulk.master.plan import MasterView, heartbeat_warnings, plan, track_zombie
 from skulk.master.repair import DeletionCredit, active_credits, record_deletion
 from skulk.routing.router import Router, RouterError
 from skulk.routing.topics import TOPICS
-from skulk.shared.sync import due_bursts, replay_scheduler, request
+from skulk.shared.sync import due_bursts, next_due_at, replay_scheduler, request
 from skulk.shared.telemetry_view import NODE_TIMEOUT_S, TelemetryView, freshness, node_resources
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.commands import ForwarderCommand
@@ -86,6 +86,9 @@ def node_timeout_s(env: Mapping[str, str] = os.environ) -> float:
 
 
 REPLAY_TICK_S = 0.05
+"""Shortest gap between two replay ticks while a replay request is open. With none open the
+replay ticker sleeps until a SyncRequest arrives: an idle master does not wake 20 times a
+second for nothing (each wake-up costs CPU that a decoding runner on the same cores feels)."""
 INBOX_CAPACITY = 4096
 
 
@@ -146,6 +149,8 @@ class Master:
         self._tail: deque[IndexedEvent] = deque(maxlen=RETAINED_TAIL_EVENTS)
         self._snapshot: tuple[int, State] = (-1, State())
         self._replay = replay_scheduler()
+        self._replay_requested = asyncio.Event()
+        """Set when a replay request opens; the replay ticker waits on it while none is open."""
         self._zombie_since: dict[str, float] = {}
         self._deletion_credits: tuple[DeletionCredit, ...] = ()
         self._warned: frozenset[str] = frozenset()
@@ -259,6 +264,7 @@ class Master:
         else:
             since = req.since_idx
         self._replay = request(self._replay, req.node_id, since)
+        self._replay_requested.set()
 
     async def _on_replay_tick(self) -> None:
         last = self._replica.state.last_event_applied_idx
@@ -335,6 +341,18 @@ class Master:
                 await asyncio.sleep(interval_s)
                 await inbox.put(item)
 
+        async def replay_ticks() -> None:
+            """A replay tick when a burst is due (at most every REPLAY_TICK_S), none while no
+            replay request is open."""
+            while True:
+                due = next_due_at(self._replay, self._clock())
+                if due is None:
+                    self._replay_requested.clear()
+                    await self._replay_requested.wait()
+                    continue
+                await asyncio.sleep(max(due - self._clock(), REPLAY_TICK_S))
+                await inbox.put(_ReplayTick())
+
         handlers = {
             LocalEvent: self._on_local_event,
             ForwarderCommand: self._on_command,
@@ -347,7 +365,7 @@ class Master:
                 for subscription in (local_events, commands, sync_requests):
                     group.create_task(pump(subscription))
                 group.create_task(every(PLAN_INTERVAL_S, _Tick()))
-                group.create_task(every(REPLAY_TICK_S, _ReplayTick()))
+                group.create_task(replay_ticks())
                 while True:
                     item = await inbox.get()
                     await handlers[type(item)](item)

@@ -18,10 +18,11 @@ import pytest_asyncio
 
 from skulk.shared.types.chunks import EmbeddingChunk, StreamPayload, StreamStarted, StreamTerminal, TokenChunk
 from skulk.shared.types.ids import CommandId, ModelId, TaskId
+from skulk.shared.types.instances import RunnerStatus
 from skulk.shared.types.tasks import Embedding, EmbeddingParams, TextGeneration
 from skulk.worker.runner import supervisor as supervisor_module
 from skulk.worker.runner.bootstrap import PARENT_WATCH_INTERVAL_S, runner_main
-from skulk.worker.runner.messages import Frame, StatusChanged, TaskAccepted, TaskDone
+from skulk.worker.runner.messages import Frame, StatusChanged, TaskAccepted, TaskDone, pack
 from skulk.worker.runner.supervisor import RunnerSupervisor
 from tests.worker.tiny_gguf import (
     INSTANCE,
@@ -367,3 +368,42 @@ def test_runner_exits_when_its_parent_dies() -> None:
             parent.kill()
         if runner_pid is not None and not _gone(runner_pid):
             os.kill(runner_pid, signal.SIGKILL)
+
+
+BIG_TEXT_CHARS = 3 * supervisor_module.READ_CHUNK_BYTES + 17
+"""A message several pipe reads long: it must be gathered over wake-ups, never read blocking."""
+
+
+def _runner_with_big_output(_inbox, outbox, _parent_pid) -> None:
+    """A stand-in runner: one message far longer than a read, a last status, then exit 3."""
+    outbox.send_bytes(pack(StatusChanged(status=RunnerStatus(state="Loading"))))
+    chunk = TokenChunk(command_id="big", text="x" * BIG_TEXT_CHARS)
+    outbox.send_bytes(pack(Frame(owner_node_id=OWNER, frame=StreamPayload(command_id="big", seq=1, chunk=chunk))))
+    outbox.send_bytes(pack(StatusChanged(status=RunnerStatus(state="Failed", error_message="gave up"))))
+    os._exit(3)
+
+
+def _runner_cut_mid_message(_inbox, outbox, _parent_pid) -> None:
+    """A stand-in runner killed mid-message: a length promising 1 MiB, 100 bytes of it, exit."""
+    outbox.send_bytes(pack(StatusChanged(status=RunnerStatus(state="Loading"))))
+    os.write(outbox.fileno(), (1 << 20).to_bytes(4, "big") + b"\x80" * 100)
+    os._exit(9)
+
+
+async def test_a_message_longer_than_a_read_arrives_whole_before_the_exit(spawn, monkeypatch) -> None:
+    monkeypatch.setattr(supervisor_module, "runner_main", _runner_with_big_output)
+    supervisor, reports = await spawn()
+    await reports.wait_for(lambda: supervisor.exited, CRASH_REPORT_DEADLINE_S)
+    frames = [m.frame for m in reports.messages if isinstance(m, Frame)]
+    assert len(frames) == 1 and len(frames[0].chunk.text) == BIG_TEXT_CHARS
+    statuses = [m.status for m in reports.messages if isinstance(m, StatusChanged)]
+    assert [(s.state, s.error_message) for s in statuses[:2]] == [("Loading", None), ("Failed", "gave up")]
+    assert supervisor.status.error_message == "runner exited with code 3: gave up"
+
+
+async def test_a_runner_cut_off_mid_message_is_reported_gone(spawn, monkeypatch) -> None:
+    monkeypatch.setattr(supervisor_module, "runner_main", _runner_cut_mid_message)
+    supervisor, reports = await spawn()
+    await reports.wait_for(lambda: supervisor.exited, CRASH_REPORT_DEADLINE_S)
+    assert [state for state, _ in reports.statuses()] == ["Loading", "Failed"]
+    assert supervisor.status.error_message == "runner exited with code 9"

@@ -324,9 +324,14 @@ def _logprob_entry(chunk: TokenChunk) -> dict[str, Any]:
     }
 
 
+_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+"""What `json.dumps(..., separators=(",", ":"), ensure_ascii=False)` would build anew for
+every event (one per streamed token)."""
+
+
 def sse_event(payload: dict[str, Any] | str) -> str:
     """One server-sent event: `data: <json>` and a blank line."""
-    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+    data = payload if isinstance(payload, str) else _COMPACT_JSON.encode(payload)
     return f"data: {data}\n\n"
 
 

@@ -163,7 +163,7 @@ def pack(message: FromRunner) -> bytes:
     return pickle.dumps((_MESSAGE, message), _PICKLE_PROTOCOL)
 
 
-def unpack(data: bytes) -> FromRunner:
+def unpack(data: bytes | bytearray) -> FromRunner:
     """The message `pack` or `pack_token` encoded. Token frames are rebuilt without
     re-validation: the runner built them from its own typed values, and the parent trusts
     its own child exactly as far as it trusts a pickle from it."""

@@ -3,9 +3,10 @@
 One `RunnerSupervisor` per (instance, rank). It spawns `bootstrap.runner_main` in a
 `multiprocessing` spawn-context daemon process with a bounded inbox queue and an outbox pipe,
 sends `LoadShard`, and turns everything the runner says into `on_report(message)` calls on
-the event loop, in the order the runner said it. Its reader thread hands the loop whatever
-has arrived in one batch, so a fast runner costs the loop one wake-up per batch rather than
-one per token. It guarantees what the runner cannot: a runner that dies,
+the event loop, in the order the runner said it. The loop itself reads the runner's pipe
+(non-blocking, `add_reader`) and delivers every complete message a wake-up finds in one
+batch: no reader thread, so a token costs the node one wake-up and no thread hand-off.
+It guarantees what the runner cannot: a runner that dies,
 hangs before its first status, or is shut down never leaves a task without its terminal
 frame and `TaskDone`, and never leaves its status stale.
 
@@ -32,6 +33,7 @@ import multiprocessing as mp
 import os
 import queue
 import signal
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -74,20 +76,25 @@ KILL_TIMEOUT_S = 5.0
 """Time allowed for the kernel to reap a SIGKILLed runner before shutdown gives up waiting."""
 
 EXIT_DRAIN_TIMEOUT_S = 1.0
-"""After the process is gone, how long the reader may keep draining what it wrote before
-the supervisor reports the exit. Bounds the case of a message cut in half by a kill."""
+"""Slack, after a SIGKILL's reaping, for the waiter thread's report to reach the loop and
+the runner's last output to be delivered before the exit is reported."""
 
 INBOX_CAPACITY = 256
 """Parent -> runner messages not yet read. Fills only while the runner is loading (it reads
 continuously once serving); a Generate that finds it full is refused as RunnerBusy."""
 
-READ_BATCH_MAX = 256
-"""Most runner messages the reader hands the event loop in one callback. The runner -> parent
-pipe itself is bounded by the kernel's pipe buffer: the runner blocks when it is full, so a
-slow parent slows generation rather than growing memory."""
+READ_CHUNK_BYTES = 64 * 1024
+"""Most bytes the loop reads from the runner's pipe per wake-up: a Linux pipe's default
+capacity, so one read usually takes all the runner has written. Every complete message
+in it is delivered in one batch (a token frame is about 150 bytes). The pipe itself is
+bounded by the kernel's buffer: the runner blocks when it is full, so a slow parent slows
+generation rather than growing memory. A message larger than this (a big embedding) is
+gathered over several wake-ups, never with a blocking read."""
 
-READER_POLL_S = 0.05
-"""The reader thread's blocking-get slice; bounds how late it notices the process is gone."""
+_SIZE = struct.Struct("!i")
+_LONG_SIZE = struct.Struct("!Q")
+"""`multiprocessing.Connection.send_bytes` framing: a signed 32-bit big-endian length, or
+-1 followed by an unsigned 64-bit length for messages of 2 GiB and more."""
 
 CANCEL_RETRY_S = 0.05
 """Retry interval for a Cancel that found the inbox full (it must not be lost)."""
@@ -167,10 +174,11 @@ class RunnerSupervisor:
         self._process: Any = None
         self._inbox: Any = None
         self._outbox: Any = None  # the parent's (read) end of the runner's outbox pipe
-        self._batches = 0  # written by the reader thread only
+        self._outbox_fd: int | None = None  # its fd while the loop watches it
+        self._unread = bytearray()  # bytes read from the pipe that do not make a message yet
+        self._batches = 0
         self._largest_batch = 0
         self._gone = threading.Event()  # the process has exited (set by the waiter thread)
-        self._drained: asyncio.Event | None = None
         self._exit_handled: asyncio.Event | None = None
         self._deadline: asyncio.TimerHandle | None = None
 
@@ -224,7 +232,6 @@ class RunnerSupervisor:
             raise RuntimeError(f"runner {self.runner_id} was already started")
         loop = asyncio.get_running_loop()
         self._loop = loop
-        self._drained = asyncio.Event()
         self._exit_handled = asyncio.Event()
         ctx = mp.get_context("spawn")
         self._inbox = ctx.Queue(maxsize=self._inbox_capacity)
@@ -250,7 +257,9 @@ class RunnerSupervisor:
         runner_end.close()
         self._started_at = time.monotonic()
         self._inbox.put_nowait(self._load)
-        threading.Thread(target=self._read, name=f"runner-{self.runner_id}-reader", daemon=True).start()
+        self._outbox_fd = self._outbox.fileno()
+        os.set_blocking(self._outbox_fd, False)
+        loop.add_reader(self._outbox_fd, self._on_readable)
         threading.Thread(target=self._wait_process, name=f"runner-{self.runner_id}-waiter", daemon=True).start()
         self._deadline = loop.call_later(self._first_status_deadline_s, self._first_status_expired)
         log.info(
@@ -327,42 +336,7 @@ class RunnerSupervisor:
             uptime_s=None if self._started_at is None else time.monotonic() - self._started_at,
         )
 
-    # -- threads (never touch supervisor state; they only post to the loop) ---------------
-
-    def _read(self) -> None:
-        try:
-            self._read_until_end()
-        finally:
-            self._outbox.close()
-
-    def _read_until_end(self) -> None:
-        outbox, loop = self._outbox, self._loop
-        assert loop is not None
-        while True:
-            try:
-                if not outbox.poll(READER_POLL_S):
-                    if self._gone.is_set():
-                        break  # the process is gone and everything it wrote has been read
-                    continue
-                batch = [unpack(outbox.recv_bytes())]
-            except (EOFError, OSError, ValueError):
-                break  # the runner closed its end (exited), or a kill cut a message short
-            except Exception:  # an undecodable message: the stream from this runner is broken
-                log.exception("runner %s: unreadable output; treating the runner as gone", self.runner_id)
-                break
-            ended = False
-            try:
-                while len(batch) < READ_BATCH_MAX and outbox.poll(0):
-                    batch.append(unpack(outbox.recv_bytes()))
-            except Exception:  # the end (or a cut message) after what was read: deliver that first
-                ended = True
-            self._batches += 1
-            self._largest_batch = max(self._largest_batch, len(batch))
-            if not _post(loop, self._deliver_batch, batch):
-                return
-            if ended:
-                break
-        _post(loop, self._set_drained)
+    # -- the waiter thread (never touches supervisor state; it only posts to the loop) -----
 
     def _wait_process(self) -> None:
         self._process.join()
@@ -372,20 +346,78 @@ class RunnerSupervisor:
 
     # -- loop side ----------------------------------------------------------------------------
 
-    def _set_drained(self) -> None:
-        assert self._drained is not None
-        self._drained.set()
+    def _on_readable(self) -> None:
+        self._read_once()
+
+    def _read_once(self) -> bool:
+        """Read what the runner's pipe holds now and deliver every complete message; stop
+        reading at its end-of-file. False when there was nothing to read."""
+        if self._outbox_fd is None:
+            return False
+        ended = False
+        try:
+            data = os.read(self._outbox_fd, READ_CHUNK_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return False  # woken without data; the next wake-up reads it
+        except OSError:
+            data = b""  # the pipe broke: nothing more can come from it
+        if data:
+            self._unread += data
+        else:
+            ended = True  # the runner closed its end (exited); a partial message is cut short
+        batch, broken = self._decode_unread()
+        if batch:
+            self._batches += 1
+            self._largest_batch = max(self._largest_batch, len(batch))
+            self._deliver_batch(batch)  # what was read before the end (or a bad message) first
+        if ended or broken:
+            self._stop_reading()
+        return True
+
+    def _decode_unread(self) -> tuple[list[FromRunner], bool]:
+        """The complete messages at the front of the unread bytes (removed from them), and
+        whether a message could not be decoded (the stream from this runner is broken)."""
+        buf = self._unread
+        batch: list[FromRunner] = []
+        pos, end = 0, len(buf)
+        try:
+            while end - pos >= _SIZE.size:
+                (size,) = _SIZE.unpack_from(buf, pos)
+                start = pos + _SIZE.size
+                if size == -1:
+                    if end - start < _LONG_SIZE.size:
+                        break
+                    (size,) = _LONG_SIZE.unpack_from(buf, start)
+                    start += _LONG_SIZE.size
+                if end - start < size:
+                    break
+                pos = start + size
+                batch.append(unpack(buf[start:pos]))
+        except Exception:
+            log.exception("runner %s: unreadable output; treating the runner as gone", self.runner_id)
+            return batch, True
+        finally:
+            del buf[:pos]
+        return batch, False
+
+    def _drain_after_exit(self) -> None:
+        """The process is gone, so nothing more will be written: deliver what its pipe holds
+        and stop reading, end-of-file or not (a cut message is dropped)."""
+        while self._read_once():
+            pass
+        self._stop_reading()  # nothing left: all it wrote has been read
+
+    def _stop_reading(self) -> None:
+        if self._outbox_fd is None:
+            return
+        assert self._loop is not None
+        self._loop.remove_reader(self._outbox_fd)
+        self._outbox_fd = None
+        self._unread.clear()
+        self._outbox.close()
 
     def _on_process_gone(self) -> None:
-        assert self._loop is not None
-        self._loop.create_task(self._after_exit())
-
-    async def _after_exit(self) -> None:
-        assert self._drained is not None
-        try:
-            await asyncio.wait_for(self._drained.wait(), EXIT_DRAIN_TIMEOUT_S)
-        except asyncio.TimeoutError:
-            log.warning("runner %s: output not fully drained after exit", self.runner_id)
+        self._drain_after_exit()  # its last status and frames come before the exit's report
         self._handle_exit(self._process.exitcode)
 
     def _handle_exit(self, exitcode: int | None) -> None:
@@ -536,7 +568,7 @@ class RunnerSupervisor:
             self._inbox.close()
         except (OSError, ValueError):
             pass
-        # The outbox's read end belongs to the reader thread, which stops at end-of-file.
+        # The outbox's read end is closed where reading stops (end-of-file or the exit's drain).
 
 
 def _post(loop: asyncio.AbstractEventLoop, callback: Callable[..., None], *args: Any) -> bool:
@@ -564,8 +596,7 @@ __all__ = [
     "FIRST_STATUS_DEADLINE_S",
     "INBOX_CAPACITY",
     "KILL_TIMEOUT_S",
-    "READ_BATCH_MAX",
-    "READER_POLL_S",
+    "READ_CHUNK_BYTES",
     "SHUTDOWN_ERROR_TYPE",
     "SHUTDOWN_TIMEOUT_S",
     "TERMINATE_TIMEOUT_S",
