@@ -248,6 +248,7 @@ class Node:
         self.telemetry = TelemetryService(
             router, node_name=settings.node_name, models_dir=settings.paths.models_dir, api_endpoint=settings.api_endpoint,
             backends=lambda: list(derived.tags), conflicts=lambda: list(derived.conflicts),
+            disk_reserve_bytes=eviction_policy(settings.model_store).reserve_bytes,
         )
         self.replica.on_applied(self._fail_streams_of_failed_tasks)
         self.staged_copies = StagedCopyKeeper(

@@ -38,12 +38,12 @@ GIB = 1024**3
 
 
 def _res(node: str, version: str = "1.0", free: int = 100 * GIB, conflicts: list | None = None,
-         peers: int | None = None) -> NodeResources:
+         peers: int | None = None, reserve: int | None = None) -> NodeResources:
     extra = {} if peers is None else {"zenoh_connected_peers": peers}
     return NodeResources(
         node_id=node, node_name=node, version=version,
         memory=MemoryReading(ram_total_bytes=8 * GIB, ram_available_bytes=4 * GIB),
-        disk=DiskReading(models_dir="/models", total_bytes=500 * GIB, free_bytes=free),
+        disk=DiskReading(models_dir="/models", total_bytes=500 * GIB, free_bytes=free, reserve_bytes=reserve),
         capability_conflicts=conflicts or [], **extra,
     )
 
@@ -98,6 +98,13 @@ CASES = [
     ("disk-low", _state("a"), [_hb("a", 1.0), (_res("a", free=DISK_LOW_WARN_BYTES - 1), 1.0)],
      {"a": ("warn", [("disk_low", "warn")])}),
     ("disk-at-warn-threshold-ok", _state("a"), [(_res("a", free=DISK_LOW_WARN_BYTES), 1.0)],
+     {"a": ("ok", [])}),
+    # the node's advertised reserve moves the lines: under it, downloads are refused
+    ("disk-under-own-reserve", _state("a"), [(_res("a", free=30 * GIB, reserve=40 * GIB), 1.0)],
+     {"a": ("warn", [("disk_low", "warn")])}),
+    ("disk-near-own-reserve", _state("a"), [(_res("a", free=45 * GIB, reserve=40 * GIB), 1.0)],
+     {"a": ("warn", [("disk_low", "warn")])}),
+    ("disk-zero-reserve-ok-at-15", _state("a"), [(_res("a", free=15 * GIB, reserve=0), 1.0)],
      {"a": ("ok", [])}),
     ("disk-full", _state("a"), [_hb("a", 1.0), (_res("a", free=DISK_FULL_ERROR_BYTES - 1), 1.0)],
      {"a": ("error", [("disk_full", "error")])}),
@@ -166,3 +173,11 @@ def test_derivation_does_not_touch_its_inputs() -> None:
     before = (state.model_copy(deep=True), dict(view.nodes), view.keys)
     derive_node_health(state, view, NOW, T0)
     assert (state, dict(view.nodes), view.keys) == before
+
+
+def test_disk_under_the_reserve_says_downloads_are_refused_and_how_to_fix_it() -> None:
+    from skulk.shared.health import disk_reasons
+
+    [reason] = disk_reasons(_res("a", free=8 * GIB, reserve=10 * GIB))
+    assert "8.0 GiB free, under its 10 GiB download reserve" in reason.message
+    assert "refused" in reason.message and "disk_reserve_gb" in (reason.remediation or "")

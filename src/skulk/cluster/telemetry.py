@@ -82,11 +82,13 @@ class TelemetryService:
         api_endpoint: str | None,
         backends: Callable[[], list[str]] = lambda: [],
         conflicts: Callable[[], list[CapabilityConflict]] = lambda: [],
+        disk_reserve_bytes: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._router = router
         self._node_name = node_name
         self._models_dir = models_dir
+        self._disk_reserve_bytes = disk_reserve_bytes
         self._api_endpoint = api_endpoint
         self._backends = backends
         self._conflicts = conflicts
@@ -103,9 +105,11 @@ class TelemetryService:
         memory = psutil.virtual_memory()
         try:
             disk = shutil.disk_usage(self._models_dir)
-            disk_reading = DiskReading(models_dir=str(self._models_dir), total_bytes=disk.total, free_bytes=disk.free)
+            disk_reading = DiskReading(models_dir=str(self._models_dir), total_bytes=disk.total, free_bytes=disk.free,
+                                       reserve_bytes=self._disk_reserve_bytes)
         except OSError:
-            disk_reading = DiskReading(models_dir=str(self._models_dir), total_bytes=0, free_bytes=0)
+            disk_reading = DiskReading(models_dir=str(self._models_dir), total_bytes=0, free_bytes=0,
+                                       reserve_bytes=self._disk_reserve_bytes)
         return NodeResources(
             node_id=self.node_id,
             node_name=self._node_name,

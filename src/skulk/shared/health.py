@@ -29,8 +29,16 @@ from skulk.shared.types.telemetry import NodeResources
 
 GIB = 1024**3
 
-DISK_LOW_WARN_BYTES = 20 * GIB
-"""Free space on the models volume below which a download may not fit: warn before it fails."""
+DEFAULT_RESERVE_BYTES = 10 * GIB
+"""The download reserve assumed for a node that did not advertise its own (the default
+`model_store.disk_reserve_gb`)."""
+
+DISK_LOW_HEADROOM_BYTES = 10 * GIB
+"""Room above the node's reserve under which a typical model may no longer fit: warn before
+a download is refused."""
+
+DISK_LOW_WARN_BYTES = DEFAULT_RESERVE_BYTES + DISK_LOW_HEADROOM_BYTES
+"""The warning line for a node with the default reserve."""
 
 DISK_FULL_ERROR_BYTES = 2 * GIB
 """Free space below which downloads and the event log will fail outright."""
@@ -126,13 +134,26 @@ def disk_reasons(resources: NodeResources | None) -> list[HealthReason]:
                 remediation="free space on the models volume (delete unused models) or move it to a larger disk",
             )
         ]
-    if disk.free_bytes < DISK_LOW_WARN_BYTES:
+    reserve = DEFAULT_RESERVE_BYTES if disk.reserve_bytes is None else disk.reserve_bytes
+    if disk.free_bytes < reserve:
         return [
             HealthReason(
                 code="disk_low",
                 level="warn",
-                message=f"models volume {disk.models_dir} is low: {free_gib:.1f} GiB free",
-                remediation="free space before the next download fails (delete unused models)",
+                message=f"models volume {disk.models_dir} has {free_gib:.1f} GiB free, under its "
+                        f"{reserve / GIB:g} GiB download reserve: every download to this node is refused",
+                remediation="free space on the models volume (delete unused models), or lower "
+                            "model_store.disk_reserve_gb (SKULK_DISK_RESERVE_GB)",
+            )
+        ]
+    if disk.free_bytes < reserve + DISK_LOW_HEADROOM_BYTES:
+        return [
+            HealthReason(
+                code="disk_low",
+                level="warn",
+                message=f"models volume {disk.models_dir} is low: {free_gib:.1f} GiB free "
+                        f"({reserve / GIB:g} GiB of it kept as the download reserve)",
+                remediation="free space before the next download is refused (delete unused models)",
             )
         ]
     return []

@@ -33,6 +33,9 @@ class DiskReading(WireModel):
     models_dir: str
     total_bytes: NonNegInt
     free_bytes: NonNegInt
+    reserve_bytes: NonNegInt | None = None
+    """The free space this node's downloads and staging always leave (its configured
+    `disk_reserve_gb`); None when the node did not say."""
 
 
 class CapabilityConflict(WireModel):
