@@ -36,11 +36,13 @@ def one_rank_text(tmp_path) -> str:
     return "".join(t.text for t in engine.generate(params, threading.Event()))
 
 
-def place_two_nodes(node: NodeProcess) -> dict:
-    """Place until the master has created the instance: the API's pre-check can pass while
-    the master, whose resource readings lag its own way, still refuses as pending."""
+def place_two_nodes(node: NodeProcess, excluded: tuple[str, ...] = ()) -> dict:
+    """Place across two nodes (none of `excluded`) until the master has created the instance:
+    the API's pre-check can pass while the master, whose resource readings lag its own way,
+    still refuses as pending."""
     def placed():
-        response = httpx.post(node.url + "/place_instance", json={"modelId": MODEL, "minNodes": 2}, timeout=10)
+        body = {"modelId": MODEL, "minNodes": 2, "excludedNodes": list(excluded)}
+        response = httpx.post(node.url + "/place_instance", json=body, timeout=10)
         if response.status_code == 503:  # resources or edges still gossiping
             return None
         assert response.status_code == 200, response.text

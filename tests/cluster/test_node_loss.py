@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from tests.cluster.harness import cluster, node_id, start_linked, wait_agreed
-from tests.cluster.test_mlx_pipeline import MODEL, READY_DEADLINE_S
+from tests.cluster.test_mlx_pipeline import MODEL, READY_DEADLINE_S, place_two_nodes
 from tests.nodeproc import NodeProcess, wait_for
 
 pytestmark = pytest.mark.timeout(420)
@@ -47,26 +47,6 @@ def ready_runners(node: NodeProcess, instance_id: str) -> bool:
         return False
     statuses = [state["runners"].get(s["runnerId"], {}).get("state") for s in instance["shards"]]
     return all(s == "Ready" for s in statuses)
-
-
-def place_without(node: NodeProcess, excluded: str) -> dict:
-    """Place the model across two nodes other than `excluded`, retrying while cluster info
-    is still gossiping (503) or the master refuses the command as pending."""
-    def placed():
-        body = {"modelId": MODEL, "minNodes": 2, "excludedNodes": [excluded]}
-        response = httpx.post(node.url + "/place_instance", json=body, timeout=10)
-        if response.status_code == 503:
-            return None
-        assert response.status_code == 200, response.text
-        preview = response.json()["preview"]
-        try:
-            wait_for(lambda: preview["instanceId"] in node.get("/state").json()["instances"], timeout_s=10,
-                     interval_s=0.25, what="the master to create the instance")
-        except TimeoutError:
-            return None
-        return preview
-
-    return wait_for(placed, timeout_s=90, interval_s=0.5, what="a two-node placement")
 
 
 def kill_node(node: NodeProcess) -> None:
@@ -118,7 +98,7 @@ def test_kill_9_of_a_ranks_node_fails_the_stream_by_name_and_replaces_on_the_sur
     master_id = cluster(nodes[0])["masterNodeId"]
     master = ids[master_id]
 
-    old = place_without(master, master_id)
+    old = place_two_nodes(master, excluded=(master_id,))
     ranks = {s["rank"]: s["nodeId"] for s in old["shards"]}
     assert sorted(ranks) == [0, 1] and master_id not in ranks.values()
     try:
