@@ -111,7 +111,7 @@ def test_kill_9_of_a_ranks_node_fails_the_stream_by_name_and_replaces_on_the_sur
 
     message, texts, waited_s = stream_until_killed(master, victim)
     assert victim.wait_exit(timeout_s=10) == -signal.SIGKILL
-    assert f"node {victim_id} lost" in message, message
+    assert victim_id in message and "lost" in message, message  # names the lost node
     assert waited_s < ERROR_DEADLINE_S, (waited_s, message)
     print(f"rank {victim_rank} lost after {len(texts)} chunks; error after {waited_s:.1f}s: {message}")
 

@@ -18,6 +18,8 @@ members in the same pass (`skulk.master.repair.replace_after_node_loss`): its In
 and NodeTimedOut of the pass. Operator deletes never come through here, so they are never
 re-placed. A not-yet-serving instance with a rank whose download failed terminally is torn
 down and re-placed without that node (`skulk.master.repair`), after dead nodes are handled.
+A multi-rank group that was serving and lost a rank while every node stays alive (a runner
+crashed or was killed) is re-placed under a fresh id after BROKEN_GROUP_GRACE_S.
 
 Pure: no clock, no I/O, ids come from the injected `new_id`. The master never judges itself.
 """
@@ -27,7 +29,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from skulk.master.repair import RepairInputs, repair_failed_download, replace_after_node_loss
+from skulk.master.repair import (
+    RepairInputs,
+    broken_group_failures,
+    is_serving,
+    repair_broken_group,
+    repair_failed_download,
+    replace_after_node_loss,
+)
 from skulk.shared.telemetry_view import HEARTBEAT_WARN_S, NODE_TIMEOUT_S, NodeFreshness
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.common import TERMINAL_TASK_STATUSES
@@ -66,6 +75,10 @@ class MasterView:
     """Memory of recently deleted instances, credited back to placement (see repair)."""
     node_timeout_s: float = NODE_TIMEOUT_S
     """Silence after which a member is pruned (the shell may lower it for tests only)."""
+    serving_seen: frozenset[InstanceId] = frozenset()
+    """Instances this master has seen serving (every rank Ready or Running): `track_serving`."""
+    broken_since: Mapping[InstanceId, float] = field(default_factory=dict)
+    """When each multi-rank instance with a Failed rank was first seen so: `track_broken_groups`."""
 
 
 # -- helpers --------------------------------------------------------------------------------
@@ -199,6 +212,34 @@ def repair_failed_downloads(view: MasterView, new_id: IdFactory) -> list[Event] 
     return repair_failed_download(view.state, _inputs(view, new_id))
 
 
+BROKEN_GROUP_GRACE_S = 5.0
+"""How long a serving group's failed rank is left before the group is re-placed, during which
+every node of the instance must stay fresh. A rank whose node died fails its peers too
+(their ring breaks), but that is node loss, handled at the node timeout with the lost node
+left out; after this grace the dead node's liveness signals are this old and the broken
+group is left to that rule. Two and a half heartbeat periods."""
+
+
+def _fresh(view: MasterView, node_id: NodeId) -> bool:
+    if node_id == view.me:
+        return True
+    f = view.freshness.get(node_id)
+    age = f.effective_age_s if f is not None else None
+    return age is not None and age < BROKEN_GROUP_GRACE_S
+
+
+def repair_broken_groups(view: MasterView, new_id: IdFactory) -> list[Event] | None:
+    """A multi-rank instance seen serving whose rank failed at least BROKEN_GROUP_GRACE_S
+    ago, all of whose nodes are alive: re-place it under a fresh id (`repair_broken_group`)."""
+    due = frozenset(
+        instance_id for instance_id, since in view.broken_since.items()
+        if instance_id in view.serving_seen and instance_id in view.state.instances
+        and view.now - since >= BROKEN_GROUP_GRACE_S
+        and all(_fresh(view, n) for n in view.state.instances[instance_id].node_ids())
+    )
+    return repair_broken_group(view.state, due, _inputs(view, new_id)) if due else None
+
+
 def reap_zombie_tasks(view: MasterView, new_id: IdFactory) -> list[Event] | None:
     """Fail open tasks whose instance has been gone for at least ZOMBIE_TASK_GRACE_S: their
     owner was deleted (a killed node returns with a new identity), so nobody else ever
@@ -228,6 +269,7 @@ def plan(view: MasterView, new_id: IdFactory) -> list[Event]:
         time_out_silent_nodes(view, new_id)
         or delete_instances_on_departed_nodes(view, new_id)
         or repair_failed_downloads(view, new_id)
+        or repair_broken_groups(view, new_id)
         or reap_zombie_tasks(view, new_id)
         or []
     )
@@ -247,6 +289,20 @@ def track_zombies(state: State, previous: Mapping[TaskId, float], now: float) ->
     """First-seen times of the current zombie tasks: kept from `previous` when already
     tracked, `now` for new ones; tasks that finished or disappeared are dropped."""
     return {t: previous.get(t, now) for t in zombie_task_ids(state)}
+
+
+def track_serving(state: State, previous: frozenset[InstanceId]) -> frozenset[InstanceId]:
+    """Instances seen serving: `previous` still in State, plus those serving now."""
+    return frozenset(i for i in previous if i in state.instances) | frozenset(
+        i for i, instance in state.instances.items() if is_serving(state, instance)
+    )
+
+
+def track_broken_groups(
+    state: State, previous: Mapping[InstanceId, float], now: float
+) -> dict[InstanceId, float]:
+    """First-seen times of the multi-rank instances that have a Failed rank now."""
+    return {i: previous.get(i, now) for i, instance in state.instances.items() if broken_group_failures(state, instance)}
 
 
 def heartbeat_warnings(
@@ -272,6 +328,7 @@ def heartbeat_warnings(
 
 
 __all__ = [
+    "BROKEN_GROUP_GRACE_S",
     "HEARTBEAT_WARN_S",
     "INSTANCE_GONE",
     "NODE_LOST",
@@ -282,8 +339,11 @@ __all__ = [
     "heartbeat_warnings",
     "plan",
     "reap_zombie_tasks",
+    "repair_broken_groups",
     "repair_failed_downloads",
     "time_out_silent_nodes",
+    "track_broken_groups",
+    "track_serving",
     "track_zombies",
     "zombie_task_ids",
 ]

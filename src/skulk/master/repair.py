@@ -1,11 +1,11 @@
 """Self-healing placements: what the master decides when a placed instance cannot come up
 or loses a node.
 
-Three causes, one shape. A worker's pre-spawn memory guard refuses its shard (the
+Four causes, one shape. A worker's pre-spawn memory guard refuses its shard (the
 RefuseInstancePlacement command), a rank's model download fails terminally (a
 DownloadFailed outcome in State for a node and model of an instance that is not serving
-yet), or a node hosting a rank is lost (timed out or no longer a member; `skulk.master.plan`
-detects it). Either way the master fails the instance's open requests with the reason, tears
+yet), a node hosting a rank is lost (timed out or no longer a member; `skulk.master.plan`
+detects it), or a rank of a multi-rank group that was serving fails while its node stays up. Either way the master fails the instance's open requests with the reason, tears
 it down (every TaskFailed before the InstanceDeleted, as in `skulk.master.plan`), and
 re-places the model:
 
@@ -20,6 +20,8 @@ re-places the model:
 - download failure: the same width without the failed node(s); the failed record is reset
   to pending so it does not condemn later placements touching that node; when no healthy
   set remains the master stops at the teardown (InstanceRepairAbandoned);
+- broken group: the same width and sharding under a fresh instance id (fresh ring ports),
+  one repair hop further; past MAX_REPAIR_HOP, InstanceRepairAbandoned;
 - lost node: the same sharding on the surviving members, the original width first, then
   narrower down to one node; the lost node(s) are never candidates. Nothing fits:
   InstanceRepairAbandoned, and nothing is placed. The repair hop is kept (a loss is not a
@@ -73,6 +75,7 @@ node memory it does not have."""
 
 PLACEMENT_REFUSED = "PlacementRefused"
 DOWNLOAD_FAILED = "DownloadFailed"
+GROUP_BROKEN = "GroupBroken"
 """`error_type` of the TaskFailed events a repair emits."""
 
 SERVING_RUNNER_STATES = frozenset({"Ready", "Running"})
@@ -297,6 +300,61 @@ def repair_failed_download(state: State, inputs: RepairInputs) -> list[Event] | 
     return None
 
 
+# -- a group that broke after serving --------------------------------------------------------------
+
+
+def broken_group_failures(state: State, instance: Instance) -> list[tuple[int, NodeId, str]]:
+    """(rank, node, error) of each Failed runner of a multi-rank instance."""
+    if len(instance.shards) < 2:
+        return []
+    out: list[tuple[int, NodeId, str]] = []
+    for shard in sorted(instance.shards, key=lambda s: s.rank):
+        status = state.runners.get(shard.runner_id)
+        if status is not None and status.state == "Failed":
+            out.append((shard.rank, shard.node_id, status.error_message or "no reason given"))
+    return out
+
+
+def repair_broken_group(state: State, serving_seen: frozenset[InstanceId], inputs: RepairInputs) -> list[Event] | None:
+    """For the first multi-rank instance (id order) that the master saw serving and one of
+    whose ranks has since failed (its runner crashed or was killed while its node stays up):
+    fail its requests naming the rank and node, delete it, and place it again at the same
+    width with a fresh instance id, hence fresh ring ports. A lone rank can never rejoin a
+    formed group, so the worker does not restart it; only a new group can serve. Each such
+    repair is one more repair hop: past MAX_REPAIR_HOP, InstanceRepairAbandoned, so a group
+    that keeps breaking is given up instead of re-placed forever. Only instances seen serving
+    qualify: a rank that fails before its group ever formed (a refusal, a failed download) is
+    the other repairs' business. None when no instance needs it."""
+    new_id = inputs.new_id
+    for instance_id, instance in sorted(state.instances.items()):
+        if instance_id not in serving_seen:
+            continue
+        failures = broken_group_failures(state, instance)
+        if not failures:
+            continue
+        reason = "; ".join(f"rank {rank} on node {node} failed: {why}" for rank, node, why in failures)
+        events: list[Event] = teardown(state, instance, GROUP_BROKEN, reason, new_id)
+        hop = instance.repair_hop + 1
+        blamed = failures[0][1] if len({n for _r, n, _w in failures}) == 1 else None
+        if hop > MAX_REPAIR_HOP:
+            events.append(_abandoned(instance, blamed, instance.repair_hop,
+                                     f"{reason}; the group broke at repair hop {instance.repair_hop}, the last: giving up",
+                                     new_id))
+            return events
+        width = _width(instance)
+        request = PlacementRequest(model_id=instance.model_id, sharding=instance.sharding, min_nodes=width,
+                                   max_nodes=width, excluded_nodes=frozenset(instance.excluded_nodes))
+        held = held_footprints(state, instance, inputs.cards.get(instance.model_id))
+        outcome = _replace(instance, state, inputs, merge_credits(inputs.memory_credits, held), [(hop, request)])
+        if isinstance(outcome, Instance):
+            events.append(InstanceCreated(event_id=EventId(new_id()), instance=outcome))
+        else:
+            events.append(_abandoned(instance, blamed, instance.repair_hop,
+                                     f"{reason}; no re-placement: {'; '.join(outcome)}", new_id))
+        return events
+    return None
+
+
 # -- a lost node ----------------------------------------------------------------------------------
 
 
@@ -363,11 +421,13 @@ def replace_after_node_loss(
 __all__ = [
     "CREDIT_GRACE_S",
     "DOWNLOAD_FAILED",
+    "GROUP_BROKEN",
     "MEMORY_HOLDING_RUNNER_STATES",
     "PLACEMENT_REFUSED",
     "DeletionCredit",
     "RepairInputs",
     "active_credits",
+    "broken_group_failures",
     "failed_downloads",
     "held_footprints",
     "is_serving",
@@ -375,6 +435,7 @@ __all__ = [
     "node_loss_attempts",
     "record_deletion",
     "refusal_attempts",
+    "repair_broken_group",
     "repair_failed_download",
     "repair_refused",
     "replace_after_node_loss",

@@ -158,6 +158,8 @@ class Worker:
         self._dispatched: set[str] = set()
         self._task_runner: dict[str, str] = {}
         self._given_up: set[str] = set()
+        self._was_serving: set[str] = set()
+        """Runners that have reported Ready or Running (a multi-rank one is not restarted)."""
         self._reported_failed: set[str] = set()
         self._submitted_status: dict[str, RunnerStatus] = {}
         self._breaker = CrashBreaker()
@@ -500,6 +502,8 @@ class Worker:
         if self._submitted_status.get(runner_id) == status:
             return
         self._submitted_status[runner_id] = status
+        if status.state in ("Ready", "Running"):
+            self._was_serving.add(runner_id)
         self._producer.submit(RunnerStatusUpdated(event_id=new_id(), runner_id=runner_id, status=status))
 
     def _on_report(self, runner_id: str, message: object) -> None:
@@ -529,7 +533,13 @@ class Worker:
         instance_id = supervisor.instance.instance_id
         now = self._clock()
         self._breaker = self._breaker.record(instance_id, now)
-        if self._breaker.should_give_up(instance_id, now):
+        if len(supervisor.instance.shards) > 1 and runner_id in self._was_serving:
+            # A lone restarted rank can never rejoin a group that formed without it: leave it
+            # Failed, and the master re-places the whole group under a fresh id.
+            self._given_up.add(runner_id)
+            logger.error("runner %s of multi-rank instance %s failed after serving (%s); not restarting it, "
+                         "the group is re-placed", runner_id, instance_id, status.error_message)
+        elif self._breaker.should_give_up(instance_id, now):
             self._given_up.add(runner_id)
             logger.error("runner %s of instance %s keeps failing (%s); giving up", runner_id, instance_id,
                          status.error_message)

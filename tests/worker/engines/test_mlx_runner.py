@@ -104,7 +104,7 @@ async def test_a_lost_rank_ends_rank_0_and_the_stream_within_the_eval_deadline(g
     assert leader_reports.done(t).outcome == "failed"
     terminal = leader_reports.terminal(t)
     assert terminal.error_type == "GroupBroken", terminal
-    assert f"node {NODE} lost" in terminal.error_message and "rank 1" in terminal.error_message
+    assert f"lost node {NODE}" in terminal.error_message and "rank 1" in terminal.error_message
     await leader_reports.wait_for(lambda: leader.exited, EVAL_TIMEOUT_S + 15)
     assert leader.exitcode not in (0, None)
     assert leader.exitcode in (EXIT_GROUP_WEDGED, 1)

@@ -524,7 +524,7 @@ class MlxEngine:
             with self._guard(described) if guarded else nullcontext():
                 yield
         except Exception as exc:
-            self._broken = GroupBroken(f"node {nodes} lost: the MLX ring broke during {described}: {exc}")
+            self._broken = GroupBroken(f"lost node {nodes} (or its runner): the MLX ring broke during {described}: {exc}")
             raise self._broken from exc
 
     def _guard(self, label: str, timeout_s: float | None = None) -> AbstractContextManager[None]:
