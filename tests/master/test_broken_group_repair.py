@@ -5,13 +5,7 @@ over hand-built State; no processes, no clock."""
 
 import pytest
 
-from skulk.master.plan import (
-    BROKEN_GROUP_GRACE_S,
-    MasterView,
-    plan,
-    track_broken_groups,
-    track_serving,
-)
+from skulk.master.plan import BROKEN_GROUP_GRACE_S, MasterView, plan, track_broken_groups
 from skulk.master.repair import GROUP_BROKEN, broken_group_failures
 from skulk.shared.telemetry_view import NodeFreshness
 from skulk.shared.types.events import InstanceCreated, InstanceDeleted, InstanceRepairAbandoned, TaskFailed
@@ -25,19 +19,19 @@ AB = instance_on(MLX, ["a", "b"])
 ROOMY = {n: res(n, 8 * GB) for n in "ab"}
 
 
-def runners(instance, **states):
-    """Runner statuses by node name: a="Ready", b="Failed"."""
+def runners(instance, served=True, **states):
+    """Runner statuses by node name: a="Ready", b="Failed" (after serving unless served=False)."""
     by_node = {s.node_id: s.runner_id for s in instance.shards}
-    return {by_node[n]: RunnerStatus(state=st, error_message="killed" if st == "Failed" else None)
+    return {by_node[n]: RunnerStatus(state=st, error_message="killed" if st == "Failed" else None,
+                                     served=served and st == "Failed")
             for n, st in states.items()}
 
 
-def view(state, *, seen=True, broken_for=BROKEN_GROUP_GRACE_S, freshness=None, resources=ROOMY):
-    instance_ids = frozenset(state.instances)
+def view(state, *, broken_for=BROKEN_GROUP_GRACE_S, freshness=None, resources=ROOMY):
     return MasterView(
         state=state, me="m", freshness=freshness or {n: FRESH for n in state.nodes}, now=100.0,
-        cards=CARDS, resources=resources, serving_seen=instance_ids if seen else frozenset(),
-        broken_since={i: 100.0 - broken_for for i in instance_ids},
+        cards=CARDS, resources=resources,
+        broken_since=track_broken_groups(state, {}, now=100.0 - broken_for),
     )
 
 
@@ -56,8 +50,8 @@ def test_a_serving_group_with_a_failed_rank_is_replaced_under_a_fresh_id_one_hop
 @pytest.mark.parametrize(
     ("name", "state_runners", "view_kwargs"),
     [
-        ("never seen serving (a refusal or a failed download is another rule's)", {"a": "Loading", "b": "Failed"},
-         {"seen": False}),
+        ("failed before serving (a refusal or a failed download is another rule's)",
+         {"a": "Loading", "b": "Failed", "served": False}, {}),
         ("inside the grace", {"a": "Ready", "b": "Failed"}, {"broken_for": BROKEN_GROUP_GRACE_S - 0.5}),
         ("a node of the group went silent: node loss, not a broken group",
          {"a": "Ready", "b": "Failed"}, {"freshness": {"a": FRESH, "b": SILENT}}),
@@ -90,14 +84,12 @@ def test_single_rank_instances_are_never_broken_groups():
     assert broken_group_failures(state, one) == []
 
 
-def test_tracking_remembers_serving_and_first_failure():
+def test_tracking_keeps_the_first_failure_time_until_the_group_is_gone_or_whole():
     serving = state_with(AB, ("a", "b"), runners=runners(AB, a="Ready", b="Running"))
-    seen = track_serving(serving, frozenset())
-    assert seen == {AB.instance_id}
     broken = state_with(AB, ("a", "b"), runners=runners(AB, a="Ready", b="Failed"))
-    assert track_serving(broken, seen) == seen  # kept while the instance exists
     first = track_broken_groups(broken, {}, now=10.0)
+    assert first == {AB.instance_id: 10.0}
     assert track_broken_groups(broken, first, now=12.0) == {AB.instance_id: 10.0}
     assert track_broken_groups(serving, first, now=13.0) == {}
-    gone = state_with(instance_on(MLX, ["a"], instance_id="other"), ("a",))
-    assert track_serving(gone, seen) == frozenset()
+    before_serving = state_with(AB, ("a", "b"), runners=runners(AB, served=False, a="Loading", b="Failed"))
+    assert track_broken_groups(before_serving, {}, now=14.0) == {}

@@ -28,7 +28,7 @@ from typing import Any
 from skulk.cluster.replica import StateReplica
 from skulk.master import indexer as ix
 from skulk.master.commands import DecisionContext, Refusal, decide
-from skulk.master.plan import MasterView, heartbeat_warnings, plan, track_broken_groups, track_serving, track_zombies
+from skulk.master.plan import MasterView, heartbeat_warnings, plan, track_broken_groups, track_zombies
 from skulk.master.repair import DeletionCredit, active_credits, record_deletion
 from skulk.routing.router import Router, RouterError
 from skulk.routing.topics import TOPICS
@@ -152,7 +152,6 @@ class Master:
         self._replay_requested = asyncio.Event()
         """Set when a replay request opens; the replay ticker waits on it while none is open."""
         self._zombie_since: dict[str, float] = {}
-        self._serving_seen: frozenset[InstanceId] = frozenset()
         self._broken_since: dict[InstanceId, float] = {}
         self._deletion_credits: tuple[DeletionCredit, ...] = ()
         self._warned: frozenset[str] = frozenset()
@@ -306,13 +305,12 @@ class Master:
             logger.info("heartbeats from node %s resumed", node)
         self._warned = ((self._warned | newly_late) - recovered) & frozenset(fresh)
         self._zombie_since = track_zombies(state, self._zombie_since, now)
-        self._serving_seen = track_serving(state, self._serving_seen)
         self._broken_since = track_broken_groups(state, self._broken_since, now)
         view = MasterView(
             state=state, me=self.me, freshness=fresh, zombie_since=self._zombie_since, now=now,
             cards=self._cards(), resources=node_resources(view_telemetry, state),
             memory_credits=active_credits(self._deletion_credits, now), node_timeout_s=self._node_timeout_s,
-            serving_seen=self._serving_seen, broken_since=self._broken_since,
+            broken_since=self._broken_since,
         )
         events = plan(view, new_id)
         for event in events:  # a plan's InstanceCreated is always a repair; hop > 0 logs at commit

@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from skulk.master.repair import (
     RepairInputs,
     broken_group_failures,
-    is_serving,
     repair_broken_group,
     repair_failed_download,
     replace_after_node_loss,
@@ -75,10 +74,9 @@ class MasterView:
     """Memory of recently deleted instances, credited back to placement (see repair)."""
     node_timeout_s: float = NODE_TIMEOUT_S
     """Silence after which a member is pruned (the shell may lower it for tests only)."""
-    serving_seen: frozenset[InstanceId] = frozenset()
-    """Instances this master has seen serving (every rank Ready or Running): `track_serving`."""
     broken_since: Mapping[InstanceId, float] = field(default_factory=dict)
-    """When each multi-rank instance with a Failed rank was first seen so: `track_broken_groups`."""
+    """When each multi-rank instance with a rank failed after serving was first seen so:
+    `track_broken_groups`."""
 
 
 # -- helpers --------------------------------------------------------------------------------
@@ -229,11 +227,11 @@ def _fresh(view: MasterView, node_id: NodeId) -> bool:
 
 
 def repair_broken_groups(view: MasterView, new_id: IdFactory) -> list[Event] | None:
-    """A multi-rank instance seen serving whose rank failed at least BROKEN_GROUP_GRACE_S
+    """A multi-rank instance whose rank failed after serving at least BROKEN_GROUP_GRACE_S
     ago, all of whose nodes are alive: re-place it under a fresh id (`repair_broken_group`)."""
     due = frozenset(
         instance_id for instance_id, since in view.broken_since.items()
-        if instance_id in view.serving_seen and instance_id in view.state.instances
+        if instance_id in view.state.instances
         and view.now - since >= BROKEN_GROUP_GRACE_S
         and all(_fresh(view, n) for n in view.state.instances[instance_id].node_ids())
     )
@@ -291,17 +289,10 @@ def track_zombies(state: State, previous: Mapping[TaskId, float], now: float) ->
     return {t: previous.get(t, now) for t in zombie_task_ids(state)}
 
 
-def track_serving(state: State, previous: frozenset[InstanceId]) -> frozenset[InstanceId]:
-    """Instances seen serving: `previous` still in State, plus those serving now."""
-    return frozenset(i for i in previous if i in state.instances) | frozenset(
-        i for i, instance in state.instances.items() if is_serving(state, instance)
-    )
-
-
 def track_broken_groups(
     state: State, previous: Mapping[InstanceId, float], now: float
 ) -> dict[InstanceId, float]:
-    """First-seen times of the multi-rank instances that have a Failed rank now."""
+    """First-seen times of the multi-rank instances that have a rank failed after serving."""
     return {i: previous.get(i, now) for i, instance in state.instances.items() if broken_group_failures(state, instance)}
 
 
@@ -343,7 +334,6 @@ __all__ = [
     "repair_failed_downloads",
     "time_out_silent_nodes",
     "track_broken_groups",
-    "track_serving",
     "track_zombies",
     "zombie_task_ids",
 ]

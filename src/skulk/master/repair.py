@@ -304,30 +304,31 @@ def repair_failed_download(state: State, inputs: RepairInputs) -> list[Event] | 
 
 
 def broken_group_failures(state: State, instance: Instance) -> list[tuple[int, NodeId, str]]:
-    """(rank, node, error) of each Failed runner of a multi-rank instance."""
+    """(rank, node, error) of each runner of a multi-rank instance that failed after serving
+    (its Failed status says `served`); empty when none did."""
     if len(instance.shards) < 2:
         return []
     out: list[tuple[int, NodeId, str]] = []
     for shard in sorted(instance.shards, key=lambda s: s.rank):
         status = state.runners.get(shard.runner_id)
-        if status is not None and status.state == "Failed":
+        if status is not None and status.state == "Failed" and status.served:
             out.append((shard.rank, shard.node_id, status.error_message or "no reason given"))
     return out
 
 
-def repair_broken_group(state: State, serving_seen: frozenset[InstanceId], inputs: RepairInputs) -> list[Event] | None:
-    """For the first multi-rank instance (id order) that the master saw serving and one of
-    whose ranks has since failed (its runner crashed or was killed while its node stays up):
+def repair_broken_group(state: State, due: frozenset[InstanceId], inputs: RepairInputs) -> list[Event] | None:
+    """For the first instance of `due` (id order) that has a rank that failed after serving
+    (`broken_group_failures`: its runner crashed or was killed while its node stays up):
     fail its requests naming the rank and node, delete it, and place it again at the same
     width with a fresh instance id, hence fresh ring ports. A lone rank can never rejoin a
     formed group, so the worker does not restart it; only a new group can serve. Each such
     repair is one more repair hop: past MAX_REPAIR_HOP, InstanceRepairAbandoned, so a group
-    that keeps breaking is given up instead of re-placed forever. Only instances seen serving
-    qualify: a rank that fails before its group ever formed (a refusal, a failed download) is
+    that keeps breaking is given up instead of re-placed forever. Only ranks that had served
+    count: a rank that fails before its group ever formed (a refusal, a failed download) is
     the other repairs' business. None when no instance needs it."""
     new_id = inputs.new_id
     for instance_id, instance in sorted(state.instances.items()):
-        if instance_id not in serving_seen:
+        if instance_id not in due:
             continue
         failures = broken_group_failures(state, instance)
         if not failures:

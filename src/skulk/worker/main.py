@@ -512,9 +512,12 @@ class Worker:
             self._route_frame(message.owner_node_id, message.frame)
             return
         if isinstance(message, StatusChanged):
-            self._report_status(runner_id, message.status)
-            if message.status.state == "Failed":
-                self._runner_failed(runner_id, message.status)
+            status = message.status
+            if status.state == "Failed" and runner_id in self._was_serving:
+                status = status.model_copy(update={"served": True})
+            self._report_status(runner_id, status)
+            if status.state == "Failed":
+                self._runner_failed(runner_id, status)
         elif isinstance(message, TaskAccepted):
             self._producer.submit(TaskAcknowledged(event_id=new_id(), task_id=message.task_id))
         elif isinstance(message, TaskDone):
@@ -533,7 +536,7 @@ class Worker:
         instance_id = supervisor.instance.instance_id
         now = self._clock()
         self._breaker = self._breaker.record(instance_id, now)
-        if len(supervisor.instance.shards) > 1 and runner_id in self._was_serving:
+        if len(supervisor.instance.shards) > 1 and status.served:
             # A lone restarted rank can never rejoin a group that formed without it: leave it
             # Failed, and the master re-places the whole group under a fresh id.
             self._given_up.add(runner_id)

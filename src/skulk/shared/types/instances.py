@@ -116,6 +116,10 @@ class Instance(WireModel):
 class RunnerStatus(WireModel):
     state: RunnerState
     error_message: str | None = None
+    served: bool = False
+    """The runner had reached Ready before this status. On a Failed status of a multi-rank
+    instance it means the group broke while serving: the rank is not restarted (it could
+    never rejoin the formed group) and the master re-places the group."""
 
 
 __all__ = ["MAX_REPAIR_HOP", "Instance", "InstanceCapacity", "RunnerStatus", "ShardAssignment", "ShardCapacity"]
