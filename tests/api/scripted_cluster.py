@@ -46,7 +46,10 @@ class ScriptedCluster:
         if isinstance(command, Embed):
             tokens = sum(len(item.split()) if isinstance(item, str) else len(item)
                          for item in command.params.embedding_inputs)
-            return [EmbeddingChunk(command_id=cid, embeddings=self.vectors,
+            # A callable answers per request (one vector per input, as a runner does); a list
+            # is sent as is, so a test can script a runner that breaks the protocol.
+            vectors = self.vectors(len(command.params.embedding_inputs)) if callable(self.vectors) else self.vectors
+            return [EmbeddingChunk(command_id=cid, embeddings=vectors,
                                    usage=Usage(prompt_tokens=tokens, total_tokens=tokens))]
         last = len(self.texts) - 1
         return [
