@@ -56,6 +56,7 @@ from urllib.parse import urlsplit
 
 from skulk.shared.types.cards import ModelCard
 from skulk.store.disk_admission import admit, disk_free_bytes, reserve_bytes_from_env
+from skulk.store.file_lock import LockFailure, exclusive_file_lock
 from skulk.store.hub_files import RepoFile, SelectionError, select_files, total_size_bytes
 from skulk.store.paths import hub_model_dir_name
 from skulk.store.tiny_models import ArtifactUnavailable
@@ -405,28 +406,13 @@ def local_size_bytes(card: ModelCard, models_dir: Path) -> int | None:
 @contextlib.contextmanager
 def _exclusive_lock(lock_path: Path, model_id: str, timeout_s: float,
                     cancel: threading.Event | None = None) -> Iterator[None]:
-    """flock on `lock_path`, polled until `timeout_s` (or `cancel`). One descriptor per call,
-    so threads of one process exclude each other too. The lock file is never deleted (a late
-    opener would lock an orphaned inode)."""
-    import fcntl
+    """`file_lock.exclusive_file_lock` failing as this model's DownloadFailed."""
 
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if cancel is not None and cancel.is_set():
-                    raise DownloadFailed(model_id, "the download was cancelled", "cancelled") from None
-                if time.monotonic() >= deadline:
-                    raise DownloadFailed(model_id, f"another process held {lock_path} for over {timeout_s:.0f} s",
-                                         "deadline") from None
-                time.sleep(LOCK_POLL_INTERVAL_S)
+    def fail(kind: LockFailure, message: str) -> DownloadFailed:
+        return DownloadFailed(model_id, "the download was cancelled" if kind == "cancelled" else message, kind)
+
+    with exclusive_file_lock(lock_path, timeout_s, fail, poll_s=LOCK_POLL_INTERVAL_S, cancel=cancel):
         yield
-    finally:
-        os.close(fd)
 
 
 # ---------------------------------------------------------------------------------------

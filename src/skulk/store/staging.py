@@ -56,6 +56,7 @@ from skulk.store.downloads import (
     swap_into_place,
 )
 from skulk.store.eviction import EvictionPlan, EvictionPolicy, StagedCopy, plan_eviction
+from skulk.store.file_lock import LockFailure, exclusive_file_lock
 from skulk.store.paths import hub_model_dir_name
 
 logger = logging.getLogger(__name__)
@@ -454,21 +455,12 @@ def admission_lock(staging_root: Path, model_id: str, timeout_s: float = ADMISSI
     """Serialises capacity admission plus transfer per staging root, across threads and
     processes (flock on one descriptor per call), with a deadline."""
     Path(staging_root).mkdir(parents=True, exist_ok=True)
-    fd = os.open(Path(staging_root) / ADMISSION_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise StagingFailed(model_id, f"another staging held {staging_root} for over {timeout_s:.0f} s",
-                                        "deadline") from None
-                time.sleep(LOCK_POLL_S)
+
+    def fail(_kind: LockFailure, _message: str) -> StagingFailed:  # no cancel: only the deadline ends the wait
+        return StagingFailed(model_id, f"another staging held {staging_root} for over {timeout_s:.0f} s", "deadline")
+
+    with exclusive_file_lock(Path(staging_root) / ADMISSION_LOCK_FILE, timeout_s, fail, poll_s=LOCK_POLL_S):
         yield
-    finally:
-        os.close(fd)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
@@ -36,7 +35,6 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -47,6 +45,7 @@ import numpy as np
 
 from skulk.shared.types.cards import ModelCard
 from skulk.store.cards import builtin_cards_dir
+from skulk.store.file_lock import exclusive_file_lock
 
 logger = logging.getLogger(__name__)
 
@@ -622,25 +621,10 @@ def _marker_matches(model_dir: Path, expected_hash: str) -> bool:
 
 @contextlib.contextmanager
 def _exclusive_lock(lock_path: Path, model_id: str, timeout_s: float) -> Iterator[None]:
-    """flock on `lock_path`. Each call opens its own descriptor, so threads of one process
-    exclude each other as well as processes do. The lock file is never deleted (deleting it
-    would let a late opener lock an orphaned inode)."""
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise ArtifactUnavailable(
-                        model_id, f"another process has held {lock_path} for over {timeout_s:.0f} s"
-                    ) from None
-                time.sleep(LOCK_POLL_INTERVAL_S)
+    """`file_lock.exclusive_file_lock` failing as this model's ArtifactUnavailable."""
+    with exclusive_file_lock(lock_path, timeout_s, lambda _kind, message: ArtifactUnavailable(model_id, message),
+                             poll_s=LOCK_POLL_INTERVAL_S):
         yield
-    finally:
-        os.close(fd)  # releases the lock
 
 
 def _remove_leftovers(models_dir: Path, dir_name: str) -> None:

@@ -19,10 +19,10 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal, Protocol, runtime_checkable
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 from skulk.shared.types.cards import ModelCard
-from skulk.shared.types.common import FinishReason, Usage
+from skulk.shared.types.common import ChatMessage, FinishReason, Usage
 from skulk.shared.types.ids import RunnerId
 from skulk.shared.types.instances import Instance, ShardAssignment
 from skulk.shared.types.tasks import EmbeddingParams, TextGenerationParams
@@ -100,6 +100,21 @@ class GenerationResult:
     fatal: bool = False
     """The engine can never serve again (`EngineBroken`): the runner reports this request,
     then itself Failed with the message, and exits."""
+
+
+def chat_message_dict(message: ChatMessage) -> dict[str, Any]:
+    """A ChatMessage in the shape Hugging Face chat templates expect."""
+    out: dict[str, Any] = {"role": message.role, "content": message.content or ""}
+    if message.name is not None:
+        out["name"] = message.name
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+            for call in message.tool_calls
+        ]
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    return out
 
 
 def usage_of(prompt_tokens: int, completion_tokens: int) -> Usage:
@@ -606,6 +621,7 @@ class Dispatcher:
 
 
 __all__ = [
+    "chat_message_dict",
     "DISPATCH_CLOSE_TIMEOUT_S",
     "DISPATCH_QUEUE_CAPACITY",
     "WORKER_CALL_TIMEOUT_S",

@@ -30,7 +30,7 @@ import numpy as np
 from skulk.shared.tool_grammar import SchemaNotSupported, tool_call_grammar
 from skulk.shared.types.cards import backend_engine
 from skulk.shared.types.chunks import TopLogprob
-from skulk.shared.types.common import ChatMessage, FinishReason, Usage
+from skulk.shared.types.common import FinishReason, Usage
 from skulk.shared.types.tasks import TextGenerationParams
 from skulk.worker.engines.base import (
     ChatTemplateMissing,
@@ -43,6 +43,7 @@ from skulk.worker.engines.base import (
     ShardSpec,
     StopStringFilter,
     Utf8StreamDecoder,
+    chat_message_dict,
     usage_of,
 )
 
@@ -166,21 +167,6 @@ def gpu_layers_for(backend_tag: str) -> int:
     CPU-only llama.cpp build ignores the request, so -1 is safe everywhere else."""
     compute = backend_tag.split("-", 1)[1] if "-" in backend_tag else None
     return 0 if compute == "cpu" else -1
-
-
-def chat_message_dict(message: ChatMessage) -> dict[str, Any]:
-    """A ChatMessage in the shape Hugging Face chat templates expect."""
-    out: dict[str, Any] = {"role": message.role, "content": message.content or ""}
-    if message.name is not None:
-        out["name"] = message.name
-    if message.tool_calls:
-        out["tool_calls"] = [
-            {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
-            for call in message.tool_calls
-        ]
-    if message.tool_call_id is not None:
-        out["tool_call_id"] = message.tool_call_id
-    return out
 
 
 class LlamaCppEngine:
@@ -558,7 +544,6 @@ __all__ = [
     "DEFAULT_TOP_P",
     "FLASH_ATTN_ENV",
     "LlamaCppEngine",
-    "chat_message_dict",
     "flash_attn_enabled",
     "gpu_layers_for",
     "physical_cores",

@@ -17,7 +17,7 @@ import re
 from typing import Any
 
 from skulk.shared.types.tasks import TextGenerationParams
-from skulk.worker.engines.base import ChatTemplateMissing
+from skulk.worker.engines.base import ChatTemplateMissing, chat_message_dict
 
 _SPM_BYTE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
@@ -72,23 +72,6 @@ def token_bytes_table(tokenizer: Any) -> list[bytes]:
     return table
 
 
-def chat_messages(request: TextGenerationParams) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for message in request.messages:
-        entry: dict[str, Any] = {"role": message.role, "content": message.content or ""}
-        if message.name is not None:
-            entry["name"] = message.name
-        if message.tool_calls:
-            entry["tool_calls"] = [
-                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                for c in message.tool_calls
-            ]
-        if message.tool_call_id is not None:
-            entry["tool_call_id"] = message.tool_call_id
-        out.append(entry)
-    return out
-
-
 def prompt_tokens(tokenizer: Any, request: TextGenerationParams) -> list[int]:
     """The exact ids the model sees for `request`."""
     if request.prompt is not None:
@@ -101,7 +84,7 @@ def prompt_tokens(tokenizer: Any, request: TextGenerationParams) -> list[int]:
             for t in request.tools
         ] or None
         text = tokenizer.apply_chat_template(
-            chat_messages(request), tools=tools, add_generation_prompt=True, tokenize=False
+            [chat_message_dict(m) for m in request.messages], tools=tools, add_generation_prompt=True, tokenize=False
         )
     tokens = list(tokenizer.encode(text, add_special_tokens=False))
     bos = getattr(tokenizer, "bos_token_id", None)
@@ -111,4 +94,4 @@ def prompt_tokens(tokenizer: Any, request: TextGenerationParams) -> list[int]:
     return tokens
 
 
-__all__ = ["byte_level_alphabet", "chat_messages", "prompt_tokens", "token_bytes_table"]
+__all__ = ["byte_level_alphabet", "prompt_tokens", "token_bytes_table"]
