@@ -16,6 +16,7 @@ import contextlib
 import json
 import signal
 import time
+from collections.abc import Callable
 
 import httpx
 import psutil
@@ -61,9 +62,9 @@ def kill_node(node: NodeProcess) -> None:
             runner.kill()
 
 
-def stream_until_killed(api: NodeProcess, victim: NodeProcess) -> tuple[str, list[str], float]:
-    """Stream a long chat through `api`; kill -9 the victim's node after a few chunks.
-    Returns (error message, chunks seen, seconds from the kill to the error event)."""
+def stream_until_killed(api: NodeProcess, kill: Callable[[], None]) -> tuple[str, list[str], float]:
+    """Stream a long chat through `api`; `kill` after a few chunks. Returns (error message,
+    chunks seen, seconds from the kill to the error event)."""
     texts: list[str] = []
     killed_at: float | None = None
     body = {"model": MODEL, "messages": PROMPT, "max_tokens": 1900, "temperature": 0, "stream": True}
@@ -80,7 +81,7 @@ def stream_until_killed(api: NodeProcess, victim: NodeProcess) -> tuple[str, lis
             texts.append((choice.get("delta") or {}).get("content") or "")
             assert choice.get("finish_reason") is None, f"generation ended before the kill could land: {event}"
             if killed_at is None and len(texts) >= 3:
-                kill_node(victim)
+                kill()
                 killed_at = time.monotonic()
     raise AssertionError(f"the stream ended without an error event after {len(texts)} chunks")
 
@@ -109,7 +110,7 @@ def test_kill_9_of_a_ranks_node_fails_the_stream_by_name_and_replaces_on_the_sur
     victim_id, kept_id = ranks[victim_rank], ranks[1 - victim_rank]
     victim = ids[victim_id]
 
-    message, texts, waited_s = stream_until_killed(master, victim)
+    message, texts, waited_s = stream_until_killed(master, lambda: kill_node(victim))
     assert victim.wait_exit(timeout_s=10) == -signal.SIGKILL
     assert victim_id in message and "lost" in message, message  # names the lost node
     assert waited_s < ERROR_DEADLINE_S, (waited_s, message)

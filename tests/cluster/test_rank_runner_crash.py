@@ -5,9 +5,7 @@ under a fresh instance id (fresh ring ports), which serves, with no operator act
 
 from __future__ import annotations
 
-import json
 import signal
-import time
 
 import httpx
 import psutil
@@ -15,7 +13,7 @@ import pytest
 
 from tests.cluster.harness import cluster, node_id, start_linked, wait_agreed
 from tests.cluster.test_mlx_pipeline import MODEL, READY_DEADLINE_S, place_two_nodes
-from tests.cluster.test_node_loss import PROMPT, ready_runners
+from tests.cluster.test_node_loss import PROMPT, ready_runners, stream_until_killed
 from tests.nodeproc import NodeProcess, wait_for
 
 pytestmark = pytest.mark.timeout(420)
@@ -33,26 +31,6 @@ def kill_runners(node: NodeProcess) -> None:
         child.send_signal(signal.SIGKILL)
 
 
-def stream_until_runner_killed(api: NodeProcess, victim: NodeProcess) -> tuple[str, float]:
-    killed_at: float | None = None
-    chunks = 0
-    body = {"model": MODEL, "messages": PROMPT, "max_tokens": 1900, "temperature": 0, "stream": True}
-    with httpx.stream("POST", api.url + "/v1/chat/completions", json=body, timeout=60) as response:
-        assert response.status_code == 200, response.read()
-        for line in response.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[len("data: "):])
-            if "error" in event:
-                assert killed_at is not None, f"the stream failed before the kill: {event}"
-                return event["error"]["message"], time.monotonic() - killed_at
-            chunks += 1
-            if killed_at is None and chunks >= 3:
-                kill_runners(victim)
-                killed_at = time.monotonic()
-    raise AssertionError(f"the stream ended without an error event after {chunks} chunks")
-
-
 def test_kill_9_of_one_ranks_runner_fails_the_stream_and_the_group_is_replaced(spawn_node) -> None:
     nodes = start_linked(spawn_node, ["crash-a", "crash-b"])
     wait_agreed(nodes, members=2)
@@ -66,7 +44,7 @@ def test_kill_9_of_one_ranks_runner_fails_the_stream_and_the_group_is_replaced(s
     ranks = {s["rank"]: s["nodeId"] for s in old["shards"]}
     victim_id = ranks[1]
 
-    message, waited_s = stream_until_runner_killed(ids[ranks[0]], ids[victim_id])
+    message, _chunks, waited_s = stream_until_killed(ids[ranks[0]], lambda: kill_runners(ids[victim_id]))
     assert victim_id in message and "rank 1" in message, message
     assert waited_s < ERROR_DEADLINE_S, (waited_s, message)
 
