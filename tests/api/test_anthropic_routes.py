@@ -49,7 +49,7 @@ async def test_non_streaming_message():
         "content": [{"type": "text", "text": "Hello"}], "stop_reason": "end_turn", "stop_sequence": None,
         "usage": {"input_tokens": 3, "output_tokens": 2},
     }
-    params = cluster.of(GenerateText)[0].params
+    params = cluster.params_of(GenerateText)[0]
     assert [(m.role, m.content) for m in params.messages] == [
         ("system", "Be brief."), ("user", "hi"), ("assistant", "hello"), ("user", "again")]
     assert (params.max_tokens, params.temperature, params.top_k, params.stop) == (16, 0.5, 5, ["\n\n"])

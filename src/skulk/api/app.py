@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
 
 from skulk import __version__
-from skulk.api.auth import ApiKeyMiddleware
+from skulk.api.access import AccessPolicy
+from skulk.api.auth import AccessMiddleware
 from skulk.api.errors import install_error_handlers
 from skulk.api.routes import control, diagnostics, instances, model_cards
 from skulk.api.routes import anthropic as anthropic_routes
@@ -27,10 +29,15 @@ from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.instances import Instance
 from skulk.shared.types.telemetry import NodeResources
 from skulk.shared.types.state import State
+from skulk.shared.types.task_inputs import TaskInput
 
 
 async def _no_cluster(_command: Command) -> None:
     raise RuntimeError("this node is not connected to a cluster")
+
+
+def _no_relay(_item: TaskInput | str) -> None:
+    """A context with no cluster has nobody to hand a request's text to."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +49,12 @@ class ApiContext:
     get_master: Callable[[], tuple[str | None, str | None]] = field(default=lambda: (None, None))
     get_diagnostics: Callable[[], dict[str, Any]] = field(default=lambda: {})
     submit_command: Callable[[Command], Awaitable[None]] = field(default=_no_cluster)
+    hold_input: Callable[[TaskInput], None] = field(default=_no_relay)
+    """Keep a request's full params until the master binds its task, then send them to the
+    node that runs it (`skulk.cluster.task_inputs.TaskInputRelay.hold`): the command the
+    master sees carries redacted params only."""
+    discard_input: Callable[[str], None] = field(default=_no_relay)
+    """Forget the held input of a command that never reached the master."""
     streams: CommandStreams = field(default_factory=CommandStreams)
     """This node's open command streams: the node calls `streams.deliver(frame)` for every
     DATA frame addressed to it, and `streams.fail_all` when the master session changes."""
@@ -58,6 +71,13 @@ class ApiContext:
     """When set, every route but the dashboard's static assets requires this key (Bearer,
     or `x-api-key` on /v1/messages); None or empty leaves the API open. The node passes
     `SKULK_API_KEY` (`skulk.api.auth.API_KEY_ENV`) or its configured key."""
+    local_model_dirs: tuple[Path, ...] = ()
+    """Directories `POST /models/add` may register local models from (the node passes its
+    models dir and `models.local_dirs`); none: local paths are refused."""
+    access: AccessPolicy | None = None
+    """The node's full access policy (keys, roles, loopback, Host check: `skulk.api.access`).
+    When None, `api_key` alone is required on every route but static assets, from every
+    client (the shape of hand-built test apps)."""
     store: store_routes.StoreContext | None = None
     """The model store's roots and policy on this node (None: the /store routes answer 503)."""
     get_store: Callable[[], store_routes.StoreContext | None] | None = None
@@ -88,8 +108,10 @@ def create_app(context: ApiContext) -> FastAPI:
     app = FastAPI(title="Skulk", version=__version__)
     app.state.skulk = context
     install_error_handlers(app)
-    if context.api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=context.api_key)
+    policy = context.access or (AccessPolicy(api_key=context.api_key, require_key_on_loopback=True)
+                                if context.api_key else None)
+    if policy is not None:
+        app.add_middleware(AccessMiddleware, policy=policy)
     app.include_router(control.router)
     app.include_router(diagnostics.router)
     app.include_router(instances.router)

@@ -20,14 +20,17 @@ from typing import Any, Protocol
 
 from fastapi import Request
 
+from skulk.api.auth import current_principal
 from skulk.api.errors import ClusterNotReady, InvalidRequest, ModelNotFound, StreamFailed
 from skulk.api.output import OutputShaper
 from skulk.api.streams import CommandStream
+from skulk.shared.codec import pack
 from skulk.shared.types.chunks import EmbeddingChunk, TokenChunk
 from skulk.shared.types.commands import CancelCommand, Command, Embed, GenerateText, TaskFinished
 from skulk.shared.types.common import Usage
 from skulk.shared.types.ids import new_id
 from skulk.shared.types.instances import Instance
+from skulk.shared.types.task_inputs import TaskInput, redacted_embedding_params, redacted_generation_params
 from skulk.shared.types.tasks import EmbeddingParams, TextGenerationParams
 
 logger = logging.getLogger(__name__)
@@ -143,8 +146,9 @@ async def start_embedding(context: Any, params: EmbeddingParams) -> CommandStrea
     if context.get_master()[0] is None:
         raise ClusterNotReady("The cluster has no master yet (election in progress); retry shortly.")
     command_id = new_id()
-    stream = context.streams.open(command_id)
-    await submit(context, stream, Embed(command_id=command_id, params=params))
+    stream = context.streams.open(command_id, requested_by=current_principal().id)
+    hold_input(context, stream, TaskInput(command_id=command_id, embedding=params))
+    await submit(context, stream, Embed(command_id=command_id, params=redacted_embedding_params(params)))
     return stream
 
 
@@ -179,6 +183,18 @@ def _call_id_factory(command_id: str) -> Callable[[int], str]:
     return lambda index: f"call_{command_id}_{index}"
 
 
+def hold_input(context: Any, stream: CommandStream, item: TaskInput) -> None:
+    """Hand the request's full params to the relay, after checking that the cluster's framing
+    can carry them (it packs them when the serving node is another one): a value it cannot
+    carry is the caller's 400 now, not a request lost on the way."""
+    try:
+        pack(item)
+    except OverflowError as exc:
+        stream.close()
+        raise InvalidRequest(f"The request holds a number too large to carry: {exc}.") from exc
+    context.hold_input(item)
+
+
 async def submit(context: Any, stream: CommandStream, command: Command) -> None:
     """Submit `command`; when the master cannot be reached, free `stream` and raise 503."""
     try:
@@ -187,9 +203,11 @@ async def submit(context: Any, stream: CommandStream, command: Command) -> None:
         # Framing refused a value (an integer past 64 bits deep in a tool schema, say):
         # the request's fault, not the cluster's.
         stream.close()
+        context.discard_input(stream.command_id)
         raise InvalidRequest(f"The request holds a number too large to carry: {exc}.") from exc
     except Exception as exc:
         stream.close()
+        context.discard_input(stream.command_id)
         raise ClusterNotReady(f"The command could not reach the master: {exc}") from exc
 
 
@@ -235,8 +253,11 @@ async def start_generation(
     caller must then consume the stream through `drive` (or close it)."""
     bind_instance(context, params, max_tokens_param=max_tokens_param)
     command_id = new_id()
-    stream = context.streams.open(command_id)
-    await submit(context, stream, GenerateText(command_id=command_id, params=params))
+    stream = context.streams.open(command_id, requested_by=current_principal().id)
+    # The text travels to the serving node over the data plane; the master (and so the event
+    # log and /state) sees only the redacted request (`skulk.shared.types.task_inputs`).
+    hold_input(context, stream, TaskInput(command_id=command_id, generation=params))
+    await submit(context, stream, GenerateText(command_id=command_id, params=redacted_generation_params(params)))
     return stream
 
 

@@ -139,6 +139,7 @@ def _build_topics() -> dict[str, Topic]:
     from skulk.shared.types.election import ElectionMessage
     from skulk.shared.types.events import LocalEvent
     from skulk.shared.types.sync import SYNC_REPLY_ADAPTER, GlobalEvent, SyncRequest
+    from skulk.shared.types.task_inputs import TaskInput
     from skulk.shared.types.telemetry import TELEMETRY_ADAPTER
 
     table = [
@@ -150,6 +151,8 @@ def _build_topics() -> dict[str, Topic]:
         Topic("state_sync", Plane.CONTROL, SYNC_REPLY_ADAPTER, node_addressed=True),
         Topic("telemetry", Plane.TELEMETRY, TELEMETRY_ADAPTER, latest_key=_telemetry_key),
         Topic("data", Plane.DATA, DATA_FRAME_ADAPTER, node_addressed=True),
+        # A request's text, straight to the node that runs it: never through the master.
+        Topic("task_inputs", Plane.DATA, TaskInput, node_addressed=True),
     ]
     validate_topic_table(table)
     return {topic.name: topic for topic in table}
