@@ -135,6 +135,22 @@ HOST_MESSAGE = ("The Host header {host!r} is not a name or address of this node.
                 "(or SKULK_ALLOWED_HOSTS) if you reach the node through it.")
 
 
+CROSS_SITE_MESSAGE = ("A web page from another site may call this node only with an API key (the keyless access "
+                      "of clients on the node's own machine does not extend to pages they browse).")
+
+
+def _same_site(policy: AccessPolicy, headers: Mapping[str, str]) -> bool:
+    """Whether a keyless request may come from where a browser says it comes from: no
+    `Origin` (not a browser, or a same-origin GET), or an origin on this node's own names."""
+    if headers.get("sec-fetch-site", "").lower() == "cross-site":
+        return False
+    origin = headers.get("origin")
+    if not origin or origin == "null":
+        return origin != "null"
+    netloc = origin.split("://", 1)[-1]
+    return host_allowed(policy, netloc)
+
+
 def fingerprint(key: str) -> str:
     """A short, non-reversible name for a key (to tell owners apart; never the key)."""
     return hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
@@ -232,6 +248,10 @@ def decide(
             is_loopback(client_host) and not policy.require_key_on_loopback)
         if not keyless:
             return Refused(401, "invalid_api_key", WRONG_KEY_MESSAGE if keys else MISSING_KEY_MESSAGE)
+        if not _same_site(policy, headers):
+            # A browser on this machine carries no key: a page from elsewhere must not ride
+            # on its loopback exemption (cross-site request forgery).
+            return Refused(403, "cross_site_refused", CROSS_SITE_MESSAGE)
         principal = Principal("loopback" if is_loopback(client_host) else "anonymous", operator=True)
     if role is Role.OPERATOR and not principal.operator:
         return Refused(403, "operator_key_required", OPERATOR_MESSAGE)
