@@ -71,6 +71,7 @@ def resolve_settings(
         cluster_key=flags.cluster_key,
         api_key=env_api_key or config.api.api_key,
         api_enabled=not flags.no_api,
+        api_max_body_bytes=config.api.max_body_bytes,
         worker_enabled=not flags.no_worker,
         model_store=config.model_store,
     )

@@ -23,6 +23,7 @@ import uvicorn
 
 from skulk import __version__
 from skulk.api.app import ApiContext, create_app
+from skulk.api.limits import DEFAULT_MAX_BODY_BYTES, RequestLimits
 from skulk.api.streams import CommandStreams
 from skulk.cluster.election import ElectionService
 from skulk.cluster.membership import MembershipService
@@ -98,6 +99,8 @@ class NodeSettings:
     api_key: str | None = field(default=None, repr=False)
     """When set, every API route but static assets requires it (Bearer / x-api-key)."""
     api_enabled: bool = True
+    api_max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    """Request bodies above this get 413 before they are parsed (`api.max_body_bytes`)."""
     worker_enabled: bool = True
     model_store: ModelStoreSection = ModelStoreSection()
 
@@ -497,6 +500,7 @@ class Node:
             get_resources=lambda: node_resources(self.telemetry.view, self.replica.state),
             api_key=self.settings.api_key,
             get_store=self._current_store,
+            limits=RequestLimits(max_body_bytes=self.settings.api_max_body_bytes),
         )
         config = uvicorn.Config(
             create_app(context),

@@ -14,7 +14,9 @@ from fastapi import FastAPI
 
 from skulk import __version__
 from skulk.api.auth import ApiKeyMiddleware
+from skulk.api.body_guard import BodyGuard
 from skulk.api.errors import install_error_handlers
+from skulk.api.limits import RequestLimits
 from skulk.api.routes import control, diagnostics, instances, model_cards
 from skulk.api.routes import anthropic as anthropic_routes
 from skulk.api.routes import ollama as ollama_routes
@@ -62,6 +64,8 @@ class ApiContext:
     """The model store's roots and policy on this node (None: the /store routes answer 503)."""
     get_store: Callable[[], store_routes.StoreContext | None] | None = None
     """The store as it is now (it follows the elected master); defaults to `store`."""
+    limits: RequestLimits = field(default_factory=RequestLimits)
+    """Request bounds (body size; see `skulk.api.limits`), enforced before any route parses."""
 
     def __post_init__(self) -> None:
         # Frozen dataclass: defaults that need `get_state` are filled in once, here.
@@ -88,6 +92,7 @@ def create_app(context: ApiContext) -> FastAPI:
     app = FastAPI(title="Skulk", version=__version__)
     app.state.skulk = context
     install_error_handlers(app)
+    app.add_middleware(BodyGuard, max_body_bytes=context.limits.max_body_bytes)  # inside auth: keyless bodies go unread
     if context.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=context.api_key)
     app.include_router(control.router)

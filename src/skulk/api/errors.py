@@ -28,7 +28,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 logger = logging.getLogger(__name__)
 
 ErrorKind = Literal[
-    "invalid_request", "not_found", "overloaded", "unavailable", "timeout", "upstream", "internal", "cancelled"
+    "invalid_request", "not_found", "overloaded", "unavailable", "timeout", "upstream", "internal", "cancelled",
+    "too_large",
 ]
 """What went wrong, independent of any wire format; each shape maps a kind to its status."""
 
@@ -59,6 +60,13 @@ class InvalidRequest(ApiError):
 
 class NotFound(ApiError):
     kind = "not_found"
+
+
+class PayloadTooLarge(ApiError):
+    """The request body is over the node's limit (`skulk.api.limits`): a 413."""
+
+    kind = "too_large"
+    default_code = "request_too_large"
 
 
 class ModelNotFound(NotFound):
@@ -143,6 +151,7 @@ OPENAI_STATUS: dict[ErrorKind, tuple[int, str]] = {
     # Not a 5xx: the OpenAI SDK retries those on its own, and a cancelled request must stay
     # cancelled. 499 is the conventional "client closed request" status.
     "cancelled": (499, "request_cancelled"),
+    "too_large": (413, "invalid_request_error"),
 }
 """Kind -> (HTTP status, OpenAI error `type`)."""
 
@@ -178,6 +187,7 @@ ANTHROPIC_STATUS: dict[ErrorKind, tuple[int, str]] = {
     "upstream": (502, "api_error"),
     "internal": (500, "api_error"),
     "cancelled": (499, "api_error"),
+    "too_large": (413, "request_too_large"),
 }
 """Kind -> (HTTP status, Anthropic error `type`)."""
 
@@ -391,6 +401,7 @@ __all__ = [
     "ModelNotFound",
     "NotFound",
     "Overloaded",
+    "PayloadTooLarge",
     "StreamFailed",
     "StreamOrigin",
     "WireShape",

@@ -14,6 +14,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from skulk.api.limits import DEFAULT_MAX_BODY_BYTES, MIN_MAX_BODY_BYTES
+
 DEFAULT_API_PORT = 52415
 
 
@@ -32,6 +34,8 @@ class NodeSection(_Strict):
 class ApiSection(_Strict):
     host: str = "0.0.0.0"
     api_key: str | None = None
+    max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, ge=MIN_MAX_BODY_BYTES)
+    """Request bodies above this are refused with 413 before they are parsed (skulk.api.limits)."""
 
 
 class ModelStoreSection(_Strict):
@@ -110,9 +114,14 @@ DISK_RESERVE_ENV = "SKULK_DISK_RESERVE_GB"
 `skulk.store.disk_admission` reads when no config is at hand)."""
 
 
+MAX_BODY_BYTES_ENV = "SKULK_API_MAX_BODY_BYTES"
+"""Environment override of `api.max_body_bytes`."""
+
+
 def with_env_overrides(config: SkulkConfig, env: Mapping[str, str]) -> SkulkConfig:
     """`config` with the environment's overrides applied (environment beats the file, as
     the CLI's flags beat both). Pure; a malformed value is a ConfigError naming it."""
+    config = _with_max_body_bytes(config, env)
     raw = (env.get(DISK_RESERVE_ENV) or "").strip()
     if not raw:
         return config
@@ -124,6 +133,16 @@ def with_env_overrides(config: SkulkConfig, env: Mapping[str, str]) -> SkulkConf
         raise ConfigError(Path(f"${DISK_RESERVE_ENV}"), [f"{DISK_RESERVE_ENV}={raw!r}: expected a number of GiB >= 0"])
     store = config.model_store.model_copy(update={"disk_reserve_gb": gib})
     return config.model_copy(update={"model_store": store})
+
+
+def _with_max_body_bytes(config: SkulkConfig, env: Mapping[str, str]) -> SkulkConfig:
+    raw = (env.get(MAX_BODY_BYTES_ENV) or "").strip()
+    if not raw:
+        return config
+    if not raw.isdigit() or int(raw) < MIN_MAX_BODY_BYTES:
+        raise ConfigError(Path(f"${MAX_BODY_BYTES_ENV}"),
+                          [f"{MAX_BODY_BYTES_ENV}={raw!r}: expected a whole number of bytes >= {MIN_MAX_BODY_BYTES}"])
+    return config.model_copy(update={"api": config.api.model_copy(update={"max_body_bytes": int(raw)})})
 
 
 def load_config(path: Path) -> SkulkConfig:
