@@ -136,3 +136,27 @@ def test_a_cancelled_request_stops_tokenizing(engine):
         engine.prompt_tokens(chat(*many), cancelled)
     # and a generation cancelled before its prompt is tokenized ends without output
     assert list(engine.generate(chat(*many, max_tokens=3), cancelled)) == []
+
+
+def test_a_cancel_during_prompt_evaluation_stops_within_one_batch(gguf_engine, monkeypatch):
+    """The prompt is evaluated a batch at a time with the cancel checked between batches:
+    a client that leaves during a long prefill frees the model within one batch."""
+    llama = gguf_engine.llama
+    prompt = TextGenerationParams(model_id=ModelId(TINY_GGUF_MODEL_ID), prompt="the weather " * 600, max_tokens=2)
+    assert len(gguf_engine.prompt_tokens(prompt)) > 2 * llama.n_batch
+    cancelled = threading.Event()
+    evaluated: list[int] = []
+    real_eval = llama.eval
+
+    def eval_then_leave(tokens):
+        evaluated.append(len(tokens))
+        real_eval(tokens)
+        cancelled.set()  # the client goes away during the first batch
+
+    monkeypatch.setattr(llama, "eval", eval_then_leave)
+    assert list(gguf_engine.generate(prompt, cancelled)) == []
+    assert evaluated == [llama.n_batch]
+    monkeypatch.undo()
+    # the engine serves the next request normally, reusing what was evaluated
+    out = list(gguf_engine.generate(prompt, threading.Event()))
+    assert out and out[-1].usage.completion_tokens == 2

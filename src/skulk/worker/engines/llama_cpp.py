@@ -526,6 +526,31 @@ class LlamaCppEngine:
         llama_cpp.llama_sampler_free(probe)
         return grammar
 
+    @staticmethod
+    def _prefill(llama: Any, prompt: list[int], cancelled: threading.Event) -> bool:
+        """Evaluate all but the last prompt token, one batch at a time, checking `cancelled`
+        between batches; False when it was set. `generate` then finds this prefix in the KV
+        cache and evaluates only the last token, so a long prompt's evaluation (minutes on a
+        CPU) stops within one batch of the client going away instead of running to the end.
+        The longest prefix already cached is kept, as `generate` itself would."""
+        head = prompt[:-1]
+        cached = 0
+        for seen, wanted in zip(llama._input_ids, head):
+            if seen != wanted:
+                break
+            cached += 1
+        if cached < llama.n_tokens:
+            if cached > 0 and llama._ctx.kv_cache_seq_rm(-1, cached, -1):
+                llama.n_tokens = cached
+            else:
+                cached = 0
+                llama.reset()
+        for start in range(cached, len(head), llama.n_batch):
+            if cancelled.is_set():
+                return False
+            llama.eval(head[start : start + llama.n_batch])
+        return not cancelled.is_set()
+
     def _is_end_of_generation(self, token: int) -> bool:
         import llama_cpp
 
@@ -556,6 +581,8 @@ class LlamaCppEngine:
         stops = StopStringFilter(request.stop)
         completion = 0
         grammar = self._grammar(llama, request)
+        if not self._prefill(llama, prompt, cancelled):
+            return  # cancelled while the prompt was evaluated: nothing to say
 
         generator = llama.generate(
             prompt,
