@@ -137,6 +137,7 @@ def test_a_prompt_that_cannot_fit_the_context_never_reaches_a_runner():
         ("api:\n  max_body_bytes: 100\n", {}, ConfigError),
         ("", {"SKULK_API_MAX_BODY_BYTES": "lots"}, ConfigError),
         ("", {"SKULK_API_MAX_BODY_BYTES": "100"}, ConfigError),
+        ("api:\n  max_body_bytes: 1073741824\n", {}, ConfigError),  # over what the transport carries
     ],
 )
 def test_the_limit_is_a_setting(tmp_path, text, env, expected):

@@ -1,4 +1,4 @@
-"""Attack: a peer without the cluster key replays what it saw on the transport.
+"""Attacks on the transport by a peer without the cluster key: replayed presence, and bulk.
 
 Presence tokens are zenoh liveliness tokens: key expressions with no payload, visible to
 every zenoh peer on the network. Before (parent commit): a peer without the key that copied
@@ -21,8 +21,19 @@ import pytest
 import pytest_asyncio
 import zenoh
 
-from skulk.routing.constants import KEY_ROOT, PRESENCE_SEGMENT
-from tests.routing.routing_testkit import RouterFactory, eventually, next_item, wait_connected
+from skulk.routing.constants import KEY_ROOT, PRESENCE_SEGMENT, topic_key
+from skulk.routing.envelope import MAX_ENVELOPE_OVERHEAD_BYTES
+from skulk.routing.router import TopicMisuse, build_zenoh_config
+from skulk.routing.topics import TOPICS, Plane, Topic, largest_payload_bytes
+from tests.routing.routing_testkit import (
+    Ping,
+    RouterFactory,
+    eventually,
+    next_item,
+    publish_until_received,
+    receive_until,
+    wait_connected,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -102,3 +113,54 @@ async def test_live_nodes_are_still_reported_promptly(routers):
     assert await next_item(watch, timeout_s=10) == ("node-b", True)
     await b.close()
     assert await next_item(watch, timeout_s=10) == ("node-b", False)
+
+
+# -- Unauthenticated bulk is refused before it is buffered ------------------------------------
+
+SMALL = Topic("test_small", Plane.CONTROL, Ping, max_payload_bytes=1024)
+
+
+async def test_an_oversized_sample_is_refused_unread_and_counted(routers):
+    """Before: any sample on a topic's key was copied out of zenoh and decrypted in full
+    (an "auth" or "malformed" reject after the work), whatever its size, from anyone.
+    Now: a sample over the topic's bound is refused on arrival ("oversize"), before it is
+    copied, decrypted or buffered, and the topic keeps working."""
+    a, endpoint = await routers.open("node-a")
+    b, _ = await routers.open("node-b", connect=[endpoint])
+    sub = a.subscribe(SMALL)
+    await publish_until_received(b, SMALL, lambda n: Ping(nonce=n), sub)
+    attacker = await raw_peer(endpoint)
+    try:
+        blob = b"\xe1" + b"\x00" * (256 * 1024)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5
+        while a.rejected_count("oversize") == 0:
+            assert loop.time() < deadline, "the oversized sample was never refused"
+            attacker.put(topic_key(SMALL.name), blob)
+            await asyncio.sleep(0.05)
+    finally:
+        await asyncio.to_thread(attacker.close)
+    assert a.rejected_count("auth") == 0 and a.rejected_count("malformed") == 0  # never opened
+    queued = []
+    while sub.qsize():
+        queued.append(sub.get_nowait())
+    assert all(item.sender == "node-b" for item in queued)  # nothing of the attacker's got in
+    await b.publish(SMALL, Ping(nonce=99))
+    await receive_until(sub, lambda item: item.message.nonce == 99)
+
+
+async def test_a_publish_over_the_topics_bound_is_refused_typed(routers):
+    a, _ = await routers.open("node-a")
+    with pytest.raises(TopicMisuse, match="over the topic's bound"):
+        await a.publish(SMALL, Ping(nonce=1, sent_by="x" * 4096))
+
+
+@pytest.mark.parametrize("topic", list(TOPICS), ids=lambda t: t.name)
+def test_every_cluster_topic_has_a_payload_bound(topic):
+    assert 0 < topic.max_payload_bytes <= largest_payload_bytes(TOPICS)
+
+
+def test_zenoh_never_reassembles_more_than_the_largest_topic_admits():
+    config = build_zenoh_config(node_id="n", listen=[], connect=[], multicast=False,
+                                max_message_bytes=largest_payload_bytes(TOPICS) + MAX_ENVELOPE_OVERHEAD_BYTES)
+    assert config["transport"]["link"]["rx"]["max_message_size"] < 1024**3  # zenoh's own default is 1 GiB

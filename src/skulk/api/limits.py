@@ -32,6 +32,10 @@ Content-Length without reading a byte."""
 MIN_MAX_BODY_BYTES: Final = 64 * 1024
 """The smallest limit an operator may set: below it, ordinary chats would be refused."""
 
+MAX_MAX_BODY_BYTES: Final = 32 * 1024 * 1024
+"""The largest limit an operator may set: a request travels to the master as one control
+message, and the transport admits control messages up to 64 MiB (routing/topics.py)."""
+
 MAX_MESSAGES: Final = 8192
 """Messages in one chat request. Every message costs a few template tokens (role headers),
 so 8192 messages already fill a 32k context with headers alone; a 100k-message request
@@ -246,6 +250,7 @@ __all__ = [
     "MAX_STOP_SEQUENCES",
     "MAX_TEXT_CHARS",
     "MAX_TOOLS",
+    "MAX_MAX_BODY_BYTES",
     "MIN_MAX_BODY_BYTES",
     "RequestLimits",
     "body_size_error",

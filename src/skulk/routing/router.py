@@ -54,7 +54,7 @@ from skulk.routing.constants import (
     is_valid_id,
     topic_key,
 )
-from skulk.routing.envelope import EnvelopeRejected, Opener, Sealer
+from skulk.routing.envelope import MAX_ENVELOPE_OVERHEAD_BYTES, EnvelopeRejected, Opener, Sealer
 from skulk.routing.presence import (
     NONCE_BYTES as PROOF_NONCE_BYTES,
 )
@@ -72,7 +72,7 @@ from skulk.routing.presence import (
     proof_mac,
 )
 from skulk.routing.rejects import RejectLedger
-from skulk.routing.topics import DEFAULT_QUEUE_CAPACITY, Plane, Topic
+from skulk.routing.topics import DEFAULT_QUEUE_CAPACITY, TOPICS, Plane, Topic, largest_payload_bytes
 
 log = logging.getLogger("skulk.routing")
 
@@ -182,7 +182,9 @@ class Received(Generic[M]):
     message: M
 
 
-def build_zenoh_config(*, node_id: str, listen: list[str], connect: list[str], multicast: bool) -> dict[str, Any]:
+def build_zenoh_config(
+    *, node_id: str, listen: list[str], connect: list[str], multicast: bool, max_message_bytes: int | None = None
+) -> dict[str, Any]:
     """The peer-mode zenoh config of one node (plain data, see module notes for the choices).
 
     - peer mode: every node talks to every other directly; no zenoh router process.
@@ -192,6 +194,7 @@ def build_zenoh_config(*, node_id: str, listen: list[str], connect: list[str], m
     - multicast scouting on/off as asked; gossip scouting always on, so peers learn of each
       other through the peers they already know (needed with multicast off: a node that only
       knows one bootstrap peer still meshes with the rest).
+    - max_message_bytes: zenoh's reassembly bound (the largest sealed message any topic admits).
     """
     config: dict[str, Any] = {
         "mode": "peer",
@@ -204,6 +207,10 @@ def build_zenoh_config(*, node_id: str, listen: list[str], connect: list[str], m
     }
     if listen:
         config["listen"] = {"endpoints": list(listen)}
+    if max_message_bytes is not None:
+        # zenoh refuses to reassemble anything larger (its default is 1 GiB): no peer, keyed
+        # or not, can make this node buffer a message no topic admits.
+        config["transport"] = {"link": {"rx": {"max_message_size": max_message_bytes}}}
     return config
 
 
@@ -248,6 +255,7 @@ class TypedSubscription(Generic[M]):
         self._router = router
         self._buffer = buffer
         self._opener = Opener(router._wire_key)
+        self._max_envelope_bytes = (topic.max_payload_bytes or 0) + MAX_ENVELOPE_OVERHEAD_BYTES
         self._subscriber: Any = None
         self._overflow_logged = False
         self._receive_errors = 0
@@ -308,6 +316,12 @@ class TypedSubscription(Generic[M]):
             return
         key = str(sample.key_expr)
         ledger = self._router._rejects
+        size = len(sample.payload)
+        if size > self._max_envelope_bytes:
+            # Refused before it is copied out of zenoh, decrypted or buffered: unauthenticated
+            # bulk costs the receiver nothing but this comparison.
+            ledger.record("oversize", None, where=key, detail=f"{size} bytes > {self._max_envelope_bytes}")
+            return
         try:
             opened = self._opener.open(key, sample.payload.to_bytes())
         except EnvelopeRejected as rejected:
@@ -435,7 +449,10 @@ class Router:
         if len(wire_key) != 32:
             raise ValueError("wire_key must be 32 bytes (see cluster_key.derive_wire_key)")
         loop = asyncio.get_running_loop()
-        config_data = build_zenoh_config(node_id=node_id, listen=listen, connect=connect, multicast=multicast)
+        config_data = build_zenoh_config(
+            node_id=node_id, listen=listen, connect=connect, multicast=multicast,
+            max_message_bytes=largest_payload_bytes(TOPICS) + MAX_ENVELOPE_OVERHEAD_BYTES,
+        )
         try:
             config = zenoh.Config.from_json5(json.dumps(config_data))
         except zenoh.ZError as exc:
@@ -529,6 +546,10 @@ class Router:
         except ValidationError:
             raise TopicMisuse(topic, f"does not carry {type(message).__name__}") from None
         payload = msgpack.packb(message.model_dump(mode="json", by_alias=True), use_bin_type=True)
+        if len(payload) > (topic.max_payload_bytes or 0):
+            # Every receiver would refuse it unread: say so here, typed, instead.
+            raise TopicMisuse(topic, f"a {len(payload)}-byte payload is over the topic's bound of "
+                                     f"{topic.max_payload_bytes} bytes")
         if topic.plane is Plane.TELEMETRY:
             self._put(topic, key, payload)
             return
@@ -586,7 +607,11 @@ class Router:
             LatestBuffer(self._loop, capacity) if topic.plane.latest_value else FifoBuffer(self._loop, capacity)
         )
         subscription: TypedSubscription[Any] = TypedSubscription(self, topic, key, buffer)
-        subscription._subscriber = self._session.declare_subscriber(key, subscription._on_sample)
+        # Direct (not zenoh-python's default "indirect") callback: the size check and the
+        # envelope's authentication run on zenoh's receive thread as the sample arrives, so
+        # no unauthenticated sample ever waits in a queue.
+        subscription._subscriber = self._session.declare_subscriber(
+            key, zenoh.handlers.Callback(subscription._on_sample, indirect=False))
         self._subscriptions.append(subscription)
         return subscription
 

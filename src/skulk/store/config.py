@@ -14,7 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from skulk.api.limits import DEFAULT_MAX_BODY_BYTES, MIN_MAX_BODY_BYTES
+from skulk.api.limits import DEFAULT_MAX_BODY_BYTES, MAX_MAX_BODY_BYTES, MIN_MAX_BODY_BYTES
 
 DEFAULT_API_PORT = 52415
 
@@ -34,7 +34,7 @@ class NodeSection(_Strict):
 class ApiSection(_Strict):
     host: str = "0.0.0.0"
     api_key: str | None = None
-    max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, ge=MIN_MAX_BODY_BYTES)
+    max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, ge=MIN_MAX_BODY_BYTES, le=MAX_MAX_BODY_BYTES)
     """Request bodies above this are refused with 413 before they are parsed (skulk.api.limits)."""
 
 
@@ -139,9 +139,10 @@ def _with_max_body_bytes(config: SkulkConfig, env: Mapping[str, str]) -> SkulkCo
     raw = (env.get(MAX_BODY_BYTES_ENV) or "").strip()
     if not raw:
         return config
-    if not raw.isdigit() or int(raw) < MIN_MAX_BODY_BYTES:
-        raise ConfigError(Path(f"${MAX_BODY_BYTES_ENV}"),
-                          [f"{MAX_BODY_BYTES_ENV}={raw!r}: expected a whole number of bytes >= {MIN_MAX_BODY_BYTES}"])
+    if not raw.isdigit() or not MIN_MAX_BODY_BYTES <= int(raw) <= MAX_MAX_BODY_BYTES:
+        raise ConfigError(Path(f"${MAX_BODY_BYTES_ENV}"), [
+            f"{MAX_BODY_BYTES_ENV}={raw!r}: expected a whole number of bytes from {MIN_MAX_BODY_BYTES} "
+            f"to {MAX_MAX_BODY_BYTES}"])
     return config.model_copy(update={"api": config.api.model_copy(update={"max_body_bytes": int(raw)})})
 
 
