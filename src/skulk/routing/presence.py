@@ -42,6 +42,8 @@ _PRESENCE_KEY_INFO: Final = b"skulk presence tag|"
 PROOF_SEGMENT: Final = "proof"
 NONCE_BYTES: Final = 16
 """Random bytes per challenge: a MAC seen once is never asked for again."""
+MAC_BYTES: Final = 32
+"""An answer is a full HMAC-SHA256; any other length is refused before it is read."""
 PROOF_TIMEOUT_S: Final = 2.0
 """A challenge unanswered this long fails: a live peer answers within milliseconds on a LAN
 (zenoh answers queries on its own threads, whatever the node's event loop is doing)."""

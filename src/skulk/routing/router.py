@@ -56,6 +56,9 @@ from skulk.routing.constants import (
 )
 from skulk.routing.envelope import MAX_ENVELOPE_OVERHEAD_BYTES, EnvelopeRejected, Opener, Sealer
 from skulk.routing.presence import (
+    MAC_BYTES as PROOF_MAC_BYTES,
+)
+from skulk.routing.presence import (
     NONCE_BYTES as PROOF_NONCE_BYTES,
 )
 from skulk.routing.presence import (
@@ -630,9 +633,9 @@ class Router:
 
     def _answer_challenge(self, query: zenoh.Query, mine: PresenceToken) -> None:
         """zenoh thread: a MAC of the challenger's nonce; anything else gets no answer."""
-        nonce = query.payload.to_bytes() if query.payload is not None else b""
-        if len(nonce) != PROOF_NONCE_BYTES:
-            return
+        if query.payload is None or len(query.payload) != PROOF_NONCE_BYTES:
+            return  # not a challenge of ours: no answer, and nothing copied
+        nonce = query.payload.to_bytes()
         try:
             query.reply(query.key_expr, proof_mac(self._presence_key, mine, nonce))
         except zenoh.ZError:
@@ -700,8 +703,8 @@ class Router:
     def _on_proof(self, challenge: Challenge, reply: zenoh.Reply) -> None:
         try:
             sample = reply.ok
-            if sample is None:
-                return
+            if sample is None or len(sample.payload) != PROOF_MAC_BYTES:
+                return  # an error, or an answer no MAC can be (anyone may answer a query)
             with self._verifier_lock:
                 self._verifier.answered(challenge.token, challenge.nonce, sample.payload.to_bytes(), time.monotonic())
                 changes = self._verifier.changes()
