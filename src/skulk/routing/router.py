@@ -6,14 +6,19 @@ threads and the receive buffers; every decision it needs is in the pure modules 
 pydantic models on a `Topic` and receive `Received` items from a `TypedSubscription`.
 
 Threads:
-- zenoh calls each subscriber on its own Python thread (zenoh-python's "indirect" callback).
-  That thread opens the envelope, decodes and validates the payload, and offers the result
-  to a bounded buffer that wakes the router's event loop (see `buffers.py`). It never waits:
-  a slow consumer costs drops (counted), not a stalled zenoh receive path. Those threads
-  are non-daemon and end only when the session closes: always `await router.close()` (a
-  hook closes forgotten sessions before the interpreter joins threads, with a warning).
-  zenoh hands samples to that thread through its own FIFO channel; if validation falls
-  behind, zenoh's receive task waits on it, for every topic of the session.
+- zenoh calls each topic subscriber directly on its receive thread (a "direct" callback, not
+  zenoh-python's default "indirect" one with its own queue), so a sample is size-checked
+  against its topic's bound and its envelope authenticated before anything holds it: an
+  unauthenticated or oversized sample is never queued. The same call decodes and validates
+  the payload and offers the result to a bounded buffer that wakes the router's event loop
+  (see `buffers.py`). It never waits on the consumer: a slow consumer costs drops (counted).
+  Validation runs on zenoh's thread, so while it works zenoh's receive path for that link
+  waits, as it did behind the indirect queue once that filled. Sessions end only when
+  closed: always `await router.close()` (a hook closes forgotten sessions before the
+  interpreter joins threads, with a warning).
+- presence: one liveliness subscriber per router feeds a `PresenceVerifier`; the loop
+  challenges new and due sessions (zenoh queries with a callback, never blocking) and every
+  `PresenceWatch` gets the resulting node-level changes.
 - control and data publishes run on one egress thread per plane, so a publisher blocked by
   congestion on one plane never delays the other, and envelopes of one topic are sealed and
   handed to zenoh in one order (the receiver's replay check relies on it). Telemetry is put
@@ -57,11 +62,7 @@ from skulk.routing.constants import (
 from skulk.routing.envelope import MAX_ENVELOPE_OVERHEAD_BYTES, EnvelopeRejected, Opener, Sealer
 from skulk.routing.presence import (
     MAC_BYTES as PROOF_MAC_BYTES,
-)
-from skulk.routing.presence import (
     NONCE_BYTES as PROOF_NONCE_BYTES,
-)
-from skulk.routing.presence import (
     PROOF_TIMEOUT_S,
     Challenge,
     PresenceChange,
