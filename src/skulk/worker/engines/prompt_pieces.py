@@ -39,6 +39,8 @@ can contain one."""
 
 NONCE_HEX_CHARS: Final = 16
 
+REASONING_CLOSE: Final = "</think>"
+
 SCHEMA_FREE_TEXT_KEYS: Final = frozenset({"description", "title"})
 """Keys of a tool's JSON schema whose string values are prose a caller wrote."""
 
@@ -127,9 +129,13 @@ def mark_caller_text(
 
 
 def _renderings(value: str) -> list[str]:
-    """How templates commonly write a caller string: as is, trimmed, or JSON-escaped (jinja's
-    `tojson` escapes non-ASCII and `<>&'`; Hugging Face's keeps non-ASCII)."""
+    """How templates commonly write a caller string: as is, trimmed, JSON-escaped (jinja's
+    `tojson` escapes non-ASCII and `<>&'`; Hugging Face's keeps non-ASCII), or, for an old
+    assistant turn, without its reasoning (Qwen3 and DeepSeek-R1 templates)."""
     candidates = [value, value.strip()]
+    if REASONING_CLOSE in value:  # reasoning templates drop an old turn's thinking
+        answer = value.split(REASONING_CLOSE)[-1]
+        candidates.extend([answer, answer.lstrip("\n"), answer.strip()])
     for dumped in (json.dumps(value, ensure_ascii=False), json.dumps(value)):
         candidates.append(dumped[1:-1])
         candidates.append(dumped)
@@ -144,14 +150,18 @@ def attribute_render(rendered: str, marked: str, slots: Mapping[str, str]) -> li
 
     Every template stretch of `marked` must appear in `rendered` in order, and each caller
     stretch must be one of the usual renderings of its original string (`_renderings`).
-    When a template transforms caller text in another way (say, cutting reasoning out of
-    an old assistant turn), the prompt is rebuilt from the marked render with the original
-    strings in place instead: the text may differ from the template's by that transform,
-    but no caller text is ever attributed to the template."""
+    When a template transforms caller text in another way, the prompt is rebuilt from the
+    marked render with the original strings in place instead: the text may differ from the
+    template's by that transform, but no caller text is ever attributed to the template.
+    When the template rewrote a marker itself, nothing is attributed to it at all."""
     if not slots:
         return [Segment(rendered, True)] if rendered else []
     pattern = re.compile("(" + "|".join(re.escape(m) for m in slots) + ")")
     parts = pattern.split(marked)  # template, marker, template, marker, ..., template
+    if any(MARKER_PREFIX.lower() in part.lower() for part in parts[::2]):
+        # The template rewrote a marker (changed its case, cut it): the marked render says
+        # nothing reliable about the real one, so none of it is trusted with special tokens.
+        return [Segment(rendered, False)] if rendered else []
     segments: list[Segment] = []
     position = 0
     for index, part in enumerate(parts):
