@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from skulk.api.errors import InvalidRequest, PayloadTooLarge
 from skulk.api.limits import (
@@ -144,3 +148,24 @@ def test_context_error_counts_utf8_bytes_and_raw_prompts():
 def test_embedding_limits_error(params, param):
     error = embedding_limits_error(params)
     assert (error.param if error else None) == param
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=256))
+def test_json_value_error_never_raises_on_any_bytes(body):
+    error = json_value_error(body)
+    assert error is None or error.kind == "invalid_request"
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(), children, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(JSON_VALUES)
+def test_every_valid_json_document_passes(value):
+    """Valid text (hypothesis' text() never holds lone surrogates) and finite numbers pass."""
+    assert json_value_error(json.dumps(value).encode()) is None

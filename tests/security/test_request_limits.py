@@ -160,3 +160,7 @@ def test_a_real_node_applies_its_configured_limit(spawn_node):
     small = httpx.post(node.url + "/v1/chat/completions", timeout=30,
                        json={"model": "local/tiny-llama-gguf", "messages": [{"role": "user", "content": "hi"}]})
     assert small.status_code == 404  # under the limit: on to the route (nothing is placed)
+    # and the same node answers invalid Unicode in a path with a 400, not a 500 and a reset
+    bad = httpx.post(node.url + "/models/add", content='{"path": "/tmp/\\ud800.gguf"}',
+                     headers={"content-type": "application/json"}, timeout=30)
+    assert bad.status_code == 400 and "Unicode" in bad.json()["detail"]
