@@ -78,6 +78,7 @@ def resolve_settings(
         allowed_hosts=tuple(config.api.allowed_hosts),
         local_model_dirs=tuple(Path(d).expanduser() for d in config.models.local_dirs),
         api_enabled=not flags.no_api,
+        api_max_body_bytes=config.api.max_body_bytes,
         worker_enabled=not flags.no_worker,
         model_store=config.model_store,
     )

@@ -27,6 +27,7 @@ from skulk import __version__
 from skulk.api.access import AccessPolicy
 from skulk.api.app import ApiContext, create_app
 from skulk.api.node_access import access_policy, access_warnings, with_api_key, with_own_hosts
+from skulk.api.limits import DEFAULT_MAX_BODY_BYTES, RequestLimits
 from skulk.api.streams import CommandStreams
 from skulk.cluster.election import ElectionService
 from skulk.cluster.membership import MembershipService
@@ -113,6 +114,8 @@ class NodeSettings:
     local_model_dirs: tuple[Path, ...] = ()
     """Directories `/models/add` may register local models from, besides the models dir."""
     api_enabled: bool = True
+    api_max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    """Request bodies above this get 413 before they are parsed (`api.max_body_bytes`)."""
     worker_enabled: bool = True
     model_store: ModelStoreSection = ModelStoreSection()
 
@@ -550,6 +553,7 @@ class Node:
             access=self._access,
             local_model_dirs=(self.settings.paths.models_dir, *self.settings.local_model_dirs),
             get_store=self._current_store,
+            limits=RequestLimits(max_body_bytes=self.settings.api_max_body_bytes),
         )
         config = uvicorn.Config(
             create_app(context),

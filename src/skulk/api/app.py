@@ -16,7 +16,9 @@ from fastapi import FastAPI
 from skulk import __version__
 from skulk.api.access import AccessPolicy
 from skulk.api.auth import AccessMiddleware
+from skulk.api.body_guard import BodyGuard
 from skulk.api.errors import install_error_handlers
+from skulk.api.limits import RequestLimits
 from skulk.api.routes import control, diagnostics, instances, model_cards
 from skulk.api.routes import anthropic as anthropic_routes
 from skulk.api.routes import ollama as ollama_routes
@@ -82,6 +84,8 @@ class ApiContext:
     """The model store's roots and policy on this node (None: the /store routes answer 503)."""
     get_store: Callable[[], store_routes.StoreContext | None] | None = None
     """The store as it is now (it follows the elected master); defaults to `store`."""
+    limits: RequestLimits = field(default_factory=RequestLimits)
+    """Request bounds (body size; see `skulk.api.limits`), enforced before any route parses."""
 
     def __post_init__(self) -> None:
         # Frozen dataclass: defaults that need `get_state` are filled in once, here.
@@ -108,6 +112,9 @@ def create_app(context: ApiContext) -> FastAPI:
     app = FastAPI(title="Skulk", version=__version__)
     app.state.skulk = context
     install_error_handlers(app)
+    # Middleware added later wraps what was added before: the access policy (outermost) runs
+    # first, so the bodies of refused requests are never read.
+    app.add_middleware(BodyGuard, max_body_bytes=context.limits.max_body_bytes)
     policy = context.access or (AccessPolicy(api_key=context.api_key, require_key_on_loopback=True)
                                 if context.api_key else None)
     if policy is not None:

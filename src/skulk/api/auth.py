@@ -116,15 +116,9 @@ class AccessMiddleware:
         await refusal_response(path, decision.status, decision.code, decision.message)(scope, receive, send)
 
 
-def ApiKeyMiddleware(app: ASGIApp, api_key: str) -> AccessMiddleware:  # noqa: N802 - the old name, kept
-    """Every request must carry `api_key` (no loopback exemption, no Host check)."""
-    return AccessMiddleware(app, AccessPolicy(api_key=api_key, require_key_on_loopback=True))
-
-
 __all__ = [
     "API_KEY_ENV",
     "AccessMiddleware",
-    "ApiKeyMiddleware",
     "OPEN_PATHS",
     "OPEN_PATH_PREFIXES",
     "check_api_key",

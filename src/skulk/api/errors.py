@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 
 ErrorKind = Literal[
     "invalid_request", "not_found", "overloaded", "unavailable", "timeout", "upstream", "internal", "cancelled",
-    "forbidden", "conflict",
+    "forbidden", "conflict", "too_large",
 ]
 """What went wrong, independent of any wire format; each shape maps a kind to its status."""
 
@@ -60,6 +60,13 @@ class InvalidRequest(ApiError):
 
 class NotFound(ApiError):
     kind = "not_found"
+
+
+class PayloadTooLarge(ApiError):
+    """The request body is over the node's limit (`skulk.api.limits`): a 413."""
+
+    kind = "too_large"
+    default_code = "request_too_large"
 
 
 class ModelNotFound(NotFound):
@@ -158,6 +165,7 @@ OPENAI_STATUS: dict[ErrorKind, tuple[int, str]] = {
     "cancelled": (499, "request_cancelled"),
     "forbidden": (403, "permission_error"),
     "conflict": (409, "invalid_request_error"),
+    "too_large": (413, "invalid_request_error"),
 }
 """Kind -> (HTTP status, OpenAI error `type`)."""
 
@@ -195,6 +203,7 @@ ANTHROPIC_STATUS: dict[ErrorKind, tuple[int, str]] = {
     "cancelled": (499, "api_error"),
     "forbidden": (403, "permission_error"),
     "conflict": (409, "invalid_request_error"),
+    "too_large": (413, "request_too_large"),
 }
 """Kind -> (HTTP status, Anthropic error `type`)."""
 
@@ -408,6 +417,7 @@ __all__ = [
     "ModelNotFound",
     "NotFound",
     "Overloaded",
+    "PayloadTooLarge",
     "StreamFailed",
     "StreamOrigin",
     "WireShape",

@@ -22,6 +22,7 @@ from fastapi import Request
 
 from skulk.api.auth import current_principal
 from skulk.api.errors import ClusterNotReady, InvalidRequest, ModelNotFound, StreamFailed
+from skulk.api.limits import context_error, embedding_limits_error, generation_limits_error
 from skulk.api.output import OutputShaper
 from skulk.api.streams import CommandStream
 from skulk.shared.codec import pack
@@ -141,6 +142,8 @@ async def start_embedding(context: Any, params: EmbeddingParams) -> CommandStrea
     """Check the model is placed (404) and there is a master (503), open the command's
     stream and submit `Embed`. The caller then reads it with `collect_embedding`."""
     check_wire_ints(params)
+    if (too_much := embedding_limits_error(params)) is not None:
+        raise too_much
     if context.find_instance(params.model_id) is None:
         raise ModelNotFound(params.model_id)
     if context.get_master()[0] is None:
@@ -230,11 +233,17 @@ def check_wire_ints(params: TextGenerationParams | EmbeddingParams) -> None:
 def bind_instance(context: Any, params: TextGenerationParams, *, max_tokens_param: str = "max_tokens") -> Instance:
     """The placed instance `params` will run on, after the checks every wire format shares:
     the model is placed (404 naming the fix otherwise), `max_tokens` fits its context (400
-    naming `max_tokens_param`, the caller's name for it), and there is a master (503)."""
+    naming `max_tokens_param`, the caller's name for it), the request is within
+    `skulk.api.limits` (messages, text, a lower bound of its prompt against the context: 400
+    before any runner queues it), and there is a master (503)."""
     check_wire_ints(params)
+    if (too_much := generation_limits_error(params)) is not None:
+        raise too_much
     instance = context.find_instance(params.model_id)
     if instance is None:
         raise ModelNotFound(params.model_id)
+    if (too_long := context_error(params, instance.context_token_limit)) is not None:
+        raise too_long
     if params.max_tokens is not None and params.max_tokens > instance.context_token_limit:
         raise InvalidRequest(
             f"'{max_tokens_param}' is {params.max_tokens}, but {params.model_id} is placed with a context of "

@@ -15,6 +15,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from skulk.api.limits import DEFAULT_MAX_BODY_BYTES, MAX_MAX_BODY_BYTES, MIN_MAX_BODY_BYTES
+
 DEFAULT_API_PORT = 52415
 
 
@@ -43,6 +45,8 @@ class ApiSection(_Strict):
     where every client looks like loopback)."""
     open_to_lan: bool = False
     """Serve every client without a key. An explicit choice; the node warns at start."""
+    max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, ge=MIN_MAX_BODY_BYTES, le=MAX_MAX_BODY_BYTES)
+    """Request bodies above this are refused with 413 before they are parsed (skulk.api.limits)."""
     allowed_hosts: list[str] = []
     """Extra names a request's Host header may carry (a DNS name or proxy in front of the
     node); the node's own host names and addresses are always allowed. "*" turns the check off."""
@@ -143,9 +147,16 @@ def _flag(raw: str) -> bool | None:
             "0": False, "false": False, "no": False, "off": False}.get(raw.lower())
 
 
+def _body_bytes(raw: str) -> int | None:
+    return int(raw) if raw.isdigit() and MIN_MAX_BODY_BYTES <= int(raw) <= MAX_MAX_BODY_BYTES else None
+
+
 def _names(raw: str) -> list[str]:
     return [part.strip() for part in raw.split(",") if part.strip()]
 
+
+MAX_BODY_BYTES_ENV = "SKULK_API_MAX_BODY_BYTES"
+"""Environment override of `api.max_body_bytes`."""
 
 ENV_OVERRIDES: tuple[tuple[str, str, str, Any, str], ...] = (
     (DISK_RESERVE_ENV, "model_store", "disk_reserve_gb", _gib, "a number of GiB >= 0"),
@@ -153,6 +164,8 @@ ENV_OVERRIDES: tuple[tuple[str, str, str, Any, str], ...] = (
     ("SKULK_API_REQUIRE_KEY_ON_LOOPBACK", "api", "require_key_on_loopback", _flag, "true or false"),
     ("SKULK_API_OPEN_TO_LAN", "api", "open_to_lan", _flag, "true or false"),
     ("SKULK_ALLOWED_HOSTS", "api", "allowed_hosts", _names, "comma-separated host names"),
+    (MAX_BODY_BYTES_ENV, "api", "max_body_bytes", _body_bytes,
+     f"a whole number of bytes from {MIN_MAX_BODY_BYTES} to {MAX_MAX_BODY_BYTES}"),
     ("SKULK_MODELS_LOCAL_DIRS", "models", "local_dirs", lambda raw: [p for p in raw.split(os.pathsep) if p],
      f"directories separated by {os.pathsep!r}"),
 )
