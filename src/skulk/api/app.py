@@ -15,12 +15,14 @@ from fastapi import FastAPI
 from skulk import __version__
 from skulk.api.auth import ApiKeyMiddleware
 from skulk.api.errors import install_error_handlers
+from skulk.api.request_metrics import RequestMetricsMiddleware
 from skulk.api.routes import control, diagnostics, instances, model_cards
 from skulk.api.routes import anthropic as anthropic_routes
 from skulk.api.routes import ollama as ollama_routes
 from skulk.api.routes import openai as openai_routes
 from skulk.api.routes import store as store_routes
 from skulk.api.streams import CommandStreams
+from skulk.observe.metrics import NodeCollector, ServingMetrics, new_registry
 from skulk.shared.telemetry_view import TelemetryView
 from skulk.shared.types.commands import Command
 from skulk.shared.types.cards import ModelCard
@@ -90,6 +92,8 @@ def create_app(context: ApiContext) -> FastAPI:
     install_error_handlers(app)
     if context.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=context.api_key)
+    app.state.metrics = _serving_metrics(context)
+    app.add_middleware(RequestMetricsMiddleware, metrics=app.state.metrics)  # outermost: counts 401s too
     app.include_router(control.router)
     app.include_router(diagnostics.router)
     app.include_router(instances.router)
@@ -99,3 +103,14 @@ def create_app(context: ApiContext) -> FastAPI:
     app.include_router(ollama_routes.router)
     app.include_router(store_routes.router)
     return app
+
+
+def _serving_metrics(context: ApiContext) -> ServingMetrics:
+    """This app's metrics on a registry of its own (`GET /metrics`), fed by its requests,
+    its command streams and, at scrape time, the node's diagnostics report."""
+    registry = new_registry()
+    metrics = ServingMetrics(registry)
+    registry.register(NodeCollector(
+        lambda: (context.get_diagnostics(), context.get_state(), context.get_telemetry()), context.node_id))
+    context.streams.observer = metrics
+    return metrics

@@ -143,7 +143,7 @@ async def start_embedding(context: Any, params: EmbeddingParams) -> CommandStrea
     if context.get_master()[0] is None:
         raise ClusterNotReady("The cluster has no master yet (election in progress); retry shortly.")
     command_id = new_id()
-    stream = context.streams.open(command_id)
+    stream = context.streams.open(command_id, params.model_id)
     await submit(context, stream, Embed(command_id=command_id, params=params))
     return stream
 
@@ -235,7 +235,7 @@ async def start_generation(
     caller must then consume the stream through `drive` (or close it)."""
     bind_instance(context, params, max_tokens_param=max_tokens_param)
     command_id = new_id()
-    stream = context.streams.open(command_id)
+    stream = context.streams.open(command_id, params.model_id)
     await submit(context, stream, GenerateText(command_id=command_id, params=params))
     return stream
 

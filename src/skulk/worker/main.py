@@ -170,6 +170,7 @@ class Worker:
         self.frames_remote = 0
         self.frames_dropped = 0
         self.refusals_sent = 0
+        self.runner_failures = 0
 
     @property
     def node_id(self) -> str:
@@ -534,6 +535,7 @@ class Worker:
         if supervisor is None:
             return
         instance_id = supervisor.instance.instance_id
+        self.runner_failures += 1
         now = self._clock()
         self._breaker = self._breaker.record(instance_id, now)
         if len(supervisor.instance.shards) > 1 and status.served:
@@ -611,6 +613,7 @@ class Worker:
             "framesLocal": self.frames_local,
             "framesRemote": self.frames_remote,
             "refusalsSent": self.refusals_sent,
+            "runnerFailures": self.runner_failures,
         }
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
+
+from skulk.observe.metrics import CONTENT_TYPE, exposition
 
 router = APIRouter()
 
@@ -13,3 +15,9 @@ router = APIRouter()
 def node_diagnostics(request: Request) -> dict[str, Any]:
     context = request.app.state.skulk
     return {"nodeId": context.node_id, "nodeName": context.node_name, **context.get_diagnostics()}
+
+
+@router.get("/metrics", include_in_schema=False)
+def metrics(request: Request) -> Response:
+    """Prometheus text exposition of this node's metrics (see `skulk.observe.metrics`)."""
+    return Response(exposition(request.app.state.metrics.registry), media_type=CONTENT_TYPE)
