@@ -33,6 +33,9 @@ from skulk.facts.derive import DerivedBackends, derive_node_backends
 from skulk.facts.network import probe_interfaces
 from skulk.facts.probe import probe_node_facts
 from skulk.master.main import EventLogSlot, Master
+from skulk.observe.node_report import redacted_config, versions
+from skulk.observe.peer_http import peer_api_urls
+from skulk.observe.recorder import FlightRecorder, LogRing
 from skulk.routing.cluster_key import ClusterKeyError, derive_wire_key, resolve_cluster_key
 from skulk.routing.constants import NETWORK_VERSION
 from skulk.routing.router import Router, RouterError
@@ -155,6 +158,9 @@ class Node:
         self._master: Master | None = None
         self._master_task: asyncio.Task | None = None
         self.streams = CommandStreams()
+        self.recorder = FlightRecorder()
+        self.log_ring = LogRing()
+        self.streams.on_lifecycle = self.recorder.on_stream
         self.worker: Worker | None = None
         self._explicit_store: StoreAddress | None = None
         self._own_store: StoreAddress | None = None
@@ -192,9 +198,11 @@ class Node:
         except LeaseHeldError as exc:
             logger.error("%s; stop it first or give this node its own --data-dir", exc)
             return ExitCode.LEASE_HELD
+        logging.getLogger().addHandler(self.log_ring)
         try:
             return await self._run_holding_lease(lease)
         finally:
+            logging.getLogger().removeHandler(self.log_ring)
             lease.release()
 
     async def _open_router(self) -> Router:
@@ -238,6 +246,7 @@ class Node:
         for error in card_set.errors:
             logger.error("%s (ignored)", error)
         self.replica = StateReplica(router)
+        self.replica.on_applied(self.recorder.on_event_applied)
 
         def cards():  # noqa: ANN202 - built-in and local custom cards, overridden by the cluster's
             return {**card_set.cards, **self.replica.state.custom_cards}
@@ -328,6 +337,8 @@ class Node:
 
     def _on_elected(self, elected: election_machine.Elected, router: Router, log_slot: EventLogSlot) -> None:
         previous_session = self.replica.session_id
+        self.recorder.record("election", master_id=elected.master_id, session_id=elected.session_id,
+                             i_am_master=elected.i_am_master)
         self.replica.adopt_session(elected.master_id, elected.session_id, elected.i_am_master)
         self.store_binding()  # re-run the store choice for the new master (logs a change)
         if previous_session is not None and previous_session != elected.session_id:
@@ -471,6 +482,10 @@ class Node:
             "worker": self.worker.stats() if self.worker else None,
             "master": self._master.stats() if self._master else None,
             "modelStore": self._store_stats(),
+            "flightRecorder": self.recorder.snapshot(),
+            "recentLogs": self.log_ring.lines(),
+            "config": redacted_config(self.settings),
+            "versions": versions(),
         }
 
     def _store_stats(self) -> dict[str, Any] | None:
@@ -497,6 +512,7 @@ class Node:
             get_resources=lambda: node_resources(self.telemetry.view, self.replica.state),
             api_key=self.settings.api_key,
             get_store=self._current_store,
+            get_peer_urls=lambda: peer_api_urls(self.replica.state, self.membership.probed, self.node_id),
         )
         config = uvicorn.Config(
             create_app(context),

@@ -64,6 +64,9 @@ class ApiContext:
     """The model store's roots and policy on this node (None: the /store routes answer 503)."""
     get_store: Callable[[], store_routes.StoreContext | None] | None = None
     """The store as it is now (it follows the elected master); defaults to `store`."""
+    get_peer_urls: Callable[[], Mapping[str, str | None]] = field(default=dict)
+    """Every other member's API base URL (None: it has none), for cluster diagnostics and
+    trace gathering (`skulk.observe.peer_http`)."""
 
     def __post_init__(self) -> None:
         # Frozen dataclass: defaults that need `get_state` are filled in once, here.

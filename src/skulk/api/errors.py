@@ -89,6 +89,18 @@ class ClusterNotReady(ApiError):
     default_code = "cluster_not_ready"
 
 
+class PeerUnreachable(ApiError):
+    """Another node's API did not answer this node's request (down, partitioned, or past the
+    deadline): `node_id` names it."""
+
+    kind = "upstream"
+    default_code = "peer_unreachable"
+
+    def __init__(self, node_id: str, reason: str) -> None:
+        super().__init__(f"Node {node_id} did not answer: {reason}")
+        self.node_id = node_id
+
+
 STREAM_ERROR_KINDS: dict[str, ErrorKind] = {
     "cancelled": "cancelled",
     "client_closed": "cancelled",

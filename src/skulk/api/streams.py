@@ -210,6 +210,9 @@ class CommandStreams:
         self._clock = clock
         self.observer: StreamObserver | None = None
         """Told about output and ends (the node's metrics); None costs one check per chunk."""
+        self.on_lifecycle: Callable[[str, str, str, str | None], None] | None = None
+        """Called with (phase "opened"|"ended", command id, model id, outcome or None) as a
+        stream opens and ends (the node's flight recorder)."""
         self._open: dict[str, CommandStream] = {}
         self._recently_ended: OrderedDict[str, None] = OrderedDict()
         self._counters: dict[str, int] = {
@@ -246,6 +249,8 @@ class CommandStreams:
         stream = CommandStream(self, command_id, self._clock(), model_id)
         self._open[command_id] = stream
         self._counters["opened"] += 1
+        if self.on_lifecycle is not None:
+            self.on_lifecycle("opened", command_id, model_id, None)
         return stream
 
     def is_open(self, command_id: str) -> bool:
@@ -407,6 +412,8 @@ class CommandStreams:
         self._counters[_OUTCOME_COUNTER[outcome]] += 1
         if self.observer is not None:
             self.observer.on_end(stream.model_id, outcome, stream.prompt_tokens)
+        if self.on_lifecycle is not None:
+            self.on_lifecycle("ended", stream.command_id, stream.model_id, outcome)
         stream._finish(end)
         return True
 
