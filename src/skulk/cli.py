@@ -75,6 +75,8 @@ def resolve_settings(
         api_enabled=not flags.no_api,
         worker_enabled=not flags.no_worker,
         model_store=config.model_store,
+        tracing=config.tracing,
+        logging=config.logging,
     )
 
 

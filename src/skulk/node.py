@@ -36,6 +36,7 @@ from skulk.master.main import EventLogSlot, Master
 from skulk.observe.node_report import redacted_config, versions
 from skulk.observe.peer_http import peer_api_urls
 from skulk.observe.recorder import FlightRecorder, LogRing
+from skulk.observe.traces import JANITOR_FIRST_SWEEP_S, JANITOR_INTERVAL_S, TraceStore, prune_trace_files
 from skulk.routing.cluster_key import ClusterKeyError, derive_wire_key, resolve_cluster_key
 from skulk.routing.constants import NETWORK_VERSION
 from skulk.routing.router import Router, RouterError
@@ -49,7 +50,7 @@ from skulk.shared.types.tasks import TextGeneration
 from skulk.shared.telemetry_view import node_resources
 from skulk.store.cards import builtin_cards_dir, resolve_cards
 from skulk.store.companions import companions_of
-from skulk.store.config import ModelStoreSection
+from skulk.store.config import LoggingSection, ModelStoreSection, TracingSection
 from skulk.store.eviction import in_use_model_ids
 from skulk.store.model_store import NodeStore, StoreBinding, bind_store, eviction_policy
 from skulk.store.staging import staging_root_for
@@ -103,6 +104,8 @@ class NodeSettings:
     api_enabled: bool = True
     worker_enabled: bool = True
     model_store: ModelStoreSection = ModelStoreSection()
+    tracing: TracingSection = TracingSection()
+    logging: LoggingSection = LoggingSection()
 
     @property
     def api_endpoint(self) -> str | None:
@@ -247,6 +250,7 @@ class Node:
             logger.error("%s (ignored)", error)
         self.replica = StateReplica(router)
         self.replica.on_applied(self.recorder.on_event_applied)
+        self.traces = TraceStore(self.node_id, settings.node_name, settings.paths.traces_dir)
 
         def cards():  # noqa: ANN202 - built-in and local custom cards, overridden by the cluster's
             return {**card_set.cards, **self.replica.state.custom_cards}
@@ -274,6 +278,7 @@ class Node:
                 store=self.store_binding, store_api_key=settings.api_key,
                 on_deactivate=self.staged_copies.reconcile,
                 disk_reserve_bytes=eviction_policy(settings.model_store).reserve_bytes,
+                traces=self.traces,
             )
         me = SelfInfo(
             node_id=self.node_id, node_name=settings.node_name, version=__version__,
@@ -304,6 +309,7 @@ class Node:
         if self.worker is not None:
             tasks.append(asyncio.create_task(self.worker.run(), name="worker"))
         self._spawn_housekeeping(self._startup_reconcile(), "staged-copies-startup")
+        self._spawn_housekeeping(self._trace_janitor(), "trace-janitor")
         server: _Server | None = None
         if api_socket is not None:
             server = self._make_api_server(router, log_slot, lease)
@@ -459,6 +465,20 @@ class Node:
             logger.info("startup staged-copy pass removed %s (%d bytes)", ", ".join(result.removed),
                         result.freed_bytes)
 
+    async def _trace_janitor(self) -> None:
+        """Delete saved traces past `tracing.retention_days` (0 keeps them): a minute after
+        start, then hourly. A failed sweep is logged and retried at the next one."""
+        await asyncio.sleep(JANITOR_FIRST_SWEEP_S)
+        while True:
+            try:
+                removed = await asyncio.to_thread(prune_trace_files, self.settings.paths.traces_dir,
+                                                  self.settings.tracing.retention_days)
+                if removed:
+                    logger.info("trace janitor removed %d saved traces", len(removed))
+            except Exception:  # noqa: BLE001 - housekeeping never takes the node down
+                logger.exception("trace janitor sweep failed")
+            await asyncio.sleep(JANITOR_INTERVAL_S)
+
     def _spawn_housekeeping(self, coro: Any, name: str) -> None:
         task = asyncio.create_task(coro, name=name)
         self._housekeeping.add(task)
@@ -483,6 +503,7 @@ class Node:
             "master": self._master.stats() if self._master else None,
             "modelStore": self._store_stats(),
             "flightRecorder": self.recorder.snapshot(),
+            "traces": self.traces.stats(),
             "recentLogs": self.log_ring.lines(),
             "config": redacted_config(self.settings),
             "versions": versions(),
@@ -512,6 +533,7 @@ class Node:
             get_resources=lambda: node_resources(self.telemetry.view, self.replica.state),
             api_key=self.settings.api_key,
             get_store=self._current_store,
+            traces=self.traces,
             get_peer_urls=lambda: peer_api_urls(self.replica.state, self.membership.probed, self.node_id),
         )
         config = uvicorn.Config(

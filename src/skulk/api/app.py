@@ -16,13 +16,14 @@ from skulk import __version__
 from skulk.api.auth import ApiKeyMiddleware
 from skulk.api.errors import install_error_handlers
 from skulk.api.request_metrics import RequestMetricsMiddleware
-from skulk.api.routes import control, diagnostics, instances, model_cards
+from skulk.api.routes import control, diagnostics, instances, model_cards, traces
 from skulk.api.routes import anthropic as anthropic_routes
 from skulk.api.routes import ollama as ollama_routes
 from skulk.api.routes import openai as openai_routes
 from skulk.api.routes import store as store_routes
 from skulk.api.streams import CommandStreams
 from skulk.observe.metrics import NodeCollector, ServingMetrics, new_registry
+from skulk.observe.traces import TraceStore
 from skulk.shared.telemetry_view import TelemetryView
 from skulk.shared.types.commands import Command
 from skulk.shared.types.cards import ModelCard
@@ -64,6 +65,8 @@ class ApiContext:
     """The model store's roots and policy on this node (None: the /store routes answer 503)."""
     get_store: Callable[[], store_routes.StoreContext | None] | None = None
     """The store as it is now (it follows the elected master); defaults to `store`."""
+    traces: TraceStore | None = None
+    """This node's parts of task-scoped traces (None: requests are never traced here)."""
     get_peer_urls: Callable[[], Mapping[str, str | None]] = field(default=dict)
     """Every other member's API base URL (None: it has none), for cluster diagnostics and
     trace gathering (`skulk.observe.peer_http`)."""
@@ -105,6 +108,7 @@ def create_app(context: ApiContext) -> FastAPI:
     app.include_router(anthropic_routes.router)
     app.include_router(ollama_routes.router)
     app.include_router(store_routes.router)
+    app.include_router(traces.router)
     return app
 
 

@@ -23,6 +23,7 @@ from fastapi import Request
 from skulk.api.errors import ClusterNotReady, InvalidRequest, ModelNotFound, StreamFailed
 from skulk.api.output import OutputShaper
 from skulk.api.streams import CommandStream
+from skulk.observe.traces import RequestTrace
 from skulk.shared.types.chunks import EmbeddingChunk, TokenChunk
 from skulk.shared.types.commands import CancelCommand, Command, Embed, GenerateText, TaskFinished
 from skulk.shared.types.common import Usage
@@ -233,11 +234,26 @@ async def start_generation(
 ) -> CommandStream:
     """Bind `params` (see `bind_instance`), open its stream and submit `GenerateText`. The
     caller must then consume the stream through `drive` (or close it)."""
-    bind_instance(context, params, max_tokens_param=max_tokens_param)
     command_id = new_id()
+    trace = begin_trace(context, command_id, params.model_id)
+    bind_instance(context, params, max_tokens_param=max_tokens_param)
     stream = context.streams.open(command_id, params.model_id)
-    await submit(context, stream, GenerateText(command_id=command_id, params=params))
+    if trace is not None:
+        trace.mark("api.submit")
+        stream.trace = trace
+    await submit(context, stream, GenerateText(command_id=command_id, params=params, traced=trace is not None))
+    if trace is not None:
+        trace.mark("api.wait_runner")
     return stream
+
+
+def begin_trace(context: Any, command_id: str, model_id: str) -> RequestTrace | None:
+    """A trace for this request when tracing is on cluster-wide (the replicated flag), else
+    None: the whole cost of tracing when it is off is this check."""
+    store = getattr(context, "traces", None)
+    if store is None or not context.get_state().tracing_enabled:
+        return None
+    return RequestTrace(store, command_id, model_id)
 
 
 __all__ = [

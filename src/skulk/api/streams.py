@@ -62,6 +62,14 @@ class StreamObserver(Protocol):
     def on_end(self, model_id: str, outcome: str, prompt_tokens: int) -> None: ...
 
 
+class StreamTrace(Protocol):
+    """A traced request's API-side spans (`skulk.observe.traces.RequestTrace`)."""
+
+    def mark(self, next_phase: str) -> None: ...
+    def chunk(self) -> None: ...
+    def end(self, outcome: str) -> None: ...
+
+
 FrameProblem = str
 """Why a frame breaks its stream's lifecycle, in words for the log and the client."""
 
@@ -103,6 +111,8 @@ class CommandStream:
         self.model_id = model_id
         self.last_chunk_at: float | None = None
         self.prompt_tokens = 0
+        self.trace: StreamTrace | None = None
+        """Set when the request is traced: told when the runner starts, of each chunk, of the end."""
         self._owner = owner
         self._chunks: deque[Chunk] = deque()
         self._end: _End | None = None
@@ -285,6 +295,8 @@ class CommandStreams:
         if isinstance(frame, StreamStarted):
             stream.next_seq = 1
             stream.runner_id = frame.runner_id
+            if stream.trace is not None:
+                stream.trace.mark("api.wait_first_token")
         elif isinstance(frame, StreamPayload):
             stream.next_seq = frame.seq + 1
             self._accept_payload(stream, frame.chunk)
@@ -304,6 +316,8 @@ class CommandStreams:
             ))
             return
         stream._push(chunk)
+        if stream.trace is not None:
+            stream.trace.chunk()
         if self.observer is not None:
             self._observe_chunk(stream, chunk)
 
@@ -414,6 +428,8 @@ class CommandStreams:
             self.observer.on_end(stream.model_id, outcome, stream.prompt_tokens)
         if self.on_lifecycle is not None:
             self.on_lifecycle("ended", stream.command_id, stream.model_id, outcome)
+        if stream.trace is not None:
+            stream.trace.end(outcome)
         stream._finish(end)
         return True
 
@@ -441,5 +457,6 @@ __all__ = [
     "CommandStream",
     "CommandStreams",
     "StreamObserver",
+    "StreamTrace",
     "check_frame",
 ]

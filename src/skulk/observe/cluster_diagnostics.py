@@ -27,6 +27,8 @@ class PeerAnswer:
 
     body: Any = None
     error: str | None = None
+    status: int | None = None
+    """The HTTP status of a refusal (None: answered, or no answer at all)."""
 
     @property
     def reachable(self) -> bool:
@@ -49,7 +51,7 @@ async def gather_from_peers(
             try:
                 return PeerAnswer(body=await get_from_peer(client, url, path, api_key=api_key, deadline_s=deadline_s))
             except PeerRequestFailed as exc:
-                return PeerAnswer(error=f"{url}: {exc}")
+                return PeerAnswer(error=f"{url}: {exc}", status=exc.status)
 
         node_ids = list(urls)
         answers = await asyncio.gather(*(ask(urls[n]) for n in node_ids))

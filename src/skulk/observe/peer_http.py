@@ -26,7 +26,12 @@ unreachable rather than holding the operator's request."""
 
 
 class PeerRequestFailed(Exception):
-    """The peer did not answer with a 200 and JSON before the deadline; the message says why."""
+    """The peer did not answer with a 200 and JSON before the deadline; the message says why
+    and `status` is the HTTP status it answered with (None: no answer)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def peer_headers(api_key: str | None) -> dict[str, str]:
@@ -60,7 +65,7 @@ async def get_from_peer(
     except httpx.HTTPError as exc:
         raise PeerRequestFailed(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__) from None
     if response.status_code != 200:
-        raise PeerRequestFailed(f"HTTP {response.status_code}: {response.text[:200]}")
+        raise PeerRequestFailed(f"HTTP {response.status_code}: {response.text[:200]}", response.status_code)
     try:
         return response.json()
     except ValueError:
