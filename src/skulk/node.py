@@ -36,6 +36,7 @@ from skulk.master.main import EventLogSlot, Master
 from skulk.observe.node_report import redacted_config, versions
 from skulk.observe.peer_http import peer_api_urls
 from skulk.observe.recorder import FlightRecorder, LogRing
+from skulk.observe.structured_logs import IngestShipper, json_stdout_handler
 from skulk.observe.traces import JANITOR_FIRST_SWEEP_S, JANITOR_INTERVAL_S, TraceStore, prune_trace_files
 from skulk.routing.cluster_key import ClusterKeyError, derive_wire_key, resolve_cluster_key
 from skulk.routing.constants import NETWORK_VERSION
@@ -174,12 +175,24 @@ class Node:
         until this session hears a master."""
         self._store_written: StoreAddress | None = None
         self._housekeeping: set[asyncio.Task] = set()
+        self.log_shipper: IngestShipper | None = None
 
     def request_stop(self, exit_code: int = ExitCode.OK, reason: str = "stop requested") -> None:
         if not self._stop.is_set():
             logger.info("node %s stopping: %s", self.node_id, reason)
             self._exit_code = exit_code
             self._stop.set()
+
+    def _structured_log_handlers(self) -> list[logging.Handler]:
+        """JSON lines on stdout, and shipped to `logging.ingest_url`, when configured."""
+        section = self.settings.logging
+        if not section.enabled:
+            return []
+        handlers: list[logging.Handler] = [json_stdout_handler(self.node_id, self.settings.node_name)]
+        if section.ingest_url:
+            self.log_shipper = IngestShipper(section.ingest_url, self.node_id, self.settings.node_name)
+            handlers.append(self.log_shipper)
+        return handlers
 
     def _fenced(self, reason: str) -> None:
         self.request_stop(ExitCode.FENCED, reason)
@@ -201,11 +214,15 @@ class Node:
         except LeaseHeldError as exc:
             logger.error("%s; stop it first or give this node its own --data-dir", exc)
             return ExitCode.LEASE_HELD
-        logging.getLogger().addHandler(self.log_ring)
+        handlers = [self.log_ring, *self._structured_log_handlers()]
+        for handler in handlers:
+            logging.getLogger().addHandler(handler)
         try:
             return await self._run_holding_lease(lease)
         finally:
-            logging.getLogger().removeHandler(self.log_ring)
+            for handler in handlers:
+                logging.getLogger().removeHandler(handler)
+                handler.close()
             lease.release()
 
     async def _open_router(self) -> Router:
@@ -504,6 +521,7 @@ class Node:
             "modelStore": self._store_stats(),
             "flightRecorder": self.recorder.snapshot(),
             "traces": self.traces.stats(),
+            "logShipping": self.log_shipper.stats() if self.log_shipper else None,
             "recentLogs": self.log_ring.lines(),
             "config": redacted_config(self.settings),
             "versions": versions(),

@@ -23,6 +23,7 @@ from fastapi import Request
 from skulk.api.errors import ClusterNotReady, InvalidRequest, ModelNotFound, StreamFailed
 from skulk.api.output import OutputShaper
 from skulk.api.streams import CommandStream
+from skulk.observe.structured_logs import bind_request_ids
 from skulk.observe.traces import RequestTrace
 from skulk.shared.types.chunks import EmbeddingChunk, TokenChunk
 from skulk.shared.types.commands import CancelCommand, Command, Embed, GenerateText, TaskFinished
@@ -236,6 +237,7 @@ async def start_generation(
     caller must then consume the stream through `drive` (or close it)."""
     command_id = new_id()
     trace = begin_trace(context, command_id, params.model_id)
+    bind_request_ids(commandId=command_id, traceId=command_id if trace is not None else None)
     bind_instance(context, params, max_tokens_param=max_tokens_param)
     stream = context.streams.open(command_id, params.model_id)
     if trace is not None:
