@@ -15,9 +15,9 @@ from skulk.shared.types.state import State
 from skulk.shared.types.telemetry import DownloadProgress
 
 
-def samples(diag, state=State(), telemetry=TelemetryView(), node_id="n1") -> dict[tuple, float]:
+def samples(diag, state: State | None = None, telemetry: TelemetryView | None = None) -> dict[tuple, float]:
     out = {}
-    for family in node_families(diag, state, telemetry, node_id):
+    for family in node_families(diag, state or State(), telemetry or TelemetryView(), "n1"):
         for sample in family.samples:
             out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
     return out

@@ -3,6 +3,7 @@ in-process, no node."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from pathlib import Path
@@ -108,7 +109,7 @@ def test_request_trace_phases_leave_no_gap_and_end_with_the_outcome(tmp_path):
     intervals = [s for s in spans if not s["instant"] and s["name"] != "api.request"]
     assert [s["name"] for s in intervals] == ["api.placement_lookup", "api.submit", "api.wait_runner",
                                               "api.wait_first_token", "api.stream"]
-    for before, after in zip(intervals, intervals[1:]):
+    for before, after in itertools.pairwise(intervals):
         assert before["startUs"] + before["durUs"] == pytest.approx(after["startUs"])
     request = next(s for s in spans if s["name"] == "api.request")
     assert request["args"] == {"model": "m/x", "outcome": "completed", "chunks": 3}

@@ -12,7 +12,7 @@ import pytest
 
 from tests.cluster.harness import node_id, wait_agreed
 from tests.nodeproc import NodeProcess, free_port, wait_for
-from tests.observe.serving_kit import MODEL, chat, place_and_wait
+from tests.observe.serving_kit import chat, place_and_wait
 
 pytestmark = pytest.mark.timeout(300)
 
