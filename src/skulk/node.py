@@ -16,6 +16,7 @@ import ipaddress
 import logging
 import signal
 import socket
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +38,13 @@ from skulk.observe.node_report import redacted_config, versions
 from skulk.observe.peer_http import peer_api_urls
 from skulk.observe.recorder import FlightRecorder, LogRing
 from skulk.observe.structured_logs import IngestShipper, json_stdout_handler
-from skulk.observe.traces import JANITOR_FIRST_SWEEP_S, JANITOR_INTERVAL_S, TraceStore, prune_trace_files
+from skulk.observe.traces import (
+    JANITOR_FIRST_SWEEP_S,
+    JANITOR_INTERVAL_S,
+    TraceStore,
+    master_decision_span,
+    prune_trace_files,
+)
 from skulk.routing.cluster_key import ClusterKeyError, derive_wire_key, resolve_cluster_key
 from skulk.routing.constants import NETWORK_VERSION
 from skulk.routing.router import Router, RouterError
@@ -268,6 +275,7 @@ class Node:
         self.replica = StateReplica(router)
         self.replica.on_applied(self.recorder.on_event_applied)
         self.traces = TraceStore(self.node_id, settings.node_name, settings.paths.traces_dir)
+        self.replica.on_applied(self._trace_master_decision)
 
         def cards():  # noqa: ANN202 - built-in and local custom cards, overridden by the cluster's
             return {**card_set.cards, **self.replica.state.custom_cards}
@@ -384,6 +392,14 @@ class Node:
         if not self.settings.worker_enabled:
             return DerivedBackends(tags=[], conflicts=list(derived.conflicts))
         return derived
+
+    def _trace_master_decision(self, indexed: IndexedEvent) -> None:
+        """While this node is master, a traced task's binding joins the trace (master lane)."""
+        decided = master_decision_span(indexed, self._master is not None, time.time() * 1e6)
+        if decided is not None:
+            trace_id, span = decided
+            self.traces.add(trace_id, [span])
+            self.traces.finish(trace_id)
 
     def _fail_streams_of_failed_tasks(self, indexed: IndexedEvent) -> None:
         """A task this node's API owns failed or was cancelled in the cluster: end its stream."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -16,10 +17,12 @@ from skulk.observe.traces import (
     WorkerTraces,
     chrome_trace,
     expired_trace_files,
+    master_decision_span,
     merge_listings,
     prune_trace_files,
     valid_trace_id,
 )
+from skulk.shared.types.events import IndexedEvent, TaskAcknowledged, TaskCreated
 from skulk.shared.types.tasks import TextGeneration, TextGenerationParams
 from skulk.shared.types.traces import TraceSpan
 from skulk.worker.runner.spans import DECODE_BATCH_TOKENS, RunnerSpans
@@ -145,3 +148,25 @@ def test_worker_traces_follow_only_traced_tasks_until_done(tmp_path):
     assert set(spans) == {"worker.dispatch", "worker.forward", "runner.finish"}
     assert spans["worker.forward"]["args"] == {"frames": 3, "to": "api", "path": "data-topic"}
     assert store.part("c0") is None and (tmp_path / "c1.json").exists()
+
+
+@pytest.mark.parametrize(("traced", "i_am_master", "event_type", "recorded"), [
+    (True, True, "TaskCreated", True),
+    (True, False, "TaskCreated", False),   # only the master records its decision
+    (False, True, "TaskCreated", False),
+    (True, True, "TaskAcknowledged", False),
+])
+def test_the_master_records_its_binding_of_traced_tasks(traced, i_am_master, event_type, recorded):
+    params = TextGenerationParams(model_id="m/x", prompt="p")
+    task = TextGeneration(task_id="t1", instance_id="i1", command_id="c1", owner_node_id="api", params=params,
+                          traced=traced)
+    event = TaskCreated(event_id="e", task=task) if event_type == "TaskCreated" else TaskAcknowledged(
+        event_id="e", task_id="t1")
+    indexed = IndexedEvent(idx=7, origin="m", indexed_at=datetime(2026, 1, 1, tzinfo=UTC), event=event)
+    decided = master_decision_span(indexed, i_am_master, 5.0)
+    if not recorded:
+        assert decided is None
+        return
+    trace_id, span = decided
+    assert trace_id == "c1" and span.lane == "master" and span.start_us == 5.0
+    assert span.args == {"idx": 7, "task": "t1", "instance": "i1", "status": "Pending"}

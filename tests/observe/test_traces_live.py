@@ -110,7 +110,9 @@ def test_a_request_entered_at_a_and_served_on_b_yields_one_trace_from_both_nodes
     assert first(served, "worker.forward")["args"]["path"] == "data-topic"
 
     # Causal order across the two nodes (one machine, one clock).
-    order = [first(per_node[id_a], "api.receive"), first(served, "worker.dispatch"),
+    bound = first(events, "master.bind_task")  # recorded by whichever node is master
+    order = [first(per_node[id_a], "api.receive"), first(per_node[id_a], "api.submit"), bound,
+             first(served, "worker.dispatch"),
              first(served, "runner.queue_wait"), first(served, "runner.prefill"), first(served, "runner.decode"),
              first(served, "runner.finish"), first(per_node[id_a], "api.stream_end")]
     starts = [e["ts"] for e in order]

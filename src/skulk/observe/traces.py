@@ -317,3 +317,17 @@ class WorkerTraces:
         if forwarding is not None:
             self._by_command.pop(forwarding.command_id, None)
             self.store.finish(forwarding.command_id)
+
+
+def master_decision_span(indexed: Any, i_am_master: bool, at_us: float) -> tuple[str, TraceSpan] | None:
+    """The master's decision for a traced request, recorded by the master as it applies it:
+    which instance the task was bound to (or that it was born failed). None on other nodes
+    and for anything else. Pure."""
+    event = indexed.event
+    task = getattr(event, "task", None)
+    if not i_am_master or event.type != "TaskCreated" or not getattr(task, "traced", False):
+        return None
+    return task.command_id, TraceSpan(
+        name="master.bind_task", lane="master", start_us=at_us, instant=True,
+        args={"idx": indexed.idx, "task": task.task_id, "instance": task.instance_id, "status": task.status},
+    )
