@@ -37,14 +37,8 @@ from skulk.master.main import EventLogSlot, Master
 from skulk.observe.node_report import redacted_config, versions
 from skulk.observe.peer_http import peer_api_urls
 from skulk.observe.recorder import FlightRecorder, LogRing
-from skulk.observe.structured_logs import IngestShipper, json_stdout_handler
-from skulk.observe.traces import (
-    JANITOR_FIRST_SWEEP_S,
-    JANITOR_INTERVAL_S,
-    TraceStore,
-    master_decision_span,
-    prune_trace_files,
-)
+from skulk.observe.structured_logs import IngestShipper, structured_log_handlers
+from skulk.observe.traces import TraceStore, master_decision_span, run_trace_janitor
 from skulk.routing.cluster_key import ClusterKeyError, derive_wire_key, resolve_cluster_key
 from skulk.routing.constants import NETWORK_VERSION
 from skulk.routing.router import Router, RouterError
@@ -190,17 +184,6 @@ class Node:
             self._exit_code = exit_code
             self._stop.set()
 
-    def _structured_log_handlers(self) -> list[logging.Handler]:
-        """JSON lines on stdout, and shipped to `logging.ingest_url`, when configured."""
-        section = self.settings.logging
-        if not section.enabled:
-            return []
-        handlers: list[logging.Handler] = [json_stdout_handler(self.node_id, self.settings.node_name)]
-        if section.ingest_url:
-            self.log_shipper = IngestShipper(section.ingest_url, self.node_id, self.settings.node_name)
-            handlers.append(self.log_shipper)
-        return handlers
-
     def _fenced(self, reason: str) -> None:
         self.request_stop(ExitCode.FENCED, reason)
 
@@ -221,7 +204,9 @@ class Node:
         except LeaseHeldError as exc:
             logger.error("%s; stop it first or give this node its own --data-dir", exc)
             return ExitCode.LEASE_HELD
-        handlers = [self.log_ring, *self._structured_log_handlers()]
+        structured, self.log_shipper = structured_log_handlers(self.settings.logging, self.node_id,
+                                                               self.settings.node_name)
+        handlers = [self.log_ring, *structured]
         for handler in handlers:
             logging.getLogger().addHandler(handler)
         try:
@@ -334,7 +319,8 @@ class Node:
         if self.worker is not None:
             tasks.append(asyncio.create_task(self.worker.run(), name="worker"))
         self._spawn_housekeeping(self._startup_reconcile(), "staged-copies-startup")
-        self._spawn_housekeeping(self._trace_janitor(), "trace-janitor")
+        self._spawn_housekeeping(run_trace_janitor(settings.paths.traces_dir, settings.tracing.retention_days),
+                                 "trace-janitor")
         server: _Server | None = None
         if api_socket is not None:
             server = self._make_api_server(router, log_slot, lease)
@@ -497,20 +483,6 @@ class Node:
         if result.removed:
             logger.info("startup staged-copy pass removed %s (%d bytes)", ", ".join(result.removed),
                         result.freed_bytes)
-
-    async def _trace_janitor(self) -> None:
-        """Delete saved traces past `tracing.retention_days` (0 keeps them): a minute after
-        start, then hourly. A failed sweep is logged and retried at the next one."""
-        await asyncio.sleep(JANITOR_FIRST_SWEEP_S)
-        while True:
-            try:
-                removed = await asyncio.to_thread(prune_trace_files, self.settings.paths.traces_dir,
-                                                  self.settings.tracing.retention_days)
-                if removed:
-                    logger.info("trace janitor removed %d saved traces", len(removed))
-            except Exception:  # noqa: BLE001 - housekeeping never takes the node down
-                logger.exception("trace janitor sweep failed")
-            await asyncio.sleep(JANITOR_INTERVAL_S)
 
     def _spawn_housekeeping(self, coro: Any, name: str) -> None:
         task = asyncio.create_task(coro, name=name)

@@ -29,6 +29,8 @@ from typing import Any, TextIO
 
 import httpx
 
+from skulk.store.config import LoggingSection
+
 INGEST_QUEUE_LINES = 10_000
 """Lines waiting to be shipped; past this, new lines are dropped (counted), never waited for."""
 
@@ -99,6 +101,20 @@ def json_stdout_handler(node_id: str, node_name: str, stream: TextIO | None = No
     handler = logging.StreamHandler(stream or sys.stdout)
     handler.setFormatter(JsonFormatter(node_id, node_name))
     return handler
+
+
+def structured_log_handlers(
+    section: LoggingSection, node_id: str, node_name: str
+) -> tuple[list[logging.Handler], IngestShipper | None]:
+    """The handlers `skulk.yaml`'s `logging` section asks for (`enabled`: JSON lines on
+    stdout; `ingest_url`: also shipped), and the shipper for its diagnostics."""
+    if not section.enabled:
+        return [], None
+    handlers: list[logging.Handler] = [json_stdout_handler(node_id, node_name)]
+    shipper = IngestShipper(section.ingest_url, node_id, node_name) if section.ingest_url else None
+    if shipper is not None:
+        handlers.append(shipper)
+    return handlers, shipper
 
 
 class IngestShipper(logging.Handler):

@@ -16,6 +16,7 @@ the janitor (`expired_trace_files` decides which).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -220,6 +221,21 @@ def prune_trace_files(traces_dir: Path, retention_days: int, now: float | None =
         except OSError as exc:
             logger.warning("trace janitor: cannot remove %s: %s", path, exc)
     return removed
+
+
+async def run_trace_janitor(traces_dir: Path, retention_days: int) -> None:
+    """Delete saved traces past `retention_days` (0 keeps them): JANITOR_FIRST_SWEEP_S after
+    start, then every JANITOR_INTERVAL_S. A failed sweep is logged and tried again at the
+    next one; the janitor never ends its node."""
+    await asyncio.sleep(JANITOR_FIRST_SWEEP_S)
+    while True:
+        try:
+            removed = await asyncio.to_thread(prune_trace_files, traces_dir, retention_days)
+            if removed:
+                logger.info("trace janitor removed %d saved traces older than %d days", len(removed), retention_days)
+        except Exception:  # noqa: BLE001 - housekeeping never takes the node down
+            logger.exception("trace janitor sweep failed")
+        await asyncio.sleep(JANITOR_INTERVAL_S)
 
 
 class RequestTrace:
