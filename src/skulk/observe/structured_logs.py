@@ -43,8 +43,9 @@ INGEST_FLUSH_S = 2.0
 INGEST_POST_TIMEOUT_S = 5.0
 """Deadline of one POST; a collector slower than this loses that batch (counted)."""
 
-INGEST_STOP_S = 2.0
-"""At shutdown the shipper gets this long to send what is queued."""
+INGEST_STOP_S = 1.0
+"""At shutdown the shipper gets this long to send what is queued (the node's whole stop
+must fit the contract's 10 s; what is left is lost, the thread is a daemon)."""
 
 _request_ids: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar("skulk_log_ids", default=None)
 
