@@ -27,7 +27,15 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from skulk.api.errors import Overloaded, StreamFailed
-from skulk.shared.types.chunks import Chunk, DataFrame, ErrorChunk, StreamPayload, StreamStarted, StreamTerminal
+from skulk.shared.types.chunks import (
+    Chunk,
+    DataFrame,
+    ErrorChunk,
+    StreamPayload,
+    StreamStarted,
+    StreamTerminal,
+    TokenChunk,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -54,11 +62,12 @@ RECENTLY_ENDED_MEMORY = 1024
 """How many ended command ids are remembered, so that frames still in flight after a stream
 ended (a cancel race, a late terminal) are counted as late rather than unknown."""
 
+
 class StreamObserver(Protocol):
     """Told about every stream's output and end (the node's metrics). Called on the event
     loop, in the frame's path: it must be cheap and must never raise."""
 
-    def on_chunk(self, model_id: str, since_previous_s: float, first: bool) -> None: ...
+    def on_chunk(self, model_id: str, since_previous_s: float, first: bool, is_token: bool) -> None: ...
     def on_end(self, model_id: str, outcome: str, prompt_tokens: int) -> None: ...
 
 
@@ -324,7 +333,8 @@ class CommandStreams:
     def _observe_chunk(self, stream: CommandStream, chunk: Chunk) -> None:
         now = stream.last_frame_at
         first = stream.last_chunk_at is None
-        self.observer.on_chunk(stream.model_id, now - (stream.opened_at if first else stream.last_chunk_at), first)
+        self.observer.on_chunk(stream.model_id, now - (stream.opened_at if first else stream.last_chunk_at), first,
+                               type(chunk) is TokenChunk)
         stream.last_chunk_at = now
         usage = getattr(chunk, "usage", None)
         if usage is not None:

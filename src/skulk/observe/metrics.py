@@ -89,14 +89,15 @@ class ServingMetrics:
 
     # -- command streams (skulk.api.streams.StreamObserver) --
 
-    def on_chunk(self, model_id: str, since_previous_s: float, first: bool) -> None:
+    def on_chunk(self, model_id: str, since_previous_s: float, first: bool, is_token: bool) -> None:
         """One output chunk reached this node's stream (`since_previous_s` is the time to
-        first token when `first`)."""
+        first output when `first`); only text-generation chunks count as tokens."""
         if first:
             self.time_to_first_token.labels(model_id).observe(since_previous_s)
         else:
             self.inter_token_latency.labels(model_id).observe(since_previous_s)
-        self.generated_tokens.labels(model_id).inc()
+        if is_token:
+            self.generated_tokens.labels(model_id).inc()
 
     def on_end(self, model_id: str, outcome: str, prompt_tokens: int) -> None:
         self.generations.labels(model_id, outcome).inc()
