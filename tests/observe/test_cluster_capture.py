@@ -55,6 +55,9 @@ def test_cluster_diagnostics_and_capture_list_a_killed_node_as_unreachable(spawn
 
     report = wait_for(victim_unreachable, timeout_s=30, what="the killed node listed unreachable")
     assert report["nodes"][ids[2]]["reachable"] is False and report["nodes"][ids[2]]["error"]
+    timeline = ask(asker, "/v1/diagnostics/cluster/timeline").json()
+    assert timeline["unreachable"] == [ids[2]] and {r["nodeId"] for r in timeline["records"]} == set(ids[:2])
+    assert [r["at"] for r in timeline["records"]] == sorted(r["at"] for r in timeline["records"])
     missing = ask(asker, f"/v1/diagnostics/cluster/{ids[2]}")
     assert missing.status_code == 502 and "peer_unreachable" in missing.text
 
@@ -82,4 +85,6 @@ def test_cluster_diagnostics_and_capture_list_a_killed_node_as_unreachable(spawn
         assert json.loads(next(v for k, v in files.items() if k.endswith(f"{folder}/versions.json")))["skulk"]
     assert any(k.endswith(f"{manifest['nodes'][ids[2]]['folder']}/UNREACHABLE.txt") for k in files)
     assert any(k.endswith("/state.json") for k in files)
+    timeline = json.loads(next(v for k, v in files.items() if k.endswith("/timeline.json")))
+    assert {r["nodeId"] for r in timeline} == set(ids[:2])
     assert not any(KEY.encode() in content for content in files.values()), "the cluster key leaked into the capture"

@@ -13,7 +13,7 @@ import pytest
 
 from skulk.node import NodeSettings
 from skulk.observe.capture import capture_files, write_archive
-from skulk.observe.cluster_diagnostics import PeerAnswer, cluster_report, version_report
+from skulk.observe.cluster_diagnostics import PeerAnswer, cluster_report, cluster_timeline, version_report
 from skulk.observe.node_report import REDACTED, redacted_config
 from skulk.observe.peer_http import peer_api_urls, peer_headers
 from skulk.shared.types.state import NodeInfo, State
@@ -91,7 +91,7 @@ def test_capture_layout_and_archive(tmp_path: Path):
     files = capture_files(report, {"nodes": {}}, {"nodeId": "a"}, asked_url="http://a", created_at=created)
     root = "skulk-capture-20260102T030405Z"
     assert set(files) == {
-        f"{root}/manifest.json", f"{root}/state.json", f"{root}/cluster.json",
+        f"{root}/manifest.json", f"{root}/state.json", f"{root}/cluster.json", f"{root}/timeline.json",
         f"{root}/nodes/a-alpha_1/flight-recorder.json", f"{root}/nodes/a-alpha_1/recent-logs.txt",
         f"{root}/nodes/a-alpha_1/config.json", f"{root}/nodes/a-alpha_1/versions.json",
         f"{root}/nodes/a-alpha_1/diagnostics.json", f"{root}/nodes/c-gamma/UNREACHABLE.txt",
@@ -107,3 +107,12 @@ def test_capture_layout_and_archive(tmp_path: Path):
         assert archive.extractfile(f"{root}/nodes/a-alpha_1/recent-logs.txt").read() == b"l1\nl2\n"
     assert not (tmp_path / "c.tar.gz.partial").exists()
     assert io.BytesIO(out.read_bytes()).read(2) == b"\x1f\x8b"
+
+
+def test_the_timeline_merges_reachable_recorders_in_time_order():
+    def recorder(*ats):
+        return {"reachable": True, "diagnostics": {"flightRecorder": {"records": [{"at": a, "kind": "event"} for a in ats]}}}
+
+    report = {"nodes": {"a": recorder(1.0, 4.0), "b": recorder(2.0, 3.0), "c": {"reachable": False, "error": "x"}}}
+    assert [(r["at"], r["nodeId"]) for r in cluster_timeline(report)] == [(1.0, "a"), (2.0, "b"), (3.0, "b"), (4.0, "a")]
+    assert [r["at"] for r in cluster_timeline(report, limit=2)] == [3.0, 4.0]

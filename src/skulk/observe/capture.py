@@ -1,7 +1,8 @@
 """Capture bundles: one archive an operator attaches to a bug report, with every reachable
 node's flight recorder, diagnostics, recent logs, configuration (secrets redacted by the
 node itself, see `skulk.observe.node_report`) and versions, plus the replicated State and
-the cluster summary, as the asked node saw them. A node that did not answer is listed in
+the cluster summary, as the asked node saw them, and every recorder merged into one
+wall-clock-ordered `timeline.json`. A node that did not answer is listed in
 the manifest as unreachable, with the reason, and still gets a folder saying so.
 
 `capture_files` (pure) decides the archive's layout; `write_archive` writes it as tar.gz;
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from skulk.observe.cluster_diagnostics import cluster_timeline
 
 CAPTURE_REQUEST_DEADLINE_S = 30.0
 """Deadline of each request the capture makes to the asked node: the cluster report waits
@@ -70,6 +73,7 @@ def capture_files(
         "versions": cluster_report.get("versions"),
     }
     files[f"{root}/manifest.json"] = _json(manifest)
+    files[f"{root}/timeline.json"] = _json(cluster_timeline(cluster_report))
     files[f"{root}/state.json"] = _json(state)
     files[f"{root}/cluster.json"] = _json(cluster)
     return files

@@ -64,6 +64,24 @@ def version_report(versions: Mapping[str, str | None]) -> dict[str, Any]:
     return {"byNode": dict(sorted(versions.items())), "distinct": distinct, "skew": len(distinct) > 1}
 
 
+TIMELINE_MAX_RECORDS = 4096
+"""Records in one merged timeline (the newest are kept): four nodes' full recorders."""
+
+
+def cluster_timeline(report: Mapping[str, Any], limit: int = TIMELINE_MAX_RECORDS) -> list[dict[str, Any]]:
+    """Every reachable node's flight-recorder records in one wall-clock order, each tagged
+    with its node: rank disagreement in a distributed hang (one node saw an event the
+    others did not) shows at a glance. The newest `limit` records. Pure."""
+    merged: list[dict[str, Any]] = []
+    for node_id, entry in (report.get("nodes") or {}).items():
+        if not entry.get("reachable"):
+            continue
+        recorder = (entry.get("diagnostics") or {}).get("flightRecorder") or {}
+        merged.extend({**record, "nodeId": node_id} for record in recorder.get("records") or ())
+    merged.sort(key=lambda record: (record.get("at", 0.0), record["nodeId"]))
+    return merged[-limit:]
+
+
 def cluster_report(me: str, own: Mapping[str, Any], answers: Mapping[str, PeerAnswer], state: State) -> dict[str, Any]:
     """The cluster diagnostics body: every member of `state` (and this node) with its own
     report or why it is unreachable, plus versions and skew. Pure."""

@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 
 from skulk.api.errors import NotFound, PeerUnreachable
-from skulk.observe.cluster_diagnostics import NODE_REPORT_PATH, cluster_report, gather_from_peers
+from skulk.observe.cluster_diagnostics import NODE_REPORT_PATH, cluster_report, cluster_timeline, gather_from_peers
 from skulk.observe.metrics import CONTENT_TYPE, exposition
 
 router = APIRouter()
@@ -31,6 +31,14 @@ async def cluster_diagnostics(request: Request) -> dict[str, Any]:
     context = request.app.state.skulk
     answers = await gather_from_peers(context.get_peer_urls(), NODE_REPORT_PATH, api_key=context.api_key)
     return cluster_report(context.node_id, _own_report(context), answers, context.get_state())
+
+
+@router.get("/v1/diagnostics/cluster/timeline")
+async def cluster_timeline_route(request: Request) -> dict[str, Any]:
+    """Every reachable member's flight recorder merged into one wall-clock-ordered timeline
+    (declared before `/{node_id}`: node ids are never "timeline")."""
+    report = await cluster_diagnostics(request)
+    return {"nodeId": report["nodeId"], "unreachable": report["unreachable"], "records": cluster_timeline(report)}
 
 
 @router.get("/v1/diagnostics/cluster/{node_id}")
