@@ -18,6 +18,13 @@ N). Printed, as medians over the repetitions:
                 arrays; a lower bound on what the hardware can stream) divided by the bytes
                 of weights read per decoded token: the most tokens/s any engine could get.
 
+  (c') skulk-tr the same node with cluster-wide tracing on for its requests (--tracing; switched
+                on before and off after each of them, outside the timing), so the ratio
+                skulk-tr/skulk is tracing's cost side by side. The run also prints what
+                tracing costs when off (the per-request flag read and the per-token test) and
+                the span bookkeeping per traced token, both measured in-process in ns and
+                put against the measured time of a token.
+
 For (b) and (c) TTFT is request sent -> first content delta received, and decode tok/s
 counts the tokens after the first over the time from the first to the last delta; (a) uses
 the same definitions on the tokens `Llama.generate` yields. Ratios: skulk/engine (decode
@@ -57,6 +64,7 @@ Usage (the server extras are not project dependencies, hence --with):
   uv run --with sse-starlette --with starlette-context --with pydantic-settings \\
       python bench/serve.py [--tokens 128] [--reps 5] [--threads T] [--flash-attn on|off]
                             [--omp-wait-policy asis|passive] [--quiet-budget 120] [--spec bench|tiny]
+                            [--tracing] [--skip-peer]
 
 Without those packages (plain `uv run python bench/serve.py`) the peer (b) is skipped and
 the run says why. On a quiet 2-core machine a default run takes about 2 minutes; under a
@@ -122,6 +130,8 @@ SERVER_START_DEADLINE_S = 180.0
 """The peer server loads the 380 MB model before it answers; on a loaded 2-core box that
 has taken ~20 s. Hang guard only."""
 NODE_START_DEADLINE_S = 60.0
+TRACING_SWITCH_DEADLINE_S = 10.0
+"""Hang guard for PUT /v1/tracing to take effect (one event through the node's own master)."""
 """A node answers its API within seconds; hang guard only."""
 PLACE_DEADLINE_S = 300.0
 """Placement accepted and the runner Ready (spawn, load, engine warm-up). Hang guard only."""
@@ -346,6 +356,13 @@ class Contender:
     def stream(self, user_message: str, max_tokens: int) -> Stream:
         raise NotImplementedError
 
+    def prepare(self) -> None:
+        """Before each measured request, outside the timing (the traced contender turns
+        tracing on here)."""
+
+    def release(self) -> None:
+        """After each measured request, outside the timing."""
+
 
 def measure(contender: Contender, everyone: Sequence[Contender], user_message: str, max_tokens: int) -> Sample:
     """Stream one request from `contender`, accounting the machine's CPU meanwhile."""
@@ -354,7 +371,8 @@ def measure(contender: Contender, everyone: Sequence[Contender], user_message: s
         busy, steal = _machine_cpu_s()
         # This process alone: the servers and the node are its children, accounted apart.
         own = _cpu_s([os.getpid()], with_children=False) + _cpu_s(contender.pids())
-        others = {c.name: _cpu_s(c.pids()) for c in everyone if c is not contender and c.pids()}
+        others = {c.name: _cpu_s(c.pids()) for c in everyone
+                  if c is not contender and c.pids() and not set(c.pids()) & set(contender.pids())}
         return busy, steal, own, others
 
     busy0, steal0, own0, others0 = snapshot()
@@ -373,7 +391,8 @@ def foreign_cores_now(everyone: Sequence[Contender], window_s: float = QUIET_WIN
     """Cores used over `window_s` by processes that are not this benchmark's."""
 
     def ours() -> float:
-        return _cpu_s([os.getpid()], with_children=False) + sum(_cpu_s(c.pids()) for c in everyone)
+        pids = sorted({pid for c in everyone for pid in c.pids()})  # skulk and skulk-tr share one node
+        return _cpu_s([os.getpid()], with_children=False) + _cpu_s(pids)
 
     busy0, _ = _machine_cpu_s()
     ours0, wall0 = ours(), time.perf_counter()
@@ -508,6 +527,70 @@ class ChatServer(Contender):
 
     def close(self) -> None:
         self._client.close()
+
+
+class TracedChatServer(ChatServer):
+    """(c') the same Skulk node with cluster-wide tracing on for its requests (`--tracing`):
+    tracing is switched on before each of its requests and off after, outside the timing,
+    so the untraced contender always runs with it off."""
+
+    def _set_tracing(self, enabled: bool) -> None:
+        response = self._client.put(self.base_url + "/v1/tracing", json={"enabled": enabled})
+        if response.status_code != 202:
+            raise RuntimeError(f"PUT /v1/tracing: {response.status_code} {response.text}")
+        poll(lambda: self._client.get(self.base_url + "/v1/tracing").json()["enabled"] is enabled,
+             timeout_s=TRACING_SWITCH_DEADLINE_S, what=f"tracing {enabled}")
+
+    def prepare(self) -> None:
+        self._set_tracing(True)
+
+    def release(self) -> None:
+        self._set_tracing(False)
+
+
+def tracing_off_cost_ns() -> tuple[float, float]:
+    """What tracing costs the serving path when it is off, measured here in-process: the
+    per-request decision (`begin_trace`: the replicated flag read) and the per-chunk test
+    (`stream.trace is not None`), in nanoseconds per call."""
+    import timeit
+    from types import SimpleNamespace
+
+    from skulk.api.generation import begin_trace
+    from skulk.observe.traces import TraceStore
+    from skulk.shared.types.state import State
+
+    state = State()
+    context = SimpleNamespace(traces=TraceStore("n", "n", None), get_state=lambda: state)
+    stream = SimpleNamespace(trace=None)
+    calls = 200_000
+    per_request = min(timeit.repeat(lambda: begin_trace(context, "c", "m"), number=calls, repeat=3)) / calls
+    per_chunk = min(timeit.repeat(lambda: stream.trace is not None, number=calls, repeat=3)) / calls
+    return per_request * 1e9, per_chunk * 1e9
+
+
+def tracing_on_cost_ns(tokens: int = 2048) -> float:
+    """The span bookkeeping a traced token costs on its way, measured in-process: the
+    runner's `RunnerSpans.token`, the worker's `WorkerTraces.frame` and the API's
+    `RequestTrace.chunk`, in nanoseconds per token (the best of three runs of `tokens`)."""
+    from types import SimpleNamespace
+
+    from skulk.observe.traces import RequestTrace, TraceStore, WorkerTraces
+    from skulk.worker.runner.spans import RunnerSpans
+
+    best = float("inf")
+    for _ in range(3):
+        store = TraceStore("n", "n", None)
+        worker = WorkerTraces(store)
+        worker.dispatched(SimpleNamespace(traced=True, task_id="t", command_id="c", instance_id="i"), "r")
+        request, runner = RequestTrace(store, "c", "m"), RunnerSpans()
+        runner.started()
+        started = time.perf_counter()
+        for _ in range(tokens):
+            runner.token()
+            worker.frame("c", "n", True, False)
+            request.chunk()
+        best = min(best, (time.perf_counter() - started) / tokens)
+    return best * 1e9
 
 
 # ---------------------------------------------------------------------------------------
@@ -727,6 +810,17 @@ def report(samples: dict[str, list[Sample]], roofline_tok_s: float, tokens: int)
               f"TTFT {med['peer'][0] / med['engine'][0]:.2f}x")
     if "engine" in med:
         print(f"engine / roofline decode {med['engine'][1] / roofline_tok_s:.3f}")
+    if "skulk" in med and "skulk-tr" in med:
+        print(f"traced / skulk   decode {med['skulk-tr'][1] / med['skulk'][1]:.3f}   "
+              f"TTFT {med['skulk-tr'][0] / med['skulk'][0]:.2f}x  (tracing on vs off, same node)")
+        per_request_ns, per_chunk_ns = tracing_off_cost_ns()
+        token_ns = 1e9 / med["skulk"][1]
+        print(f"tracing off      {per_request_ns:.0f} ns per request + {per_chunk_ns:.0f} ns per token "
+              f"(measured in-process) = {per_chunk_ns / token_ns * 100:.4f} % of a token at "
+              f"{med['skulk'][1]:.1f} tok/s")
+        on_ns = tracing_on_cost_ns()
+        print(f"tracing on       {on_ns:.0f} ns of span bookkeeping per token (runner + worker + API, in-process) "
+              f"= {on_ns / token_ns * 100:.3f} % of a token at {med['skulk'][1]:.1f} tok/s")
 
 
 # ---------------------------------------------------------------------------------------
@@ -759,6 +853,8 @@ def main() -> None:
                         help="seconds the run may spend waiting for quiet and repeating measurements that other "
                              "processes disturbed (0: take every measurement as it comes)")
     parser.add_argument("--skip-peer", action="store_true", help="leave out llama-cpp-python's server (b)")
+    parser.add_argument("--tracing", action="store_true",
+                        help="add (c') the same Skulk node with tracing on, and the cost of tracing when off")
     args = parser.parse_args()
     if args.tokens < 2 or args.reps < 1 or args.threads < 1:
         parser.error("need --tokens >= 2, --reps >= 1, --threads >= 1")
@@ -815,6 +911,8 @@ def main() -> None:
                 contenders.append(ChatServer("peer", peer.url, MODEL_ID, [peer.proc.pid]))
             skulk = ChatServer("skulk", node.url, MODEL_ID, [node.proc.pid])
             contenders.append(skulk)
+            if args.tracing:
+                contenders.append(TracedChatServer("skulk-tr", node.url, MODEL_ID, [node.proc.pid]))
 
             warm = PROMPT.format(tag="warm-up")
             counts, texts = {}, {}
@@ -834,7 +932,11 @@ def main() -> None:
             for r, contender in rounds(contenders, args.reps):
                 for attempt in itertools.count():
                     waited = wait_for_quiet(contenders, budget_s)[1]
-                    sample = measure(contender, contenders, PROMPT.format(tag=f"{r}.{attempt}"), args.tokens)
+                    contender.prepare()
+                    try:
+                        sample = measure(contender, contenders, PROMPT.format(tag=f"{r}.{attempt}"), args.tokens)
+                    finally:
+                        contender.release()
                     budget_s = max(0.0, budget_s - waited)
                     disturbed = sample.foreign_cores >= QUIET_FOREIGN_CORES
                     print(f"  round {r} {contender.name:6} TTFT {sample.stream.ttft_s * 1000:6.0f} ms  "

@@ -30,6 +30,8 @@ cluster_app = typer.Typer(help="Cluster-wide settings.", no_args_is_help=True)
 models_app = typer.Typer(help="Model cards and downloads.", no_args_is_help=True)
 app.add_typer(cluster_app, name="cluster")
 app.add_typer(models_app, name="models")
+diagnostics_app = typer.Typer(help="Look inside a running cluster.", no_args_is_help=True)
+app.add_typer(diagnostics_app, name="diagnostics")
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,8 @@ def resolve_settings(
         api_max_body_bytes=config.api.max_body_bytes,
         worker_enabled=not flags.no_worker,
         model_store=config.model_store,
+        tracing=config.tracing,
+        logging=config.logging,
     )
 
 
@@ -381,6 +385,33 @@ def models_rm(
         raise typer.Exit(ExitCode.FAILURE)
     for path in removed:
         typer.echo(f"removed {path}")
+
+
+@diagnostics_app.command("capture")
+def diagnostics_capture(
+    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Archive to write (default ./skulk-capture-<time>.tar.gz).")] = None,
+    url: Annotated[str, typer.Option("--url", envvar="SKULK_URL", help="A node's API.")] = "http://localhost:52415",
+) -> None:
+    """Write one archive with every node's flight recorder, diagnostics, recent logs, config
+    (secrets redacted) and versions, plus State; unreachable nodes are listed as such.
+
+    The key comes from SKULK_API_KEY. Exits 1 when the asked node does not answer."""
+    from datetime import UTC, datetime
+
+    from skulk.observe.capture import CaptureFailed, capture_files, fetch_capture_inputs, write_archive
+
+    created = datetime.now(UTC)
+    try:
+        report, state, summary = fetch_capture_inputs(url, os.environ.get(API_KEY_ENV) or None)
+    except CaptureFailed as exc:
+        typer.echo(f"skulk: capture failed: {exc}", err=True)
+        raise typer.Exit(ExitCode.FAILURE) from None
+    path = output or Path(f"skulk-capture-{created.strftime('%Y%m%dT%H%M%SZ')}.tar.gz")
+    write_archive(capture_files(report, state, summary, asked_url=url, created_at=created), path)
+    nodes = report.get("nodes") or {}
+    typer.echo(f"{path}: {len(nodes)} nodes, {len(report.get('unreachable') or [])} unreachable")
+    for node_id in report.get("unreachable") or []:
+        typer.echo(f"  unreachable: {node_id} ({nodes.get(node_id, {}).get('error')})")
 
 
 def main() -> None:

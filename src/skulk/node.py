@@ -17,6 +17,7 @@ import logging
 import os
 import signal
 import socket
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,11 @@ from skulk.facts.derive import DerivedBackends, derive_node_backends
 from skulk.facts.network import probe_interfaces
 from skulk.facts.probe import probe_node_facts
 from skulk.master.main import EventLogSlot, Master
+from skulk.observe.node_report import redacted_config, versions
+from skulk.observe.peer_http import peer_api_urls
+from skulk.observe.recorder import FlightRecorder, LogRing
+from skulk.observe.structured_logs import IngestShipper, structured_log_handlers
+from skulk.observe.traces import TraceStore, master_decision_span, run_trace_janitor
 from skulk.routing.cluster_key import ClusterKeyError, derive_peer_token, derive_wire_key, resolve_cluster_key
 from skulk.routing.constants import NETWORK_VERSION
 from skulk.routing.router import Router, RouterError
@@ -53,7 +59,7 @@ from skulk.shared.types.tasks import TextGeneration
 from skulk.shared.telemetry_view import node_resources
 from skulk.store.cards import builtin_cards_dir, resolve_cards
 from skulk.store.companions import companions_of
-from skulk.store.config import ModelStoreSection
+from skulk.store.config import LoggingSection, ModelStoreSection, TracingSection
 from skulk.store.eviction import in_use_model_ids
 from skulk.store.model_store import NodeStore, StoreBinding, bind_store, eviction_policy
 from skulk.store.staging import staging_root_for
@@ -118,6 +124,8 @@ class NodeSettings:
     """Request bodies above this get 413 before they are parsed (`api.max_body_bytes`)."""
     worker_enabled: bool = True
     model_store: ModelStoreSection = ModelStoreSection()
+    tracing: TracingSection = TracingSection()
+    logging: LoggingSection = LoggingSection()
 
     @property
     def api_endpoint(self) -> str | None:
@@ -173,6 +181,9 @@ class Node:
         self._master: Master | None = None
         self._master_task: asyncio.Task | None = None
         self.streams = CommandStreams()
+        self.recorder = FlightRecorder()
+        self.log_ring = LogRing()
+        self.streams.on_lifecycle = self.recorder.on_stream
         self.worker: Worker | None = None
         self._explicit_store: StoreAddress | None = None
         self._own_store: StoreAddress | None = None
@@ -186,6 +197,7 @@ class Node:
         until this session hears a master."""
         self._store_written: StoreAddress | None = None
         self._housekeeping: set[asyncio.Task] = set()
+        self.log_shipper: IngestShipper | None = None
 
     def request_stop(self, exit_code: int = ExitCode.OK, reason: str = "stop requested") -> None:
         if not self._stop.is_set():
@@ -213,9 +225,17 @@ class Node:
         except LeaseHeldError as exc:
             logger.error("%s; stop it first or give this node its own --data-dir", exc)
             return ExitCode.LEASE_HELD
+        structured, self.log_shipper = structured_log_handlers(self.settings.logging, self.node_id,
+                                                               self.settings.node_name)
+        handlers = [self.log_ring, *structured]
+        for handler in handlers:
+            logging.getLogger().addHandler(handler)
         try:
             return await self._run_holding_lease(lease)
         finally:
+            for handler in handlers:
+                logging.getLogger().removeHandler(handler)
+                handler.close()
             lease.release()
 
     async def _open_router(self) -> Router:
@@ -262,6 +282,9 @@ class Node:
         for error in card_set.errors:
             logger.error("%s (ignored)", error)
         self.replica = StateReplica(router)
+        self.replica.on_applied(self.recorder.on_event_applied)
+        self.traces = TraceStore(self.node_id, settings.node_name, settings.paths.traces_dir)
+        self.replica.on_applied(self._trace_master_decision)
 
         def cards():  # noqa: ANN202 - built-in and local custom cards, overridden by the cluster's
             return {**card_set.cards, **self.replica.state.custom_cards}
@@ -291,6 +314,7 @@ class Node:
                 store=self.store_binding, store_api_key=self._peer_token,
                 on_deactivate=self.staged_copies.reconcile,
                 disk_reserve_bytes=eviction_policy(settings.model_store).reserve_bytes,
+                traces=self.traces,
             )
         me = SelfInfo(
             node_id=self.node_id, node_name=settings.node_name, version=__version__,
@@ -322,6 +346,8 @@ class Node:
         if self.worker is not None:
             tasks.append(asyncio.create_task(self.worker.run(), name="worker"))
         self._spawn_housekeeping(self._startup_reconcile(), "staged-copies-startup")
+        self._spawn_housekeeping(run_trace_janitor(settings.paths.traces_dir, settings.tracing.retention_days),
+                                 "trace-janitor")
         server: _Server | None = None
         if api_socket is not None:
             server = self._make_api_server(router, log_slot, lease)
@@ -355,6 +381,8 @@ class Node:
 
     def _on_elected(self, elected: election_machine.Elected, router: Router, log_slot: EventLogSlot) -> None:
         previous_session = self.replica.session_id
+        self.recorder.record("election", master_id=elected.master_id, session_id=elected.session_id,
+                             i_am_master=elected.i_am_master)
         self.replica.adopt_session(elected.master_id, elected.session_id, elected.i_am_master)
         self.store_binding()  # re-run the store choice for the new master (logs a change)
         if previous_session is not None and previous_session != elected.session_id:
@@ -377,6 +405,14 @@ class Node:
         if not self.settings.worker_enabled:
             return DerivedBackends(tags=[], conflicts=list(derived.conflicts))
         return derived
+
+    def _trace_master_decision(self, indexed: IndexedEvent) -> None:
+        """While this node is master, a traced task's binding joins the trace (master lane)."""
+        decided = master_decision_span(indexed, self._master is not None, time.time() * 1e6)
+        if decided is not None:
+            trace_id, span = decided
+            self.traces.add(trace_id, [span])
+            self.traces.finish(trace_id)
 
     def _fail_streams_of_failed_tasks(self, indexed: IndexedEvent) -> None:
         """A task this node's API owns failed or was cancelled in the cluster: end its stream."""
@@ -524,6 +560,12 @@ class Node:
             "worker": self.worker.stats() if self.worker else None,
             "master": self._master.stats() if self._master else None,
             "modelStore": self._store_stats(),
+            "flightRecorder": self.recorder.snapshot(),
+            "traces": self.traces.stats(),
+            "logShipping": self.log_shipper.stats() if self.log_shipper else None,
+            "recentLogs": self.log_ring.lines(),
+            "config": redacted_config(self.settings),
+            "versions": versions(),
         }
 
     def _store_stats(self) -> dict[str, Any] | None:
@@ -554,6 +596,8 @@ class Node:
             local_model_dirs=(self.settings.paths.models_dir, *self.settings.local_model_dirs),
             get_store=self._current_store,
             limits=RequestLimits(max_body_bytes=self.settings.api_max_body_bytes),
+            traces=self.traces,
+            get_peer_urls=lambda: peer_api_urls(self.replica.state, self.membership.probed, self.node_id),
         )
         config = uvicorn.Config(
             create_app(context),

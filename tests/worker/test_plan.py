@@ -19,6 +19,7 @@ from skulk.worker.plan import (
     StopRunner,
     WorkerView,
     plan,
+    still_unconfirmed,
 )
 
 CARD = load_card(builtin_cards_dir() / "local--tiny-llama-gguf.toml")
@@ -131,3 +132,15 @@ def test_embedding_tasks_dispatch_to_rank_zero_like_generations():
                      params=EmbeddingParams(model_id=CARD.model_id, inputs=["hi"]))
     v = view(state=STATE.model_copy(update={"tasks": {"t1": task}}), artifacts=PATH, runners=runner())
     assert plan(v) == DispatchTask("r1", task)
+
+
+@pytest.mark.parametrize(("status", "in_state", "expected"), [
+    ("Running", True, {"t1"}),      # done on the runner, State not told yet: still dispatched
+    ("Pending", True, {"t1"}),
+    ("Complete", True, set()),      # State caught up: forget it
+    ("Failed", True, set()),
+    ("Running", False, set()),      # the task left State: forget it
+])
+def test_a_finished_task_counts_as_dispatched_until_state_shows_it_terminal(status, in_state, expected):
+    state = State(tasks={"t1": TASK.model_copy(update={"status": status})} if in_state else {})
+    assert still_unconfirmed(frozenset({"t1"}), state) == expected

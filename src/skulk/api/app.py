@@ -19,12 +19,15 @@ from skulk.api.auth import AccessMiddleware
 from skulk.api.body_guard import BodyGuard
 from skulk.api.errors import install_error_handlers
 from skulk.api.limits import RequestLimits
-from skulk.api.routes import control, diagnostics, instances, model_cards
+from skulk.api.request_metrics import RequestMetricsMiddleware
+from skulk.api.routes import control, diagnostics, instances, model_cards, traces
 from skulk.api.routes import anthropic as anthropic_routes
 from skulk.api.routes import ollama as ollama_routes
 from skulk.api.routes import openai as openai_routes
 from skulk.api.routes import store as store_routes
 from skulk.api.streams import CommandStreams
+from skulk.observe.metrics import NodeCollector, ServingMetrics, new_registry
+from skulk.observe.traces import TraceStore
 from skulk.shared.telemetry_view import TelemetryView
 from skulk.shared.types.commands import Command
 from skulk.shared.types.cards import ModelCard
@@ -86,6 +89,17 @@ class ApiContext:
     """The store as it is now (it follows the elected master); defaults to `store`."""
     limits: RequestLimits = field(default_factory=RequestLimits)
     """Request bounds (body size; see `skulk.api.limits`), enforced before any route parses."""
+    traces: TraceStore | None = None
+    """This node's parts of task-scoped traces (None: requests are never traced here)."""
+    get_peer_urls: Callable[[], Mapping[str, str | None]] = field(default=dict)
+    """Every other member's API base URL (None: it has none), for cluster diagnostics and
+    trace gathering (`skulk.observe.peer_http`)."""
+
+    @property
+    def peer_credential(self) -> str | None:
+        """What this node presents to its peers' APIs: the cluster's peer token (see
+        `skulk.api.access`), or the shared API key of a hand-built context."""
+        return self.access.peer_token if self.access is not None else self.api_key
 
     def __post_init__(self) -> None:
         # Frozen dataclass: defaults that need `get_state` are filled in once, here.
@@ -119,6 +133,8 @@ def create_app(context: ApiContext) -> FastAPI:
                                 if context.api_key else None)
     if policy is not None:
         app.add_middleware(AccessMiddleware, policy=policy)
+    app.state.metrics = _serving_metrics(context)
+    app.add_middleware(RequestMetricsMiddleware, metrics=app.state.metrics)  # outermost: counts 401s too
     app.include_router(control.router)
     app.include_router(diagnostics.router)
     app.include_router(instances.router)
@@ -127,4 +143,16 @@ def create_app(context: ApiContext) -> FastAPI:
     app.include_router(anthropic_routes.router)
     app.include_router(ollama_routes.router)
     app.include_router(store_routes.router)
+    app.include_router(traces.router)
     return app
+
+
+def _serving_metrics(context: ApiContext) -> ServingMetrics:
+    """This app's metrics on a registry of its own (`GET /metrics`), fed by its requests,
+    its command streams and, at scrape time, the node's diagnostics report."""
+    registry = new_registry()
+    metrics = ServingMetrics(registry)
+    registry.register(NodeCollector(
+        lambda: (context.get_diagnostics(), context.get_state(), context.get_telemetry()), context.node_id))
+    context.streams.observer = metrics
+    return metrics

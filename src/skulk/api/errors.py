@@ -109,6 +109,18 @@ class ClusterNotReady(ApiError):
     default_code = "cluster_not_ready"
 
 
+class PeerUnreachable(ApiError):
+    """Another node's API did not answer this node's request (down, partitioned, or past the
+    deadline): `node_id` names it."""
+
+    kind = "upstream"
+    default_code = "peer_unreachable"
+
+    def __init__(self, node_id: str, reason: str) -> None:
+        super().__init__(f"Node {node_id} did not answer: {reason}")
+        self.node_id = node_id
+
+
 STREAM_ERROR_KINDS: dict[str, ErrorKind] = {
     "cancelled": "cancelled",
     "client_closed": "cancelled",
@@ -243,7 +255,9 @@ def native_error_response(error: ApiError) -> JSONResponse:
 
 WireShape = Literal["openai", "anthropic", "ollama", "native"]
 
-NATIVE_V1_PREFIXES: tuple[str, ...] = ("/v1/cluster", "/v1/diagnostics", "/v1/tracing", "/v1/capabilities")
+NATIVE_V1_PREFIXES: tuple[str, ...] = (
+    "/v1/cluster", "/v1/diagnostics", "/v1/tracing", "/v1/traces", "/v1/capabilities",
+)
 """Skulk's own routes that happen to live under /v1: they keep FastAPI's shapes."""
 
 _SHAPES: tuple[tuple[str, WireShape], ...] = (

@@ -26,6 +26,8 @@ from skulk.api.limits import context_error, embedding_limits_error, generation_l
 from skulk.api.output import OutputShaper
 from skulk.api.streams import CommandStream
 from skulk.shared.codec import pack
+from skulk.observe.structured_logs import bind_request_ids
+from skulk.observe.traces import RequestTrace
 from skulk.shared.types.chunks import EmbeddingChunk, TokenChunk
 from skulk.shared.types.commands import CancelCommand, Command, Embed, GenerateText, TaskFinished
 from skulk.shared.types.common import Usage
@@ -149,7 +151,7 @@ async def start_embedding(context: Any, params: EmbeddingParams) -> CommandStrea
     if context.get_master()[0] is None:
         raise ClusterNotReady("The cluster has no master yet (election in progress); retry shortly.")
     command_id = new_id()
-    stream = context.streams.open(command_id, requested_by=current_principal().id)
+    stream = context.streams.open(command_id, params.model_id, requested_by=current_principal().id)
     hold_input(context, stream, TaskInput(command_id=command_id, embedding=params))
     await submit(context, stream, Embed(command_id=command_id, params=redacted_embedding_params(params)))
     return stream
@@ -260,14 +262,31 @@ async def start_generation(
 ) -> CommandStream:
     """Bind `params` (see `bind_instance`), open its stream and submit `GenerateText`. The
     caller must then consume the stream through `drive` (or close it)."""
-    bind_instance(context, params, max_tokens_param=max_tokens_param)
     command_id = new_id()
-    stream = context.streams.open(command_id, requested_by=current_principal().id)
+    trace = begin_trace(context, command_id, params.model_id)
+    bind_request_ids(commandId=command_id, traceId=command_id if trace is not None else None)
+    bind_instance(context, params, max_tokens_param=max_tokens_param)
+    stream = context.streams.open(command_id, params.model_id, requested_by=current_principal().id)
+    if trace is not None:
+        trace.mark("api.submit")
+        stream.trace = trace
     # The text travels to the serving node over the data plane; the master (and so the event
     # log and /state) sees only the redacted request (`skulk.shared.types.task_inputs`).
     hold_input(context, stream, TaskInput(command_id=command_id, generation=params))
-    await submit(context, stream, GenerateText(command_id=command_id, params=redacted_generation_params(params)))
+    await submit(context, stream, GenerateText(command_id=command_id, params=redacted_generation_params(params),
+                                              traced=trace is not None))
+    if trace is not None:
+        trace.mark("api.wait_runner")
     return stream
+
+
+def begin_trace(context: Any, command_id: str, model_id: str) -> RequestTrace | None:
+    """A trace for this request when tracing is on cluster-wide (the replicated flag), else
+    None: the whole cost of tracing when it is off is this check."""
+    store = getattr(context, "traces", None)
+    if store is None or not context.get_state().tracing_enabled:
+        return None
+    return RequestTrace(store, command_id, model_id)
 
 
 __all__ = [

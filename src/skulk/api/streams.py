@@ -24,10 +24,18 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from skulk.api.errors import Overloaded, StreamFailed
-from skulk.shared.types.chunks import Chunk, DataFrame, ErrorChunk, StreamPayload, StreamStarted, StreamTerminal
+from skulk.shared.types.chunks import (
+    Chunk,
+    DataFrame,
+    ErrorChunk,
+    StreamPayload,
+    StreamStarted,
+    StreamTerminal,
+    TokenChunk,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +61,23 @@ FIRST_FRAME_DEADLINE_S = 120.0
 RECENTLY_ENDED_MEMORY = 1024
 """How many ended command ids are remembered, so that frames still in flight after a stream
 ended (a cancel race, a late terminal) are counted as late rather than unknown."""
+
+
+class StreamObserver(Protocol):
+    """Told about every stream's output and end (the node's metrics). Called on the event
+    loop, in the frame's path: it must be cheap and must never raise."""
+
+    def on_chunk(self, model_id: str, since_previous_s: float, first: bool, is_token: bool) -> None: ...
+    def on_end(self, model_id: str, outcome: str, prompt_tokens: int) -> None: ...
+
+
+class StreamTrace(Protocol):
+    """A traced request's API-side spans (`skulk.observe.traces.RequestTrace`)."""
+
+    def mark(self, next_phase: str) -> None: ...
+    def chunk(self) -> None: ...
+    def end(self, outcome: str) -> None: ...
+
 
 FrameProblem = str
 """Why a frame breaks its stream's lifecycle, in words for the log and the client."""
@@ -90,11 +115,17 @@ class CommandStream:
     (the request's handler) reads a stream.
     """
 
-    def __init__(self, owner: CommandStreams, command_id: str, opened_at: float, requested_by: str = "anonymous") -> None:
+    def __init__(self, owner: CommandStreams, command_id: str, opened_at: float, model_id: str = "",
+                 requested_by: str = "anonymous") -> None:
         self.command_id = command_id
+        self.model_id = model_id
         self.requested_by = requested_by
         """The principal that made the request (`skulk.api.access.Principal.id`): only it (or an
         operator) may cancel it."""
+        self.last_chunk_at: float | None = None
+        self.prompt_tokens = 0
+        self.trace: StreamTrace | None = None
+        """Set when the request is traced: told when the runner starts, of each chunk, of the end."""
         self._owner = owner
         self._chunks: deque[Chunk] = deque()
         self._end: _End | None = None
@@ -176,6 +207,11 @@ class CommandStream:
         self._wake()
 
 
+_OUTCOME_COUNTER = {"completed": "completed", "client_closed": "closedByClient", "cancelled": "cancelled",
+                    "failed": "failed"}
+"""How a stream ended (the metrics' `outcome` label) -> the diagnostics counter it bumps."""
+
+
 class CommandStreams:
     """Every open command stream of this API node, with its bounds and counters."""
 
@@ -195,6 +231,11 @@ class CommandStreams:
         self.idle_lease_s = idle_lease_s
         self.first_frame_deadline_s = first_frame_deadline_s
         self._clock = clock
+        self.observer: StreamObserver | None = None
+        """Told about output and ends (the node's metrics); None costs one check per chunk."""
+        self.on_lifecycle: Callable[[str, str, str, str | None], None] | None = None
+        """Called with (phase "opened"|"ended", command id, model id, outcome or None) as a
+        stream opens and ends (the node's flight recorder)."""
         self._open: dict[str, CommandStream] = {}
         self._recently_ended: OrderedDict[str, None] = OrderedDict()
         self._counters: dict[str, int] = {
@@ -216,7 +257,7 @@ class CommandStreams:
 
     # -- admission --
 
-    def open(self, command_id: str, requested_by: str = "anonymous") -> CommandStream:
+    def open(self, command_id: str, model_id: str = "", requested_by: str = "anonymous") -> CommandStream:
         """A new stream for `command_id`, before its command is submitted. Raises `Overloaded`
         at MAX_OPEN_STREAMS (after reclaiming any stream whose deadline has passed)."""
         if command_id in self._open or command_id in self._recently_ended:
@@ -228,9 +269,11 @@ class CommandStreams:
             raise Overloaded(
                 f"This node is serving its maximum of {self.max_open_streams} concurrent requests; retry shortly."
             )
-        stream = CommandStream(self, command_id, self._clock(), requested_by)
+        stream = CommandStream(self, command_id, self._clock(), model_id, requested_by)
         self._open[command_id] = stream
         self._counters["opened"] += 1
+        if self.on_lifecycle is not None:
+            self.on_lifecycle("opened", command_id, model_id, None)
         return stream
 
     def is_open(self, command_id: str) -> bool:
@@ -270,6 +313,8 @@ class CommandStreams:
         if isinstance(frame, StreamStarted):
             stream.next_seq = 1
             stream.runner_id = frame.runner_id
+            if stream.trace is not None:
+                stream.trace.mark("api.wait_first_token")
         elif isinstance(frame, StreamPayload):
             stream.next_seq = frame.seq + 1
             self._accept_payload(stream, frame.chunk)
@@ -289,6 +334,20 @@ class CommandStreams:
             ))
             return
         stream._push(chunk)
+        if stream.trace is not None:
+            stream.trace.chunk()
+        if self.observer is not None:
+            self._observe_chunk(stream, chunk)
+
+    def _observe_chunk(self, stream: CommandStream, chunk: Chunk) -> None:
+        now = stream.last_frame_at
+        first = stream.last_chunk_at is None
+        self.observer.on_chunk(stream.model_id, now - (stream.opened_at if first else stream.last_chunk_at), first,
+                               type(chunk) is TokenChunk)
+        stream.last_chunk_at = now
+        usage = getattr(chunk, "usage", None)
+        if usage is not None:
+            stream.prompt_tokens = usage.prompt_tokens
 
     @staticmethod
     def _terminal_end(stream: CommandStream, frame: StreamTerminal) -> _End:
@@ -376,13 +435,20 @@ class CommandStreams:
         while len(self._recently_ended) > RECENTLY_ENDED_MEMORY:
             self._recently_ended.popitem(last=False)
         if isinstance(end, _Completed):
-            self._counters["completed"] += 1
+            outcome = "completed"
         elif end.origin == "client" and end.error_type == "client_closed":
-            self._counters["closedByClient"] += 1
+            outcome = "client_closed"
         elif end.outcome == "cancelled":
-            self._counters["cancelled"] += 1
+            outcome = "cancelled"
         else:
-            self._counters["failed"] += 1
+            outcome = "failed"
+        self._counters[_OUTCOME_COUNTER[outcome]] += 1
+        if self.observer is not None:
+            self.observer.on_end(stream.model_id, outcome, stream.prompt_tokens)
+        if self.on_lifecycle is not None:
+            self.on_lifecycle("ended", stream.command_id, stream.model_id, outcome)
+        if stream.trace is not None:
+            stream.trace.end(outcome)
         stream._finish(end)
         return True
 
@@ -409,5 +475,7 @@ __all__ = [
     "RECENTLY_ENDED_MEMORY",
     "CommandStream",
     "CommandStreams",
+    "StreamObserver",
+    "StreamTrace",
     "check_frame",
 ]

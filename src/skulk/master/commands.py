@@ -145,6 +145,7 @@ def _bind(state: State, command: GenerateText | Embed, ctx: DecisionContext, tas
         command_id=command.command_id,
         owner_node_id=ctx.origin,
         params=command.params,
+        **({"traced": True} if getattr(command, "traced", False) else {}),
     )
     if instance is None:
         task = task.model_copy(update={"status": "Failed", "error_message": unplaced_message(state, command.params.model_id)})

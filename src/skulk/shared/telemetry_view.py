@@ -55,6 +55,19 @@ class NodeTelemetry:
     resources: NodeResources | None = None
     downloads: Mapping[ModelId, DownloadProgress] = field(default_factory=dict)
     retired_attempts: Mapping[ModelId, tuple[DownloadAttemptId, ...]] = field(default_factory=dict)
+    download_timing: Mapping[ModelId, DownloadTiming] = field(default_factory=dict)
+    """When the recorded attempt's first and latest samples arrived: its transfer rate."""
+
+
+@dataclass(frozen=True)
+class DownloadTiming:
+    """Receipt times (local monotonic) of one attempt's first and latest samples, and the
+    bytes the first one reported: enough for an average rate without keeping samples."""
+
+    attempt_id: DownloadAttemptId
+    first_at: float
+    first_bytes: int
+    last_at: float
 
 
 @dataclass(frozen=True)
@@ -106,8 +119,13 @@ def _accept_progress(node: NodeTelemetry, sample: DownloadProgress) -> bool:
     )
 
 
-def _with_progress(node: NodeTelemetry, sample: DownloadProgress) -> NodeTelemetry:
+def _with_progress(node: NodeTelemetry, sample: DownloadProgress, received_at: float) -> NodeTelemetry:
     current = node.downloads.get(sample.model_id)
+    timing = node.download_timing.get(sample.model_id)
+    if timing is None or timing.attempt_id != sample.attempt_id:
+        timing = DownloadTiming(sample.attempt_id, received_at, sample.downloaded_bytes, received_at)
+    else:
+        timing = replace(timing, last_at=received_at)
     retired = dict(node.retired_attempts)
     if current is not None and current.attempt_id != sample.attempt_id:
         history = (*retired.get(sample.model_id, ()), current.attempt_id)
@@ -116,6 +134,7 @@ def _with_progress(node: NodeTelemetry, sample: DownloadProgress) -> NodeTelemet
         node,
         downloads={**node.downloads, sample.model_id: sample},
         retired_attempts=retired,
+        download_timing={**node.download_timing, sample.model_id: timing},
     )
 
 
@@ -125,7 +144,7 @@ def _store(node: NodeTelemetry, reading: TelemetryReading, received_at: float) -
     node = replace(node, telemetry_at=received_at)
     if isinstance(reading, NodeResources):
         return replace(node, resources=reading)
-    return _with_progress(node, reading)
+    return _with_progress(node, reading, received_at)
 
 
 def _drop_key(nodes: dict[NodeId, NodeTelemetry], key: TelemetryKey) -> None:
@@ -143,6 +162,7 @@ def _drop_key(nodes: dict[NodeId, NodeTelemetry], key: TelemetryKey) -> None:
             node,
             downloads={m: p for m, p in node.downloads.items() if m != model},
             retired_attempts={m: a for m, a in node.retired_attempts.items() if m != model},
+            download_timing={m: t for m, t in node.download_timing.items() if m != model},
         )
     if node.heartbeat_at is None and node.resources is None and not node.downloads:
         # Nothing left but a receipt time: forget the node, so the view's size stays
@@ -274,6 +294,7 @@ def live_download_progress(
 
 __all__ = [
     "HEARTBEAT_WARN_S",
+    "DownloadTiming",
     "MAX_RETIRED_ATTEMPTS",
     "MAX_TELEMETRY_KEYS",
     "NODE_TIMEOUT_S",

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from skulk.api.limits import DEFAULT_MAX_BODY_BYTES, MAX_MAX_BODY_BYTES, MIN_MAX_BODY_BYTES
 
@@ -71,7 +71,18 @@ class TracingSection(_Strict):
 
 class LoggingSection(_Strict):
     enabled: bool = False
+    """JSON log lines on stdout (skulk.observe.structured_logs)."""
     ingest_url: str | None = None
+    """Also POST them, in bounded batches, to this http(s) URL (needs `enabled`)."""
+
+    @model_validator(mode="after")
+    def _ingest_needs_json_lines(self) -> LoggingSection:
+        if self.ingest_url is not None:
+            if not self.enabled:
+                raise ValueError("logging.ingest_url ships the JSON log lines: set logging.enabled: true too")
+            if not self.ingest_url.startswith(("http://", "https://")):
+                raise ValueError(f"logging.ingest_url must be an http:// or https:// URL, not {self.ingest_url!r}")
+        return self
 
 
 class ExperimentsSection(_Strict):

@@ -27,7 +27,8 @@ from skulk.cluster.replica import StateReplica
 from skulk.routing.router import Router, RouterError
 from skulk.routing.topics import TOPICS
 from skulk.shared.types.cards import ModelCard
-from skulk.shared.types.chunks import DataFrame
+from skulk.shared.types.chunks import DataFrame, StreamTerminal
+from skulk.observe.traces import TraceStore, WorkerTraces
 from skulk.shared.types.commands import ForwarderCommand, RefuseInstancePlacement
 from skulk.shared.types.events import (
     DownloadCompleted,
@@ -61,7 +62,7 @@ from skulk.store.store_fetch import stage_card
 from skulk.store.tiny_models import ArtifactUnavailable, ensure_local_model
 from skulk.worker import plan as worker_plan
 from skulk.worker.runner.breaker import CrashBreaker
-from skulk.worker.runner.messages import Frame, StatusChanged, TaskAccepted, TaskDone
+from skulk.worker.runner.messages import Frame, StatusChanged, TaskAccepted, TaskDone, TraceSpans
 from skulk.worker.runner.supervisor import RunnerSupervisor
 from skulk.worker.staged_copies import eviction_applies
 from skulk.worker.task_inputs import TaskInputStore
@@ -129,8 +130,11 @@ class Worker:
         store_api_key: str | None = None,
         on_deactivate: Callable[[], Awaitable[object]] | None = None,
         disk_reserve_bytes: int | None = None,
+        traces: TraceStore | None = None,
     ) -> None:
         self._router = router
+        self._traces = WorkerTraces(traces) if traces is not None else None
+        """Spans of traced tasks on this node (None: the node keeps no traces)."""
         self._replica = replica
         self._producer = producer
         self._models_dir = models_dir
@@ -159,6 +163,9 @@ class Worker:
         self._artifact_failures: dict[str, str] = {}
         self._resolving: set[str] = set()
         self._dispatched: set[str] = set()
+        self._done_unconfirmed: frozenset[str] = frozenset()
+        """Tasks whose runner sent TaskDone before State shows them terminal (see
+        `worker_plan.still_unconfirmed`)."""
         self._task_runner: dict[str, str] = {}
         self._task_command: dict[str, str] = {}
         """Dispatched task -> its command, to forget the command's input when the task ends."""
@@ -177,6 +184,7 @@ class Worker:
         self.frames_remote = 0
         self.frames_dropped = 0
         self.refusals_sent = 0
+        self.runner_failures = 0
 
     @property
     def node_id(self) -> str:
@@ -197,6 +205,7 @@ class Worker:
             )
             for runner_id, sup in self._supervisors.items()
         }
+        self._done_unconfirmed = worker_plan.still_unconfirmed(self._done_unconfirmed, self._replica.state)
         return worker_plan.WorkerView(
             node_id=self.node_id,
             state=self._replica.state,
@@ -205,7 +214,7 @@ class Worker:
             artifacts=dict(self._artifacts),
             artifact_failures=dict(self._artifact_failures),
             resolving=frozenset(self._resolving),
-            dispatched=frozenset(self._dispatched),
+            dispatched=frozenset(self._dispatched) | self._done_unconfirmed,
             given_up=frozenset(self._given_up),
             reported_failed=frozenset(self._reported_failed),
             ram_available_bytes=live_ram_available_bytes(),
@@ -257,6 +266,8 @@ class Worker:
             self._dispatched.add(task.task_id)
             self._task_runner[task.task_id] = action.runner_id
             self._task_command[task.task_id] = task.command_id
+            if self._traces is not None:
+                self._traces.dispatched(task, action.runner_id)
             # State holds the redacted params; the runner gets the request's own.
             self._supervisors[action.runner_id].submit(task.model_copy(update={"params": params}))
 
@@ -538,7 +549,14 @@ class Worker:
     def _on_report(self, runner_id: str, message: object) -> None:
         if isinstance(message, Frame):
             # Output only: nothing the plan reads changed, so no planning pass per token.
+            if self._traces is not None and self._traces.active:
+                self._traces.frame(message.frame.command_id, message.owner_node_id,
+                                   message.owner_node_id == self.node_id, isinstance(message.frame, StreamTerminal))
             self._route_frame(message.owner_node_id, message.frame)
+            return
+        if isinstance(message, TraceSpans):
+            if self._traces is not None:
+                self._traces.runner_spans(message.command_id, message.spans)
             return
         if isinstance(message, StatusChanged):
             status = message.status
@@ -550,7 +568,10 @@ class Worker:
         elif isinstance(message, TaskAccepted):
             self._producer.submit(TaskAcknowledged(event_id=new_id(), task_id=message.task_id))
         elif isinstance(message, TaskDone):
+            if self._traces is not None:
+                self._traces.done(message.task_id)
             self._dispatched.discard(message.task_id)
+            self._done_unconfirmed |= {message.task_id}
             self._task_runner.pop(message.task_id, None)
             self._forget_input(message.task_id)
             self._producer.submit(TaskStatusUpdated(
@@ -564,6 +585,7 @@ class Worker:
         if supervisor is None:
             return
         instance_id = supervisor.instance.instance_id
+        self.runner_failures += 1
         now = self._clock()
         self._breaker = self._breaker.record(instance_id, now)
         if len(supervisor.instance.shards) > 1 and status.served:
@@ -643,6 +665,7 @@ class Worker:
             "framesLocal": self.frames_local,
             "framesRemote": self.frames_remote,
             "refusalsSent": self.refusals_sent,
+            "runnerFailures": self.runner_failures,
         }
 
 

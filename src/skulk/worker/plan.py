@@ -184,6 +184,16 @@ def start_missing_runners(view: WorkerView) -> WorkerAction | None:
     return None
 
 
+def still_unconfirmed(done: frozenset[TaskId], state: State) -> frozenset[TaskId]:
+    """Tasks a runner finished whose terminal status State does not show yet (the
+    TaskStatusUpdated is on its way through the master). They must still count as
+    dispatched: a task dispatched again in that window runs a second time (seen in traces
+    as a second dispatch of a finished command, cancelled a few tokens in)."""
+    return frozenset(
+        t for t in done if (task := state.tasks.get(t)) is not None and task.status not in TERMINAL_TASK_STATUSES
+    )
+
+
 def dispatch_pending_tasks(view: WorkerView) -> WorkerAction | None:
     for task_id, task in sorted(view.state.tasks.items()):
         if not isinstance(task, (TextGeneration, Embedding)) or task.status in TERMINAL_TASK_STATUSES:

@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict
 
+from skulk.observe.downloads import download_report
 from skulk.shared.apply import state_hash
 from skulk.shared.health import derive_node_health
 from skulk.shared.types.commands import SetTracingEnabled
@@ -32,7 +33,8 @@ def get_node_id(request: Request) -> dict[str, str]:
 
 @router.get("/state")
 def get_state(request: Request) -> dict[str, Any]:
-    """Full replicated State (camelCase), the live telemetry overlay, derived node health."""
+    """Full replicated State (camelCase), the live telemetry overlay, derived node health, and
+    download/staging progress (bytes, rate, ETA per node and model)."""
     context = _context(request)
     state = context.get_state()
     telemetry = context.get_telemetry()
@@ -42,6 +44,7 @@ def get_state(request: Request) -> dict[str, Any]:
     }
     health = derive_node_health(state, telemetry, time.monotonic(), datetime.now(UTC))
     body["nodeHealth"] = {node: h.to_wire() for node, h in sorted(health.items())}
+    body["downloadProgress"] = download_report(telemetry, state, time.monotonic())
     return body
 
 

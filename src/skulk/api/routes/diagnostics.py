@@ -1,10 +1,15 @@
-"""Diagnostics routes: what this node's bounded queues, logs and leases are doing."""
+"""Diagnostics routes: what this node's bounded queues, logs and leases are doing, the same
+gathered from every member (`/v1/diagnostics/cluster`), and Prometheus metrics."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
+
+from skulk.api.errors import NotFound, PeerUnreachable
+from skulk.observe.cluster_diagnostics import NODE_REPORT_PATH, cluster_report, cluster_timeline, gather_from_peers
+from skulk.observe.metrics import CONTENT_TYPE, exposition
 
 router = APIRouter()
 
@@ -12,4 +17,48 @@ router = APIRouter()
 @router.get("/v1/diagnostics/node")
 def node_diagnostics(request: Request) -> dict[str, Any]:
     context = request.app.state.skulk
+    return _own_report(context)
+
+
+def _own_report(context: Any) -> dict[str, Any]:
     return {"nodeId": context.node_id, "nodeName": context.node_name, **context.get_diagnostics()}
+
+
+@router.get("/v1/diagnostics/cluster")
+async def cluster_diagnostics(request: Request) -> dict[str, Any]:
+    """Every member's own diagnostics, gathered now with a deadline per member; a member
+    that does not answer is listed under `unreachable` with the reason."""
+    context = request.app.state.skulk
+    answers = await gather_from_peers(context.get_peer_urls(), NODE_REPORT_PATH, api_key=context.peer_credential)
+    return cluster_report(context.node_id, _own_report(context), answers, context.get_state())
+
+
+@router.get("/v1/diagnostics/cluster/timeline")
+async def cluster_timeline_route(request: Request) -> dict[str, Any]:
+    """Every reachable member's flight recorder merged into one wall-clock-ordered timeline
+    (declared before `/{node_id}`: node ids are never "timeline")."""
+    report = await cluster_diagnostics(request)
+    return {"nodeId": report["nodeId"], "unreachable": report["unreachable"], "records": cluster_timeline(report)}
+
+
+@router.get("/v1/diagnostics/cluster/{node_id}")
+async def member_diagnostics(request: Request, node_id: str) -> dict[str, Any]:
+    """One member's own diagnostics, asked through this node (404: not a member; 502: it did
+    not answer in time)."""
+    context = request.app.state.skulk
+    if node_id == context.node_id:
+        return _own_report(context)
+    urls = context.get_peer_urls()
+    if node_id not in urls:
+        raise NotFound(f"No member {node_id!r} in this node's view of the cluster (see GET /v1/cluster).",
+                       code="node_not_found")
+    answer = (await gather_from_peers({node_id: urls[node_id]}, NODE_REPORT_PATH, api_key=context.peer_credential))[node_id]
+    if not answer.reachable:
+        raise PeerUnreachable(node_id, answer.error or "no answer")
+    return answer.body
+
+
+@router.get("/metrics", include_in_schema=False)
+def metrics(request: Request) -> Response:
+    """Prometheus text exposition of this node's metrics (see `skulk.observe.metrics`)."""
+    return Response(exposition(request.app.state.metrics.registry), media_type=CONTENT_TYPE)

@@ -52,6 +52,9 @@ class DeleteInstance(_CommandBase):
 class GenerateText(_CommandBase):
     type: Literal["GenerateText"] = "GenerateText"
     params: TextGenerationParams
+    traced: bool = False
+    """Record this request's spans on every node it crosses (tracing was on when it came
+    in); the trace id is the command id."""
 
 
 class Embed(_CommandBase):

@@ -78,6 +78,8 @@ class TextGeneration(_TaskBase):
     owner_node_id: NodeId
     """The node whose API holds the client's request: output streams go there."""
     params: TextGenerationParams
+    traced: bool = False
+    """Copied from `GenerateText.traced`: the worker and runner record spans for it."""
 
 
 class Embedding(_TaskBase):

@@ -53,9 +53,11 @@ from skulk.worker.runner.messages import (
     StatusChanged,
     TaskAccepted,
     TaskDone,
+    TraceSpans,
     pack,
     pack_token,
 )
+from skulk.worker.runner.spans import RunnerSpans
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +122,8 @@ class _Stream:
     task: ApiTask
     lock: threading.Lock = field(default_factory=threading.Lock)
     next_seq: int = 1
+    spans: RunnerSpans | None = None
+    """Set for a traced task only (`TextGeneration.traced`)."""
 
 
 class Runner:
@@ -209,7 +213,7 @@ class Runner:
                 # Emitting anything would corrupt the live stream of the same command.
                 log.error("runner %s: duplicate task %s ignored", self._runner_id, task.task_id)
                 return True
-            stream = _Stream(task)
+            stream = _Stream(task, spans=RunnerSpans() if getattr(task, "traced", False) else None)
             self._streams[task.task_id] = stream
         with stream.lock:
             try:
@@ -236,12 +240,18 @@ class Runner:
     # -- DispatchSink (dispatcher threads) ----------------------------------------------
 
     def on_start(self, request_id: str) -> None:
-        pass  # the started frame went out at admission
+        # The started frame went out at admission; a traced task notes its queue wait.
+        stream = self._streams.get(TaskId(request_id))
+        if stream is not None and stream.spans is not None:
+            with stream.lock:
+                stream.spans.started()
 
     def on_token(self, request_id: str, token: GeneratedToken | GeneratedEmbedding) -> None:
         stream = self._streams[TaskId(request_id)]
         task = stream.task
         with stream.lock:
+            if stream.spans is not None:
+                stream.spans.token()
             if type(token) is GeneratedToken:  # the per-token hot path: no models built
                 self._write(pack_token(
                     task.owner_node_id, task.command_id, stream.next_seq,
@@ -257,6 +267,8 @@ class Runner:
             stream = self._streams.pop(TaskId(request_id))
         task = stream.task
         with stream.lock:
+            if stream.spans is not None:
+                self._send(TraceSpans(command_id=task.command_id, spans=stream.spans.finish(result.outcome)))
             self._frame(
                 task,
                 StreamTerminal(

@@ -43,6 +43,7 @@ from skulk.shared.types.common import FinishReason, NonNegInt, Usage
 from skulk.shared.types.ids import NodeId, RunnerId, TaskId
 from skulk.shared.types.instances import Instance, RunnerStatus
 from skulk.shared.types.tasks import Embedding, TextGeneration
+from skulk.shared.types.traces import TraceSpan
 
 # ---------------------------------------------------------------------------------------
 # Parent -> runner
@@ -125,8 +126,17 @@ class TaskDone(WireModel):
     error_message: str | None = None
 
 
+class TraceSpans(WireModel):
+    """The runner's spans of one traced task (`TextGeneration.traced`), sent once, before its
+    terminal frame, for the runner's node to keep with the trace (`command_id`)."""
+
+    type: Literal["TraceSpans"] = "TraceSpans"
+    command_id: str
+    spans: list[TraceSpan]
+
+
 FromRunner = Annotated[
-    Union[StatusChanged, TaskAccepted, Frame, TaskDone],
+    Union[StatusChanged, TaskAccepted, Frame, TaskDone, TraceSpans],
     Field(discriminator="type"),
 ]
 FROM_RUNNER_ADAPTER: TypeAdapter[FromRunner] = TypeAdapter(FromRunner)
@@ -196,6 +206,7 @@ __all__ = [
     "TaskDone",
     "TaskOutcome",
     "ToRunner",
+    "TraceSpans",
     "pack",
     "pack_token",
     "unpack",
