@@ -337,5 +337,10 @@ def models_rm(
         typer.echo(f"removed {path}")
 
 
+from skulk.client.commands import register as _register_client_commands  # noqa: E402 - after the app's own
+
+_register_client_commands(app, models_app)
+
+
 def main() -> None:
     app()

@@ -498,6 +498,7 @@ class Node:
             api_key=self.settings.api_key,
             get_store=self._current_store,
         )
+        self.replica.on_applied(context.state_feed.record)
         config = uvicorn.Config(
             create_app(context),
             log_level="warning",

@@ -15,11 +15,12 @@ from fastapi import FastAPI
 from skulk import __version__
 from skulk.api.auth import ApiKeyMiddleware
 from skulk.api.errors import install_error_handlers
-from skulk.api.routes import control, diagnostics, instances, model_cards
+from skulk.api.routes import control, dashboard, diagnostics, events, instances, model_cards
 from skulk.api.routes import anthropic as anthropic_routes
 from skulk.api.routes import ollama as ollama_routes
 from skulk.api.routes import openai as openai_routes
 from skulk.api.routes import store as store_routes
+from skulk.api.state_feed import StateFeed
 from skulk.api.streams import CommandStreams
 from skulk.shared.telemetry_view import TelemetryView
 from skulk.shared.types.commands import Command
@@ -62,6 +63,8 @@ class ApiContext:
     """The model store's roots and policy on this node (None: the /store routes answer 503)."""
     get_store: Callable[[], store_routes.StoreContext | None] | None = None
     """The store as it is now (it follows the elected master); defaults to `store`."""
+    state_feed: StateFeed = field(default_factory=StateFeed)
+    """Wakes `GET /v1/events` streams; the node calls `state_feed.record` per applied event."""
 
     def __post_init__(self) -> None:
         # Frozen dataclass: defaults that need `get_state` are filled in once, here.
@@ -98,4 +101,7 @@ def create_app(context: ApiContext) -> FastAPI:
     app.include_router(anthropic_routes.router)
     app.include_router(ollama_routes.router)
     app.include_router(store_routes.router)
+    app.include_router(events.router)
+    app.include_router(dashboard.router)
+    dashboard.mount_static(app)
     return app

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict
 
 from skulk.shared.apply import state_hash
 from skulk.shared.health import derive_node_health
+from skulk.shared.telemetry_view import live_download_progress
 from skulk.shared.types.commands import SetTracingEnabled
 from skulk.shared.types.ids import new_id
 
@@ -33,12 +34,20 @@ def get_node_id(request: Request) -> dict[str, str]:
 @router.get("/state")
 def get_state(request: Request) -> dict[str, Any]:
     """Full replicated State (camelCase), the live telemetry overlay, derived node health."""
-    context = _context(request)
+    return state_body(_context(request))
+
+
+def state_body(context) -> dict[str, Any]:  # noqa: ANN001 - ApiContext (import cycle otherwise)
+    """The body of `GET /state` (also the `state` of every `/v1/events` snapshot)."""
     state = context.get_state()
     telemetry = context.get_telemetry()
     body = state.to_wire()
     body["nodeResources"] = {
         node: reading.resources.to_wire() for node, reading in sorted(telemetry.nodes.items()) if reading.resources
+    }
+    body["downloadProgress"] = {  # downloads in flight (telemetry), per node and model
+        node: {model: sample.to_wire() for model, sample in samples.items()}
+        for node, samples in live_download_progress(telemetry, state).items()
     }
     health = derive_node_health(state, telemetry, time.monotonic(), datetime.now(UTC))
     body["nodeHealth"] = {node: h.to_wire() for node, h in sorted(health.items())}
@@ -47,7 +56,11 @@ def get_state(request: Request) -> dict[str, Any]:
 
 @router.get("/v1/cluster")
 def get_cluster(request: Request) -> dict[str, Any]:
-    context = _context(request)
+    return cluster_body(_context(request))
+
+
+def cluster_body(context) -> dict[str, Any]:  # noqa: ANN001 - ApiContext (import cycle otherwise)
+    """The body of `GET /v1/cluster` (also the `cluster` of every `/v1/events` snapshot)."""
     state = context.get_state()
     telemetry = context.get_telemetry()
     master_id, session_id = context.get_master()

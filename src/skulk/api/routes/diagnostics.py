@@ -12,4 +12,5 @@ router = APIRouter()
 @router.get("/v1/diagnostics/node")
 def node_diagnostics(request: Request) -> dict[str, Any]:
     context = request.app.state.skulk
-    return {"nodeId": context.node_id, "nodeName": context.node_name, **context.get_diagnostics()}
+    return {"nodeId": context.node_id, "nodeName": context.node_name, **context.get_diagnostics(),
+            "eventStreams": context.state_feed.stats()}
