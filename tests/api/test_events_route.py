@@ -69,3 +69,12 @@ def test_member_diagnostics_name_an_unknown_node_and_answer_for_this_one():
     assert unknown.status_code == 404 and unknown.json()["code"] == "unknown_node"
     mine = client.get("/v1/diagnostics/cluster/a").json()
     assert mine["nodeId"] == "a" and mine["eventStreams"]["capacity"] > 0
+
+
+def test_the_dashboard_directory_override_is_served_and_a_missing_page_is_a_404(tmp_path, monkeypatch):
+    (tmp_path / "index.html").write_text("<p>custom dashboard</p>")
+    monkeypatch.setenv("SKULK_DASHBOARD_DIR", str(tmp_path))
+    assert "custom dashboard" in TestClient(create_app(context())).get("/").text
+    monkeypatch.setenv("SKULK_DASHBOARD_DIR", str(tmp_path / "absent"))
+    missing = TestClient(create_app(context())).get("/")
+    assert missing.status_code == 404 and "skulk doctor" in missing.text

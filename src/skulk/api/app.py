@@ -102,6 +102,5 @@ def create_app(context: ApiContext) -> FastAPI:
     app.include_router(ollama_routes.router)
     app.include_router(store_routes.router)
     app.include_router(events.router)
-    app.include_router(dashboard.router)
-    dashboard.mount_static(app)
+    dashboard.mount(app)
     return app
