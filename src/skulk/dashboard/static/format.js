@@ -36,3 +36,11 @@ export function instanceServing(state, instance) {
   const states = runnerStates(state, instance);
   return states.length > 0 && states.every((s) => s === "Ready" || s === "Running");
 }
+
+// Replace an element's markup only when it changed, so a redraw never steals keyboard
+// focus or a half-made selection from controls that did not change.
+export function setHtml(element, html) {
+  if (element.dataset.html === html) return;
+  element.dataset.html = html;
+  element.innerHTML = html;
+}

@@ -3,7 +3,7 @@
 // hub search + add. Card lists and previews are fetched when asked for or when State moves.
 import { api } from "./api.js";
 import { onSnapshot, store } from "./store.js";
-import { esc, gib, nodeName, runnerStates, short } from "./format.js";
+import { esc, gib, nodeName, runnerStates, setHtml, short } from "./format.js";
 
 function downloadCell(state, nodeId, modelId) {
   const live = state.downloadProgress?.[nodeId]?.[modelId];
@@ -86,44 +86,44 @@ class SkulkModels extends HTMLElement {
   renderPreviews() {
     const target = this.$("previews");
     const modelId = this.$("model-select").value;
-    if (!modelId || !this.previews) { target.innerHTML = ""; return; }
+    if (!modelId || !this.previews) { setHtml(target, ""); return; }
     const state = store.snapshot?.state || {};
     const excluded = new Set(this.excluded());
     const options = this.previews.filter((p) => !p.nodeIds.some((n) => excluded.has(n)));
     if (!options.length) {
-      target.innerHTML = `<p class="muted">No feasible placement${excluded.size ? " without the excluded nodes" : ""}.</p>`;
+      setHtml(target, `<p class="muted">No feasible placement${excluded.size ? " without the excluded nodes" : ""}.</p>`);
       return;
     }
-    target.innerHTML = `<table class="previews"><thead><tr><th>sharding</th><th>nodes: memory needed / free, layers</th><th>context</th><th></th></tr></thead><tbody>${
+    setHtml(target, `<table class="previews"><thead><tr><th>sharding</th><th>nodes: memory needed / free, layers</th><th>context</th><th></th></tr></thead><tbody>${
       options.map((p, i) => `<tr>
         <td>${esc(p.sharding)}</td>
         <td><ul>${p.shards.map((s) => `<li>${esc(nodeName(state, s.nodeId))}: ${gib(s.neededBytes)} / ${gib(s.availableBytes)}, layers ${s.startLayer}-${s.endLayer} <span class="muted">${esc(s.backend)}</span></li>`).join("")}</ul></td>
         <td>${p.contextTokenLimit ?? "-"} tokens</td>
-        <td><button data-action="place" data-index="${i}">Place</button></td></tr>`).join("")}</tbody></table>`;
+        <td><button data-action="place" data-index="${i}">Place</button></td></tr>`).join("")}</tbody></table>`);
     this.visibleOptions = options;
   }
 
   render({ cluster, state }) {
     const exclusions = this.$("exclusions");
     const checked = new Set(this.excluded());
-    exclusions.innerHTML = cluster.nodes.map((n) => `<label><input type="checkbox" value="${esc(n.nodeId)}" ${checked.has(n.nodeId) ? "checked" : ""}> ${esc(n.name || short(n.nodeId))}</label>`).join("");
+    setHtml(exclusions, cluster.nodes.map((n) => `<label><input type="checkbox" value="${esc(n.nodeId)}" ${checked.has(n.nodeId) ? "checked" : ""}> ${esc(n.name || short(n.nodeId))}</label>`).join(""));
     const instances = Object.entries(state.instances || {});
-    this.$("instances").innerHTML = instances.length ? `<table class="instances"><thead><tr><th>model</th><th>instance</th><th>nodes</th><th>runners</th><th>context</th><th></th></tr></thead><tbody>${
+    setHtml(this.$("instances"), instances.length ? `<table class="instances"><thead><tr><th>model</th><th>instance</th><th>nodes</th><th>runners</th><th>context</th><th></th></tr></thead><tbody>${
       instances.map(([id, inst]) => `<tr data-instance-id="${esc(id)}" data-model-id="${esc(inst.modelId)}">
         <td>${esc(inst.modelId)}</td><td class="mono">${esc(short(id))}</td>
         <td>${(inst.shards || []).map((s) => esc(nodeName(state, s.nodeId))).join(", ")}</td>
         <td class="runner-states">${runnerStates(state, inst).map(esc).join(", ")}</td>
         <td>${inst.contextTokenLimit ?? "-"}</td>
         <td><button class="danger" data-action="delete" data-instance-id="${esc(id)}" aria-label="Delete instance of ${esc(inst.modelId)}">Delete</button></td></tr>`).join("")}</tbody></table>`
-      : '<p class="muted" data-role="no-instances">No instances placed.</p>';
+      : '<p class="muted" data-role="no-instances">No instances placed.</p>');
     const nodes = cluster.nodes;
-    this.$("cards").innerHTML = `<table class="cards"><thead><tr><th>model</th><th>size</th><th>origin</th>${nodes.map((n) => `<th>${esc(n.name || short(n.nodeId))}</th>`).join("")}<th></th></tr></thead><tbody>${
+    setHtml(this.$("cards"), `<table class="cards"><thead><tr><th>model</th><th>size</th><th>origin</th>${nodes.map((n) => `<th>${esc(n.name || short(n.nodeId))}</th>`).join("")}<th></th></tr></thead><tbody>${
       this.cards.map((c) => {
         const custom = c.modelId in (state.customCards || {});
         return `<tr><td>${esc(c.modelId)}${c.repairFailure ? `<div class="error">${esc(c.repairFailure.reason)}</div>` : ""}</td><td>${gib(c.storageSizeBytes)}</td><td>${custom ? "custom" : "built-in"}</td>
           ${nodes.map((n) => `<td>${downloadCell(state, n.nodeId, c.modelId)}</td>`).join("")}
           <td>${custom ? `<button class="ghost" data-action="delete-card" data-model-id="${esc(c.modelId)}">Remove card</button>` : ""}</td></tr>`;
-      }).join("")}</tbody></table>`;
+      }).join("")}</tbody></table>`);
     if (this.$("model-select").value && cluster.lastEventIdx !== this.lastIdx) this.loadPreviews();
     else this.renderPreviews();
     this.lastIdx = cluster.lastEventIdx;
@@ -140,6 +140,7 @@ class SkulkModels extends HTMLElement {
         button.disabled = true;
         await api("/place_instance", { method: "POST", body: {
           modelId: option.modelId, sharding: option.sharding, minNodes: option.nodeIds.length, excludedNodes: this.excluded() } });
+        button.disabled = false;
       }
       if (action === "delete") {
         button.disabled = true;

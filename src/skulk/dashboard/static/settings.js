@@ -2,7 +2,7 @@
 // identity, per-node diagnostics (asked for, never polled) and the recent event log.
 import { api } from "./api.js";
 import { onSnapshot } from "./store.js";
-import { esc, short } from "./format.js";
+import { esc, setHtml, short } from "./format.js";
 
 class SkulkSettings extends HTMLElement {
   connectedCallback() {
@@ -35,13 +35,13 @@ class SkulkSettings extends HTMLElement {
       session: cluster.sessionId || "-", "state hash": short(cluster.stateHash), "last event": cluster.lastEventIdx,
       members: cluster.nodes.length,
     };
-    this.$("cluster").innerHTML = Object.entries(facts).map(([k, v]) => `<dt>${esc(k)}</dt><dd>${esc(v)}</dd>`).join("");
+    setHtml(this.$("cluster"), Object.entries(facts).map(([k, v]) => `<dt>${esc(k)}</dt><dd>${esc(v)}</dd>`).join(""));
     const select = this.$("diag-node");
     const chosen = select.value || cluster.nodeId;
-    select.innerHTML = cluster.nodes.map((n) => `<option value="${esc(n.nodeId)}">${esc(n.name || short(n.nodeId))}${n.nodeId === cluster.nodeId ? " (this node)" : ""}</option>`).join("");
+    setHtml(select, cluster.nodes.map((n) => `<option value="${esc(n.nodeId)}">${esc(n.name || short(n.nodeId))}${n.nodeId === cluster.nodeId ? " (this node)" : ""}</option>`).join(""));
     select.value = chosen;
-    this.$("events").innerHTML = [...(events || [])].reverse().map((e) => `<li value="${e.idx}"><b>${esc(e.type)}</b> ${
-      Object.entries(e.fields).map(([k, v]) => `${esc(k)}=${esc(typeof v === "string" && v.length > 12 ? short(v) : v)}`).join(" ")}</li>`).join("");
+    setHtml(this.$("events"), [...(events || [])].reverse().map((e) => `<li value="${e.idx}"><b>${esc(e.type)}</b> ${
+      Object.entries(e.fields).map(([k, v]) => `${esc(k)}=${esc(typeof v === "string" && v.length > 12 ? short(v) : v)}`).join(" ")}</li>`).join(""));
   }
 
   async setTracing(box) {

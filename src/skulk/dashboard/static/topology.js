@@ -1,7 +1,7 @@
 // Topology: the graph of nodes and their edges (master marked, colour = health), and one
 // card per node with memory, accelerators, backends, runners and health detail (problem + fix).
 import { onSnapshot } from "./store.js";
-import { accelerators, esc, gib, nodeLevel, short } from "./format.js";
+import { accelerators, esc, gib, nodeLevel, setHtml, short } from "./format.js";
 
 const LEVEL_LABEL = { ok: "healthy", info: "healthy", warn: "warning", error: "unhealthy" };
 
@@ -67,8 +67,8 @@ class SkulkTopology extends HTMLElement {
   connectedCallback() {
     this.innerHTML = `<section class="page"><h2>Topology</h2><div class="graph card"></div><div class="grid nodes"></div></section>`;
     this.off = onSnapshot(this, ({ cluster, state }) => {
-      this.querySelector(".graph").innerHTML = graph(cluster, state);
-      this.querySelector(".nodes").innerHTML = cluster.nodes.map((n) => nodeCard(cluster, state, n)).join("");
+      setHtml(this.querySelector(".graph"), graph(cluster, state));
+      setHtml(this.querySelector(".nodes"), cluster.nodes.map((n) => nodeCard(cluster, state, n)).join(""));
     });
   }
   disconnectedCallback() { this.off?.(); }
