@@ -499,6 +499,7 @@ class Node:
             get_store=self._current_store,
         )
         self.replica.on_applied(context.state_feed.record)
+        self._state_feed = context.state_feed
         config = uvicorn.Config(
             create_app(context),
             log_level="warning",
@@ -518,6 +519,7 @@ class Node:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.worker.shutdown(), timeout=RUNNERS_STOP_S)
         if server is not None:
+            self._state_feed.close()  # open /v1/events streams end now, not at the grace deadline
             server.should_exit = True
         if self._master_task is not None:
             self._master_task.cancel()

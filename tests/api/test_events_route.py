@@ -78,3 +78,23 @@ def test_the_dashboard_directory_override_is_served_and_a_missing_page_is_a_404(
     monkeypatch.setenv("SKULK_DASHBOARD_DIR", str(tmp_path / "absent"))
     missing = TestClient(create_app(context())).get("/")
     assert missing.status_code == 404 and "skulk doctor" in missing.text
+
+
+async def test_a_stopping_node_ends_open_streams_and_refuses_new_ones():
+    feed = StateFeed()
+    ctx = context(state_feed=feed)
+    feed.subscribe()
+    frames = events._frames(ctx)
+    await anext(frames)
+    await anext(frames)  # the first snapshot
+    pending = asyncio.ensure_future(anext(frames))
+    await asyncio.sleep(0)
+    feed.close()
+    try:
+        await asyncio.wait_for(pending, timeout=10)
+        raise AssertionError("the stream went on after close")
+    except StopAsyncIteration:
+        pass
+    assert feed.subscribers == 0
+    refused = TestClient(create_app(ctx)).get("/v1/events")
+    assert refused.status_code == 503 and refused.json()["code"] == "node_stopping"

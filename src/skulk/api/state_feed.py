@@ -66,6 +66,7 @@ class StateFeed:
         self.recent: deque[EventEntry] = deque(maxlen=recent)
         self.max_subscribers = max_subscribers
         self.subscribers = 0
+        self.closed = False
         self._changed: asyncio.Event | None = None
 
     def record(self, event: IndexedEvent) -> None:
@@ -76,6 +77,11 @@ class StateFeed:
         self.version += 1
         if self._changed is not None:
             self._changed.set()
+
+    def close(self) -> None:
+        """The node is stopping: every open stream ends at its next wake-up (now)."""
+        self.closed = True
+        self.notify()
 
     def subscribe(self) -> None:
         if self.subscribers >= self.max_subscribers:
@@ -89,7 +95,7 @@ class StateFeed:
         """The version once it differs from `seen`, or the current one after `timeout_s`."""
         if self._changed is None:
             self._changed = asyncio.Event()
-        if self.version == seen:
+        if self.version == seen and not self.closed:
             self._changed.clear()
             try:
                 await asyncio.wait_for(self._changed.wait(), timeout=timeout_s)

@@ -6,7 +6,8 @@ telemetry overlay and derived node health) and `events` (the recent event log). 
 sent when an indexed event is applied (bursts coalesce into one frame) and, because memory,
 download progress and liveness ride the telemetry plane rather than the event log, when the
 snapshot differs after `REFRESH_S`; otherwise a comment line keeps the connection alive. The
-stream never queues: a slow client just sees fewer, fresher snapshots.
+stream never queues: a slow client just sees fewer, fresher snapshots; it ends as soon as the
+node starts to stop (`StateFeed.close`), so shutdown never waits on a dashboard.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from skulk.api.errors import Overloaded
+from skulk.api.errors import ApiError, Overloaded
 from skulk.api.routes.control import cluster_body, state_body
 from skulk.api.state_feed import StateFeed, TooManySubscribers
 
@@ -32,6 +33,13 @@ progress) changes without an event, and the telemetry heartbeat is every 2 s."""
 COALESCE_S = 0.2
 """After a change, wait this long before rendering, so a burst of events (a placement
 writes several) becomes one frame rather than one per event."""
+
+
+class NodeStopping(ApiError):
+    """The node is shutting down: no new event streams."""
+
+    kind = "unavailable"
+    default_code = "node_stopping"
 
 
 def snapshot(context: Any) -> dict[str, Any]:  # ApiContext (import cycle otherwise)
@@ -60,6 +68,8 @@ async def _frames(context: Any) -> AsyncIterator[bytes]:
             else:
                 yield b": keepalive\n\n"
             changed = await feed.wait_for_change(version, REFRESH_S)
+            if feed.closed:  # the node is stopping: end the stream rather than be cut off
+                return
             if changed != version:
                 await asyncio.sleep(COALESCE_S)
             version = feed.version
@@ -70,6 +80,8 @@ async def _frames(context: Any) -> AsyncIterator[bytes]:
 @router.get("/v1/events")
 async def events(request: Request) -> StreamingResponse:
     context = request.app.state.skulk
+    if context.state_feed.closed:
+        raise NodeStopping("this node is stopping; reconnect to another node or after it restarts")
     try:
         context.state_feed.subscribe()
     except TooManySubscribers as exc:
