@@ -97,6 +97,7 @@ def test_dashboard_drives_a_two_node_cluster(spawn_node):
         page.select_option('[data-role="diag-node"]', beta_id)
         page.click('[data-role="diag-load"]')
         expect(page.locator('[data-role="diagnostics"]')).to_contain_text(beta_id)
+        expect(page.locator('[data-role="node-settings"]')).to_contain_text("beta")  # its settings
         expect(page.locator('[data-role="events"]')).to_contain_text("InstanceCreated")
         page.check('[data-role="tracing"]')
         expect(page.locator('[data-role="tracing"]')).to_be_checked()

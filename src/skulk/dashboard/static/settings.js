@@ -12,16 +12,18 @@ class SkulkSettings extends HTMLElement {
       <div class="card"><h3>Cluster</h3>
         <label class="switch"><input type="checkbox" data-role="tracing"> Tracing of new requests (cluster-wide)</label>
         <dl data-role="cluster" class="facts"></dl></div>
-      <div class="card"><h3>Node diagnostics</h3>
+      <div class="card"><h3>Node settings and diagnostics</h3>
         <div class="row"><label>Node <select data-role="diag-node"></select></label>
           <button type="button" data-role="diag-load">Show diagnostics</button></div>
-        <pre data-role="diagnostics" class="mono scroll"></pre></div>
+        <dl data-role="node-settings" class="facts"></dl>
+        <details><summary>All diagnostics</summary><pre data-role="diagnostics" class="mono scroll"></pre></details></div>
       <div class="card"><h3>Recent events</h3><ol data-role="events" class="events mono scroll" reversed></ol></div>
     </section>`;
     this.$ = (role) => this.querySelector(`[data-role="${role}"]`);
     this.$("tracing").addEventListener("change", (event) => this.setTracing(event.target));
     this.$("diag-load").addEventListener("click", () => this.loadDiagnostics());
     this.off = onSnapshot(this, (snapshot) => this.render(snapshot));
+    this.loadDiagnostics();  // this node's, once; other nodes' when asked
   }
   disconnectedCallback() { this.off?.(); }
 
@@ -59,8 +61,11 @@ class SkulkSettings extends HTMLElement {
     const nodeId = this.$("diag-node").value;
     const target = this.$("diagnostics");
     try {
-      const body = await api(`/v1/diagnostics/cluster/${encodeURIComponent(nodeId)}`);
+      const body = await api(nodeId ? `/v1/diagnostics/cluster/${encodeURIComponent(nodeId)}` : "/v1/diagnostics/node");
       target.textContent = JSON.stringify(body, null, 2);
+      const settings = body.settings || {};
+      setHtml(this.$("node-settings"), Object.entries(settings).map(([k, v]) =>
+        `<dt>${esc(k)}</dt><dd>${esc(typeof v === "object" && v !== null ? JSON.stringify(v) : v)}</dd>`).join(""));
       this.$("error").textContent = "";
     } catch (error) { target.textContent = ""; this.$("error").textContent = error.message; }
   }
