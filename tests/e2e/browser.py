@@ -49,9 +49,10 @@ class BrowserPage:
 @contextmanager
 def open_page(artifacts: str, *, width: int = 1280, height: int = 900) -> Iterator[BrowserPage]:
     """One headless page; closed (with its browser) however the test ends."""
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
 
     executable = chromium_path()
+    expect.set_options(timeout=UI_TIMEOUT_MS)  # assertions, like actions, wait this long
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=executable, args=["--no-sandbox"])
         try:

@@ -12,6 +12,7 @@ import pytest
 
 from tests.cluster.harness import node_id, start_linked, wait_agreed
 from tests.e2e.browser import open_page
+from tests.mockhub import TINY_GGUF_REPO, mock_hub, tiny_artifacts  # noqa: F401 - fixtures
 from tests.nodeproc import wait_for
 
 pytest.importorskip("playwright")
@@ -44,7 +45,7 @@ def send(page, text: str, max_tokens: int) -> object:
     return answers.nth(index)  # this answer, not whichever is last later
 
 
-def test_dashboard_drives_a_two_node_cluster(spawn_node):
+def test_dashboard_drives_a_two_node_cluster(spawn_node, mock_hub):  # noqa: F811 - nodes inherit HF_ENDPOINT
     nodes = start_linked(spawn_node, ["alpha", "beta"])
     wait_agreed(nodes, members=2)
     alpha, beta = nodes
@@ -107,6 +108,18 @@ def test_dashboard_drives_a_two_node_cluster(spawn_node):
         page.click('nav [data-page="models"]')
         page.click(f'tr[data-model-id="{MODEL}"] button[data-action="delete"]')
         expect(page.locator('[data-role="no-instances"]')).to_be_visible()
+
+        # Hub search and add (the mock hub), then remove the custom card again.
+        page.fill('[data-role="search-form"] input[name="q"]', "tiny-llama")
+        page.click('[data-role="search-form"] button[type="submit"]')
+        add = page.locator(f'[data-role="search-results"] button[data-model-id="{TINY_GGUF_REPO}"]')
+        add.click()
+        expect(add).to_have_text(f"Added {TINY_GGUF_REPO}")
+        custom = page.locator('[data-role="cards"] tr', has_text=TINY_GGUF_REPO)
+        expect(custom).to_contain_text("custom")
+        browser.shot("models-hub-add")
+        custom.locator('button[data-action="delete-card"]').click()
+        expect(custom).to_have_count(0)
 
         # A node killed with -9 turns red, then disappears.
         page.click('nav [data-page="topology"]')
