@@ -412,6 +412,9 @@ def diagnostics_capture(
     typer.echo(f"{path}: {len(nodes)} nodes, {len(report.get('unreachable') or [])} unreachable")
     for node_id in report.get("unreachable") or []:
         typer.echo(f"  unreachable: {node_id} ({nodes.get(node_id, {}).get('error')})")
+from skulk.client.commands import register as _register_client_commands  # noqa: E402 - after the app's own
+
+_register_client_commands(app, models_app)
 
 
 def main() -> None:

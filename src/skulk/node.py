@@ -140,6 +140,22 @@ class NodeSettings:
         return f"http://{host}:{self.api_port}"
 
 
+def settings_wire(settings: NodeSettings) -> dict[str, Any]:
+    """The node's effective settings as operators read them (diagnostics, dashboard). Secrets
+    are reported as set or not, never shown. Pure."""
+    return {
+        "nodeName": settings.node_name, "apiHost": settings.api_host, "apiPort": settings.api_port,
+        "apiEndpoint": settings.api_endpoint if settings.api_enabled else None,
+        "listen": list(settings.listen), "bootstrapPeers": list(settings.bootstrap_peers),
+        "multicast": settings.multicast, "apiKeySet": bool(settings.api_key),
+        "clusterKeyGiven": settings.cluster_key is not None,
+        "apiEnabled": settings.api_enabled, "workerEnabled": settings.worker_enabled,
+        "dataDir": str(settings.paths.data_home), "modelsDir": str(settings.paths.models_dir),
+        "configFile": str(settings.paths.config_file),
+        "modelStore": to_camel_keys(settings.model_store.model_dump()),
+    }
+
+
 def _primary_address() -> str:
     """First non-loopback IPv4 of this machine, or loopback on an offline host."""
     for interface in probe_interfaces():
@@ -547,6 +563,7 @@ class Node:
         return {
             "version": __version__,
             "sessionId": self.session_id,
+            "settings": settings_wire(self.settings),
             "eventLog": to_camel_keys(log_slot.log.stats()),
             "lease": {"path": str(lease.path), "held": lease.held, "fencedReason": lease.fenced_reason},
             "transport": router.diagnostics(),
@@ -599,6 +616,8 @@ class Node:
             traces=self.traces,
             get_peer_urls=lambda: peer_api_urls(self.replica.state, self.membership.probed, self.node_id),
         )
+        self.replica.on_applied(context.state_feed.record)
+        self._state_feed = context.state_feed
         config = uvicorn.Config(
             create_app(context),
             log_level="warning",
@@ -618,6 +637,7 @@ class Node:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.worker.shutdown(), timeout=RUNNERS_STOP_S)
         if server is not None:
+            self._state_feed.close()  # open /v1/events streams end now, not at the grace deadline
             server.should_exit = True
         if self._master_task is not None:
             self._master_task.cancel()

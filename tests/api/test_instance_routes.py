@@ -101,3 +101,19 @@ def test_a_ring_whose_nodes_all_reported_is_placed_with_hosts():
     assert response.status_code == 200, response.text
     assert response.json()["preview"]["ringHosts"] == ["10.0.0.0", "10.0.0.1"]
     assert len(submitted) == 1
+
+
+def test_a_dry_run_answers_the_placement_and_submits_nothing():
+    submitted = []
+
+    async def submit(command):
+        submitted.append(command)
+
+    context = ApiContext(node_id="a", node_name="a", get_state=lambda: MEMBERS, get_cards=lambda: CARDS,
+                         get_resources=lambda: RESOURCES, submit_command=submit)
+    response = TestClient(create_app(context)).post("/place_instance", json={"modelId": MODEL, "dryRun": True})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["dryRun"] is True and body["instanceId"] is None
+    assert [s["nodeId"] for s in body["preview"]["shards"]] == ["a"]
+    assert submitted == []

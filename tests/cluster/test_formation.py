@@ -76,6 +76,7 @@ def replicated_state(node) -> dict:
     body = node.get("/state").json()
     body.pop("nodeResources")
     body.pop("nodeHealth")
+    body.pop("downloadProgress")
     return body
 
 

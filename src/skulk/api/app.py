@@ -20,11 +20,12 @@ from skulk.api.body_guard import BodyGuard
 from skulk.api.errors import install_error_handlers
 from skulk.api.limits import RequestLimits
 from skulk.api.request_metrics import RequestMetricsMiddleware
-from skulk.api.routes import control, diagnostics, instances, model_cards, traces
+from skulk.api.routes import control, dashboard, diagnostics, events, instances, model_cards, traces
 from skulk.api.routes import anthropic as anthropic_routes
 from skulk.api.routes import ollama as ollama_routes
 from skulk.api.routes import openai as openai_routes
 from skulk.api.routes import store as store_routes
+from skulk.api.state_feed import StateFeed
 from skulk.api.streams import CommandStreams
 from skulk.observe.metrics import NodeCollector, ServingMetrics, new_registry
 from skulk.observe.traces import TraceStore
@@ -87,6 +88,8 @@ class ApiContext:
     """The model store's roots and policy on this node (None: the /store routes answer 503)."""
     get_store: Callable[[], store_routes.StoreContext | None] | None = None
     """The store as it is now (it follows the elected master); defaults to `store`."""
+    state_feed: StateFeed = field(default_factory=StateFeed)
+    """Wakes `GET /v1/events` streams; the node calls `state_feed.record` per applied event."""
     limits: RequestLimits = field(default_factory=RequestLimits)
     """Request bounds (body size; see `skulk.api.limits`), enforced before any route parses."""
     traces: TraceStore | None = None
@@ -144,6 +147,8 @@ def create_app(context: ApiContext) -> FastAPI:
     app.include_router(ollama_routes.router)
     app.include_router(store_routes.router)
     app.include_router(traces.router)
+    app.include_router(events.router)
+    dashboard.mount(app)
     return app
 
 

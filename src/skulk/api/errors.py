@@ -256,7 +256,7 @@ def native_error_response(error: ApiError) -> JSONResponse:
 WireShape = Literal["openai", "anthropic", "ollama", "native"]
 
 NATIVE_V1_PREFIXES: tuple[str, ...] = (
-    "/v1/cluster", "/v1/diagnostics", "/v1/tracing", "/v1/traces", "/v1/capabilities",
+    "/v1/cluster", "/v1/diagnostics", "/v1/tracing", "/v1/traces", "/v1/capabilities", "/v1/events",
 )
 """Skulk's own routes that happen to live under /v1: they keep FastAPI's shapes."""
 

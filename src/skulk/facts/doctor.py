@@ -24,6 +24,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from skulk.dashboard import DASHBOARD_DIR_ENV, INDEX_NAME
+from skulk.dashboard import dashboard_dir as resolve_dashboard_dir
 from skulk.facts.derive import DerivedBackends, derive_node_backends
 from skulk.shared.types.node_facts import NodeFacts
 from skulk.store.lease import Held, LeaseRecord, lease_decision, pid_alive, read_lease
@@ -39,8 +41,6 @@ reserve (skulk.yaml, SKULK_DISK_RESERVE_GB) replaces it in `DoctorInputs.disk_re
 STORAGE_ERROR_BYTES = 2 * 1024**3
 """Below this, even a small model or the event log's growth can fill the disk: an error."""
 
-DASHBOARD_DIR_ENV = "SKULK_DASHBOARD_DIR"
-"""Overrides where built dashboard assets are looked for."""
 
 CLUSTER_KEY_ENV = "SKULK_CLUSTER_KEY"
 
@@ -260,9 +260,9 @@ def check_dashboard(inputs: DoctorInputs) -> list[Verdict]:
     return [
         Verdict(
             "warn",
-            f"no built dashboard assets in {inputs.dashboard_dir}: headless node",
+            f"no dashboard files in {inputs.dashboard_dir}: headless node",
             consequence="the API serves normally but the browser dashboard is unavailable on this node",
-            remediation=f"build the dashboard into {inputs.dashboard_dir}, or set {DASHBOARD_DIR_ENV} to a built copy",
+            remediation=f"reinstall skulk (it ships the dashboard), or point {DASHBOARD_DIR_ENV} at a copy of its files",
         )
     ]
 
@@ -344,11 +344,8 @@ def has_errors(results: Sequence[CheckResult]) -> bool:
 
 
 def default_dashboard_dir(env: Mapping[str, str]) -> Path:
-    if env.get(DASHBOARD_DIR_ENV):
-        return Path(env[DASHBOARD_DIR_ENV])
-    import skulk.dashboard
-
-    return Path(skulk.dashboard.__file__).resolve().parent / "dist"
+    """The directory the API serves the dashboard from (`skulk.dashboard.dashboard_dir`)."""
+    return resolve_dashboard_dir(env)
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -409,7 +406,7 @@ def gather_doctor_inputs(
         data_home=path_state(paths.data_home),
         models_dir=path_state(paths.models_dir),
         dashboard_dir=dashboard_dir,
-        dashboard_assets_present=(dashboard_dir / "index.html").is_file(),
+        dashboard_assets_present=(dashboard_dir / INDEX_NAME).is_file(),
         cluster_key=cluster_key_state(paths.cluster_key_file, env),
         lease=lease_state(
             paths.lease_file, now=time.time() if now is None else now, host=host or socket.gethostname()

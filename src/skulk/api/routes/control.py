@@ -35,7 +35,11 @@ def get_node_id(request: Request) -> dict[str, str]:
 def get_state(request: Request) -> dict[str, Any]:
     """Full replicated State (camelCase), the live telemetry overlay, derived node health, and
     download/staging progress (bytes, rate, ETA per node and model)."""
-    context = _context(request)
+    return state_body(_context(request))
+
+
+def state_body(context) -> dict[str, Any]:  # noqa: ANN001 - ApiContext (import cycle otherwise)
+    """The body of `GET /state` (also the `state` of every `/v1/events` snapshot)."""
     state = context.get_state()
     telemetry = context.get_telemetry()
     body = state.to_wire()
@@ -50,7 +54,11 @@ def get_state(request: Request) -> dict[str, Any]:
 
 @router.get("/v1/cluster")
 def get_cluster(request: Request) -> dict[str, Any]:
-    context = _context(request)
+    return cluster_body(_context(request))
+
+
+def cluster_body(context) -> dict[str, Any]:  # noqa: ANN001 - ApiContext (import cycle otherwise)
+    """The body of `GET /v1/cluster` (also the `cluster` of every `/v1/events` snapshot)."""
     state = context.get_state()
     telemetry = context.get_telemetry()
     master_id, session_id = context.get_master()

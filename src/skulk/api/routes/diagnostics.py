@@ -14,14 +14,14 @@ from skulk.observe.metrics import CONTENT_TYPE, exposition
 router = APIRouter()
 
 
+def _own_report(context: Any) -> dict[str, Any]:
+    return {"nodeId": context.node_id, "nodeName": context.node_name, **context.get_diagnostics(),
+            "eventStreams": context.state_feed.stats()}
+
+
 @router.get("/v1/diagnostics/node")
 def node_diagnostics(request: Request) -> dict[str, Any]:
-    context = request.app.state.skulk
-    return _own_report(context)
-
-
-def _own_report(context: Any) -> dict[str, Any]:
-    return {"nodeId": context.node_id, "nodeName": context.node_name, **context.get_diagnostics()}
+    return _own_report(request.app.state.skulk)
 
 
 @router.get("/v1/diagnostics/cluster")
@@ -51,7 +51,7 @@ async def member_diagnostics(request: Request, node_id: str) -> dict[str, Any]:
     urls = context.get_peer_urls()
     if node_id not in urls:
         raise NotFound(f"No member {node_id!r} in this node's view of the cluster (see GET /v1/cluster).",
-                       code="node_not_found")
+                       code="unknown_node")
     answer = (await gather_from_peers({node_id: urls[node_id]}, NODE_REPORT_PATH, api_key=context.peer_credential))[node_id]
     if not answer.reachable:
         raise PeerUnreachable(node_id, answer.error or "no answer")

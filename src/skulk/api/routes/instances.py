@@ -32,6 +32,8 @@ class PlaceInstanceBody(BaseModel):
     sharding: Literal["Pipeline", "Tensor"] = "Pipeline"
     min_nodes: int = Field(1, ge=1)
     excluded_nodes: list[str] = []
+    dry_run: bool = False
+    """Answer with the placement the planner would make, and submit nothing."""
 
 
 def _placement_error(exc: PlacementError) -> JSONResponse:
@@ -60,6 +62,8 @@ async def place_instance(request: Request, body: PlaceInstanceBody) -> Any:
             raise PlacementInfoPending("ring addresses not reported yet", unreported)
     except PlacementError as exc:
         return _placement_error(exc)
+    if body.dry_run:
+        return {"instanceId": None, "dryRun": True, "preview": instance.to_wire()}
     command = PlaceInstance(
         command_id=new_id(), model_id=body.model_id, sharding=body.sharding, min_nodes=body.min_nodes,
         excluded_nodes=sorted(body.excluded_nodes), instance_id=instance.instance_id,

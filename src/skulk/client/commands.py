@@ -1,0 +1,249 @@
+"""The typer shell of the cluster client: `skulk status|ps|place|unplace|chat` and `skulk
+models search|add`. Each command reads flags, calls the node (`http.NodeClient`), and prints
+what `views` made of the answer; an API error is printed plainly and exits 1.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from skulk.api.auth import API_KEY_ENV
+from skulk.client import views
+from skulk.client.http import ADD_TIMEOUT_S, DEFAULT_URL, URL_ENV, NodeClient
+from skulk.client.views import ClientError
+
+FAILURE_EXIT = 1
+
+Url = Annotated[str, typer.Option("--url", envvar=URL_ENV, help="The node's API (default http://localhost:52415).")]
+
+
+def _client(url: str) -> NodeClient:
+    return NodeClient(url, os.environ.get(API_KEY_ENV) or None)
+
+
+def _run(action: Callable[[], None]) -> None:
+    """Run one command; an API error (or an unreachable node) prints plainly and exits 1."""
+    try:
+        action()
+    except ClientError as exc:
+        typer.echo(f"skulk: {exc}", err=True)
+        raise typer.Exit(FAILURE_EXIT) from None
+
+
+def _table(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> Table:
+    table = Table(title=title, title_justify="left")
+    for column in columns:  # ids must stay whole to be copied: fold, never truncate
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+INSTANCE_COLUMNS = ("instance", "model", "sharding", "nodes", "runners", "context")
+
+
+def status(url: Url = DEFAULT_URL) -> None:
+    """Show the cluster: nodes (master, health, memory, backends, runners) and instances."""
+    def action() -> None:
+        with _client(url) as client:
+            cluster, state = client.get("/v1/cluster"), client.get("/state")
+        console = Console()
+        console.print(_table("nodes", ("node", "id", "role", "alive", "health", "memory free / total",
+                                       "backends", "runners"), views.node_rows(cluster, state)))
+        for node_id, verdict in sorted(state.get("nodeHealth", {}).items()):
+            for reason in verdict.get("reasons", []):
+                console.print(f"[yellow]{views.short(node_id)}[/]: {reason['message']}"
+                              + (f" (fix: {reason['remediation']})" if reason.get("remediation") else ""))
+        rows = views.instance_rows(state)
+        console.print(_table("instances", INSTANCE_COLUMNS, rows) if rows else "no instances placed")
+    _run(action)
+
+
+def ps(url: Url = DEFAULT_URL) -> None:
+    """List placed instances with their runners' states."""
+    def action() -> None:
+        with _client(url) as client:
+            rows = views.instance_rows(client.get("/state"))
+        Console().print(_table("instances", INSTANCE_COLUMNS, rows) if rows else "no instances placed")
+    _run(action)
+
+
+def place(
+    model: Annotated[str, typer.Argument(help="Model id, e.g. local/tiny-llama-gguf (see `skulk models list`).")],
+    nodes: Annotated[int, typer.Option("--nodes", min=1, help="Least number of nodes to spread it over.")] = 1,
+    sharding: Annotated[str, typer.Option("--sharding", help="Pipeline or Tensor.")] = "Pipeline",
+    exclude: Annotated[Optional[list[str]], typer.Option("--exclude", help="Node (id, name or id prefix) to leave out; repeatable.")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the placement; place nothing.")] = False,
+    url: Url = DEFAULT_URL,
+) -> None:
+    """Place a model on the cluster (the planner's reason is printed when it cannot)."""
+    def action() -> None:
+        if sharding not in ("Pipeline", "Tensor"):
+            raise ClientError(0, "invalid_request", f"--sharding must be Pipeline or Tensor, not {sharding!r}")
+        with _client(url) as client:
+            state = client.get("/state")
+            body = {"modelId": model, "minNodes": nodes, "sharding": sharding,
+                    "excludedNodes": views.resolve_nodes(exclude or [], state), "dryRun": dry_run}
+            answer = client.post("/place_instance", body)
+        console = Console()
+        head = "would place" if dry_run else f"placed {answer['instanceId']}:"
+        console.print(f"{head} {model} ({answer['preview'].get('sharding')}, "
+                      f"context {answer['preview'].get('contextTokenLimit')} tokens)")
+        console.print(_table("shards", ("node", "rank", "layers", "backend"), views.preview_rows(answer["preview"], state)))
+    _run(action)
+
+
+def unplace(
+    target: Annotated[str, typer.Argument(help="An instance id, or a model id (every instance of it).")],
+    url: Url = DEFAULT_URL,
+) -> None:
+    """Delete an instance, or every instance of a model."""
+    def action() -> None:
+        with _client(url) as client:
+            for instance_id in views.unplace_targets(target, client.get("/state")):
+                client.delete(f"/instance/{instance_id}")
+                typer.echo(f"deleting {instance_id}")
+    _run(action)
+
+
+def _prompts(prompt: str | None) -> Iterator[str] | None:
+    """One-shot prompts (`-p`, or stdin when it is not a terminal); None means the REPL."""
+    if prompt is not None:
+        return iter([prompt])
+    if not sys.stdin.isatty():
+        text = sys.stdin.read().strip()
+        if not text:
+            raise ClientError(0, "invalid_request", "stdin was empty: nothing to send")
+        return iter([text])
+    return None
+
+
+def _answer(client: NodeClient, model: str, messages: list[dict], max_tokens: int | None,
+            temperature: float | None) -> str:
+    """Stream one answer to stdout (reasoning to stderr, dimmed); returns the answer text."""
+    body: dict = {"model": model, "messages": messages}
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
+    if temperature is not None:
+        body["temperature"] = temperature
+    err = Console(stderr=True)
+    text = []
+    for delta in client.stream_chat(body):
+        if delta.error is not None:
+            sys.stdout.write("\n")
+            raise delta.error
+        if delta.reasoning:
+            err.print(delta.reasoning, style="dim", end="")
+        if delta.content:
+            text.append(delta.content)
+            sys.stdout.write(delta.content)
+            sys.stdout.flush()
+    sys.stdout.write("\n")
+    return "".join(text)
+
+
+def chat(
+    model: Annotated[str, typer.Argument(help="A placed model's id (see `skulk ps`).")],
+    prompt: Annotated[Optional[str], typer.Option("-p", "--prompt", help="Ask once and exit (stdin is read when it is not a terminal).")] = None,
+    max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", min=1, help="Cap on each answer's tokens.")] = None,
+    temperature: Annotated[Optional[float], typer.Option("--temperature", min=0.0, help="Sampling temperature.")] = None,
+    url: Url = DEFAULT_URL,
+) -> None:
+    """Chat with a placed model: streamed answers; an interactive REPL without -p (/exit or Ctrl-D
+    leaves, Ctrl-C stops an answer)."""
+    def action() -> None:
+        with _client(url) as client:
+            prompts = _prompts(prompt)
+            if prompts is not None:
+                for text in prompts:
+                    _answer(client, model, [{"role": "user", "content": text}], max_tokens, temperature)
+                return
+            _repl(client, model, max_tokens, temperature)
+    _run(action)
+
+
+def _repl(client: NodeClient, model: str, max_tokens: int | None, temperature: float | None) -> None:
+    history: list[dict] = []
+    typer.echo(f"chatting with {model} at {client.url}; /exit or Ctrl-D to leave, Ctrl-C stops an answer")
+    while True:
+        try:
+            line = input(">>> ").strip()
+        except EOFError:
+            typer.echo("")
+            return
+        if line in ("/exit", "/quit", "/bye"):
+            return
+        if not line:
+            continue
+        history.append({"role": "user", "content": line})
+        try:
+            answer = _answer(client, model, history, max_tokens, temperature)
+        except KeyboardInterrupt:  # closing the stream cancels the generation on the node
+            typer.echo("\n[stopped]")
+            history.pop()
+            continue
+        except ClientError as exc:  # shown, and the conversation goes on
+            typer.echo(f"skulk: {exc}", err=True)
+            history.pop()
+            continue
+        history.append({"role": "assistant", "content": answer})
+
+
+def models_search(
+    query: Annotated[str, typer.Argument(help="Search text, or an exact GGUF file name.")],
+    limit: Annotated[int, typer.Option("--limit", min=1, max=100, help="Most results to show.")] = 20,
+    url: Url = DEFAULT_URL,
+) -> None:
+    """Search Hugging Face through the node (its HF_ENDPOINT and HF_TOKEN apply)."""
+    def action() -> None:
+        with _client(url) as client:
+            answer = client.get("/models/search", params={"q": query, "limit": limit})
+        rows = [(r["modelId"], r.get("format") or "-", str(r.get("downloads") or 0), str(r.get("likes") or 0),
+                 r.get("matchedFile") or "") for r in answer.get("results", [])]
+        Console().print(_table(f"results for {query!r}", ("model", "format", "downloads", "likes", "matched file"), rows)
+                        if rows else f"no models match {query!r}")
+    _run(action)
+
+
+def models_add(
+    source: Annotated[str, typer.Argument(help="A Hugging Face repo (owner/name) or a local model path the node can read.")],
+    gguf_file: Annotated[Optional[str], typer.Option("--gguf-file", help="Which GGUF file of the repo.")] = None,
+    revision: Annotated[Optional[str], typer.Option("--revision", help="Pin a repo revision.")] = None,
+    url: Url = DEFAULT_URL,
+) -> None:
+    """Add a custom model card to the cluster, built from the repo's (or file's) metadata."""
+    def action() -> None:
+        body: dict = ({"path": str(Path(source).resolve())} if _is_path(source) else {"modelId": source})
+        if gguf_file:
+            body["ggufFile"] = gguf_file
+        if revision:
+            body["revision"] = revision
+        with _client(url) as client:
+            answer = client.post("/models/add", body, timeout_s=ADD_TIMEOUT_S)
+        card = answer.get("card", {})
+        typer.echo(f"added {answer['modelId']} ({card.get('family')}, {card.get('numLayers')} layers, "
+                   f"engines: {', '.join(card.get('placement', {}).get('compatibleBackends', [])[:1]) or '-'})")
+    _run(action)
+
+
+def _is_path(source: str) -> bool:
+    return source.startswith(("/", ".", "~")) or Path(source).exists()
+
+
+def register(app: typer.Typer, models_app: typer.Typer) -> None:
+    """Add the client commands to the `skulk` CLI."""
+    for command in (status, ps, place, unplace, chat):
+        app.command()(command)
+    models_app.command("search")(models_search)
+    models_app.command("add")(models_add)
+
+
+__all__ = ["register"]

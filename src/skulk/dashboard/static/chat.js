@@ -1,0 +1,129 @@
+// Chat: a picker over placed models, streamed answers (reasoning shown apart), a stop
+// button, TTFT and tokens/s per answer, and a visible error when a stream fails.
+import { authHeaders, errorFrom, readSse } from "./api.js";
+import { onSnapshot } from "./store.js";
+import { esc } from "./format.js";
+
+const DEFAULT_MAX_TOKENS = 512;
+
+class SkulkChat extends HTMLElement {
+  connectedCallback() {
+    this.history = [];
+    this.controller = null;
+    this.innerHTML = `<section class="page chat">
+      <h2>Chat</h2>
+      <div class="row">
+        <label>Model <select data-role="model"></select></label>
+        <label>Max tokens <input data-role="max-tokens" type="number" min="1" value="${DEFAULT_MAX_TOKENS}"></label>
+        <button type="button" class="ghost" data-role="clear">New chat</button>
+      </div>
+      <p class="muted" data-role="no-models">Place a model on the Models page to chat with it.</p>
+      <ol class="messages" data-role="messages" aria-live="polite"></ol>
+      <form data-role="form" class="composer">
+        <label class="grow"><span class="sr-only">Message</span><textarea data-role="input" rows="2" placeholder="Message (Enter sends, Shift+Enter for a new line)" required></textarea></label>
+        <button type="submit" data-role="send">Send</button>
+        <button type="button" class="danger" data-role="stop" disabled>Stop</button>
+      </form>
+    </section>`;
+    this.$ = (role) => this.querySelector(`[data-role="${role}"]`);
+    this.$("form").addEventListener("submit", (event) => { event.preventDefault(); this.send(); });
+    this.$("input").addEventListener("keydown", (event) => {
+      if (event.key === "Enter" && !event.shiftKey) { event.preventDefault(); this.send(); }
+    });
+    this.$("stop").addEventListener("click", () => this.controller?.abort());
+    this.$("clear").addEventListener("click", () => { this.history = []; this.$("messages").innerHTML = ""; });
+    this.off = onSnapshot(this, ({ state }) => this.renderModels(state));
+  }
+  disconnectedCallback() { this.off?.(); this.controller?.abort(); }
+
+  renderModels(state) {
+    const select = this.$("model");
+    const models = [...new Set(Object.values(state.instances || {}).map((i) => i.modelId))].sort();
+    const chosen = select.value;
+    const current = [...select.options].map((o) => o.value).join("|");
+    if (current !== models.join("|")) {
+      select.innerHTML = models.map((m) => `<option value="${esc(m)}">${esc(m)}</option>`).join("");
+      if (models.includes(chosen)) select.value = chosen;
+    }
+    this.$("no-models").hidden = models.length > 0;
+  }
+
+  bubble(role, text) {
+    const item = document.createElement("li");
+    item.className = `message ${role}`;
+    item.innerHTML = `<div class="who">${role}</div><details class="reasoning" hidden><summary>reasoning</summary><div class="reasoning-text"></div></details><div class="text"></div><div class="stats muted"></div><div class="error" role="alert"></div>`;
+    item.querySelector(".text").textContent = text;
+    this.$("messages").append(item);
+    return item;
+  }
+
+  async send() {
+    const input = this.$("input");
+    const model = this.$("model").value;
+    const text = input.value.trim();
+    if (!text || !model || this.controller) return;
+    input.value = "";
+    this.bubble("user", text);
+    this.history.push({ role: "user", content: text });
+    const answer = this.bubble("assistant", "");
+    answer.dataset.state = "streaming";
+    const body = { model, messages: this.history, stream: true, stream_options: { include_usage: true },
+      max_tokens: Number(this.$("max-tokens").value) || DEFAULT_MAX_TOKENS };
+    this.controller = new AbortController();
+    this.$("stop").disabled = false;
+    this.$("send").disabled = true;
+    const started = performance.now();
+    let first = null, last = null, tokens = 0, content = "", reasoning = "", usage = null;
+    try {
+      const response = await fetch("/v1/chat/completions", { method: "POST", signal: this.controller.signal,
+        headers: authHeaders({ "Content-Type": "application/json", Accept: "text/event-stream" }), body: JSON.stringify(body) });
+      if (!response.ok) throw errorFrom(response.status, await response.text());
+      await readSse(response, ({ data }) => {
+        if (data === "[DONE]") return;
+        const chunk = JSON.parse(data);
+        if (chunk.error) throw errorFrom(0, JSON.stringify(chunk));
+        if (chunk.usage) usage = chunk.usage;
+        const delta = chunk.choices?.[0]?.delta || {};
+        if (delta.content || delta.reasoning_content) {
+          last = performance.now();
+          first ??= last;
+          tokens += 1;
+        }
+        if (delta.reasoning_content) {
+          reasoning += delta.reasoning_content;
+          const box = answer.querySelector(".reasoning");
+          box.hidden = false;
+          box.querySelector(".reasoning-text").textContent = reasoning;
+        }
+        if (delta.content) {
+          content += delta.content;
+          answer.querySelector(".text").textContent = content;
+        }
+      });
+      answer.dataset.state = "done";
+    } catch (error) {
+      if (error.name === "AbortError") {
+        answer.dataset.state = "stopped";
+        answer.querySelector(".stats").textContent = "stopped";
+      } else {
+        answer.dataset.state = "failed";
+        answer.querySelector(".error").textContent = `${error.code ? `${error.code}: ` : ""}${error.message}`;
+      }
+    } finally {
+      this.controller.abort(); // closes a stream that ended in an error frame
+      this.controller = null;
+      this.$("stop").disabled = true;
+      this.$("send").disabled = false;
+    }
+    if (content) this.history.push({ role: "assistant", content });
+    else this.history.pop();
+    if (first !== null) {
+      const count = usage?.completion_tokens ?? tokens;
+      const seconds = Math.max((last - first) / 1000, 1e-3);
+      const rate = count > 1 ? ((count - 1) / seconds).toFixed(1) : "-";
+      const stats = answer.querySelector(".stats");
+      stats.textContent = `${stats.textContent ? `${stats.textContent} · ` : ""}TTFT ${Math.round(first - started)} ms · ${rate} tok/s · ${count} tokens`;
+    }
+  }
+}
+customElements.define("skulk-chat", SkulkChat);

@@ -1,0 +1,73 @@
+// Settings and diagnostics: the cluster-wide tracing switch, this node's and the cluster's
+// identity, per-node diagnostics (asked for, never polled) and the recent event log.
+import { api } from "./api.js";
+import { onSnapshot } from "./store.js";
+import { esc, setHtml, short } from "./format.js";
+
+class SkulkSettings extends HTMLElement {
+  connectedCallback() {
+    this.innerHTML = `<section class="page">
+      <h2>Settings and diagnostics</h2>
+      <p class="error" role="alert" data-role="error"></p>
+      <div class="card"><h3>Cluster</h3>
+        <label class="switch"><input type="checkbox" data-role="tracing"> Tracing of new requests (cluster-wide)</label>
+        <dl data-role="cluster" class="facts"></dl></div>
+      <div class="card"><h3>Node settings and diagnostics</h3>
+        <div class="row"><label>Node <select data-role="diag-node"></select></label>
+          <button type="button" data-role="diag-load">Show diagnostics</button></div>
+        <dl data-role="node-settings" class="facts"></dl>
+        <details><summary>All diagnostics</summary><pre data-role="diagnostics" class="mono scroll"></pre></details></div>
+      <div class="card"><h3>Recent events</h3><ol data-role="events" class="events mono scroll" reversed></ol></div>
+    </section>`;
+    this.$ = (role) => this.querySelector(`[data-role="${role}"]`);
+    this.$("tracing").addEventListener("change", (event) => this.setTracing(event.target));
+    this.$("diag-load").addEventListener("click", () => this.loadDiagnostics());
+    this.off = onSnapshot(this, (snapshot) => this.render(snapshot));
+    this.loadDiagnostics();  // this node's, once; other nodes' when asked
+  }
+  disconnectedCallback() { this.off?.(); }
+
+  render({ cluster, state, events }) {
+    const tracing = this.$("tracing");
+    if (!tracing.dataset.pending) tracing.checked = Boolean(state.tracingEnabled);
+    const master = cluster.nodes.find((n) => n.nodeId === cluster.masterNodeId);
+    const facts = {
+      "this node": `${cluster.nodes.find((n) => n.nodeId === cluster.nodeId)?.name || ""} (${cluster.nodeId})`,
+      master: master ? `${master.name} (${short(master.nodeId)})` : "electing",
+      session: cluster.sessionId || "-", "state hash": short(cluster.stateHash), "last event": cluster.lastEventIdx,
+      members: cluster.nodes.length,
+    };
+    setHtml(this.$("cluster"), Object.entries(facts).map(([k, v]) => `<dt>${esc(k)}</dt><dd>${esc(v)}</dd>`).join(""));
+    const select = this.$("diag-node");
+    const chosen = select.value || cluster.nodeId;
+    setHtml(select, cluster.nodes.map((n) => `<option value="${esc(n.nodeId)}">${esc(n.name || short(n.nodeId))}${n.nodeId === cluster.nodeId ? " (this node)" : ""}</option>`).join(""));
+    select.value = chosen;
+    setHtml(this.$("events"), [...(events || [])].reverse().map((e) => `<li value="${e.idx}"><b>${esc(e.type)}</b> ${
+      Object.entries(e.fields).map(([k, v]) => `${esc(k)}=${esc(typeof v === "string" && v.length > 12 ? short(v) : v)}`).join(" ")}</li>`).join(""));
+  }
+
+  async setTracing(box) {
+    box.dataset.pending = "1";
+    try {
+      await api("/v1/tracing", { method: "PUT", body: { enabled: box.checked } });
+      this.$("error").textContent = "";
+    } catch (error) {
+      box.checked = !box.checked;
+      this.$("error").textContent = error.message;
+    } finally { delete box.dataset.pending; }
+  }
+
+  async loadDiagnostics() {
+    const nodeId = this.$("diag-node").value;
+    const target = this.$("diagnostics");
+    try {
+      const body = await api(nodeId ? `/v1/diagnostics/cluster/${encodeURIComponent(nodeId)}` : "/v1/diagnostics/node");
+      target.textContent = JSON.stringify(body, null, 2);
+      const settings = body.settings || {};
+      setHtml(this.$("node-settings"), Object.entries(settings).map(([k, v]) =>
+        `<dt>${esc(k)}</dt><dd>${esc(typeof v === "object" && v !== null ? JSON.stringify(v) : v)}</dd>`).join(""));
+      this.$("error").textContent = "";
+    } catch (error) { target.textContent = ""; this.$("error").textContent = error.message; }
+  }
+}
+customElements.define("skulk-settings", SkulkSettings);

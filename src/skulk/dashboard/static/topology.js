@@ -1,0 +1,76 @@
+// Topology: the graph of nodes and their edges (master marked, colour = health), and one
+// card per node with memory, accelerators, backends, runners and health detail (problem + fix).
+import { onSnapshot } from "./store.js";
+import { accelerators, esc, gib, nodeLevel, setHtml, short } from "./format.js";
+
+const LEVEL_LABEL = { ok: "healthy", info: "healthy", warn: "warning", error: "unhealthy" };
+
+function layout(ids) {
+  const cx = 200, cy = 120, r = ids.length > 1 ? 85 : 0;
+  return Object.fromEntries(ids.map((id, i) => {
+    const angle = (2 * Math.PI * i) / ids.length - Math.PI / 2;
+    return [id, { x: cx + r * Math.cos(angle), y: cy + r * Math.sin(angle) }];
+  }));
+}
+
+function graph(cluster, state) {
+  const ids = cluster.nodes.map((n) => n.nodeId);
+  const at = layout(ids);
+  const seen = new Set();
+  const edges = (state.edges || []).filter((e) => at[e.source] && at[e.sink]).filter((e) => {
+    const key = [e.source, e.sink].sort().join("|");
+    if (seen.has(key)) return false;
+    seen.add(key);
+    return true;
+  });
+  const lines = edges.map((e) => `<line class="edge" x1="${at[e.source].x}" y1="${at[e.source].y}" x2="${at[e.sink].x}" y2="${at[e.sink].y}"><title>${esc(e.kind || "edge")}</title></line>`);
+  const dots = cluster.nodes.map((n) => {
+    const p = at[n.nodeId];
+    const master = n.nodeId === cluster.masterNodeId;
+    return `<g class="gnode level-${nodeLevel(state, n)}" data-node-id="${esc(n.nodeId)}">
+      ${master ? `<circle class="master-ring" cx="${p.x}" cy="${p.y}" r="27"></circle>` : ""}
+      <circle cx="${p.x}" cy="${p.y}" r="21"></circle>
+      <text x="${p.x}" y="${p.y + 42}" text-anchor="middle">${esc(n.name || short(n.nodeId))}${master ? " ★" : ""}</text>
+    </g>`;
+  });
+  return `<svg viewBox="0 0 400 260" role="img" aria-label="Cluster graph: ${cluster.nodes.length} nodes, ${edges.length} edges">${lines.join("")}${dots.join("")}</svg>`;
+}
+
+function nodeCard(cluster, state, node) {
+  const level = nodeLevel(state, node);
+  const health = state.nodeHealth?.[node.nodeId] || { reasons: [] };
+  const reasons = [...(health.reasons || [])];
+  if (node.alive === false && !reasons.length) reasons.push({ message: "no heartbeat: the node looks down", remediation: "check the node's process and network" });
+  const memory = node.memory || {};
+  const used = memory.total ? Math.round(100 * (1 - (memory.available || 0) / memory.total)) : 0;
+  const runners = Object.values(state.instances || {}).flatMap((inst) => (inst.shards || [])
+    .filter((s) => s.nodeId === node.nodeId)
+    .map((s) => `<li>${esc(inst.modelId)} <span class="muted">rank ${s.rank}</span> <span class="runner-state">${esc(state.runners?.[s.runnerId]?.state || "Pending")}</span></li>`));
+  const detail = reasons.map((r) => `<li>${esc(r.message)}${r.remediation ? ` <em>Fix: ${esc(r.remediation)}</em>` : ""}</li>`).join("");
+  const title = reasons.map((r) => `${r.message}${r.remediation ? ` (fix: ${r.remediation})` : ""}`).join("\n");
+  const master = node.nodeId === cluster.masterNodeId;
+  return `<article class="card node-card level-${level}" data-node-id="${esc(node.nodeId)}" data-node-name="${esc(node.name)}">
+    <header><h3>${esc(node.name || short(node.nodeId))}</h3>
+      ${master ? '<span class="pill master">master</span>' : ""}
+      <span class="badge level-${level}" title="${esc(title)}" tabindex="0">${LEVEL_LABEL[level] || level}</span></header>
+    <p class="muted mono">${esc(node.nodeId)}</p>
+    <div class="meter" role="meter" aria-valuemin="0" aria-valuemax="100" aria-valuenow="${used}" aria-label="memory used"><span style="width:${used}%"></span></div>
+    <p>memory ${gib(memory.available)} free of ${gib(memory.total)}</p>
+    <p>accelerators: ${esc(accelerators(node.backends).join(", ") || "-")}</p>
+    <p>backends: ${esc((node.backends || []).join(", ") || "-")}</p>
+    <h4>runners</h4>${runners.length ? `<ul class="runners">${runners.join("")}</ul>` : '<p class="muted">none</p>'}
+    ${detail ? `<ul class="health-detail">${detail}</ul>` : ""}
+  </article>`;
+}
+
+class SkulkTopology extends HTMLElement {
+  connectedCallback() {
+    this.innerHTML = `<section class="page"><h2>Topology</h2><div class="graph card"></div><div class="grid nodes"></div></section>`;
+    this.off = onSnapshot(this, ({ cluster, state }) => {
+      setHtml(this.querySelector(".graph"), graph(cluster, state));
+      setHtml(this.querySelector(".nodes"), cluster.nodes.map((n) => nodeCard(cluster, state, n)).join(""));
+    });
+  }
+  disconnectedCallback() { this.off?.(); }
+}
+customElements.define("skulk-topology", SkulkTopology);

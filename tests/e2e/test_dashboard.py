@@ -1,0 +1,165 @@
+"""The dashboard in a real browser (headless Debian Chromium via Playwright) against live
+nodes: topology, placing from the UI, streamed chat with stop, delete, a node killed with -9
+turning red and then disappearing; no request ever leaves the node; the API-key gate.
+Screenshots of every page go to the test artefacts (`tests/e2e/browser.py`)."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import pytest
+
+from tests.cluster.harness import node_id, start_linked, wait_agreed
+from tests.e2e.browser import open_page
+from tests.mockhub import TINY_GGUF_REPO, mock_hub, tiny_artifacts  # noqa: F401 - fixtures
+from tests.nodeproc import wait_for
+
+pytest.importorskip("playwright")
+from playwright.sync_api import expect  # noqa: E402 - after the skip
+
+MODEL = "local/tiny-llama-gguf"
+KEY = "s3cret-key"
+PRUNE_DEADLINE_MS = 120_000
+"""A killed node turns red at 20 s without a heartbeat and is pruned at 30 s; the rest is a
+hang guard for a noisy machine."""
+
+COUNT_TEXT_UPDATES = """() => {
+  window.__updates = 0;
+  new MutationObserver(() => { window.__updates += 1; })
+    .observe(document.querySelector('[data-role="messages"]'), {subtree: true, characterData: true, childList: true});
+}"""
+
+
+def only_from(node_url: str, requests: list[str]) -> list[str]:
+    """The requests that went anywhere but the node (data: URLs never leave the page)."""
+    return [url for url in requests if not url.startswith(node_url + "/") and not url.startswith("data:")]
+
+
+def send(page, text: str, max_tokens: int) -> object:
+    page.fill('[data-role="max-tokens"]', str(max_tokens))
+    page.fill('[data-role="input"]', text)
+    answers = page.locator(".message.assistant")
+    index = answers.count()
+    page.click('[data-role="send"]')
+    return answers.nth(index)  # this answer, not whichever is last later
+
+
+def test_dashboard_drives_a_two_node_cluster(spawn_node, mock_hub):  # noqa: F811 - nodes inherit HF_ENDPOINT
+    nodes = start_linked(spawn_node, ["alpha", "beta"])
+    wait_agreed(nodes, members=2)
+    alpha, beta = nodes
+    beta_id = node_id(beta)
+    with open_page("dashboard") as browser:
+        page = browser.page
+        page.goto(alpha.url + "/")
+        # Topology: both nodes, the master marked, the graph drawn.
+        expect(page.locator(".node-card")).to_have_count(2)
+        expect(page.locator(".node-card .pill.master")).to_have_count(1)
+        expect(page.locator("svg .gnode")).to_have_count(2)
+        expect(page.locator("#link-status")).to_have_text("live")
+        browser.shot("topology")
+
+        # Place the tiny model from the Models page; it shows up running.
+        page.click('nav [data-page="models"]')
+        page.select_option('[data-role="model-select"]', MODEL)
+        page.locator('[data-role="previews"] button[data-action="place"]').first.click()
+        row = page.locator(f'tr[data-model-id="{MODEL}"]')
+        expect(row).to_have_count(1)
+        expect(row.locator(".runner-states")).to_have_text("Ready", timeout=120_000)
+        browser.shot("models")
+
+        # Chat: a message streams into the page, with TTFT and tokens/s.
+        page.click('nav [data-page="chat"]')
+        expect(page.locator('[data-role="model"]')).to_have_value(MODEL)
+        page.evaluate(COUNT_TEXT_UPDATES)
+        answer = send(page, "Tell me about the weather.", 48)
+        expect(answer).to_have_attribute("data-state", "done")
+        assert answer.locator(".text").inner_text().strip()
+        assert page.evaluate("window.__updates") >= 3, "the answer arrived in one piece, not streamed"
+        expect(answer.locator(".stats")).to_contain_text("TTFT")
+        expect(answer.locator(".stats")).to_contain_text("48 tokens")
+
+        # Stop: a long answer ends at the button, well short of its budget.
+        long_answer = send(page, "Tell me a very long story.", 1500)
+        expect(long_answer.locator(".text")).not_to_be_empty()
+        page.click('[data-role="stop"]')
+        expect(long_answer).to_have_attribute("data-state", "stopped")
+        stopped_at = len(long_answer.locator(".text").inner_text())
+        assert long_answer.locator(".stats").inner_text().startswith("stopped")
+        # The node is free again: the next message is answered in full.
+        after = send(page, "Hello again.", 8)
+        expect(after).to_have_attribute("data-state", "done")
+        assert len(long_answer.locator(".text").inner_text()) == stopped_at
+        browser.shot("chat")
+
+        # Settings: tracing switch, another node's diagnostics, the event log.
+        page.click('nav [data-page="settings"]')
+        page.select_option('[data-role="diag-node"]', beta_id)
+        page.click('[data-role="diag-load"]')
+        expect(page.locator('[data-role="diagnostics"]')).to_contain_text(beta_id)
+        expect(page.locator('[data-role="node-settings"]')).to_contain_text("beta")  # its settings
+        expect(page.locator('[data-role="events"]')).to_contain_text("InstanceCreated")
+        page.check('[data-role="tracing"]')
+        expect(page.locator('[data-role="tracing"]')).to_be_checked()
+        browser.shot("settings")
+
+        # Delete the instance from the Models page: it disappears.
+        page.click('nav [data-page="models"]')
+        page.click(f'tr[data-model-id="{MODEL}"] button[data-action="delete"]')
+        expect(page.locator('[data-role="no-instances"]')).to_be_visible()
+
+        # Hub search and add (the mock hub), then remove the custom card again.
+        page.fill('[data-role="search-form"] input[name="q"]', "tiny-llama")
+        page.click('[data-role="search-form"] button[type="submit"]')
+        add = page.locator(f'[data-role="search-results"] button[data-model-id="{TINY_GGUF_REPO}"]')
+        add.click()
+        expect(add).to_have_text(f"Added {TINY_GGUF_REPO}")
+        custom = page.locator('[data-role="cards"] tr', has_text=TINY_GGUF_REPO)
+        expect(custom).to_contain_text("custom")
+        browser.shot("models-hub-add")
+        custom.locator('button[data-action="delete-card"]').click()
+        expect(custom).to_have_count(0)
+
+        # A node killed with -9 turns red, then disappears.
+        page.click('nav [data-page="topology"]')
+        beta.proc.kill()
+        card = page.locator(f'.node-card[data-node-id="{beta_id}"]')
+        expect(card).to_have_class(re.compile(r"\blevel-error\b"), timeout=PRUNE_DEADLINE_MS)
+        expect(card.locator(".health-detail")).not_to_be_empty()
+        browser.shot("topology-node-down")
+        expect(card).to_have_count(0, timeout=PRUNE_DEADLINE_MS)
+        expect(page.locator(".node-card")).to_have_count(1)
+
+        # Dark theme and phone width, same tokens.
+        page.click("#theme-toggle")
+        page.set_viewport_size({"width": 390, "height": 844})
+        browser.shot("topology-phone-dark")
+
+        assert only_from(alpha.url, browser.requests) == []
+        assert browser.errors == []
+
+
+def test_with_an_api_key_the_dashboard_shows_nothing_until_the_key_is_entered(spawn_node):
+    keyed = spawn_node("keyed", env={"SKULK_API_KEY": KEY}, extra_args=["--no-worker"])
+    wait_for(lambda: httpx.get(keyed.url + "/node_id", headers={"Authorization": f"Bearer {KEY}"},
+                               timeout=5).status_code == 200, timeout_s=60, what="keyed node up")
+    with open_page("dashboard-api-key") as browser:
+        page = browser.page
+        page.goto(keyed.url + "/")
+        expect(page.locator("#key-prompt")).to_be_visible()
+        expect(page.locator("#pages")).to_be_hidden()
+        assert page.locator(".node-card").count() == 0
+        browser.shot("api-key-prompt")
+        page.fill("#key-input", "wrong")
+        page.click("#key-prompt button[type=submit]")
+        expect(page.locator("#key-error")).to_contain_text("refused")
+        expect(page.locator("#pages")).to_be_hidden()
+        page.fill("#key-input", KEY)
+        page.click("#key-prompt button[type=submit]")
+        expect(page.locator(".node-card")).to_have_count(1)
+        expect(page.locator("#link-status")).to_have_text("live")
+        assert page.evaluate("sessionStorage.getItem('skulk.apiKey')") == KEY
+        browser.shot("api-key-unlocked")
+        assert only_from(keyed.url, browser.requests) == []
+        assert browser.errors == []
