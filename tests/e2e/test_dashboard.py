@@ -141,7 +141,10 @@ def test_dashboard_drives_a_two_node_cluster(spawn_node, mock_hub):  # noqa: F81
 
 
 def test_with_an_api_key_the_dashboard_shows_nothing_until_the_key_is_entered(spawn_node):
-    keyed = spawn_node("keyed", env={"SKULK_API_KEY": KEY}, extra_args=["--no-worker"])
+    # Keys required from loopback too (the browser runs on the node's own machine, which the
+    # default exempts): what a browser on another machine meets.
+    keyed = spawn_node("keyed", env={"SKULK_API_KEY": KEY, "SKULK_API_REQUIRE_KEY_ON_LOOPBACK": "1"},
+                       extra_args=["--no-worker"])
     wait_for(lambda: httpx.get(keyed.url + "/node_id", headers={"Authorization": f"Bearer {KEY}"},
                                timeout=5).status_code == 200, timeout_s=60, what="keyed node up")
     with open_page("dashboard-api-key") as browser:
