@@ -229,6 +229,7 @@ class Node:
             return await self._abort(log_slot, router, ExitCode.FAILURE)
 
         router.declare_presence()
+        self.presence = router.watch_presence()  # long-lived: a master promoted later reads it at once
         derived = await asyncio.to_thread(self._derive_backends)
         interfaces = tuple(await asyncio.to_thread(probe_interfaces))
         self._own_store = advertised_store(settings.api_endpoint)
@@ -338,7 +339,7 @@ class Node:
         if elected.i_am_master and self._master_task is None:
             self._master = Master(
                 router, self.replica, log_slot, lambda: self.telemetry.view, session_id=elected.session_id,
-                cards=self.cards,
+                cards=self.cards, presence=self.presence.alive,
             )
             self._master_task = asyncio.create_task(self._run_master(self._master), name="master")
         self.producer.resend_all()

@@ -29,6 +29,7 @@ from skulk.cluster.replica import StateReplica
 from skulk.master import indexer as ix
 from skulk.master.commands import DecisionContext, Refusal, decide
 from skulk.master.plan import MasterView, heartbeat_warnings, plan, track_broken_groups, track_zombies
+from skulk.master.presence_loss import PRESENCE_LOSS_CONFIRM_S, PresenceLedger, lost_nodes, observe, record_prunes
 from skulk.master.repair import DeletionCredit, active_credits, record_deletion
 from skulk.routing.router import Router, RouterError
 from skulk.routing.topics import TOPICS
@@ -44,6 +45,7 @@ from skulk.shared.types.events import (
     InstancePlacementRefused,
     InstanceRepairAbandoned,
     LocalEvent,
+    NodeTimedOut,
 )
 from skulk.shared.types.ids import InstanceId, new_id
 from skulk.shared.types.state import State
@@ -91,6 +93,10 @@ replay ticker sleeps until a SyncRequest arrives: an idle master does not wake 2
 second for nothing (each wake-up costs CPU that a decoding runner on the same cores feels)."""
 INBOX_CAPACITY = 4096
 
+PRESENCE_RECHECK_MARGIN_S = 0.05
+"""A departure's extra plan pass runs this long after its hysteresis ends, so the pass
+sees the absence as confirmed rather than a hair short of it."""
+
 
 class EventLogSlot:
     """The node's event log, replaceable when a new session must start a fresh log."""
@@ -135,9 +141,14 @@ class Master:
         *,
         session_id: str,
         cards: Callable[[], Mapping[str, ModelCard]] = dict,
+        presence: Callable[[], frozenset[str]] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._cards = cards
+        self._presence = presence
+        """The nodes holding a presence token now, from a watch older than this master (a
+        fresh watch reports nobody until its history arrives); None: no presence verdicts."""
+        self._presence_ledger = PresenceLedger()
         self._router = router
         self._replica = replica
         self._slot = log_slot
@@ -292,12 +303,21 @@ class Master:
         self._indexer, released = ix.release_stale(self._indexer, datetime.now(UTC))
         await self._commit(released)
         now = self._clock()
-        if now - self._promoted_at < PLAN_GRACE_AFTER_PROMOTION_S:
-            return
         state = self._replica.state
+        presence_lost: dict[str, float] = {}
+        if self._presence is not None:
+            self._presence_ledger = observe(self._presence_ledger, state.nodes, self._presence(), self.me, now)
+            presence_lost = lost_nodes(self._presence_ledger, now)
+        # Presence verdicts need no grace (the node's presence watch predates this master);
+        # liveness verdicts do: a freshly promoted node may not have heard every heartbeat.
+        in_grace = now - self._promoted_at < PLAN_GRACE_AFTER_PROMOTION_S
+        if in_grace and not presence_lost:
+            return
         view_telemetry = self._telemetry()
         now_utc = datetime.now(UTC)
-        fresh = {node: freshness(view_telemetry, state, node, now, now_utc) for node in state.nodes if node != self.me}
+        fresh = {} if in_grace else {
+            node: freshness(view_telemetry, state, node, now, now_utc) for node in state.nodes if node != self.me
+        }
         newly_late, recovered = heartbeat_warnings(fresh, self._warned)
         for node in sorted(newly_late):
             logger.warning("no heartbeat from node %s for %.0f s", node, fresh[node].heartbeat_age_s or -1)
@@ -310,9 +330,16 @@ class Master:
             state=state, me=self.me, freshness=fresh, zombie_since=self._zombie_since, now=now,
             cards=self._cards(), resources=node_resources(view_telemetry, state),
             memory_credits=active_credits(self._deletion_credits, now), node_timeout_s=self._node_timeout_s,
-            broken_since=self._broken_since,
+            broken_since=self._broken_since, presence_lost=presence_lost,
         )
         events = plan(view, new_id)
+        pruned = [e.node_id for e in events if isinstance(e, NodeTimedOut) and e.cause == "presence_lost"]
+        for event in events:
+            if isinstance(event, NodeTimedOut):
+                logger.warning("pruned node %s: %s %.1f s", event.node_id,
+                               "presence gone for" if event.cause == "presence_lost" else "silent for",
+                               event.effective_age_s)
+        self._presence_ledger = record_prunes(self._presence_ledger, pruned, now)
         for event in events:  # a plan's InstanceCreated is always a repair; hop > 0 logs at commit
             if isinstance(event, InstanceCreated) and event.instance.repair_hop == 0:
                 logger.warning("re-placed %s as instance %s on nodes %s", event.instance.model_id,
@@ -323,12 +350,16 @@ class Master:
 
     async def run(self) -> None:
         self._seed()
+        if self._presence is not None:  # absences are timed from promotion, not the first tick
+            state = self._replica.state
+            self._presence_ledger = observe(self._presence_ledger, state.nodes, self._presence(), self.me, self._clock())
         inbox: asyncio.Queue[object] = asyncio.Queue(maxsize=INBOX_CAPACITY)
         # The master's receive queues are as deep as its inbox: a burst of commands waits
         # here rather than being dropped while the loop commits.
         local_events = self._router.subscribe(TOPICS.local_events, maxsize=INBOX_CAPACITY)
         commands = self._router.subscribe(TOPICS.commands, maxsize=INBOX_CAPACITY)
         sync_requests = self._router.subscribe(TOPICS.sync_requests)
+        presence_changes = self._router.watch_presence() if self._presence is not None else None
 
         async def pump(subscription) -> None:  # noqa: ANN001
             async for received in subscription:
@@ -338,6 +369,18 @@ class Master:
                 if isinstance(message, SyncRequest) and message.node_id != received.sender:
                     continue
                 await inbox.put(message)
+
+        async def plan_soon_after_departures() -> None:
+            """A departure (or a member already absent at promotion) is judged once its
+            hysteresis has passed, not at the next tick."""
+            assert presence_changes is not None
+            await asyncio.sleep(PRESENCE_LOSS_CONFIRM_S + PRESENCE_RECHECK_MARGIN_S)
+            await inbox.put(_Tick())
+            async for change in presence_changes:
+                if not change.alive:
+                    await inbox.put(_Tick())  # stamps the absence now, not at the next tick
+                    await asyncio.sleep(PRESENCE_LOSS_CONFIRM_S + PRESENCE_RECHECK_MARGIN_S)
+                    await inbox.put(_Tick())
 
         async def every(interval_s: float, item: object) -> None:
             while True:
@@ -369,12 +412,16 @@ class Master:
                     group.create_task(pump(subscription))
                 group.create_task(every(PLAN_INTERVAL_S, _Tick()))
                 group.create_task(replay_ticks())
+                if presence_changes is not None:
+                    group.create_task(plan_soon_after_departures())
                 while True:
                     item = await inbox.get()
                     await handlers[type(item)](item)
         finally:
             for subscription in (local_events, commands, sync_requests):
                 subscription.close()
+            if presence_changes is not None:
+                presence_changes.close()
 
     def stats(self) -> dict[str, object]:
         return {
