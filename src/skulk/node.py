@@ -23,6 +23,7 @@ import uvicorn
 
 from skulk import __version__
 from skulk.api.app import ApiContext, create_app
+from skulk.api.failover import failover_failures
 from skulk.api.streams import CommandStreams
 from skulk.cluster.election import ElectionService
 from skulk.cluster.membership import MembershipService
@@ -332,8 +333,10 @@ class Node:
         self.replica.adopt_session(elected.master_id, elected.session_id, elected.i_am_master)
         self.store_binding()  # re-run the store choice for the new master (logs a change)
         if previous_session is not None and previous_session != elected.session_id:
-            # The new session cannot carry the old one's tasks: end their streams now.
-            self.streams.fail_all("MasterFailover", f"the master changed (new session {elected.session_id}); retry")
+            # End only the streams the change affects (skulk.api.failover); the rest run on.
+            affected = failover_failures(self.replica.state, self.streams.open_command_ids(), self.presence.alive(),
+                                         elected.session_id)
+            self.streams.fail_failover("MasterFailover", affected)
         if self._master is not None and (not elected.i_am_master or self._master.session_id != elected.session_id):
             self._stop_master()
         if elected.i_am_master and self._master_task is None:

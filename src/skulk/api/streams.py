@@ -316,6 +316,22 @@ class CommandStreams:
             return False
         return self._end(stream, StreamFailed("cancelled", message, outcome="cancelled", origin="client"))
 
+    def open_command_ids(self) -> list[str]:
+        return list(self._open)
+
+    def fail_failover(self, error_type: str, messages: dict[str, str]) -> int:
+        """End the streams a change of master affects (`skulk.api.failover`), each with its
+        own message; the others continue. Returns how many ended."""
+        ended = 0
+        for command_id, message in messages.items():
+            stream = self._open.get(command_id)
+            if stream is not None:
+                ended += self._end(stream, StreamFailed(error_type, message, origin="api"))
+        self._counters["failedByFailover"] += ended
+        if ended:
+            logger.warning("master changed: ended %d of %d open command streams", ended, ended + len(self._open))
+        return ended
+
     def fail_all(self, error_type: str, message: str) -> int:
         """End every open stream at once (a master failover: the new session cannot carry
         the old session's tasks). Returns how many ended."""
