@@ -49,6 +49,7 @@ from skulk.store.cards import builtin_cards_dir, resolve_cards
 from skulk.store.companions import companions_of
 from skulk.store.config import ModelStoreSection
 from skulk.store.eviction import in_use_model_ids
+from skulk.store.intent_record import INTENT_FILE, IntentRecord
 from skulk.store.model_store import NodeStore, StoreBinding, bind_store, eviction_policy
 from skulk.store.staging import staging_root_for
 from skulk.store.store_memory import load_remembered_store, remember_store
@@ -253,6 +254,8 @@ class Node:
             disk_reserve_bytes=eviction_policy(settings.model_store).reserve_bytes,
         )
         self.replica.on_applied(self._fail_streams_of_failed_tasks)
+        self.intent = IntentRecord(settings.paths.data_home / INTENT_FILE)  # restored by a cold-start master
+        self.replica.on_applied(lambda indexed: self.intent.observe(indexed, self.replica.state))
         self.staged_copies = StagedCopyKeeper(
             node_id=self.node_id, staging_root=staging_root_for(settings.paths.data_home),
             canonical_root=settings.paths.models_dir,  # a guard: never delete into the models dir
@@ -342,7 +345,7 @@ class Node:
         if elected.i_am_master and self._master_task is None:
             self._master = Master(
                 router, self.replica, log_slot, lambda: self.telemetry.view, session_id=elected.session_id,
-                cards=self.cards, presence=self.presence.alive,
+                cards=self.cards, presence=self.presence.alive, intent=lambda: self.intent.intent,
             )
             self._master_task = asyncio.create_task(self._run_master(self._master), name="master")
         self.producer.resend_all()

@@ -31,8 +31,10 @@ from skulk.master.commands import DecisionContext, Refusal, decide
 from skulk.master.plan import MasterView, heartbeat_warnings, plan, track_broken_groups, track_zombies
 from skulk.master.presence_loss import PRESENCE_LOSS_CONFIRM_S, PresenceLedger, lost_nodes, observe, record_prunes
 from skulk.master.repair import DeletionCredit, active_credits, record_deletion
+from skulk.master.restore import RESTORE_DEADLINE_S, restore_step
 from skulk.routing.router import Router, RouterError
 from skulk.routing.topics import TOPICS
+from skulk.shared.intent import ClusterIntent, PlacementIntent, restore_cards
 from skulk.shared.sync import due_bursts, next_due_at, replay_scheduler, request
 from skulk.shared.telemetry_view import NODE_TIMEOUT_S, TelemetryView, freshness, node_resources
 from skulk.shared.types.cards import ModelCard
@@ -142,8 +144,13 @@ class Master:
         session_id: str,
         cards: Callable[[], Mapping[str, ModelCard]] = dict,
         presence: Callable[[], frozenset[str]] | None = None,
+        intent: Callable[[], ClusterIntent] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._intent = intent
+        """The operator's remembered intent (this node's record); restored on a cold start."""
+        self._restoring: list[PlacementIntent] = []
+        self._restore_reasons: dict[str, str] = {}
         self._cards = cards
         self._presence = presence
         """The nodes holding a presence token now, from a watch older than this master (a
@@ -180,6 +187,9 @@ class Master:
 
     def _seed(self) -> None:
         state = self._replica.state
+        if state.last_event_applied_idx < 0 and self._intent is not None:
+            # A cold start: no node of this cluster holds any State. Restore the intent.
+            self._restoring = list(self._intent().placements.values())
         next_idx = state.last_event_applied_idx + 1
         log_last = self._slot.log.last_idx
         if log_last is not None and log_last >= next_idx:
@@ -345,11 +355,42 @@ class Master:
                 logger.warning("re-placed %s as instance %s on nodes %s", event.instance.model_id,
                                event.instance.instance_id, ",".join(event.instance.node_ids()))
         await self._index_own(events)
+        if self._restoring and not events and not in_grace:
+            await self._restore_some(now)
+
+    async def _restore_some(self, now: float) -> None:
+        """One remembered placement per pass, on the nodes that came back (see restore)."""
+        waited_s = now - self._promoted_at
+        state = self._replica.state
+        step = restore_step(self._restoring, state, self._cards(), node_resources(self._telemetry(), state),
+                            waited_s=waited_s, new_id=new_id,
+                            memory_credits=active_credits(self._deletion_credits, now))
+        self._restoring = [wanted for wanted, _reason in step.waiting]
+        for wanted, reason in step.waiting:
+            if self._restore_reasons.get(wanted.model_id) != reason:
+                logger.info("restoring %s waits: %s", wanted.model_id, reason)
+                self._restore_reasons[wanted.model_id] = reason
+        if step.created is not None:
+            instance = step.created.instance
+            logger.warning("cold start: restored %s as instance %s on nodes %s", instance.model_id,
+                           instance.instance_id, ",".join(instance.node_ids()))
+            await self._index_own([step.created])
+        if self._restoring and waited_s >= RESTORE_DEADLINE_S:
+            for wanted in self._restoring:
+                logger.error("cold start: gave up restoring %s after %.0f s: %s", wanted.model_id, waited_s,
+                             self._restore_reasons.get(wanted.model_id, "it fits no node"))
+            self._restoring = []
 
     # -- the loop ---------------------------------------------------------------------------
 
     async def run(self) -> None:
         self._seed()
+        if self._intent is not None and self._replica.state.last_event_applied_idx < 0:
+            cards = restore_cards(self._intent(), self._replica.state, new_id)
+            if cards or self._restoring:
+                logger.warning("cold start: restoring %d custom card(s) and %d placement(s) from the intent record",
+                               len(cards), len(self._restoring))
+            await self._index_own(cards)
         if self._presence is not None:  # absences are timed from promotion, not the first tick
             state = self._replica.state
             self._presence_ledger = observe(self._presence_ledger, state.nodes, self._presence(), self.me, self._clock())
