@@ -73,6 +73,7 @@ def resolve_settings(
         api_enabled=not flags.no_api,
         worker_enabled=not flags.no_worker,
         model_store=config.model_store,
+        event_log=config.event_log,
     )
 
 

@@ -47,11 +47,12 @@ from skulk.shared.types.tasks import TextGeneration
 from skulk.shared.telemetry_view import node_resources
 from skulk.store.cards import builtin_cards_dir, resolve_cards
 from skulk.store.companions import companions_of
-from skulk.store.config import ModelStoreSection
+from skulk.store.config import EventLogSection, ModelStoreSection
 from skulk.store.eviction import in_use_model_ids
 from skulk.store.intent_record import INTENT_FILE, IntentRecord
 from skulk.store.model_store import NodeStore, StoreBinding, bind_store, eviction_policy
 from skulk.store.staging import staging_root_for
+from skulk.store.superseded_logs import retention_from
 from skulk.store.store_memory import load_remembered_store, remember_store
 from skulk.store.store_host import StoreAddress, StoreAddressError, StoreChoice, advertised_store, parse_store_address
 from skulk.worker.main import Worker
@@ -102,6 +103,7 @@ class NodeSettings:
     api_enabled: bool = True
     worker_enabled: bool = True
     model_store: ModelStoreSection = ModelStoreSection()
+    event_log: EventLogSection = EventLogSection()
 
     @property
     def api_endpoint(self) -> str | None:
@@ -213,7 +215,7 @@ class Node:
 
     async def _run_holding_lease(self, lease: Lease) -> int:
         settings = self.settings
-        log_slot = EventLogSlot(settings.paths.event_log_dir)
+        log_slot = EventLogSlot(settings.paths.event_log_dir, retention=retention_from(settings.event_log))
         api_socket = None
         router: Router | None = None
         try:

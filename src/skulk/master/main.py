@@ -54,6 +54,7 @@ from skulk.shared.types.state import State
 from skulk.shared.types.sync import EventBurst, GlobalEvent, SnapshotOffer, SyncRequest
 from skulk.shared.wire_keys import to_camel_keys
 from skulk.store.event_log import DiskEventLog
+from skulk.store.superseded_logs import Retention, prune_superseded, superseded_name
 
 logger = logging.getLogger(__name__)
 
@@ -101,22 +102,36 @@ sees the absence as confirmed rather than a hair short of it."""
 
 
 class EventLogSlot:
-    """The node's event log, replaceable when a new session must start a fresh log."""
+    """The node's event log, replaceable when a new session must start a fresh log. Logs
+    moved aside are kept within `retention` (pruned here at open and at each supersede)."""
 
-    def __init__(self, directory: Path, open_log: Callable[[Path], DiskEventLog] = DiskEventLog) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        open_log: Callable[[Path], DiskEventLog] = DiskEventLog,
+        *,
+        retention: Retention | None = None,
+    ) -> None:
         self.directory = directory
         self._open = open_log
+        self._retention = retention
+        self._prune()
         self.log = open_log(directory)
+
+    def _prune(self) -> None:
+        if self._retention is not None:
+            prune_superseded(self.directory, self._retention, time.time())
 
     def supersede(self) -> None:
         """Move the current log aside (its indices would collide with the new session's)."""
         self.log.close()
-        aside = self.directory.with_name(f"{self.directory.name}.superseded-{int(time.time())}")
+        aside = superseded_name(self.directory, time.time())
         try:
             self.directory.rename(aside)
             logger.warning("event log %s holds indices this session will reuse; moved it to %s", self.directory, aside)
         except OSError as exc:
             logger.error("could not move event log %s aside (%s); starting a log in place", self.directory, exc)
+        self._prune()
         self.log = self._open(self.directory)
 
     def close(self) -> None:
