@@ -40,6 +40,7 @@ from skulk.routing.router import Router, RouterError
 from skulk.routing.topics import TOPICS
 from skulk.shared import election as election_machine
 from skulk.shared.membership import SelfInfo
+from skulk.shared.serving import wait_explanation
 from skulk.shared.types.commands import Command, ForwarderCommand
 from skulk.shared.types.events import IndexedEvent
 from skulk.shared.types.ids import new_id
@@ -158,7 +159,7 @@ class Node:
         self._exit_code = ExitCode.OK
         self._master: Master | None = None
         self._master_task: asyncio.Task | None = None
-        self.streams = CommandStreams()
+        self.streams = CommandStreams(explain_wait=self._explain_wait)
         self.worker: Worker | None = None
         self._explicit_store: StoreAddress | None = None
         self._own_store: StoreAddress | None = None
@@ -359,6 +360,10 @@ class Node:
         if not self.settings.worker_enabled:
             return DerivedBackends(tags=[], conflicts=list(derived.conflicts))
         return derived
+
+    def _explain_wait(self, command_id: str) -> str | None:
+        replica = getattr(self, "replica", None)  # set once the transport is up
+        return wait_explanation(replica.state, command_id) if replica is not None else None
 
     def _fail_streams_of_failed_tasks(self, indexed: IndexedEvent) -> None:
         """A task this node's API owns failed or was cancelled in the cluster: end its stream."""

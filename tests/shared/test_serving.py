@@ -62,3 +62,15 @@ def test_refusal_names_the_runner_node_state_and_reason() -> None:
     message = verdict.refusal()
     assert "runner r1 on node node-r1 is Failed (engine crashed: SIGSEGV)" in message
     assert message.startswith(f"{MODEL} has no serving runner")
+
+
+def test_a_waiting_request_is_explained_by_its_runners_states() -> None:
+    from skulk.shared.serving import wait_explanation
+    from skulk.shared.types.tasks import TextGeneration, TextGenerationParams
+
+    task = TextGeneration(owner_node_id="api", task_id="t1", instance_id="i1", command_id="c1",
+                          params=TextGenerationParams(model_id=MODEL, prompt="x"))
+    state = _state({"i1": ["r1"]}, {"r1": ("Loading", None)}).model_copy(update={"tasks": {"t1": task}})
+    assert wait_explanation(state, "c1") == "runner r1 on node node-r1 is Loading"
+    assert wait_explanation(state.model_copy(update={"runners": {}}), "c1") == "runner r1 on node node-r1 is not started yet"
+    assert "never logged" in wait_explanation(state, "other")

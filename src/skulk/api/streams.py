@@ -184,7 +184,10 @@ class CommandStreams:
         idle_lease_s: float = IDLE_LEASE_S,
         first_frame_deadline_s: float = FIRST_FRAME_DEADLINE_S,
         clock: Callable[[], float] = time.monotonic,
+        explain_wait: Callable[[str], str | None] = lambda _command_id: None,
     ) -> None:
+        self._explain_wait = explain_wait
+        """Why a command still has no first frame (its runners' states), for the timeout's message."""
         if max_open_streams < 1 or max_queued_frames < 1:
             raise ValueError("stream bounds must be at least 1")
         self.max_open_streams = max_open_streams
@@ -351,9 +354,11 @@ class CommandStreams:
         for stream in list(self._open.values()):
             if stream.next_seq is None and now - stream.opened_at >= self.first_frame_deadline_s:
                 self._counters["expiredFirstFrame"] += 1
+                why = self._explain_wait(stream.command_id)
                 failure = StreamFailed(
                     "first_frame_timeout",
-                    f"No runner started this request within {self.first_frame_deadline_s:g} s.",
+                    f"No runner started this request within {self.first_frame_deadline_s:g} s"
+                    + (f": {why}." if why else "."),
                     origin="api",
                 )
             elif now - stream.last_frame_at >= self.idle_lease_s:

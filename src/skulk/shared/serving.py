@@ -96,4 +96,24 @@ def model_serving(state: State, model_id: str) -> ModelServing:
     return ModelServing(model_id, tuple(serving), tuple(loading), tuple(down))
 
 
-__all__ = ["DOWN_RUNNER_STATES", "SERVING_RUNNER_STATES", "ModelServing", "RunnerDown", "model_serving"]
+def wait_explanation(state: State, command_id: str) -> str | None:
+    """Why the request `command_id` is still waiting for its first frame, for the error it
+    ends with at its deadline: the state of each runner of the instance it was bound to (a
+    load in progress, a download pending), or that the cluster never logged it."""
+    task = next((t for t in state.tasks.values() if getattr(t, "command_id", None) == command_id), None)
+    if task is None:
+        return "the cluster never logged this request (its command was lost)"
+    instance = state.instances.get(task.instance_id)
+    if instance is None:
+        return f"its instance {task.instance_id} is gone"
+    parts = []
+    for shard in instance.shards:
+        status = state.runners.get(shard.runner_id)
+        download = state.downloads.get(shard.node_id, {}).get(instance.model_id)
+        fetching = " (its download is still pending)" if download is not None and download.type == "DownloadStatusPending" else ""
+        described = status.state if status is not None else "not started yet"
+        parts.append(f"runner {shard.runner_id} on node {shard.node_id} is {described}{fetching}")
+    return "; ".join(parts)
+
+
+__all__ = ["DOWN_RUNNER_STATES", "SERVING_RUNNER_STATES", "ModelServing", "RunnerDown", "model_serving", "wait_explanation"]
