@@ -97,8 +97,9 @@ second for nothing (each wake-up costs CPU that a decoding runner on the same co
 INBOX_CAPACITY = 4096
 
 PRESENCE_RECHECK_MARGIN_S = 0.05
-"""A departure's extra plan pass runs this long after its hysteresis ends, so the pass
-sees the absence as confirmed rather than a hair short of it."""
+"""A departure's extra plan passes run this long after the change reached the master's watch
+(so the node's own watch, which the verdict reads, has it too) and after its hysteresis ends
+(so the pass sees the absence as confirmed rather than a hair short of it)."""
 
 
 class EventLogSlot:
@@ -434,7 +435,10 @@ class Master:
             await inbox.put(_Tick())
             async for change in presence_changes:
                 if not change.alive:
-                    await inbox.put(_Tick())  # stamps the absence now, not at the next tick
+                    # Stamp the absence now, not at the next tick: a moment later, so the
+                    # node's own presence watch (which the verdict reads) has seen it too.
+                    await asyncio.sleep(PRESENCE_RECHECK_MARGIN_S)
+                    await inbox.put(_Tick())
                     await asyncio.sleep(PRESENCE_LOSS_CONFIRM_S + PRESENCE_RECHECK_MARGIN_S)
                     await inbox.put(_Tick())
 
