@@ -485,6 +485,7 @@ class Node:
             "worker": self.worker.stats() if self.worker else None,
             "master": self._master.stats() if self._master else None,
             "modelStore": self._store_stats(),
+            "intentRecord": self.intent.stats(),
         }
 
     def _store_stats(self) -> dict[str, Any] | None:

@@ -494,5 +494,8 @@ class Master:
             "memoryCredits": active_credits(self._deletion_credits, self._clock()),
             "snapshotsSent": self.snapshots_sent,
             "burstsSent": self.bursts_sent,
+            "presenceAbsent": sorted(self._presence_ledger.absent_since),
+            "presencePrunes": {n: len(t) for n, t in sorted(self._presence_ledger.pruned_at.items())},
+            "restoringPlacements": sorted(p.model_id for p in self._restoring),
             "indexer": to_camel_keys(self._indexer.stats()) if self._indexer else None,
         }
