@@ -85,6 +85,7 @@ def resolve_settings(
         model_store=config.model_store,
         tracing=config.tracing,
         logging=config.logging,
+        event_log=config.event_log,
     )
 
 

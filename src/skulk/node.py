@@ -29,6 +29,7 @@ from skulk.api.access import AccessPolicy
 from skulk.api.app import ApiContext, create_app
 from skulk.api.node_access import access_policy, access_warnings, with_api_key, with_own_hosts
 from skulk.api.limits import DEFAULT_MAX_BODY_BYTES, RequestLimits
+from skulk.api.failover import failover_failures
 from skulk.api.streams import CommandStreams
 from skulk.cluster.election import ElectionService
 from skulk.cluster.membership import MembershipService
@@ -51,6 +52,7 @@ from skulk.routing.router import Router, RouterError
 from skulk.routing.topics import TOPICS
 from skulk.shared import election as election_machine
 from skulk.shared.membership import SelfInfo
+from skulk.shared.serving import wait_explanation
 from skulk.shared.types.commands import Command, ForwarderCommand
 from skulk.shared.types.events import IndexedEvent
 from skulk.shared.types.ids import new_id
@@ -59,10 +61,12 @@ from skulk.shared.types.tasks import TextGeneration
 from skulk.shared.telemetry_view import node_resources
 from skulk.store.cards import builtin_cards_dir, resolve_cards
 from skulk.store.companions import companions_of
-from skulk.store.config import LoggingSection, ModelStoreSection, TracingSection
+from skulk.store.config import EventLogSection, LoggingSection, ModelStoreSection, TracingSection
 from skulk.store.eviction import in_use_model_ids
+from skulk.store.intent_record import INTENT_FILE, IntentRecord
 from skulk.store.model_store import NodeStore, StoreBinding, bind_store, eviction_policy
 from skulk.store.staging import staging_root_for
+from skulk.store.superseded_logs import retention_from
 from skulk.store.store_memory import load_remembered_store, remember_store
 from skulk.store.store_host import StoreAddress, StoreAddressError, StoreChoice, advertised_store, parse_store_address
 from skulk.worker.main import Worker
@@ -126,6 +130,7 @@ class NodeSettings:
     model_store: ModelStoreSection = ModelStoreSection()
     tracing: TracingSection = TracingSection()
     logging: LoggingSection = LoggingSection()
+    event_log: EventLogSection = EventLogSection()
 
     @property
     def api_endpoint(self) -> str | None:
@@ -196,7 +201,7 @@ class Node:
         self._exit_code = ExitCode.OK
         self._master: Master | None = None
         self._master_task: asyncio.Task | None = None
-        self.streams = CommandStreams()
+        self.streams = CommandStreams(explain_wait=self._explain_wait)
         self.recorder = FlightRecorder()
         self.log_ring = LogRing()
         self.streams.on_lifecycle = self.recorder.on_stream
@@ -270,7 +275,7 @@ class Node:
 
     async def _run_holding_lease(self, lease: Lease) -> int:
         settings = self.settings
-        log_slot = EventLogSlot(settings.paths.event_log_dir)
+        log_slot = EventLogSlot(settings.paths.event_log_dir, retention=retention_from(settings.event_log))
         api_socket = None
         router: Router | None = None
         try:
@@ -288,6 +293,7 @@ class Node:
             return await self._abort(log_slot, router, ExitCode.FAILURE)
 
         router.declare_presence()
+        self.presence = router.watch_presence()  # long-lived: a master promoted later reads it at once
         derived = await asyncio.to_thread(self._derive_backends)
         interfaces = tuple(await asyncio.to_thread(probe_interfaces))
         self._own_store = advertised_store(settings.api_endpoint)
@@ -316,6 +322,8 @@ class Node:
         self.replica.on_applied(self._fail_streams_of_failed_tasks)
         self.task_inputs = TaskInputRelay(send=lambda node_id, item: self._send_input(router, node_id, item))
         self.replica.on_applied(lambda indexed: self.task_inputs.on_event(indexed, self.replica.state))
+        self.intent = IntentRecord(settings.paths.data_home / INTENT_FILE)  # restored by a cold-start master
+        self.replica.on_applied(lambda indexed: self.intent.observe(indexed, self.replica.state))
         self.staged_copies = StagedCopyKeeper(
             node_id=self.node_id, staging_root=staging_root_for(settings.paths.data_home),
             canonical_root=settings.paths.models_dir,  # a guard: never delete into the models dir
@@ -402,14 +410,16 @@ class Node:
         self.replica.adopt_session(elected.master_id, elected.session_id, elected.i_am_master)
         self.store_binding()  # re-run the store choice for the new master (logs a change)
         if previous_session is not None and previous_session != elected.session_id:
-            # The new session cannot carry the old one's tasks: end their streams now.
-            self.streams.fail_all("MasterFailover", f"the master changed (new session {elected.session_id}); retry")
+            # End only the streams the change affects (skulk.api.failover); the rest run on.
+            affected = failover_failures(self.replica.state, self.streams.open_command_ids(), self.presence.alive(),
+                                         elected.session_id)
+            self.streams.fail_failover("MasterFailover", affected)
         if self._master is not None and (not elected.i_am_master or self._master.session_id != elected.session_id):
             self._stop_master()
         if elected.i_am_master and self._master_task is None:
             self._master = Master(
                 router, self.replica, log_slot, lambda: self.telemetry.view, session_id=elected.session_id,
-                cards=self.cards,
+                cards=self.cards, presence=self.presence.alive, intent=lambda: self.intent.intent,
             )
             self._master_task = asyncio.create_task(self._run_master(self._master), name="master")
         self.producer.resend_all()
@@ -429,6 +439,10 @@ class Node:
             trace_id, span = decided
             self.traces.add(trace_id, [span])
             self.traces.finish(trace_id)
+
+    def _explain_wait(self, command_id: str) -> str | None:
+        replica = getattr(self, "replica", None)  # set once the transport is up
+        return wait_explanation(replica.state, command_id) if replica is not None else None
 
     def _fail_streams_of_failed_tasks(self, indexed: IndexedEvent) -> None:
         """A task this node's API owns failed or was cancelled in the cluster: end its stream."""
@@ -583,6 +597,7 @@ class Node:
             "recentLogs": self.log_ring.lines(),
             "config": redacted_config(self.settings),
             "versions": versions(),
+            "intentRecord": self.intent.stats(),
         }
 
     def _store_stats(self) -> dict[str, Any] | None:

@@ -246,3 +246,14 @@ def test_official_sync_anthropic_sdk_over_a_real_socket():
                 assert stream.get_final_message().usage.output_tokens == 2
         finally:
             client_.close()
+
+
+async def test_a_model_whose_only_runner_failed_is_a_503_at_once():
+    from tests.api.test_openai_routes import FAILED_STATE
+
+    app, cluster = make(state=FAILED_STATE)
+    async with client(app) as http:
+        response = await http.post("/v1/messages", json=BODY)
+    message = assert_anthropic_error(response, 503, "api_error")
+    assert "runner r1 on node n1 is Failed (engine crashed)" in message
+    assert cluster.commands == []

@@ -238,3 +238,13 @@ def test_official_sync_ollama_client_over_a_real_socket():
         assert [m.model for m in sdk.list().models] == [MODEL]
         assert sdk.ps().models[0].context_length == 2048
         assert sdk.show(MODEL).details.family == CARD.family
+
+
+async def test_a_model_whose_only_runner_failed_is_a_503_at_once():
+    from tests.api.test_openai_routes import FAILED_STATE
+
+    app, cluster = make_ollama(state=FAILED_STATE)
+    async with client(app) as http:
+        response = await http.post("/ollama/api/chat", json={**CHAT, "stream": False})
+    assert "runner r1 on node n1 is Failed (engine crashed)" in assert_ollama_error(response, 503)
+    assert cluster.commands == []

@@ -93,11 +93,11 @@ class FakeCluster:
 
 
 def make(runner: str = "complete", *, streams: CommandStreams | None = None, master: str | None = "n1",
-         tokens=("Hel", "lo"), finish: str = "stop", **context_fields):
+         tokens=("Hel", "lo"), finish: str = "stop", state: State = STATE, **context_fields):
     streams = streams or CommandStreams()
     cluster = FakeCluster(streams, runner, tokens, finish)
     context = ApiContext(
-        node_id="n1", node_name="one", get_state=lambda: STATE, get_master=lambda: (master, "s1" if master else None),
+        node_id="n1", node_name="one", get_state=lambda: state, get_master=lambda: (master, "s1" if master else None),
         submit_command=cluster.submit, hold_input=cluster.hold_input, streams=streams, **context_fields,
     )
     return create_app(context), cluster
@@ -452,3 +452,24 @@ async def test_official_openai_sdk_sees_a_stream_error():
                 pass
     finally:
         await sdk.close()
+
+
+FAILED_STATE = STATE.model_copy(update={"runners": {"r1": RunnerStatus(state="Failed", error_message="engine crashed")}})
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/chat/completions", CHAT),
+        ("/v1/chat/completions", {**CHAT, "stream": True}),
+        ("/v1/completions", {"model": MODEL, "prompt": "hi"}),
+        ("/v1/embeddings", {"model": MODEL, "input": "hi"}),
+    ],
+)
+async def test_a_model_whose_only_runner_failed_is_a_503_at_once_naming_the_runner(path, body):
+    app, cluster = make(state=FAILED_STATE)
+    async with client(app) as http:
+        response = await http.post(path, json=body)
+    error = assert_openai_error(response, 503, code="model_not_serving", param="model")
+    assert "runner r1 on node n1 is Failed (engine crashed)" in error["message"]
+    assert cluster.commands == [] and cluster.streams.stats()["openStreams"] == 0

@@ -307,3 +307,15 @@ def test_stats_name_bounds_and_counters():
     for key in ("openStreams", "queuedFrames", "droppedLateFrames", "droppedUnknownFrames", "protocolViolations",
                 "expiredIdle", "expiredFirstFrame", "overflows", "rejectedOverloaded"):
         assert stats[key] == 0
+
+
+def test_a_first_frame_timeout_says_what_the_request_was_waiting_for():
+    now = [0.0]
+    streams = CommandStreams(first_frame_deadline_s=5, clock=lambda: now[0],
+                             explain_wait=lambda command_id: f"runner r1 of {command_id} is Loading")
+    stream = streams.open("c1")
+    now[0] = 5.0
+    assert streams.expire() == ["c1"]
+    with pytest.raises(StreamFailed) as failure:
+        stream.__anext__().send(None)
+    assert failure.value.message == "No runner started this request within 5 s: runner r1 of c1 is Loading."

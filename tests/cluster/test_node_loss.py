@@ -6,7 +6,7 @@ Three nodes: the master hosts no rank (the placement excludes it, as an operator
 either rank's node can be killed without a master failover, and the client streams through
 the master's API. Killing rank 1's node exercises the ring's own report (rank 0 names the
 node whose socket closed, in seconds); killing rank 0's node exercises the master's prune
-(TaskFailed "node X lost" after the node timeout). The re-placement keeps the operator's
+(TaskFailed "node X lost" once the node's presence is gone, well before the node timeout). The re-placement keeps the operator's
 exclusion, so it lands on the one surviving rank's node, narrower than before.
 """
 

@@ -129,3 +129,17 @@ def test_embed_binds_like_generate(state, status, instance_id):
     assert task.params == params
     if status == "Failed":
         assert "place_instance" in task.error_message
+
+
+@pytest.mark.parametrize(
+    ("runner", "bound"),
+    [("Ready", "i1"), ("Loading", "i1"), (None, "i1"), ("Failed", UNPLACED_INSTANCE), ("Shutdown", UNPLACED_INSTANCE)],
+)
+def test_a_request_never_binds_to_an_instance_whose_runner_is_down(runner, bound):
+    runners = {} if runner is None else {"r1": RunnerStatus(state=runner, error_message="engine crashed")}
+    state = STATE.model_copy(update={"runners": runners, "tasks": {}})
+    (event,) = decide(state, GenerateText(command_id="g1", params=PARAMS), ids())
+    assert event.task.instance_id == bound
+    if bound == UNPLACED_INSTANCE:  # born failed at once, naming the runner, its state and reason
+        assert event.task.status == "Failed"
+        assert f"runner r1 on node n1 is {runner}" in event.task.error_message

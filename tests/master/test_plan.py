@@ -328,3 +328,46 @@ def test_a_lower_node_timeout_prunes_sooner_and_is_recorded() -> None:
     events = time_out_silent_nodes(view, _new_id()) or []
     timed_out = next(e for e in events if isinstance(e, NodeTimedOut))
     assert timed_out.node_id == "b" and timed_out.timeout_s == 6.0
+
+
+# -- presence loss: the fast path ------------------------------------------------------------
+
+
+def _presence_view(lost: dict[str, float], **fresh: NodeFreshness | None) -> MasterView:
+    base = _view(**fresh)
+    return MasterView(state=base.state, me=ME, freshness=base.freshness, now=base.now, presence_lost=lost)
+
+
+@pytest.mark.parametrize(
+    ("lost", "expected"),
+    [
+        ({}, None),
+        ({ME: 3.0}, None),  # the master never judges itself
+        ({"ghost": 3.0}, None),  # not a member: nothing to prune
+        ({"a": 0.6}, [("TaskFailed", "t1"), ("TaskFailed", "t2"), ("TaskFailed", "t3"),
+                      ("InstanceDeleted", "ia"), ("InstanceDeleted", "iab"), ("NodeTimedOut", "a"),
+                      ("Abandoned", "ia"), ("Abandoned", "iab")]),
+        ({"c": 1.0}, [("TaskFailed", "t5"), ("InstanceDeleted", "ic"), ("NodeTimedOut", "c"),
+                      ("Abandoned", "ic")]),
+    ],
+)
+def test_presence_loss_prunes_at_once_and_fails_the_nodes_streams_first(
+    lost: dict[str, float], expected: list[tuple[str, str]] | None
+) -> None:
+    events = plan(_presence_view(lost), _new_id())
+    assert (_shape(events) or None) == expected
+
+
+def test_presence_loss_names_the_node_and_its_cause_while_it_still_heartbeats() -> None:
+    # Fresh telemetry (the last heartbeat a second ago) never outvotes a withdrawn presence.
+    events = plan(_presence_view({"a": 0.7}, a=FRESH), _new_id())
+    pruned = next(e for e in events if isinstance(e, NodeTimedOut))
+    assert (pruned.node_id, pruned.cause, pruned.effective_age_s) == ("a", "presence_lost", 0.7)
+    failures = [e for e in events if isinstance(e, TaskFailed)]
+    assert failures and all("node a" in f.error_message and "presence" in f.error_message for f in failures)
+
+
+def test_silence_timeout_is_still_the_backstop_without_presence_verdicts() -> None:
+    events = plan(_view(a=DEAD), _new_id())
+    pruned = next(e for e in events if isinstance(e, NodeTimedOut))
+    assert (pruned.node_id, pruned.cause) == ("a", "silence")

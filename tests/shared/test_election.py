@@ -74,6 +74,12 @@ def campaigning() -> ElectionView:
     return view
 
 
+def campaigning_high() -> ElectionView:
+    """Campaigning at clock 5 (joined a's campaign) since t=2.0."""
+    view, _ = run(discovering(), (Received(cand("a", 5)), 2.0))
+    return view
+
+
 def following() -> ElectionView:
     """Following c at clock 1 (session c.1), last heard at t=10, peers a and c live."""
     view, _ = run(discovering(), (PresenceChanged(frozenset({"a", "c"})), 9.0), (Received(lead("c", 1)), 10.0))
@@ -120,6 +126,8 @@ RULES = [
      ["elected a.1"]),
     ("campaigning: leader at later clock is followed", campaigning, Received(lead("a", 3)), 2.5, "following", 3,
      "a", ["elected a.3"]),
+    ("campaigning: a live leader at a lower clock is followed", campaigning_high, Received(lead("a", 1)), 2.5,
+     "following", 5, "a", ["elected a.1"]),
     ("following: master's announcement refreshes", following, Received(lead("c", 1)), 12.0, "following", 1, "c",
      []),
     ("following: lower-ranked leader ignored", following, Received(lead("a", 1)), 12.0, "following", 1, "c", []),
@@ -129,8 +137,10 @@ RULES = [
     ("following: newer session adopted", following, Received(lead("a", 2)), 12.0, "following", 2, "a",
      ["elected a.2"]),
     ("following: stale candidate ignored", following, Received(cand("z", 1)), 12.0, "following", 1, "c", []),
-    ("following: higher-clock candidate joined", following, Received(cand("a", 2)), 12.0, "campaigning", 2, "c",
-     ["candidate@2"]),
+    ("following: higher-clock candidate ignored while the master is live", following, Received(cand("a", 2)),
+     12.0, "following", 1, "c", []),
+    ("following: higher-clock candidate joined once the master is silent", following, Received(cand("a", 2)),
+     10.0 + LEADER_SILENCE_S, "campaigning", 2, "c", ["candidate@2"]),
     ("following: quiet master within silence", following, Tick(), 10.0 + LEADER_SILENCE_S - 0.25, "following", 1,
      "c", []),
     ("following: silent master -> re-elect", following, Tick(), 10.0 + LEADER_SILENCE_S, "campaigning", 2, "c",
@@ -153,8 +163,8 @@ RULES = [
      ["leader@2"]),
     ("leading: same-clock candidate -> re-announce", leading, Received(cand("z", 2)), 1.75, "leading", 2, "b",
      ["leader@2"]),
-    ("leading: re-election elsewhere -> join", leading, Received(cand("a", 3)), 1.75, "campaigning", 3, "b",
-     ["candidate@3"]),
+    ("leading: higher-clock candidate is answered, never deposes", leading, Received(cand("a", 3)), 1.75, "leading",
+     2, "b", ["leader@2"]),
     ("any: own echo ignored", following, Received(lead("b", 9)), 12.0, "following", 1, "c", []),
 ]
 
@@ -313,6 +323,15 @@ class Cluster:
     def freeze(self, name: str) -> None:
         """Hung process: stops speaking, but its presence token lives on."""
         self.nodes[name].running = False
+
+    def pause(self, name: str) -> None:
+        """SIGSTOP: stops speaking, and its presence goes once the transport lease ends."""
+        self.kill(name)
+
+    def resume(self, name: str) -> None:
+        """SIGCONT (or a healed partition): the node speaks again, with the view it had."""
+        self.nodes[name].running = self.nodes[name].present = True
+        self.publish_presence()
 
     def publish_presence(self) -> None:
         live = {n for n, node in self.nodes.items() if node.present}
@@ -481,3 +500,30 @@ def test_survivors_of_repeated_failures_keep_one_master() -> None:
     for node in cluster.running().values():
         sessions = [e.session_id for e in node.elected]
         assert len(sessions) == len(set(sessions)) == 3  # one Elected per session, never repeated
+
+
+@pytest.mark.parametrize("presence_lost", [True, False], ids=["presence-lost", "presence-kept"])
+@pytest.mark.parametrize("paused_s", [10.0, 40.0])
+def test_a_node_back_from_a_pause_rejoins_and_never_deposes_the_master(presence_lost: bool, paused_s: float) -> None:
+    cluster = Cluster([me("a"), me("b"), me("c")])
+    cluster.run_until(10.0)
+    assert settled(cluster) == ("c", "c.1")
+    before = {n: list(node.elected) for n, node in cluster.nodes.items()}
+    (cluster.pause if presence_lost else cluster.freeze)("a")
+    cluster.run_until(10.0 + paused_s)
+    cluster.resume("a")  # its clock reads LEADER_SILENCE_S long past: it campaigns at once
+    cluster.run_until(10.0 + paused_s + 30.0)
+    assert settled(cluster) == ("c", "c.1")
+    assert {n: node.elected for n, node in cluster.nodes.items()} == before  # no new session anywhere
+    assert any(m.kind == "candidate" and m.clock == 2 for m in cluster.nodes["a"].sent)  # it did campaign
+
+
+def test_a_paused_master_that_returns_follows_its_successor() -> None:
+    cluster = Cluster([me("a"), me("b"), me("c")])
+    cluster.run_until(10.0)
+    cluster.pause("c")
+    cluster.run_until(20.0)
+    assert settled(cluster) == ("b", "b.2")
+    cluster.resume("c")  # still believes it leads session c.1
+    cluster.run_until(40.0)
+    assert settled(cluster) == ("b", "b.2")

@@ -414,6 +414,7 @@ def test_wire_shape_is_documented_camel_case() -> None:
             "telemetryAgeS": None,
             "effectiveAgeS": 31.0,
             "timeoutS": 30.0,
+            "cause": "silence",
         },
     }
 

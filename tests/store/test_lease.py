@@ -57,7 +57,8 @@ def test_second_holder_is_refused_and_named(tmp_path):
     assert f"pid {os.getpid()}" in result.stdout and "node first" in result.stdout
     assert "http://127.0.0.1:5000" in result.stdout
     first.release()
-    assert not path.exists()
+    released = read_lease(path)  # expired in place: the file keeps its blocks for a full-disk restart
+    assert released is not None and released.expires_at == 0.0
 
 
 def test_dead_holder_is_taken_over(tmp_path):
@@ -134,3 +135,24 @@ def test_device_lease_is_at_a_fixed_location_independent_of_data_dir(tmp_path, m
             proc.kill()
             proc.wait()
     assert device_lease("cuda:1", node_id="c").path != a.path
+
+
+def test_a_lease_renews_and_is_retaken_on_a_full_disk(tmp_path):
+    import errno as _errno
+
+    from tests.fulldisk import fill, small_disk
+
+    with small_disk(tmp_path / "disk") as disk:
+        path = disk / "skulk.lease"
+        lease = Lease(path, node_id="full")
+        lease.acquire()
+        fill(disk)
+        with pytest.raises(OSError) as full:
+            (disk / "one-more").write_bytes(b"x" * 8192)
+        assert full.value.errno == _errno.ENOSPC  # the disk really is full
+        lease.renew()  # in place: needs no free block
+        lease.renew()
+        lease.release()
+        again = Lease(path, node_id="full-restarted")  # a restart on the same full disk
+        record = again.acquire()
+        assert read_lease(path) == record

@@ -95,6 +95,19 @@ class Conflict(ApiError):
     kind = "conflict"
 
 
+class ModelNotServing(ApiError):
+    """The model is placed, but no instance serves or is coming up: every one has a runner
+    down. Refused at once (503) instead of waiting for a first frame that never comes; the
+    message names each runner's node, state and reason."""
+
+    kind = "unavailable"
+    default_code = "model_not_serving"
+
+    def __init__(self, model_id: str, message: str) -> None:
+        super().__init__(message, param="model")
+        self.model_id = model_id
+
+
 class Overloaded(ApiError):
     """A bound on concurrent work is reached; retrying a little later is the fix."""
 
@@ -429,6 +442,7 @@ __all__ = [
     "ErrorKind",
     "InvalidRequest",
     "ModelNotFound",
+    "ModelNotServing",
     "NotFound",
     "Overloaded",
     "PayloadTooLarge",

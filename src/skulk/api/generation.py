@@ -21,13 +21,14 @@ from typing import Any, Protocol
 from fastapi import Request
 
 from skulk.api.auth import current_principal
-from skulk.api.errors import ClusterNotReady, InvalidRequest, ModelNotFound, StreamFailed
+from skulk.api.errors import ClusterNotReady, InvalidRequest, ModelNotFound, ModelNotServing, StreamFailed
 from skulk.api.limits import context_error, embedding_limits_error, generation_limits_error
 from skulk.api.output import OutputShaper
 from skulk.api.streams import CommandStream
 from skulk.shared.codec import pack
 from skulk.observe.structured_logs import bind_request_ids
 from skulk.observe.traces import RequestTrace
+from skulk.shared.serving import model_serving
 from skulk.shared.types.chunks import EmbeddingChunk, TokenChunk
 from skulk.shared.types.commands import CancelCommand, Command, Embed, GenerateText, TaskFinished
 from skulk.shared.types.common import Usage
@@ -148,6 +149,7 @@ async def start_embedding(context: Any, params: EmbeddingParams) -> CommandStrea
         raise too_much
     if context.find_instance(params.model_id) is None:
         raise ModelNotFound(params.model_id)
+    refuse_if_not_serving(context, params.model_id)
     if context.get_master()[0] is None:
         raise ClusterNotReady("The cluster has no master yet (election in progress); retry shortly.")
     command_id = new_id()
@@ -232,12 +234,21 @@ def check_wire_ints(params: TextGenerationParams | EmbeddingParams) -> None:
             raise InvalidRequest(f"'{name}' is out of range: {value}.", param=name)
 
 
+def refuse_if_not_serving(context: Any, model_id: str) -> None:
+    """`ModelNotServing` (503, now) when every placed instance of the model has a runner
+    down; a model still loading is waited for (the master binds the request to it)."""
+    verdict = model_serving(context.get_state(), model_id)
+    if verdict.refused:
+        raise ModelNotServing(model_id, verdict.refusal())
+
+
 def bind_instance(context: Any, params: TextGenerationParams, *, max_tokens_param: str = "max_tokens") -> Instance:
     """The placed instance `params` will run on, after the checks every wire format shares:
     the model is placed (404 naming the fix otherwise), `max_tokens` fits its context (400
     naming `max_tokens_param`, the caller's name for it), the request is within
     `skulk.api.limits` (messages, text, a lower bound of its prompt against the context: 400
-    before any runner queues it), and there is a master (503)."""
+    before any runner queues it), some instance of it serves or is loading (503 naming the
+    down runners otherwise), and there is a master (503)."""
     check_wire_ints(params)
     if (too_much := generation_limits_error(params)) is not None:
         raise too_much
@@ -252,6 +263,7 @@ def bind_instance(context: Any, params: TextGenerationParams, *, max_tokens_para
             f"{instance.context_token_limit} tokens.",
             param=max_tokens_param,
         )
+    refuse_if_not_serving(context, params.model_id)
     if context.get_master()[0] is None:
         raise ClusterNotReady("The cluster has no master yet (election in progress); retry shortly.")
     return instance
@@ -293,6 +305,7 @@ __all__ = [
     "SSE_HEADERS",
     "api_context",
     "bind_instance",
+    "refuse_if_not_serving",
     "check_wire_ints",
     "cancel_later",
     "collect_embedding",

@@ -223,7 +223,10 @@ class CommandStreams:
         idle_lease_s: float = IDLE_LEASE_S,
         first_frame_deadline_s: float = FIRST_FRAME_DEADLINE_S,
         clock: Callable[[], float] = time.monotonic,
+        explain_wait: Callable[[str], str | None] = lambda _command_id: None,
     ) -> None:
+        self._explain_wait = explain_wait
+        """Why a command still has no first frame (its runners' states), for the timeout's message."""
         if max_open_streams < 1 or max_queued_frames < 1:
             raise ValueError("stream bounds must be at least 1")
         self.max_open_streams = max_open_streams
@@ -383,6 +386,22 @@ class CommandStreams:
             return False
         return self._end(stream, StreamFailed("cancelled", message, outcome="cancelled", origin="client"))
 
+    def open_command_ids(self) -> list[str]:
+        return list(self._open)
+
+    def fail_failover(self, error_type: str, messages: dict[str, str]) -> int:
+        """End the streams a change of master affects (`skulk.api.failover`), each with its
+        own message; the others continue. Returns how many ended."""
+        ended = 0
+        for command_id, message in messages.items():
+            stream = self._open.get(command_id)
+            if stream is not None:
+                ended += self._end(stream, StreamFailed(error_type, message, origin="api"))
+        self._counters["failedByFailover"] += ended
+        if ended:
+            logger.warning("master changed: ended %d of %d open command streams", ended, ended + len(self._open))
+        return ended
+
     def fail_all(self, error_type: str, message: str) -> int:
         """End every open stream at once (a master failover: the new session cannot carry
         the old session's tasks). Returns how many ended."""
@@ -402,9 +421,11 @@ class CommandStreams:
         for stream in list(self._open.values()):
             if stream.next_seq is None and now - stream.opened_at >= self.first_frame_deadline_s:
                 self._counters["expiredFirstFrame"] += 1
+                why = self._explain_wait(stream.command_id)
                 failure = StreamFailed(
                     "first_frame_timeout",
-                    f"No runner started this request within {self.first_frame_deadline_s:g} s.",
+                    f"No runner started this request within {self.first_frame_deadline_s:g} s"
+                    + (f": {why}." if why else "."),
                     origin="api",
                 )
             elif now - stream.last_frame_at >= self.idle_lease_s:

@@ -33,6 +33,7 @@ from skulk.shared.types.commands import (
     SetTracingEnabled,
     TaskFinished,
 )
+from skulk.shared.serving import model_serving
 from skulk.shared.types.common import TERMINAL_TASK_STATUSES
 from skulk.shared.types.events import (
     CustomModelCardAdded,
@@ -64,8 +65,6 @@ NewId = Callable[[], str]
 
 UNPLACED_INSTANCE = "unplaced"
 """instance_id of a generation task the master could not bind to any instance."""
-
-SERVING_RUNNER_STATES = frozenset({"Ready", "Running"})
 
 
 @dataclass(frozen=True)
@@ -110,26 +109,27 @@ def _evict(state: State, command: EvictStagedModel, ctx: DecisionContext) -> Dec
 
 
 def ready_instance_for(state: State, model_id: str) -> Instance | None:
-    """The instance to bind a new request to: every runner serving, fewest open tasks."""
+    """The instance to bind a new request to: every runner serving, fewest open tasks; else
+    one still coming up (the request waits for its load). An instance with a runner down
+    (failed, shutting down) never takes a request: it would wait for a frame that never comes."""
     open_tasks: dict[str, int] = {}
     for task in state.tasks.values():
         if task.status not in TERMINAL_TASK_STATUSES:
             open_tasks[task.instance_id] = open_tasks.get(task.instance_id, 0) + 1
-    ready = [
-        instance for instance in state.instances.values()
-        if instance.model_id == model_id
-        and all((s := state.runners.get(r)) is not None and s.state in SERVING_RUNNER_STATES for r in instance.runner_ids())
-    ]
-    loading = [i for i in state.instances.values() if i.model_id == model_id and i not in ready]
-    candidates = ready or loading  # a request for a model still loading waits for it
+    verdict = model_serving(state, model_id)
+    candidates = verdict.serving or verdict.loading
     if not candidates:
         return None
     return min(candidates, key=lambda i: (open_tasks.get(i.instance_id, 0), i.instance_id))
 
 
 def unplaced_message(state: State, model_id: str) -> str:
-    """Why a request for `model_id` has no instance, naming the fix (and the abandoned
-    repair, when that is why the model is gone)."""
+    """Why a request for `model_id` has no instance to run on: every placed instance has a
+    runner down (naming each runner's node, state and reason), or none is placed (naming the
+    fix, and the abandoned repair when that is why the model is gone)."""
+    verdict = model_serving(state, model_id)
+    if verdict.refused:
+        return verdict.refusal()
     failure = state.repair_failures.get(model_id)
     why = f" (its last placement could not be repaired: {failure.reason})" if failure is not None else ""
     return f"no instance of {model_id} is placed{why}; place it first: POST /place_instance {{\"modelId\": \"{model_id}\"}}"

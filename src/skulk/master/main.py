@@ -29,9 +29,12 @@ from skulk.cluster.replica import StateReplica
 from skulk.master import indexer as ix
 from skulk.master.commands import DecisionContext, Refusal, decide
 from skulk.master.plan import MasterView, heartbeat_warnings, plan, track_broken_groups, track_zombies
+from skulk.master.presence_loss import PRESENCE_LOSS_CONFIRM_S, PresenceLedger, lost_nodes, observe, record_prunes
 from skulk.master.repair import DeletionCredit, active_credits, record_deletion
+from skulk.master.restore import RESTORE_DEADLINE_S, restore_step
 from skulk.routing.router import Router, RouterError
 from skulk.routing.topics import TOPICS
+from skulk.shared.intent import ClusterIntent, PlacementIntent, restore_cards
 from skulk.shared.sync import due_bursts, next_due_at, replay_scheduler, request
 from skulk.shared.telemetry_view import NODE_TIMEOUT_S, TelemetryView, freshness, node_resources
 from skulk.shared.types.cards import ModelCard
@@ -44,12 +47,14 @@ from skulk.shared.types.events import (
     InstancePlacementRefused,
     InstanceRepairAbandoned,
     LocalEvent,
+    NodeTimedOut,
 )
 from skulk.shared.types.ids import InstanceId, new_id
 from skulk.shared.types.state import State
 from skulk.shared.types.sync import EventBurst, GlobalEvent, SnapshotOffer, SyncRequest
 from skulk.shared.wire_keys import to_camel_keys
 from skulk.store.event_log import DiskEventLog
+from skulk.store.superseded_logs import Retention, prune_superseded, superseded_name
 
 logger = logging.getLogger(__name__)
 
@@ -91,24 +96,43 @@ replay ticker sleeps until a SyncRequest arrives: an idle master does not wake 2
 second for nothing (each wake-up costs CPU that a decoding runner on the same cores feels)."""
 INBOX_CAPACITY = 4096
 
+PRESENCE_RECHECK_MARGIN_S = 0.05
+"""A departure's extra plan passes run this long after the change reached the master's watch
+(so the node's own watch, which the verdict reads, has it too) and after its hysteresis ends
+(so the pass sees the absence as confirmed rather than a hair short of it)."""
+
 
 class EventLogSlot:
-    """The node's event log, replaceable when a new session must start a fresh log."""
+    """The node's event log, replaceable when a new session must start a fresh log. Logs
+    moved aside are kept within `retention` (pruned here at open and at each supersede)."""
 
-    def __init__(self, directory: Path, open_log: Callable[[Path], DiskEventLog] = DiskEventLog) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        open_log: Callable[[Path], DiskEventLog] = DiskEventLog,
+        *,
+        retention: Retention | None = None,
+    ) -> None:
         self.directory = directory
         self._open = open_log
+        self._retention = retention
+        self._prune()
         self.log = open_log(directory)
+
+    def _prune(self) -> None:
+        if self._retention is not None:
+            prune_superseded(self.directory, self._retention, time.time())
 
     def supersede(self) -> None:
         """Move the current log aside (its indices would collide with the new session's)."""
         self.log.close()
-        aside = self.directory.with_name(f"{self.directory.name}.superseded-{int(time.time())}")
+        aside = superseded_name(self.directory, time.time())
         try:
             self.directory.rename(aside)
             logger.warning("event log %s holds indices this session will reuse; moved it to %s", self.directory, aside)
         except OSError as exc:
             logger.error("could not move event log %s aside (%s); starting a log in place", self.directory, exc)
+        self._prune()
         self.log = self._open(self.directory)
 
     def close(self) -> None:
@@ -135,9 +159,19 @@ class Master:
         *,
         session_id: str,
         cards: Callable[[], Mapping[str, ModelCard]] = dict,
+        presence: Callable[[], frozenset[str]] | None = None,
+        intent: Callable[[], ClusterIntent] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._intent = intent
+        """The operator's remembered intent (this node's record); restored on a cold start."""
+        self._restoring: list[PlacementIntent] = []
+        self._restore_reasons: dict[str, str] = {}
         self._cards = cards
+        self._presence = presence
+        """The nodes holding a presence token now, from a watch older than this master (a
+        fresh watch reports nobody until its history arrives); None: no presence verdicts."""
+        self._presence_ledger = PresenceLedger()
         self._router = router
         self._replica = replica
         self._slot = log_slot
@@ -169,6 +203,9 @@ class Master:
 
     def _seed(self) -> None:
         state = self._replica.state
+        if state.last_event_applied_idx < 0 and self._intent is not None:
+            # A cold start: no node of this cluster holds any State. Restore the intent.
+            self._restoring = list(self._intent().placements.values())
         next_idx = state.last_event_applied_idx + 1
         log_last = self._slot.log.last_idx
         if log_last is not None and log_last >= next_idx:
@@ -292,12 +329,21 @@ class Master:
         self._indexer, released = ix.release_stale(self._indexer, datetime.now(UTC))
         await self._commit(released)
         now = self._clock()
-        if now - self._promoted_at < PLAN_GRACE_AFTER_PROMOTION_S:
-            return
         state = self._replica.state
+        presence_lost: dict[str, float] = {}
+        if self._presence is not None:
+            self._presence_ledger = observe(self._presence_ledger, state.nodes, self._presence(), self.me, now)
+            presence_lost = lost_nodes(self._presence_ledger, now)
+        # Presence verdicts need no grace (the node's presence watch predates this master);
+        # liveness verdicts do: a freshly promoted node may not have heard every heartbeat.
+        in_grace = now - self._promoted_at < PLAN_GRACE_AFTER_PROMOTION_S
+        if in_grace and not presence_lost:
+            return
         view_telemetry = self._telemetry()
         now_utc = datetime.now(UTC)
-        fresh = {node: freshness(view_telemetry, state, node, now, now_utc) for node in state.nodes if node != self.me}
+        fresh = {} if in_grace else {
+            node: freshness(view_telemetry, state, node, now, now_utc) for node in state.nodes if node != self.me
+        }
         newly_late, recovered = heartbeat_warnings(fresh, self._warned)
         for node in sorted(newly_late):
             logger.warning("no heartbeat from node %s for %.0f s", node, fresh[node].heartbeat_age_s or -1)
@@ -310,25 +356,67 @@ class Master:
             state=state, me=self.me, freshness=fresh, zombie_since=self._zombie_since, now=now,
             cards=self._cards(), resources=node_resources(view_telemetry, state),
             memory_credits=active_credits(self._deletion_credits, now), node_timeout_s=self._node_timeout_s,
-            broken_since=self._broken_since,
+            broken_since=self._broken_since, presence_lost=presence_lost,
         )
         events = plan(view, new_id)
+        pruned = [e.node_id for e in events if isinstance(e, NodeTimedOut) and e.cause == "presence_lost"]
+        for event in events:
+            if isinstance(event, NodeTimedOut):
+                logger.warning("pruned node %s: %s %.1f s", event.node_id,
+                               "presence gone for" if event.cause == "presence_lost" else "silent for",
+                               event.effective_age_s)
+        self._presence_ledger = record_prunes(self._presence_ledger, pruned, now)
         for event in events:  # a plan's InstanceCreated is always a repair; hop > 0 logs at commit
             if isinstance(event, InstanceCreated) and event.instance.repair_hop == 0:
                 logger.warning("re-placed %s as instance %s on nodes %s", event.instance.model_id,
                                event.instance.instance_id, ",".join(event.instance.node_ids()))
         await self._index_own(events)
+        if self._restoring and not events and not in_grace:
+            await self._restore_some(now)
+
+    async def _restore_some(self, now: float) -> None:
+        """One remembered placement per pass, on the nodes that came back (see restore)."""
+        waited_s = now - self._promoted_at
+        state = self._replica.state
+        step = restore_step(self._restoring, state, self._cards(), node_resources(self._telemetry(), state),
+                            waited_s=waited_s, new_id=new_id,
+                            memory_credits=active_credits(self._deletion_credits, now))
+        self._restoring = [wanted for wanted, _reason in step.waiting]
+        for wanted, reason in step.waiting:
+            if self._restore_reasons.get(wanted.model_id) != reason:
+                logger.info("restoring %s waits: %s", wanted.model_id, reason)
+                self._restore_reasons[wanted.model_id] = reason
+        if step.created is not None:
+            instance = step.created.instance
+            logger.warning("cold start: restored %s as instance %s on nodes %s", instance.model_id,
+                           instance.instance_id, ",".join(instance.node_ids()))
+            await self._index_own([step.created])
+        if self._restoring and waited_s >= RESTORE_DEADLINE_S:
+            for wanted in self._restoring:
+                logger.error("cold start: gave up restoring %s after %.0f s: %s", wanted.model_id, waited_s,
+                             self._restore_reasons.get(wanted.model_id, "it fits no node"))
+            self._restoring = []
 
     # -- the loop ---------------------------------------------------------------------------
 
     async def run(self) -> None:
         self._seed()
+        if self._intent is not None and self._replica.state.last_event_applied_idx < 0:
+            cards = restore_cards(self._intent(), self._replica.state, new_id)
+            if cards or self._restoring:
+                logger.warning("cold start: restoring %d custom card(s) and %d placement(s) from the intent record",
+                               len(cards), len(self._restoring))
+            await self._index_own(cards)
+        if self._presence is not None:  # absences are timed from promotion, not the first tick
+            state = self._replica.state
+            self._presence_ledger = observe(self._presence_ledger, state.nodes, self._presence(), self.me, self._clock())
         inbox: asyncio.Queue[object] = asyncio.Queue(maxsize=INBOX_CAPACITY)
         # The master's receive queues are as deep as its inbox: a burst of commands waits
         # here rather than being dropped while the loop commits.
         local_events = self._router.subscribe(TOPICS.local_events, maxsize=INBOX_CAPACITY)
         commands = self._router.subscribe(TOPICS.commands, maxsize=INBOX_CAPACITY)
         sync_requests = self._router.subscribe(TOPICS.sync_requests)
+        presence_changes = self._router.watch_presence() if self._presence is not None else None
 
         async def pump(subscription) -> None:  # noqa: ANN001
             async for received in subscription:
@@ -338,6 +426,21 @@ class Master:
                 if isinstance(message, SyncRequest) and message.node_id != received.sender:
                     continue
                 await inbox.put(message)
+
+        async def plan_soon_after_departures() -> None:
+            """A departure (or a member already absent at promotion) is judged once its
+            hysteresis has passed, not at the next tick."""
+            assert presence_changes is not None
+            await asyncio.sleep(PRESENCE_LOSS_CONFIRM_S + PRESENCE_RECHECK_MARGIN_S)
+            await inbox.put(_Tick())
+            async for change in presence_changes:
+                if not change.alive:
+                    # Stamp the absence now, not at the next tick: a moment later, so the
+                    # node's own presence watch (which the verdict reads) has seen it too.
+                    await asyncio.sleep(PRESENCE_RECHECK_MARGIN_S)
+                    await inbox.put(_Tick())
+                    await asyncio.sleep(PRESENCE_LOSS_CONFIRM_S + PRESENCE_RECHECK_MARGIN_S)
+                    await inbox.put(_Tick())
 
         async def every(interval_s: float, item: object) -> None:
             while True:
@@ -369,12 +472,16 @@ class Master:
                     group.create_task(pump(subscription))
                 group.create_task(every(PLAN_INTERVAL_S, _Tick()))
                 group.create_task(replay_ticks())
+                if presence_changes is not None:
+                    group.create_task(plan_soon_after_departures())
                 while True:
                     item = await inbox.get()
                     await handlers[type(item)](item)
         finally:
             for subscription in (local_events, commands, sync_requests):
                 subscription.close()
+            if presence_changes is not None:
+                presence_changes.close()
 
     def stats(self) -> dict[str, object]:
         return {
@@ -387,5 +494,8 @@ class Master:
             "memoryCredits": active_credits(self._deletion_credits, self._clock()),
             "snapshotsSent": self.snapshots_sent,
             "burstsSent": self.bursts_sent,
+            "presenceAbsent": sorted(self._presence_ledger.absent_since),
+            "presencePrunes": {n: len(t) for n, t in sorted(self._presence_ledger.pruned_at.items())},
+            "restoringPlacements": sorted(p.model_id for p in self._restoring),
             "indexer": to_camel_keys(self._indexer.stats()) if self._indexer else None,
         }

@@ -36,6 +36,7 @@ from skulk.master.repair import (
     repair_failed_download,
     replace_after_node_loss,
 )
+from skulk.master.presence_loss import PRESENCE_LOSS_CONFIRM_S
 from skulk.shared.telemetry_view import HEARTBEAT_WARN_S, NODE_TIMEOUT_S, NodeFreshness
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.common import TERMINAL_TASK_STATUSES
@@ -77,6 +78,9 @@ class MasterView:
     broken_since: Mapping[InstanceId, float] = field(default_factory=dict)
     """When each multi-rank instance with a rank failed after serving was first seen so:
     `track_broken_groups`."""
+    presence_lost: Mapping[NodeId, float] = field(default_factory=dict)
+    """Members whose presence has been gone past the hysteresis and within their prune
+    budget, with seconds gone (`skulk.master.presence_loss.lost_nodes`)."""
 
 
 # -- helpers --------------------------------------------------------------------------------
@@ -140,47 +144,75 @@ def _timed_out(view: MasterView, node_id: NodeId) -> NodeFreshness | None:
 # -- rules ----------------------------------------------------------------------------------
 
 
-def time_out_silent_nodes(view: MasterView, new_id: IdFactory) -> list[Event] | None:
-    """Prune every member (never the master) whose freshest liveness signal is at least
-    `view.node_timeout_s` (NODE_TIMEOUT_S) old. A node with no signal at all is left alone:
-    the shell has not been up long enough to judge it. Per node: TaskFailed...,
-    InstanceDeleted..., NodeTimedOut; then each torn-down instance placed again on the
-    survivors (or abandoned)."""
+Verdict = Mapping[str, object]
+"""A NodeTimedOut's fields but its event id, which is drawn after the node's teardown's ids."""
+
+
+def _prune(view: MasterView, verdicts: Mapping[NodeId, Verdict], new_id: IdFactory) -> list[Event] | None:
+    """Per judged node (in node order): TaskFailed..., InstanceDeleted..., its NodeTimedOut;
+    then each torn-down instance placed again on the survivors (or abandoned)."""
     events: list[Event] = []
     handled: set[InstanceId] = set()
     all_causes: dict[InstanceId, tuple[str, str]] = {}
-    lost: list[NodeId] = []
+    for node_id, verdict in verdicts.items():
+        instances = [i for i in _instances_on(view.state, node_id) if i not in handled]
+        handled.update(instances)
+        age = verdict["effective_age_s"]
+        if verdict.get("cause") == "presence_lost":
+            cause = (f"node {node_id} lost: its presence left the cluster {age:.1f}s ago",
+                     f"node {node_id} left the cluster's presence {age:.1f}s ago")
+        else:
+            cause = (f"node {node_id} lost: no sign of life for {age:.1f}s",
+                     f"node {node_id} timed out after {age:.1f}s")
+        all_causes.update({i: cause for i in instances})
+        events += _teardown(view.state, {i: cause for i in instances}, new_id)
+        events.append(NodeTimedOut(event_id=EventId(new_id()), node_id=node_id, **verdict))
+    if not events:
+        return None
+    return events + _replace_lost(view, all_causes, list(verdicts), new_id)
+
+
+def drop_nodes_without_presence(view: MasterView, new_id: IdFactory) -> list[Event] | None:
+    """Prune every member (never the master) whose transport presence has been gone past
+    the hysteresis (`view.presence_lost`, from `skulk.master.presence_loss`): the streams it
+    served fail at once, naming it, and its instances are placed again on the survivors."""
+    verdicts: dict[NodeId, Verdict] = {}
+    for node_id in sorted(view.state.nodes):
+        absent_s = view.presence_lost.get(node_id)
+        if node_id == view.me or absent_s is None:
+            continue
+        f = view.freshness.get(node_id) or NodeFreshness()
+        verdicts[node_id] = dict(
+            last_event_age_s=f.last_event_age_s if f.last_event_age_s is not None else absent_s,
+            heartbeat_age_s=f.heartbeat_age_s, telemetry_age_s=f.telemetry_age_s,
+            effective_age_s=absent_s, timeout_s=PRESENCE_LOSS_CONFIRM_S, cause="presence_lost",
+        )
+    return _prune(view, verdicts, new_id)
+
+
+def time_out_silent_nodes(view: MasterView, new_id: IdFactory) -> list[Event] | None:
+    """Prune every member (never the master) whose freshest liveness signal is at least
+    `view.node_timeout_s` (NODE_TIMEOUT_S) old: the backstop for a node that is silent but
+    still present. A node with no signal at all is left alone: the shell has not been up
+    long enough to judge it. Per node: TaskFailed..., InstanceDeleted..., NodeTimedOut;
+    then each torn-down instance placed again on the survivors (or abandoned)."""
+    verdicts: dict[NodeId, Verdict] = {}
     for node_id in sorted(view.state.nodes):
         f = _timed_out(view, node_id) if node_id != view.me else None
         if f is None:
             continue
         age = f.effective_age_s
         assert age is not None  # _timed_out only returns judged nodes
-        instances = [i for i in _instances_on(view.state, node_id) if i not in handled]
-        handled.update(instances)
-        cause = (
-            f"node {node_id} lost: no sign of life for {age:.1f}s",
-            f"node {node_id} timed out after {age:.1f}s",
+        verdicts[node_id] = dict(
+            # NodeTimedOut requires a last-event age; a member that never logged an
+            # event of its own is recorded as old as the signals that judged it.
+            last_event_age_s=f.last_event_age_s if f.last_event_age_s is not None else age,
+            heartbeat_age_s=f.heartbeat_age_s,
+            telemetry_age_s=f.telemetry_age_s,
+            effective_age_s=age,
+            timeout_s=view.node_timeout_s,
         )
-        lost.append(node_id)
-        all_causes.update({i: cause for i in instances})
-        events += _teardown(view.state, {i: cause for i in instances}, new_id)
-        events.append(
-            NodeTimedOut(
-                event_id=EventId(new_id()),
-                node_id=node_id,
-                # NodeTimedOut requires a last-event age; a member that never logged an
-                # event of its own is recorded as old as the signals that judged it.
-                last_event_age_s=f.last_event_age_s if f.last_event_age_s is not None else age,
-                heartbeat_age_s=f.heartbeat_age_s,
-                telemetry_age_s=f.telemetry_age_s,
-                effective_age_s=age,
-                timeout_s=view.node_timeout_s,
-            )
-        )
-    if not events:
-        return None
-    return events + _replace_lost(view, all_causes, lost, new_id)
+    return _prune(view, verdicts, new_id)
 
 
 def delete_instances_on_departed_nodes(view: MasterView, new_id: IdFactory) -> list[Event] | None:
@@ -264,7 +296,8 @@ def reap_zombie_tasks(view: MasterView, new_id: IdFactory) -> list[Event] | None
 def plan(view: MasterView, new_id: IdFactory) -> list[Event]:
     """The events to index next, most urgent decision first; [] when nothing is due."""
     return (
-        time_out_silent_nodes(view, new_id)
+        drop_nodes_without_presence(view, new_id)
+        or time_out_silent_nodes(view, new_id)
         or delete_instances_on_departed_nodes(view, new_id)
         or repair_failed_downloads(view, new_id)
         or repair_broken_groups(view, new_id)
@@ -327,6 +360,7 @@ __all__ = [
     "ZOMBIE_TASK_GRACE_S",
     "MasterView",
     "delete_instances_on_departed_nodes",
+    "drop_nodes_without_presence",
     "heartbeat_warnings",
     "plan",
     "reap_zombie_tasks",

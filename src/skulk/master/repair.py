@@ -45,6 +45,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from skulk.master.placement import PlacementError, PlacementRequest, place
+from skulk.shared.serving import SERVING_RUNNER_STATES
 from skulk.shared.memory_estimate import assignment_footprint
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.commands import RefuseInstancePlacement
@@ -78,7 +79,6 @@ DOWNLOAD_FAILED = "DownloadFailed"
 GROUP_BROKEN = "GroupBroken"
 """`error_type` of the TaskFailed events a repair emits."""
 
-SERVING_RUNNER_STATES = frozenset({"Ready", "Running"})
 
 NewId = Callable[[], str]
 

@@ -91,6 +91,13 @@ CLOSE_TIMEOUT_S: Final = 5.0
 # Bootstrap peers that are not up yet are retried from 250 ms, backing off to 2 s (zenoh's
 # default starts at 1 s and backs off to 4 s, which slows cluster formation on start-up).
 CONNECT_RETRY: Final = {"period_init_ms": 250, "period_max_ms": 2000, "period_increase_factor": 2}
+# A peer that sends nothing (not even a keep-alive) for TRANSPORT_LEASE_MS is dropped and its
+# presence token withdrawn: that is how a frozen node (SIGSTOP, a laptop lid, a swap storm) is
+# noticed. zenoh's default is 10 s; 2 s with a keep-alive every 0.5 s lets the master fail
+# a frozen node's streams within about 2.5 s (see master/presence_loss.py). Keep-alives are
+# sent by zenoh's own threads, so a busy Python event loop does not starve them.
+TRANSPORT_LEASE_MS: Final = 2000
+TRANSPORT_KEEP_ALIVES_PER_LEASE: Final = 4
 # Declared zenoh publishers kept per router (one per key expression; node-addressed topics
 # have one per destination). The least recently used is undeclared past the bound.
 MAX_PUBLISHERS: Final = 1024
@@ -195,6 +202,7 @@ def build_zenoh_config(
     - listen: the given endpoints; none given keeps zenoh's default (all interfaces, random
       port), which multicast scouting advertises.
     - connect: bootstrap peers, retried quickly until they come up.
+    - transport lease: TRANSPORT_LEASE_MS, so a frozen peer's presence goes within seconds.
     - multicast scouting on/off as asked; gossip scouting always on, so peers learn of each
       other through the peers they already know (needed with multicast off: a node that only
       knows one bootstrap peer still meshes with the rest).
@@ -204,6 +212,7 @@ def build_zenoh_config(
         "mode": "peer",
         "metadata": {"name": node_id},
         "connect": {"endpoints": list(connect), "retry": dict(CONNECT_RETRY)},
+        "transport": {"link": {"tx": {"lease": TRANSPORT_LEASE_MS, "keep_alive": TRANSPORT_KEEP_ALIVES_PER_LEASE}}},
         "scouting": {
             "multicast": {"enabled": bool(multicast)},
             "gossip": {"enabled": True},

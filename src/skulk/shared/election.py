@@ -14,9 +14,13 @@ Rules that shape it:
   never cause master churn: a newcomer hears an announcement within LEADER_ANNOUNCE_S,
   before its DISCOVERY_S runs out, and presence changes alone start nothing while the
   master is live.
-- A candidate with a higher clock than ours means the cluster is re-electing: every phase
-  joins that campaign. A candidate at a lower clock is a straggler: a leader answers it by
-  re-announcing (which brings it in); everyone else ignores it.
+- A candidate with a higher clock than ours means the cluster may be re-electing: a node
+  that is discovering, campaigning, or following a master it has not heard for
+  LEADER_SILENCE_S joins that campaign. A leader never does, nor does a node whose master
+  is live: a healthy master is never deposed by a node returning from a partition or a
+  pause with a higher clock. The leader answers every candidate by re-announcing, and a
+  campaigning node adopts any leader it hears, so the returning node rejoins the current
+  session and no stream anywhere fails.
 - A node freezes its own seniority and commands_seen when a campaign starts and announces
   exactly those values while it leads, so every receiver ranks it the same way at all times
   (otherwise two leaders comparing moving counters could both step down, or both stay).
@@ -216,7 +220,7 @@ def _on_received(view: ElectionView, inp: Received, me: Me, now: float) -> Step:
         or settle_leader_conflict(view, msg, now)
         or join_higher_campaign(view, msg, me, now)
         or record_candidate(view, msg)
-        or answer_straggler(view, msg, now)
+        or answer_candidate(view, msg, now)
         or (view, [])
     )
 
@@ -290,15 +294,15 @@ def ignore_own_or_departed(view: ElectionView, msg: ElectionMessage, me: Me) -> 
 def adopt_leader(view: ElectionView, msg: ElectionMessage, now: float) -> Step | None:
     """A leader message that ranks at least as well as whatever we hold: follow it.
 
-    Discovering: any leader. Campaigning: a leader at our clock or later (someone closed
-    this campaign first, or a later one; following it avoids a second round). Following:
+    Discovering: any leader. Campaigning: any leader, even one at a lower clock: a leader
+    that speaks is alive, and a campaign exists only to find one (a node back from a pause
+    campaigns at a clock its healthy master never reached; the master answers, and the node
+    rejoins it instead of deposing it). Following:
     our master's own announcement refreshes it; another leader must rank at least as high
     as our master (a newer session takes over, an older or lower one is ignored: our master
     announces to it and it steps down). Leading is `settle_leader_conflict`'s case.
     """
     if msg.kind != "leader" or view.phase == "leading":
-        return None
-    if view.phase == "campaigning" and msg.clock < view.clock:
         return None
     if view.phase == "following":
         if msg.node_id == view.master_id and msg.session_id == view.session_id:
@@ -323,8 +327,13 @@ def settle_leader_conflict(view: ElectionView, msg: ElectionMessage, now: float)
 
 
 def join_higher_campaign(view: ElectionView, msg: ElectionMessage, me: Me, now: float) -> Step | None:
-    """A candidate at a later clock: the cluster is re-electing; take part (any phase)."""
+    """A candidate at a later clock: the cluster may be re-electing; take part, unless this
+    node leads or follows a master it heard within LEADER_SILENCE_S. A healthy master is
+    never deposed by a campaign: it answers the candidate with its announcement
+    (`answer_candidate`), which the candidate adopts."""
     if msg.kind != "candidate" or msg.clock <= view.clock:
+        return None
+    if view.phase == "leading" or (view.phase == "following" and _master_live(view, now)):
         return None
     return _start_campaign(view, msg.clock, me, now, seen=msg)
 
@@ -336,10 +345,11 @@ def record_candidate(view: ElectionView, msg: ElectionMessage) -> Step | None:
     return dataclasses.replace(view, candidates=_with_candidate(view.candidates, msg, view.my_claim)), []
 
 
-def answer_straggler(view: ElectionView, msg: ElectionMessage, now: float) -> Step | None:
-    """Leading and a candidate at my clock or earlier (a newcomer or a stale node): my
-    announcement brings it in. Other phases ignore such candidates; the leader answers."""
-    if msg.kind != "candidate" or view.phase != "leading" or msg.clock > view.clock:
+def answer_candidate(view: ElectionView, msg: ElectionMessage, now: float) -> Step | None:
+    """Leading and any candidate (a newcomer, a stale node, a node back from a partition or
+    a pause at a higher clock): my announcement brings it in. Other phases ignore such
+    candidates; the leader answers."""
+    if msg.kind != "candidate" or view.phase != "leading":
         return None
     return _announce(view, now)
 
@@ -455,6 +465,11 @@ def _with_candidate(
         others = [c for c in updated.values() if mine is None or c.node_id != mine.node_id]
         del updated[min(others, key=rank).node_id]
     return updated
+
+
+def _master_live(view: ElectionView, now: float) -> bool:
+    """The master this node follows announced within LEADER_SILENCE_S."""
+    return view.last_leader_heard_at is not None and now - view.last_leader_heard_at < LEADER_SILENCE_S
 
 
 def _due(last: float | None, now: float, period_s: float) -> bool:

@@ -130,7 +130,9 @@ def disk_reasons(resources: NodeResources | None) -> list[HealthReason]:
             HealthReason(
                 code="disk_full",
                 level="error",
-                message=f"models volume {disk.models_dir} is full: {free_gib:.1f} GiB free",
+                message=f"models volume {disk.models_dir} is full: {free_gib:.1f} GiB free; the node keeps "
+                        f"serving degraded: every download to it is refused, and an event log on this "
+                        f"volume only counts (writes nothing)",
                 remediation="free space on the models volume (delete unused models) or move it to a larger disk",
             )
         ]

@@ -65,6 +65,13 @@ class ModelStoreSection(_Strict):
     disk_reserve_gb: float = Field(10.0, ge=0)
 
 
+class EventLogSection(_Strict):
+    superseded_keep: int = Field(3, ge=0)
+    """Event logs moved aside by a new session (`event_log.superseded-*`) kept, newest first."""
+    superseded_max_age_days: float = Field(14.0, ge=0)
+    """Older superseded logs are pruned even within the count; 0 means no age limit."""
+
+
 class TracingSection(_Strict):
     retention_days: int = Field(3, ge=0)
 
@@ -98,6 +105,7 @@ class SkulkConfig(_Strict):
     api: ApiSection = ApiSection()
     model_store: ModelStoreSection = ModelStoreSection()
     models: ModelsSection = ModelsSection()
+    event_log: EventLogSection = EventLogSection()
     tracing: TracingSection = TracingSection()
     logging: LoggingSection = LoggingSection()
     kv_cache_backend: Literal["default", "mlx_quantized"] = "default"

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import fcntl
 import json
 import logging
@@ -112,8 +113,9 @@ def pid_alive(pid: int) -> bool:
 
 
 def read_lease(path: Path) -> LeaseRecord | None:
-    """The current record, or None if absent or unreadable (a torn write counts as free:
-    records are written by rename, so a torn file can only come from outside tampering)."""
+    """The current record, or None if absent or unreadable (a torn record counts as free:
+    writes happen under the acquisition lock, so only a holder that died mid-write, or
+    outside tampering, leaves one)."""
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
         return LeaseRecord(**raw)
@@ -124,10 +126,45 @@ def read_lease(path: Path) -> LeaseRecord | None:
         return None
 
 
+LEASE_RECORD_BYTES = 1024
+"""Every lease file is exactly this long: the JSON record padded with spaces (JSON ignores
+trailing whitespace). Renewal rewrites it in place, inside blocks the file already owns, so
+a full disk never stops a lease from renewing (a new temporary file would need a free
+block, and ENOSPC used to self-fence a node that was serving fine)."""
+
+
+def _encode(record: LeaseRecord) -> bytes:
+    text = json.dumps(asdict(record)).encode("utf-8")
+    if len(text) >= LEASE_RECORD_BYTES:
+        raise ValueError(f"lease record of {len(text)} bytes exceeds {LEASE_RECORD_BYTES}")
+    return text + b" " * (LEASE_RECORD_BYTES - 1 - len(text)) + b"\n"
+
+
 def _write_lease(path: Path, record: LeaseRecord) -> None:
+    """Rewrite the record in place when the file already has its full size (no new block
+    is needed: renewals work on a full disk); otherwise create it whole, by rename, so a
+    reader never sees a short file. Callers hold the acquisition lock, so no reader sees a
+    record half rewritten."""
+    data = _encode(record)
+    try:
+        fd = os.open(path, os.O_WRONLY)
+    except FileNotFoundError:
+        fd = None
+    if fd is not None:
+        try:
+            if os.fstat(fd).st_size == LEASE_RECORD_BYTES:
+                os.pwrite(fd, data, 0)
+                os.fsync(fd)
+                return
+        finally:
+            os.close(fd)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(asdict(record)), encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 @contextlib.contextmanager
@@ -217,14 +254,16 @@ class Lease:
                 return
 
     def release(self) -> None:
-        """Remove the lease if it is still ours. Never raises: release runs during shutdown."""
+        """Expire the lease if it is still ours. Never raises: release runs during shutdown."""
         if self._record is None:
             return
         try:
             with _acquisition_lock(self.path):
                 current = read_lease(self.path)
                 if current is not None and current.pid == os.getpid() and current.host == self._host:
-                    self.path.unlink(missing_ok=True)
+                    # Expired in place rather than deleted: the file keeps its blocks, so the
+                    # next start can take it on a full disk.
+                    _write_lease(self.path, dataclasses.replace(current, expires_at=0.0))
         except OSError as exc:
             logger.warning("could not release lease %s: %s", self.path, exc)
         self._record = None

@@ -61,7 +61,9 @@ class NodeLeft(_EventBase):
 
 class NodeTimedOut(_EventBase):
     """The master pruned a silent node. The ages that decided it are persisted so the log
-    explains the prune after the ephemeral receipt times are gone."""
+    explains the prune after the ephemeral receipt times are gone. `cause` says which
+    signal decided: the silence timeout, or the loss of the node's transport presence
+    (then `timeout_s` is the confirmation delay and `effective_age_s` how long it was gone)."""
 
     type: Literal["NodeTimedOut"] = "NodeTimedOut"
     node_id: NodeId
@@ -70,6 +72,7 @@ class NodeTimedOut(_EventBase):
     telemetry_age_s: NonNegFloat | None = None
     effective_age_s: NonNegFloat
     timeout_s: NonNegFloat
+    cause: Literal["silence", "presence_lost"] = "silence"
 
 
 class NodeNetworkUpdated(_EventBase):

@@ -1,0 +1,260 @@
+"""Chaos: a seeded fault schedule against 3 real nodes on loopback while streaming clients run.
+
+Faults are drawn (seeded, `SKULK_CHAOS_SEED`, default 4: each kind once) from: kill -9 of the serving node,
+SIGSTOP then SIGCONT of it, kill -9 of the master, kill -9 of the serving runner. A killed
+node is restarted on its data dir, as an operator's supervisor would. Two client threads
+stream short chats through the entry node (never a victim) the whole time. After each fault
+the cluster must recover: three members agreeing, the model serving again. The run ends by
+checking and printing the invariants:
+
+- every request ended: completed, or a typed error (an error event or JSON body with a type
+  and a message); none hung, none ended untyped;
+- no index reused: every node's `lastEventIdx` never went backwards while it lived;
+- every node agrees on `stateHash`;
+- the model serves again.
+
+Not covered here (each has its own test): a network cut between namespaces
+(tests/cluster/test_partition_return.py pauses a node instead), a full disk
+(tests/test_full_disk.py). Bounded: `SKULK_CHAOS_FAULTS` faults (default 4), each recovery
+within RECOVERY_DEADLINE_S; about 2.5 minutes on a loaded 2-core machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from tests.cluster.harness import agreed, cluster, node_id
+from tests.nodeproc import NodeProcess, free_port, wait_for
+
+SEED = int(os.environ.get("SKULK_CHAOS_SEED", "4"))
+"""The default seed draws each fault kind once."""
+FAULTS = int(os.environ.get("SKULK_CHAOS_FAULTS", "4"))
+FAULT_KINDS = ("kill9-server", "sigstop-server", "kill9-master", "kill9-runner")
+MODEL = "local/tiny-llama-gguf"
+PROMPT = [{"role": "user", "content": "the the the"}]
+STREAM_TOKENS = 64
+PAUSE_S = 5.0
+"""How long a SIGSTOPped node stays frozen: past the 2 s transport lease (its presence goes)."""
+RECOVERY_DEADLINE_S = 120.0
+"""Hang guard per fault: prune, re-placement and a llama.cpp load on a loaded 2-core machine."""
+CLIENT_TIMEOUT_S = 60.0
+"""A request still open after this long counts as hung."""
+CLIENTS = 2
+
+pytestmark = pytest.mark.timeout(int(60 + FAULTS * (RECOVERY_DEADLINE_S + 60)))
+
+
+@dataclass
+class Node:
+    name: str
+    api_port: int
+    listen_port: int
+    process: NodeProcess | None = None
+
+
+@dataclass
+class Ledger:
+    outcomes: Counter = field(default_factory=Counter)
+    untyped: list[str] = field(default_factory=list)
+    index_regressions: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    typed: Counter = field(default_factory=Counter)
+
+    def record(self, outcome: str, detail: str = "") -> None:
+        with self.lock:
+            self.outcomes[outcome] += 1
+            if outcome == "untyped":
+                self.untyped.append(detail)
+            elif outcome == "typed":
+                self.typed[detail] += 1
+
+
+def _one_request(url: str) -> tuple[str, str]:
+    """(outcome, detail) of one streamed chat: completed, typed, or untyped."""
+    body = {"model": MODEL, "messages": PROMPT, "max_tokens": STREAM_TOKENS, "temperature": 0, "stream": True}
+    try:
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=CLIENT_TIMEOUT_S) as response:
+            if response.status_code != 200:
+                error = json.loads(response.read()).get("error") or {}
+                typed = isinstance(error, dict) and error.get("message") and (error.get("type") or error.get("code"))
+                return ("typed", error.get("code") or error.get("type")) if typed else ("untyped", str(error))
+            for line in response.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[len("data: "):])
+                if "error" in event:
+                    error = event["error"]
+                    return ("typed", error.get("code") or error.get("type")) if error.get("message") else (
+                        "untyped", str(error))
+                if event["choices"] and event["choices"][0].get("finish_reason"):
+                    return "completed", ""
+            return "untyped", "the stream ended without a finish reason or an error"
+    except (httpx.HTTPError, ValueError) as exc:
+        return "untyped", repr(exc)
+
+
+def _runner_pids(node: NodeProcess) -> list[psutil.Process]:
+    try:
+        return psutil.Process(node.proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def test_chaos_schedule_keeps_the_invariants(spawn_node, tmp_path: Path) -> None:
+    rng = random.Random(SEED)
+    schedule = [rng.choice(FAULT_KINDS) for _ in range(FAULTS)]
+    print(f"\nchaos seed {SEED}: schedule {schedule}")
+    nodes = {n: Node(n, free_port(), free_port()) for n in ("chaos-a", "chaos-b", "chaos-c")}
+    entry_name = "chaos-a"
+
+    def start(node: Node) -> NodeProcess:
+        args = ["--listen", f"tcp/127.0.0.1:{node.listen_port}", "--cluster-key", "chaos-key", "--node-name",
+                node.name]
+        if node.name != entry_name:
+            args += ["--bootstrap-peers", f"tcp/127.0.0.1:{nodes[entry_name].listen_port}"]
+        else:
+            args += ["--bootstrap-peers", ",".join(f"tcp/127.0.0.1:{n.listen_port}" for n in nodes.values()
+                                                   if n.name != entry_name)]
+        node.process = spawn_node(node.name, data_dir=tmp_path / node.name, extra_args=args, port=node.api_port)
+        return node.process
+
+    for node in nodes.values():
+        start(node)
+    for node in nodes.values():
+        node.process.wait_ready()
+    live = lambda: [n.process for n in nodes.values()]  # noqa: E731
+    wait_for(lambda: agreed(live(), members=3), timeout_s=60, interval_s=0.25, what="a 3-node cluster")
+    entry = nodes[entry_name].process
+
+    def serving_node() -> str | None:
+        state = entry.get("/state").json()
+        mine = [i for i in state["instances"].values() if i["modelId"] == MODEL]
+        if len(mine) != 1 or not all(state["runners"].get(s["runnerId"], {}).get("state") in ("Ready", "Running")
+                                     for s in mine[0]["shards"]):
+            return None
+        ids = {node_id(n.process): name for name, n in nodes.items()}
+        return ids.get(mine[0]["shards"][0]["nodeId"])
+
+    def serves() -> bool:
+        reply = httpx.post(entry.url + "/v1/chat/completions", timeout=60,
+                           json={"model": MODEL, "messages": PROMPT, "max_tokens": 4})
+        return reply.status_code == 200
+
+    def placed() -> bool:
+        body = {"modelId": MODEL, "minNodes": 1, "excludedNodes": [node_id(entry)]}
+        return httpx.post(entry.url + "/place_instance", json=body, timeout=10).status_code == 200
+
+    wait_for(placed, timeout_s=60, interval_s=0.5, what="the placement")
+    wait_for(serving_node, timeout_s=RECOVERY_DEADLINE_S, interval_s=0.5, what="the model Ready")
+
+    ledger = Ledger()
+    stop = threading.Event()
+
+    def client() -> None:
+        while not stop.is_set():
+            outcome, detail = _one_request(entry.url)
+            ledger.record(outcome, detail)
+
+    def index_monitor() -> None:
+        last: dict[tuple[str, int], int] = {}
+        while not stop.is_set():
+            for node in list(nodes.values()):
+                process = node.process
+                with contextlib.suppress(httpx.HTTPError, ValueError, AttributeError):
+                    idx = process.get("/v1/cluster").json()["lastEventIdx"]
+                    key = (node.name, process.proc.pid)
+                    if idx is not None and idx < last.get(key, -1):
+                        with ledger.lock:
+                            ledger.index_regressions.append(f"{node.name}: {last[key]} -> {idx}")
+                    if idx is not None:
+                        last[key] = max(idx, last.get(key, -1))
+            stop.wait(0.5)
+
+    threads = [threading.Thread(target=client, daemon=True, name=f"client-{i}") for i in range(CLIENTS)]
+    threads.append(threading.Thread(target=index_monitor, daemon=True, name="index-monitor"))
+    for thread in threads:
+        thread.start()
+    timings: list[str] = []
+    try:
+        for step, kind in enumerate(schedule):
+            wait_for(lambda: ledger.outcomes["completed"] > 0, timeout_s=60, interval_s=0.1,
+                     what="a completed request before the fault")
+            server = serving_node()
+            master_name = {node_id(n.process): name for name, n in nodes.items()}.get(
+                cluster(entry)["masterNodeId"])
+            victim_name = server if kind != "kill9-master" else master_name
+            if victim_name in (None, entry_name):  # the role is the entry node: hit the other one
+                victim_name = next(n for n in nodes if n not in (entry_name, server if kind == "kill9-master" else None))
+            victim = nodes[victim_name]
+            faulted_at = time.monotonic()
+            if kind == "kill9-runner":
+                runners = _runner_pids(nodes[server].process) if server else []
+                for runner in runners:
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        runner.kill()
+                detail = f"runner(s) {[r.pid for r in runners]} on {server}"
+            elif kind == "sigstop-server":
+                victim.process.signal(signal.SIGSTOP)
+                time.sleep(PAUSE_S)  # the freeze is the fault itself, not a synchronisation
+                victim.process.signal(signal.SIGCONT)
+                detail = f"{victim_name} frozen {PAUSE_S:g}s"
+            else:
+                runners = _runner_pids(victim.process)
+                victim.process.signal(signal.SIGKILL)
+                for runner in runners:
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        runner.kill()
+                victim.process.wait_exit(timeout_s=10)
+                start(victim).wait_ready()
+                detail = f"{victim_name} killed and restarted"
+            try:
+                wait_for(lambda: agreed(live(), members=3), timeout_s=RECOVERY_DEADLINE_S, interval_s=0.5,
+                         what="three members agreeing again")
+                wait_for(lambda: serving_node() and serves(), timeout_s=RECOVERY_DEADLINE_S, interval_s=0.5,
+                         what="the model serving again")
+            except TimeoutError as exc:
+                logs = "\n".join(f"--- {n.name}\n{n.process.log()[-2500:]}" for n in nodes.values())
+                with contextlib.suppress(Exception):
+                    state = entry.get("/state").json()
+                    logs += f"\ninstances {state['instances']}\nrunners {state['runners']}\ntasks {len(state['tasks'])}"
+                    reply = httpx.post(entry.url + "/v1/chat/completions", timeout=60,
+                                       json={"model": MODEL, "messages": PROMPT, "max_tokens": 4})
+                    logs += f"\nchat: {reply.status_code} {reply.text[:500]}"
+                raise AssertionError(f"step {step} {kind}: {exc}\n{logs}") from None
+            timings.append(f"step {step}: {kind} ({detail}): recovered in {time.monotonic() - faulted_at:.1f}s")
+            print(timings[-1])
+    finally:
+        stop.set()
+        for node in nodes.values():
+            with contextlib.suppress(ProcessLookupError, AttributeError):
+                node.process.signal(signal.SIGCONT)
+        for thread in threads:
+            thread.join(timeout=CLIENT_TIMEOUT_S + 10)
+    hung = [t.name for t in threads if t.is_alive()]
+    final = agreed(live(), members=3)
+    print(f"invariants (seed {SEED}):\n"
+          f"  requests: {dict(ledger.outcomes)}; typed errors by code: {dict(ledger.typed)}; "
+          f"untyped: {len(ledger.untyped)}; hung clients: {hung}\n"
+          f"  index regressions: {ledger.index_regressions or 'none'}\n"
+          f"  stateHash agreed: {final['stateHash'] if final else 'NO'}\n"
+          f"  model serves: {serves()}")
+    assert not hung, hung
+    assert not ledger.untyped, ledger.untyped[:5]
+    assert ledger.outcomes["completed"] > 0
+    assert not ledger.index_regressions, ledger.index_regressions
+    assert final is not None
+    assert serves()
