@@ -50,7 +50,12 @@ PROOF_TIMEOUT_S: Final = 2.0
 REPROOF_INTERVAL_S: Final = 3.0
 """How often a proven session is challenged again. A copied token whose node died (and whose
 own token's disappearance zenoh did not report, because the copy still holds the key
-expression) is reported gone within REPROOF_INTERVAL_S + PROOF_TIMEOUT_S."""
+expression) is reported gone within REPROOF_INTERVAL_S + MISSED_PROOFS_TO_DROP x PROOF_TIMEOUT_S."""
+MISSED_PROOFS_TO_DROP: Final = 2
+"""Consecutive unanswered challenges before a proven session counts as gone; the first miss is
+re-challenged at once. One miss is not enough: the master prunes a node within a second of
+its presence going (`skulk.master.presence_loss`), and a live node on a machine stalled for a
+moment (swap, a GIL-heavy burst) must not have its instances re-placed for it."""
 
 
 def presence_key_material(wire_key: bytes) -> bytes:
@@ -91,6 +96,7 @@ class _Session:
     proven_at: float | None = None
     failed_at: float | None = None
     pending: tuple[bytes, float] | None = None  # (nonce, sent at)
+    misses: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,13 +131,19 @@ class PresenceVerifier:
         challenges: list[Challenge] = []
         failed: list[PresenceToken] = []
         for token, session in self._sessions.items():
+            retry_now = False
             if session.pending is not None and now - session.pending[1] >= self.timeout_s:
-                session.pending, session.proven_at, session.failed_at = None, None, now
-                failed.append(token)
+                session.pending = None
+                session.misses += 1
+                if session.proven_at is None or session.misses >= MISSED_PROOFS_TO_DROP:
+                    session.proven_at, session.failed_at, session.misses = None, now, 0
+                    failed.append(token)
+                else:
+                    retry_now = True  # a proven session gets a second chance at once
             if session.pending is not None:
                 continue
             last = session.proven_at if session.proven_at is not None else session.failed_at
-            if last is None or now - last >= self.reproof_s:
+            if retry_now or last is None or now - last >= self.reproof_s:
                 nonce = new_nonce()
                 session.pending = (nonce, now)
                 challenges.append(Challenge(token, nonce))
@@ -144,7 +156,7 @@ class PresenceVerifier:
             return False
         if not hmac.compare_digest(mac, proof_mac(self.presence_key, token, nonce)):
             return False
-        session.pending, session.proven_at, session.failed_at = None, now, None
+        session.pending, session.proven_at, session.failed_at, session.misses = None, now, None, 0
         return True
 
     def alive(self) -> frozenset[str]:
