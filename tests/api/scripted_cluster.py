@@ -75,10 +75,10 @@ class ScriptedCluster:
             self.streams.deliver(StreamTerminal(command_id=cid, seq=end, outcome="completed"))
 
 
-def scripted_app(texts=(), *, context_fields=None, **kwargs):
+def scripted_app(texts=(), *, context_fields=None, state=STATE, **kwargs):
     streams = CommandStreams()
     cluster = ScriptedCluster(streams, texts, **kwargs)
-    context = ApiContext(node_id="n1", node_name="one", get_state=lambda: STATE, get_master=lambda: ("n1", "s1"),
+    context = ApiContext(node_id="n1", node_name="one", get_state=lambda: state, get_master=lambda: ("n1", "s1"),
                          submit_command=cluster.submit, streams=streams, **(context_fields or {}))
     return create_app(context), cluster
 

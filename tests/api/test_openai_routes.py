@@ -23,7 +23,7 @@ MODEL = "local/tiny-llama"
 INSTANCE = Instance(
     instance_id="i1", model_id=MODEL, sharding="Pipeline",
     shards=[ShardAssignment(node_id="n1", runner_id="r1", rank=0, world_size=1, start_layer=0, end_layer=6,
-                            backend="mlx-cpu")],
+                            backend="llama_cpp-cpu")],
     context_token_limit=2048,
 )
 STATE = State(instances={"i1": INSTANCE}, runners={"r1": RunnerStatus(state="Ready")})

@@ -57,6 +57,21 @@ class InvalidRequest(ApiError):
     kind = "invalid_request"
 
 
+class FeatureUnsupported(InvalidRequest):
+    """The request asks for a feature the engine serving its model does not honour (see
+    `skulk.shared.types.engines`): refused rather than silently ignored."""
+
+    default_code = "unsupported_feature"
+
+    def __init__(self, feature: str, engine: str, model_id: str, *, param: str | None = None) -> None:
+        super().__init__(
+            f"{model_id} is served by the {engine} engine, which does not support {feature}"
+            f"{f' (requested by {param!r})' if param else ''}.",
+            param=param,
+        )
+        self.feature, self.engine = feature, engine
+
+
 class NotFound(ApiError):
     kind = "not_found"
 
@@ -379,6 +394,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 __all__ = [
+    "FeatureUnsupported",
     "ANTHROPIC_STATUS",
     "NATIVE_V1_PREFIXES",
     "OPENAI_STATUS",

@@ -14,18 +14,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import aclosing
 from typing import Any, Protocol
 
 from fastapi import Request
 
-from skulk.api.errors import ClusterNotReady, InvalidRequest, ModelNotFound, StreamFailed
+from skulk.api.errors import ClusterNotReady, FeatureUnsupported, InvalidRequest, ModelNotFound, StreamFailed
 from skulk.api.output import OutputShaper
 from skulk.api.streams import CommandStream
 from skulk.shared.types.chunks import EmbeddingChunk, TokenChunk
 from skulk.shared.types.commands import CancelCommand, Command, Embed, GenerateText, TaskFinished
+from skulk.shared.types.cards import backend_engine
 from skulk.shared.types.common import Usage
+from skulk.shared.types.engines import Feature, missing_features, traits_of
 from skulk.shared.types.ids import new_id
 from skulk.shared.types.instances import Instance
 from skulk.shared.types.tasks import EmbeddingParams, TextGenerationParams
@@ -138,8 +140,12 @@ async def start_embedding(context: Any, params: EmbeddingParams) -> CommandStrea
     """Check the model is placed (404) and there is a master (503), open the command's
     stream and submit `Embed`. The caller then reads it with `collect_embedding`."""
     check_wire_ints(params)
-    if context.find_instance(params.model_id) is None:
+    instance = context.find_instance(params.model_id)
+    if instance is None:
         raise ModelNotFound(params.model_id)
+    engine = backend_engine(instance.shards[0].backend)
+    if Feature.EMBEDDINGS not in traits_of(engine).features:
+        raise FeatureUnsupported(Feature.EMBEDDINGS.value, engine, params.model_id, param="model")
     if context.get_master()[0] is None:
         raise ClusterNotReady("The cluster has no master yet (election in progress); retry shortly.")
     command_id = new_id()
@@ -209,14 +215,27 @@ def check_wire_ints(params: TextGenerationParams | EmbeddingParams) -> None:
             raise InvalidRequest(f"'{name}' is out of range: {value}.", param=name)
 
 
-def bind_instance(context: Any, params: TextGenerationParams, *, max_tokens_param: str = "max_tokens") -> Instance:
+def check_features(instance: Instance, params: TextGenerationParams,
+                   param_names: Mapping[str, str] | None = None) -> None:
+    """`FeatureUnsupported` for the first feature `params` asks for that the engine serving
+    `instance` does not honour (the engine traits table); `param_names` maps internal
+    parameter names to the caller's (Ollama's `format` for `response_format`, say)."""
+    engine = backend_engine(instance.shards[0].backend)
+    for feature, param in missing_features(engine, params):
+        raise FeatureUnsupported(feature.value, engine, params.model_id, param=(param_names or {}).get(param, param))
+
+
+def bind_instance(context: Any, params: TextGenerationParams, *, max_tokens_param: str = "max_tokens",
+                  param_names: Mapping[str, str] | None = None) -> Instance:
     """The placed instance `params` will run on, after the checks every wire format shares:
-    the model is placed (404 naming the fix otherwise), `max_tokens` fits its context (400
-    naming `max_tokens_param`, the caller's name for it), and there is a master (503)."""
+    the model is placed (404 naming the fix otherwise), its engine honours every feature
+    asked for (400 naming feature and engine), `max_tokens` fits its context (400 naming
+    `max_tokens_param`, the caller's name for it), and there is a master (503)."""
     check_wire_ints(params)
     instance = context.find_instance(params.model_id)
     if instance is None:
         raise ModelNotFound(params.model_id)
+    check_features(instance, params, param_names)
     if params.max_tokens is not None and params.max_tokens > instance.context_token_limit:
         raise InvalidRequest(
             f"'{max_tokens_param}' is {params.max_tokens}, but {params.model_id} is placed with a context of "
@@ -229,11 +248,12 @@ def bind_instance(context: Any, params: TextGenerationParams, *, max_tokens_para
 
 
 async def start_generation(
-    context: Any, params: TextGenerationParams, *, max_tokens_param: str = "max_tokens"
+    context: Any, params: TextGenerationParams, *, max_tokens_param: str = "max_tokens",
+    param_names: Mapping[str, str] | None = None,
 ) -> CommandStream:
     """Bind `params` (see `bind_instance`), open its stream and submit `GenerateText`. The
     caller must then consume the stream through `drive` (or close it)."""
-    bind_instance(context, params, max_tokens_param=max_tokens_param)
+    bind_instance(context, params, max_tokens_param=max_tokens_param, param_names=param_names)
     command_id = new_id()
     stream = context.streams.open(command_id)
     await submit(context, stream, GenerateText(command_id=command_id, params=params))
@@ -244,6 +264,7 @@ __all__ = [
     "SSE_HEADERS",
     "api_context",
     "bind_instance",
+    "check_features",
     "check_wire_ints",
     "cancel_later",
     "collect_embedding",

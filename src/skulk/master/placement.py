@@ -51,13 +51,13 @@ from skulk.shared.memory_estimate import (
 from skulk.shared.types.base import WireModel
 from skulk.shared.types.cards import ModelCard, backend_engine
 from skulk.shared.types.commands import PlaceInstance
+from skulk.shared.types.engines import MULTI_NODE_ENGINES, shards_family
 from skulk.shared.types.common import Sharding
 from skulk.shared.types.ids import InstanceId, ModelId, NodeId, RunnerId
 from skulk.shared.types.instances import Instance, InstanceCapacity, ShardAssignment
 from skulk.shared.types.state import State
 from skulk.shared.types.telemetry import NodeResources
 
-MULTI_NODE_ENGINES: frozenset[str] = frozenset({"mlx"})
 """Engines whose runners can split one model across nodes (pipeline ring, tensor). This is
 platform truth, not model truth: the in-process llama.cpp runner, llama-server, vLLM and
 mlx_audio serve single-node in this build (llama.cpp RPC pooling is a different placement
@@ -483,8 +483,8 @@ def _search(
 
 def _consider(s: _Search, combo: tuple[_Node, ...], adjacency: Mapping[NodeId, frozenset[NodeId]]) -> None:
     engines = {backend_engine(node.backend) for node in combo}
-    if len(combo) > 1 and (len(engines) > 1 or not engines <= MULTI_NODE_ENGINES):
-        return  # ranks of one instance share one engine that can span nodes
+    if len(combo) > 1 and (len(engines) > 1 or not all(shards_family(e, s.card.family) for e in engines)):
+        return  # ranks of one instance share one engine that can span nodes with this family
     order = _connected_order(combo, adjacency) if len(combo) > 1 else combo
     connected = order is not None
     option = _build_option(s.card, s.sharding, order if order is not None else combo, connected)
@@ -547,6 +547,15 @@ def _sharding_unsupported(card: ModelCard, sharding: Sharding, min_nodes: int) -
             sharding,
             f"min_nodes={min_nodes} but its engines {sorted(card.engines)} serve on a single node "
             f"(multi-node engines: {sorted(MULTI_NODE_ENGINES)})",
+        )
+    spanning = sorted(e for e in card.engines & MULTI_NODE_ENGINES if shards_family(e, card.family))
+    if min_nodes > 1 and not spanning:
+        return ShardingUnsupported(
+            card.model_id,
+            sharding,
+            f"min_nodes={min_nodes} but none of its multi-node engines "
+            f"{sorted(card.engines & MULTI_NODE_ENGINES)} has a sharding layout for the {card.family!r} family; "
+            "it serves on a single node",
         )
     if sharding == "Pipeline":
         reason = _invalid_world_size(card, sharding, min_nodes)

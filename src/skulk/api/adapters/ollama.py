@@ -2,7 +2,9 @@
 `/api/tags`, `/api/ps`, `/api/show`, `/api/version`), both ways; Skulk serves it under `/ollama`.
 
 Incoming: `ChatRequest` / `GenerateRequest` with their `options` (temperature, top_p,
-top_k, seed, num_predict, stop; other options such as num_ctx are accepted and ignored),
+top_k, seed, num_predict, stop, repeat_penalty, frequency_penalty, presence_penalty; other
+options such as num_ctx are accepted and ignored), `format` ("json" or a JSON Schema, enforced
+by constrained decoding),
 normalised by `chat_params` / `generate_params` into `TextGenerationParams` or an
 `InvalidRequest` naming the parameter. Outgoing: `OllamaEncoder` builds the NDJSON lines
 (one object per token chunk, then a final `done: true` object with done_reason, token
@@ -30,6 +32,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from skulk.api.adapters.openai_chat import Tool  # Ollama's tool definition is OpenAI's shape
+from skulk.api import request_options
 from skulk.api.errors import ApiError, InvalidRequest, invalid_request_from_validation, ollama_error_body
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.chunks import TokenChunk
@@ -63,6 +66,9 @@ class Options(_Lenient):
     seed: int | None = None
     num_predict: int | None = None
     stop: str | list[str] | None = None
+    repeat_penalty: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
 
 
 class FunctionCall(_Lenient):
@@ -155,14 +161,27 @@ def _sampling(options: Options | None) -> dict[str, Any]:
         "seed": options.seed,
         "max_tokens": max_tokens,
         "stop": [s for s in stops if s],
+        "repeat_penalty": request_options.repeat_penalty(options.repeat_penalty, "options.repeat_penalty"),
+        "frequency_penalty": request_options.penalty(options.frequency_penalty, "options.frequency_penalty"),
+        "presence_penalty": request_options.penalty(options.presence_penalty, "options.presence_penalty"),
     }
 
 
-def _params(model: str, stream: bool, options: Options | None, **inputs: Any) -> TextGenerationParams:
+OPTION_PARAMS = {
+    "response_format": "format", "repeat_penalty": "options.repeat_penalty",
+    "frequency_penalty": "options.frequency_penalty", "presence_penalty": "options.presence_penalty",
+}
+"""Internal parameter names -> Ollama's, for errors about them."""
+
+
+def _params(model: str, stream: bool, options: Options | None, format: Any = None,
+            **inputs: Any) -> TextGenerationParams:
     if not model.strip():
         raise InvalidRequest("model is required", param="model")
+    response_format = request_options.ollama_format(format)
     try:
-        return TextGenerationParams(model_id=model, stream=stream, **_sampling(options), **inputs)
+        return TextGenerationParams(model_id=model, stream=stream, response_format=response_format,
+                                    **_sampling(options), **inputs)
     except ValidationError as error:
         raise invalid_request_from_validation(error) from None
 
@@ -204,7 +223,7 @@ def chat_params(request: ChatRequest) -> TextGenerationParams:
             name=message.tool_name if role == "tool" else None,
         ))
     tools = _tools(request.tools or [])
-    return _params(request.model, request.stream, request.options, messages=messages, tools=tools)
+    return _params(request.model, request.stream, request.options, request.format, messages=messages, tools=tools)
 
 
 def embed_params(model: str, inputs: str | list[str], dimensions: int | None = None) -> EmbeddingParams:
@@ -241,10 +260,10 @@ def generate_params(request: GenerateRequest) -> TextGenerationParams:
         raise InvalidRequest("images are not supported", param="images")
     prompt = request.prompt or ""
     if request.raw:
-        return _params(request.model, request.stream, request.options, prompt=prompt)
+        return _params(request.model, request.stream, request.options, request.format, prompt=prompt)
     messages = [ChatMessage(role="system", content=request.system)] if request.system else []
     messages.append(ChatMessage(role="user", content=prompt))
-    return _params(request.model, request.stream, request.options, messages=messages)
+    return _params(request.model, request.stream, request.options, request.format, messages=messages)
 
 
 # ---------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from skulk.api.errors import ApiError, InvalidRequest, invalid_request_from_validation, openai_error_body
+from skulk.api import request_options
 from skulk.api.tool_calls import check_enforceable
 from skulk.shared.types.chunks import TokenChunk
 from skulk.shared.types.common import ChatMessage, ToolCall, ToolSpec, Usage
@@ -122,6 +123,13 @@ class ChatCompletionRequest(_Lenient):
     tool_choice: str | dict[str, Any] | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
+    response_format: dict[str, Any] | None = None
+    """Structured output (`json_object`, `json_schema`), enforced by constrained decoding."""
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    """Not OpenAI's: the multiplicative penalty vLLM and llama.cpp servers accept."""
+    logit_bias: dict[str, float] | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -274,6 +282,11 @@ def to_params(request: ChatCompletionRequest) -> TextGenerationParams:
             logprobs=bool(request.logprobs),
             top_logprobs=request.top_logprobs,
             stream=bool(request.stream),
+            response_format=request_options.openai_response_format(request.response_format),
+            frequency_penalty=request_options.penalty(request.frequency_penalty, "frequency_penalty"),
+            presence_penalty=request_options.penalty(request.presence_penalty, "presence_penalty"),
+            repeat_penalty=request_options.repeat_penalty(request.repetition_penalty, "repetition_penalty"),
+            logit_bias=request_options.logit_bias(request.logit_bias),
         )
     except ValidationError as error:
         raise invalid_request_from_validation(error) from None

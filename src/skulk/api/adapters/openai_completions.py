@@ -26,6 +26,7 @@ from skulk.api.adapters.openai_chat import (
     _usage,
     sse_event,
 )
+from skulk.api import request_options
 from skulk.api.errors import InvalidRequest, invalid_request_from_validation
 from skulk.shared.types.chunks import TokenChunk
 from skulk.shared.types.common import Usage
@@ -75,6 +76,10 @@ class CompletionRequest(_Lenient):
     best_of: int | None = None
     logprobs: int | None = None
     user: str | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
 
 
 def _prompt(prompt: str | list[str] | None) -> str:
@@ -122,6 +127,10 @@ def to_params(request: CompletionRequest) -> TextGenerationParams:
             logprobs=request.logprobs is not None,
             top_logprobs=request.logprobs,
             stream=bool(request.stream),
+            frequency_penalty=request_options.penalty(request.frequency_penalty, "frequency_penalty"),
+            presence_penalty=request_options.penalty(request.presence_penalty, "presence_penalty"),
+            repeat_penalty=request_options.repeat_penalty(request.repetition_penalty, "repetition_penalty"),
+            logit_bias=request_options.logit_bias(request.logit_bias),
         )
     except ValidationError as error:
         raise invalid_request_from_validation(error) from None

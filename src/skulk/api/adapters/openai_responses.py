@@ -26,6 +26,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from skulk.api.adapters.openai_chat import MIN_TOP_P, _in_range, _Lenient
+from skulk.api import request_options
 from skulk.api.errors import ApiError, InvalidRequest, invalid_request_from_validation
 from skulk.shared.types.chunks import TokenChunk
 from skulk.shared.types.common import ChatMessage, Usage
@@ -65,6 +66,8 @@ class ResponsesRequest(_Lenient):
     tool_choice: str | dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
     user: str | None = None
+    text: dict[str, Any] | None = None
+    """`text.format`: structured output (`json_object`, `json_schema`)."""
 
 
 def _item_message(item: InputItem, index: int) -> ChatMessage:
@@ -124,6 +127,7 @@ def to_params(request: ResponsesRequest) -> TextGenerationParams:
             top_k=request.top_k,
             seed=request.seed,
             stream=bool(request.stream),
+            response_format=request_options.responses_text_format((request.text or {}).get("format")),
         )
     except ValidationError as error:
         raise invalid_request_from_validation(error) from None
@@ -183,7 +187,7 @@ def response_object(
         "tool_choice": "none",
         "tools": [],
         "store": False,
-        "text": {"format": {"type": "text"}},
+        "text": {"format": (request.text or {}).get("format") or {"type": "text"}},
         "truncation": "disabled",
         "usage": None if usage is None else _usage(usage),
         "user": request.user,

@@ -22,6 +22,7 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 
 from skulk.api.adapters.ollama import (
     OLLAMA_VERSION,
+    OPTION_PARAMS,
     ChatRequest,
     EmbedRequest,
     Endpoint,
@@ -149,7 +150,7 @@ async def _generate(
 ) -> StreamingResponse | dict[str, Any]:
     context = api_context(request)
     started_ns = time.monotonic_ns()
-    stream = await start_generation(context, params, max_tokens_param="options.num_predict")
+    stream = await start_generation(context, params, max_tokens_param="options.num_predict", param_names=OPTION_PARAMS)
     encoder = OllamaEncoder(endpoint=endpoint, model=model)
     if params.stream:
         return StreamingResponse(_lines(request, context, stream, encoder, started_ns, params),

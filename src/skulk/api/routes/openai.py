@@ -126,7 +126,8 @@ async def responses(request: Request, body: openai_responses.ResponsesRequest) -
     """The Responses API (stateless: `store`/`previous_response_id` are not kept)."""
     context = _context(request)
     params = openai_responses.to_params(body)
-    stream = await start_generation(context, params, max_tokens_param="max_output_tokens")
+    stream = await start_generation(context, params, max_tokens_param="max_output_tokens",
+                                    param_names={"response_format": "text.format"})
     created = int(time.time())
     if body.stream:
         encoder = openai_responses.ResponseStreamEncoder(command_id=stream.command_id, request=body, created=created)

@@ -23,6 +23,7 @@ from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.common import ChatMessage, FinishReason, Usage
+from skulk.shared.types.engines import missing_features
 from skulk.shared.types.ids import RunnerId
 from skulk.shared.types.instances import Instance, ShardAssignment
 from skulk.shared.types.tasks import EmbeddingParams, TextGenerationParams
@@ -376,10 +377,14 @@ class Dispatcher:
         width: int = 1,
         queue_capacity: int = DISPATCH_QUEUE_CAPACITY,
         name: str = "dispatch",
+        engine_name: str | None = None,
     ) -> None:
         if width < 1:
             raise ValueError(f"dispatcher width must be >= 1, got {width}")
         self._engine = engine
+        self._engine_name = engine_name
+        """The engine's name in the traits table; with it, a request for a feature the
+        engine lacks is refused at admission (the API refuses it first; this is the guard)."""
         self._sink = sink
         self._width = width
         self._capacity = queue_capacity
@@ -419,7 +424,7 @@ class Dispatcher:
 
     def submit(self, request_id: str, request: ApiRequest) -> None:
         with self._lock:
-            refusal = self._refusal(request_id)
+            refusal = self._refusal(request_id) or self._unsupported(request)
             if refusal is not None:
                 self._counts["rejected"] += 1
                 raise refusal
@@ -513,6 +518,14 @@ class Dispatcher:
             return DispatchRejected(
                 "RunnerBusy", f"{len(self._queue)} requests already queued (capacity {self._capacity})"
             )
+        return None
+
+    def _unsupported(self, request: ApiRequest) -> DispatchRejected | None:
+        if self._engine_name is None or not isinstance(request, TextGenerationParams):
+            return None
+        for feature, param in missing_features(self._engine_name, request):
+            return DispatchRejected(
+                "FeatureUnsupported", f"the {self._engine_name} engine does not support {feature.value} ({param!r})")
         return None
 
     def _finish_unstarted(self, job: _Job, result: GenerationResult) -> None:

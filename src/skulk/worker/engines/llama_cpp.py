@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from skulk.shared.tool_grammar import SchemaNotSupported, tool_call_grammar
+from skulk.shared.tool_grammar import SchemaNotSupported, request_grammar
 from skulk.shared.types.cards import backend_engine
 from skulk.shared.types.chunks import TopLogprob
 from skulk.shared.types.common import FinishReason, Usage
@@ -132,6 +132,27 @@ def log_softmax_at(logits: np.ndarray, token: int, top: int) -> tuple[float, lis
     ids = np.argpartition(logits, -k)[-k:]
     ids = ids[np.argsort(-logits[ids], kind="stable")]
     return chosen, [(int(i), float(logits[i]) - log_z) for i in ids]
+
+
+def logit_bias_processor(bias: dict[int, float], n_vocab: int) -> list[Callable[[Any, np.ndarray], np.ndarray]] | None:
+    """llama-cpp-python logits processors adding `bias` (token id -> logit offset, as
+    OpenAI's `logit_bias`), or None without a bias (the sampler chain stays native). Ids
+    outside the vocabulary are refused: a bias that lands nowhere is a silent no-op."""
+    if not bias:
+        return None
+    for token in bias:
+        if not 0 <= token < n_vocab:
+            raise InvalidTokens(f"logit_bias names token id {token}, outside this model's vocabulary "
+                                f"(0..{n_vocab - 1})")
+    ids = np.fromiter(bias.keys(), dtype=np.intp, count=len(bias))
+    offsets = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
+
+    def add_bias(_input_ids: Any, logits: np.ndarray) -> np.ndarray:
+        # The custom sampler runs first in llama.cpp's chain, over every token in id order.
+        logits[ids] += offsets
+        return logits
+
+    return [add_bias]
 
 
 def normalise(vector: np.ndarray, dimensions: int | None = None) -> list[float]:
@@ -439,10 +460,10 @@ class LlamaCppEngine:
         return scored
 
     def _grammar(self, llama: Any, request: TextGenerationParams) -> Any:
-        """The llama.cpp grammar forcing a tool call, or None (the common case: the request
-        does not force one, and sampling is unconstrained)."""
+        """The llama.cpp grammar forcing a tool call or a response format, or None (the
+        common case: sampling is unconstrained)."""
         try:
-            text = tool_call_grammar(request.tools, request.tool_choice)
+            text = request_grammar(request.tools, request.tool_choice, request.response_format)
         except SchemaNotSupported as exc:
             raise GrammarRejected(str(exc)) from exc
         if text is None:
@@ -456,7 +477,7 @@ class LlamaCppEngine:
         probe = llama_cpp.llama_sampler_init_grammar(
             self._vocab, grammar._grammar.encode("utf-8"), grammar._root.encode("utf-8"))
         if not probe:
-            raise GrammarRejected("llama.cpp could not parse the tool-call grammar")
+            raise GrammarRejected("llama.cpp could not parse the request's grammar")
         llama_cpp.llama_sampler_free(probe)
         return grammar
 
@@ -495,9 +516,12 @@ class LlamaCppEngine:
             top_p=DEFAULT_TOP_P if request.top_p is None else request.top_p,
             top_k=DEFAULT_TOP_K if request.top_k is None else request.top_k,
             min_p=DEFAULT_MIN_P,
-            repeat_penalty=1.0,
+            repeat_penalty=1.0 if request.repeat_penalty is None else request.repeat_penalty,
+            frequency_penalty=request.frequency_penalty or 0.0,
+            presence_penalty=request.presence_penalty or 0.0,
             reset=True,  # keeps the longest common prefix of the KV cache, re-evaluates the rest
             grammar=grammar,
+            logits_processor=logit_bias_processor(request.logit_bias, llama.n_vocab()),
         )
         make = self._token_maker(llama, request)
         try:
@@ -537,6 +561,7 @@ __all__ = [
     "InvalidDimensions",
     "ScoredToken",
     "log_softmax_at",
+    "logit_bias_processor",
     "normalise",
     "DEFAULT_MIN_P",
     "DEFAULT_TEMPERATURE",

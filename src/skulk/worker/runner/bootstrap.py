@@ -160,7 +160,8 @@ class Runner:
             self._engine = engine
             self._set_phase("Loaded")
             self._set_phase("WarmingUp")
-            self._dispatcher = Dispatcher(engine, self, width=engine.concurrency, name=f"runner-{self._runner_id}")
+            self._dispatcher = Dispatcher(engine, self, width=engine.concurrency, name=f"runner-{self._runner_id}",
+                                          engine_name=backend_engine(shard.backend))
             self._dispatcher.run_on_worker(engine.warm_up)
         except Exception as exc:
             log.exception("runner %s failed to load", self._runner_id)
