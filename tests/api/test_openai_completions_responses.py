@@ -70,7 +70,7 @@ async def test_completion_streaming():
 
 @pytest.mark.parametrize(
     ("fields", "param"),
-    [({"prompt": ["a", "b"]}, "prompt"), ({"prompt": None}, "prompt"), ({"n": 2}, "n"), ({"temperature": 5}, "temperature"),
+    [({"prompt": ["a", "b"]}, "prompt"), ({"prompt": None}, "prompt"), ({"n": 9}, "n"), ({"n": 2, "stream": True}, "n"), ({"temperature": 5}, "temperature"),
      ({"max_tokens": 0}, "max_tokens"), ({"max_tokens": 4096}, "max_tokens"), ({"echo": True}, "echo"),
      ({"prompt": 5}, "prompt")],
 )
@@ -215,7 +215,7 @@ async def test_official_sdk_completions_and_responses():
         assert final.output_text == "Hello"
 
         with pytest.raises(openai.BadRequestError):
-            await sdk.completions.create(model=MODEL, prompt="x", n=2)
+            await sdk.completions.create(model=MODEL, prompt="x", n=9)
         with pytest.raises(openai.NotFoundError):
             await sdk.responses.create(model="acme/none", input="hi")
     finally:

@@ -216,3 +216,30 @@ async def test_embeddings_follow_the_table(engine):
     else:
         assert reply.status_code == 400 and reply.json()["error"]["code"] == "unsupported_feature"
         assert f"the {engine} engine" in reply.json()["error"]["message"] and not cluster.commands
+
+
+# -- several choices -------------------------------------------------------------------------
+
+
+async def test_n_choices_are_separate_generations_with_consecutive_seeds():
+    app, cluster = scripted_app(["Hello"])
+    reply = await openai_sdk(app).chat.completions.create(model=MODEL, messages=ASK, n=3, seed=7)
+    assert [c.index for c in reply.choices] == [0, 1, 2]
+    assert all(c.message.content == "Hello" for c in reply.choices)
+    sent = [c.params for c in cluster.commands if isinstance(c, GenerateText)]
+    assert [p.seed for p in sent] == [7, 8, 9]
+    # The prompt counted once, the completions of all three summed (the script reports 3 each).
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (7, 9)
+
+
+async def test_n_on_legacy_completions():
+    app, cluster = scripted_app(["Hi"])
+    reply = await openai_sdk(app).completions.create(model=MODEL, prompt="Say", n=2)
+    assert [c.index for c in reply.choices] == [0, 1] and all(c.text == "Hi" for c in reply.choices)
+    assert len([c for c in cluster.commands if isinstance(c, GenerateText)]) == 2
+
+
+async def test_a_failed_choice_fails_the_request():
+    app, _ = scripted_app(fail=("EngineError", "boom"))
+    with pytest.raises(openai.APIError):
+        await openai_sdk(app).chat.completions.create(model=MODEL, messages=ASK, n=2)

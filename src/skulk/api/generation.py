@@ -260,18 +260,69 @@ async def start_generation(
     return stream
 
 
+def choice_params(params: TextGenerationParams, n: int) -> list[TextGenerationParams]:
+    """The params of each of `n` choices: the same request, and with a seed, consecutive
+    seeds (the same seed would draw the same text n times; OpenAI's choices differ)."""
+    if n == 1 or params.seed is None:
+        return [params] * n
+    return [params.model_copy(update={"seed": (params.seed + i) % (WIRE_INT_MAX + 1)}) for i in range(n)]
+
+
+async def start_choices(
+    context: Any, params: TextGenerationParams, n: int, *, max_tokens_param: str = "max_tokens",
+    param_names: Mapping[str, str] | None = None,
+) -> list[CommandStream]:
+    """`start_generation` for each of `n` choices (see `choice_params`), bound once. When a
+    later submit fails, the streams already open are closed and their commands cancelled."""
+    bind_instance(context, params, max_tokens_param=max_tokens_param, param_names=param_names)
+    streams: list[CommandStream] = []
+    try:
+        for choice in choice_params(params, n):
+            command_id = new_id()
+            stream = context.streams.open(command_id)
+            await submit(context, stream, GenerateText(command_id=command_id, params=choice))
+            streams.append(stream)
+    except BaseException:
+        for stream in streams:
+            if stream.close():
+                cancel_later(context, stream.command_id)
+        raise
+    return streams
+
+
+async def collect_choices(
+    request: Request, context: Any, streams: list[CommandStream], params: TextGenerationParams
+) -> list[list[TokenChunk]]:
+    """The shaped chunks of every choice, driven side by side; the first failure fails the
+    request (and leaving cancels the other choices, through `drive`)."""
+
+    async def collect(stream: CommandStream) -> list[TokenChunk]:
+        async with aclosing(drive(request, context, stream, params)) as output:
+            return [chunk async for chunk in output]
+
+    tasks = [asyncio.ensure_future(collect(stream)) for stream in streams]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
 __all__ = [
     "SSE_HEADERS",
     "api_context",
     "bind_instance",
     "check_features",
     "check_wire_ints",
+    "choice_params",
+    "collect_choices",
     "cancel_later",
     "collect_embedding",
     "drive",
     "finished_later",
     "send_later",
     "start_embedding",
+    "start_choices",
     "start_generation",
     "submit",
 ]

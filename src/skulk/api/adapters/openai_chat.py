@@ -32,6 +32,10 @@ from skulk.shared.types.common import ChatMessage, ToolCall, ToolSpec, Usage
 from skulk.shared.types.instances import Instance, InstanceCapacity
 from skulk.shared.types.tasks import TextGenerationParams
 
+MAX_CHOICES = 8
+"""The most choices (`n`) one request may ask for. Each is a whole generation queued on the
+instance, so a bound keeps one request from filling a runner's queue (OpenAI allows 128)."""
+
 MAX_STOP_SEQUENCES = 4
 """OpenAI accepts at most four stop sequences."""
 
@@ -221,6 +225,30 @@ def _check_tool_choice(choice: str | dict[str, Any] | None, tools: Sequence[Tool
         raise InvalidRequest(f"tool_choice names {name!r}, which is not among 'tools'.", param="tool_choice")
 
 
+def choice_count(n: int | None, stream: bool) -> int:
+    """How many choices (`n`) a request asks for, within 1..MAX_CHOICES. Several choices
+    are served without `stream` only: a stream interleaving choices is not built (yet), and
+    a streamed request that asked for several must not silently get one."""
+    count = 1 if n is None else n
+    if not 1 <= count <= MAX_CHOICES:
+        raise InvalidRequest(f"'n' must be between 1 and {MAX_CHOICES}, got {n}.", param="n")
+    if count > 1 and stream:
+        raise InvalidRequest("Several choices (n > 1) are supported without 'stream' only.", param="n",
+                             code="unsupported_parameter")
+    return count
+
+
+def merge_choices(bodies: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One response holding the single choice of each of `bodies` (collected completions
+    of one request), indexed in order; the prompt counted once, completions summed."""
+    merged = dict(bodies[0])
+    merged["choices"] = [{**body["choices"][0], "index": index} for index, body in enumerate(bodies)]
+    prompt = bodies[0]["usage"]["prompt_tokens"]
+    completion = sum(body["usage"]["completion_tokens"] for body in bodies)
+    merged["usage"] = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return merged
+
+
 def _max_tokens(request: ChatCompletionRequest) -> int | None:
     for param in ("max_completion_tokens", "max_tokens"):
         value = getattr(request, param)
@@ -253,8 +281,7 @@ def to_params(request: ChatCompletionRequest) -> TextGenerationParams:
         raise InvalidRequest("'model' must name a model.", param="model")
     if not request.messages:
         raise InvalidRequest("'messages' must contain at least one message.", param="messages")
-    if request.n is not None and request.n != 1:
-        raise InvalidRequest(f"Only n=1 is supported, got n={request.n}.", param="n")
+    choice_count(request.n, bool(request.stream))
     temperature = _in_range(request.temperature, 0.0, 2.0, "temperature")
     top_p = _in_range(request.top_p, 0.0, 1.0, "top_p")
     if request.top_k is not None and request.top_k < 0:

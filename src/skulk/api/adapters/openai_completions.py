@@ -24,6 +24,7 @@ from skulk.api.adapters.openai_chat import (
     _Lenient,
     _stops,
     _usage,
+    choice_count,
     sse_event,
 )
 from skulk.api import request_options
@@ -97,8 +98,7 @@ def to_params(request: CompletionRequest) -> TextGenerationParams:
     if not request.model.strip():
         raise InvalidRequest("'model' must name a model.", param="model")
     prompt = _prompt(request.prompt)
-    if request.n is not None and request.n != 1:
-        raise InvalidRequest(f"Only n=1 is supported, got n={request.n}.", param="n")
+    choice_count(request.n, bool(request.stream))
     if request.best_of is not None and request.best_of != 1:
         raise InvalidRequest(f"Only best_of=1 is supported, got best_of={request.best_of}.", param="best_of")
     if request.echo:

@@ -27,9 +27,11 @@ from fastapi.responses import StreamingResponse
 from skulk.api.adapters.openai_chat import (
     ChatCompletionRequest,
     ChatStreamEncoder,
+    choice_count,
     collect_response,
     command_id_from,
     model_entry,
+    merge_choices,
     model_list,
     served_by,
     sse_error,
@@ -40,9 +42,11 @@ from skulk.api.errors import ClusterNotReady, ModelNotFound, NotFound
 from skulk.api.generation import (
     SSE_HEADERS,
     api_context,
+    collect_choices,
     collect_embedding,
     drive,
     encoded_events,
+    start_choices,
     start_embedding,
     start_generation,
 )
@@ -83,6 +87,15 @@ async def chat_completions(request: Request, body: ChatCompletionRequest) -> Str
     context = _context(request)
     params = to_params(body)
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    n = choice_count(body.n, bool(body.stream))
+    if n > 1:
+        streams = await start_choices(context, params, n, max_tokens_param=param)
+        created = int(time.time())
+        return merge_choices([
+            collect_response(chunks, command_id=streams[0].command_id, model=body.model, created=created,
+                             logprobs=params.logprobs)
+            for chunks in await collect_choices(request, context, streams, params)
+        ])
     stream = await start_generation(context, params, max_tokens_param=param)
     command_id = stream.command_id
     created = int(time.time())
@@ -108,6 +121,15 @@ async def completions(
     """Legacy text completions: the prompt is sent raw (no chat template)."""
     context = _context(request)
     params = openai_completions.to_params(body)
+    n = choice_count(body.n, bool(body.stream))
+    if n > 1:
+        streams = await start_choices(context, params, n)
+        created = int(time.time())
+        return merge_choices([
+            openai_completions.collect_completion(chunks, command_id=streams[0].command_id, model=body.model,
+                                                  created=created, logprobs=params.logprobs)
+            for chunks in await collect_choices(request, context, streams, params)
+        ])
     stream = await start_generation(context, params)
     created = int(time.time())
     if body.stream:
