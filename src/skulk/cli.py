@@ -70,6 +70,7 @@ def resolve_settings(
         multicast=config.node.multicast and not flags.no_multicast,
         cluster_key=flags.cluster_key,
         api_key=env_api_key or config.api.api_key,
+        cors_origins=tuple(config.api.cors_origins),
         api_enabled=not flags.no_api,
         worker_enabled=not flags.no_worker,
         model_store=config.model_store,

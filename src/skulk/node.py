@@ -97,6 +97,8 @@ class NodeSettings:
     cluster_key: str | None = field(default=None, repr=False)
     api_key: str | None = field(default=None, repr=False)
     """When set, every API route but static assets requires it (Bearer / x-api-key)."""
+    cors_origins: tuple[str, ...] = ()
+    """Browser origins allowed beside this machine's own (skulk.api.cors)."""
     api_enabled: bool = True
     worker_enabled: bool = True
     model_store: ModelStoreSection = ModelStoreSection()
@@ -496,6 +498,7 @@ class Node:
             get_cards=self.cards,
             get_resources=lambda: node_resources(self.telemetry.view, self.replica.state),
             api_key=self.settings.api_key,
+            cors_origins=self.settings.cors_origins,
             get_store=self._current_store,
         )
         config = uvicorn.Config(

@@ -20,6 +20,7 @@ from skulk.api.routes import anthropic as anthropic_routes
 from skulk.api.routes import ollama as ollama_routes
 from skulk.api.routes import openai as openai_routes
 from skulk.api.routes import store as store_routes
+from skulk.api.cors import install_cors
 from skulk.api.streams import CommandStreams
 from skulk.shared.telemetry_view import TelemetryView
 from skulk.shared.types.commands import Command
@@ -58,6 +59,8 @@ class ApiContext:
     """When set, every route but the dashboard's static assets requires this key (Bearer,
     or `x-api-key` on /v1/messages); None or empty leaves the API open. The node passes
     `SKULK_API_KEY` (`skulk.api.auth.API_KEY_ENV`) or its configured key."""
+    cors_origins: tuple[str, ...] = ()
+    """Browser origins allowed beside this machine's own (`skulk.api.cors`)."""
     store: store_routes.StoreContext | None = None
     """The model store's roots and policy on this node (None: the /store routes answer 503)."""
     get_store: Callable[[], store_routes.StoreContext | None] | None = None
@@ -98,4 +101,5 @@ def create_app(context: ApiContext) -> FastAPI:
     app.include_router(anthropic_routes.router)
     app.include_router(ollama_routes.router)
     app.include_router(store_routes.router)
+    install_cors(app, context.cors_origins)  # last: the outermost middleware (see skulk.api.cors)
     return app

@@ -32,6 +32,8 @@ class NodeSection(_Strict):
 class ApiSection(_Strict):
     host: str = "0.0.0.0"
     api_key: str | None = None
+    cors_origins: list[str] = []
+    """Browser origins allowed beside this machine's own ('*' for any); see skulk.api.cors."""
 
 
 class ModelStoreSection(_Strict):
@@ -110,9 +112,17 @@ DISK_RESERVE_ENV = "SKULK_DISK_RESERVE_GB"
 `skulk.store.disk_admission` reads when no config is at hand)."""
 
 
+CORS_ORIGINS_ENV = "SKULK_CORS_ORIGINS"
+"""Environment override of `api.cors_origins`: comma-separated origins."""
+
+
 def with_env_overrides(config: SkulkConfig, env: Mapping[str, str]) -> SkulkConfig:
     """`config` with the environment's overrides applied (environment beats the file, as
     the CLI's flags beat both). Pure; a malformed value is a ConfigError naming it."""
+    cors = env.get(CORS_ORIGINS_ENV)
+    if cors is not None and cors.strip():
+        origins = [part.strip().rstrip("/") for part in cors.split(",") if part.strip()]
+        config = config.model_copy(update={"api": config.api.model_copy(update={"cors_origins": origins})})
     raw = (env.get(DISK_RESERVE_ENV) or "").strip()
     if not raw:
         return config
