@@ -22,13 +22,15 @@ USAGE = Usage(prompt_tokens=7, completion_tokens=3, total_tokens=10)
 
 class ScriptedCluster:
     def __init__(self, streams: CommandStreams, texts=(), *, finish="stop", logprobs=False,
-                 vectors=None, fail: tuple[str, str] | None = None) -> None:
+                 vectors=None, fail: tuple[str, str] | None = None, fail_after_output: bool = False) -> None:
         self.streams = streams
         self.texts = list(texts)
         self.finish = finish
         self.logprobs = logprobs
         self.vectors = vectors or []
         self.fail = fail
+        self.fail_after_output = fail_after_output
+        """With `fail`: send the texts first, then fail (a runner that broke mid-stream)."""
         self.commands: list = []
         self._tasks: list[asyncio.Task] = []
 
@@ -63,7 +65,7 @@ class ScriptedCluster:
     async def _run(self, command) -> None:
         cid = command.command_id
         self.streams.deliver(StreamStarted(command_id=cid, runner_id="r1"))
-        chunks = [] if self.fail else self._chunks(command)
+        chunks = [] if self.fail and not self.fail_after_output else self._chunks(command)
         for seq, chunk in enumerate(chunks, start=1):
             await asyncio.sleep(0)
             self.streams.deliver(StreamPayload(command_id=cid, seq=seq, chunk=chunk))

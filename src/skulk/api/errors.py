@@ -124,6 +124,13 @@ STREAM_ERROR_KINDS: dict[str, ErrorKind] = {
 engine crash, an out-of-memory) are `internal` unless listed here."""
 
 
+STREAM_ERROR_CODES: dict[str, str] = {
+    "ContextLengthExceeded": "context_length_exceeded",
+}
+"""Runner error types whose error `code` a client matches on, as OpenAI spells it (LiteLLM
+maps `context_length_exceeded` to its ContextWindowExceededError); others keep their type."""
+
+
 class StreamFailed(ApiError):
     """A command's output stream ended without completing: the runner reported a failure or a
     cancellation, or this API ended it (see `StreamOrigin`). `code` is the error type."""
@@ -136,7 +143,7 @@ class StreamFailed(ApiError):
         outcome: Literal["failed", "cancelled"] = "failed",
         origin: StreamOrigin = "runner",
     ) -> None:
-        super().__init__(message, code=error_type)
+        super().__init__(message, code=STREAM_ERROR_CODES.get(error_type, error_type))
         self.error_type = error_type
         self.outcome = outcome
         self.origin = origin

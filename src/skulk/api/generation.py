@@ -136,6 +136,34 @@ async def drive(
             yield shaped
 
 
+async def open_output(
+    request: Request, context: Any, stream: CommandStream, params: TextGenerationParams | None = None
+) -> AsyncIterator[TokenChunk]:
+    """`drive(...)` with its first chunk already awaited, for a streamed response: a failure
+    before any output (a prompt longer than the context, a runner that refused the request,
+    a lost instance) raises here as the typed error, so the route answers it with an HTTP
+    error status in the caller's shape before the response starts, never a 200 followed by
+    an error event. The returned iterator yields that first chunk, then the rest."""
+    output = drive(request, context, stream, params)
+    try:
+        first: TokenChunk | None = await anext(output)
+    except StopAsyncIteration:
+        first = None
+    except BaseException:
+        await output.aclose()
+        raise
+
+    async def replay() -> AsyncIterator[TokenChunk]:
+        async with aclosing(output):
+            if first is None:
+                return
+            yield first
+            async for chunk in output:
+                yield chunk
+
+    return replay()
+
+
 async def start_embedding(context: Any, params: EmbeddingParams) -> CommandStream:
     """Check the model is placed (404) and there is a master (503), open the command's
     stream and submit `Embed`. The caller then reads it with `collect_embedding`."""
@@ -320,6 +348,7 @@ __all__ = [
     "collect_embedding",
     "drive",
     "finished_later",
+    "open_output",
     "send_later",
     "start_embedding",
     "start_choices",
@@ -343,14 +372,16 @@ async def encoded_events(
     encoder: StreamEncoder,
     on_failure: Callable[[StreamFailed], Iterable[str]],
     params: TextGenerationParams | None = None,
+    output: AsyncIterator[TokenChunk] | None = None,
 ) -> AsyncIterator[str]:
     """The streaming body of one request in its caller's wire format: the encoder's events
-    around the output, or the format's error events when the stream fails."""
+    around the output, or the format's error events when the stream fails. `output` is the
+    stream's chunks when the route already opened them (`open_output`)."""
     for event in encoder.start():
         yield event
     pending: list[str] = []
     try:
-        async with aclosing(drive(request, context, stream, params)) as output:
+        async with aclosing(output if output is not None else drive(request, context, stream, params)) as output:
             async for chunk in output:
                 pending.extend(encoder.chunk_to_sse(chunk))
                 if stream.queued == 0 and pending:

@@ -16,7 +16,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from skulk.api.adapters.anthropic import MessagesRequest, MessageStreamEncoder, collect_message, sse_error, to_params
-from skulk.api.generation import SSE_HEADERS, api_context, drive, encoded_events, start_generation
+from skulk.api.generation import SSE_HEADERS, api_context, drive, encoded_events, open_output, start_generation
 
 
 router = APIRouter()
@@ -29,7 +29,8 @@ async def create_message(request: Request, body: MessagesRequest) -> StreamingRe
     stream = await start_generation(context, params)
     if body.stream:
         encoder = MessageStreamEncoder(command_id=stream.command_id, model=body.model, stop_sequences=params.stop)
-        return StreamingResponse(encoded_events(request, context, stream, encoder, sse_error, params),
+        output = await open_output(request, context, stream, params)
+        return StreamingResponse(encoded_events(request, context, stream, encoder, sse_error, params, output),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
     async with aclosing(drive(request, context, stream, params)) as output:
         chunks = [chunk async for chunk in output]

@@ -50,10 +50,12 @@ from skulk.api.generation import (
     api_context,
     collect_embedding,
     drive,
+    open_output,
     start_embedding,
     start_generation,
 )
 from skulk.api.streams import CommandStream
+from skulk.shared.types.chunks import TokenChunk
 from skulk.shared.types.tasks import TextGenerationParams
 
 logger = logging.getLogger(__name__)
@@ -153,7 +155,8 @@ async def _generate(
     stream = await start_generation(context, params, max_tokens_param="options.num_predict", param_names=OPTION_PARAMS)
     encoder = OllamaEncoder(endpoint=endpoint, model=model)
     if params.stream:
-        return StreamingResponse(_lines(request, context, stream, encoder, started_ns, params),
+        output = await open_output(request, context, stream, params)
+        return StreamingResponse(_lines(stream, encoder, started_ns, output),
                                  media_type="application/x-ndjson", headers=SSE_HEADERS)
     first_token_ns: int | None = None
     chunks = []
@@ -165,12 +168,11 @@ async def _generate(
 
 
 async def _lines(
-    request: Request, context: Any, stream: CommandStream, encoder: OllamaEncoder, started_ns: int,
-    params: TextGenerationParams,
+    stream: CommandStream, encoder: OllamaEncoder, started_ns: int, chunks: AsyncIterator[TokenChunk],
 ) -> AsyncIterator[str]:
     first_token_ns: int | None = None
     try:
-        async with aclosing(drive(request, context, stream, params)) as output:
+        async with aclosing(chunks) as output:
             async for chunk in output:
                 first_token_ns = first_token_ns or time.monotonic_ns()
                 line = encoder.line(chunk)

@@ -46,6 +46,7 @@ from skulk.api.generation import (
     collect_embedding,
     drive,
     encoded_events,
+    open_output,
     start_choices,
     start_embedding,
     start_generation,
@@ -105,8 +106,9 @@ async def chat_completions(request: Request, body: ChatCompletionRequest) -> Str
             command_id=command_id, model=body.model, created=created,
             include_usage=body.include_usage, logprobs=params.logprobs,
         )
-        return StreamingResponse(_sse(request, context, stream, encoder, params), media_type="text/event-stream",
-                                 headers=SSE_HEADERS)
+        output = await open_output(request, context, stream, params)
+        return StreamingResponse(_sse(request, context, stream, encoder, params, output),
+                                 media_type="text/event-stream", headers=SSE_HEADERS)
 
     async with aclosing(_drive(request, context, stream, params)) as output:
         chunks = [chunk async for chunk in output]
@@ -135,8 +137,9 @@ async def completions(
     if body.stream:
         encoder = openai_completions.CompletionStreamEncoder(command_id=stream.command_id, model=body.model,
                                                              created=created, logprobs=params.logprobs)
-        return StreamingResponse(_sse(request, context, stream, encoder), media_type="text/event-stream",
-                                 headers=SSE_HEADERS)
+        output = await open_output(request, context, stream)
+        return StreamingResponse(_sse(request, context, stream, encoder, None, output),
+                                 media_type="text/event-stream", headers=SSE_HEADERS)
     async with aclosing(_drive(request, context, stream)) as output:
         chunks = [chunk async for chunk in output]
     return openai_completions.collect_completion(chunks, command_id=stream.command_id, model=body.model,
@@ -153,8 +156,9 @@ async def responses(request: Request, body: openai_responses.ResponsesRequest) -
     created = int(time.time())
     if body.stream:
         encoder = openai_responses.ResponseStreamEncoder(command_id=stream.command_id, request=body, created=created)
+        output = await open_output(request, context, stream, params)
         return StreamingResponse(
-            encoded_events(request, context, stream, encoder, encoder.error_events, params),
+            encoded_events(request, context, stream, encoder, encoder.error_events, params, output),
             media_type="text/event-stream", headers=SSE_HEADERS,
         )
     async with aclosing(_drive(request, context, stream, params)) as output:
@@ -174,8 +178,8 @@ async def embeddings(request: Request, body: openai_embeddings.EmbeddingRequest)
 
 
 def _sse(request: Request, context: Any, stream: CommandStream, encoder: Any,
-         params: Any = None) -> AsyncIterator[str]:
-    return encoded_events(request, context, stream, encoder, sse_error, params)
+         params: Any = None, output: AsyncIterator[Any] | None = None) -> AsyncIterator[str]:
+    return encoded_events(request, context, stream, encoder, sse_error, params, output)
 
 
 @router.post("/v1/cancel/{command_id}")
