@@ -22,7 +22,8 @@ USAGE = Usage(prompt_tokens=7, completion_tokens=3, total_tokens=10)
 
 class ScriptedCluster:
     def __init__(self, streams: CommandStreams, texts=(), *, finish="stop", logprobs=False,
-                 vectors=None, fail: tuple[str, str] | None = None, fail_after_output: bool = False) -> None:
+                 vectors=None, fail: tuple[str, str] | None = None, fail_after_output: bool = False,
+                 stop_sequence: str | None = None) -> None:
         self.streams = streams
         self.texts = list(texts)
         self.finish = finish
@@ -30,6 +31,8 @@ class ScriptedCluster:
         self.vectors = vectors or []
         self.fail = fail
         self.fail_after_output = fail_after_output
+        self.stop_sequence = stop_sequence
+        """Reported on the last chunk, as an engine reports the stop string that matched."""
         """With `fail`: send the texts first, then fail (a runner that broke mid-stream)."""
         self.commands: list = []
         self._tasks: list[asyncio.Task] = []
@@ -58,7 +61,9 @@ class ScriptedCluster:
             TokenChunk(command_id=cid, text=text, token_id=i,
                        logprob=-0.25 if self.logprobs else None,
                        top_logprobs=[{"token": text, "logprob": -0.25, "token_id": i}] if self.logprobs else None,
-                       finish_reason=self.finish if i == last else None, usage=USAGE if i == last else None)
+                       finish_reason=self.finish if i == last else None, usage=USAGE if i == last else None,
+                       stop_sequence=self.stop_sequence if i == last else None,
+                       prompt_tokens=USAGE.prompt_tokens if i == 0 else None)
             for i, text in enumerate(self.texts)
         ]
 

@@ -108,6 +108,8 @@ def required_features(params: TextGenerationParams) -> list[tuple[Feature, str]]
     fixed order so the first refusal is stable."""
     from skulk.shared.tool_grammar import forced_tools
 
+    if params.count_only:
+        return []  # nothing is generated: every engine counts its prompt tokens
     wanted: list[tuple[Feature, str]] = []
     if params.logprobs:
         wanted.append((Feature.LOGPROBS, "logprobs"))

@@ -56,6 +56,9 @@ class TextGenerationParams(WireModel):
     """Multiplicative penalty on tokens seen recently (llama.cpp's and Ollama's knob)."""
     logit_bias: dict[int, FiniteFloat] = Field(default_factory=dict)
     """Token id -> bias added to its logit before sampling (OpenAI: -100 bans, 100 forces)."""
+    count_only: bool = False
+    """Count the prompt's tokens and generate nothing (Anthropic's count_tokens): the answer
+    is one empty chunk whose usage holds the count."""
 
     @model_validator(mode="after")
     def _one_input(self) -> TextGenerationParams:

@@ -76,6 +76,12 @@ class GeneratedToken:
     token_id: int | None = None
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
+    stop_sequence: str | None = None
+    """On the last token: the request's stop string that ended the generation (dropped
+    from the text), so the API can say which one (Anthropic's `stop_sequence`)."""
+    prompt_tokens: int | None = None
+    """On the first token: the prompt's length in tokens, known before the first token, so
+    a stream can report it at its start (Anthropic's `message_start`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -568,6 +574,8 @@ class Dispatcher:
     def _run(self, job: _Job) -> GenerationResult:
         if isinstance(job.request, EmbeddingParams):
             return self._embed(job, job.request)
+        if job.request.count_only:
+            return self._count(job, job.request)
         last: GeneratedToken | None = None
         try:
             self._sink.on_start(job.request_id)
@@ -608,6 +616,25 @@ class Dispatcher:
             error_message="the engine ended the stream without a finish reason",
         )
 
+
+    def _count(self, job: _Job, request: TextGenerationParams) -> GenerationResult:
+        """A count-only request: the prompt's tokens as the engine would feed them, as one
+        empty token carrying the usage; nothing is generated (Anthropic's count_tokens)."""
+        counter = getattr(self._engine, "prompt_tokens", None)
+        try:
+            self._sink.on_start(job.request_id)
+            if counter is None:
+                raise EngineError(f"the {type(self._engine).__name__} engine cannot count prompt tokens")
+            usage = usage_of(len(counter(request)), 0)
+            self._sink.on_token(job.request_id, GeneratedToken("", None, "stop", usage))
+        except EngineError as exc:
+            return GenerationResult(outcome="failed", finish_reason="error", error_type=exc.error_type,
+                                    error_message=str(exc))
+        except Exception as exc:  # an engine bug must end this request, not the runner
+            log.exception("count %s failed", job.request_id)
+            return GenerationResult(outcome="failed", finish_reason="error", error_type=type(exc).__name__,
+                                    error_message=str(exc) or repr(exc))
+        return GenerationResult(outcome="completed", finish_reason="stop", usage=usage)
 
     def _embed(self, job: _Job, request: EmbeddingParams) -> GenerationResult:
         """An embedding runs as one step: it is not interruptible, so a cancel that arrives

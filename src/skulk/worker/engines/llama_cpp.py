@@ -21,7 +21,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -455,7 +455,7 @@ class LlamaCppEngine:
                 TopLogprob(token=llama.detokenize([i]).decode("utf-8", errors="replace"), logprob=lp, token_id=i)
                 for i, lp in best
             ]
-            return ScoredToken(text, token, finish, usage, chosen, tops)
+            return ScoredToken(text, token, finish, usage, logprob=chosen, top_logprobs=tops)
 
         return scored
 
@@ -524,28 +524,35 @@ class LlamaCppEngine:
             logits_processor=logit_bias_processor(request.logit_bias, llama.n_vocab()),
         )
         make = self._token_maker(llama, request)
+        first = True
         try:
             if request.prompt is None and opens_reasoning(text) and grammar is None:
                 # The template opened the think block itself (DeepSeek-R1 style), so the
                 # model's output starts inside it: say so, as if the model had written it.
                 # Not under a tool-call grammar: the output is then the call, never thought.
-                yield GeneratedToken(THINK_OPEN)
+                yield GeneratedToken(THINK_OPEN, prompt_tokens=n_prompt)
+                first = False
             for token in generator:
                 if cancelled.is_set():
                     return
                 completion += 1
                 if self._is_end_of_generation(token):
-                    yield make(stops.flush(), token, "stop", usage_of(n_prompt, completion))
+                    out = make(stops.flush(), token, "stop", usage_of(n_prompt, completion))
+                else:
+                    piece, matched = stops.push(decoder.decode(llama.detokenize([token])))
+                    if matched:
+                        out = replace(make(piece, token, "stop", usage_of(n_prompt, completion)),
+                                      stop_sequence=stops.matched)
+                    elif completion >= max_new:
+                        # max_tokens reached, or the context is full: either way "length".
+                        out = make(piece + stops.flush(), token, "length", usage_of(n_prompt, completion))
+                    else:
+                        out = make(piece, token, None, None)
+                if first:
+                    out, first = replace(out, prompt_tokens=n_prompt), False
+                yield out
+                if out.finish_reason is not None:
                     return
-                text, matched = stops.push(decoder.decode(llama.detokenize([token])))
-                if matched:
-                    yield make(text, token, "stop", usage_of(n_prompt, completion))
-                    return
-                if completion >= max_new:
-                    # max_tokens reached, or the context is full: either way "length".
-                    yield make(text + stops.flush(), token, "length", usage_of(n_prompt, completion))
-                    return
-                yield make(text, token, None, None)
         finally:
             generator.close()
 

@@ -346,17 +346,22 @@ class MlxEngine:
             if cancelled.is_set():
                 return
             completion += 1
+            # The first token says the prompt's length; a matched stop string says which.
+            prompt_tokens = n_prompt if completion == 1 else None
             if token in self._eos:
-                yield GeneratedToken(stops.flush(), token, "stop", usage_of(n_prompt, completion))
+                yield GeneratedToken(stops.flush(), token, "stop", usage_of(n_prompt, completion),
+                                     prompt_tokens=prompt_tokens)
                 return
             text, matched = stops.push(decoder.decode(self._token_bytes[token]))
             if matched:
-                yield GeneratedToken(text, token, "stop", usage_of(n_prompt, completion))
+                yield GeneratedToken(text, token, "stop", usage_of(n_prompt, completion), stop_sequence=stops.matched,
+                                     prompt_tokens=prompt_tokens)
                 return
             if completion >= max_new:
-                yield GeneratedToken(text + stops.flush(), token, "length", usage_of(n_prompt, completion))
+                yield GeneratedToken(text + stops.flush(), token, "length", usage_of(n_prompt, completion),
+                                     prompt_tokens=prompt_tokens)
                 return
-            yield GeneratedToken(text, token)
+            yield GeneratedToken(text, token, prompt_tokens=prompt_tokens)
 
     def _prefill(self, prompt: list[int]) -> int:
         token: int | None = None

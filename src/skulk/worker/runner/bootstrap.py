@@ -243,7 +243,8 @@ class Runner:
         stream = self._streams[TaskId(request_id)]
         task = stream.task
         with stream.lock:
-            if type(token) is GeneratedToken:  # the per-token hot path: no models built
+            if type(token) is GeneratedToken and token.stop_sequence is None and token.prompt_tokens is None:
+                # The per-token hot path: no models built.
                 self._write(pack_token(
                     task.owner_node_id, task.command_id, stream.next_seq,
                     token.text, token.token_id, token.finish_reason, token.usage,
@@ -332,7 +333,7 @@ def _chunk_of(command_id: str, token: GeneratedToken | GeneratedEmbedding) -> To
         return EmbeddingChunk(command_id=command_id, embeddings=token.embeddings, usage=token.usage)
     extras = {
         name: value
-        for name in ("logprob", "top_logprobs", "tool_calls", "reasoning")
+        for name in ("logprob", "top_logprobs", "tool_calls", "reasoning", "stop_sequence", "prompt_tokens")
         if (value := getattr(token, name, None)) is not None
     }
     return TokenChunk(

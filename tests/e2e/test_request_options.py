@@ -159,3 +159,24 @@ def token_of_text_prefix(text: str) -> int:
     from skulk.store.tiny_models import TINY_SPEC, train_tokenizer
 
     return train_tokenizer(TINY_SPEC).encode(text, add_special_tokens=False).ids[0]
+
+
+def test_anthropic_count_tokens_start_usage_and_stop_sequence(serving_node):
+    import anthropic
+
+    claude = anthropic.Anthropic(base_url=serving_node.url, api_key="unused", max_retries=0, timeout=60)
+    request = {"model": MODEL, "system": "Be brief.", "messages": [{"role": "user", "content": "The weather today is"}]}
+    counted = claude.messages.count_tokens(**request).input_tokens
+    free = claude.messages.create(max_tokens=12, extra_body={"temperature": 0}, **request)
+    assert counted == free.usage.input_tokens > 0
+    assert free.usage.cache_read_input_tokens == 0 and free.usage.cache_creation_input_tokens == 0
+
+    with claude.messages.stream(max_tokens=12, extra_body={"temperature": 0}, **request) as stream:
+        events = list(stream)
+    assert events[0].type == "message_start" and events[0].message.usage.input_tokens == counted
+
+    stop = free.content[0].text[3:6]  # greedy output is the same again, so it will meet this
+    stopped = claude.messages.create(max_tokens=12, extra_body={"temperature": 0}, stop_sequences=["qqqq", stop],
+                                     **request)
+    assert (stopped.stop_reason, stopped.stop_sequence) == ("stop_sequence", stop)
+    assert stop not in stopped.content[0].text
