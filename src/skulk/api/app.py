@@ -18,9 +18,11 @@ from skulk.api.errors import install_error_handlers
 from skulk.api.routes import control, diagnostics, instances, model_cards
 from skulk.api.routes import anthropic as anthropic_routes
 from skulk.api.routes import ollama as ollama_routes
+from skulk.api.routes import ollama_models
 from skulk.api.routes import openai as openai_routes
 from skulk.api.routes import store as store_routes
 from skulk.api.cors import install_cors
+from skulk.api.json_body import OllamaJsonBodies
 from skulk.api.streams import CommandStreams
 from skulk.shared.telemetry_view import TelemetryView
 from skulk.shared.types.commands import Command
@@ -101,5 +103,7 @@ def create_app(context: ApiContext) -> FastAPI:
     app.include_router(anthropic_routes.router)
     app.include_router(ollama_routes.router)
     app.include_router(store_routes.router)
+    app.include_router(ollama_models.router)
+    app.add_middleware(OllamaJsonBodies)
     install_cors(app, context.cors_origins)  # last: the outermost middleware (see skulk.api.cors)
     return app

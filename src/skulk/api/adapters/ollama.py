@@ -2,9 +2,10 @@
 `/api/tags`, `/api/ps`, `/api/show`, `/api/version`), both ways; Skulk serves it under `/ollama`.
 
 Incoming: `ChatRequest` / `GenerateRequest` with their `options` (temperature, top_p,
-top_k, seed, num_predict, stop, repeat_penalty, frequency_penalty, presence_penalty; other
-options such as num_ctx are accepted and ignored), `format` ("json" or a JSON Schema, enforced
-by constrained decoding),
+top_k, seed, num_predict, stop, repeat_penalty, frequency_penalty, presence_penalty, and
+num_ctx, clamped to the placed context and said in a response header; load-time options such
+as num_gpu or num_thread are set by placement, not per request), `format` ("json" or a JSON
+Schema, enforced by constrained decoding), `keep_alive` (0, "unload now", is refused),
 normalised by `chat_params` / `generate_params` into `TextGenerationParams` or an
 `InvalidRequest` naming the parameter. Outgoing: `OllamaEncoder` builds the NDJSON lines
 (one object per token chunk, then a final `done: true` object with done_reason, token
@@ -69,6 +70,9 @@ class Options(_Lenient):
     repeat_penalty: float | None = None
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
+    num_ctx: int | None = None
+    """The context window. Skulk's is fixed when the model is placed: a larger one is
+    clamped to it (and the response says so), a smaller one is honoured per request."""
 
 
 class FunctionCall(_Lenient):
@@ -151,6 +155,8 @@ def _sampling(options: Options | None) -> dict[str, Any]:
         raise InvalidRequest(f"options.top_k must be at least 0, got {options.top_k}", param="options.top_k")
     if options.num_predict == 0:
         raise InvalidRequest("options.num_predict must not be 0", param="options.num_predict")
+    if options.num_ctx is not None and options.num_ctx < 1:
+        raise InvalidRequest(f"options.num_ctx must be at least 1, got {options.num_ctx}", param="options.num_ctx")
     # Ollama: num_predict -1 is "no limit" and -2 "fill the context"; both leave it to the context.
     max_tokens = options.num_predict if options.num_predict is not None and options.num_predict > 0 else None
     stops = [options.stop] if isinstance(options.stop, str) else list(options.stop or [])
@@ -164,7 +170,37 @@ def _sampling(options: Options | None) -> dict[str, Any]:
         "repeat_penalty": request_options.repeat_penalty(options.repeat_penalty, "options.repeat_penalty"),
         "frequency_penalty": request_options.penalty(options.frequency_penalty, "options.frequency_penalty"),
         "presence_penalty": request_options.penalty(options.presence_penalty, "options.presence_penalty"),
+        "context_tokens": options.num_ctx,
     }
+
+
+CONTEXT_HEADER = "X-Skulk-Context-Tokens"
+"""Response header saying the context a generation really had when `num_ctx` asked for
+more than the placed instance holds (Ollama would reload the model larger; Skulk cannot)."""
+
+
+def clamp_context(params: TextGenerationParams, instance_tokens: int) -> tuple[TextGenerationParams, int | None]:
+    """`params` with `num_ctx` (its `context_tokens`) clamped to the instance's context, and
+    the clamped value when clamping changed it (None otherwise), for the response to say."""
+    asked = params.context_tokens
+    if asked is None or asked <= instance_tokens:
+        return params, None
+    return params.model_copy(update={"context_tokens": instance_tokens}), instance_tokens
+
+
+def check_keep_alive(value: Any) -> None:
+    """`keep_alive: 0` asks Ollama to unload the model now. A placed Skulk model stays
+    loaded for every client of the cluster until its instance is deleted, so it is refused
+    with the way to do that; any other duration is already satisfied (it stays loaded)."""
+    if value is None:
+        return
+    text = str(value).strip().lower()
+    if text in {"0", "0s", "0m", "0h", "0.0"}:
+        raise InvalidRequest(
+            "keep_alive 0 (unload now) is not supported: a placed model serves every client of the cluster "
+            "until its instance is deleted. Unload it with DELETE /instance/{instanceId} (see GET /v1/cluster).",
+            param="keep_alive", code="unsupported_parameter",
+        )
 
 
 OPTION_PARAMS = {
@@ -174,10 +210,11 @@ OPTION_PARAMS = {
 """Internal parameter names -> Ollama's, for errors about them."""
 
 
-def _params(model: str, stream: bool, options: Options | None, format: Any = None,
+def _params(model: str, stream: bool, options: Options | None, format: Any = None, keep_alive: Any = None,
             **inputs: Any) -> TextGenerationParams:
     if not model.strip():
         raise InvalidRequest("model is required", param="model")
+    check_keep_alive(keep_alive)
     response_format = request_options.ollama_format(format)
     try:
         return TextGenerationParams(model_id=model, stream=stream, response_format=response_format,
@@ -223,7 +260,8 @@ def chat_params(request: ChatRequest) -> TextGenerationParams:
             name=message.tool_name if role == "tool" else None,
         ))
     tools = _tools(request.tools or [])
-    return _params(request.model, request.stream, request.options, request.format, messages=messages, tools=tools)
+    return _params(request.model, request.stream, request.options, request.format, request.keep_alive,
+                   messages=messages, tools=tools)
 
 
 def embed_params(model: str, inputs: str | list[str], dimensions: int | None = None) -> EmbeddingParams:
@@ -260,10 +298,12 @@ def generate_params(request: GenerateRequest) -> TextGenerationParams:
         raise InvalidRequest("images are not supported", param="images")
     prompt = request.prompt or ""
     if request.raw:
-        return _params(request.model, request.stream, request.options, request.format, prompt=prompt)
+        return _params(request.model, request.stream, request.options, request.format, request.keep_alive,
+                       prompt=prompt)
     messages = [ChatMessage(role="system", content=request.system)] if request.system else []
     messages.append(ChatMessage(role="user", content=prompt))
-    return _params(request.model, request.stream, request.options, request.format, messages=messages)
+    return _params(request.model, request.stream, request.options, request.format, request.keep_alive,
+                   messages=messages)
 
 
 # ---------------------------------------------------------------------------------------
@@ -463,7 +503,11 @@ def show(model_id: str, card: ModelCard | None, context_length: int, modified_at
 
 
 __all__ = [
+    "CONTEXT_HEADER",
     "OLLAMA_VERSION",
+    "OPTION_PARAMS",
+    "check_keep_alive",
+    "clamp_context",
     "ChatRequest",
     "GenerateRequest",
     "EmbedRequest",

@@ -18,9 +18,10 @@ from contextlib import aclosing
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from skulk.api.adapters.ollama import (
+    CONTEXT_HEADER,
     OLLAMA_VERSION,
     OPTION_PARAMS,
     ChatRequest,
@@ -32,6 +33,7 @@ from skulk.api.adapters.ollama import (
     ShowRequest,
     Timing,
     chat_params,
+    clamp_context,
     collect,
     embed_params,
     embed_response,
@@ -149,22 +151,28 @@ def _load(request: Request, endpoint: Endpoint, model: str) -> dict[str, Any]:
 
 async def _generate(
     request: Request, endpoint: Endpoint, model: str, params: TextGenerationParams
-) -> StreamingResponse | dict[str, Any]:
+) -> StreamingResponse | JSONResponse | dict[str, Any]:
     context = api_context(request)
     started_ns = time.monotonic_ns()
+    instance = context.find_instance(model)
+    clamped = None
+    if instance is not None:
+        params, clamped = clamp_context(params, instance.context_token_limit)
+    headers = {CONTEXT_HEADER: str(clamped)} if clamped is not None else {}
     stream = await start_generation(context, params, max_tokens_param="options.num_predict", param_names=OPTION_PARAMS)
     encoder = OllamaEncoder(endpoint=endpoint, model=model)
     if params.stream:
         output = await open_output(request, context, stream, params)
         return StreamingResponse(_lines(stream, encoder, started_ns, output),
-                                 media_type="application/x-ndjson", headers=SSE_HEADERS)
+                                 media_type="application/x-ndjson", headers={**SSE_HEADERS, **headers})
     first_token_ns: int | None = None
     chunks = []
     async with aclosing(drive(request, context, stream, params)) as output:
         async for chunk in output:
             first_token_ns = first_token_ns or time.monotonic_ns()
             chunks.append(chunk)
-    return collect(encoder, chunks, Timing(started_ns, first_token_ns, time.monotonic_ns()))
+    body = collect(encoder, chunks, Timing(started_ns, first_token_ns, time.monotonic_ns()))
+    return JSONResponse(body, headers=headers) if headers else body
 
 
 async def _lines(

@@ -56,6 +56,9 @@ class TextGenerationParams(WireModel):
     """Multiplicative penalty on tokens seen recently (llama.cpp's and Ollama's knob)."""
     logit_bias: dict[int, FiniteFloat] = Field(default_factory=dict)
     """Token id -> bias added to its logit before sampling (OpenAI: -100 bans, 100 forces)."""
+    context_tokens: int | None = Field(default=None, ge=1)
+    """A tighter context for this request than the instance's (Ollama's `num_ctx`): the
+    prompt plus the output must fit in it."""
     count_only: bool = False
     """Count the prompt's tokens and generate nothing (Anthropic's count_tokens): the answer
     is one empty chunk whose usage holds the count."""

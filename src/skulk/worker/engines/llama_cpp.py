@@ -497,9 +497,10 @@ class LlamaCppEngine:
         text = self._prompt_text(request)
         prompt = self._tokenize_prompt(text)
         n_prompt = len(prompt)
-        if n_prompt >= self._n_ctx:
-            raise PromptTooLong(n_prompt, self._n_ctx)
-        room = self._n_ctx - n_prompt
+        n_ctx = min(self._n_ctx, request.context_tokens or self._n_ctx)
+        if n_prompt >= n_ctx:
+            raise PromptTooLong(n_prompt, n_ctx)
+        room = n_ctx - n_prompt
         max_new = min(request.max_tokens, room) if request.max_tokens is not None else room
 
         temperature = DEFAULT_TEMPERATURE if request.temperature is None else request.temperature

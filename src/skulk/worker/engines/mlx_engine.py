@@ -277,9 +277,10 @@ class MlxEngine:
     def _prepare(self, request: TextGenerationParams) -> tuple[list[int], int, SamplingParams]:
         """Prompt ids, the most tokens this request may generate, and its sampling."""
         prompt = self.prompt_tokens(request)
-        if len(prompt) >= self._n_ctx:
-            raise PromptTooLong(len(prompt), self._n_ctx)
-        room = self._n_ctx - len(prompt)
+        n_ctx = min(self._n_ctx, request.context_tokens or self._n_ctx)
+        if len(prompt) >= n_ctx:
+            raise PromptTooLong(len(prompt), n_ctx)
+        room = n_ctx - len(prompt)
         max_new = min(request.max_tokens, room) if request.max_tokens is not None else room
         params = resolve_sampling(request.temperature, request.top_p, request.top_k, request.seed, secrets.randbits(31))
         return prompt, max_new, params
