@@ -225,3 +225,12 @@ def test_a_count_only_request_counts_the_prompt_and_generates_nothing(engine):
     token, result = seen
     assert result.outcome == "completed" and token.text == ""
     assert token.usage.prompt_tokens == len(engine.prompt_tokens(params)) and token.usage.completion_tokens == 0
+
+
+def test_a_per_request_context_is_honoured(engine):
+    n_prompt = len(engine.prompt_tokens(prompt_params(PROMPT)))
+    tokens = run(engine, prompt_params(PROMPT, temperature=0, context_tokens=n_prompt + 3))
+    assert tokens[-1].finish_reason == "length" and tokens[-1].usage.completion_tokens == 3
+    with pytest.raises(PromptTooLong) as caught:
+        run(engine, prompt_params(PROMPT, context_tokens=n_prompt))
+    assert caught.value.context_tokens == n_prompt
