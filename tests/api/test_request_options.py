@@ -243,3 +243,16 @@ async def test_a_failed_choice_fails_the_request():
     app, _ = scripted_app(fail=("EngineError", "boom"))
     with pytest.raises(openai.APIError):
         await openai_sdk(app).chat.completions.create(model=MODEL, messages=ASK, n=2)
+
+
+async def test_completions_take_a_prompt_array_and_echo():
+    app, cluster = scripted_app(["Hi"])
+    sdk = openai_sdk(app)
+    reply = await sdk.completions.create(model=MODEL, prompt=["Say ", "Tell "], n=2, echo=True)
+    assert [c.text for c in reply.choices] == ["Say Hi", "Say Hi", "Tell Hi", "Tell Hi"]
+    assert [c.index for c in reply.choices] == [0, 1, 2, 3]
+    sent = [c.params.prompt for c in cluster.commands if isinstance(c, GenerateText)]
+    assert sent == ["Say ", "Say ", "Tell ", "Tell "]
+    assert reply.usage.prompt_tokens == 2 * 7 and reply.usage.completion_tokens == 4 * 3  # each prompt once
+    streamed = await sdk.completions.create(model=MODEL, prompt="Say ", echo=True, stream=True)
+    assert "".join([c.choices[0].text async for c in streamed if c.choices]) == "Say Hi"

@@ -238,12 +238,14 @@ def choice_count(n: int | None, stream: bool) -> int:
     return count
 
 
-def merge_choices(bodies: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def merge_choices(bodies: Sequence[dict[str, Any]], prompts: int = 1) -> dict[str, Any]:
     """One response holding the single choice of each of `bodies` (collected completions
-    of one request), indexed in order; the prompt counted once, completions summed."""
+    of one request, `prompts` groups of equal size, one per prompt), indexed in order; each
+    prompt counted once, completions summed."""
     merged = dict(bodies[0])
     merged["choices"] = [{**body["choices"][0], "index": index} for index, body in enumerate(bodies)]
-    prompt = bodies[0]["usage"]["prompt_tokens"]
+    per_prompt = len(bodies) // prompts
+    prompt = sum(body["usage"]["prompt_tokens"] for body in bodies[::per_prompt])
     completion = sum(body["usage"]["completion_tokens"] for body in bodies)
     merged["usage"] = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
     return merged

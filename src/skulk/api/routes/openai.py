@@ -122,28 +122,33 @@ async def completions(
 ) -> StreamingResponse | dict[str, Any]:
     """Legacy text completions: the prompt is sent raw (no chat template)."""
     context = _context(request)
-    params = openai_completions.to_params(body)
+    prompts = openai_completions.prompts(body)
+    params = openai_completions.to_params(body, prompts[0])
     n = choice_count(body.n, bool(body.stream))
-    if n > 1:
-        streams = await start_choices(context, params, n)
+    if n > 1 or len(prompts) > 1:
+        every = [openai_completions.to_params(body, prompt) for prompt in prompts]
+        streams = [s for one in every for s in await start_choices(context, one, n)]
         created = int(time.time())
+        echoes = [prompt if body.echo else None for prompt in prompts for _ in range(n)]
         return merge_choices([
             openai_completions.collect_completion(chunks, command_id=streams[0].command_id, model=body.model,
-                                                  created=created, logprobs=params.logprobs)
-            for chunks in await collect_choices(request, context, streams, params)
-        ])
+                                                  created=created, logprobs=params.logprobs, echo=echo)
+            for chunks, echo in zip(await collect_choices(request, context, streams, params), echoes, strict=True)
+        ], prompts=len(prompts))
     stream = await start_generation(context, params)
     created = int(time.time())
     if body.stream:
         encoder = openai_completions.CompletionStreamEncoder(command_id=stream.command_id, model=body.model,
-                                                             created=created, logprobs=params.logprobs)
+                                                             created=created, logprobs=params.logprobs,
+                                                             echo=prompts[0] if body.echo else None)
         output = await open_output(request, context, stream)
         return StreamingResponse(_sse(request, context, stream, encoder, None, output),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
     async with aclosing(_drive(request, context, stream)) as output:
         chunks = [chunk async for chunk in output]
     return openai_completions.collect_completion(chunks, command_id=stream.command_id, model=body.model,
-                                                 created=created, logprobs=params.logprobs)
+                                                 created=created, logprobs=params.logprobs,
+                                                 echo=prompts[0] if body.echo else None)
 
 
 @router.post("/v1/responses", response_model=None)
