@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 
 from skulk import __version__
 from skulk.api.auth import ApiKeyMiddleware
@@ -23,6 +24,7 @@ from skulk.api.routes import openai as openai_routes
 from skulk.api.routes import store as store_routes
 from skulk.api.cors import install_cors
 from skulk.api.json_body import OllamaJsonBodies
+from skulk.api.openapi_errors import drop_validation_422
 from skulk.api.streams import CommandStreams
 from skulk.shared.telemetry_view import TelemetryView
 from skulk.shared.types.commands import Command
@@ -90,7 +92,10 @@ def find_placed_instance(state: State, model_id: str) -> Instance | None:
 
 
 def create_app(context: ApiContext) -> FastAPI:
-    app = FastAPI(title="Skulk", version=__version__)
+    # /docs serves Swagger UI from fastapi-offline's packaged assets: no CDN, works offline.
+    app = FastAPIOffline(title="Skulk", version=__version__)
+    documented = app.openapi
+    app.openapi = lambda: drop_validation_422(documented())  # type: ignore[method-assign]
     app.state.skulk = context
     install_error_handlers(app)
     if context.api_key:

@@ -56,6 +56,7 @@ from skulk.api.generation import (
     start_embedding,
     start_generation,
 )
+from skulk.api.openapi_errors import OLLAMA_ERROR_RESPONSES
 from skulk.api.streams import CommandStream
 from skulk.shared.types.chunks import TokenChunk
 from skulk.shared.types.tasks import TextGenerationParams
@@ -64,7 +65,7 @@ logger = logging.getLogger(__name__)
 
 PREFIX = "/ollama"
 
-router = APIRouter(prefix=PREFIX)
+router = APIRouter(prefix=PREFIX, responses=OLLAMA_ERROR_RESPONSES)
 
 KEEP_ALIVE_EXPIRY = "2318-01-01T00:00:00Z"
 """`expires_at` in `/api/ps`: a placed instance stays until it is deleted, so its expiry

@@ -28,10 +28,11 @@ from pydantic import BaseModel, ConfigDict
 from skulk.api.adapters.ollama import ndjson
 from skulk.api.errors import ApiError, InvalidRequest, StreamFailed, ollama_error_body
 from skulk.api.generation import SSE_HEADERS
+from skulk.api.openapi_errors import OLLAMA_ERROR_RESPONSES
 from skulk.api.routes.store import delete_model, fetch_step
 from skulk.store.store_fetch import FETCH_DEADLINE_S, FetchStatus
 
-router = APIRouter(prefix="/ollama")
+router = APIRouter(prefix="/ollama", responses=OLLAMA_ERROR_RESPONSES)
 
 PULL_POLL_S = 0.5
 """How often a pull reads the fetch's progress (one progress line each time)."""

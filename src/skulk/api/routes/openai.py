@@ -51,13 +51,14 @@ from skulk.api.generation import (
     start_embedding,
     start_generation,
 )
+from skulk.api.openapi_errors import OPENAI_ERROR_RESPONSES
 from skulk.api.streams import CommandStream
 from skulk.shared.types.commands import CancelCommand
 from skulk.shared.types.ids import new_id
 
 logger = logging.getLogger(__name__)
 
-router = APIRouter()
+router = APIRouter(responses=OPENAI_ERROR_RESPONSES)
 
 
 _context = api_context
