@@ -168,9 +168,10 @@ async def test_response_stream_failure_ends_with_response_failed():
     ("fields", "param"),
     [({"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
      ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0].type"),
-     ({"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}, "input[0].type"),
-     ({"input": []}, "input"), ({"max_output_tokens": 4096}, "max_output_tokens"),
-     ({"previous_response_id": "resp_x"}, "previous_response_id"), ({"top_p": 2}, "top_p")],
+     ({"input": [{"type": "web_search_call", "id": "c"}]}, "input[0].type"),
+     ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id"),
+     ({"tools": [{"type": "web_search"}]}, "tools[0].type"), ({"tool_choice": "sometimes"}, "tool_choice"),
+     ({"input": []}, "input"), ({"max_output_tokens": 4096}, "max_output_tokens"), ({"top_p": 2}, "top_p")],
 )
 async def test_response_bad_parameters_are_400s(fields, param):
     app, cluster = make()

@@ -51,7 +51,9 @@ from skulk.api.generation import (
     start_embedding,
     start_generation,
 )
+from skulk.api.auth import presented_keys
 from skulk.api.openapi_errors import OPENAI_ERROR_RESPONSES
+from skulk.api.response_store import RESPONSE_TTL_S, ResponseStore, StoredResponse, key_scope
 from skulk.api.streams import CommandStream
 from skulk.shared.types.commands import CancelCommand
 from skulk.shared.types.ids import new_id
@@ -152,16 +154,47 @@ async def completions(
                                                  echo=prompts[0] if body.echo else None)
 
 
+def _responses_kept(request: Request) -> ResponseStore:
+    store = getattr(request.app.state, "response_store", None)
+    if store is None:
+        store = request.app.state.response_store = ResponseStore()
+    return store
+
+
+def _scope(request: Request) -> str:
+    return key_scope(next(iter(presented_keys(request.headers)), None))
+
+
+def _stored(request: Request, response_id: str, param: str = "response_id") -> StoredResponse:
+    found = _responses_kept(request).get(response_id, _scope(request), time.monotonic())
+    if found is None:
+        raise NotFound(f"No stored response {response_id!r} for this API key on this node (responses are kept "
+                       f"{RESPONSE_TTL_S / 3600:g} h by the node that answered them).", param=param,
+                       code="response_not_found")
+    return found
+
+
 @router.post("/v1/responses", response_model=None)
 async def responses(request: Request, body: openai_responses.ResponsesRequest) -> StreamingResponse | dict[str, Any]:
-    """The Responses API (stateless: `store`/`previous_response_id` are not kept)."""
+    """The Responses API, with function tools and stored responses (`store`,
+    `previous_response_id`; see `skulk.api.response_store`)."""
     context = _context(request)
-    params = openai_responses.to_params(body)
+    history = _stored(request, body.previous_response_id, "previous_response_id").conversation \
+        if body.previous_response_id else ()
+    params = openai_responses.to_params(body, history)
     stream = await start_generation(context, params, max_tokens_param="max_output_tokens",
                                     param_names={"response_format": "text.format"})
     created = int(time.time())
+    scope = _scope(request)
+
+    def keep(response: dict[str, Any]) -> None:
+        if body.store is not False and response["status"] in ("completed", "incomplete"):
+            _responses_kept(request).put(response["id"], StoredResponse(
+                scope, time.monotonic(), response, openai_responses.conversation_of(params, body, response)))
+
     if body.stream:
-        encoder = openai_responses.ResponseStreamEncoder(command_id=stream.command_id, request=body, created=created)
+        encoder = openai_responses.ResponseStreamEncoder(command_id=stream.command_id, request=body, created=created,
+                                                         on_done=keep)
         output = await open_output(request, context, stream, params)
         return StreamingResponse(
             encoded_events(request, context, stream, encoder, encoder.error_events, params, output),
@@ -169,7 +202,23 @@ async def responses(request: Request, body: openai_responses.ResponsesRequest) -
         )
     async with aclosing(_drive(request, context, stream, params)) as output:
         chunks = [chunk async for chunk in output]
-    return openai_responses.collect_response(chunks, command_id=stream.command_id, request=body, created=created)
+    response = openai_responses.collect_response(chunks, command_id=stream.command_id, request=body, created=created)
+    keep(response)
+    return response
+
+
+@router.get("/v1/responses/{response_id}")
+async def get_response(request: Request, response_id: str) -> dict[str, Any]:
+    """A stored response, for the API key that created it."""
+    return _stored(request, response_id).body
+
+
+@router.delete("/v1/responses/{response_id}")
+async def delete_response(request: Request, response_id: str) -> dict[str, Any]:
+    if not _responses_kept(request).delete(response_id, _scope(request)):
+        raise NotFound(f"No stored response {response_id!r} for this API key on this node.", param="response_id",
+                       code="response_not_found")
+    return {"id": response_id, "object": "response.deleted", "deleted": True}
 
 
 @router.post("/v1/embeddings")
