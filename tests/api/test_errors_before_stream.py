@@ -13,7 +13,8 @@ from tests.api.scripted_cluster import asgi_http, scripted_app
 from tests.api.test_openai_routes import MODEL
 from tests.api.test_tools_sdk import anthropic_sdk, ollama_sdk, openai_sdk
 
-TOO_LONG = ("ContextLengthExceeded", "prompt is 3000 tokens; this instance's context holds 2048")
+TOO_LONG = ("ContextLengthExceeded", "This model's maximum context length is 2048 tokens, but the prompt is 3000 "
+                                     "tokens and must leave room for at least one generated token.")
 ASK = [{"role": "user", "content": "hi"}]
 
 

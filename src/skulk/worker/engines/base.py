@@ -181,8 +181,9 @@ class PromptTooLong(EngineError):
         self.prompt_tokens = prompt_tokens
         self.context_tokens = context_tokens
         super().__init__(
-            f"prompt is {prompt_tokens} tokens; this instance's context holds {context_tokens} "
-            f"and must leave room for at least one generated token"
+            # OpenAI's wording: clients (LiteLLM) recognise a context overflow by it.
+            f"This model's maximum context length is {context_tokens} tokens, but the prompt is "
+            f"{prompt_tokens} tokens and must leave room for at least one generated token."
         )
 
     def __reduce__(self):  # pickling rebuilds from the fields, not from the message
