@@ -68,3 +68,18 @@ def test_the_mlx_row_matches_the_mlx_family_adapters():
     from skulk.worker.engines.mlx_family import FAMILIES
 
     assert ENGINE_TRAITS["mlx"].sharded_families == frozenset(FAMILIES)
+
+
+@pytest.mark.parametrize(("engine", "family", "loads"), [
+    ("mlx", "llama", True), ("mlx", "gemma3", False), ("llama_cpp", "gemma3", True), ("no_such_engine", "llama", True),
+])
+def test_loads_family(engine, family, loads):
+    from skulk.shared.types.engines import loads_family
+
+    assert loads_family(engine, family) is loads
+
+
+def test_the_mlx_families_are_those_it_has_adapters_for():
+    from skulk.worker.engines.mlx_family import FAMILIES
+
+    assert ENGINE_TRAITS["mlx"].families == frozenset(FAMILIES)

@@ -50,9 +50,12 @@ class EngineTraits:
     sharding layout for (others are placed on one node only, never failed at load).
     `window_at_load`: it commits its whole KV window when it loads (so placement sizes the
     window to discrete VRAM), where the others grow their cache per request. `features`:
-    the request features it honours; a request asking for another is refused."""
+    the request features it honours; a request asking for another is refused.
+    `families`: the model families it can load at all (None: any its formats hold);
+    placement never puts a model of another family on it (it would only fail at load)."""
 
     formats: frozenset[ArtifactFormat]
+    families: frozenset[str] | None = None
     multi_node: bool = False
     sharded_families: frozenset[str] = frozenset()
     window_at_load: bool = False
@@ -68,6 +71,8 @@ ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
     "llama_server": EngineTraits(formats=frozenset({"gguf"}), window_at_load=True),
     "mlx": EngineTraits(
         formats=frozenset({"safetensors"}),
+        # The engine runs a model through skulk.worker.engines.mlx_family's adapters.
+        families=frozenset({"llama", "mistral", "qwen2", "qwen3"}),
         multi_node=True,
         # The families skulk.worker.engines.mlx_family has a layer/tensor layout for.
         sharded_families=frozenset({"llama", "mistral", "qwen2", "qwen3"}),
@@ -95,6 +100,12 @@ WINDOW_AT_LOAD_ENGINES: frozenset[str] = engines_where(lambda t: t.window_at_loa
 def traits_of(engine: str) -> EngineTraits:
     """The traits of `engine` (a bare engine name); an unknown one has none of the features."""
     return ENGINE_TRAITS.get(engine, EngineTraits(formats=frozenset()))
+
+
+def loads_family(engine: str, family: str) -> bool:
+    """Whether `engine` can load a model of `family` at all."""
+    families = traits_of(engine).families
+    return families is None or family in families
 
 
 def shards_family(engine: str, family: str) -> bool:
@@ -144,6 +155,7 @@ __all__ = [
     "Feature",
     "missing_features",
     "required_features",
+    "loads_family",
     "shards_family",
     "traits_of",
 ]
