@@ -256,3 +256,22 @@ async def test_completions_take_a_prompt_array_and_echo():
     assert reply.usage.prompt_tokens == 2 * 7 and reply.usage.completion_tokens == 4 * 3  # each prompt once
     streamed = await sdk.completions.create(model=MODEL, prompt="Say ", echo=True, stream=True)
     assert "".join([c.choices[0].text async for c in streamed if c.choices]) == "Say Hi"
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"), ({"modalities": ["text", "audio"]}, "modalities"),
+    ({"prediction": {"type": "content", "content": "x"}}, "prediction"), ({"web_search_options": {}}, "web_search_options"),
+    ({"functions": [{"name": "f"}]}, "functions"), ({"function_call": "auto"}, "function_call"),
+])
+async def test_openai_fields_that_would_change_the_answer_are_refused_not_ignored(fields, param):
+    app, cluster = scripted_app(["x"])
+    async with asgi_http(app) as http:
+        reply = await http.post("/v1/chat/completions", json={"model": MODEL, "messages": ASK, **fields})
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == param
+    assert reply.json()["error"]["code"] == "unsupported_parameter" and not cluster.commands
+
+
+async def test_text_only_modalities_are_served():
+    app, _ = scripted_app(["x"])
+    reply = await openai_sdk(app).chat.completions.create(model=MODEL, messages=ASK, modalities=["text"])
+    assert reply.choices[0].message.content == "x"

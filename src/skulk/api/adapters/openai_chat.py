@@ -134,6 +134,12 @@ class ChatCompletionRequest(_Lenient):
     repetition_penalty: float | None = None
     """Not OpenAI's: the multiplicative penalty vLLM and llama.cpp servers accept."""
     logit_bias: dict[str, float] | None = None
+    audio: Any = None
+    modalities: list[str] | None = None
+    prediction: Any = None
+    web_search_options: Any = None
+    functions: Any = None
+    function_call: Any = None
 
     @property
     def include_usage(self) -> bool:
@@ -277,8 +283,28 @@ def _stops(stop: str | list[str] | None) -> list[str]:
     return stops
 
 
+UNSERVED_FIELDS = {
+    "audio": "audio output is not served",
+    "prediction": "predicted outputs are not served",
+    "web_search_options": "Skulk runs no web search",
+    "functions": "the legacy 'functions' is not served; send 'tools'",
+    "function_call": "the legacy 'function_call' is not served; send 'tool_choice'",
+}
+"""OpenAI fields that would change the answer, which Skulk cannot honour: refused when set."""
+
+
+def _refuse_unserved(request: ChatCompletionRequest) -> None:
+    for name, why in UNSERVED_FIELDS.items():
+        if getattr(request, name) is not None:
+            raise InvalidRequest(f"'{name}' is not supported: {why}.", param=name, code="unsupported_parameter")
+    if request.modalities is not None and set(request.modalities) - {"text"}:
+        raise InvalidRequest(f"Only text output is served, got modalities {request.modalities}.",
+                             param="modalities", code="unsupported_parameter")
+
+
 def to_params(request: ChatCompletionRequest) -> TextGenerationParams:
     """The internal generation request, or `InvalidRequest` naming the parameter at fault."""
+    _refuse_unserved(request)
     if not request.model.strip():
         raise InvalidRequest("'model' must name a model.", param="model")
     if not request.messages:
