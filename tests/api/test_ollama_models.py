@@ -123,3 +123,15 @@ async def test_pull_of_a_model_without_a_card_is_an_ollama_404(tmp_path):
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://skulk") as http:
         reply = await http.post("/ollama/api/pull", json={"model": "acme/unknown"})
     assert reply.status_code == 404 and "acme/unknown" in reply.json()["error"]
+
+
+@pytest.mark.parametrize(("option", "says"), [
+    ({"mirostat": 2}, "not supported"), ({"min_p": 0.1}, "not supported"), ({"num_gpu": 10}, "placement"),
+    ({"num_thread": 4}, "placement"),
+])
+async def test_an_option_skulk_does_not_honour_is_refused(option, says):
+    app, cluster = scripted_app(["Hi"])
+    async with asgi_http(app) as http:
+        reply = await http.post("/ollama/api/chat", json={**CHAT, "options": {"temperature": 0, **option}})
+    assert reply.status_code == 400 and says in reply.json()["error"]
+    assert f"options.{next(iter(option))}" in reply.json()["error"] and not cluster.commands

@@ -3,8 +3,8 @@
 
 Incoming: `ChatRequest` / `GenerateRequest` with their `options` (temperature, top_p,
 top_k, seed, num_predict, stop, repeat_penalty, frequency_penalty, presence_penalty, and
-num_ctx, clamped to the placed context and said in a response header; load-time options such
-as num_gpu or num_thread are set by placement, not per request), `format` ("json" or a JSON
+num_ctx, clamped to the placed context and said in a response header; any other option is
+refused naming it: load-time ones such as num_gpu are placement's), `format` ("json" or a JSON
 Schema, enforced by constrained decoding), `keep_alive` (0, "unload now", is refused),
 normalised by `chat_params` / `generate_params` into `TextGenerationParams` or an
 `InvalidRequest` naming the parameter. Outgoing: `OllamaEncoder` builds the NDJSON lines
@@ -60,7 +60,18 @@ class _Lenient(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
-class Options(_Lenient):
+LOAD_TIME_OPTIONS = frozenset({
+    "num_gpu", "main_gpu", "num_thread", "num_batch", "use_mmap", "use_mlock", "low_vram", "numa", "f16_kv",
+    "vocab_only", "logits_all", "embedding_only",
+})
+"""Ollama options that size the model when it loads: on Skulk, placement decides them."""
+
+
+class Options(BaseModel):
+    """Ollama's `options`. Any other option is refused (`check_options`), never ignored."""
+
+    model_config = ConfigDict(extra="allow")
+
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
@@ -144,8 +155,22 @@ class ShowRequest(_Lenient):
     """The older spelling of `model`."""
 
 
+def check_options(options: Options) -> None:
+    """`InvalidRequest` naming the first option Skulk does not honour, and why."""
+    for name, value in (options.model_extra or {}).items():
+        if value is None:
+            continue
+        if name in LOAD_TIME_OPTIONS:
+            raise InvalidRequest(f"options.{name} is set when a model is placed, not per request: Skulk's placement "
+                                 "chooses it (POST /place_instance).", param=f"options.{name}")
+        raise InvalidRequest(f"options.{name} is not supported; the options served are temperature, top_p, top_k, "
+                             "seed, num_predict, stop, repeat_penalty, frequency_penalty, presence_penalty and "
+                             "num_ctx.", param=f"options.{name}")
+
+
 def _sampling(options: Options | None) -> dict[str, Any]:
     options = options or Options()
+    check_options(options)
     if options.temperature is not None and not options.temperature >= 0:
         raise InvalidRequest(f"options.temperature must be at least 0, got {options.temperature}",
                              param="options.temperature")
