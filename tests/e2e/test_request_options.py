@@ -180,3 +180,28 @@ def test_anthropic_count_tokens_start_usage_and_stop_sequence(serving_node):
                                      **request)
     assert (stopped.stop_reason, stopped.stop_sequence) == ("stop_sequence", stop)
     assert stop not in stopped.content[0].text
+
+
+def test_responses_tools_stored_conversations_and_ollama_without_content_type(serving_node):
+    sdk = client(serving_node)
+    weather = {"type": "function", "name": "get_weather", "description": "Weather in a city",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10}},
+                              "required": ["city"], "additionalProperties": False}}
+    # A forced call is decoded under the tool grammar: the tiny model writes a valid call.
+    first = sdk.responses.create(model=MODEL, input="Weather in Paris?", tools=[weather], max_output_tokens=80,
+                                 tool_choice={"type": "function", "name": "get_weather"})
+    (call,) = [item for item in first.output if item.type == "function_call"]
+    assert call.name == "get_weather" and isinstance(json.loads(call.arguments)["city"], str)
+
+    answer = sdk.responses.create(model=MODEL, previous_response_id=first.id, tools=[weather], max_output_tokens=6,
+                                  input=[{"type": "function_call_output", "call_id": call.call_id,
+                                          "output": "sunny, 21 C"}])
+    assert answer.status == "incomplete" and answer.output_text  # the tiny model runs to the limit
+    assert answer.usage.input_tokens > first.usage.input_tokens  # the stored turns came along
+    assert sdk.responses.retrieve(answer.id).output_text == answer.output_text
+
+    # Ollama's own curl example: a JSON body without a Content-Type header.
+    body = json.dumps({"model": MODEL, "prompt": "Why is the sky blue?", "stream": False,
+                       "options": {"num_predict": 4}}).encode()
+    reply = httpx.post(serving_node.url + "/ollama/api/generate", content=body, timeout=60)  # no Content-Type
+    assert reply.status_code == 200 and reply.json()["done"] and reply.json()["eval_count"] == 4
