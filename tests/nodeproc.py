@@ -77,11 +77,27 @@ class NodeProcess:
     def log(self) -> str:
         return self.log_path.read_text() if self.log_path and self.log_path.exists() else ""
 
+    @property
+    def api_key(self) -> str | None:
+        """The key this node requires from non-loopback clients: the env's, else the one the
+        node created in its data dir on first start (what `skulk api-key` prints)."""
+        if self.env.get("SKULK_API_KEY"):
+            return self.env["SKULK_API_KEY"]
+        key_file = self.data_dir / "api.key"
+        return key_file.read_text().strip() if key_file.is_file() else None
+
+    @property
+    def auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {key}"} if (key := self.api_key) else {}
+
     def get(self, path: str, **kwargs) -> httpx.Response:
         if self.netns is None:
-            return httpx.get(self.url + path, timeout=5, **kwargs)
+            headers = {**self.auth, **kwargs.pop("headers", {})}
+            return httpx.get(self.url + path, timeout=5, headers=headers, **kwargs)
+        auth = [arg for name, value in self.auth.items() for arg in ("-H", f"{name}: {value}")]
         result = subprocess.run(
-            ["ip", "netns", "exec", self.netns, "curl", "-s", "-m", "5", "-w", "\n%{http_code}", self.url + path],
+            ["ip", "netns", "exec", self.netns, "curl", "-s", "-m", "5", *auth, "-w", "\n%{http_code}",
+             self.url + path],
             capture_output=True, text=True, timeout=15,
         )
         body, _, status = result.stdout.rpartition("\n")

@@ -46,6 +46,7 @@ class RunFlags:
     no_api: bool = False
     node_name: str | None = None
     api_host: str | None = None
+    cluster_key_file: Path | None = None
 
 
 def _split_endpoints(value: str | None) -> tuple[str, ...]:
@@ -69,9 +70,16 @@ def resolve_settings(
         bootstrap_peers=peers,
         multicast=config.node.multicast and not flags.no_multicast,
         cluster_key=flags.cluster_key,
+        cluster_key_file=flags.cluster_key_file,
         api_key=env_api_key or config.api.api_key,
+        operator_key=config.api.operator_key,
+        require_key_on_loopback=config.api.require_key_on_loopback,
+        open_to_lan=config.api.open_to_lan,
+        allowed_hosts=tuple(config.api.allowed_hosts),
+        local_model_dirs=tuple(Path(d).expanduser() for d in config.models.local_dirs),
         cors_origins=tuple(config.api.cors_origins),
         api_enabled=not flags.no_api,
+        api_max_body_bytes=config.api.max_body_bytes,
         worker_enabled=not flags.no_worker,
         model_store=config.model_store,
     )
@@ -100,11 +108,26 @@ ClusterKey = Annotated[Optional[str], typer.Option("--cluster-key", envvar="SKUL
 NoWorker = Annotated[bool, typer.Option("--no-worker", help="Run without the worker.")]
 NoApi = Annotated[bool, typer.Option("--no-api", help="Run without the HTTP API.")]
 NodeName = Annotated[Optional[str], typer.Option("--node-name", help="Friendly name shown in state and dashboard.")]
+ClusterKeyFile = Annotated[Optional[Path], typer.Option(
+    "--cluster-key-file", envvar="SKULK_CLUSTER_KEY_FILE",
+    help="File holding the shared cluster secret (keeps it out of `ps`).")]
 ApiHost = Annotated[Optional[str], typer.Option("--api-host", envvar="SKULK_API_HOST", help="Address the API binds (default 0.0.0.0).")]
+
+
+KEY_ON_COMMAND_LINE_WARNING = (
+    "--cluster-key on the command line is visible to every local user in `ps`; "
+    "use --cluster-key-file or SKULK_CLUSTER_KEY instead.")
+
+
+def key_on_command_line(argv: list[str]) -> bool:
+    """Whether the cluster key was typed as a flag (the env variable is not visible in `ps`)."""
+    return any(arg == "--cluster-key" or arg.startswith("--cluster-key=") for arg in argv)
 
 
 def _run(flags: RunFlags) -> None:
     _configure_logging()
+    if key_on_command_line(sys.argv[1:]):
+        logging.getLogger("skulk.cli").warning(KEY_ON_COMMAND_LINE_WARNING)
     paths = _paths(flags.data_dir)
     try:
         config = with_env_overrides(load_config(paths.config_file), os.environ)
@@ -128,6 +151,7 @@ def default(
     no_api: NoApi = False,
     node_name: NodeName = None,
     api_host: ApiHost = None,
+    cluster_key_file: ClusterKeyFile = None,
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
 ) -> None:
     """With no sub-command, run a node (same flags as `skulk run`)."""
@@ -135,7 +159,8 @@ def default(
         typer.echo(f"skulk {__version__}")
         raise typer.Exit(0)
     if ctx.invoked_subcommand is None:
-        _run(RunFlags(api_port, data_dir, listen, bootstrap_peers, no_multicast, cluster_key, no_worker, no_api, node_name, api_host))
+        _run(RunFlags(api_port, data_dir, listen, bootstrap_peers, no_multicast, cluster_key, no_worker, no_api, node_name,
+                      api_host, cluster_key_file))
 
 
 @app.command()
@@ -150,13 +175,34 @@ def run(
     no_api: NoApi = False,
     node_name: NodeName = None,
     api_host: ApiHost = None,
+    cluster_key_file: ClusterKeyFile = None,
 ) -> None:
     """Run a node: router, election, master, worker and API in one process."""
-    _run(RunFlags(api_port, data_dir, listen, bootstrap_peers, no_multicast, cluster_key, no_worker, no_api, node_name, api_host))
+    _run(RunFlags(api_port, data_dir, listen, bootstrap_peers, no_multicast, cluster_key, no_worker, no_api, node_name,
+                  api_host, cluster_key_file))
+
+
+@app.command("api-key")
+def api_key(data_dir: DataDir = None) -> None:
+    """Print this node's API key (creating it in the data dir on first use).
+
+    Clients on other machines send it as `Authorization: Bearer KEY`; clients on the node's
+    own machine need none unless api.require_key_on_loopback is set."""
+    from skulk.api.node_access import load_or_create_api_key
+    from skulk.store.secret_file import SecretFileError
+
+    paths = _paths(data_dir)
+    try:
+        config = with_env_overrides(load_config(paths.config_file), os.environ)
+        typer.echo(os.environ.get(API_KEY_ENV) or config.api.api_key or load_or_create_api_key(paths))
+    except (ConfigError, SecretFileError) as exc:
+        typer.echo(f"skulk: {exc}", err=True)
+        raise typer.Exit(ExitCode.USAGE) from None
 
 
 @cluster_app.command("key")
-def cluster_key(data_dir: DataDir = None, cluster_key: ClusterKey = None) -> None:
+def cluster_key(data_dir: DataDir = None, cluster_key: ClusterKey = None,
+                cluster_key_file: ClusterKeyFile = None) -> None:
     """Print the cluster key (creating it in the data dir on first use).
 
     Give it to other nodes as `--cluster-key` or `SKULK_CLUSTER_KEY` so they can join."""
@@ -165,7 +211,7 @@ def cluster_key(data_dir: DataDir = None, cluster_key: ClusterKey = None) -> Non
     paths = _paths(data_dir)
     paths.data_home.mkdir(parents=True, exist_ok=True)
     try:
-        typer.echo(resolve_cluster_key(cluster_key, paths.data_home))
+        typer.echo(resolve_cluster_key(cluster_key, paths.data_home, cluster_key_file))
     except ClusterKeyError as exc:
         typer.echo(f"skulk: {exc}", err=True)
         raise typer.Exit(ExitCode.USAGE) from None

@@ -14,26 +14,32 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import os
 import signal
 import socket
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import uvicorn
 
 from skulk import __version__
+from skulk.api.access import AccessPolicy
 from skulk.api.app import ApiContext, create_app
+from skulk.api.node_access import access_policy, access_warnings, with_api_key, with_own_hosts
+from skulk.api.limits import DEFAULT_MAX_BODY_BYTES, RequestLimits
 from skulk.api.streams import CommandStreams
 from skulk.cluster.election import ElectionService
 from skulk.cluster.membership import MembershipService
 from skulk.cluster.producer import EventProducer
 from skulk.cluster.replica import StateReplica
+from skulk.cluster.task_inputs import TaskInputRelay
 from skulk.cluster.telemetry import TelemetryService
 from skulk.facts.derive import DerivedBackends, derive_node_backends
 from skulk.facts.network import probe_interfaces
 from skulk.facts.probe import probe_node_facts
 from skulk.master.main import EventLogSlot, Master
-from skulk.routing.cluster_key import ClusterKeyError, derive_wire_key, resolve_cluster_key
+from skulk.routing.cluster_key import ClusterKeyError, derive_peer_token, derive_wire_key, resolve_cluster_key
 from skulk.routing.constants import NETWORK_VERSION
 from skulk.routing.router import Router, RouterError
 from skulk.routing.topics import TOPICS
@@ -42,6 +48,7 @@ from skulk.shared.membership import SelfInfo
 from skulk.shared.types.commands import Command, ForwarderCommand
 from skulk.shared.types.events import IndexedEvent
 from skulk.shared.types.ids import new_id
+from skulk.shared.types.task_inputs import TaskInput
 from skulk.shared.types.tasks import TextGeneration
 from skulk.shared.telemetry_view import node_resources
 from skulk.store.cards import builtin_cards_dir, resolve_cards
@@ -57,6 +64,7 @@ from skulk.worker.staged_copies import StagedCopyKeeper
 from skulk.shared.wire_keys import to_camel_keys
 from skulk.store.lease import Lease, LeaseHeldError
 from skulk.store.paths import SkulkPaths, ensure_dirs
+from skulk.store.secret_file import SecretFileError
 
 logger = logging.getLogger(__name__)
 
@@ -95,11 +103,21 @@ class NodeSettings:
     bootstrap_peers: tuple[str, ...] = ()
     multicast: bool = True
     cluster_key: str | None = field(default=None, repr=False)
+    cluster_key_file: Path | None = None
     api_key: str | None = field(default=None, repr=False)
-    """When set, every API route but static assets requires it (Bearer / x-api-key)."""
+    """The key non-loopback clients present; None: the data dir's `api.key` (created on
+    first start). See `skulk.api.access` for the whole policy."""
+    operator_key: str | None = field(default=None, repr=False)
+    require_key_on_loopback: bool = False
+    open_to_lan: bool = False
+    allowed_hosts: tuple[str, ...] = ()
+    local_model_dirs: tuple[Path, ...] = ()
+    """Directories `/models/add` may register local models from, besides the models dir."""
     cors_origins: tuple[str, ...] = ()
     """Browser origins allowed beside this machine's own (skulk.api.cors)."""
     api_enabled: bool = True
+    api_max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    """Request bodies above this get 413 before they are parsed (`api.max_body_bytes`)."""
     worker_enabled: bool = True
     model_store: ModelStoreSection = ModelStoreSection()
 
@@ -161,6 +179,9 @@ class Node:
         self._explicit_store: StoreAddress | None = None
         self._own_store: StoreAddress | None = None
         self._own_hosts: frozenset[str] = frozenset()
+        self._peer_token: str | None = None
+        """This cluster's node-to-node HTTP credential (derived from the cluster key)."""
+        self._access: AccessPolicy | None = None
         self._store_choice: StoreChoice | None = None
         self._remembered_store: StoreAddress | None = None
         """The master's store persisted by an earlier session (`store_memory.py`): used only
@@ -201,7 +222,9 @@ class Node:
 
     async def _open_router(self) -> Router:
         settings = self.settings
-        key = resolve_cluster_key(settings.cluster_key, settings.paths.data_home)
+        key = resolve_cluster_key(settings.cluster_key, settings.paths.data_home, settings.cluster_key_file)
+        self._peer_token = derive_peer_token(key)
+        self._access = access_policy(settings, self._peer_token)
         return await Router.open(
             node_id=self.node_id,
             session_id=self.session_id,
@@ -236,6 +259,7 @@ class Node:
         self._own_store = advertised_store(settings.api_endpoint)
         self._own_hosts = frozenset({"localhost", "127.0.0.1", "::1", settings.api_host,
                                      *(a for i in interfaces for a in i.addresses)})
+        self._access = with_own_hosts(self._access, settings, interfaces)
         card_set = resolve_cards(builtin_cards_dir(), settings.paths.custom_cards_dir)
         for error in card_set.errors:
             logger.error("%s (ignored)", error)
@@ -253,6 +277,8 @@ class Node:
             disk_reserve_bytes=eviction_policy(settings.model_store).reserve_bytes,
         )
         self.replica.on_applied(self._fail_streams_of_failed_tasks)
+        self.task_inputs = TaskInputRelay(send=lambda node_id, item: self._send_input(router, node_id, item))
+        self.replica.on_applied(lambda indexed: self.task_inputs.on_event(indexed, self.replica.state))
         self.staged_copies = StagedCopyKeeper(
             node_id=self.node_id, staging_root=staging_root_for(settings.paths.data_home),
             canonical_root=settings.paths.models_dir,  # a guard: never delete into the models dir
@@ -264,7 +290,7 @@ class Node:
             self.worker = Worker(
                 router, self.replica, self.producer, models_dir=settings.paths.models_dir, cards=cards,
                 deliver_local=self.streams.deliver, publish_telemetry=self.telemetry.publish,
-                store=self.store_binding, store_api_key=settings.api_key,
+                store=self.store_binding, store_api_key=self._peer_token,
                 on_deactivate=self.staged_copies.reconcile,
                 disk_reserve_bytes=eviction_policy(settings.model_store).reserve_bytes,
             )
@@ -272,7 +298,7 @@ class Node:
             node_id=self.node_id, node_name=settings.node_name, version=__version__,
             api_endpoint=settings.api_endpoint, interfaces=interfaces,
         )
-        self.membership = MembershipService(router, self.replica, self.producer, me, api_key=lambda: settings.api_key)
+        self.membership = MembershipService(router, self.replica, self.producer, me, api_key=lambda: self._peer_token)
         self.election = ElectionService(
             router,
             commands_seen=lambda: self.replica.state.last_event_applied_idx + 1,
@@ -292,6 +318,7 @@ class Node:
             asyncio.create_task(self.membership.run(), name="membership"),
             asyncio.create_task(self.election.run(), name="election"),
             asyncio.create_task(self._receive_output(router), name="data-receive"),
+            asyncio.create_task(self._receive_task_inputs(router), name="task-input-receive"),
             asyncio.create_task(self._expire_streams(), name="stream-expiry"),
         ]
         if self.worker is not None:
@@ -369,10 +396,35 @@ class Node:
         async for received in router.subscribe(TOPICS.data):
             self.streams.deliver(received.message)
 
+    async def _receive_task_inputs(self, router: Router) -> None:
+        async for received in router.subscribe(TOPICS.task_inputs):
+            self._accept_input(received.message)
+
+    def _accept_input(self, item: TaskInput) -> None:
+        if self.worker is None:
+            logger.warning("task input of command %s dropped: this node runs no worker", item.command_id)
+            return
+        self.worker.accept_input(item)
+
+    def _send_input(self, router: Router, node_id: str, item: TaskInput) -> None:
+        """Hand a request's text to the node that runs it (in-process when that is us)."""
+        if node_id == self.node_id:
+            self._accept_input(item)
+            return
+
+        async def publish() -> None:
+            try:
+                await router.publish(TOPICS.task_inputs, item, to_node=node_id)
+            except RouterError as exc:
+                logger.warning("task input of command %s could not reach node %s: %s", item.command_id, node_id, exc)
+
+        self._spawn_housekeeping(publish(), f"task-input-{item.command_id}")
+
     async def _expire_streams(self) -> None:
         while True:
             await asyncio.sleep(1.0)
             self.streams.expire()
+            self.task_inputs.flush(self.replica.state)
 
     def _stop_master(self) -> None:
         if self._master_task is not None:
@@ -470,6 +522,7 @@ class Node:
             "telemetry": self.telemetry.stats(),
             "membership": self.membership.stats(),
             "streams": self.streams.stats(),
+            "taskInputs": self.task_inputs.stats(),
             "worker": self.worker.stats() if self.worker else None,
             "master": self._master.stats() if self._master else None,
             "modelStore": self._store_stats(),
@@ -494,12 +547,16 @@ class Node:
             get_master=lambda: (self.replica.master_id, self.replica.session_id),
             get_diagnostics=lambda: self._diagnostics(router, log_slot, lease),
             submit_command=submit,
+            hold_input=self.task_inputs.hold,
+            discard_input=self.task_inputs.discard,
             streams=self.streams,
             get_cards=self.cards,
             get_resources=lambda: node_resources(self.telemetry.view, self.replica.state),
-            api_key=self.settings.api_key,
+            access=self._access,
+            local_model_dirs=(self.settings.paths.models_dir, *self.settings.local_model_dirs),
             cors_origins=self.settings.cors_origins,
             get_store=self._current_store,
+            limits=RequestLimits(max_body_bytes=self.settings.api_max_body_bytes),
         )
         config = uvicorn.Config(
             create_app(context),
@@ -539,6 +596,15 @@ class Node:
 
 
 def run_node(settings: NodeSettings) -> int:
+    # Whatever the node writes (event log, snapshots, keys, traces) is for its user alone.
+    os.umask(0o077)
+    try:
+        settings = with_api_key(settings)
+    except SecretFileError as exc:
+        logger.error("api key: %s", exc)
+        return ExitCode.USAGE
+    for warning in access_warnings(settings):
+        logger.warning("%s", warning)
     return asyncio.run(Node(settings).run())
 
 

@@ -31,11 +31,16 @@ class ScriptedCluster:
         self.vectors = vectors or []
         self.fail = fail
         self.fail_after_output = fail_after_output
+        """With `fail`: send the texts first, then fail (a runner that broke mid-stream)."""
         self.stop_sequence = stop_sequence
         """Reported on the last chunk, as an engine reports the stop string that matched."""
-        """With `fail`: send the texts first, then fail (a runner that broke mid-stream)."""
         self.commands: list = []
+        self.inputs: dict = {}
+        """Each request's full params, as the serving node receives them."""
         self._tasks: list[asyncio.Task] = []
+
+    def hold_input(self, item) -> None:
+        self.inputs[item.command_id] = item
 
     async def submit(self, command) -> None:
         pack(command)  # what the real transport does first: a command that cannot be framed fails here
@@ -43,17 +48,22 @@ class ScriptedCluster:
         if isinstance(command, (GenerateText, Embed)):
             self._tasks.append(asyncio.create_task(self._run(command)))
 
+    def all_params(self, kind=GenerateText) -> list:
+        """The full params of every command of `kind`, in submission order."""
+        return [self.inputs[c.command_id].params for c in self.commands if isinstance(c, kind)]
+
     def params(self, kind=GenerateText):
-        return next(c for c in self.commands if isinstance(c, kind)).params
+        """The full params of the first command of `kind` (what its runner receives)."""
+        return self.inputs[next(c for c in self.commands if isinstance(c, kind)).command_id].params
 
     def _chunks(self, command) -> list:
         cid = command.command_id
         if isinstance(command, Embed):
             tokens = sum(len(item.split()) if isinstance(item, str) else len(item)
-                         for item in command.params.embedding_inputs)
+                         for item in self.inputs[cid].params.embedding_inputs)
             # A callable answers per request (one vector per input, as a runner does); a list
             # is sent as is, so a test can script a runner that breaks the protocol.
-            vectors = self.vectors(len(command.params.embedding_inputs)) if callable(self.vectors) else self.vectors
+            vectors = self.vectors(len(self.inputs[cid].params.embedding_inputs)) if callable(self.vectors) else self.vectors
             return [EmbeddingChunk(command_id=cid, embeddings=vectors,
                                    usage=Usage(prompt_tokens=tokens, total_tokens=tokens))]
         last = len(self.texts) - 1
@@ -86,7 +96,7 @@ def scripted_app(texts=(), *, context_fields=None, state=STATE, **kwargs):
     streams = CommandStreams()
     cluster = ScriptedCluster(streams, texts, **kwargs)
     context = ApiContext(node_id="n1", node_name="one", get_state=lambda: state, get_master=lambda: ("n1", "s1"),
-                         submit_command=cluster.submit, streams=streams, **(context_fields or {}))
+                         submit_command=cluster.submit, hold_input=cluster.hold_input, streams=streams, **(context_fields or {}))
     return create_app(context), cluster
 
 

@@ -28,7 +28,7 @@ async def test_count_tokens_sends_a_count_only_request_rendered_like_the_message
     assert sent.messages[0].content == "Be brief." and sent.tools[0].name == "get_weather"
     message = await sdk.messages.create(model=MODEL, max_tokens=8, messages=ASK, system="Be brief.", tools=TOOLS)
     assert message.usage.input_tokens == counted.input_tokens
-    second = [c.params for c in cluster.commands if isinstance(c, GenerateText)][1]
+    second = cluster.all_params()[1]
     assert second.messages == sent.messages and not second.count_only
 
 

@@ -50,7 +50,7 @@ async def test_non_streaming_message():
         "usage": {"input_tokens": 3, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
                   "output_tokens": 2},
     }
-    params = cluster.of(GenerateText)[0].params
+    params = cluster.params_of(GenerateText)[0]
     assert [(m.role, m.content) for m in params.messages] == [
         ("system", "Be brief."), ("user", "hi"), ("assistant", "hello"), ("user", "again")]
     assert (params.max_tokens, params.temperature, params.top_k, params.stop) == (16, 0.5, 5, ["\n\n"])

@@ -40,9 +40,10 @@ class Cluster:
         self.state = self.state.model_copy(update={"custom_cards": cards})
 
 
-def _client(cluster: Cluster) -> TestClient:
+def _client(cluster: Cluster, local_dirs=()) -> TestClient:
     context = ApiContext(node_id="node-a", node_name="a", get_state=lambda: cluster.state,
-                         submit_command=cluster.submit, get_cards=lambda: dict(cluster.state.custom_cards))
+                         submit_command=cluster.submit, get_cards=lambda: dict(cluster.state.custom_cards),
+                         local_model_dirs=tuple(local_dirs))
     return TestClient(create_app(context))
 
 
@@ -88,7 +89,12 @@ def test_add_gguf_repo_builds_a_llama_cpp_card(mock_hub):
     assert isinstance(cluster.commands[0], AddCustomModelCard)
     assert cluster.state.custom_cards[TINY_GGUF_REPO].gguf_file == GGUF_FILE
 
-    pinned = client.post("/models/add", json={"modelId": TINY_GGUF_REPO, "ggufFile": "tiny-llama-Q8_0.gguf"}).json()
+    # Another quant of the same repo replaces the card only when asked to.
+    refused = client.post("/models/add", json={"modelId": TINY_GGUF_REPO, "ggufFile": "tiny-llama-Q8_0.gguf"})
+    assert refused.status_code == 409 and refused.json()["code"] == "card_exists"
+    assert cluster.state.custom_cards[TINY_GGUF_REPO].gguf_file == GGUF_FILE
+    pinned = client.post("/models/add", json={"modelId": TINY_GGUF_REPO, "ggufFile": "tiny-llama-Q8_0.gguf",
+                                              "override": True}).json()
     assert pinned["card"]["ggufFile"] == "tiny-llama-Q8_0.gguf" and pinned["card"]["quantization"] == "Q8_0"
 
 
@@ -101,7 +107,8 @@ def test_add_safetensors_repo_builds_an_mlx_card_with_a_revision_pin(mock_hub):
     assert _shape(card) == TINY_SHAPE and card["quantization"] == "f32"
 
     main = mock_hub.repos[TINY_MLX_REPO].main
-    pinned = client.post("/models/add", json={"modelId": TINY_MLX_REPO, "revision": "main"}).json()["card"]
+    pinned = client.post("/models/add", json={"modelId": TINY_MLX_REPO, "revision": "main",
+                                              "override": True}).json()["card"]
     assert pinned["sourceRevision"] == main  # a branch name resolves to the commit it names
 
 
@@ -123,7 +130,7 @@ def test_add_errors_are_typed(mock_hub):
 
 def test_add_local_paths(tiny_artifacts, tmp_path):
     cluster = Cluster()
-    client = _client(cluster)
+    client = _client(cluster, [tiny_artifacts.gguf_path.parent, tiny_artifacts.hf_dir, tmp_path])
     gguf = client.post("/models/add", json={"path": str(tiny_artifacts.gguf_path)})
     assert gguf.status_code == 200, gguf.text
     card = gguf.json()["card"]
@@ -143,7 +150,7 @@ def test_add_local_paths(tiny_artifacts, tmp_path):
 
 def test_delete_custom_card(tiny_artifacts):
     cluster = Cluster()
-    client = _client(cluster)
+    client = _client(cluster, [tiny_artifacts.gguf_path.parent])
     client.post("/models/add", json={"path": str(tiny_artifacts.gguf_path)})
     deleted = client.delete("/models/custom/local/model")
     assert deleted.status_code == 200 and deleted.json() == {"modelId": "local/model", "deleting": True}

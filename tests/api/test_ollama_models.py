@@ -81,7 +81,7 @@ async def test_num_ctx_reaches_the_runner_and_a_clamp_is_said():
         unload = await http.post("/ollama/api/chat", json={**CHAT, "keep_alive": 0})
     assert small.status_code == 200 and CONTEXT_HEADER not in small.headers
     assert large.headers[CONTEXT_HEADER] == "2048" and streamed.headers[CONTEXT_HEADER] == "2048"
-    assert [c.params.context_tokens for c in cluster.commands if hasattr(c, "params")] == [256, 2048, 2048]
+    assert [p.context_tokens for p in cluster.all_params()] == [256, 2048, 2048]
     assert unload.status_code == 400 and "keep_alive" in unload.json()["error"]
 
 

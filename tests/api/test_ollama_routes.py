@@ -50,7 +50,7 @@ async def test_chat_streams_ndjson_by_default():
     assert (final["prompt_eval_count"], final["eval_count"]) == (3, 2)
     assert all(isinstance(final[k], int) and final[k] >= 0 for k in
                ("total_duration", "load_duration", "prompt_eval_duration", "eval_duration"))
-    params = cluster.of(GenerateText)[0].params
+    params = cluster.params_of(GenerateText)[0]
     assert (params.temperature, params.top_p, params.top_k, params.seed, params.max_tokens, params.stop) == (
         0.2, 0.9, 4, 7, 9, ["###"])
     assert params.stream is True
@@ -79,7 +79,7 @@ async def test_generate_with_length_done_reason(stream):
         assert "".join(p["response"] for p in lines(response.text)) == "Hello"
     else:
         assert final["response"] == "Hello"
-    params = cluster.of(GenerateText)[0].params
+    params = cluster.params_of(GenerateText)[0]
     assert [(m.role, m.content) for m in params.messages] == [("system", "Be brief."), ("user", "hi")]
 
 
@@ -87,7 +87,7 @@ async def test_raw_generate_sends_the_prompt_as_is():
     app, cluster = make_ollama()
     async with client(app) as http:
         await http.post("/ollama/api/generate", json={**GENERATE, "raw": True, "stream": False})
-    params = cluster.of(GenerateText)[0].params
+    params = cluster.params_of(GenerateText)[0]
     assert params.prompt == "hi" and params.messages == []
 
 

@@ -39,7 +39,7 @@ async def test_completion_non_streaming_sends_the_raw_prompt():
     assert body["id"] == f"cmpl-{cluster.command_id}"
     assert body["choices"] == [{"text": "Hello", "index": 0, "logprobs": None, "finish_reason": "stop"}]
     assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
-    params = cluster.of(GenerateText)[0].params
+    params = cluster.params_of(GenerateText)[0]
     assert (params.prompt, params.messages, params.max_tokens) == ("Once", [], 16)  # OpenAI's default
     assert (params.temperature, params.top_p, params.seed, params.stop) == (0.0, 0.5, 7, ["\n"])
     await until(lambda: len(cluster.of(TaskFinished)) == 1)
@@ -51,7 +51,7 @@ async def test_completion_prompt_list_of_one_and_length_finish():
     async with client(app) as http:
         response = await http.post("/v1/completions", json={"model": MODEL, "prompt": ["Once"], "max_tokens": 2})
     assert response.json()["choices"][0]["finish_reason"] == "length"
-    assert cluster.of(GenerateText)[0].params.prompt == "Once"
+    assert cluster.params_of(GenerateText)[0].prompt == "Once"
 
 
 async def test_completion_streaming():
@@ -120,7 +120,7 @@ async def test_response_non_streaming():
     assert item["content"] == [{"type": "output_text", "text": "Hello", "annotations": []}]
     assert {k: body["usage"][k] for k in ("input_tokens", "output_tokens", "total_tokens")} == {
         "input_tokens": 3, "output_tokens": 2, "total_tokens": 5}
-    params = cluster.of(GenerateText)[0].params
+    params = cluster.params_of(GenerateText)[0]
     assert [(m.role, m.content) for m in params.messages] == [
         ("system", "Be brief."), ("user", "hi"), ("assistant", "yo"), ("user", "more")]
     assert (params.max_tokens, params.temperature) == (9, 0.5)

@@ -49,7 +49,17 @@ class FakeCluster:
         self.tokens = tokens
         self.finish = finish
         self.commands: list = []
+        self.inputs: dict = {}
+        """Each request's full params, as the serving node receives them (the commands the
+        master sees carry redacted params)."""
         self.tasks: list[asyncio.Task] = []
+
+    def hold_input(self, item) -> None:
+        self.inputs[item.command_id] = item
+
+    def params_of(self, kind: type) -> list:
+        """The full params of every command of `kind`, in order."""
+        return [self.inputs[c.command_id].params for c in self.of(kind)]
 
     async def submit(self, command) -> None:
         self.commands.append(command)
@@ -88,7 +98,7 @@ def make(runner: str = "complete", *, streams: CommandStreams | None = None, mas
     cluster = FakeCluster(streams, runner, tokens, finish)
     context = ApiContext(
         node_id="n1", node_name="one", get_state=lambda: STATE, get_master=lambda: (master, "s1" if master else None),
-        submit_command=cluster.submit, streams=streams, **context_fields,
+        submit_command=cluster.submit, hold_input=cluster.hold_input, streams=streams, **context_fields,
     )
     return create_app(context), cluster
 
@@ -126,7 +136,9 @@ async def test_non_streaming_completion():
     assert body["choices"][0]["finish_reason"] == "stop"
     assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
     generate = cluster.of(GenerateText)[0]
-    assert (generate.params.model_id, generate.params.max_tokens, generate.params.temperature) == (MODEL, 5, 0.0)
+    generate_params = cluster.inputs[generate.command_id].params
+    assert generate.params.messages[0].content == ""  # the master sees no text
+    assert (generate_params.model_id, generate_params.max_tokens, generate_params.temperature) == (MODEL, 5, 0.0)
     await until(lambda: len(cluster.of(TaskFinished)) == 1)
     assert cluster.of(TaskFinished)[0].finished_command_id == generate.command_id
     assert cluster.of(CancelCommand) == []

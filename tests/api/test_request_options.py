@@ -226,7 +226,7 @@ async def test_n_choices_are_separate_generations_with_consecutive_seeds():
     reply = await openai_sdk(app).chat.completions.create(model=MODEL, messages=ASK, n=3, seed=7)
     assert [c.index for c in reply.choices] == [0, 1, 2]
     assert all(c.message.content == "Hello" for c in reply.choices)
-    sent = [c.params for c in cluster.commands if isinstance(c, GenerateText)]
+    sent = cluster.all_params()
     assert [p.seed for p in sent] == [7, 8, 9]
     # The prompt counted once, the completions of all three summed (the script reports 3 each).
     assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (7, 9)
@@ -251,7 +251,7 @@ async def test_completions_take_a_prompt_array_and_echo():
     reply = await sdk.completions.create(model=MODEL, prompt=["Say ", "Tell "], n=2, echo=True)
     assert [c.text for c in reply.choices] == ["Say Hi", "Say Hi", "Tell Hi", "Tell Hi"]
     assert [c.index for c in reply.choices] == [0, 1, 2, 3]
-    sent = [c.params.prompt for c in cluster.commands if isinstance(c, GenerateText)]
+    sent = [p.prompt for p in cluster.all_params()]
     assert sent == ["Say ", "Say ", "Tell ", "Tell "]
     assert reply.usage.prompt_tokens == 2 * 7 and reply.usage.completion_tokens == 4 * 3  # each prompt once
     streamed = await sdk.completions.create(model=MODEL, prompt="Say ", echo=True, stream=True)

@@ -28,7 +28,7 @@ def sdk(app, key: str = "unused") -> openai.AsyncOpenAI:
 
 
 def sent(cluster) -> list:
-    return [c.params for c in cluster.commands if isinstance(c, GenerateText)]
+    return cluster.all_params()
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -35,14 +35,14 @@ def _fail_with_logs(exc: Exception, nodes: list[NodeProcess]) -> AssertionError:
 
 
 def _add_card(node: NodeProcess) -> None:
-    added = httpx.post(node.url + "/models/add", json={"modelId": TINY_GGUF_REPO}, timeout=60)
+    added = httpx.post(node.url + "/models/add", json={"modelId": TINY_GGUF_REPO}, timeout=60, headers=node.auth)
     assert added.status_code == 200, added.text
     assert added.json()["card"]["ggufFile"] == GGUF_FILE
 
 
 def _place(node: NodeProcess, nodes: list[NodeProcess], excluded: list[str] = ()) -> str:
     def placed():
-        response = httpx.post(node.url + "/place_instance", timeout=10,
+        response = httpx.post(node.url + "/place_instance", timeout=10, headers=node.auth,
                               json={"modelId": TINY_GGUF_REPO, "excludedNodes": list(excluded)})
         if response.status_code in (404, 503):  # the card or resources still spreading
             return None
@@ -57,7 +57,7 @@ def _place(node: NodeProcess, nodes: list[NodeProcess], excluded: list[str] = ()
 
 def _chat(node: NodeProcess, nodes: list[NodeProcess]) -> dict:
     def answered():
-        reply = httpx.post(node.url + "/v1/chat/completions", timeout=60, json={
+        reply = httpx.post(node.url + "/v1/chat/completions", timeout=60, headers=node.auth, json={
             "model": TINY_GGUF_REPO, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
         return reply.json() if reply.status_code == 200 else None
 
@@ -99,11 +99,11 @@ def test_single_node_stages_a_placed_hub_model_by_hardlink(spawn_node, mock_hub)
     assert storage["stagedOwnBytes"] == 0
 
 
-def _two_nodes(spawn_node, hub) -> tuple[NodeProcess, NodeProcess, str, str]:
+def _two_nodes(spawn_node, hub, env: dict | None = None) -> tuple[NodeProcess, NodeProcess, str, str]:
     """A starts alone and becomes master (the store host); B joins it (never churns the
     master) and adopts A's store."""
     port_a, port_b = free_port(), free_port()
-    env = {"HF_ENDPOINT": hub.url}
+    env = {"HF_ENDPOINT": hub.url, **(env or {})}
     a = spawn_node("a", env=env, extra_args=["--listen", f"tcp/127.0.0.1:{port_a}", "--cluster-key", KEY,
                                              "--node-name", "a"])
     a.wait_ready()
@@ -151,6 +151,18 @@ def test_follower_stages_from_the_master_store_and_the_hub_is_fetched_once(spawn
     # B remembers the master's store for its next start (the startup window before a master speaks).
     remembered = json.loads((b.data_dir / "store-choice.json").read_text())
     assert (remembered["host"], remembered["port"]) == ("127.0.0.1", a.api_port), remembered
+
+
+def test_staging_works_with_keys_required_from_every_client(spawn_node, mock_hub):
+    """Credentials on everywhere (loopback too), each node with its own API key: B stages
+    from A's store with the peer token both derive from the cluster key."""
+    a, b, a_id, _b_id = _two_nodes(spawn_node, mock_hub, env={"SKULK_API_REQUIRE_KEY_ON_LOOPBACK": "1"})
+    assert a.api_key != b.api_key
+    assert httpx.get(a.url + "/store/models", timeout=5).status_code == 401
+    _serve_on_b(a, b, a_id)
+    staged_b = b.data_dir / "staging" / DIR_NAME / GGUF_FILE
+    assert staged_b.is_file() and not (b.data_dir / "models" / DIR_NAME).exists()
+    assert "MODEL STORE UNREACHABLE" not in b.log()
 
 
 def test_deleting_a_model_from_the_store_evicts_the_followers_staged_copy(spawn_node, mock_hub):

@@ -1,4 +1,5 @@
-"""A real node started with SKULK_API_KEY refuses every route without the key."""
+"""A real node started with SKULK_API_KEY, and keys required from loopback too (the default
+exempts the node's own machine), refuses every route without the key."""
 
 import httpx
 import openai
@@ -10,7 +11,7 @@ KEY = "s3cret-key"
 
 
 def test_node_with_api_key_refuses_missing_and_wrong_keys(spawn_node):
-    node = spawn_node("keyed", env={"SKULK_API_KEY": KEY})
+    node = spawn_node("keyed", env={"SKULK_API_KEY": KEY, "SKULK_API_REQUIRE_KEY_ON_LOOPBACK": "1"})
     auth = {"Authorization": f"Bearer {KEY}"}
     wait_for(lambda: httpx.get(node.url + "/node_id", headers=auth, timeout=5).status_code == 200,
              timeout_s=60, what="keyed node up")

@@ -7,13 +7,17 @@ import pytest
 from skulk.routing.cluster_key import derive_wire_key
 from skulk.routing.constants import NETWORK_VERSION, presence_root
 from skulk.routing.presence import (
+    PROOF_TIMEOUT_S,
+    REPROOF_INTERVAL_S,
     PresenceChange,
     PresenceRejected,
     PresenceToken,
     PresenceTracker,
+    PresenceVerifier,
     parse_presence_key,
     presence_key_material,
     presence_token_key,
+    proof_mac,
 )
 
 OURS = presence_key_material(derive_wire_key("cluster-a", NETWORK_VERSION))
@@ -56,3 +60,86 @@ def test_node_stays_alive_while_any_session_holds_a_token() -> None:
     assert tracker.disappeared(new) == PresenceChange("n", False)
     assert tracker.alive() == frozenset()
     assert tracker.disappeared(new) is None  # duplicate delete changes nothing
+
+
+# -- PresenceVerifier: a token counts only while its session proves the key ------------------
+PKEY = b"k" * 32
+A1 = PresenceToken("node-a", "s1")
+A2 = PresenceToken("node-a", "s2")
+
+
+def nonces():
+    counter = iter(range(10**6))
+    return lambda: next(counter).to_bytes(16, "big")
+
+
+def prove(verifier, challenge, now, key=PKEY):
+    return verifier.answered(challenge.token, challenge.nonce, proof_mac(key, challenge.token, challenge.nonce), now)
+
+
+def test_a_token_counts_only_once_proven():
+    verifier, nonce = PresenceVerifier(PKEY), nonces()
+    verifier.appeared(A1)
+    assert verifier.alive() == frozenset() and verifier.changes() == []
+    (challenge,), failed = verifier.tick(0.0, nonce)
+    assert challenge.token == A1 and failed == []
+    assert prove(verifier, challenge, 0.1)
+    assert verifier.changes() == [PresenceChange("node-a", True)]
+
+
+@pytest.mark.parametrize(
+    ("answer", "accepted"),
+    [
+        ("right", True),
+        ("wrong key", False),  # a peer without the cluster key
+        ("old nonce", False),  # a MAC seen on the wire before, replayed
+        ("other session", False),
+    ],
+)
+def test_only_a_fresh_mac_under_the_key_proves(answer, accepted):
+    verifier, nonce = PresenceVerifier(PKEY), nonces()
+    verifier.appeared(A1)
+    (first,), _ = verifier.tick(0.0, nonce)
+    assert prove(verifier, first, 0.1)
+    (challenge,), _ = verifier.tick(REPROOF_INTERVAL_S + 0.1, nonce)
+    macs = {
+        "right": proof_mac(PKEY, A1, challenge.nonce),
+        "wrong key": proof_mac(b"x" * 32, A1, challenge.nonce),
+        "old nonce": proof_mac(PKEY, A1, first.nonce),
+        "other session": proof_mac(PKEY, A2, challenge.nonce),
+    }
+    assert verifier.answered(A1, challenge.nonce, macs[answer], REPROOF_INTERVAL_S + 0.2) is accepted
+
+
+def test_a_copied_token_is_dropped_at_the_first_failed_reproof():
+    verifier, nonce = PresenceVerifier(PKEY), nonces()
+    verifier.appeared(A1)
+    (challenge,), _ = verifier.tick(0.0, nonce)
+    prove(verifier, challenge, 0.0)
+    verifier.changes()
+    # the node dies; a copy of its token keeps the key expression alive, and nobody answers
+    t = REPROOF_INTERVAL_S
+    (challenge,), failed = verifier.tick(t, nonce)
+    assert failed == [] and verifier.alive() == {"node-a"}
+    assert verifier.tick(t + PROOF_TIMEOUT_S - 0.01, nonce) == ([], [])
+    challenges, failed = verifier.tick(t + PROOF_TIMEOUT_S, nonce)
+    assert failed == [A1] and challenges == []  # retried only after another interval
+    assert verifier.changes() == [PresenceChange("node-a", False)]
+    # a late answer to the failed challenge changes nothing
+    assert not prove(verifier, challenge, t + PROOF_TIMEOUT_S + 0.1)
+    (retry,), _ = verifier.tick(t + PROOF_TIMEOUT_S + REPROOF_INTERVAL_S, nonce)
+    assert retry.token == A1
+
+
+def test_a_node_is_alive_while_any_proven_session_holds_a_token():
+    verifier, nonce = PresenceVerifier(PKEY), nonces()
+    verifier.appeared(A1)
+    verifier.appeared(A2)
+    challenges, _ = verifier.tick(0.0, nonce)
+    for challenge in challenges:
+        prove(verifier, challenge, 0.0)
+    assert verifier.changes() == [PresenceChange("node-a", True)]
+    verifier.disappeared(A1)
+    assert verifier.changes() == []
+    verifier.disappeared(A2)
+    assert verifier.changes() == [PresenceChange("node-a", False)]

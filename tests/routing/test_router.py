@@ -300,7 +300,8 @@ async def test_diagnostics_shape(routers) -> None:
         "receiveErrors": 0,
     }
     assert diagnostics["topics"][READINGS.name]["capacity"] == 256
-    assert set(diagnostics["rejected"]) == {"malformed", "auth", "replay", "decode", "invalid", "version"}
+    assert set(diagnostics["rejected"]) == {"malformed", "auth", "replay", "decode", "invalid", "version", "unproven",
+                                            "oversize"}
     json.dumps(diagnostics)  # goes straight into /v1/diagnostics/node
 
 

@@ -43,7 +43,7 @@ GIB = 1024**3
 
 
 def view(**overrides) -> WorkerView:
-    base = dict(node_id=ME, state=STATE, cards=CARDS, ram_available_bytes=64 * GIB)
+    base = dict(node_id=ME, state=STATE, cards=CARDS, ram_available_bytes=64 * GIB, task_inputs=frozenset({"c1"}))
     return WorkerView(**{**base, **overrides})
 
 
@@ -67,6 +67,8 @@ def runner(runner_id="r1", instance_id="i1", state="Ready", in_flight=()):
         ("gave up after crashes: no respawn", view(artifacts=PATH, given_up=frozenset({"r1"})), None),
         ("runner loading: task waits", view(artifacts=PATH, runners=runner(state="Loading")), None),
         ("runner ready: dispatch", view(artifacts=PATH, runners=runner()), DispatchTask("r1", TASK)),
+        ("input (the request's text) not here yet: wait",
+         view(artifacts=PATH, runners=runner(), task_inputs=frozenset()), None),
         ("already dispatched", view(artifacts=PATH, runners=runner(in_flight=["t1"]), dispatched=frozenset({"t1"})), None),
         ("orphaned runner stops first", view(state=State(), runners=runner()), StopRunner("r1", "instance i1 is gone")),
         ("cancelled task is cancelled on the runner",

@@ -8,14 +8,18 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
 from skulk import __version__
-from skulk.api.auth import ApiKeyMiddleware
+from skulk.api.access import AccessPolicy
+from skulk.api.auth import AccessMiddleware
+from skulk.api.body_guard import BodyGuard
 from skulk.api.errors import install_error_handlers
+from skulk.api.limits import RequestLimits
 from skulk.api.routes import control, diagnostics, instances, model_cards
 from skulk.api.routes import anthropic as anthropic_routes
 from skulk.api.routes import ollama as ollama_routes
@@ -32,10 +36,15 @@ from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.instances import Instance
 from skulk.shared.types.telemetry import NodeResources
 from skulk.shared.types.state import State
+from skulk.shared.types.task_inputs import TaskInput
 
 
 async def _no_cluster(_command: Command) -> None:
     raise RuntimeError("this node is not connected to a cluster")
+
+
+def _no_relay(_item: TaskInput | str) -> None:
+    """A context with no cluster has nobody to hand a request's text to."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,12 @@ class ApiContext:
     get_master: Callable[[], tuple[str | None, str | None]] = field(default=lambda: (None, None))
     get_diagnostics: Callable[[], dict[str, Any]] = field(default=lambda: {})
     submit_command: Callable[[Command], Awaitable[None]] = field(default=_no_cluster)
+    hold_input: Callable[[TaskInput], None] = field(default=_no_relay)
+    """Keep a request's full params until the master binds its task, then send them to the
+    node that runs it (`skulk.cluster.task_inputs.TaskInputRelay.hold`): the command the
+    master sees carries redacted params only."""
+    discard_input: Callable[[str], None] = field(default=_no_relay)
+    """Forget the held input of a command that never reached the master."""
     streams: CommandStreams = field(default_factory=CommandStreams)
     """This node's open command streams: the node calls `streams.deliver(frame)` for every
     DATA frame addressed to it, and `streams.fail_all` when the master session changes."""
@@ -65,10 +80,19 @@ class ApiContext:
     `SKULK_API_KEY` (`skulk.api.auth.API_KEY_ENV`) or its configured key."""
     cors_origins: tuple[str, ...] = ()
     """Browser origins allowed beside this machine's own (`skulk.api.cors`)."""
+    local_model_dirs: tuple[Path, ...] = ()
+    """Directories `POST /models/add` may register local models from (the node passes its
+    models dir and `models.local_dirs`); none: local paths are refused."""
+    access: AccessPolicy | None = None
+    """The node's full access policy (keys, roles, loopback, Host check: `skulk.api.access`).
+    When None, `api_key` alone is required on every route but static assets, from every
+    client (the shape of hand-built test apps)."""
     store: store_routes.StoreContext | None = None
     """The model store's roots and policy on this node (None: the /store routes answer 503)."""
     get_store: Callable[[], store_routes.StoreContext | None] | None = None
     """The store as it is now (it follows the elected master); defaults to `store`."""
+    limits: RequestLimits = field(default_factory=RequestLimits)
+    """Request bounds (body size; see `skulk.api.limits`), enforced before any route parses."""
 
     def __post_init__(self) -> None:
         # Frozen dataclass: defaults that need `get_state` are filled in once, here.
@@ -98,8 +122,15 @@ def create_app(context: ApiContext) -> FastAPI:
     app.openapi = lambda: drop_validation_422(documented())  # type: ignore[method-assign]
     app.state.skulk = context
     install_error_handlers(app)
-    if context.api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=context.api_key)
+    # Middleware added later wraps what was added before: the access policy (outermost but
+    # for CORS, added last so a preflight needs no key) runs first, so the bodies of refused
+    # requests are never read.
+    app.add_middleware(OllamaJsonBodies)
+    app.add_middleware(BodyGuard, max_body_bytes=context.limits.max_body_bytes)
+    policy = context.access or (AccessPolicy(api_key=context.api_key, require_key_on_loopback=True)
+                                if context.api_key else None)
+    if policy is not None:
+        app.add_middleware(AccessMiddleware, policy=policy)
     app.include_router(control.router)
     app.include_router(diagnostics.router)
     app.include_router(instances.router)
@@ -109,6 +140,5 @@ def create_app(context: ApiContext) -> FastAPI:
     app.include_router(ollama_routes.router)
     app.include_router(store_routes.router)
     app.include_router(ollama_models.router)
-    app.add_middleware(OllamaJsonBodies)
     install_cors(app, context.cors_origins)  # last: the outermost middleware (see skulk.api.cors)
     return app

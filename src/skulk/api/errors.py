@@ -28,7 +28,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 logger = logging.getLogger(__name__)
 
 ErrorKind = Literal[
-    "invalid_request", "not_found", "overloaded", "unavailable", "timeout", "upstream", "internal", "cancelled"
+    "invalid_request", "not_found", "overloaded", "unavailable", "timeout", "upstream", "internal", "cancelled",
+    "forbidden", "conflict", "too_large",
 ]
 """What went wrong, independent of any wire format; each shape maps a kind to its status."""
 
@@ -76,6 +77,13 @@ class NotFound(ApiError):
     kind = "not_found"
 
 
+class PayloadTooLarge(ApiError):
+    """The request body is over the node's limit (`skulk.api.limits`): a 413."""
+
+    kind = "too_large"
+    default_code = "request_too_large"
+
+
 class ModelNotFound(NotFound):
     """No instance of the model is placed; chat requests never place one implicitly."""
 
@@ -88,6 +96,18 @@ class ModelNotFound(NotFound):
             param="model",
         )
         self.model_id = model_id
+
+
+class Forbidden(ApiError):
+    """The caller may not do this here (a path outside the allowed directories, say)."""
+
+    kind = "forbidden"
+
+
+class Conflict(ApiError):
+    """The request would replace something that exists; an explicit override is needed."""
+
+    kind = "conflict"
 
 
 class Overloaded(ApiError):
@@ -165,6 +185,9 @@ OPENAI_STATUS: dict[ErrorKind, tuple[int, str]] = {
     # Not a 5xx: the OpenAI SDK retries those on its own, and a cancelled request must stay
     # cancelled. 499 is the conventional "client closed request" status.
     "cancelled": (499, "request_cancelled"),
+    "forbidden": (403, "permission_error"),
+    "conflict": (409, "invalid_request_error"),
+    "too_large": (413, "invalid_request_error"),
 }
 """Kind -> (HTTP status, OpenAI error `type`)."""
 
@@ -200,6 +223,9 @@ ANTHROPIC_STATUS: dict[ErrorKind, tuple[int, str]] = {
     "upstream": (502, "api_error"),
     "internal": (500, "api_error"),
     "cancelled": (499, "api_error"),
+    "forbidden": (403, "permission_error"),
+    "conflict": (409, "invalid_request_error"),
+    "too_large": (413, "request_too_large"),
 }
 """Kind -> (HTTP status, Anthropic error `type`)."""
 
@@ -414,6 +440,7 @@ __all__ = [
     "ModelNotFound",
     "NotFound",
     "Overloaded",
+    "PayloadTooLarge",
     "StreamFailed",
     "StreamOrigin",
     "WireShape",

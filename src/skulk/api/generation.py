@@ -20,9 +20,12 @@ from typing import Any, Protocol
 
 from fastapi import Request
 
+from skulk.api.auth import current_principal
 from skulk.api.errors import ClusterNotReady, FeatureUnsupported, InvalidRequest, ModelNotFound, StreamFailed
+from skulk.api.limits import context_error, embedding_limits_error, generation_limits_error
 from skulk.api.output import OutputShaper
 from skulk.api.streams import CommandStream
+from skulk.shared.codec import pack
 from skulk.shared.types.chunks import EmbeddingChunk, TokenChunk
 from skulk.shared.types.commands import CancelCommand, Command, Embed, GenerateText, TaskFinished
 from skulk.shared.types.cards import backend_engine
@@ -30,6 +33,7 @@ from skulk.shared.types.common import Usage
 from skulk.shared.types.engines import Feature, missing_features, traits_of
 from skulk.shared.types.ids import new_id
 from skulk.shared.types.instances import Instance
+from skulk.shared.types.task_inputs import TaskInput, redacted_embedding_params, redacted_generation_params
 from skulk.shared.types.tasks import EmbeddingParams, TextGenerationParams
 
 logger = logging.getLogger(__name__)
@@ -168,6 +172,8 @@ async def start_embedding(context: Any, params: EmbeddingParams) -> CommandStrea
     """Check the model is placed (404) and there is a master (503), open the command's
     stream and submit `Embed`. The caller then reads it with `collect_embedding`."""
     check_wire_ints(params)
+    if (too_much := embedding_limits_error(params)) is not None:
+        raise too_much
     instance = context.find_instance(params.model_id)
     if instance is None:
         raise ModelNotFound(params.model_id)
@@ -177,8 +183,9 @@ async def start_embedding(context: Any, params: EmbeddingParams) -> CommandStrea
     if context.get_master()[0] is None:
         raise ClusterNotReady("The cluster has no master yet (election in progress); retry shortly.")
     command_id = new_id()
-    stream = context.streams.open(command_id)
-    await submit(context, stream, Embed(command_id=command_id, params=params))
+    stream = context.streams.open(command_id, requested_by=current_principal().id)
+    hold_input(context, stream, TaskInput(command_id=command_id, embedding=params))
+    await submit(context, stream, Embed(command_id=command_id, params=redacted_embedding_params(params)))
     return stream
 
 
@@ -213,6 +220,18 @@ def _call_id_factory(command_id: str) -> Callable[[int], str]:
     return lambda index: f"call_{command_id}_{index}"
 
 
+def hold_input(context: Any, stream: CommandStream, item: TaskInput) -> None:
+    """Hand the request's full params to the relay, after checking that the cluster's framing
+    can carry them (it packs them when the serving node is another one): a value it cannot
+    carry is the caller's 400 now, not a request lost on the way."""
+    try:
+        pack(item)
+    except OverflowError as exc:
+        stream.close()
+        raise InvalidRequest(f"The request holds a number too large to carry: {exc}.") from exc
+    context.hold_input(item)
+
+
 async def submit(context: Any, stream: CommandStream, command: Command) -> None:
     """Submit `command`; when the master cannot be reached, free `stream` and raise 503."""
     try:
@@ -221,9 +240,11 @@ async def submit(context: Any, stream: CommandStream, command: Command) -> None:
         # Framing refused a value (an integer past 64 bits deep in a tool schema, say):
         # the request's fault, not the cluster's.
         stream.close()
+        context.discard_input(stream.command_id)
         raise InvalidRequest(f"The request holds a number too large to carry: {exc}.") from exc
     except Exception as exc:
         stream.close()
+        context.discard_input(stream.command_id)
         raise ClusterNotReady(f"The command could not reach the master: {exc}") from exc
 
 
@@ -257,13 +278,19 @@ def bind_instance(context: Any, params: TextGenerationParams, *, max_tokens_para
                   param_names: Mapping[str, str] | None = None) -> Instance:
     """The placed instance `params` will run on, after the checks every wire format shares:
     the model is placed (404 naming the fix otherwise), its engine honours every feature
-    asked for (400 naming feature and engine), `max_tokens` fits its context (400 naming
-    `max_tokens_param`, the caller's name for it), and there is a master (503)."""
+    asked for (400 naming feature and engine), `max_tokens` fits its context (400
+    naming `max_tokens_param`, the caller's name for it), the request is within
+    `skulk.api.limits` (messages, text, a lower bound of its prompt against the context: 400
+    before any runner queues it), and there is a master (503)."""
     check_wire_ints(params)
+    if (too_much := generation_limits_error(params)) is not None:
+        raise too_much
     instance = context.find_instance(params.model_id)
     if instance is None:
         raise ModelNotFound(params.model_id)
     check_features(instance, params, param_names)
+    if (too_long := context_error(params, instance.context_token_limit)) is not None:
+        raise too_long
     if params.max_tokens is not None and params.max_tokens > instance.context_token_limit:
         raise InvalidRequest(
             f"'{max_tokens_param}' is {params.max_tokens}, but {params.model_id} is placed with a context of "
@@ -282,9 +309,17 @@ async def start_generation(
     """Bind `params` (see `bind_instance`), open its stream and submit `GenerateText`. The
     caller must then consume the stream through `drive` (or close it)."""
     bind_instance(context, params, max_tokens_param=max_tokens_param, param_names=param_names)
+    return await _submit_generation(context, params)
+
+
+async def _submit_generation(context: Any, params: TextGenerationParams) -> CommandStream:
+    """Open a stream for a bound request and submit its `GenerateText`."""
     command_id = new_id()
-    stream = context.streams.open(command_id)
-    await submit(context, stream, GenerateText(command_id=command_id, params=params))
+    stream = context.streams.open(command_id, requested_by=current_principal().id)
+    # The text travels to the serving node over the data plane; the master (and so the event
+    # log and /state) sees only the redacted request (`skulk.shared.types.task_inputs`).
+    hold_input(context, stream, TaskInput(command_id=command_id, generation=params))
+    await submit(context, stream, GenerateText(command_id=command_id, params=redacted_generation_params(params)))
     return stream
 
 
@@ -306,10 +341,7 @@ async def start_choices(
     streams: list[CommandStream] = []
     try:
         for choice in choice_params(params, n):
-            command_id = new_id()
-            stream = context.streams.open(command_id)
-            await submit(context, stream, GenerateText(command_id=command_id, params=choice))
-            streams.append(stream)
+            streams.append(await _submit_generation(context, choice))
     except BaseException:
         for stream in streams:
             if stream.close():

@@ -44,7 +44,11 @@ class OllamaError(BaseModel):
 
 _WHEN = {
     400: "The request is wrong: a bad value, a feature the serving engine lacks, a prompt longer than the context.",
+    401: "No API key, or a wrong one.",
+    403: "Refused by the access policy (operator route, Host, cross-site request).",
     404: "The model is not placed (the message names the fix), or the id is unknown.",
+    409: "A conflict with the current state.",
+    413: "The request body is larger than api.max_body_bytes.",
     499: "The request was cancelled.",
     500: "An engine failure.",
     502: "A runner broke the stream protocol.",
@@ -55,7 +59,7 @@ _WHEN = {
 
 
 def _responses(statuses: set[int], model: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
-    return {status: {"model": model, "description": _WHEN[status]} for status in sorted(statuses)}
+    return {status: {"model": model, "description": _WHEN.get(status, "An error.")} for status in sorted(statuses)}
 
 
 OPENAI_ERROR_RESPONSES = _responses({status for status, _ in OPENAI_STATUS.values()}, OpenAIError)

@@ -90,8 +90,11 @@ class CommandStream:
     (the request's handler) reads a stream.
     """
 
-    def __init__(self, owner: CommandStreams, command_id: str, opened_at: float) -> None:
+    def __init__(self, owner: CommandStreams, command_id: str, opened_at: float, requested_by: str = "anonymous") -> None:
         self.command_id = command_id
+        self.requested_by = requested_by
+        """The principal that made the request (`skulk.api.access.Principal.id`): only it (or an
+        operator) may cancel it."""
         self._owner = owner
         self._chunks: deque[Chunk] = deque()
         self._end: _End | None = None
@@ -213,7 +216,7 @@ class CommandStreams:
 
     # -- admission --
 
-    def open(self, command_id: str) -> CommandStream:
+    def open(self, command_id: str, requested_by: str = "anonymous") -> CommandStream:
         """A new stream for `command_id`, before its command is submitted. Raises `Overloaded`
         at MAX_OPEN_STREAMS (after reclaiming any stream whose deadline has passed)."""
         if command_id in self._open or command_id in self._recently_ended:
@@ -225,13 +228,18 @@ class CommandStreams:
             raise Overloaded(
                 f"This node is serving its maximum of {self.max_open_streams} concurrent requests; retry shortly."
             )
-        stream = CommandStream(self, command_id, self._clock())
+        stream = CommandStream(self, command_id, self._clock(), requested_by)
         self._open[command_id] = stream
         self._counters["opened"] += 1
         return stream
 
     def is_open(self, command_id: str) -> bool:
         return command_id in self._open
+
+    def requested_by(self, command_id: str) -> str | None:
+        """Who made the open request `command_id` (None: not open here)."""
+        stream = self._open.get(command_id)
+        return stream.requested_by if stream is not None else None
 
     # -- frames --
 

@@ -10,15 +10,16 @@ This module must never log or print a key; `skulk cluster key` is the one place 
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
-import secrets
-import stat
 from pathlib import Path
 from typing import Final
 
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from skulk.store.secret_file import GENERATED_SECRET_BYTES, SecretFileError, load_or_create_secret, read_secret_file
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +27,7 @@ CLUSTER_KEY_FILE: Final = "cluster.key"
 
 # 32 random bytes (256 bits) rendered as urlsafe base64: printable, shell-safe, and no
 # weaker than the derived AEAD key.
-GENERATED_KEY_BYTES: Final = 32
+GENERATED_KEY_BYTES: Final = GENERATED_SECRET_BYTES
 
 WIRE_KEY_BYTES: Final = 32
 
@@ -34,6 +35,7 @@ WIRE_KEY_BYTES: Final = 32
 # operator string. The info string binds the network version (see derive_wire_key).
 _HKDF_SALT: Final = b"skulk/cluster-key/v1"
 _HKDF_INFO_PREFIX: Final = b"skulk wire key|"
+_PEER_TOKEN_INFO: Final = b"skulk peer http token|v1"
 
 
 class ClusterKeyError(Exception):
@@ -52,53 +54,37 @@ def _normalise(key: str) -> str:
 
 def load_or_create_cluster_key(data_dir: str | os.PathLike[str]) -> str:
     """Read `<data_dir>/cluster.key`, creating it with a random key (mode 0600) on first start."""
-    directory = Path(data_dir)
-    path = directory / CLUSTER_KEY_FILE
+    path = Path(data_dir) / CLUSTER_KEY_FILE
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ClusterKeyError(f"cannot create data dir {directory}: {exc}", path=path) from exc
-    try:
-        # O_EXCL: two nodes racing on a fresh data dir cannot both write a key; the loser
-        # reads the winner's.
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return _read_key_file(path)
-    except OSError as exc:
-        raise ClusterKeyError(f"cannot create cluster key file {path}: {exc}", path=path) from exc
-    key = secrets.token_urlsafe(GENERATED_KEY_BYTES)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(key + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    log.info("created a new cluster key in %s (print it with `skulk cluster key`)", path)
+        key, created = load_or_create_secret(path, "cluster key")
+    except SecretFileError as exc:
+        raise ClusterKeyError(str(exc), path=exc.path) from None
+    if created:
+        log.info("created a new cluster key in %s (print it with `skulk cluster key`)", path)
     return key
 
 
-def _read_key_file(path: Path) -> str:
+def read_cluster_key_file(path: str | os.PathLike[str]) -> str:
+    """The key in an operator's key file (`--cluster-key-file`): never created here."""
     try:
-        mode = path.stat().st_mode
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ClusterKeyError(f"cannot read cluster key file {path}: {exc}", path=path) from exc
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        log.warning("cluster key file %s is readable by group/others (mode %o); chmod 600 it", path, mode & 0o777)
-    key = _normalise(text)
-    if not key:
-        # A truncated file must not silently become a fresh key: the node would leave its
-        # cluster without anyone noticing.
-        raise ClusterKeyError(f"cluster key file {path} is empty; delete it or write a key into it", path=path)
-    return key
+        return read_secret_file(Path(path), "cluster key")
+    except SecretFileError as exc:
+        raise ClusterKeyError(str(exc), path=exc.path) from None
 
 
-def resolve_cluster_key(explicit: str | None, data_dir: str | os.PathLike[str]) -> str:
-    """The key this node uses: `explicit` (--cluster-key / SKULK_CLUSTER_KEY) wins over the data dir.
+def resolve_cluster_key(
+    explicit: str | None, data_dir: str | os.PathLike[str], key_file: str | os.PathLike[str] | None = None
+) -> str:
+    """The key this node uses: `explicit` (--cluster-key / SKULK_CLUSTER_KEY) wins over
+    `key_file` (--cluster-key-file / SKULK_CLUSTER_KEY_FILE), which wins over the data dir.
 
     An empty or whitespace-only `explicit` counts as not given (an unset env var often
     arrives as "").
     """
     if explicit is not None and _normalise(explicit):
         return _normalise(explicit)
+    if key_file:
+        return read_cluster_key_file(key_file)
     return load_or_create_cluster_key(data_dir)
 
 
@@ -120,3 +106,15 @@ def derive_wire_key(cluster_key: str, network_version: str) -> bytes:
         info=_HKDF_INFO_PREFIX + network_version.encode("utf-8"),
     )
     return hkdf.derive(key.encode("utf-8"))
+
+
+def derive_peer_token(cluster_key: str) -> str:
+    """The credential nodes of one cluster present to each other's HTTP APIs (store
+    artifacts, API probes, diagnostics): HKDF-SHA256 of the cluster key under its own info
+    string, so it reveals nothing of the key or of the wire key. It carries the operator
+    role (`skulk.api.access`)."""
+    key = _normalise(cluster_key)
+    if not key:
+        raise ClusterKeyError("cluster key is empty")
+    hkdf = HKDF(algorithm=hashes.SHA256(), length=32, salt=_HKDF_SALT, info=_PEER_TOKEN_INFO)
+    return "skulk-peer-" + base64.urlsafe_b64encode(hkdf.derive(key.encode("utf-8"))).decode("ascii").rstrip("=")

@@ -14,7 +14,9 @@ from __future__ import annotations
 import re
 from typing import Final
 
-NETWORK_VERSION: Final = "skulk-net-1"
+NETWORK_VERSION: Final = "skulk-net-2"
+# 2: presence tokens must answer proof challenges (routing/presence.py); a build without
+# them would never count as alive, so it is told apart as another version instead.
 
 # Every key expression this build publishes or subscribes to starts with this prefix.
 KEY_ROOT: Final = "skulk"

@@ -43,6 +43,9 @@ MAX_SEQ: Final = 2**63 - 1
 # nodes; each restart adds one session, so 1024 covers years of restarts.
 DEFAULT_MAX_SENDERS: Final = 1024
 MIN_ENVELOPE_BYTES: Final = 1 + _HEADER_LEN.size + 1 + NONCE_BYTES + TAG_BYTES
+MAX_ENVELOPE_OVERHEAD_BYTES: Final = 1 + _HEADER_LEN.size + MAX_HEADER_BYTES + NONCE_BYTES + TAG_BYTES
+"""The most sealing adds to a payload: a sample longer than a topic's payload bound plus
+this cannot be a valid envelope of that topic, so it is refused unread."""
 
 RejectReason = Literal["malformed", "auth", "replay"]
 

@@ -4,8 +4,14 @@ A node declares one liveliness token `skulk/<ver>/presence/<node>/<session>/<tag
 carry no payload, so they cannot be sealed; instead `tag` is a truncated HMAC of
 (node, session) under a key derived from the wire key. A node with another cluster key or
 another network version produces tokens that fail the tag check: they are counted as "auth"
-rejects and never reported as members. (A peer that can observe a valid token can re-declare
-it; that can keep a dead node looking alive, never admit a new one.)
+rejects and never reported as members.
+
+A token's key is visible to every zenoh peer, so a peer without the key could copy a valid
+one and re-declare it, keeping a dead node (an old master) looking alive. So a token only
+counts while its session proves it holds the key: each watcher sends a fresh random nonce to
+the session's proof queryable (`proof_key_expr`) and accepts only a MAC of that nonce under
+the presence key (`proof_mac`), at first sight and again every `REPROOF_INTERVAL_S`. A copied
+token never answers; its node is reported gone at the first failed proof (`PresenceVerifier`).
 
 `PresenceTracker` folds token appearances and disappearances into per-node alive/dead
 changes: a node is alive while at least one of its sessions holds a token, so a restart whose
@@ -20,7 +26,8 @@ import base64
 import hashlib
 import hmac
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Final, NamedTuple
 
 from cryptography.hazmat.primitives import hashes
@@ -31,6 +38,19 @@ from skulk.routing.constants import NETWORK_VERSION, is_valid_id, presence_root
 # 16 bytes of HMAC-SHA256 (128 bits): far beyond guessing, short enough for a key chunk.
 TAG_BYTES: Final = 16
 _PRESENCE_KEY_INFO: Final = b"skulk presence tag|"
+
+PROOF_SEGMENT: Final = "proof"
+NONCE_BYTES: Final = 16
+"""Random bytes per challenge: a MAC seen once is never asked for again."""
+MAC_BYTES: Final = 32
+"""An answer is a full HMAC-SHA256; any other length is refused before it is read."""
+PROOF_TIMEOUT_S: Final = 2.0
+"""A challenge unanswered this long fails: a live peer answers within milliseconds on a LAN
+(zenoh answers queries on its own threads, whatever the node's event loop is doing)."""
+REPROOF_INTERVAL_S: Final = 3.0
+"""How often a proven session is challenged again. A copied token whose node died (and whose
+own token's disappearance zenoh did not report, because the copy still holds the key
+expression) is reported gone within REPROOF_INTERVAL_S + PROOF_TIMEOUT_S."""
 
 
 def presence_key_material(wire_key: bytes) -> bytes:
@@ -52,6 +72,90 @@ def presence_token_key(presence_key: bytes, node_id: str, session_id: str, *, ne
 class PresenceToken:
     node_id: str
     session_id: str
+
+
+def proof_key_expr(node_id: str, session_id: str, *, network_version: str = NETWORK_VERSION) -> str:
+    """Where a session answers presence challenges (a queryable, not a liveliness token)."""
+    return f"{presence_root(network_version)}/{node_id}/{session_id}/{PROOF_SEGMENT}"
+
+
+def proof_mac(presence_key: bytes, token: PresenceToken, nonce: bytes) -> bytes:
+    """The answer to a challenge: HMAC-SHA256 over the session and the challenger's nonce."""
+    message = b"proof\x00" + f"{token.node_id}\x00{token.session_id}\x00".encode() + nonce
+    return hmac.new(presence_key, message, hashlib.sha256).digest()
+
+
+@dataclass(slots=True)
+class _Session:
+    present: bool = True
+    proven_at: float | None = None
+    failed_at: float | None = None
+    pending: tuple[bytes, float] | None = None  # (nonce, sent at)
+
+
+@dataclass(frozen=True, slots=True)
+class Challenge:
+    token: PresenceToken
+    nonce: bytes
+
+
+@dataclass(slots=True)
+class PresenceVerifier:
+    """Which sessions have proven the key lately; node-level alive/dead changes from that.
+
+    Pure: the shell passes `now` and a nonce source, sends the `Challenge`s `tick` returns,
+    and reports answers with `answered`. A node is alive while one of its sessions holds a
+    token (per zenoh) and answered its last challenge. Not thread-safe: the shell locks."""
+
+    presence_key: bytes
+    timeout_s: float = PROOF_TIMEOUT_S
+    reproof_s: float = REPROOF_INTERVAL_S
+    _sessions: dict[PresenceToken, _Session] = field(default_factory=dict)
+    _reported: frozenset[str] = frozenset()
+
+    def appeared(self, token: PresenceToken) -> None:
+        session = self._sessions.setdefault(token, _Session())
+        session.present = True
+
+    def disappeared(self, token: PresenceToken) -> None:
+        self._sessions.pop(token, None)
+
+    def tick(self, now: float, new_nonce: Callable[[], bytes]) -> tuple[list[Challenge], list[PresenceToken]]:
+        """Challenges to send now, and the tokens whose challenge just failed (to count)."""
+        challenges: list[Challenge] = []
+        failed: list[PresenceToken] = []
+        for token, session in self._sessions.items():
+            if session.pending is not None and now - session.pending[1] >= self.timeout_s:
+                session.pending, session.proven_at, session.failed_at = None, None, now
+                failed.append(token)
+            if session.pending is not None:
+                continue
+            last = session.proven_at if session.proven_at is not None else session.failed_at
+            if last is None or now - last >= self.reproof_s:
+                nonce = new_nonce()
+                session.pending = (nonce, now)
+                challenges.append(Challenge(token, nonce))
+        return challenges, failed
+
+    def answered(self, token: PresenceToken, nonce: bytes, mac: bytes, now: float) -> bool:
+        """True when `mac` answers the pending challenge of `token` (the session is proven)."""
+        session = self._sessions.get(token)
+        if session is None or session.pending is None or not hmac.compare_digest(session.pending[0], nonce):
+            return False
+        if not hmac.compare_digest(mac, proof_mac(self.presence_key, token, nonce)):
+            return False
+        session.pending, session.proven_at, session.failed_at = None, now, None
+        return True
+
+    def alive(self) -> frozenset[str]:
+        return frozenset(t.node_id for t, s in self._sessions.items() if s.present and s.proven_at is not None)
+
+    def changes(self) -> list[PresenceChange]:
+        """Node-level changes since the last call (alive first, then departures)."""
+        now_alive = self.alive()
+        before, self._reported = self._reported, now_alive
+        return ([PresenceChange(node, True) for node in sorted(now_alive - before)]
+                + [PresenceChange(node, False) for node in sorted(before - now_alive)])
 
 
 class PresenceRejected(Exception):

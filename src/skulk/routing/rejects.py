@@ -6,7 +6,10 @@ Reasons:
 - "replay": an envelope already accepted (or older) from the same sender session;
 - "decode": authenticated, but the payload is not msgpack;
 - "invalid": authenticated and decoded, but not a valid message of the topic's type;
-- "version": a peer announces presence under another NETWORK_VERSION (another build).
+- "version": a peer announces presence under another NETWORK_VERSION (another build);
+- "unproven": a presence token whose session did not prove the cluster key when challenged
+  (a token copied by a peer without the key, or a session that stopped answering);
+- "oversize": a payload larger than its topic admits, refused before it is copied or opened.
 
 The peer of a "malformed"/"auth" reject is the sender id the header claims (unverified), or
 "unknown". The per-peer table is bounded: peers past `MAX_TRACKED_PEERS` are folded into
@@ -25,8 +28,10 @@ from typing import Final, Literal
 
 log = logging.getLogger("skulk.routing")
 
-Reason = Literal["malformed", "auth", "replay", "decode", "invalid", "version"]
-REASONS: Final[tuple[Reason, ...]] = ("malformed", "auth", "replay", "decode", "invalid", "version")
+Reason = Literal["malformed", "auth", "replay", "decode", "invalid", "version", "unproven", "oversize"]
+REASONS: Final[tuple[Reason, ...]] = (
+    "malformed", "auth", "replay", "decode", "invalid", "version", "unproven", "oversize",
+)
 
 MAX_TRACKED_PEERS: Final = 256
 UNKNOWN_PEER: Final = "unknown"
@@ -39,6 +44,9 @@ _HINTS: Final[dict[str, str]] = {
     "decode": "payload is not msgpack",
     "invalid": "payload does not match the topic's type (other build?)",
     "version": "peer runs another skulk network version; upgrade one side so NETWORK_VERSION matches",
+    "unproven": "presence token not backed by the cluster key (copied or replayed token, or a session that stopped "
+                "answering); it does not count as a member",
+    "oversize": "payload larger than the topic admits (unauthenticated or from another build); dropped unread",
 }
 
 

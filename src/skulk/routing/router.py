@@ -6,14 +6,19 @@ threads and the receive buffers; every decision it needs is in the pure modules 
 pydantic models on a `Topic` and receive `Received` items from a `TypedSubscription`.
 
 Threads:
-- zenoh calls each subscriber on its own Python thread (zenoh-python's "indirect" callback).
-  That thread opens the envelope, decodes and validates the payload, and offers the result
-  to a bounded buffer that wakes the router's event loop (see `buffers.py`). It never waits:
-  a slow consumer costs drops (counted), not a stalled zenoh receive path. Those threads
-  are non-daemon and end only when the session closes: always `await router.close()` (a
-  hook closes forgotten sessions before the interpreter joins threads, with a warning).
-  zenoh hands samples to that thread through its own FIFO channel; if validation falls
-  behind, zenoh's receive task waits on it, for every topic of the session.
+- zenoh calls each topic subscriber directly on its receive thread (a "direct" callback, not
+  zenoh-python's default "indirect" one with its own queue), so a sample is size-checked
+  against its topic's bound and its envelope authenticated before anything holds it: an
+  unauthenticated or oversized sample is never queued. The same call decodes and validates
+  the payload and offers the result to a bounded buffer that wakes the router's event loop
+  (see `buffers.py`). It never waits on the consumer: a slow consumer costs drops (counted).
+  Validation runs on zenoh's thread, so while it works zenoh's receive path for that link
+  waits, as it did behind the indirect queue once that filled. Sessions end only when
+  closed: always `await router.close()` (a hook closes forgotten sessions before the
+  interpreter joins threads, with a warning).
+- presence: one liveliness subscriber per router feeds a `PresenceVerifier`; the loop
+  challenges new and due sessions (zenoh queries with a callback, never blocking) and every
+  `PresenceWatch` gets the resulting node-level changes.
 - control and data publishes run on one egress thread per plane, so a publisher blocked by
   congestion on one plane never delays the other, and envelopes of one topic are sealed and
   handed to zenoh in one order (the receiver's replay check relies on it). Telemetry is put
@@ -31,7 +36,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import threading
+import time
 import weakref
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
@@ -52,17 +59,24 @@ from skulk.routing.constants import (
     is_valid_id,
     topic_key,
 )
-from skulk.routing.envelope import EnvelopeRejected, Opener, Sealer
+from skulk.routing.envelope import MAX_ENVELOPE_OVERHEAD_BYTES, EnvelopeRejected, Opener, Sealer
 from skulk.routing.presence import (
+    MAC_BYTES as PROOF_MAC_BYTES,
+    NONCE_BYTES as PROOF_NONCE_BYTES,
+    PROOF_TIMEOUT_S,
+    Challenge,
     PresenceChange,
     PresenceRejected,
-    PresenceTracker,
+    PresenceToken,
+    PresenceVerifier,
     parse_presence_key,
     presence_key_material,
     presence_token_key,
+    proof_key_expr,
+    proof_mac,
 )
 from skulk.routing.rejects import RejectLedger
-from skulk.routing.topics import DEFAULT_QUEUE_CAPACITY, Plane, Topic
+from skulk.routing.topics import DEFAULT_QUEUE_CAPACITY, TOPICS, Plane, Topic, largest_payload_bytes
 
 log = logging.getLogger("skulk.routing")
 
@@ -81,6 +95,9 @@ CONNECT_RETRY: Final = {"period_init_ms": 250, "period_max_ms": 2000, "period_in
 # have one per destination). The least recently used is undeclared past the bound.
 MAX_PUBLISHERS: Final = 1024
 DEFAULT_PRESENCE_CAPACITY: Final = 1024
+PROOF_TICK_S: Final = 0.5
+"""How often the router looks for presence proofs that are due or overdue (see presence.py's
+PROOF_TIMEOUT_S and REPROOF_INTERVAL_S); a new token is challenged at once, not on a tick."""
 
 
 # Routers whose session is still open. zenoh-python runs each subscriber callback on a
@@ -169,7 +186,9 @@ class Received(Generic[M]):
     message: M
 
 
-def build_zenoh_config(*, node_id: str, listen: list[str], connect: list[str], multicast: bool) -> dict[str, Any]:
+def build_zenoh_config(
+    *, node_id: str, listen: list[str], connect: list[str], multicast: bool, max_message_bytes: int | None = None
+) -> dict[str, Any]:
     """The peer-mode zenoh config of one node (plain data, see module notes for the choices).
 
     - peer mode: every node talks to every other directly; no zenoh router process.
@@ -179,6 +198,7 @@ def build_zenoh_config(*, node_id: str, listen: list[str], connect: list[str], m
     - multicast scouting on/off as asked; gossip scouting always on, so peers learn of each
       other through the peers they already know (needed with multicast off: a node that only
       knows one bootstrap peer still meshes with the rest).
+    - max_message_bytes: zenoh's reassembly bound (the largest sealed message any topic admits).
     """
     config: dict[str, Any] = {
         "mode": "peer",
@@ -191,6 +211,10 @@ def build_zenoh_config(*, node_id: str, listen: list[str], connect: list[str], m
     }
     if listen:
         config["listen"] = {"endpoints": list(listen)}
+    if max_message_bytes is not None:
+        # zenoh refuses to reassemble anything larger (its default is 1 GiB): no peer, keyed
+        # or not, can make this node buffer a message no topic admits.
+        config["transport"] = {"link": {"rx": {"max_message_size": max_message_bytes}}}
     return config
 
 
@@ -235,6 +259,7 @@ class TypedSubscription(Generic[M]):
         self._router = router
         self._buffer = buffer
         self._opener = Opener(router._wire_key)
+        self._max_envelope_bytes = (topic.max_payload_bytes or 0) + MAX_ENVELOPE_OVERHEAD_BYTES
         self._subscriber: Any = None
         self._overflow_logged = False
         self._receive_errors = 0
@@ -295,6 +320,12 @@ class TypedSubscription(Generic[M]):
             return
         key = str(sample.key_expr)
         ledger = self._router._rejects
+        size = len(sample.payload)
+        if size > self._max_envelope_bytes:
+            # Refused before it is copied out of zenoh, decrypted or buffered: unauthenticated
+            # bulk costs the receiver nothing but this comparison.
+            ledger.record("oversize", None, where=key, detail=f"{size} bytes > {self._max_envelope_bytes}")
+            return
         try:
             opened = self._opener.open(key, sample.payload.to_bytes())
         except EnvelopeRejected as rejected:
@@ -327,16 +358,16 @@ class TypedSubscription(Generic[M]):
 class PresenceWatch:
     """Node-level presence changes `PresenceChange(node_id, alive)` (unpacks as a tuple).
 
-    Existing members are reported on start (liveliness history). A node is alive while any of
-    its sessions holds a token. Pending changes are kept latest-per-node, so a slow consumer
-    always converges on the current membership.
+    Existing members are reported on start. A node is alive while one of its sessions holds
+    a token and has proven the cluster key to this router lately (see `presence.py`: a copied
+    token is never reported). Pending changes are kept latest-per-node, so a slow consumer
+    always converges on the current membership. Every watch of a router shares its one
+    liveliness subscriber and its proofs.
     """
 
     def __init__(self, router: Router, capacity: int) -> None:
         self._router = router
-        self._tracker = PresenceTracker()
         self._buffer: LatestBuffer[PresenceChange] = LatestBuffer(router._loop, capacity)
-        self._subscriber: Any = None
 
     async def get(self) -> PresenceChange:
         return await self._buffer.get()
@@ -348,50 +379,15 @@ class PresenceWatch:
         return self._buffer.__aiter__()
 
     def alive(self) -> frozenset[str]:
-        """Nodes currently holding a valid presence token (this node included once declared)."""
-        return self._tracker.alive()
+        """Nodes currently holding a proven presence token (this node included once declared)."""
+        return self._router._presence_alive()
 
     def stats(self) -> dict[str, Any]:
-        return {"alive": sorted(self._tracker.alive()), **self._buffer.stats()}
+        return {"alive": sorted(self.alive()), **self._buffer.stats()}
 
     def close(self) -> None:
         self._buffer.close()
-        subscriber, self._subscriber = self._subscriber, None
-        if subscriber is not None:
-            try:
-                subscriber.undeclare()
-            except zenoh.ZError:
-                pass
         self._router._forget(self)
-
-    def _on_token(self, sample: zenoh.Sample) -> None:
-        try:
-            self._observe(sample)
-        except Exception:
-            log.exception("presence path error (token event dropped)")
-
-    def _observe(self, sample: zenoh.Sample) -> None:
-        key = str(sample.key_expr)
-        router = self._router
-        appeared = sample.kind == zenoh.SampleKind.PUT
-        version = key.split("/")[1] if key.count("/") >= 2 else ""
-        if version != router.network_version:
-            # Another build on the same network: say so loudly, once per peer.
-            if appeared:
-                parts = key.split("/")
-                claimed = parts[3] if len(parts) > 3 and is_valid_id(parts[3]) else None
-                router._rejects.record("version", claimed, where=key, detail=f"peer runs {version!r}")
-            return
-        try:
-            token = parse_presence_key(router._presence_key, key, network_version=router.network_version)
-        except PresenceRejected as rejected:
-            if appeared:
-                reason = "auth" if rejected.reason == "auth" else "malformed"
-                router._rejects.record(reason, rejected.claimed_node, where=key, detail="presence token")
-            return
-        change = self._tracker.appeared(token) if appeared else self._tracker.disappeared(token)
-        if change is not None:
-            self._buffer.offer(change, change.node_id)
 
 
 class Router:
@@ -425,6 +421,11 @@ class Router:
         self._subscriptions: list[TypedSubscription[Any]] = []
         self._watches: list[PresenceWatch] = []
         self._presence_token: Any = None
+        self._proof_queryable: Any = None
+        self._presence_subscriber: Any = None
+        self._verifier = PresenceVerifier(self._presence_key)
+        self._verifier_lock = threading.Lock()
+        self._proof_ticker: asyncio.Task[None] | None = None
         self._published = 0
         self._publish_failures = 0
         self._counter_lock = threading.Lock()
@@ -452,7 +453,10 @@ class Router:
         if len(wire_key) != 32:
             raise ValueError("wire_key must be 32 bytes (see cluster_key.derive_wire_key)")
         loop = asyncio.get_running_loop()
-        config_data = build_zenoh_config(node_id=node_id, listen=listen, connect=connect, multicast=multicast)
+        config_data = build_zenoh_config(
+            node_id=node_id, listen=listen, connect=connect, multicast=multicast,
+            max_message_bytes=largest_payload_bytes(TOPICS) + MAX_ENVELOPE_OVERHEAD_BYTES,
+        )
         try:
             config = zenoh.Config.from_json5(json.dumps(config_data))
         except zenoh.ZError as exc:
@@ -488,6 +492,8 @@ class Router:
         """Close the session and end every subscription. Idempotent; waits at most CLOSE_TIMEOUT_S."""
         if self._close_future is None:
             self._closed = True
+            if self._proof_ticker is not None:
+                self._proof_ticker.cancel()
             for stream in [*self._subscriptions, *self._watches]:
                 stream._buffer.close()
             for executor in self._egress.values():
@@ -544,6 +550,10 @@ class Router:
         except ValidationError:
             raise TopicMisuse(topic, f"does not carry {type(message).__name__}") from None
         payload = msgpack.packb(message.model_dump(mode="json", by_alias=True), use_bin_type=True)
+        if len(payload) > (topic.max_payload_bytes or 0):
+            # Every receiver would refuse it unread: say so here, typed, instead.
+            raise TopicMisuse(topic, f"a {len(payload)}-byte payload is over the topic's bound of "
+                                     f"{topic.max_payload_bytes} bytes")
         if topic.plane is Plane.TELEMETRY:
             self._put(topic, key, payload)
             return
@@ -601,17 +611,36 @@ class Router:
             LatestBuffer(self._loop, capacity) if topic.plane.latest_value else FifoBuffer(self._loop, capacity)
         )
         subscription: TypedSubscription[Any] = TypedSubscription(self, topic, key, buffer)
-        subscription._subscriber = self._session.declare_subscriber(key, subscription._on_sample)
+        # Direct (not zenoh-python's default "indirect") callback: the size check and the
+        # envelope's authentication run on zenoh's receive thread as the sample arrives, so
+        # no unauthenticated sample ever waits in a queue.
+        subscription._subscriber = self._session.declare_subscriber(
+            key, zenoh.handlers.Callback(subscription._on_sample, indirect=False))
         self._subscriptions.append(subscription)
         return subscription
 
     # ------------------------------------------------------------------ presence
     def declare_presence(self) -> None:
-        """Announce this node (liveliness token) until the router closes. Idempotent."""
+        """Announce this node (liveliness token) until the router closes, and answer the
+        challenges that prove the token is this session's own. Idempotent."""
         self._check_open()
         if self._presence_token is None:
             key = presence_token_key(self._presence_key, self.node_id, self.session_id, network_version=self.network_version)
+            mine = PresenceToken(self.node_id, self.session_id)
+            proof_key = proof_key_expr(self.node_id, self.session_id, network_version=self.network_version)
+            self._proof_queryable = self._session.declare_queryable(
+                proof_key, lambda query: self._answer_challenge(query, mine))
             self._presence_token = self._session.liveliness().declare_token(key)
+
+    def _answer_challenge(self, query: zenoh.Query, mine: PresenceToken) -> None:
+        """zenoh thread: a MAC of the challenger's nonce; anything else gets no answer."""
+        if query.payload is None or len(query.payload) != PROOF_NONCE_BYTES:
+            return  # not a challenge of ours: no answer, and nothing copied
+        nonce = query.payload.to_bytes()
+        try:
+            query.reply(query.key_expr, proof_mac(self._presence_key, mine, nonce))
+        except zenoh.ZError:
+            pass  # the challenger left: nothing to answer
 
     def watch_presence(self, *, maxsize: int = DEFAULT_PRESENCE_CAPACITY) -> PresenceWatch:
         """Membership changes of this cluster, starting with the nodes already present.
@@ -621,10 +650,104 @@ class Router:
         """
         self._check_open()
         watch = PresenceWatch(self, maxsize)
-        selector = f"{KEY_ROOT}/*/{PRESENCE_SEGMENT}/**"
-        watch._subscriber = self._session.liveliness().declare_subscriber(selector, watch._on_token, history=True)
         self._watches.append(watch)
+        with self._verifier_lock:
+            alive = self._verifier.alive()
+        for node in sorted(alive):
+            watch._buffer.offer(PresenceChange(node, True), node)
+        if self._presence_subscriber is None:
+            selector = f"{KEY_ROOT}/*/{PRESENCE_SEGMENT}/**"
+            self._presence_subscriber = self._session.liveliness().declare_subscriber(
+                selector, self._on_token, history=True)
+            self._proof_ticker = self._loop.create_task(self._tick_proofs_forever())
         return watch
+
+    def _presence_alive(self) -> frozenset[str]:
+        with self._verifier_lock:
+            return self._verifier.alive()
+
+    # -- presence: zenoh callback threads --
+    def _on_token(self, sample: zenoh.Sample) -> None:
+        try:
+            self._observe_token(sample)
+        except Exception:
+            log.exception("presence path error (token event dropped)")
+
+    def _observe_token(self, sample: zenoh.Sample) -> None:
+        key = str(sample.key_expr)
+        appeared = sample.kind == zenoh.SampleKind.PUT
+        version = key.split("/")[1] if key.count("/") >= 2 else ""
+        if version != self.network_version:
+            # Another build on the same network: say so loudly, once per peer.
+            if appeared:
+                parts = key.split("/")
+                claimed = parts[3] if len(parts) > 3 and is_valid_id(parts[3]) else None
+                self._rejects.record("version", claimed, where=key, detail=f"peer runs {version!r}")
+            return
+        try:
+            token = parse_presence_key(self._presence_key, key, network_version=self.network_version)
+        except PresenceRejected as rejected:
+            if appeared:
+                reason = "auth" if rejected.reason == "auth" else "malformed"
+                self._rejects.record(reason, rejected.claimed_node, where=key, detail="presence token")
+            return
+        with self._verifier_lock:
+            if appeared:
+                self._verifier.appeared(token)
+            else:
+                self._verifier.disappeared(token)
+            changes = self._verifier.changes()
+        self._emit(changes)
+        if appeared:
+            self._wake_proofs()
+
+    def _on_proof(self, challenge: Challenge, reply: zenoh.Reply) -> None:
+        try:
+            sample = reply.ok
+            if sample is None or len(sample.payload) != PROOF_MAC_BYTES:
+                return  # an error, or an answer no MAC can be (anyone may answer a query)
+            with self._verifier_lock:
+                self._verifier.answered(challenge.token, challenge.nonce, sample.payload.to_bytes(), time.monotonic())
+                changes = self._verifier.changes()
+            self._emit(changes)
+        except Exception:
+            log.exception("presence proof path error (answer dropped)")
+
+    def _emit(self, changes: list[PresenceChange]) -> None:
+        for change in changes:
+            for watch in list(self._watches):
+                watch._buffer.offer(change, change.node_id)
+
+    def _wake_proofs(self) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._tick_proofs)
+        except RuntimeError:
+            pass  # the loop is closed: the router is going away
+
+    # -- presence: the loop --
+    async def _tick_proofs_forever(self) -> None:
+        while not self._closed:
+            self._tick_proofs()
+            await asyncio.sleep(PROOF_TICK_S)
+
+    def _tick_proofs(self) -> None:
+        """Send due challenges, count failed ones, report what changed."""
+        if self._closed:
+            return
+        with self._verifier_lock:
+            challenges, failed = self._verifier.tick(time.monotonic(), lambda: os.urandom(PROOF_NONCE_BYTES))
+            changes = self._verifier.changes()
+        for token in failed:
+            self._rejects.record("unproven", token.node_id, where=f"{PRESENCE_SEGMENT}/{token.node_id}/{token.session_id}",
+                                 detail=f"no valid proof within {PROOF_TIMEOUT_S:g}s")
+        self._emit(changes)
+        for challenge in challenges:
+            key = proof_key_expr(challenge.token.node_id, challenge.token.session_id, network_version=self.network_version)
+            try:
+                self._session.get(key, zenoh.handlers.Callback(lambda reply, c=challenge: self._on_proof(c, reply)),
+                                  payload=challenge.nonce, timeout=PROOF_TIMEOUT_S)
+            except zenoh.ZError:
+                return  # the session is closing; the next tick (if any) retries
 
     def connected_peer_count(self) -> int:
         """zenoh peers with an open transport to this node (any key: transport level)."""

@@ -57,6 +57,21 @@ DEFAULT_QUEUE_CAPACITY: Final[Mapping[Plane, int]] = {
 }
 
 
+KIB: Final = 1024
+MIB: Final = 1024 * KIB
+
+DEFAULT_MAX_PAYLOAD_BYTES: Final[Mapping[Plane, int]] = {
+    Plane.CONTROL: 64 * MIB,
+    Plane.TELEMETRY: 1 * MIB,
+    Plane.DATA: 256 * MIB,
+}
+"""Largest payload (before sealing) a topic admits when its entry does not say. Bigger
+samples are refused on arrival, before they are copied, decrypted or buffered, and counted
+as "oversize". Control carries commands with a whole prompt (the API's body limit, at most
+`skulk.api.limits.MAX_MAX_BODY_BYTES`, fits with room for framing); data carries embedding
+answers (2048 inputs of 8192 dimensions is ~150 MB of msgpack floats)."""
+
+
 def default_latest_key(message: Any) -> Hashable:
     """Telemetry readings of different types from one sender never overwrite each other."""
     return type(message).__name__
@@ -68,6 +83,7 @@ class Topic:
 
     `latest_key` (telemetry only) names the reading within one sender's stream; values with
     the same (sender, key expression, latest_key) replace each other in a full receive queue.
+    `max_payload_bytes` bounds one message (see DEFAULT_MAX_PAYLOAD_BYTES).
     """
 
     name: str
@@ -75,10 +91,14 @@ class Topic:
     adapter: TypeAdapter[Any] | type[BaseModel]
     node_addressed: bool = False
     latest_key: Callable[[Any], Hashable] = field(default=default_latest_key)
+    max_payload_bytes: int | None = None
+    """Largest payload this topic admits; None takes the plane's default."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.adapter, TypeAdapter):
             object.__setattr__(self, "adapter", TypeAdapter(self.adapter))
+        if self.max_payload_bytes is None and isinstance(self.plane, Plane):
+            object.__setattr__(self, "max_payload_bytes", DEFAULT_MAX_PAYLOAD_BYTES[self.plane])
 
     @property
     def type_adapter(self) -> TypeAdapter[Any]:
@@ -114,6 +134,8 @@ def validate_topic_table(topics: Iterable[Topic]) -> None:
             problems.append(f"topic name {topic.name!r} is not a single key-expression chunk")
         if topic.name == PRESENCE_SEGMENT:
             problems.append(f"topic name {topic.name!r} is reserved for presence tokens")
+        if not isinstance(topic.max_payload_bytes, int) or topic.max_payload_bytes < 1:
+            problems.append(f"topic {topic.name!r} has no payload bound ({topic.max_payload_bytes!r})")
         if topic.name in seen:
             problems.append(f"topic name {topic.name!r} is used twice")
         seen.add(topic.name)
@@ -132,6 +154,11 @@ def _telemetry_key(message: Any) -> Hashable:
     return (type(message).__name__, model_id) if model_id is not None else type(message).__name__
 
 
+def largest_payload_bytes(topics: Iterable[Topic]) -> int:
+    """The largest payload any topic admits: zenoh's own reassembly bound is set from it."""
+    return max(topic.max_payload_bytes or 0 for topic in topics)
+
+
 def _build_topics() -> dict[str, Topic]:
     # Imported here so that pure code can use Plane/Topic without loading the whole model.
     from skulk.shared.types.chunks import DATA_FRAME_ADAPTER
@@ -139,17 +166,22 @@ def _build_topics() -> dict[str, Topic]:
     from skulk.shared.types.election import ElectionMessage
     from skulk.shared.types.events import LocalEvent
     from skulk.shared.types.sync import SYNC_REPLY_ADAPTER, GlobalEvent, SyncRequest
+    from skulk.shared.types.task_inputs import TaskInput
     from skulk.shared.types.telemetry import TELEMETRY_ADAPTER
 
     table = [
         Topic("global_events", Plane.CONTROL, GlobalEvent),
         Topic("local_events", Plane.CONTROL, LocalEvent),
         Topic("commands", Plane.CONTROL, ForwarderCommand),
-        Topic("election", Plane.CONTROL, ElectionMessage),
-        Topic("sync_requests", Plane.CONTROL, SyncRequest),
-        Topic("state_sync", Plane.CONTROL, SYNC_REPLY_ADAPTER, node_addressed=True),
+        # Election and sync requests are a few ids and numbers: a few KB at most.
+        Topic("election", Plane.CONTROL, ElectionMessage, max_payload_bytes=64 * KIB),
+        Topic("sync_requests", Plane.CONTROL, SyncRequest, max_payload_bytes=64 * KIB),
+        # A whole State snapshot: the largest control message.
+        Topic("state_sync", Plane.CONTROL, SYNC_REPLY_ADAPTER, node_addressed=True, max_payload_bytes=256 * MIB),
         Topic("telemetry", Plane.TELEMETRY, TELEMETRY_ADAPTER, latest_key=_telemetry_key),
         Topic("data", Plane.DATA, DATA_FRAME_ADAPTER, node_addressed=True),
+        # A request's text, straight to the node that runs it: never through the master.
+        Topic("task_inputs", Plane.DATA, TaskInput, node_addressed=True),
     ]
     validate_topic_table(table)
     return {topic.name: topic for topic in table}

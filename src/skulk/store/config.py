@@ -7,12 +7,15 @@ environment variables override what the file says (the CLI applies that preceden
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from skulk.api.limits import DEFAULT_MAX_BODY_BYTES, MAX_MAX_BODY_BYTES, MIN_MAX_BODY_BYTES
 
 DEFAULT_API_PORT = 52415
 
@@ -32,8 +35,28 @@ class NodeSection(_Strict):
 class ApiSection(_Strict):
     host: str = "0.0.0.0"
     api_key: str | None = None
+    """The key non-loopback clients present; None: the node's own `api.key` in the data dir
+    (created on first start, printed by `skulk api-key`)."""
     cors_origins: list[str] = []
     """Browser origins allowed beside this machine's own ('*' for any); see skulk.api.cors."""
+    operator_key: str | None = None
+    """When set, operator routes (placement, cards, store, tracing, diagnostics) require it
+    and `api_key` is for inference only."""
+    require_key_on_loopback: bool = False
+    """Loopback clients need no key unless this is set (set it behind a local reverse proxy,
+    where every client looks like loopback)."""
+    open_to_lan: bool = False
+    """Serve every client without a key. An explicit choice; the node warns at start."""
+    max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, ge=MIN_MAX_BODY_BYTES, le=MAX_MAX_BODY_BYTES)
+    """Request bodies above this are refused with 413 before they are parsed (skulk.api.limits)."""
+    allowed_hosts: list[str] = []
+    """Extra names a request's Host header may carry (a DNS name or proxy in front of the
+    node); the node's own host names and addresses are always allowed. "*" turns the check off."""
+
+
+class ModelsSection(_Strict):
+    local_dirs: list[str] = []
+    """Directories `/models/add` may register local models from, besides the models dir."""
 
 
 class ModelStoreSection(_Strict):
@@ -65,6 +88,7 @@ class SkulkConfig(_Strict):
     node: NodeSection = NodeSection()
     api: ApiSection = ApiSection()
     model_store: ModelStoreSection = ModelStoreSection()
+    models: ModelsSection = ModelsSection()
     tracing: TracingSection = TracingSection()
     logging: LoggingSection = LoggingSection()
     kv_cache_backend: Literal["default", "mlx_quantized"] = "default"
@@ -116,24 +140,60 @@ CORS_ORIGINS_ENV = "SKULK_CORS_ORIGINS"
 """Environment override of `api.cors_origins`: comma-separated origins."""
 
 
+def _gib(raw: str) -> float | None:
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return value if value >= 0 else None
+
+
+def _flag(raw: str) -> bool | None:
+    return {"1": True, "true": True, "yes": True, "on": True,
+            "0": False, "false": False, "no": False, "off": False}.get(raw.lower())
+
+
+def _body_bytes(raw: str) -> int | None:
+    return int(raw) if raw.isdigit() and MIN_MAX_BODY_BYTES <= int(raw) <= MAX_MAX_BODY_BYTES else None
+
+
+def _names(raw: str) -> list[str]:
+    return [part.strip() for part in raw.split(",") if part.strip()]
+
+
+MAX_BODY_BYTES_ENV = "SKULK_API_MAX_BODY_BYTES"
+"""Environment override of `api.max_body_bytes`."""
+
+ENV_OVERRIDES: tuple[tuple[str, str, str, Any, str], ...] = (
+    (DISK_RESERVE_ENV, "model_store", "disk_reserve_gb", _gib, "a number of GiB >= 0"),
+    ("SKULK_OPERATOR_KEY", "api", "operator_key", lambda raw: raw, "a key"),
+    ("SKULK_API_REQUIRE_KEY_ON_LOOPBACK", "api", "require_key_on_loopback", _flag, "true or false"),
+    ("SKULK_API_OPEN_TO_LAN", "api", "open_to_lan", _flag, "true or false"),
+    ("SKULK_ALLOWED_HOSTS", "api", "allowed_hosts", _names, "comma-separated host names"),
+    (MAX_BODY_BYTES_ENV, "api", "max_body_bytes", _body_bytes,
+     f"a whole number of bytes from {MIN_MAX_BODY_BYTES} to {MAX_MAX_BODY_BYTES}"),
+    (CORS_ORIGINS_ENV, "api", "cors_origins", lambda raw: [o.rstrip("/") for o in _names(raw)],
+     "comma-separated origins"),
+    ("SKULK_MODELS_LOCAL_DIRS", "models", "local_dirs", lambda raw: [p for p in raw.split(os.pathsep) if p],
+     f"directories separated by {os.pathsep!r}"),
+)
+"""Environment variable -> (section, key, parser, what it expects). The API key's own
+variable (SKULK_API_KEY) is read by the CLI, which ranks it above the file."""
+
+
 def with_env_overrides(config: SkulkConfig, env: Mapping[str, str]) -> SkulkConfig:
     """`config` with the environment's overrides applied (environment beats the file, as
     the CLI's flags beat both). Pure; a malformed value is a ConfigError naming it."""
-    cors = env.get(CORS_ORIGINS_ENV)
-    if cors is not None and cors.strip():
-        origins = [part.strip().rstrip("/") for part in cors.split(",") if part.strip()]
-        config = config.model_copy(update={"api": config.api.model_copy(update={"cors_origins": origins})})
-    raw = (env.get(DISK_RESERVE_ENV) or "").strip()
-    if not raw:
-        return config
-    try:
-        gib = float(raw)
-    except ValueError:
-        gib = -1.0
-    if not gib >= 0:
-        raise ConfigError(Path(f"${DISK_RESERVE_ENV}"), [f"{DISK_RESERVE_ENV}={raw!r}: expected a number of GiB >= 0"])
-    store = config.model_store.model_copy(update={"disk_reserve_gb": gib})
-    return config.model_copy(update={"model_store": store})
+    for variable, section_name, key, parse, expected in ENV_OVERRIDES:
+        raw = (env.get(variable) or "").strip()
+        if not raw:
+            continue
+        value = parse(raw)
+        if value is None:
+            raise ConfigError(Path(f"${variable}"), [f"{variable}={raw!r}: expected {expected}"])
+        section = getattr(config, section_name).model_copy(update={key: value})
+        config = config.model_copy(update={section_name: section})
+    return config
 
 
 def load_config(path: Path) -> SkulkConfig:

@@ -17,6 +17,11 @@ CONFIG_FILE_NAME = "skulk.yaml"
 LEASE_FILE_NAME = "skulk.lease"
 EVENT_LOG_DIR_NAME = "event_log"
 CLUSTER_KEY_FILE_NAME = "cluster.key"
+API_KEY_FILE_NAME = "api.key"
+
+PRIVATE_DIR_MODE = 0o700
+PRIVATE_FILE_MODE = 0o600
+"""The data dir holds the event log, keys and lease: nobody but the node's user reads it."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,10 @@ class SkulkPaths:
     @property
     def cluster_key_file(self) -> Path:
         return self.data_home / CLUSTER_KEY_FILE_NAME
+
+    @property
+    def api_key_file(self) -> Path:
+        return self.data_home / API_KEY_FILE_NAME
 
     @property
     def traces_dir(self) -> Path:
@@ -110,6 +119,13 @@ def hub_model_dir_name(model_id: str, revision: str | None) -> str:
 
 
 def ensure_dirs(paths: SkulkPaths) -> None:
-    """Create the node's directories (the shell's job, never the resolver's)."""
+    """Create the node's directories (the shell's job, never the resolver's), private to
+    the node's user: the data dir 0700, the event log's files 0600 (a log written by an
+    older build with looser modes is tightened here)."""
     for directory in (paths.data_home, paths.event_log_dir, paths.models_dir, paths.cache_home, paths.custom_cards_dir):
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
+    for directory in (paths.data_home, paths.event_log_dir):
+        directory.chmod(PRIVATE_DIR_MODE)
+    for file in paths.event_log_dir.rglob("*"):
+        if file.is_file() and file.stat().st_mode & 0o077:
+            file.chmod(PRIVATE_FILE_MODE)

@@ -40,6 +40,8 @@ from skulk.shared.types.events import DownloadFailed as DownloadFailedEvent
 from skulk.shared.types.ids import DownloadAttemptId, ModelId, NodeId, new_id
 from skulk.shared.types.instances import RunnerStatus
 from skulk.shared.types.state import DownloadStatusCompleted
+from skulk.shared.types.task_inputs import TaskInput
+from skulk.shared.types.tasks import TextGeneration
 from skulk.shared.types.telemetry import DownloadProgress, TelemetryReading
 from skulk.shared.wire_keys import to_camel_keys
 from skulk.store.downloads import (
@@ -62,6 +64,7 @@ from skulk.worker.runner.breaker import CrashBreaker
 from skulk.worker.runner.messages import Frame, StatusChanged, TaskAccepted, TaskDone
 from skulk.worker.runner.supervisor import RunnerSupervisor
 from skulk.worker.staged_copies import eviction_applies
+from skulk.worker.task_inputs import TaskInputStore
 
 logger = logging.getLogger(__name__)
 
@@ -157,6 +160,10 @@ class Worker:
         self._resolving: set[str] = set()
         self._dispatched: set[str] = set()
         self._task_runner: dict[str, str] = {}
+        self._task_command: dict[str, str] = {}
+        """Dispatched task -> its command, to forget the command's input when the task ends."""
+        self.task_inputs = TaskInputStore()
+        """The full params of the commands this node runs (their text never enters State)."""
         self._given_up: set[str] = set()
         self._was_serving: set[str] = set()
         """Runners that have reported Ready or Running (a multi-rank one is not restarted)."""
@@ -202,6 +209,7 @@ class Worker:
             given_up=frozenset(self._given_up),
             reported_failed=frozenset(self._reported_failed),
             ram_available_bytes=live_ram_available_bytes(),
+            task_inputs=self.task_inputs.ready(),
         )
 
     async def _pass(self) -> None:
@@ -222,6 +230,7 @@ class Worker:
         elif isinstance(action, worker_plan.CancelRunnerTask):
             self._supervisors[action.runner_id].cancel(action.task_id)
             self._dispatched.discard(action.task_id)
+            self._forget_input(action.task_id)
         elif isinstance(action, worker_plan.ReportRunnerFailed):
             self._reported_failed.add(action.runner_id)
             logger.warning("runner %s cannot start: %s", action.runner_id, action.message)
@@ -237,9 +246,29 @@ class Worker:
         elif isinstance(action, worker_plan.SpawnRunner):
             await self._spawn_runner(action)
         elif isinstance(action, worker_plan.DispatchTask):
-            self._dispatched.add(action.task.task_id)
-            self._task_runner[action.task.task_id] = action.runner_id
-            self._supervisors[action.runner_id].submit(action.task)
+            task = action.task
+            task_input = self.task_inputs.get(task.command_id)
+            params = None if task_input is None else (
+                task_input.generation if isinstance(task, TextGeneration) else task_input.embedding)
+            if params is None:
+                logger.warning("task %s: its input is not of its kind; waiting for a proper one", task.task_id)
+                self.task_inputs.forget(task.command_id)
+                return
+            self._dispatched.add(task.task_id)
+            self._task_runner[task.task_id] = action.runner_id
+            self._task_command[task.task_id] = task.command_id
+            # State holds the redacted params; the runner gets the request's own.
+            self._supervisors[action.runner_id].submit(task.model_copy(update={"params": params}))
+
+    def accept_input(self, item: TaskInput) -> None:
+        """A command's full params arrived (data plane, or from this node's own API)."""
+        self.task_inputs.accept(item)
+        self.wake()
+
+    def _forget_input(self, task_id: str) -> None:
+        command_id = self._task_command.pop(task_id, None)
+        if command_id is not None:
+            self.task_inputs.forget(command_id)
 
     async def _send_refusal(self, action: worker_plan.RefusePlacement) -> None:
         """Ask the master to re-place the instance. A command that cannot be published, or
@@ -523,6 +552,7 @@ class Worker:
         elif isinstance(message, TaskDone):
             self._dispatched.discard(message.task_id)
             self._task_runner.pop(message.task_id, None)
+            self._forget_input(message.task_id)
             self._producer.submit(TaskStatusUpdated(
                 event_id=new_id(), task_id=message.task_id, status=_OUTCOME_STATUS[message.outcome],
                 error_message=message.error_message,
@@ -585,6 +615,7 @@ class Worker:
             while True:
                 if self._replica.synced:
                     await self._pass()
+                self.task_inputs.expire()
                 try:
                     await asyncio.wait_for(self._wake.wait(), PASS_INTERVAL_S)
                 except TimeoutError:
@@ -606,6 +637,7 @@ class Worker:
             "companionArtifacts": {m: dict(c) for m, c in self._companion_artifacts.items()},
             "artifactFailures": dict(self._artifact_failures),
             "dispatched": len(self._dispatched),
+            "taskInputs": self.task_inputs.stats(),
             "givenUp": sorted(self._given_up),
             "egress": {"depth": self._egress.qsize(), "capacity": EGRESS_CAPACITY, "dropped": self.frames_dropped},
             "framesLocal": self.frames_local,

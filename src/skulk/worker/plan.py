@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from skulk.shared.memory_estimate import assignment_footprint
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.common import TERMINAL_TASK_STATUSES
-from skulk.shared.types.ids import InstanceId, ModelId, NodeId, RunnerId, TaskId
+from skulk.shared.types.ids import CommandId, InstanceId, ModelId, NodeId, RunnerId, TaskId
 from skulk.shared.types.instances import Instance, RunnerStatus, ShardAssignment
 from skulk.shared.types.state import State
 from skulk.shared.types.tasks import ApiTask, Embedding, TextGeneration
@@ -49,6 +49,8 @@ class WorkerView:
     given_up: frozenset[RunnerId] = frozenset()
     reported_failed: frozenset[RunnerId] = frozenset()
     ram_available_bytes: int | None = None
+    task_inputs: frozenset[CommandId] = frozenset()
+    """Commands whose full params (their text, kept out of State) have reached this node."""
 
 
 @dataclass(frozen=True)
@@ -186,7 +188,7 @@ def dispatch_pending_tasks(view: WorkerView) -> WorkerAction | None:
     for task_id, task in sorted(view.state.tasks.items()):
         if not isinstance(task, (TextGeneration, Embedding)) or task.status in TERMINAL_TASK_STATUSES:
             continue
-        if task_id in view.dispatched:
+        if task_id in view.dispatched or task.command_id not in view.task_inputs:
             continue
         instance = view.state.instances.get(task.instance_id)
         if instance is None:

@@ -180,8 +180,8 @@ def test_output_of_a_template_opened_think_block_starts_with_the_tag(engine, mon
     params = TextGenerationParams(model_id=ModelId(TINY_GGUF_MODEL_ID), messages=[ChatMessage(role="user", content="hi")],
                                   max_tokens=3, temperature=0)
     plain = run(engine, params)
-    rendered = engine.render_chat(params)
-    monkeypatch.setattr(engine, "render_chat", lambda request: rendered + "<think>\n")
+    render = engine._render
+    monkeypatch.setattr(engine, "_render", lambda messages, tools: render(messages, tools) + "<think>\n")
     tokens = run(engine, params)
     assert tokens[0].text == "<think>" and tokens[0].token_id is None
     assert len(tokens) == 4 and tokens[-1].usage.completion_tokens == 3

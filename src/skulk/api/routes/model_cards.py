@@ -29,7 +29,8 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
-from skulk.api.errors import ApiError, ClusterNotReady, InvalidRequest, NotFound
+from skulk.api.errors import ApiError, ClusterNotReady, Conflict, InvalidRequest, NotFound
+from skulk.api.local_paths import allowed_local_path
 from skulk.shared.types.cards import LOCAL_MODEL_PREFIX, ModelCard, is_model_id
 from skulk.shared.types.commands import AddCustomModelCard, DeleteCustomModelCard
 from skulk.shared.types.ids import new_id
@@ -173,6 +174,8 @@ class AddModelBody(BaseModel):
     gguf_file: str | None = None
     revision: str | None = None
     name: str | None = None
+    override: bool = False
+    """Replace a card that already has this id (built-in or custom); without it that is a 409."""
 
 
 def _gguf_meta(read, source: str) -> dict[str, Any]:  # noqa: ANN001 - read(n) -> first n bytes
@@ -216,10 +219,8 @@ def _read_file_prefix(path: Path):  # noqa: ANN202 - read(n) -> bytes
     return read
 
 
-def _card_from_path(body: AddModelBody) -> ModelCard:
-    path = Path(body.path or "")
-    if not path.is_absolute():
-        raise InvalidRequest(f"path {body.path!r} must be absolute", param="path")
+def _card_from_path(body: AddModelBody, roots: tuple[Path, ...]) -> ModelCard:
+    path = allowed_local_path(body.path or "", roots)
     if not path.exists():
         raise NotFound(f"{path} does not exist on this node", code="path_not_found")
     if body.model_id is not None and not body.model_id.startswith(LOCAL_MODEL_PREFIX):
@@ -244,13 +245,8 @@ def _card_from_path(body: AddModelBody) -> ModelCard:
             raise CardBuildError(str(path), f"unreadable {CONFIG_FILE}: {exc}") from None
         return card_from_config(model_id, config, total_size_bytes(files, selected), local_path=str(path),
                                 name=body.name)
-    if is_gguf_repo(files):
-        gguf_file = choose_gguf_file(model_id, files, pinned=body.gguf_file)
-        group = shard_group(model_id, files, gguf_file)
-        meta = _gguf_meta(_read_file_prefix(path / gguf_file), str(path / gguf_file))
-        return card_from_gguf(model_id, meta, gguf_file, total_size_bytes(files, group), local_path=str(path),
-                              name=body.name)
-    raise InvalidRequest(f"{path} holds neither config.json with *.safetensors nor a .gguf file", param="path")
+    raise InvalidRequest(f"{path} is a directory but not an MLX model folder (config.json with *.safetensors); "
+                         "for a GGUF model give the path of the .gguf file itself", param="path")
 
 
 async def _submit(request: Request, command) -> None:  # noqa: ANN001
@@ -272,8 +268,13 @@ async def add_model(request: Request, body: AddModelBody) -> Any:
         hub = HubSource.from_env()
         card = await _off_loop(lambda: _card_from_hub(body, hub), ADD_DEADLINE_S)
     else:
-        card = await _off_loop(lambda: _card_from_path(body), ADD_DEADLINE_S)
+        roots = request.app.state.skulk.local_model_dirs
+        card = await _off_loop(lambda: _card_from_path(body, roots), ADD_DEADLINE_S)
     context = request.app.state.skulk
+    existing = context.get_cards().get(card.model_id)
+    if existing is not None and existing != card and not body.override:
+        raise Conflict(f"A card with the id {card.model_id!r} exists already; give another modelId, or send "
+                       '"override": true to replace it for the whole cluster.', param="modelId", code="card_exists")
     deadline = time.monotonic() + APPLY_WAIT_S
     next_submit = 0.0
     while context.get_cards().get(card.model_id) != card and time.monotonic() < deadline:

@@ -38,6 +38,7 @@ from skulk.api.adapters.openai_chat import (
     to_params,
 )
 from skulk.api.adapters import openai_completions, openai_embeddings, openai_responses
+from skulk.api.auth import current_principal
 from skulk.api.errors import ClusterNotReady, ModelNotFound, NotFound
 from skulk.api.generation import (
     SSE_HEADERS,
@@ -239,17 +240,24 @@ def _sse(request: Request, context: Any, stream: CommandStream, encoder: Any,
 
 @router.post("/v1/cancel/{command_id}")
 async def cancel(request: Request, command_id: str) -> dict[str, Any]:
-    """Cancel a running request by its command id (or its `chatcmpl-` completion id)."""
+    """Cancel a running request by its command id (or its `chatcmpl-` completion id).
+
+    Only whoever made the request may cancel it: the same key, or the same loopback client
+    (`skulk.api.access`); anyone else gets the same 404 as for an unknown id, so ids read
+    elsewhere reveal nothing. An operator key (or a cluster peer) may cancel any request
+    in the cluster, also one held by another node's API."""
     context = _context(request)
     command_id = command_id_from(command_id)
     for prefix in (openai_completions.COMPLETION_ID_PREFIX, openai_responses.RESPONSE_ID_PREFIX):
         command_id = command_id.removeprefix(prefix)
-    open_here = context.streams.is_open(command_id)
-    known = open_here or any(
-        getattr(task, "command_id", None) == command_id for task in context.get_state().tasks.values()
-    )
+    caller = current_principal()
+    owner = context.streams.requested_by(command_id)
+    open_here = owner is not None and owner == caller.id
+    known = open_here or (caller.cancels_any and any(
+        getattr(task, "command_id", None) == command_id for task in context.get_state().tasks.values()))
     if not known:
-        raise NotFound(f"No running request has the id {command_id!r}.", param="command_id", code="unknown_command")
+        raise NotFound(f"No running request of yours has the id {command_id!r}.", param="command_id",
+                       code="unknown_command")
     try:
         await context.submit_command(CancelCommand(command_id=new_id(), cancelled_command_id=command_id))
     except Exception as exc:

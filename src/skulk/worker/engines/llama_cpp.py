@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -45,6 +46,15 @@ from skulk.worker.engines.base import (
     Utf8StreamDecoder,
     chat_message_dict,
     usage_of,
+)
+from skulk.worker.engines.prompt_pieces import (
+    PromptCancelled,
+    PromptOverContext,
+    Segment,
+    prompt_pieces,
+    render_segments,
+    special_token_pattern,
+    tokenize_pieces,
 )
 
 log = logging.getLogger(__name__)
@@ -166,6 +176,19 @@ def normalise(vector: np.ndarray, dimensions: int | None = None) -> list[float]:
     return (vector / norm if norm > 0 else vector).tolist()
 
 
+def control_tokens(llama_cpp: Any, vocab: Any) -> dict[str, int]:
+    """Text -> id of the vocabulary's control tokens: the ones llama.cpp parses only when
+    asked to parse special tokens ('<|eot_id|>', '<|start_header_id|>'). Only a chat
+    template's own text is searched for them (see `prompt_pieces`)."""
+    found: dict[str, int] = {}
+    for token in range(llama_cpp.llama_vocab_n_tokens(vocab)):
+        if llama_cpp.llama_vocab_get_attr(vocab, token) & llama_cpp.LLAMA_TOKEN_ATTR_CONTROL:
+            text = (llama_cpp.llama_vocab_get_text(vocab, token) or b"").decode("utf-8", errors="replace")
+            if text:
+                found.setdefault(text, token)
+    return found
+
+
 def flash_attn_enabled(card_pin: bool | None, env: dict[str, str] | os._Environ[str]) -> bool:
     """The card's explicit pin wins; otherwise the node setting; otherwise on."""
     if card_pin is not None:
@@ -197,6 +220,8 @@ class LlamaCppEngine:
         self._llama: Any = None
         self._vocab: Any = None
         self._formatter: Any = None
+        self._special_ids: dict[str, int] = {}
+        self._special_pattern: re.Pattern[str] | None = None
         self._n_ctx = 0
         self._busy = threading.Lock()
         self._in_flight = 0
@@ -256,6 +281,8 @@ class LlamaCppEngine:
         # promise every rank keeps, so the engine enforces the smaller of the two.
         self._n_ctx = min(llama.n_ctx(), n_ctx)
         self._formatter = self._chat_formatter(llama)
+        self._special_ids = control_tokens(llama_cpp, self._vocab)
+        self._special_pattern = special_token_pattern(self._special_ids)
         self._spec = spec
         log.info(
             "loaded %s: n_ctx=%d threads=%d flash_attn=%s", spec.model_path, self._n_ctx, threads, options["flash_attn"]
@@ -313,25 +340,62 @@ class LlamaCppEngine:
 
     # -- prompt -------------------------------------------------------------------------
 
-    def prompt_tokens(self, request: TextGenerationParams) -> list[int]:
+    def prompt_tokens(self, request: TextGenerationParams, cancelled: threading.Event | None = None) -> list[int]:
         """The exact tokens the model sees for `request`: the raw prompt, or the messages
-        rendered with the GGUF's chat template. Special-token text ('<|eot_id|>') becomes
-        the special token, and BOS is added once, only if the model wants one and the text
-        did not already start with it (templates usually write it themselves)."""
-        return self._tokenize_prompt(self._prompt_text(request))
+        rendered with the GGUF's chat template. Special-token text the template wrote
+        ('<|eot_id|>') becomes the special token; the same text in caller content stays
+        text (see `prompt_pieces`). BOS is added once, only if the model wants one and the
+        prompt does not already start with it (templates usually write it themselves).
 
-    def _prompt_text(self, request: TextGenerationParams) -> str:
-        return request.prompt if request.prompt is not None else self.render_chat(request)
+        Cost is linear in the prompt's length; it stops early with `PromptTooLong` once the
+        context is reached and with `PromptCancelled` once `cancelled` is set."""
+        return self._prompt(request, cancelled)[1]
 
-    def _tokenize_prompt(self, text: str) -> list[int]:
+    def _prompt(self, request: TextGenerationParams, cancelled: threading.Event | None = None) -> tuple[str, list[int]]:
+        """The rendered prompt text and its tokens."""
         llama = self._require_loaded()
-        tokens = llama.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+        if request.prompt is not None:
+            text, segments = request.prompt, [Segment(request.prompt, True)]
+        else:
+            text, segments = self._chat_segments(request)
+        pieces = prompt_pieces(segments, self._special_pattern, self._special_ids)
         bos = llama.token_bos()
-        if self._adds_bos() and bos >= 0 and (not tokens or tokens[0] != bos):
+        add_bos = self._adds_bos() and bos >= 0 and not (pieces and pieces[0] == bos)
+        limit = self._n_ctx - int(add_bos)
+        try:
+            tokens = tokenize_pieces(pieces, self._encode_text, limit=limit, cancelled=cancelled)
+        except PromptOverContext as over:
+            raise PromptTooLong(over.tokens_so_far + int(add_bos), self._n_ctx) from None
+        if add_bos:
             tokens.insert(0, bos)
-        return tokens
+        return text, tokens
+
+    def _encode_text(self, text: str) -> list[int]:
+        """Tokens of plain text, special-token text included as text. Calls llama.cpp
+        directly with a buffer sized to the text (a text never has more tokens than bytes),
+        where llama-cpp-python's wrapper allocates a context-sized one per call."""
+        import llama_cpp
+
+        data = text.encode("utf-8")
+        capacity = len(data) + 1
+        buffer = (llama_cpp.llama_token * capacity)()
+        count = llama_cpp.llama_tokenize(self._vocab, data, len(data), buffer, capacity, False, False)
+        if count < 0:  # never expected; llama.cpp says how many it needs
+            capacity = -count
+            buffer = (llama_cpp.llama_token * capacity)()
+            count = llama_cpp.llama_tokenize(self._vocab, data, len(data), buffer, capacity, False, False)
+        return buffer[:count]
 
     def render_chat(self, request: TextGenerationParams) -> str:
+        """The messages as the GGUF's chat template writes them."""
+        messages, tools = self._chat_inputs(request)
+        return self._render(messages, tools)
+
+    def _chat_segments(self, request: TextGenerationParams) -> tuple[str, list[Segment]]:
+        messages, tools = self._chat_inputs(request)
+        return render_segments(self._render, messages, tools)
+
+    def _chat_inputs(self, request: TextGenerationParams) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
         if self._formatter is None:
             raise ChatTemplateMissing(
                 "this GGUF has no tokenizer.chat_template; send a raw `prompt` instead of `messages`"
@@ -340,8 +404,10 @@ class LlamaCppEngine:
             {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
             for t in request.tools
         ] or None
-        response = self._formatter(messages=[chat_message_dict(m) for m in request.messages], tools=tools)
-        return response.prompt
+        return [chat_message_dict(m) for m in request.messages], tools
+
+    def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+        return self._formatter(messages=messages, tools=tools).prompt
 
     # -- internals ----------------------------------------------------------------------
 
@@ -481,6 +547,31 @@ class LlamaCppEngine:
         llama_cpp.llama_sampler_free(probe)
         return grammar
 
+    @staticmethod
+    def _prefill(llama: Any, prompt: list[int], cancelled: threading.Event) -> bool:
+        """Evaluate all but the last prompt token, one batch at a time, checking `cancelled`
+        between batches; False when it was set. `generate` then finds this prefix in the KV
+        cache and evaluates only the last token, so a long prompt's evaluation (minutes on a
+        CPU) stops within one batch of the client going away instead of running to the end.
+        The longest prefix already cached is kept, as `generate` itself would."""
+        head = prompt[:-1]
+        cached = 0
+        for seen, wanted in zip(llama._input_ids, head):
+            if seen != wanted:
+                break
+            cached += 1
+        if cached < llama.n_tokens:
+            if cached > 0 and llama._ctx.kv_cache_seq_rm(-1, cached, -1):
+                llama.n_tokens = cached
+            else:
+                cached = 0
+                llama.reset()
+        for start in range(cached, len(head), llama.n_batch):
+            if cancelled.is_set():
+                return False
+            llama.eval(head[start : start + llama.n_batch])
+        return not cancelled.is_set()
+
     def _is_end_of_generation(self, token: int) -> bool:
         import llama_cpp
 
@@ -494,8 +585,10 @@ class LlamaCppEngine:
     def _generate(
         self, llama: Any, request: TextGenerationParams, cancelled: threading.Event
     ) -> Iterator[GeneratedToken]:
-        text = self._prompt_text(request)
-        prompt = self._tokenize_prompt(text)
+        try:
+            text, prompt = self._prompt(request, cancelled)
+        except PromptCancelled:
+            return  # the caller went away while the prompt was tokenized: nothing to say
         n_prompt = len(prompt)
         n_ctx = min(self._n_ctx, request.context_tokens or self._n_ctx)
         if n_prompt >= n_ctx:
@@ -510,6 +603,8 @@ class LlamaCppEngine:
         stops = StopStringFilter(request.stop)
         completion = 0
         grammar = self._grammar(llama, request)
+        if not self._prefill(llama, prompt, cancelled):
+            return  # cancelled while the prompt was evaluated: nothing to say
 
         generator = llama.generate(
             prompt,

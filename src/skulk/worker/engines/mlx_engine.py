@@ -88,7 +88,8 @@ from skulk.worker.engines.mlx_pipeline import (
 )
 from skulk.worker.engines.mlx_sampling import Sampler, SamplingParams, resolve_sampling
 from skulk.worker.engines.mlx_tensor import shard_layers
-from skulk.worker.engines.mlx_text import prompt_tokens, token_bytes_table
+from skulk.worker.engines.mlx_text import prompt_tokens, special_tokens, token_bytes_table
+from skulk.worker.engines.prompt_pieces import PromptCancelled, PromptOverContext
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +124,7 @@ class MlxEngine:
         self._stage: Stage | None = None
         self._tokenizer: Any = None
         self._token_bytes: list[bytes] = []
+        self._specials: dict[str, int] = {}
         self._eos: frozenset[int] = frozenset()
         self._group: Any = None
         self._watchdog: EvalWatchdog | None = None
@@ -215,6 +217,7 @@ class MlxEngine:
         if role.rank == 0:  # followers never see text
             self._tokenizer = load_tokenizer(path)
             self._token_bytes = token_bytes_table(self._tokenizer)
+            self._specials = special_tokens(self._tokenizer)
             self._eos = frozenset(int(t) for t in (self._tokenizer.eos_token_ids or ()))
         log.info(
             "loaded %s rank %d/%d layers [%d, %d) %s n_ctx=%d",
@@ -270,13 +273,22 @@ class MlxEngine:
 
     # -- the leader (rank 0) --------------------------------------------------------------
 
-    def prompt_tokens(self, request: TextGenerationParams) -> list[int]:
+    def prompt_tokens(self, request: TextGenerationParams, cancelled: threading.Event | None = None) -> list[int]:
+        """The prompt's ids (linear in its length; caller text never becomes a special
+        token). `PromptTooLong` as soon as the context is reached, `PromptCancelled` once
+        `cancelled` is set."""
         self._require_loaded()
-        return prompt_tokens(self._tokenizer, request)
+        try:
+            return prompt_tokens(self._tokenizer, request, specials=self._specials, limit=self._n_ctx,
+                                 cancelled=cancelled)
+        except PromptOverContext as over:
+            raise PromptTooLong(over.tokens_so_far, self._n_ctx) from None
 
-    def _prepare(self, request: TextGenerationParams) -> tuple[list[int], int, SamplingParams]:
+    def _prepare(
+        self, request: TextGenerationParams, cancelled: threading.Event | None = None
+    ) -> tuple[list[int], int, SamplingParams]:
         """Prompt ids, the most tokens this request may generate, and its sampling."""
-        prompt = self.prompt_tokens(request)
+        prompt = self.prompt_tokens(request, cancelled)
         n_ctx = min(self._n_ctx, request.context_tokens or self._n_ctx)
         if len(prompt) >= n_ctx:
             raise PromptTooLong(len(prompt), n_ctx)
@@ -286,7 +298,10 @@ class MlxEngine:
         return prompt, max_new, params
 
     def _lead(self, request: TextGenerationParams, cancelled: threading.Event) -> Iterator[GeneratedToken]:
-        prompt, max_new, params = self._prepare(request)
+        try:
+            prompt, max_new, params = self._prepare(request, cancelled)
+        except PromptCancelled:
+            return  # the caller went away while the prompt was tokenized
         self._command(Header(OP_BEGIN, seed=params.seed, temperature=params.temperature,
                              top_p=params.top_p, top_k=params.top_k))
         state = {"last": None}
@@ -307,7 +322,10 @@ class MlxEngine:
                 self._command(Header(OP_END))
 
     def _batched(self, request: TextGenerationParams, cancelled: threading.Event) -> Iterator[GeneratedToken]:
-        prompt, max_new, params = self._prepare(request)
+        try:
+            prompt, max_new, params = self._prepare(request, cancelled)
+        except PromptCancelled:
+            return  # the caller went away while the prompt was tokenized
         assert self._batch is not None
         sequence = self._batch.submit(BatchSequence(prompt, max_new, Sampler(params)))
         stall_s = seconds_from_env(os.environ, EVAL_TIMEOUT_ENV, EVAL_TIMEOUT_S)

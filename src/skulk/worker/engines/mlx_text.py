@@ -9,15 +9,25 @@ Special tokens map to no bytes: they are control, not text (as llama.cpp detoken
 
 `prompt_tokens` renders chat messages with the tokenizer's own chat template, or takes a raw
 prompt, and adds BOS once, only if the tokenizer wants it and the text did not start with it.
+Special-token text is parsed only where the template wrote it (see `prompt_pieces`).
 """
 
 from __future__ import annotations
 
 import re
+import sys
+import threading
 from typing import Any
 
 from skulk.shared.types.tasks import TextGenerationParams
 from skulk.worker.engines.base import ChatTemplateMissing, chat_message_dict
+from skulk.worker.engines.prompt_pieces import (
+    Segment,
+    prompt_pieces,
+    render_segments,
+    special_token_pattern,
+    tokenize_pieces,
+)
 
 _SPM_BYTE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
@@ -72,10 +82,32 @@ def token_bytes_table(tokenizer: Any) -> list[bytes]:
     return table
 
 
-def prompt_tokens(tokenizer: Any, request: TextGenerationParams) -> list[int]:
-    """The exact ids the model sees for `request`."""
+def special_tokens(tokenizer: Any) -> dict[str, int]:
+    """Text -> id of the tokenizer's special added tokens ('<|eot_id|>'): the ones only a
+    chat template's own text may produce (see `prompt_pieces`)."""
+    hf = getattr(tokenizer, "_tokenizer", tokenizer)
+    return {
+        token.content: token_id
+        for token_id, token in getattr(hf, "added_tokens_decoder", {}).items()
+        if getattr(token, "special", False) and token.content
+    }
+
+
+def prompt_tokens(
+    tokenizer: Any,
+    request: TextGenerationParams,
+    *,
+    specials: dict[str, int] | None = None,
+    limit: int | None = None,
+    cancelled: threading.Event | None = None,
+) -> list[int]:
+    """The exact ids the model sees for `request`. Special-token text is parsed only where
+    the chat template (or a raw prompt's author) wrote it; caller content is encoded with
+    special-token splitting, so '<|eot_id|>' there is text. With `limit`, stops with
+    `PromptOverContext` once that many tokens are reached; with `cancelled`, stops with
+    `PromptCancelled` once it is set."""
     if request.prompt is not None:
-        text = request.prompt
+        segments = [Segment(request.prompt, True)]
     else:
         if not getattr(tokenizer, "chat_template", None):
             raise ChatTemplateMissing("this model has no chat template; send a raw `prompt` instead of `messages`")
@@ -83,15 +115,25 @@ def prompt_tokens(tokenizer: Any, request: TextGenerationParams) -> list[int]:
             {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
             for t in request.tools
         ] or None
-        text = tokenizer.apply_chat_template(
-            [chat_message_dict(m) for m in request.messages], tools=tools, add_generation_prompt=True, tokenize=False
-        )
-    tokens = list(tokenizer.encode(text, add_special_tokens=False))
+
+        def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+            return tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+
+        _, segments = render_segments(render, [chat_message_dict(m) for m in request.messages], tools)
+    specials = special_tokens(tokenizer) if specials is None else specials
+    pieces = prompt_pieces(segments, special_token_pattern(specials), specials)
     bos = getattr(tokenizer, "bos_token_id", None)
     wants_bos = bos is not None and bos in tokenizer.encode("", add_special_tokens=True)
-    if wants_bos and (not tokens or tokens[0] != bos):
+    add_bos = wants_bos and not (pieces and pieces[0] == bos)
+
+    def encode(text: str) -> list[int]:
+        return list(tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+
+    bound = (limit - int(add_bos)) if limit is not None else sys.maxsize
+    tokens = tokenize_pieces(pieces, encode, limit=bound, cancelled=cancelled)
+    if add_bos:
         tokens.insert(0, bos)
     return tokens
 
 
-__all__ = ["byte_level_alphabet", "prompt_tokens", "token_bytes_table"]
+__all__ = ["byte_level_alphabet", "prompt_tokens", "special_tokens", "token_bytes_table"]

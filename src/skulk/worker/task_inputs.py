@@ -1,0 +1,64 @@
+"""The serving side of keeping request text out of State: the full params of the commands
+this node runs, as they arrive over the data plane (or in-process when the API is local).
+
+A task is dispatched to its runner only once its input is here (`worker.plan`); the input is
+forgotten when the task ends, and any input left waiting (its task never came, or the worker
+missed its end) expires after `INPUT_TTL_S`. Bounded: past `MAX_INPUTS` the oldest goes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+
+from skulk.shared.types.task_inputs import TaskInput
+
+logger = logging.getLogger(__name__)
+
+MAX_INPUTS = 1024
+"""Inputs one node holds for tasks it runs or is about to run (several API nodes send)."""
+
+INPUT_TTL_S = 30 * 60.0
+"""An input is kept at most this long (the API stream's idle lease): a task that long in
+flight has long been dispatched or failed."""
+
+
+class TaskInputStore:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._inputs: OrderedDict[str, tuple[TaskInput, float]] = OrderedDict()
+        self.received = 0
+        self.evicted = 0
+
+    def accept(self, item: TaskInput) -> None:
+        self.received += 1
+        if item.command_id not in self._inputs and len(self._inputs) >= MAX_INPUTS:
+            command_id, _ = self._inputs.popitem(last=False)
+            self.evicted += 1
+            logger.warning("task input of command %s evicted: %d inputs held", command_id, MAX_INPUTS)
+        self._inputs[item.command_id] = (item, self._clock())
+
+    def ready(self) -> frozenset[str]:
+        return frozenset(self._inputs)
+
+    def get(self, command_id: str) -> TaskInput | None:
+        entry = self._inputs.get(command_id)
+        return entry[0] if entry else None
+
+    def forget(self, command_id: str) -> None:
+        self._inputs.pop(command_id, None)
+
+    def expire(self) -> None:
+        deadline = self._clock() - INPUT_TTL_S
+        for command_id, (_, received_at) in list(self._inputs.items()):
+            if received_at < deadline:
+                del self._inputs[command_id]
+                self.evicted += 1
+
+    def stats(self) -> dict[str, int]:
+        return {"held": len(self._inputs), "capacity": MAX_INPUTS, "received": self.received, "evicted": self.evicted}
+
+
+__all__ = ["INPUT_TTL_S", "MAX_INPUTS", "TaskInputStore"]
