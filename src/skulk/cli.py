@@ -79,6 +79,7 @@ def resolve_settings(
         open_to_lan=config.api.open_to_lan,
         allowed_hosts=tuple(config.api.allowed_hosts),
         local_model_dirs=tuple(Path(d).expanduser() for d in config.models.local_dirs),
+        cors_origins=tuple(config.api.cors_origins),
         api_enabled=not flags.no_api,
         api_max_body_bytes=config.api.max_body_bytes,
         worker_enabled=not flags.no_worker,

@@ -123,6 +123,8 @@ class NodeSettings:
     allowed_hosts: tuple[str, ...] = ()
     local_model_dirs: tuple[Path, ...] = ()
     """Directories `/models/add` may register local models from, besides the models dir."""
+    cors_origins: tuple[str, ...] = ()
+    """Browser origins allowed beside this machine's own (skulk.api.cors)."""
     api_enabled: bool = True
     api_max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     """Request bodies above this get 413 before they are parsed (`api.max_body_bytes`)."""
@@ -626,6 +628,7 @@ class Node:
             get_resources=lambda: node_resources(self.telemetry.view, self.replica.state),
             access=self._access,
             local_model_dirs=(self.settings.paths.models_dir, *self.settings.local_model_dirs),
+            cors_origins=self.settings.cors_origins,
             get_store=self._current_store,
             limits=RequestLimits(max_body_bytes=self.settings.api_max_body_bytes),
             traces=self.traces,

@@ -22,13 +22,18 @@ USAGE = Usage(prompt_tokens=7, completion_tokens=3, total_tokens=10)
 
 class ScriptedCluster:
     def __init__(self, streams: CommandStreams, texts=(), *, finish="stop", logprobs=False,
-                 vectors=None, fail: tuple[str, str] | None = None) -> None:
+                 vectors=None, fail: tuple[str, str] | None = None, fail_after_output: bool = False,
+                 stop_sequence: str | None = None) -> None:
         self.streams = streams
         self.texts = list(texts)
         self.finish = finish
         self.logprobs = logprobs
         self.vectors = vectors or []
         self.fail = fail
+        self.fail_after_output = fail_after_output
+        """With `fail`: send the texts first, then fail (a runner that broke mid-stream)."""
+        self.stop_sequence = stop_sequence
+        """Reported on the last chunk, as an engine reports the stop string that matched."""
         self.commands: list = []
         self.inputs: dict = {}
         """Each request's full params, as the serving node receives them."""
@@ -42,6 +47,10 @@ class ScriptedCluster:
         self.commands.append(command)
         if isinstance(command, (GenerateText, Embed)):
             self._tasks.append(asyncio.create_task(self._run(command)))
+
+    def all_params(self, kind=GenerateText) -> list:
+        """The full params of every command of `kind`, in submission order."""
+        return [self.inputs[c.command_id].params for c in self.commands if isinstance(c, kind)]
 
     def params(self, kind=GenerateText):
         """The full params of the first command of `kind` (what its runner receives)."""
@@ -62,14 +71,16 @@ class ScriptedCluster:
             TokenChunk(command_id=cid, text=text, token_id=i,
                        logprob=-0.25 if self.logprobs else None,
                        top_logprobs=[{"token": text, "logprob": -0.25, "token_id": i}] if self.logprobs else None,
-                       finish_reason=self.finish if i == last else None, usage=USAGE if i == last else None)
+                       finish_reason=self.finish if i == last else None, usage=USAGE if i == last else None,
+                       stop_sequence=self.stop_sequence if i == last else None,
+                       prompt_tokens=USAGE.prompt_tokens if i == 0 else None)
             for i, text in enumerate(self.texts)
         ]
 
     async def _run(self, command) -> None:
         cid = command.command_id
         self.streams.deliver(StreamStarted(command_id=cid, runner_id="r1"))
-        chunks = [] if self.fail else self._chunks(command)
+        chunks = [] if self.fail and not self.fail_after_output else self._chunks(command)
         for seq, chunk in enumerate(chunks, start=1):
             await asyncio.sleep(0)
             self.streams.deliver(StreamPayload(command_id=cid, seq=seq, chunk=chunk))
@@ -81,10 +92,10 @@ class ScriptedCluster:
             self.streams.deliver(StreamTerminal(command_id=cid, seq=end, outcome="completed"))
 
 
-def scripted_app(texts=(), *, context_fields=None, **kwargs):
+def scripted_app(texts=(), *, context_fields=None, state=STATE, **kwargs):
     streams = CommandStreams()
     cluster = ScriptedCluster(streams, texts, **kwargs)
-    context = ApiContext(node_id="n1", node_name="one", get_state=lambda: STATE, get_master=lambda: ("n1", "s1"),
+    context = ApiContext(node_id="n1", node_name="one", get_state=lambda: state, get_master=lambda: ("n1", "s1"),
                          submit_command=cluster.submit, hold_input=cluster.hold_input, streams=streams, **(context_fields or {}))
     return create_app(context), cluster
 

@@ -70,9 +70,10 @@ async def test_completion_streaming():
 
 @pytest.mark.parametrize(
     ("fields", "param"),
-    [({"prompt": ["a", "b"]}, "prompt"), ({"prompt": None}, "prompt"), ({"n": 2}, "n"), ({"temperature": 5}, "temperature"),
-     ({"max_tokens": 0}, "max_tokens"), ({"max_tokens": 4096}, "max_tokens"), ({"echo": True}, "echo"),
-     ({"prompt": 5}, "prompt")],
+    [({"prompt": ["a", "b"], "stream": True}, "prompt"), ({"prompt": []}, "prompt"), ({"prompt": ["a"] * 5, "n": 2}, "prompt"),
+     ({"prompt": None}, "prompt"), ({"n": 9}, "n"), ({"n": 2, "stream": True}, "n"), ({"temperature": 5}, "temperature"),
+     ({"max_tokens": 0}, "max_tokens"), ({"max_tokens": 4096}, "max_tokens"), ({"echo": True, "logprobs": 1}, "echo"),
+     ({"suffix": "end"}, "suffix"), ({"prompt": 5}, "prompt")],
 )
 async def test_completion_bad_parameters_are_400s(fields, param):
     app, cluster = make()
@@ -167,9 +168,10 @@ async def test_response_stream_failure_ends_with_response_failed():
     ("fields", "param"),
     [({"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
      ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0].type"),
-     ({"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}, "input[0].type"),
-     ({"input": []}, "input"), ({"max_output_tokens": 4096}, "max_output_tokens"),
-     ({"previous_response_id": "resp_x"}, "previous_response_id"), ({"top_p": 2}, "top_p")],
+     ({"input": [{"type": "web_search_call", "id": "c"}]}, "input[0].type"),
+     ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id"),
+     ({"tools": [{"type": "web_search"}]}, "tools[0].type"), ({"tool_choice": "sometimes"}, "tool_choice"),
+     ({"input": []}, "input"), ({"max_output_tokens": 4096}, "max_output_tokens"), ({"top_p": 2}, "top_p")],
 )
 async def test_response_bad_parameters_are_400s(fields, param):
     app, cluster = make()
@@ -215,7 +217,7 @@ async def test_official_sdk_completions_and_responses():
         assert final.output_text == "Hello"
 
         with pytest.raises(openai.BadRequestError):
-            await sdk.completions.create(model=MODEL, prompt="x", n=2)
+            await sdk.completions.create(model=MODEL, prompt="x", n=9)
         with pytest.raises(openai.NotFoundError):
             await sdk.responses.create(model="acme/none", input="hi")
     finally:

@@ -23,7 +23,7 @@ MODEL = "local/tiny-llama"
 INSTANCE = Instance(
     instance_id="i1", model_id=MODEL, sharding="Pipeline",
     shards=[ShardAssignment(node_id="n1", runner_id="r1", rank=0, world_size=1, start_layer=0, end_layer=6,
-                            backend="mlx-cpu")],
+                            backend="llama_cpp-cpu")],
     context_token_limit=2048,
 )
 STATE = State(instances={"i1": INSTANCE}, runners={"r1": RunnerStatus(state="Ready")})
@@ -189,7 +189,7 @@ async def test_malformed_bodies_are_openai_400s(content, headers):
 
 @pytest.mark.parametrize(
     ("fields", "param"),
-    [({"temperature": 3}, "temperature"), ({"n": 2}, "n"), ({"messages": []}, "messages"),
+    [({"temperature": 3}, "temperature"), ({"n": 9}, "n"), ({"messages": []}, "messages"),
      ({"messages": [{"role": "user", "content": 7}]}, "messages[0].content"), ({"model": None}, "model"),
      ({"max_tokens": 4096}, "max_tokens"), ({"max_completion_tokens": 4096}, "max_completion_tokens")],
 )
@@ -433,7 +433,7 @@ async def test_official_openai_sdk():
             await sdk.chat.completions.create(model="acme/unplaced", messages=[{"role": "user", "content": "hi"}])
         assert "POST /place_instance" in not_found.value.message
         with pytest.raises(openai.BadRequestError) as bad:
-            await sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], n=3)
+            await sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], n=9)
         assert bad.value.body["param"] == "n"
     finally:
         await sdk.close()

@@ -24,12 +24,13 @@ more finds nothing new and costs seconds per route."""
 # the way through generation (or embedding) and serialisation instead of stopping at 404.
 APP, _CLUSTER = scripted_app(["<think>a</think>", "Hel", "lo"], vectors=lambda n: [[0.6, 0.8]] * n,
                              context_fields={"find_instance": lambda _model_id: INSTANCE})
-OUTSIDE_THE_PROCESS = r"^/(models/(search|add)|store(/|$)|v1/events$)"
+OUTSIDE_THE_PROCESS = r"^/(models/(search|add)|store(/|$)|ollama/api/(pull|delete)$|v1/events$)"
 """Routes this in-process fuzz leaves out, because what they answer depends on the world
 outside the app: the Hugging Face hub (model search and add: no network here, and retries
-with backoff), and the node's model store (without one they answer 503 by design). Their
-validation is tested where their context is built. `/v1/events` takes no input and never
-ends (a server-sent event stream): tests/api/test_events_route.py reads it."""
+with backoff), and the node's model store (without one they answer 503 by design; Ollama's
+pull and delete go through it too). Their validation is tested where their context is built.
+`/v1/events` takes no input and never ends (a server-sent event stream):
+tests/api/test_events_route.py reads it."""
 
 schema = schemathesis.openapi.from_asgi("/openapi.json", APP).exclude(path_regex=OUTSIDE_THE_PROCESS)
 

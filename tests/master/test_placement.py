@@ -10,6 +10,7 @@ from skulk.master.placement import (
     PlacementError,
     PlacementInfoPending,
     PlacementRequest,
+    FamilyUnsupported,
     ShardingUnsupported,
     TopologyGap,
     allocate_layers,
@@ -33,7 +34,8 @@ from skulk.store.cards import builtin_cards_dir, resolve_cards
 CARDS = resolve_cards(builtin_cards_dir(), None).cards
 LLAMA_1B = CARDS["mlx-community/Llama-3.2-1B-Instruct-4bit"]  # 16 layers, ~1.60 GB footprint whole
 LLAMA_8B = CARDS["mlx-community/Meta-Llama-3.1-8B-Instruct-4bit"]  # 32 layers
-GEMMA3 = CARDS["mlx-community/gemma-3-4b-it-4bit"]  # supports_tensor = false
+GEMMA3 = CARDS["mlx-community/gemma-3-4b-it-4bit"]  # supports_tensor = false; a family MLX cannot load yet
+NO_TENSOR = LLAMA_1B.model_copy(update={"placement": LLAMA_1B.placement.model_copy(update={"supports_tensor": False})})
 TINY = CARDS["local/tiny-llama"]  # 4 heads, 2 KV heads
 GGUF_8B = CARDS["bartowski/Meta-Llama-3.1-8B-Instruct-GGUF"]
 GB = 10**9
@@ -327,10 +329,10 @@ def _fails(card, state, resources, req):
         ),
         (
             "tensor on a card that does not support it",
-            GEMMA3,
+            NO_TENSOR,
             cluster("a"),
             {"a": res("a", 64 * GB)},
-            request(GEMMA3, sharding="Tensor"),
+            request(NO_TENSOR, sharding="Tensor"),
             ShardingUnsupported,
             400,
         ),
@@ -359,6 +361,15 @@ def _fails(card, state, resources, req):
             {n: res(n, 64 * GB, LLAMA_CPU) for n in "ab"},
             request(GGUF_8B, min_nodes=2),
             ShardingUnsupported,
+            400,
+        ),
+        (
+            "a family none of the card's engines can load (never a failure at load)",
+            GEMMA3,
+            cluster("ab", ["a-b"]),
+            {n: res(n, 64 * GB) for n in "ab"},
+            request(GEMMA3),
+            FamilyUnsupported,
             400,
         ),
         (
@@ -462,7 +473,7 @@ def test_preview_lists_feasible_placements_best_first():
 
 @pytest.mark.parametrize(("sharding", "expected"), [("Pipeline", {"Pipeline"}), ("Tensor", set())])
 def test_preview_filters_by_sharding(sharding, expected):
-    options = preview(GEMMA3, cluster("a"), {"a": res("a", 64 * GB)}, sharding=sharding)
+    options = preview(NO_TENSOR, cluster("a"), {"a": res("a", 64 * GB)}, sharding=sharding)
     assert {o.sharding for o in options} == expected
 
 
@@ -481,3 +492,21 @@ def test_same_inputs_same_instance():
     second = place(LLAMA_1B, state, backward, request(LLAMA_1B, min_nodes=2), new_id=ids())
     assert first == second
     assert first.instance_id == "id0" and first.runner_ids() == ["id1", "id2"]
+
+
+def test_a_family_the_engine_loads_but_cannot_shard_stays_on_one_node(monkeypatch):
+    """The traits table can say an engine loads a family it has no sharding layout for:
+    then two nodes are refused (typed) and one node is used."""
+    from dataclasses import replace
+    from types import MappingProxyType
+
+    import skulk.shared.types.engines as engines
+
+    table = dict(engines.ENGINE_TRAITS)
+    table["mlx"] = replace(table["mlx"], sharded_families=frozenset({"mistral"}))
+    monkeypatch.setattr(engines, "ENGINE_TRAITS", MappingProxyType(table))
+    two = _fails(TINY, cluster("ab", ["a-b"]), {n: res(n, 4 * GB) for n in "ab"}, request(TINY, min_nodes=2))
+    assert isinstance(two, ShardingUnsupported) and "'llama' family" in two.message
+    big = LLAMA_1B  # ~1.6 GB whole: two 1.2 GB nodes could hold it split, but llama may not be split now
+    short = _fails(big, cluster("ab", ["a-b"]), {n: res(n, int(1.2 * GB)) for n in "ab"}, request(big))
+    assert isinstance(short, MemoryShortfall)

@@ -61,3 +61,17 @@ def test_bad_config_names_the_file_and_key(text, fragment):
     message = str(info.value)
     assert str(P) in message
     assert fragment in message
+
+
+@pytest.mark.parametrize(("text", "env", "expected"), [
+    ("", {}, []),
+    ("api:\n  cors_origins: [http://ui.lan:3000]\n", {}, ["http://ui.lan:3000"]),
+    ("api:\n  cors_origins: [http://ui.lan:3000]\n", {"SKULK_CORS_ORIGINS": "http://a.lan/, https://b.lan"},
+     ["http://a.lan", "https://b.lan"]),
+    ("", {"SKULK_CORS_ORIGINS": "  "}, []),
+    ("", {"SKULK_CORS_ORIGINS": "*"}, ["*"]),
+])
+def test_cors_origins_from_file_and_environment(text, env, expected):
+    from skulk.store.config import with_env_overrides
+
+    assert with_env_overrides(parse_config(text, P), env).api.cors_origins == expected

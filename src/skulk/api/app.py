@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 
 from skulk import __version__
 from skulk.api.access import AccessPolicy
@@ -23,8 +24,12 @@ from skulk.api.request_metrics import RequestMetricsMiddleware
 from skulk.api.routes import control, dashboard, diagnostics, events, instances, model_cards, traces
 from skulk.api.routes import anthropic as anthropic_routes
 from skulk.api.routes import ollama as ollama_routes
+from skulk.api.routes import ollama_models
 from skulk.api.routes import openai as openai_routes
 from skulk.api.routes import store as store_routes
+from skulk.api.cors import install_cors
+from skulk.api.json_body import OllamaJsonBodies
+from skulk.api.openapi_errors import drop_validation_422
 from skulk.api.state_feed import StateFeed
 from skulk.api.streams import CommandStreams
 from skulk.observe.metrics import NodeCollector, ServingMetrics, new_registry
@@ -77,6 +82,8 @@ class ApiContext:
     """When set, every route but the dashboard's static assets requires this key (Bearer,
     or `x-api-key` on /v1/messages); None or empty leaves the API open. The node passes
     `SKULK_API_KEY` (`skulk.api.auth.API_KEY_ENV`) or its configured key."""
+    cors_origins: tuple[str, ...] = ()
+    """Browser origins allowed beside this machine's own (`skulk.api.cors`)."""
     local_model_dirs: tuple[Path, ...] = ()
     """Directories `POST /models/add` may register local models from (the node passes its
     models dir and `models.local_dirs`); none: local paths are refused."""
@@ -126,11 +133,16 @@ def find_placed_instance(state: State, model_id: str) -> Instance | None:
 
 
 def create_app(context: ApiContext) -> FastAPI:
-    app = FastAPI(title="Skulk", version=__version__)
+    # /docs serves Swagger UI from fastapi-offline's packaged assets: no CDN, works offline.
+    app = FastAPIOffline(title="Skulk", version=__version__)
+    documented = app.openapi
+    app.openapi = lambda: drop_validation_422(documented())  # type: ignore[method-assign]
     app.state.skulk = context
     install_error_handlers(app)
-    # Middleware added later wraps what was added before: the access policy (outermost) runs
-    # first, so the bodies of refused requests are never read.
+    # Middleware added later wraps what was added before: the access policy (outermost but
+    # for CORS, added last so a preflight needs no key) runs first, so the bodies of refused
+    # requests are never read.
+    app.add_middleware(OllamaJsonBodies)
     app.add_middleware(BodyGuard, max_body_bytes=context.limits.max_body_bytes)
     policy = context.access or (AccessPolicy(api_key=context.api_key, require_key_on_loopback=True)
                                 if context.api_key else None)
@@ -149,6 +161,8 @@ def create_app(context: ApiContext) -> FastAPI:
     app.include_router(traces.router)
     app.include_router(events.router)
     dashboard.mount(app)
+    app.include_router(ollama_models.router)
+    install_cors(app, context.cors_origins)  # last: the outermost middleware (see skulk.api.cors)
     return app
 
 

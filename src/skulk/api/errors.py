@@ -58,6 +58,21 @@ class InvalidRequest(ApiError):
     kind = "invalid_request"
 
 
+class FeatureUnsupported(InvalidRequest):
+    """The request asks for a feature the engine serving its model does not honour (see
+    `skulk.shared.types.engines`): refused rather than silently ignored."""
+
+    default_code = "unsupported_feature"
+
+    def __init__(self, feature: str, engine: str, model_id: str, *, param: str | None = None) -> None:
+        super().__init__(
+            f"{model_id} is served by the {engine} engine, which does not support {feature}"
+            f"{f' (requested by {param!r})' if param else ''}.",
+            param=param,
+        )
+        self.feature, self.engine = feature, engine
+
+
 class NotFound(ApiError):
     kind = "not_found"
 
@@ -154,6 +169,13 @@ STREAM_ERROR_KINDS: dict[str, ErrorKind] = {
 engine crash, an out-of-memory) are `internal` unless listed here."""
 
 
+STREAM_ERROR_CODES: dict[str, str] = {
+    "ContextLengthExceeded": "context_length_exceeded",
+}
+"""Runner error types whose error `code` a client matches on, as OpenAI spells it (LiteLLM
+maps `context_length_exceeded` to its ContextWindowExceededError); others keep their type."""
+
+
 class StreamFailed(ApiError):
     """A command's output stream ended without completing: the runner reported a failure or a
     cancellation, or this API ended it (see `StreamOrigin`). `code` is the error type."""
@@ -166,7 +188,7 @@ class StreamFailed(ApiError):
         outcome: Literal["failed", "cancelled"] = "failed",
         origin: StreamOrigin = "runner",
     ) -> None:
-        super().__init__(message, code=error_type)
+        super().__init__(message, code=STREAM_ERROR_CODES.get(error_type, error_type))
         self.error_type = error_type
         self.outcome = outcome
         self.origin = origin
@@ -432,6 +454,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 __all__ = [
+    "FeatureUnsupported",
     "ANTHROPIC_STATUS",
     "NATIVE_V1_PREFIXES",
     "OPENAI_STATUS",

@@ -14,14 +14,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import aclosing
 from typing import Any, Protocol
 
 from fastapi import Request
 
 from skulk.api.auth import current_principal
-from skulk.api.errors import ClusterNotReady, InvalidRequest, ModelNotFound, ModelNotServing, StreamFailed
+from skulk.api.errors import (
+    ClusterNotReady,
+    FeatureUnsupported,
+    InvalidRequest,
+    ModelNotFound,
+    ModelNotServing,
+    StreamFailed,
+)
 from skulk.api.limits import context_error, embedding_limits_error, generation_limits_error
 from skulk.api.output import OutputShaper
 from skulk.api.streams import CommandStream
@@ -31,7 +38,9 @@ from skulk.observe.traces import RequestTrace
 from skulk.shared.serving import model_serving
 from skulk.shared.types.chunks import EmbeddingChunk, TokenChunk
 from skulk.shared.types.commands import CancelCommand, Command, Embed, GenerateText, TaskFinished
+from skulk.shared.types.cards import backend_engine
 from skulk.shared.types.common import Usage
+from skulk.shared.types.engines import Feature, missing_features, traits_of
 from skulk.shared.types.ids import new_id
 from skulk.shared.types.instances import Instance
 from skulk.shared.types.task_inputs import TaskInput, redacted_embedding_params, redacted_generation_params
@@ -141,14 +150,46 @@ async def drive(
             yield shaped
 
 
+async def open_output(
+    request: Request, context: Any, stream: CommandStream, params: TextGenerationParams | None = None
+) -> AsyncIterator[TokenChunk]:
+    """`drive(...)` with its first chunk already awaited, for a streamed response: a failure
+    before any output (a prompt longer than the context, a runner that refused the request,
+    a lost instance) raises here as the typed error, so the route answers it with an HTTP
+    error status in the caller's shape before the response starts, never a 200 followed by
+    an error event. The returned iterator yields that first chunk, then the rest."""
+    output = drive(request, context, stream, params)
+    try:
+        first: TokenChunk | None = await anext(output)
+    except StopAsyncIteration:
+        first = None
+    except BaseException:
+        await output.aclose()
+        raise
+
+    async def replay() -> AsyncIterator[TokenChunk]:
+        async with aclosing(output):
+            if first is None:
+                return
+            yield first
+            async for chunk in output:
+                yield chunk
+
+    return replay()
+
+
 async def start_embedding(context: Any, params: EmbeddingParams) -> CommandStream:
     """Check the model is placed (404) and there is a master (503), open the command's
     stream and submit `Embed`. The caller then reads it with `collect_embedding`."""
     check_wire_ints(params)
     if (too_much := embedding_limits_error(params)) is not None:
         raise too_much
-    if context.find_instance(params.model_id) is None:
+    instance = context.find_instance(params.model_id)
+    if instance is None:
         raise ModelNotFound(params.model_id)
+    engine = backend_engine(instance.shards[0].backend)
+    if Feature.EMBEDDINGS not in traits_of(engine).features:
+        raise FeatureUnsupported(Feature.EMBEDDINGS.value, engine, params.model_id, param="model")
     refuse_if_not_serving(context, params.model_id)
     if context.get_master()[0] is None:
         raise ClusterNotReady("The cluster has no master yet (election in progress); retry shortly.")
@@ -242,9 +283,21 @@ def refuse_if_not_serving(context: Any, model_id: str) -> None:
         raise ModelNotServing(model_id, verdict.refusal())
 
 
-def bind_instance(context: Any, params: TextGenerationParams, *, max_tokens_param: str = "max_tokens") -> Instance:
+def check_features(instance: Instance, params: TextGenerationParams,
+                   param_names: Mapping[str, str] | None = None) -> None:
+    """`FeatureUnsupported` for the first feature `params` asks for that the engine serving
+    `instance` does not honour (the engine traits table); `param_names` maps internal
+    parameter names to the caller's (Ollama's `format` for `response_format`, say)."""
+    engine = backend_engine(instance.shards[0].backend)
+    for feature, param in missing_features(engine, params):
+        raise FeatureUnsupported(feature.value, engine, params.model_id, param=(param_names or {}).get(param, param))
+
+
+def bind_instance(context: Any, params: TextGenerationParams, *, max_tokens_param: str = "max_tokens",
+                  param_names: Mapping[str, str] | None = None) -> Instance:
     """The placed instance `params` will run on, after the checks every wire format shares:
-    the model is placed (404 naming the fix otherwise), `max_tokens` fits its context (400
+    the model is placed (404 naming the fix otherwise), its engine honours every feature
+    asked for (400 naming feature and engine), `max_tokens` fits its context (400
     naming `max_tokens_param`, the caller's name for it), the request is within
     `skulk.api.limits` (messages, text, a lower bound of its prompt against the context: 400
     before any runner queues it), some instance of it serves or is loading (503 naming the
@@ -255,6 +308,7 @@ def bind_instance(context: Any, params: TextGenerationParams, *, max_tokens_para
     instance = context.find_instance(params.model_id)
     if instance is None:
         raise ModelNotFound(params.model_id)
+    check_features(instance, params, param_names)
     if (too_long := context_error(params, instance.context_token_limit)) is not None:
         raise too_long
     if params.max_tokens is not None and params.max_tokens > instance.context_token_limit:
@@ -270,14 +324,21 @@ def bind_instance(context: Any, params: TextGenerationParams, *, max_tokens_para
 
 
 async def start_generation(
-    context: Any, params: TextGenerationParams, *, max_tokens_param: str = "max_tokens"
+    context: Any, params: TextGenerationParams, *, max_tokens_param: str = "max_tokens",
+    param_names: Mapping[str, str] | None = None,
 ) -> CommandStream:
     """Bind `params` (see `bind_instance`), open its stream and submit `GenerateText`. The
     caller must then consume the stream through `drive` (or close it)."""
     command_id = new_id()
     trace = begin_trace(context, command_id, params.model_id)
     bind_request_ids(commandId=command_id, traceId=command_id if trace is not None else None)
-    bind_instance(context, params, max_tokens_param=max_tokens_param)
+    bind_instance(context, params, max_tokens_param=max_tokens_param, param_names=param_names)
+    return await _submit_generation(context, params, command_id, trace)
+
+
+async def _submit_generation(context: Any, params: TextGenerationParams, command_id: str,
+                             trace: RequestTrace | None) -> CommandStream:
+    """Open a stream for a bound request and submit its `GenerateText`."""
     stream = context.streams.open(command_id, params.model_id, requested_by=current_principal().id)
     if trace is not None:
         trace.mark("api.submit")
@@ -301,18 +362,72 @@ def begin_trace(context: Any, command_id: str, model_id: str) -> RequestTrace | 
     return RequestTrace(store, command_id, model_id)
 
 
+def choice_params(params: TextGenerationParams, n: int) -> list[TextGenerationParams]:
+    """The params of each of `n` choices: the same request, and with a seed, consecutive
+    seeds (the same seed would draw the same text n times; OpenAI's choices differ)."""
+    if n == 1 or params.seed is None:
+        return [params] * n
+    return [params.model_copy(update={"seed": (params.seed + i) % (WIRE_INT_MAX + 1)}) for i in range(n)]
+
+
+async def start_choices(
+    context: Any, params: TextGenerationParams, n: int, *, max_tokens_param: str = "max_tokens",
+    param_names: Mapping[str, str] | None = None,
+) -> list[CommandStream]:
+    """`start_generation` for each of `n` choices (see `choice_params`), bound once. When a
+    later submit fails, the streams already open are closed and their commands cancelled."""
+    bind_instance(context, params, max_tokens_param=max_tokens_param, param_names=param_names)
+    streams: list[CommandStream] = []
+    try:
+        for choice in choice_params(params, n):
+            command_id = new_id()
+            streams.append(await _submit_generation(context, choice, command_id,
+                                                    begin_trace(context, command_id, params.model_id)))
+    except BaseException:
+        for stream in streams:
+            if stream.close():
+                cancel_later(context, stream.command_id)
+        raise
+    return streams
+
+
+async def collect_choices(
+    request: Request, context: Any, streams: list[CommandStream], params: TextGenerationParams
+) -> list[list[TokenChunk]]:
+    """The shaped chunks of every choice, driven side by side; the first failure fails the
+    request (and leaving cancels the other choices, through `drive`)."""
+
+    async def collect(stream: CommandStream) -> list[TokenChunk]:
+        async with aclosing(drive(request, context, stream, params)) as output:
+            return [chunk async for chunk in output]
+
+    tasks = [asyncio.ensure_future(collect(stream)) for stream in streams]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
 __all__ = [
     "SSE_HEADERS",
     "api_context",
     "bind_instance",
     "refuse_if_not_serving",
+
+
+    "check_features",
     "check_wire_ints",
+    "choice_params",
+    "collect_choices",
     "cancel_later",
     "collect_embedding",
     "drive",
     "finished_later",
+    "open_output",
     "send_later",
     "start_embedding",
+    "start_choices",
     "start_generation",
     "submit",
 ]
@@ -333,14 +448,16 @@ async def encoded_events(
     encoder: StreamEncoder,
     on_failure: Callable[[StreamFailed], Iterable[str]],
     params: TextGenerationParams | None = None,
+    output: AsyncIterator[TokenChunk] | None = None,
 ) -> AsyncIterator[str]:
     """The streaming body of one request in its caller's wire format: the encoder's events
-    around the output, or the format's error events when the stream fails."""
+    around the output, or the format's error events when the stream fails. `output` is the
+    stream's chunks when the route already opened them (`open_output`)."""
     for event in encoder.start():
         yield event
     pending: list[str] = []
     try:
-        async with aclosing(drive(request, context, stream, params)) as output:
+        async with aclosing(output if output is not None else drive(request, context, stream, params)) as output:
             async for chunk in output:
                 pending.extend(encoder.chunk_to_sse(chunk))
                 if stream.queued == 0 and pending:

@@ -48,7 +48,7 @@ class OutputShaper:
                 # Held text (an unfinished tag) goes out before the finishing chunk's own.
                 out = self._route([self._last.model_copy(update={
                     "text": text, "reasoning": reasoning, "token_id": None, "logprob": None, "top_logprobs": None,
-                    "finish_reason": None, "usage": None,
+                    "finish_reason": None, "usage": None, "stop_sequence": None, "prompt_tokens": None,
                 }) for text, reasoning in tail])
         if not self._tool_names:
             return out
@@ -61,8 +61,10 @@ class OutputShaper:
         assert last is not None  # held is non-empty, so a chunk was pushed
         calls = [ToolCall(id=self._new_call_id(i), name=c.name, arguments=c.arguments) for i, c in enumerate(parsed.calls)]
         usage = next((c.usage for c in reversed(held) if c.usage is not None), last.usage)
+        prompt_tokens = next((c.prompt_tokens for c in held if c.prompt_tokens is not None), None)
         return out + [TokenChunk(
             command_id=last.command_id, text=parsed.content, tool_calls=calls, finish_reason="tool_calls", usage=usage,
+            prompt_tokens=prompt_tokens,
         )]
 
     def _split(self, chunk: TokenChunk) -> list[TokenChunk]:
@@ -81,7 +83,7 @@ class OutputShaper:
                 "text": text,
                 "reasoning": reasoning,
                 **({} if i == 0 else {"token_id": None, "logprob": None, "top_logprobs": None}),
-                **({} if i == last else {"finish_reason": None, "usage": None}),
+                **({} if i == last else {"finish_reason": None, "usage": None, "stop_sequence": None}),
             })
             for i, (text, reasoning) in enumerate(pieces)
         ]

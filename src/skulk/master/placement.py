@@ -51,13 +51,13 @@ from skulk.shared.memory_estimate import (
 from skulk.shared.types.base import WireModel
 from skulk.shared.types.cards import ModelCard, backend_engine
 from skulk.shared.types.commands import PlaceInstance
+from skulk.shared.types.engines import MULTI_NODE_ENGINES, loads_family, shards_family
 from skulk.shared.types.common import Sharding
 from skulk.shared.types.ids import InstanceId, ModelId, NodeId, RunnerId
 from skulk.shared.types.instances import Instance, InstanceCapacity, ShardAssignment
 from skulk.shared.types.state import State
 from skulk.shared.types.telemetry import NodeResources
 
-MULTI_NODE_ENGINES: frozenset[str] = frozenset({"mlx"})
 """Engines whose runners can split one model across nodes (pipeline ring, tensor). This is
 platform truth, not model truth: the in-process llama.cpp runner, llama-server, vLLM and
 mlx_audio serve single-node in this build (llama.cpp RPC pooling is a different placement
@@ -135,6 +135,19 @@ class ShardingUnsupported(PlacementError):
     def __init__(self, model_id: str, sharding: Sharding, reason: str) -> None:
         self.model_id, self.sharding, self.reason = model_id, sharding, reason
         super().__init__(f"{model_id} cannot be placed with {sharding} sharding: {reason}")
+
+
+class FamilyUnsupported(PlacementError):
+    """None of the card's engines can load its model family (the engine traits table)."""
+
+    code = "family_unsupported"
+
+    def __init__(self, model_id: str, family: str, engines: Sequence[str]) -> None:
+        self.model_id, self.family, self.engines = model_id, family, tuple(engines)
+        super().__init__(
+            f"{model_id} is a {family!r} model, which none of its engines {list(self.engines)} can load yet; "
+            "placing it would only fail when the runner loads it"
+        )
 
 
 class ExclusionsRemovedAll(PlacementError):
@@ -258,6 +271,8 @@ def place(
         raise ModelUnknown(request.model_id)
     if card.model_id != request.model_id:
         raise ValueError(f"card {card.model_id!r} does not match request {request.model_id!r}")
+    if not any(loads_family(engine, card.family) for engine in card.engines):
+        raise FamilyUnsupported(card.model_id, card.family, sorted(card.engines))
     unsupported = _sharding_unsupported(card, request.sharding, request.min_nodes)
     if unsupported is not None:
         raise unsupported
@@ -483,8 +498,10 @@ def _search(
 
 def _consider(s: _Search, combo: tuple[_Node, ...], adjacency: Mapping[NodeId, frozenset[NodeId]]) -> None:
     engines = {backend_engine(node.backend) for node in combo}
-    if len(combo) > 1 and (len(engines) > 1 or not engines <= MULTI_NODE_ENGINES):
-        return  # ranks of one instance share one engine that can span nodes
+    if not all(loads_family(e, s.card.family) for e in engines):
+        return  # the engine cannot load this family: it would only fail at load
+    if len(combo) > 1 and (len(engines) > 1 or not all(shards_family(e, s.card.family) for e in engines)):
+        return  # ranks of one instance share one engine that can span nodes with this family
     order = _connected_order(combo, adjacency) if len(combo) > 1 else combo
     connected = order is not None
     option = _build_option(s.card, s.sharding, order if order is not None else combo, connected)
@@ -547,6 +564,15 @@ def _sharding_unsupported(card: ModelCard, sharding: Sharding, min_nodes: int) -
             sharding,
             f"min_nodes={min_nodes} but its engines {sorted(card.engines)} serve on a single node "
             f"(multi-node engines: {sorted(MULTI_NODE_ENGINES)})",
+        )
+    spanning = sorted(e for e in card.engines & MULTI_NODE_ENGINES if shards_family(e, card.family))
+    if min_nodes > 1 and not spanning:
+        return ShardingUnsupported(
+            card.model_id,
+            sharding,
+            f"min_nodes={min_nodes} but none of its multi-node engines "
+            f"{sorted(card.engines & MULTI_NODE_ENGINES)} has a sharding layout for the {card.family!r} family; "
+            "it serves on a single node",
         )
     if sharding == "Pipeline":
         reason = _invalid_world_size(card, sharding, min_nodes)
@@ -763,6 +789,7 @@ def _to_preview(card: ModelCard, resources: Mapping[NodeId, NodeResources], opti
 __all__ = [
     "MAX_PATH_STEPS",
     "MAX_SETS_PER_SIZE",
+    "FamilyUnsupported",
     "MULTI_NODE_ENGINES",
     "ExclusionsRemovedAll",
     "MemoryShortfall",

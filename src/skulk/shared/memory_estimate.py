@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from skulk.shared.types.cards import ModelCard, backend_engine
+from skulk.shared.types.engines import WINDOW_AT_LOAD_ENGINES
 from skulk.shared.types.ids import NodeId
 from skulk.shared.types.instances import Instance, ShardAssignment
 
@@ -50,9 +51,10 @@ smaller). Also the smallest window an instance is ever stamped with."""
 KV_DTYPE_BYTES = 2
 """Bytes per cached K or V element: fp16/bf16, the engines' default cache dtype."""
 
-LOAD_TIME_WINDOW_ENGINES: frozenset[str] = frozenset({"llama_cpp", "llama_server", "vllm"})
-"""Engines that commit their whole context window at load. They get a window above the
-floor only where it lands in discrete GPU VRAM; MLX grows its KV cache lazily per request."""
+LOAD_TIME_WINDOW_ENGINES: frozenset[str] = WINDOW_AT_LOAD_ENGINES
+"""Engines that commit their whole context window at load (from the engine traits table).
+They get a window above the floor only where it lands in discrete GPU VRAM; MLX grows its KV
+cache lazily per request."""
 
 VLLM_CONTEXT_CAP_TOKENS = 32768
 """vLLM commits and optimises its entire declared window at start, so a 262k card would take

@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from skulk.shared.types.common import ToolSpec
+from skulk.shared.types.tasks import ResponseFormat
 
 MAX_GRAMMAR_REPEAT = 256
 """The largest `maxLength`/`maxItems`/`minLength`/`minItems` compiled exactly. llama.cpp
@@ -81,9 +82,11 @@ class SchemaNotSupported(ValueError):
     """A tool's parameters schema that cannot be compiled to a grammar. `tool` names the
     tool, `path` the place in its schema (JSON Pointer style), `reason` what is wrong."""
 
-    def __init__(self, tool: str, path: str, reason: str) -> None:
-        super().__init__(f"tool {tool!r}: the parameters schema at '{path or '/'}' cannot be enforced: {reason}")
+    def __init__(self, tool: str, path: str, reason: str, *, subject: str = "tool") -> None:
+        what = "the parameters schema" if subject == "tool" else "the schema"
+        super().__init__(f"{subject} {tool!r}: {what} at '{path or '/'}' cannot be enforced: {reason}")
         self.tool = tool
+        self.subject = subject
         self.path = path
         self.reason = reason
 
@@ -127,12 +130,21 @@ class SchemaCompiler:
     """Compiles JSON Schemas into named GBNF rules for one grammar (rules are shared and
     deduplicated across the schemas compiled by one instance)."""
 
-    def __init__(self) -> None:
+    def __init__(self, subject: str = "tool") -> None:
+        self._subject = subject
         self._rules: dict[str, str] = {}
         self._by_body: dict[str, str] = {}
         self._refs: dict[tuple[str, str], str] = {}
         self._tool = ""
         self._root: dict[str, Any] = {}
+
+    def _unsupported(self, path: str, reason: str) -> SchemaNotSupported:
+        return SchemaNotSupported(self._tool, path, reason, subject=self._subject)
+
+    def document(self, name: str, schema: dict[str, Any]) -> str:
+        """The rule for a whole JSON document valid for `schema` (a response format's)."""
+        self._tool, self._root = name, schema
+        return self.schema(schema, "")
 
     def rules(self) -> str:
         return "".join(f"{name} ::= {body}\n" for name, body in self._rules.items())
@@ -168,30 +180,30 @@ class SchemaCompiler:
         if schema is True or schema == {}:
             return "value"
         if not isinstance(schema, dict):
-            raise SchemaNotSupported(self._tool, path, "a schema must be an object or true")
+            raise self._unsupported(path, "a schema must be an object or true")
         for keyword in schema:
             if keyword in SUPPORTED_KEYWORDS or keyword in ANNOTATION_KEYWORDS or keyword.startswith("x-"):
                 continue
-            raise SchemaNotSupported(self._tool, f"{path}/{keyword}", f"the keyword {keyword!r} is not supported")
+            raise self._unsupported(f"{path}/{keyword}", f"the keyword {keyword!r} is not supported")
         return self._body(schema, path)
 
     def _body(self, schema: dict[str, Any], path: str) -> str:
         if "$ref" in schema:
             if len(set(schema) - ANNOTATION_KEYWORDS - {"$ref"}) > 0:
-                raise SchemaNotSupported(self._tool, path, "'$ref' beside other constraints is not supported")
+                raise self._unsupported(path, "'$ref' beside other constraints is not supported")
             return self._ref(schema["$ref"], path)
         if "const" in schema:
             return self.add(json_literal(schema["const"]))
         if "enum" in schema:
             values = schema["enum"]
             if not isinstance(values, list) or not values:
-                raise SchemaNotSupported(self._tool, f"{path}/enum", "'enum' must be a non-empty list")
+                raise self._unsupported(f"{path}/enum", "'enum' must be a non-empty list")
             return self.add(" | ".join(json_literal(v) for v in values))
         for keyword in ("anyOf", "oneOf"):
             if keyword in schema:
                 branches = schema[keyword]
                 if not isinstance(branches, list) or not branches:
-                    raise SchemaNotSupported(self._tool, f"{path}/{keyword}", f"'{keyword}' must be a non-empty list")
+                    raise self._unsupported(f"{path}/{keyword}", f"'{keyword}' must be a non-empty list")
                 rest = {k: v for k, v in schema.items() if k != keyword and k not in ANNOTATION_KEYWORDS}
                 if rest:
                     # Siblings constrain every branch: fold them in (a branch's own win).
@@ -201,14 +213,14 @@ class SchemaCompiler:
         if "allOf" in schema:
             parts = schema["allOf"]
             if not isinstance(parts, list) or len(parts) != 1:
-                raise SchemaNotSupported(self._tool, f"{path}/allOf", "only a one-element 'allOf' is supported")
+                raise self._unsupported(f"{path}/allOf", "only a one-element 'allOf' is supported")
             rest = {k: v for k, v in schema.items() if k != "allOf"}
             part = parts[0] if isinstance(parts[0], dict) else {}
             return self.schema({**rest, **part}, f"{path}/allOf/0")
         declared = schema.get("type")
         if isinstance(declared, list):
             if not declared:
-                raise SchemaNotSupported(self._tool, f"{path}/type", "'type' must not be an empty list")
+                raise self._unsupported(f"{path}/type", "'type' must not be an empty list")
             names = [self._typed(t, schema, path) for t in declared]
             return self.add(" | ".join(names))
         if declared is None:
@@ -233,7 +245,7 @@ class SchemaCompiler:
             return self.add(f'"\\"" {_repeat("char", low, high)} "\\""')
         if kind in _PRIMITIVE_RULES:
             return _PRIMITIVE_RULES[kind]
-        raise SchemaNotSupported(self._tool, f"{path}/type", f"unknown type {kind!r}")
+        raise self._unsupported(f"{path}/type", f"unknown type {kind!r}")
 
     def _bounds(self, schema: dict[str, Any], low_key: str, high_key: str, path: str) -> tuple[int, int | None]:
         low, high = schema.get(low_key, 0), schema.get(high_key)
@@ -241,12 +253,12 @@ class SchemaCompiler:
             if bound is None:
                 continue
             if not isinstance(bound, int) or isinstance(bound, bool) or bound < 0:
-                raise SchemaNotSupported(self._tool, f"{path}/{key}", f"'{key}' must be a non-negative integer")
+                raise self._unsupported(f"{path}/{key}", f"'{key}' must be a non-negative integer")
             if bound > MAX_GRAMMAR_REPEAT:
-                raise SchemaNotSupported(self._tool, f"{path}/{key}",
+                raise self._unsupported(f"{path}/{key}",
                                          f"'{key}' above {MAX_GRAMMAR_REPEAT} is not supported")
         if high is not None and high < low:
-            raise SchemaNotSupported(self._tool, path, f"'{high_key}' is below '{low_key}'")
+            raise self._unsupported(path, f"'{high_key}' is below '{low_key}'")
         return low, high
 
     def _array(self, schema: dict[str, Any], path: str) -> str:
@@ -264,11 +276,11 @@ class SchemaCompiler:
         properties = schema.get("properties") or {}
         required = schema.get("required") or []
         if not isinstance(properties, dict) or not isinstance(required, list):
-            raise SchemaNotSupported(self._tool, path, "'properties' must be an object and 'required' a list")
+            raise self._unsupported(path, "'properties' must be an object and 'required' a list")
         missing = [name for name in required if name not in properties]
         extra = schema.get("additionalProperties", True)
         if missing and extra is False:
-            raise SchemaNotSupported(self._tool, f"{path}/required",
+            raise self._unsupported(f"{path}/required",
                                      f"required {missing[0]!r} is neither declared nor allowed as additional")
         if missing:
             # Required but undeclared: any value under the name satisfies the schema.
@@ -296,7 +308,7 @@ class SchemaCompiler:
 
     def _ref(self, ref: Any, path: str) -> str:
         if not isinstance(ref, str):
-            raise SchemaNotSupported(self._tool, f"{path}/$ref", "'$ref' must be a string")
+            raise self._unsupported(f"{path}/$ref", "'$ref' must be a string")
         for prefix in ("#/$defs/", "#/definitions/"):
             if ref.startswith(prefix):
                 name = ref[len(prefix):]
@@ -310,7 +322,7 @@ class SchemaCompiler:
                     self._rules[rule] = "null"  # placeholder: a recursive ref finds the name
                     self._rules[rule] = self.schema(defs[name], ref[1:])
                 return self._refs[key]
-        raise SchemaNotSupported(self._tool, f"{path}/$ref",
+        raise self._unsupported(f"{path}/$ref",
                                  f"only local '#/$defs/...' references are supported: {ref!r}")
 
 
@@ -349,6 +361,27 @@ def tool_call_grammar(tools: Sequence[ToolSpec], tool_choice: str | dict[str, An
     return f"root ::= {' | '.join(calls)}\n{compiler.rules()}{BASE_RULES}"
 
 
+def response_grammar(response_format: ResponseFormat | None) -> str | None:
+    """The GBNF grammar whose every sentence is a JSON object (`json_object`) or a JSON
+    value valid for the schema (`json_schema`), or None without a response format. Raises
+    `SchemaNotSupported` (subject "response format") for a schema it cannot enforce."""
+    if response_format is None:
+        return None
+    if response_format.type == "json_object":
+        return f"root ::= object\n{BASE_RULES}"
+    compiler = SchemaCompiler(subject="response format")
+    root = compiler.document(response_format.name, response_format.json_schema or {})
+    return f"root ::= {root}\n{compiler.rules()}{BASE_RULES}"
+
+
+def request_grammar(
+    tools: Sequence[ToolSpec], tool_choice: str | dict[str, Any] | None, response_format: ResponseFormat | None
+) -> str | None:
+    """The one grammar a request is sampled under: a forced tool call wins (its output is
+    the call, never the answer), else the response format's, else None (unconstrained)."""
+    return tool_call_grammar(tools, tool_choice) or response_grammar(response_format)
+
+
 __all__ = [
     "ANNOTATION_KEYWORDS",
     "BASE_RULES",
@@ -361,5 +394,7 @@ __all__ = [
     "forced_tools",
     "gbnf_literal",
     "json_literal",
+    "request_grammar",
+    "response_grammar",
     "tool_call_grammar",
 ]

@@ -37,6 +37,8 @@ class ApiSection(_Strict):
     api_key: str | None = None
     """The key non-loopback clients present; None: the node's own `api.key` in the data dir
     (created on first start, printed by `skulk api-key`)."""
+    cors_origins: list[str] = []
+    """Browser origins allowed beside this machine's own ('*' for any); see skulk.api.cors."""
     operator_key: str | None = None
     """When set, operator routes (placement, cards, store, tracing, diagnostics) require it
     and `api_key` is for inference only."""
@@ -153,6 +155,10 @@ DISK_RESERVE_ENV = "SKULK_DISK_RESERVE_GB"
 `skulk.store.disk_admission` reads when no config is at hand)."""
 
 
+CORS_ORIGINS_ENV = "SKULK_CORS_ORIGINS"
+"""Environment override of `api.cors_origins`: comma-separated origins."""
+
+
 def _gib(raw: str) -> float | None:
     try:
         value = float(raw)
@@ -185,6 +191,8 @@ ENV_OVERRIDES: tuple[tuple[str, str, str, Any, str], ...] = (
     ("SKULK_ALLOWED_HOSTS", "api", "allowed_hosts", _names, "comma-separated host names"),
     (MAX_BODY_BYTES_ENV, "api", "max_body_bytes", _body_bytes,
      f"a whole number of bytes from {MIN_MAX_BODY_BYTES} to {MAX_MAX_BODY_BYTES}"),
+    (CORS_ORIGINS_ENV, "api", "cors_origins", lambda raw: [o.rstrip("/") for o in _names(raw)],
+     "comma-separated origins"),
     ("SKULK_MODELS_LOCAL_DIRS", "models", "local_dirs", lambda raw: [p for p in raw.split(os.pathsep) if p],
      f"directories separated by {os.pathsep!r}"),
 )

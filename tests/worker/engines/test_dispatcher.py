@@ -483,3 +483,22 @@ def test_an_engine_without_embeddings_refuses_them_typed(make) -> None:
     wait_until(lambda: sink.finished("e"))
     result = sink.results()["e"]
     assert (result.outcome, result.error_type) == ("failed", "EmbeddingsUnsupported")
+
+
+@pytest.mark.parametrize(("engine_name", "fields", "refused"), [
+    ("mlx", {"logprobs": True}, True),
+    ("mlx", {"logit_bias": {3: 1.0}}, True),
+    ("llama_cpp", {"logprobs": True, "logit_bias": {3: 1.0}}, False),
+    (None, {"logprobs": True}, False),  # no engine named: no guard (the engine decides)
+])
+def test_a_feature_the_engine_lacks_is_refused_at_admission(make, engine_name, fields, refused) -> None:
+    dispatcher, sink = make(ScriptedEngine(), engine_name=engine_name)
+    params = request("a").model_copy(update=fields)
+    if refused:
+        with pytest.raises(DispatchRejected) as caught:
+            dispatcher.submit("a", params)
+        assert caught.value.error_type == "FeatureUnsupported" and engine_name in caught.value.message
+        assert dispatcher.in_flight == 0
+    else:
+        dispatcher.submit("a", params)
+        wait_until(lambda: sink.finished("a"))

@@ -189,3 +189,48 @@ def test_output_of_a_template_opened_think_block_starts_with_the_tag(engine, mon
     raw = run(engine, prompt_params("x<think>", temperature=0, max_tokens=2))
     assert raw[0].token_id is not None
     assert len(plain) == 3
+
+
+def test_the_first_token_says_the_prompt_length_and_a_matched_stop_says_which(engine):
+    free = run(engine, prompt_params(PROMPT, temperature=0, max_tokens=12))
+    assert free[0].prompt_tokens == free[-1].usage.prompt_tokens and all(t.prompt_tokens is None for t in free[1:])
+    text = "".join(t.text for t in free)
+    stop = text[4:7]  # a string the greedy output is known to contain
+    stopped = run(engine, prompt_params(PROMPT, temperature=0, max_tokens=12, stop=["zzz", stop]))
+    assert stopped[-1].finish_reason == "stop" and stopped[-1].stop_sequence == stop
+    assert free[-1].stop_sequence is None
+
+
+def test_a_count_only_request_counts_the_prompt_and_generates_nothing(engine):
+    from skulk.worker.engines.base import Dispatcher, GenerationResult
+
+    seen: list = []
+
+    class Sink:
+        def on_start(self, request_id): pass
+        def on_token(self, request_id, token): seen.append(token)
+        def on_finish(self, request_id, result: GenerationResult): seen.append(result)
+
+    dispatcher = Dispatcher(engine, Sink(), width=1, engine_name="llama_cpp")
+    try:
+        params = prompt_params(PROMPT, count_only=True)
+        dispatcher.submit("count", params)
+        deadline = threading.Event()
+        for _ in range(200):
+            if len(seen) == 2:
+                break
+            deadline.wait(0.05)
+    finally:
+        dispatcher.close(timeout_s=5)
+    token, result = seen
+    assert result.outcome == "completed" and token.text == ""
+    assert token.usage.prompt_tokens == len(engine.prompt_tokens(params)) and token.usage.completion_tokens == 0
+
+
+def test_a_per_request_context_is_honoured(engine):
+    n_prompt = len(engine.prompt_tokens(prompt_params(PROMPT)))
+    tokens = run(engine, prompt_params(PROMPT, temperature=0, context_tokens=n_prompt + 3))
+    assert tokens[-1].finish_reason == "length" and tokens[-1].usage.completion_tokens == 3
+    with pytest.raises(PromptTooLong) as caught:
+        run(engine, prompt_params(PROMPT, context_tokens=n_prompt))
+    assert caught.value.context_tokens == n_prompt

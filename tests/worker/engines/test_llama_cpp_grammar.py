@@ -161,7 +161,7 @@ def test_token_ids_outside_the_vocabulary_are_refused(engine):
 def test_a_grammar_llama_cpp_cannot_parse_fails_the_request_not_the_process(engine, monkeypatch):
     import skulk.worker.engines.llama_cpp as module
 
-    monkeypatch.setattr(module, "tool_call_grammar", lambda tools, choice: 'root ::= "{" undefined-rule')
+    monkeypatch.setattr(module, "request_grammar", lambda tools, choice, response_format: 'root ::= "{" undefined-rule')
     with pytest.raises(GrammarRejected):
         run(engine, forced("required"))
     assert engine.in_flight == 0

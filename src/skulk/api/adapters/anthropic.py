@@ -104,6 +104,23 @@ class MessagesRequest(_Lenient):
     tool_choice: ToolChoice | None = None
 
 
+class CountTokensRequest(_Lenient):
+    """`POST /v1/messages/count_tokens`: a message request without `max_tokens`."""
+
+    model: str
+    messages: list[InputMessage]
+    system: str | list[ContentBlock] | None = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: ToolChoice | None = None
+
+
+def count_params(request: CountTokensRequest) -> TextGenerationParams:
+    """The count-only generation request for `request`: rendered exactly as the message
+    request with the same fields would be, so the count equals that request's input usage."""
+    full = MessagesRequest(**request.model_dump(exclude_none=True), max_tokens=1)
+    return to_params(full).model_copy(update={"count_only": True})
+
+
 def _text(content: str | Sequence[ContentBlock | TextBlock], where: str) -> str:
     if isinstance(content, str):
         return content
@@ -258,27 +275,26 @@ def message_id(command_id: str) -> str:
     return f"{MESSAGE_ID_PREFIX}{command_id}"
 
 
-def stop_reason(finish_reason: str | None, text: str, stop_sequences: Sequence[str]) -> tuple[str, str | None]:
+def stop_reason(finish_reason: str | None, matched: str | None, stop_sequences: Sequence[str]) -> tuple[str, str | None]:
     """(stop_reason, stop_sequence) for how a generation ended: `length` -> max_tokens; a
-    stop with one of the request's stop sequences seen at the end of the text ->
-    stop_sequence; anything else -> end_turn.
-
-    The internal chunk does not say which stop string matched, and engines drop it from
-    the text; it is recognised only when the engine kept it, otherwise the turn reads as
-    ended (end_turn)."""
+    stop on one of the request's stop sequences (the engine reports which, as the last
+    chunk's `stop_sequence`) -> stop_sequence; anything else -> end_turn."""
     if finish_reason == "length":
         return "max_tokens", None
-    if finish_reason == "stop":
-        for stop in stop_sequences:
-            if stop and text.endswith(stop):
-                return "stop_sequence", stop
+    if finish_reason == "stop" and matched is not None and matched in stop_sequences:
+        return "stop_sequence", matched
     return "end_turn", None
 
 
-def _usage(usage: Usage | None, output_tokens: int) -> dict[str, int]:
+NO_CACHE_USAGE = {"cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+"""Anthropic's prompt-cache counters: Skulk has no prompt cache a client controls, so both
+are always 0 (present, because clients read them)."""
+
+
+def _usage(usage: Usage | None, output_tokens: int, input_tokens: int = 0) -> dict[str, int]:
     if usage is None:
-        return {"input_tokens": 0, "output_tokens": output_tokens}
-    return {"input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens}
+        return {"input_tokens": input_tokens, **NO_CACHE_USAGE, "output_tokens": output_tokens}
+    return {"input_tokens": usage.prompt_tokens, **NO_CACHE_USAGE, "output_tokens": usage.completion_tokens}
 
 
 def sse_event(event: str, payload: dict[str, Any]) -> str:
@@ -314,7 +330,9 @@ class MessageStreamEncoder:
     command_id: str
     model: str
     stop_sequences: Sequence[str] = ()
-    _text: list[str] = field(default_factory=list, init=False)
+    _started: bool = field(default=False, init=False)
+    _input_tokens: int = field(default=0, init=False)
+    _matched: str | None = field(default=None, init=False)
     _finish_reason: str | None = field(default=None, init=False)
     _usage: Usage | None = field(default=None, init=False)
     _count: int = field(default=0, init=False)
@@ -323,10 +341,20 @@ class MessageStreamEncoder:
     _tool_calls: int = field(default=0, init=False)
 
     def start(self) -> list[str]:
+        """Nothing yet: `message_start` goes out with the first chunk, which says how long
+        the prompt was (its `prompt_tokens`), so the message starts with real input tokens."""
+        return []
+
+    def _message_start(self, chunk: TokenChunk | None) -> list[str]:
+        if self._started:
+            return []
+        self._started = True
+        if chunk is not None:
+            self._input_tokens = chunk.prompt_tokens or (chunk.usage.prompt_tokens if chunk.usage else 0)
         message = {
             "id": message_id(self.command_id), "type": "message", "role": "assistant", "content": [],
             "model": self.model, "stop_reason": None, "stop_sequence": None,
-            "usage": {"input_tokens": 0, "output_tokens": 0},
+            "usage": {"input_tokens": self._input_tokens, **NO_CACHE_USAGE, "output_tokens": 0},
         }
         return [sse_event("message_start", {"type": "message_start", "message": message}), sse_event("ping", {"type": "ping"})]
 
@@ -345,17 +373,16 @@ class MessageStreamEncoder:
         return events
 
     def chunk_to_sse(self, chunk: TokenChunk) -> list[str]:
+        events = self._message_start(chunk)
         self._count += 1
         self._finish_reason = chunk.finish_reason or self._finish_reason
         self._usage = chunk.usage or self._usage
-        events: list[str] = []
+        self._matched = chunk.stop_sequence or self._matched
         if chunk.text:
             kind = "thinking" if chunk.reasoning else "text"
             if self._open != kind:
                 events += self._begin({"type": "thinking", "thinking": "", "signature": ""} if chunk.reasoning
                                       else {"type": "text", "text": ""})
-            if not chunk.reasoning:
-                self._text.append(chunk.text)
             delta_type, key = _DELTAS[kind]
             events.append(sse_event("content_block_delta", {
                 "type": "content_block_delta", "index": self._index, "delta": {"type": delta_type, key: chunk.text},
@@ -371,15 +398,16 @@ class MessageStreamEncoder:
         return events
 
     def finish(self) -> list[str]:
-        events = [] if self._index >= 0 else self._begin({"type": "text", "text": ""})
+        events = self._message_start(None)
+        events += [] if self._index >= 0 else self._begin({"type": "text", "text": ""})
         events += self._close()
-        reason, sequence = stop_reason(self._finish_reason, "".join(self._text), self.stop_sequences)
+        reason, sequence = stop_reason(self._finish_reason, self._matched, self.stop_sequences)
         if self._tool_calls:
             reason, sequence = "tool_use", None
         return events + [
             sse_event("message_delta", {
                 "type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                "usage": _usage(self._usage, self._count),
+                "usage": _usage(self._usage, self._count, self._input_tokens),
             }),
             sse_event("message_stop", {"type": "message_stop"}),
         ]
@@ -394,6 +422,7 @@ def collect_message(
     calls: list[ToolCall] = []
     finish_reason: str | None = None
     usage: Usage | None = None
+    matched: str | None = None
     count = 0
     for chunk in chunks:
         count += 1
@@ -401,8 +430,9 @@ def collect_message(
         calls.extend(chunk.tool_calls or [])
         finish_reason = chunk.finish_reason or finish_reason
         usage = chunk.usage or usage
+        matched = chunk.stop_sequence or matched
     text = "".join(texts)
-    reason, sequence = stop_reason(finish_reason, text, stop_sequences)
+    reason, sequence = stop_reason(finish_reason, matched, stop_sequences)
     content: list[dict[str, Any]] = []
     if thoughts:
         content.append({"type": "thinking", "thinking": "".join(thoughts), "signature": ""})
@@ -426,6 +456,8 @@ def collect_message(
 __all__ = [
     "MESSAGE_ID_PREFIX",
     "ContentBlock",
+    "CountTokensRequest",
+    "count_params",
     "InputMessage",
     "MessageStreamEncoder",
     "MessagesRequest",

@@ -2,7 +2,10 @@
 `/api/tags`, `/api/ps`, `/api/show`, `/api/version`), both ways; Skulk serves it under `/ollama`.
 
 Incoming: `ChatRequest` / `GenerateRequest` with their `options` (temperature, top_p,
-top_k, seed, num_predict, stop; other options such as num_ctx are accepted and ignored),
+top_k, seed, num_predict, stop, repeat_penalty, frequency_penalty, presence_penalty, and
+num_ctx, clamped to the placed context and said in a response header; any other option is
+refused naming it: load-time ones such as num_gpu are placement's), `format` ("json" or a JSON
+Schema, enforced by constrained decoding), `keep_alive` (0, "unload now", is refused),
 normalised by `chat_params` / `generate_params` into `TextGenerationParams` or an
 `InvalidRequest` naming the parameter. Outgoing: `OllamaEncoder` builds the NDJSON lines
 (one object per token chunk, then a final `done: true` object with done_reason, token
@@ -30,6 +33,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from skulk.api.adapters.openai_chat import Tool  # Ollama's tool definition is OpenAI's shape
+from skulk.api import request_options
 from skulk.api.errors import ApiError, InvalidRequest, invalid_request_from_validation, ollama_error_body
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.chunks import TokenChunk
@@ -56,13 +60,30 @@ class _Lenient(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
-class Options(_Lenient):
+LOAD_TIME_OPTIONS = frozenset({
+    "num_gpu", "main_gpu", "num_thread", "num_batch", "use_mmap", "use_mlock", "low_vram", "numa", "f16_kv",
+    "vocab_only", "logits_all", "embedding_only",
+})
+"""Ollama options that size the model when it loads: on Skulk, placement decides them."""
+
+
+class Options(BaseModel):
+    """Ollama's `options`. Any other option is refused (`check_options`), never ignored."""
+
+    model_config = ConfigDict(extra="allow")
+
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
     seed: int | None = None
     num_predict: int | None = None
     stop: str | list[str] | None = None
+    repeat_penalty: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    num_ctx: int | None = None
+    """The context window. Skulk's is fixed when the model is placed: a larger one is
+    clamped to it (and the response says so), a smaller one is honoured per request."""
 
 
 class FunctionCall(_Lenient):
@@ -134,8 +155,22 @@ class ShowRequest(_Lenient):
     """The older spelling of `model`."""
 
 
+def check_options(options: Options) -> None:
+    """`InvalidRequest` naming the first option Skulk does not honour, and why."""
+    for name, value in (options.model_extra or {}).items():
+        if value is None:
+            continue
+        if name in LOAD_TIME_OPTIONS:
+            raise InvalidRequest(f"options.{name} is set when a model is placed, not per request: Skulk's placement "
+                                 "chooses it (POST /place_instance).", param=f"options.{name}")
+        raise InvalidRequest(f"options.{name} is not supported; the options served are temperature, top_p, top_k, "
+                             "seed, num_predict, stop, repeat_penalty, frequency_penalty, presence_penalty and "
+                             "num_ctx.", param=f"options.{name}")
+
+
 def _sampling(options: Options | None) -> dict[str, Any]:
     options = options or Options()
+    check_options(options)
     if options.temperature is not None and not options.temperature >= 0:
         raise InvalidRequest(f"options.temperature must be at least 0, got {options.temperature}",
                              param="options.temperature")
@@ -145,6 +180,8 @@ def _sampling(options: Options | None) -> dict[str, Any]:
         raise InvalidRequest(f"options.top_k must be at least 0, got {options.top_k}", param="options.top_k")
     if options.num_predict == 0:
         raise InvalidRequest("options.num_predict must not be 0", param="options.num_predict")
+    if options.num_ctx is not None and options.num_ctx < 1:
+        raise InvalidRequest(f"options.num_ctx must be at least 1, got {options.num_ctx}", param="options.num_ctx")
     # Ollama: num_predict -1 is "no limit" and -2 "fill the context"; both leave it to the context.
     max_tokens = options.num_predict if options.num_predict is not None and options.num_predict > 0 else None
     stops = [options.stop] if isinstance(options.stop, str) else list(options.stop or [])
@@ -155,14 +192,58 @@ def _sampling(options: Options | None) -> dict[str, Any]:
         "seed": options.seed,
         "max_tokens": max_tokens,
         "stop": [s for s in stops if s],
+        "repeat_penalty": request_options.repeat_penalty(options.repeat_penalty, "options.repeat_penalty"),
+        "frequency_penalty": request_options.penalty(options.frequency_penalty, "options.frequency_penalty"),
+        "presence_penalty": request_options.penalty(options.presence_penalty, "options.presence_penalty"),
+        "context_tokens": options.num_ctx,
     }
 
 
-def _params(model: str, stream: bool, options: Options | None, **inputs: Any) -> TextGenerationParams:
+CONTEXT_HEADER = "X-Skulk-Context-Tokens"
+"""Response header saying the context a generation really had when `num_ctx` asked for
+more than the placed instance holds (Ollama would reload the model larger; Skulk cannot)."""
+
+
+def clamp_context(params: TextGenerationParams, instance_tokens: int) -> tuple[TextGenerationParams, int | None]:
+    """`params` with `num_ctx` (its `context_tokens`) clamped to the instance's context, and
+    the clamped value when clamping changed it (None otherwise), for the response to say."""
+    asked = params.context_tokens
+    if asked is None or asked <= instance_tokens:
+        return params, None
+    return params.model_copy(update={"context_tokens": instance_tokens}), instance_tokens
+
+
+def check_keep_alive(value: Any) -> None:
+    """`keep_alive: 0` asks Ollama to unload the model now. A placed Skulk model stays
+    loaded for every client of the cluster until its instance is deleted, so it is refused
+    with the way to do that; any other duration is already satisfied (it stays loaded)."""
+    if value is None:
+        return
+    text = str(value).strip().lower()
+    if text in {"0", "0s", "0m", "0h", "0.0"}:
+        raise InvalidRequest(
+            "keep_alive 0 (unload now) is not supported: a placed model serves every client of the cluster "
+            "until its instance is deleted. Unload it with DELETE /instance/{instanceId} (see GET /v1/cluster).",
+            param="keep_alive", code="unsupported_parameter",
+        )
+
+
+OPTION_PARAMS = {
+    "response_format": "format", "repeat_penalty": "options.repeat_penalty",
+    "frequency_penalty": "options.frequency_penalty", "presence_penalty": "options.presence_penalty",
+}
+"""Internal parameter names -> Ollama's, for errors about them."""
+
+
+def _params(model: str, stream: bool, options: Options | None, format: Any = None, keep_alive: Any = None,
+            **inputs: Any) -> TextGenerationParams:
     if not model.strip():
         raise InvalidRequest("model is required", param="model")
+    check_keep_alive(keep_alive)
+    response_format = request_options.ollama_format(format)
     try:
-        return TextGenerationParams(model_id=model, stream=stream, **_sampling(options), **inputs)
+        return TextGenerationParams(model_id=model, stream=stream, response_format=response_format,
+                                    **_sampling(options), **inputs)
     except ValidationError as error:
         raise invalid_request_from_validation(error) from None
 
@@ -204,7 +285,8 @@ def chat_params(request: ChatRequest) -> TextGenerationParams:
             name=message.tool_name if role == "tool" else None,
         ))
     tools = _tools(request.tools or [])
-    return _params(request.model, request.stream, request.options, messages=messages, tools=tools)
+    return _params(request.model, request.stream, request.options, request.format, request.keep_alive,
+                   messages=messages, tools=tools)
 
 
 def embed_params(model: str, inputs: str | list[str], dimensions: int | None = None) -> EmbeddingParams:
@@ -241,10 +323,12 @@ def generate_params(request: GenerateRequest) -> TextGenerationParams:
         raise InvalidRequest("images are not supported", param="images")
     prompt = request.prompt or ""
     if request.raw:
-        return _params(request.model, request.stream, request.options, prompt=prompt)
+        return _params(request.model, request.stream, request.options, request.format, request.keep_alive,
+                       prompt=prompt)
     messages = [ChatMessage(role="system", content=request.system)] if request.system else []
     messages.append(ChatMessage(role="user", content=prompt))
-    return _params(request.model, request.stream, request.options, messages=messages)
+    return _params(request.model, request.stream, request.options, request.format, request.keep_alive,
+                   messages=messages)
 
 
 # ---------------------------------------------------------------------------------------
@@ -444,7 +528,11 @@ def show(model_id: str, card: ModelCard | None, context_length: int, modified_at
 
 
 __all__ = [
+    "CONTEXT_HEADER",
     "OLLAMA_VERSION",
+    "OPTION_PARAMS",
+    "check_keep_alive",
+    "clamp_context",
     "ChatRequest",
     "GenerateRequest",
     "EmbedRequest",

@@ -25,11 +25,16 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from skulk.api.errors import ApiError, InvalidRequest, invalid_request_from_validation, openai_error_body
+from skulk.api import request_options
 from skulk.api.tool_calls import check_enforceable
 from skulk.shared.types.chunks import TokenChunk
 from skulk.shared.types.common import ChatMessage, ToolCall, ToolSpec, Usage
 from skulk.shared.types.instances import Instance, InstanceCapacity
 from skulk.shared.types.tasks import TextGenerationParams
+
+MAX_CHOICES = 8
+"""The most choices (`n`) one request may ask for. Each is a whole generation queued on the
+instance, so a bound keeps one request from filling a runner's queue (OpenAI allows 128)."""
 
 MAX_STOP_SEQUENCES = 4
 """OpenAI accepts at most four stop sequences."""
@@ -122,6 +127,19 @@ class ChatCompletionRequest(_Lenient):
     tool_choice: str | dict[str, Any] | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
+    response_format: dict[str, Any] | None = None
+    """Structured output (`json_object`, `json_schema`), enforced by constrained decoding."""
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    """Not OpenAI's: the multiplicative penalty vLLM and llama.cpp servers accept."""
+    logit_bias: dict[str, float] | None = None
+    audio: Any = None
+    modalities: list[str] | None = None
+    prediction: Any = None
+    web_search_options: Any = None
+    functions: Any = None
+    function_call: Any = None
 
     @property
     def include_usage(self) -> bool:
@@ -213,6 +231,32 @@ def _check_tool_choice(choice: str | dict[str, Any] | None, tools: Sequence[Tool
         raise InvalidRequest(f"tool_choice names {name!r}, which is not among 'tools'.", param="tool_choice")
 
 
+def choice_count(n: int | None, stream: bool) -> int:
+    """How many choices (`n`) a request asks for, within 1..MAX_CHOICES. Several choices
+    are served without `stream` only: a stream interleaving choices is not built (yet), and
+    a streamed request that asked for several must not silently get one."""
+    count = 1 if n is None else n
+    if not 1 <= count <= MAX_CHOICES:
+        raise InvalidRequest(f"'n' must be between 1 and {MAX_CHOICES}, got {n}.", param="n")
+    if count > 1 and stream:
+        raise InvalidRequest("Several choices (n > 1) are supported without 'stream' only.", param="n",
+                             code="unsupported_parameter")
+    return count
+
+
+def merge_choices(bodies: Sequence[dict[str, Any]], prompts: int = 1) -> dict[str, Any]:
+    """One response holding the single choice of each of `bodies` (collected completions
+    of one request, `prompts` groups of equal size, one per prompt), indexed in order; each
+    prompt counted once, completions summed."""
+    merged = dict(bodies[0])
+    merged["choices"] = [{**body["choices"][0], "index": index} for index, body in enumerate(bodies)]
+    per_prompt = len(bodies) // prompts
+    prompt = sum(body["usage"]["prompt_tokens"] for body in bodies[::per_prompt])
+    completion = sum(body["usage"]["completion_tokens"] for body in bodies)
+    merged["usage"] = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return merged
+
+
 def _max_tokens(request: ChatCompletionRequest) -> int | None:
     for param in ("max_completion_tokens", "max_tokens"):
         value = getattr(request, param)
@@ -239,14 +283,33 @@ def _stops(stop: str | list[str] | None) -> list[str]:
     return stops
 
 
+UNSERVED_FIELDS = {
+    "audio": "audio output is not served",
+    "prediction": "predicted outputs are not served",
+    "web_search_options": "Skulk runs no web search",
+    "functions": "the legacy 'functions' is not served; send 'tools'",
+    "function_call": "the legacy 'function_call' is not served; send 'tool_choice'",
+}
+"""OpenAI fields that would change the answer, which Skulk cannot honour: refused when set."""
+
+
+def _refuse_unserved(request: ChatCompletionRequest) -> None:
+    for name, why in UNSERVED_FIELDS.items():
+        if getattr(request, name) is not None:
+            raise InvalidRequest(f"'{name}' is not supported: {why}.", param=name, code="unsupported_parameter")
+    if request.modalities is not None and set(request.modalities) - {"text"}:
+        raise InvalidRequest(f"Only text output is served, got modalities {request.modalities}.",
+                             param="modalities", code="unsupported_parameter")
+
+
 def to_params(request: ChatCompletionRequest) -> TextGenerationParams:
     """The internal generation request, or `InvalidRequest` naming the parameter at fault."""
+    _refuse_unserved(request)
     if not request.model.strip():
         raise InvalidRequest("'model' must name a model.", param="model")
     if not request.messages:
         raise InvalidRequest("'messages' must contain at least one message.", param="messages")
-    if request.n is not None and request.n != 1:
-        raise InvalidRequest(f"Only n=1 is supported, got n={request.n}.", param="n")
+    choice_count(request.n, bool(request.stream))
     temperature = _in_range(request.temperature, 0.0, 2.0, "temperature")
     top_p = _in_range(request.top_p, 0.0, 1.0, "top_p")
     if request.top_k is not None and request.top_k < 0:
@@ -274,6 +337,11 @@ def to_params(request: ChatCompletionRequest) -> TextGenerationParams:
             logprobs=bool(request.logprobs),
             top_logprobs=request.top_logprobs,
             stream=bool(request.stream),
+            response_format=request_options.openai_response_format(request.response_format),
+            frequency_penalty=request_options.penalty(request.frequency_penalty, "frequency_penalty"),
+            presence_penalty=request_options.penalty(request.presence_penalty, "presence_penalty"),
+            repeat_penalty=request_options.repeat_penalty(request.repetition_penalty, "repetition_penalty"),
+            logit_bias=request_options.logit_bias(request.logit_bias),
         )
     except ValidationError as error:
         raise invalid_request_from_validation(error) from None

@@ -23,9 +23,12 @@ from skulk.api.adapters.openai_chat import (
     _in_range,
     _Lenient,
     _stops,
+    MAX_CHOICES,
     _usage,
+    choice_count,
     sse_event,
 )
+from skulk.api import request_options
 from skulk.api.errors import InvalidRequest, invalid_request_from_validation
 from skulk.shared.types.chunks import TokenChunk
 from skulk.shared.types.common import Usage
@@ -75,31 +78,47 @@ class CompletionRequest(_Lenient):
     best_of: int | None = None
     logprobs: int | None = None
     user: str | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
 
 
-def _prompt(prompt: str | list[str] | None) -> str:
+def prompts(request: CompletionRequest) -> list[str]:
+    """The request's prompts (a string, or a list of them: each gets its own choices, in
+    order), within MAX_CHOICES generations in all; several are served without `stream`."""
+    prompt = request.prompt
     if prompt is None:
         raise InvalidRequest("Missing required parameter: 'prompt'.", param="prompt", code="missing_required_parameter")
-    if isinstance(prompt, str):
-        return prompt
-    if len(prompt) != 1:
-        raise InvalidRequest(f"Only one prompt per request is supported, got {len(prompt)}.", param="prompt")
-    return prompt[0]
+    texts = [prompt] if isinstance(prompt, str) else list(prompt)
+    if not texts:
+        raise InvalidRequest("'prompt' must hold at least one prompt.", param="prompt")
+    n = choice_count(request.n, bool(request.stream))
+    if len(texts) * n > MAX_CHOICES:
+        raise InvalidRequest(f"{len(texts)} prompts x n={n} is more than {MAX_CHOICES} generations per request.",
+                             param="prompt")
+    if len(texts) > 1 and request.stream:
+        raise InvalidRequest("Several prompts are supported without 'stream' only.", param="prompt",
+                             code="unsupported_parameter")
+    return texts
 
 
-def to_params(request: CompletionRequest) -> TextGenerationParams:
-    """The internal raw-prompt generation request, or `InvalidRequest` naming the parameter."""
+def to_params(request: CompletionRequest, prompt: str | None = None) -> TextGenerationParams:
+    """The internal raw-prompt generation request (for `prompt`, one of `prompts(request)`;
+    by default the first), or `InvalidRequest` naming the parameter."""
     if not request.model.strip():
         raise InvalidRequest("'model' must name a model.", param="model")
-    prompt = _prompt(request.prompt)
-    if request.n is not None and request.n != 1:
-        raise InvalidRequest(f"Only n=1 is supported, got n={request.n}.", param="n")
+    prompt = prompts(request)[0] if prompt is None else prompt
     if request.best_of is not None and request.best_of != 1:
         raise InvalidRequest(f"Only best_of=1 is supported, got best_of={request.best_of}.", param="best_of")
-    if request.echo:
-        raise InvalidRequest("'echo' is not supported.", param="echo")
+    if request.echo and request.logprobs is not None:
+        raise InvalidRequest("'echo' with 'logprobs' is not supported: the engines score generated tokens, "
+                             "not the prompt's. Send one without the other.", param="echo",
+                             code="unsupported_parameter")
     if request.suffix:
-        raise InvalidRequest("'suffix' is not supported.", param="suffix")
+        raise InvalidRequest("'suffix' (fill in the middle) needs an infill prompt format, which Skulk does not "
+                             "serve; send the text before the gap as 'prompt' alone.", param="suffix",
+                             code="unsupported_parameter")
     if request.logprobs is not None and not (0 <= request.logprobs <= MAX_LEGACY_LOGPROBS):
         raise InvalidRequest(f"'logprobs' must be between 0 and {MAX_LEGACY_LOGPROBS}, got {request.logprobs}.",
                              param="logprobs")
@@ -122,6 +141,10 @@ def to_params(request: CompletionRequest) -> TextGenerationParams:
             logprobs=request.logprobs is not None,
             top_logprobs=request.logprobs,
             stream=bool(request.stream),
+            frequency_penalty=request_options.penalty(request.frequency_penalty, "frequency_penalty"),
+            presence_penalty=request_options.penalty(request.presence_penalty, "presence_penalty"),
+            repeat_penalty=request_options.repeat_penalty(request.repetition_penalty, "repetition_penalty"),
+            logit_bias=request_options.logit_bias(request.logit_bias),
         )
     except ValidationError as error:
         raise invalid_request_from_validation(error) from None
@@ -150,13 +173,18 @@ class CompletionStreamEncoder:
     model: str
     created: int
     logprobs: bool = False
+    echo: str | None = None
+    """The prompt, sent first when the request asked for `echo`."""
     _finish_reason: str | None = field(default=None, init=False)
     _usage: Usage | None = field(default=None, init=False)
     _count: int = field(default=0, init=False)
     _offset: int = field(default=0, init=False)
 
     def start(self) -> list[str]:
-        return []
+        if not self.echo:
+            return []
+        self._offset = len(self.echo)
+        return [sse_event(_body(self.command_id, self.model, self.created, self.echo, None))]
 
     def chunk_to_sse(self, chunk: TokenChunk) -> list[str]:
         self._count += 1
@@ -177,9 +205,11 @@ class CompletionStreamEncoder:
 
 
 def collect_completion(
-    chunks: Iterable[TokenChunk], *, command_id: str, model: str, created: int, logprobs: bool = False
+    chunks: Iterable[TokenChunk], *, command_id: str, model: str, created: int, logprobs: bool = False,
+    echo: str | None = None,
 ) -> dict[str, Any]:
-    """The non-streaming `text_completion` for a completed stream's chunks."""
+    """The non-streaming `text_completion` for a completed stream's chunks (after `echo`,
+    the prompt, when the request asked for it)."""
     chunks = list(chunks)
     texts: list[str] = []
     finish_reason: str | None = None
@@ -191,7 +221,7 @@ def collect_completion(
             texts.append(chunk.text)
         finish_reason = chunk.finish_reason or finish_reason
         usage = chunk.usage or usage
-    body = _body(command_id, model, created, "".join(texts), _finish_reason(finish_reason, False))
+    body = _body(command_id, model, created, (echo or "") + "".join(texts), _finish_reason(finish_reason, False))
     if logprobs:
         body["choices"][0]["logprobs"] = legacy_logprobs(chunks)
     body["usage"] = _usage(usage or Usage(completion_tokens=count, total_tokens=count))
@@ -204,6 +234,7 @@ __all__ = [
     "MAX_LEGACY_LOGPROBS",
     "legacy_logprobs",
     "CompletionRequest",
+    "prompts",
     "CompletionStreamEncoder",
     "collect_completion",
     "completion_id",

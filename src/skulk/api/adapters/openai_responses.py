@@ -19,16 +19,18 @@ Pure translation only: no streams, commands or cluster here.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
 
 from skulk.api.adapters.openai_chat import MIN_TOP_P, _in_range, _Lenient
+from skulk.api import request_options
 from skulk.api.errors import ApiError, InvalidRequest, invalid_request_from_validation
 from skulk.shared.types.chunks import TokenChunk
-from skulk.shared.types.common import ChatMessage, Usage
+from skulk.api.tool_calls import check_enforceable
+from skulk.shared.types.common import ChatMessage, ToolCall, ToolSpec, Usage
 from skulk.shared.types.tasks import TextGenerationParams
 
 RESPONSE_ID_PREFIX = "resp_"
@@ -47,6 +49,11 @@ class InputItem(_Lenient):
     type: str | None = "message"
     role: str | None = None
     content: str | list[InputPart] | None = None
+    call_id: str | None = None
+    """On `function_call` (a call the model made) and `function_call_output` (its result)."""
+    name: str | None = None
+    arguments: str | None = None
+    output: str | None = None
 
 
 class ResponsesRequest(_Lenient):
@@ -61,17 +68,32 @@ class ResponsesRequest(_Lenient):
     seed: int | None = None
     stream: bool | None = False
     previous_response_id: str | None = None
+    store: bool | None = None
+    """Keep this response (on the node that answers, for an hour, for this API key) so a
+    later request can continue it with `previous_response_id`. Default true, as OpenAI."""
     tools: list[dict[str, Any]] | None = None
+    """Function tools, flat: `{"type": "function", "name", "description", "parameters"}`."""
     tool_choice: str | dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
     user: str | None = None
+    text: dict[str, Any] | None = None
+    """`text.format`: structured output (`json_object`, `json_schema`)."""
 
 
 def _item_message(item: InputItem, index: int) -> ChatMessage:
     where = f"input[{index}]"
+    if item.type in ("function_call", "function_call_output"):
+        if not item.call_id:
+            raise InvalidRequest(f"A {item.type} item needs its 'call_id'.", param=f"{where}.call_id")
+        if item.type == "function_call":
+            if not item.name:
+                raise InvalidRequest("A function_call item needs the function's 'name'.", param=f"{where}.name")
+            return ChatMessage(role="assistant", content=None,
+                               tool_calls=[ToolCall(id=item.call_id, name=item.name, arguments=item.arguments or "")])
+        return ChatMessage(role="tool", content=item.output or "", tool_call_id=item.call_id)
     if item.type not in (None, "message"):
-        raise InvalidRequest(f"Input items of type {item.type!r} are not supported; only messages are.",
-                             param=f"{where}.type")
+        raise InvalidRequest(f"Input items of type {item.type!r} are not supported; only messages, function_call "
+                             "and function_call_output are.", param=f"{where}.type")
     role = _ROLES.get(item.role or "")
     if role is None:
         raise InvalidRequest(f"Invalid role {item.role!r}; expected one of {', '.join(sorted(_ROLES))}.",
@@ -91,15 +113,61 @@ def _item_message(item: InputItem, index: int) -> ChatMessage:
     return ChatMessage(role=role, content="\n".join(texts))
 
 
-def to_params(request: ResponsesRequest) -> TextGenerationParams:
-    """Chat generation params for a Responses request, or `InvalidRequest` naming the param."""
+def _merge_calls(messages: list[ChatMessage]) -> list[ChatMessage]:
+    """Consecutive function_call items are one assistant turn that made several calls."""
+    merged: list[ChatMessage] = []
+    for message in messages:
+        previous = merged[-1] if merged else None
+        if (previous is not None and message.role == previous.role == "assistant" and message.tool_calls
+                and previous.tool_calls and not message.content):
+            merged[-1] = previous.model_copy(update={"tool_calls": [*previous.tool_calls, *message.tool_calls]})
+        else:
+            merged.append(message)
+    return merged
+
+
+def _tools(request: ResponsesRequest) -> list[ToolSpec]:
+    specs = []
+    for index, tool in enumerate(request.tools or []):
+        if tool.get("type") != "function":
+            raise InvalidRequest(f"Tools of type {tool.get('type')!r} are not supported; only 'function' is (Skulk "
+                                 "runs no hosted tools).", param=f"tools[{index}].type")
+        if not isinstance(tool.get("name"), str) or not tool["name"]:
+            raise InvalidRequest("A function tool needs a 'name'.", param=f"tools[{index}].name")
+        parameters = tool.get("parameters") or {}
+        if not isinstance(parameters, dict):
+            raise InvalidRequest("A function tool's 'parameters' must be a JSON Schema object.",
+                                 param=f"tools[{index}].parameters")
+        specs.append(ToolSpec(name=tool["name"], description=tool.get("description") or "", parameters=parameters))
+    return specs
+
+
+def _tool_choice(choice: str | dict[str, Any] | None, tools: list[ToolSpec]) -> str | dict[str, Any] | None:
+    """Responses' tool_choice as the internal (Chat Completions) one."""
+    if choice is None or isinstance(choice, str):
+        if choice is not None and choice not in ("none", "auto", "required"):
+            raise InvalidRequest(f"Invalid tool_choice {choice!r}; expected 'none', 'auto', 'required' or a function.",
+                                 param="tool_choice")
+        if choice == "required" and not tools:
+            raise InvalidRequest("tool_choice 'required' needs 'tools'.", param="tool_choice")
+        return choice
+    name = choice.get("name")
+    if choice.get("type") != "function" or not isinstance(name, str):
+        raise InvalidRequest('A tool_choice object must be {"type": "function", "name": ...}.', param="tool_choice")
+    if name not in {t.name for t in tools}:
+        raise InvalidRequest(f"tool_choice names {name!r}, which is not among 'tools'.", param="tool_choice")
+    return {"type": "function", "function": {"name": name}}
+
+
+def to_params(request: ResponsesRequest, history: Sequence[ChatMessage] = ()) -> TextGenerationParams:
+    """Chat generation params for a Responses request, or `InvalidRequest` naming the param.
+    `history` is the stored conversation `previous_response_id` continues (the route looks
+    it up): it comes after this request's `instructions` and before its `input`."""
     if not request.model.strip():
         raise InvalidRequest("'model' must name a model.", param="model")
-    if request.previous_response_id:
-        raise InvalidRequest("'previous_response_id' is not supported: responses are not stored; send the whole "
-                             "conversation in 'input'.", param="previous_response_id")
-    if request.tools:
-        raise InvalidRequest("'tools' are not supported on /v1/responses; use /v1/chat/completions.", param="tools")
+    tools = _tools(request)
+    tool_choice = _tool_choice(request.tool_choice, tools)
+    check_enforceable(tools, tool_choice, lambda index: f"tools[{index}].parameters")
     if request.max_output_tokens is not None and request.max_output_tokens < 1:
         raise InvalidRequest(f"'max_output_tokens' must be at least 1, got {request.max_output_tokens}.",
                              param="max_output_tokens")
@@ -108,12 +176,13 @@ def to_params(request: ResponsesRequest) -> TextGenerationParams:
     temperature = _in_range(request.temperature, 0.0, 2.0, "temperature")
     top_p = _in_range(request.top_p, 0.0, 1.0, "top_p")
     messages = [ChatMessage(role="system", content=request.instructions)] if request.instructions else []
+    messages.extend(history)
     if isinstance(request.input, str):
         messages.append(ChatMessage(role="user", content=request.input))
     else:
         if not request.input:
             raise InvalidRequest("'input' must contain at least one item.", param="input")
-        messages.extend(_item_message(item, i) for i, item in enumerate(request.input))
+        messages.extend(_merge_calls([_item_message(item, i) for i, item in enumerate(request.input)]))
     try:
         return TextGenerationParams(
             model_id=request.model,
@@ -124,6 +193,9 @@ def to_params(request: ResponsesRequest) -> TextGenerationParams:
             top_k=request.top_k,
             seed=request.seed,
             stream=bool(request.stream),
+            tools=tools,
+            tool_choice=tool_choice,
+            response_format=request_options.responses_text_format((request.text or {}).get("format")),
         )
     except ValidationError as error:
         raise invalid_request_from_validation(error) from None
@@ -177,13 +249,13 @@ def response_object(
         "model": request.model,
         "output": output,
         "parallel_tool_calls": False,
-        "previous_response_id": None,
+        "previous_response_id": request.previous_response_id,
         "temperature": request.temperature,
         "top_p": request.top_p,
-        "tool_choice": "none",
-        "tools": [],
-        "store": False,
-        "text": {"format": {"type": "text"}},
+        "tool_choice": request.tool_choice or "auto",
+        "tools": request.tools or [],
+        "store": request.store is not False,
+        "text": {"format": (request.text or {}).get("format") or {"type": "text"}},
         "truncation": "disabled",
         "usage": None if usage is None else _usage(usage),
         "user": request.user,
@@ -195,11 +267,30 @@ def _final_status(finish_reason: str | None) -> str:
     return "incomplete" if finish_reason == "length" else "completed"
 
 
+def _function_call(call: ToolCall) -> dict[str, Any]:
+    return {"id": f"fc_{call.id}", "type": "function_call", "status": "completed", "call_id": call.id,
+            "name": call.name, "arguments": call.arguments}
+
+
+def conversation_of(params: TextGenerationParams, request: ResponsesRequest,
+                    response: dict[str, Any]) -> tuple[ChatMessage, ...]:
+    """The conversation a stored `response` continues into: its history and input (not
+    its `instructions`, which a continuation does not inherit, as OpenAI's do not) and its
+    output as one assistant turn (text and function calls)."""
+    messages = params.messages[1:] if request.instructions else params.messages
+    text = "".join(part.get("text", "") for item in response["output"] if item["type"] == "message"
+                   for part in item["content"])
+    calls = [ToolCall(id=item["call_id"], name=item["name"], arguments=item["arguments"])
+             for item in response["output"] if item["type"] == "function_call"]
+    return (*messages, ChatMessage(role="assistant", content=text or None if calls else text, tool_calls=calls))
+
+
 def collect_response(
     chunks: Iterable[TokenChunk], *, command_id: str, request: ResponsesRequest, created: int
 ) -> dict[str, Any]:
     """The non-streaming `response` for a completed stream's chunks."""
     texts: list[str] = []
+    calls: list[ToolCall] = []
     finish_reason: str | None = None
     usage: Usage | None = None
     count = 0
@@ -207,10 +298,13 @@ def collect_response(
         count += 1
         if not chunk.reasoning:
             texts.append(chunk.text)
+        calls.extend(chunk.tool_calls or [])
         finish_reason = chunk.finish_reason or finish_reason
         usage = chunk.usage or usage
     status = _final_status(finish_reason)
-    output = [_message(command_id, status, [_text_part("".join(texts))])]
+    text = "".join(texts)
+    output = [_message(command_id, status, [_text_part(text)])] if text or not calls else []
+    output += [_function_call(call) for call in calls]
     return response_object(request, command_id=command_id, created=created, status=status, output=output,
                            usage=usage or Usage(completion_tokens=count, total_tokens=count))
 
@@ -222,8 +316,11 @@ class ResponseStreamEncoder:
     command_id: str
     request: ResponsesRequest
     created: int
+    on_done: Callable[[dict[str, Any]], None] | None = None
+    """Called with the final response object (the route stores it)."""
     _sequence: int = field(default=0, init=False)
     _texts: list[str] = field(default_factory=list, init=False)
+    _calls: list[ToolCall] = field(default_factory=list, init=False)
     _finish_reason: str | None = field(default=None, init=False)
     _usage: Usage | None = field(default=None, init=False)
     _count: int = field(default=0, init=False)
@@ -254,6 +351,7 @@ class ResponseStreamEncoder:
         self._count += 1
         self._finish_reason = chunk.finish_reason or self._finish_reason
         self._usage = chunk.usage or self._usage
+        self._calls.extend(chunk.tool_calls or [])
         if not chunk.text or chunk.reasoning:
             return []
         self._texts.append(chunk.text)
@@ -264,12 +362,27 @@ class ResponseStreamEncoder:
         status = _final_status(self._finish_reason)
         item = _message(self.command_id, status, [_text_part(text)])
         usage = self._usage or Usage(completion_tokens=self._count, total_tokens=self._count)
-        return [
+        events = [
             self._event("response.output_text.done", text=text, logprobs=[], **self._where()),
             self._event("response.content_part.done", part=_text_part(text), **self._where()),
             self._event("response.output_item.done", output_index=0, item=item),
-            self._event(f"response.{status}", response=self._response(status, [item], usage=usage)),
         ]
+        output = [item]
+        for index, call in enumerate(self._calls, start=1):
+            done = _function_call(call)
+            where = {"item_id": done["id"], "output_index": index}
+            events += [
+                self._event("response.output_item.added", output_index=index,
+                            item={**done, "status": "in_progress", "arguments": ""}),
+                self._event("response.function_call_arguments.delta", delta=call.arguments, **where),
+                self._event("response.function_call_arguments.done", arguments=call.arguments, **where),
+                self._event("response.output_item.done", output_index=index, item=done),
+            ]
+            output.append(done)
+        final = self._response(status, output, usage=usage)
+        if self.on_done is not None:
+            self.on_done(final)
+        return [*events, self._event(f"response.{status}", response=final)]
 
     def error_events(self, error: ApiError) -> list[str]:
         """A failure after the 200: an `error` event, then `response.failed`."""
@@ -289,6 +402,7 @@ __all__ = [
     "ResponseStreamEncoder",
     "ResponsesRequest",
     "collect_response",
+    "conversation_of",
     "message_id",
     "response_id",
     "response_object",

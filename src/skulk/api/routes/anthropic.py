@@ -1,4 +1,5 @@
-"""Anthropic-compatible route: `POST /v1/messages`, stream and not.
+"""Anthropic-compatible routes: `POST /v1/messages`, stream and not, and
+`POST /v1/messages/count_tokens`.
 
 The request is normalised by `skulk.api.adapters.anthropic` and then takes the shared
 generation path (`skulk.api.generation`): bound to a placed instance (404 naming the fix
@@ -15,11 +16,20 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from skulk.api.adapters.anthropic import MessagesRequest, MessageStreamEncoder, collect_message, sse_error, to_params
-from skulk.api.generation import SSE_HEADERS, api_context, drive, encoded_events, start_generation
+from skulk.api.adapters.anthropic import (
+    CountTokensRequest,
+    MessagesRequest,
+    MessageStreamEncoder,
+    collect_message,
+    count_params,
+    sse_error,
+    to_params,
+)
+from skulk.api.openapi_errors import ANTHROPIC_ERROR_RESPONSES
+from skulk.api.generation import SSE_HEADERS, api_context, drive, encoded_events, open_output, start_generation
 
 
-router = APIRouter()
+router = APIRouter(responses=ANTHROPIC_ERROR_RESPONSES)
 
 
 @router.post("/v1/messages", response_model=None)
@@ -29,9 +39,21 @@ async def create_message(request: Request, body: MessagesRequest) -> StreamingRe
     stream = await start_generation(context, params)
     if body.stream:
         encoder = MessageStreamEncoder(command_id=stream.command_id, model=body.model, stop_sequences=params.stop)
-        return StreamingResponse(encoded_events(request, context, stream, encoder, sse_error, params),
+        output = await open_output(request, context, stream, params)
+        return StreamingResponse(encoded_events(request, context, stream, encoder, sse_error, params, output),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
     async with aclosing(drive(request, context, stream, params)) as output:
         chunks = [chunk async for chunk in output]
     return collect_message(chunks, command_id=stream.command_id, model=body.model, stop_sequences=params.stop)
 
+
+
+@router.post("/v1/messages/count_tokens")
+async def count_tokens(request: Request, body: CountTokensRequest) -> dict[str, int]:
+    """The input tokens the same message request would use: the runner renders and
+    tokenizes it exactly as for generation, and generates nothing."""
+    context = api_context(request)
+    stream = await start_generation(context, count_params(body))
+    async with aclosing(drive(request, context, stream)) as output:
+        usage = [chunk.usage async for chunk in output if chunk.usage is not None]
+    return {"input_tokens": usage[-1].prompt_tokens if usage else 0}

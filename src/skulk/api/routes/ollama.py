@@ -18,10 +18,12 @@ from contextlib import aclosing
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from skulk.api.adapters.ollama import (
+    CONTEXT_HEADER,
     OLLAMA_VERSION,
+    OPTION_PARAMS,
     ChatRequest,
     EmbedRequest,
     Endpoint,
@@ -31,6 +33,7 @@ from skulk.api.adapters.ollama import (
     ShowRequest,
     Timing,
     chat_params,
+    clamp_context,
     collect,
     embed_params,
     embed_response,
@@ -49,17 +52,20 @@ from skulk.api.generation import (
     api_context,
     collect_embedding,
     drive,
+    open_output,
     start_embedding,
     start_generation,
 )
+from skulk.api.openapi_errors import OLLAMA_ERROR_RESPONSES
 from skulk.api.streams import CommandStream
+from skulk.shared.types.chunks import TokenChunk
 from skulk.shared.types.tasks import TextGenerationParams
 
 logger = logging.getLogger(__name__)
 
 PREFIX = "/ollama"
 
-router = APIRouter(prefix=PREFIX)
+router = APIRouter(prefix=PREFIX, responses=OLLAMA_ERROR_RESPONSES)
 
 KEEP_ALIVE_EXPIRY = "2318-01-01T00:00:00Z"
 """`expires_at` in `/api/ps`: a placed instance stays until it is deleted, so its expiry
@@ -146,30 +152,36 @@ def _load(request: Request, endpoint: Endpoint, model: str) -> dict[str, Any]:
 
 async def _generate(
     request: Request, endpoint: Endpoint, model: str, params: TextGenerationParams
-) -> StreamingResponse | dict[str, Any]:
+) -> StreamingResponse | JSONResponse | dict[str, Any]:
     context = api_context(request)
     started_ns = time.monotonic_ns()
-    stream = await start_generation(context, params, max_tokens_param="options.num_predict")
+    instance = context.find_instance(model)
+    clamped = None
+    if instance is not None:
+        params, clamped = clamp_context(params, instance.context_token_limit)
+    headers = {CONTEXT_HEADER: str(clamped)} if clamped is not None else {}
+    stream = await start_generation(context, params, max_tokens_param="options.num_predict", param_names=OPTION_PARAMS)
     encoder = OllamaEncoder(endpoint=endpoint, model=model)
     if params.stream:
-        return StreamingResponse(_lines(request, context, stream, encoder, started_ns, params),
-                                 media_type="application/x-ndjson", headers=SSE_HEADERS)
+        output = await open_output(request, context, stream, params)
+        return StreamingResponse(_lines(stream, encoder, started_ns, output),
+                                 media_type="application/x-ndjson", headers={**SSE_HEADERS, **headers})
     first_token_ns: int | None = None
     chunks = []
     async with aclosing(drive(request, context, stream, params)) as output:
         async for chunk in output:
             first_token_ns = first_token_ns or time.monotonic_ns()
             chunks.append(chunk)
-    return collect(encoder, chunks, Timing(started_ns, first_token_ns, time.monotonic_ns()))
+    body = collect(encoder, chunks, Timing(started_ns, first_token_ns, time.monotonic_ns()))
+    return JSONResponse(body, headers=headers) if headers else body
 
 
 async def _lines(
-    request: Request, context: Any, stream: CommandStream, encoder: OllamaEncoder, started_ns: int,
-    params: TextGenerationParams,
+    stream: CommandStream, encoder: OllamaEncoder, started_ns: int, chunks: AsyncIterator[TokenChunk],
 ) -> AsyncIterator[str]:
     first_token_ns: int | None = None
     try:
-        async with aclosing(drive(request, context, stream, params)) as output:
+        async with aclosing(chunks) as output:
             async for chunk in output:
                 first_token_ns = first_token_ns or time.monotonic_ns()
                 line = encoder.line(chunk)

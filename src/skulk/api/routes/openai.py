@@ -27,9 +27,11 @@ from fastapi.responses import StreamingResponse
 from skulk.api.adapters.openai_chat import (
     ChatCompletionRequest,
     ChatStreamEncoder,
+    choice_count,
     collect_response,
     command_id_from,
     model_entry,
+    merge_choices,
     model_list,
     served_by,
     sse_error,
@@ -41,19 +43,25 @@ from skulk.api.errors import ClusterNotReady, ModelNotFound, NotFound
 from skulk.api.generation import (
     SSE_HEADERS,
     api_context,
+    collect_choices,
     collect_embedding,
     drive,
     encoded_events,
+    open_output,
+    start_choices,
     start_embedding,
     start_generation,
 )
+from skulk.api.auth import presented_keys
+from skulk.api.openapi_errors import OPENAI_ERROR_RESPONSES
+from skulk.api.response_store import RESPONSE_TTL_S, ResponseStore, StoredResponse, key_scope
 from skulk.api.streams import CommandStream
 from skulk.shared.types.commands import CancelCommand
 from skulk.shared.types.ids import new_id
 
 logger = logging.getLogger(__name__)
 
-router = APIRouter()
+router = APIRouter(responses=OPENAI_ERROR_RESPONSES)
 
 
 _context = api_context
@@ -84,6 +92,15 @@ async def chat_completions(request: Request, body: ChatCompletionRequest) -> Str
     context = _context(request)
     params = to_params(body)
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    n = choice_count(body.n, bool(body.stream))
+    if n > 1:
+        streams = await start_choices(context, params, n, max_tokens_param=param)
+        created = int(time.time())
+        return merge_choices([
+            collect_response(chunks, command_id=streams[0].command_id, model=body.model, created=created,
+                             logprobs=params.logprobs)
+            for chunks in await collect_choices(request, context, streams, params)
+        ])
     stream = await start_generation(context, params, max_tokens_param=param)
     command_id = stream.command_id
     created = int(time.time())
@@ -93,8 +110,9 @@ async def chat_completions(request: Request, body: ChatCompletionRequest) -> Str
             command_id=command_id, model=body.model, created=created,
             include_usage=body.include_usage, logprobs=params.logprobs,
         )
-        return StreamingResponse(_sse(request, context, stream, encoder, params), media_type="text/event-stream",
-                                 headers=SSE_HEADERS)
+        output = await open_output(request, context, stream, params)
+        return StreamingResponse(_sse(request, context, stream, encoder, params, output),
+                                 media_type="text/event-stream", headers=SSE_HEADERS)
 
     async with aclosing(_drive(request, context, stream, params)) as output:
         chunks = [chunk async for chunk in output]
@@ -108,36 +126,100 @@ async def completions(
 ) -> StreamingResponse | dict[str, Any]:
     """Legacy text completions: the prompt is sent raw (no chat template)."""
     context = _context(request)
-    params = openai_completions.to_params(body)
+    prompts = openai_completions.prompts(body)
+    params = openai_completions.to_params(body, prompts[0])
+    n = choice_count(body.n, bool(body.stream))
+    if n > 1 or len(prompts) > 1:
+        every = [openai_completions.to_params(body, prompt) for prompt in prompts]
+        streams = [s for one in every for s in await start_choices(context, one, n)]
+        created = int(time.time())
+        echoes = [prompt if body.echo else None for prompt in prompts for _ in range(n)]
+        return merge_choices([
+            openai_completions.collect_completion(chunks, command_id=streams[0].command_id, model=body.model,
+                                                  created=created, logprobs=params.logprobs, echo=echo)
+            for chunks, echo in zip(await collect_choices(request, context, streams, params), echoes, strict=True)
+        ], prompts=len(prompts))
     stream = await start_generation(context, params)
     created = int(time.time())
     if body.stream:
         encoder = openai_completions.CompletionStreamEncoder(command_id=stream.command_id, model=body.model,
-                                                             created=created, logprobs=params.logprobs)
-        return StreamingResponse(_sse(request, context, stream, encoder), media_type="text/event-stream",
-                                 headers=SSE_HEADERS)
+                                                             created=created, logprobs=params.logprobs,
+                                                             echo=prompts[0] if body.echo else None)
+        output = await open_output(request, context, stream)
+        return StreamingResponse(_sse(request, context, stream, encoder, None, output),
+                                 media_type="text/event-stream", headers=SSE_HEADERS)
     async with aclosing(_drive(request, context, stream)) as output:
         chunks = [chunk async for chunk in output]
     return openai_completions.collect_completion(chunks, command_id=stream.command_id, model=body.model,
-                                                 created=created, logprobs=params.logprobs)
+                                                 created=created, logprobs=params.logprobs,
+                                                 echo=prompts[0] if body.echo else None)
+
+
+def _responses_kept(request: Request) -> ResponseStore:
+    store = getattr(request.app.state, "response_store", None)
+    if store is None:
+        store = request.app.state.response_store = ResponseStore()
+    return store
+
+
+def _scope(request: Request) -> str:
+    return key_scope(next(iter(presented_keys(request.headers)), None))
+
+
+def _stored(request: Request, response_id: str, param: str = "response_id") -> StoredResponse:
+    found = _responses_kept(request).get(response_id, _scope(request), time.monotonic())
+    if found is None:
+        raise NotFound(f"No stored response {response_id!r} for this API key on this node (responses are kept "
+                       f"{RESPONSE_TTL_S / 3600:g} h by the node that answered them).", param=param,
+                       code="response_not_found")
+    return found
 
 
 @router.post("/v1/responses", response_model=None)
 async def responses(request: Request, body: openai_responses.ResponsesRequest) -> StreamingResponse | dict[str, Any]:
-    """The Responses API (stateless: `store`/`previous_response_id` are not kept)."""
+    """The Responses API, with function tools and stored responses (`store`,
+    `previous_response_id`; see `skulk.api.response_store`)."""
     context = _context(request)
-    params = openai_responses.to_params(body)
-    stream = await start_generation(context, params, max_tokens_param="max_output_tokens")
+    history = _stored(request, body.previous_response_id, "previous_response_id").conversation \
+        if body.previous_response_id else ()
+    params = openai_responses.to_params(body, history)
+    stream = await start_generation(context, params, max_tokens_param="max_output_tokens",
+                                    param_names={"response_format": "text.format"})
     created = int(time.time())
+    scope = _scope(request)
+
+    def keep(response: dict[str, Any]) -> None:
+        if body.store is not False and response["status"] in ("completed", "incomplete"):
+            _responses_kept(request).put(response["id"], StoredResponse(
+                scope, time.monotonic(), response, openai_responses.conversation_of(params, body, response)))
+
     if body.stream:
-        encoder = openai_responses.ResponseStreamEncoder(command_id=stream.command_id, request=body, created=created)
+        encoder = openai_responses.ResponseStreamEncoder(command_id=stream.command_id, request=body, created=created,
+                                                         on_done=keep)
+        output = await open_output(request, context, stream, params)
         return StreamingResponse(
-            encoded_events(request, context, stream, encoder, encoder.error_events, params),
+            encoded_events(request, context, stream, encoder, encoder.error_events, params, output),
             media_type="text/event-stream", headers=SSE_HEADERS,
         )
     async with aclosing(_drive(request, context, stream, params)) as output:
         chunks = [chunk async for chunk in output]
-    return openai_responses.collect_response(chunks, command_id=stream.command_id, request=body, created=created)
+    response = openai_responses.collect_response(chunks, command_id=stream.command_id, request=body, created=created)
+    keep(response)
+    return response
+
+
+@router.get("/v1/responses/{response_id}")
+async def get_response(request: Request, response_id: str) -> dict[str, Any]:
+    """A stored response, for the API key that created it."""
+    return _stored(request, response_id).body
+
+
+@router.delete("/v1/responses/{response_id}")
+async def delete_response(request: Request, response_id: str) -> dict[str, Any]:
+    if not _responses_kept(request).delete(response_id, _scope(request)):
+        raise NotFound(f"No stored response {response_id!r} for this API key on this node.", param="response_id",
+                       code="response_not_found")
+    return {"id": response_id, "object": "response.deleted", "deleted": True}
 
 
 @router.post("/v1/embeddings")
@@ -152,8 +234,8 @@ async def embeddings(request: Request, body: openai_embeddings.EmbeddingRequest)
 
 
 def _sse(request: Request, context: Any, stream: CommandStream, encoder: Any,
-         params: Any = None) -> AsyncIterator[str]:
-    return encoded_events(request, context, stream, encoder, sse_error, params)
+         params: Any = None, output: AsyncIterator[Any] | None = None) -> AsyncIterator[str]:
+    return encoded_events(request, context, stream, encoder, sse_error, params, output)
 
 
 @router.post("/v1/cancel/{command_id}")

@@ -43,7 +43,7 @@ from skulk.store.downloads import downloaded_models, remove_model
 from skulk.store.eviction import in_use_model_ids
 from skulk.store.model_store import NodeStore, find_registered, registered, registered_file
 from skulk.store.staging import Manifest, manifest_from_marker, partial_bytes, remove_staged, scan_staged
-from skulk.store.store_fetch import StoreFetcher
+from skulk.store.store_fetch import FetchStatus, StoreFetcher
 
 router = APIRouter()
 
@@ -227,19 +227,26 @@ def _fetcher(request: Request, store: StoreContext) -> StoreFetcher:
     return fetcher
 
 
-@router.post("/store/models/{model_id:path}/fetch")
-async def fetch_store_model(request: Request, model_id: str, body: FetchBody | None = None) -> Any:
+async def fetch_step(request: Request, model_id: str, body: FetchBody | None = None) -> FetchStatus:
+    """Start (or follow) the store host's fetch of `model_id`: its status now. Raises the
+    `ApiError` that explains why not (no store here, no Hugging Face card). Ollama's
+    `/api/pull` polls this too."""
     context = request.app.state.skulk
-    try:
-        store = _store(request)
-        root = _canonical(store)
-    except ApiError as exc:
-        return _fail(exc)
+    store = _store(request)
+    root = _canonical(store)
     card = _fetch_card(context, model_id, body)
     if card is None or card.source != "huggingface":
-        return _fail(NotFound(f"No Hugging Face model card for {model_id!r} at that revision on the store host.",
-                              code="model_card_not_found", param="modelId"))
-    status = await asyncio.to_thread(_fetcher(request, store).request, card, root)
+        raise NotFound(f"No Hugging Face model card for {model_id!r} at that revision on the store host.",
+                       code="model_card_not_found", param="modelId")
+    return await asyncio.to_thread(_fetcher(request, store).request, card, root)
+
+
+@router.post("/store/models/{model_id:path}/fetch")
+async def fetch_store_model(request: Request, model_id: str, body: FetchBody | None = None) -> Any:
+    try:
+        status = await fetch_step(request, model_id, body)
+    except ApiError as exc:
+        return _fail(exc)
     return JSONResponse(status.to_json(), status_code=status.http_status)
 
 
@@ -255,26 +262,32 @@ def _known_anywhere(context: Any, store: StoreContext, model_id: str) -> bool:
     return any(e.model_id == model_id for e in scan_staged(store.staging_root))
 
 
-@router.delete("/store/models/{model_id:path}")
-async def delete_store_model(request: Request, model_id: str) -> Any:
+async def delete_model(request: Request, model_id: str) -> dict[str, Any]:
+    """Evict `model_id` everywhere (staged copies) and remove its canonical copy. Raises the
+    `ApiError` that explains why not. Ollama's `/api/delete` does the same."""
     context = request.app.state.skulk
-    try:
-        store = _store(request)
-        root = _canonical(store)
-    except ApiError as exc:
-        return _fail(exc)
+    store = _store(request)
+    root = _canonical(store)
     has_canonical = bool(await asyncio.to_thread(lambda: downloaded_models(root).get(model_id)))
     if not has_canonical and not await asyncio.to_thread(_known_anywhere, context, store, model_id):
-        return _fail(StoreModelNotFound(model_id))
+        raise StoreModelNotFound(model_id)
     command = EvictStagedModel(command_id=new_id(), model_id=model_id)
     # Broadcast first: when no master takes it, nothing has changed yet and a retry is safe.
     try:
         await context.submit_command(command)
     except Exception as exc:  # noqa: BLE001 - any failure to hand the command over
-        return _fail(ClusterNotReady(f"The eviction could not be broadcast, nothing was deleted: {exc}"))
+        raise ClusterNotReady(f"The eviction could not be broadcast, nothing was deleted: {exc}") from exc
     removed = await asyncio.to_thread(remove_model, root, model_id)
     return {"modelId": model_id, "commandId": command.command_id, "removedCanonical": [p.name for p in removed],
             "evicting": True}
+
+
+@router.delete("/store/models/{model_id:path}")
+async def delete_store_model(request: Request, model_id: str) -> Any:
+    try:
+        return await delete_model(request, model_id)
+    except ApiError as exc:
+        return _fail(exc)
 
 
 @router.post("/store/purge-staging")
@@ -290,4 +303,4 @@ async def purge_staging(request: Request) -> Any:
             "freedBytes": result.freed_bytes}
 
 
-__all__ = ["StoreContext", "router"]
+__all__ = ["StoreContext", "delete_model", "fetch_step", "router"]

@@ -21,6 +21,12 @@ from pydantic import AfterValidator, ConfigDict, Field, Strict, model_validator
 from pydantic_core import PydanticCustomError
 
 from skulk.shared.types.base import WireModel
+from skulk.shared.types.engines import (  # the engine vocabularies derive from the traits table
+    GGUF_ENGINES,
+    KNOWN_ENGINES,
+    SAFETENSORS_ONLY_ENGINES,
+    ArtifactFormat,
+)
 from skulk.shared.types.ids import ModelId
 
 # ---------------------------------------------------------------------------------------
@@ -34,19 +40,9 @@ Capability = Literal["text", "tools", "thinking", "vision", "embedding"]
 CardSource = Literal["huggingface", "local-generated", "local-path"]
 ToolCallFormat = Literal["hermes", "llama3_json", "mistral", "none"]
 ReasoningFormat = Literal["none", "think_tags", "harmony"]
-ArtifactFormat = Literal["safetensors", "gguf"]
-
-KNOWN_ENGINES: frozenset[str] = frozenset({"mlx", "mlx_audio", "llama_cpp", "llama_server", "vllm"})
-"""Runner engines a backend tag may name (the part before the first '-')."""
 
 KNOWN_COMPUTES: frozenset[str] = frozenset({"metal", "cuda", "rocm", "vulkan", "cpu"})
 """Accelerators a backend tag may name (the part after the first '-')."""
-
-GGUF_ENGINES: frozenset[str] = frozenset({"llama_cpp", "llama_server"})
-"""Engines that load only GGUF files: a card listing one of them describes a GGUF artifact."""
-
-SAFETENSORS_ONLY_ENGINES: frozenset[str] = frozenset({"mlx", "mlx_audio"})
-"""Engines that cannot load GGUF at all (mlx-lm reads HF safetensors directories)."""
 
 LOCAL_MODEL_PREFIX = "local/"
 """Model ids under this owner never touch the hub: they are generated or read from disk."""

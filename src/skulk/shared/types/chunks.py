@@ -49,6 +49,10 @@ class TokenChunk(WireModel):
     reasoning: bool = False
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
+    stop_sequence: str | None = None
+    """On the last chunk: the request's stop string that ended it (the text omits it)."""
+    prompt_tokens: int | None = None
+    """On the first chunk: the prompt's length in tokens."""
 
 
 class EmbeddingChunk(WireModel):

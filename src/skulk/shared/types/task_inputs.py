@@ -51,6 +51,9 @@ def redacted_generation_params(params: TextGenerationParams) -> TextGenerationPa
         "prompt": "" if params.prompt is not None else None,
         "tools": [],
         "stop": [],
+        # A response schema is the caller's text too: only its kind stays.
+        "response_format": None if params.response_format is None else params.response_format.model_copy(
+            update={"json_schema": {} if params.response_format.json_schema is not None else None}),
     })
 
 

@@ -16,6 +16,21 @@ from skulk.shared.types.common import ChatMessage, FiniteFloat, TaskStatus, Tool
 from skulk.shared.types.ids import CommandId, InstanceId, ModelId, NodeId, RunnerId, TaskId
 
 
+class ResponseFormat(WireModel):
+    """Structured output: `json_object` (the output is one JSON object) or `json_schema`
+    (one JSON value valid for `json_schema`), enforced by constrained decoding."""
+
+    type: Literal["json_object", "json_schema"]
+    name: str = "response"
+    json_schema: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _schema_for_json_schema(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("`json_schema` is required for type 'json_schema' and only for it")
+        return self
+
+
 class TextGenerationParams(WireModel):
     """A normalised generation request: either chat `messages` (rendered with the model's
     chat template) or a raw completion `prompt`, never both."""
@@ -34,6 +49,19 @@ class TextGenerationParams(WireModel):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0)
     stream: bool = False
+    response_format: ResponseFormat | None = None
+    frequency_penalty: FiniteFloat | None = Field(default=None, ge=-2, le=2)
+    presence_penalty: FiniteFloat | None = Field(default=None, ge=-2, le=2)
+    repeat_penalty: FiniteFloat | None = Field(default=None, gt=0)
+    """Multiplicative penalty on tokens seen recently (llama.cpp's and Ollama's knob)."""
+    logit_bias: dict[int, FiniteFloat] = Field(default_factory=dict)
+    """Token id -> bias added to its logit before sampling (OpenAI: -100 bans, 100 forces)."""
+    context_tokens: int | None = Field(default=None, ge=1)
+    """A tighter context for this request than the instance's (Ollama's `num_ctx`): the
+    prompt plus the output must fit in it."""
+    count_only: bool = False
+    """Count the prompt's tokens and generate nothing (Anthropic's count_tokens): the answer
+    is one empty chunk whose usage holds the count."""
 
     @model_validator(mode="after")
     def _one_input(self) -> TextGenerationParams:
@@ -146,6 +174,7 @@ TASK_ADAPTER: TypeAdapter[Task] = TypeAdapter(Task)
 __all__ = [
     "TASK_ADAPTER",
     "ApiTask",
+    "ResponseFormat",
     "CancelTask",
     "ConnectToGroup",
     "CreateRunner",

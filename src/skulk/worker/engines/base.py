@@ -23,6 +23,7 @@ from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.common import ChatMessage, FinishReason, Usage
+from skulk.shared.types.engines import missing_features
 from skulk.shared.types.ids import RunnerId
 from skulk.shared.types.instances import Instance, ShardAssignment
 from skulk.shared.types.tasks import EmbeddingParams, TextGenerationParams
@@ -75,6 +76,12 @@ class GeneratedToken:
     token_id: int | None = None
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
+    stop_sequence: str | None = None
+    """On the last token: the request's stop string that ended the generation (dropped
+    from the text), so the API can say which one (Anthropic's `stop_sequence`)."""
+    prompt_tokens: int | None = None
+    """On the first token: the prompt's length in tokens, known before the first token, so
+    a stream can report it at its start (Anthropic's `message_start`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,8 +181,9 @@ class PromptTooLong(EngineError):
         self.prompt_tokens = prompt_tokens
         self.context_tokens = context_tokens
         super().__init__(
-            f"prompt is {prompt_tokens} tokens; this instance's context holds {context_tokens} "
-            f"and must leave room for at least one generated token"
+            # OpenAI's wording: clients (LiteLLM) recognise a context overflow by it.
+            f"This model's maximum context length is {context_tokens} tokens, but the prompt is "
+            f"{prompt_tokens} tokens and must leave room for at least one generated token."
         )
 
     def __reduce__(self):  # pickling rebuilds from the fields, not from the message
@@ -376,10 +384,14 @@ class Dispatcher:
         width: int = 1,
         queue_capacity: int = DISPATCH_QUEUE_CAPACITY,
         name: str = "dispatch",
+        engine_name: str | None = None,
     ) -> None:
         if width < 1:
             raise ValueError(f"dispatcher width must be >= 1, got {width}")
         self._engine = engine
+        self._engine_name = engine_name
+        """The engine's name in the traits table; with it, a request for a feature the
+        engine lacks is refused at admission (the API refuses it first; this is the guard)."""
         self._sink = sink
         self._width = width
         self._capacity = queue_capacity
@@ -419,7 +431,7 @@ class Dispatcher:
 
     def submit(self, request_id: str, request: ApiRequest) -> None:
         with self._lock:
-            refusal = self._refusal(request_id)
+            refusal = self._refusal(request_id) or self._unsupported(request)
             if refusal is not None:
                 self._counts["rejected"] += 1
                 raise refusal
@@ -515,6 +527,14 @@ class Dispatcher:
             )
         return None
 
+    def _unsupported(self, request: ApiRequest) -> DispatchRejected | None:
+        if self._engine_name is None or not isinstance(request, TextGenerationParams):
+            return None
+        for feature, param in missing_features(self._engine_name, request):
+            return DispatchRejected(
+                "FeatureUnsupported", f"the {self._engine_name} engine does not support {feature.value} ({param!r})")
+        return None
+
     def _finish_unstarted(self, job: _Job, result: GenerationResult) -> None:
         try:
             self._sink.on_finish(job.request_id, result)
@@ -555,6 +575,8 @@ class Dispatcher:
     def _run(self, job: _Job) -> GenerationResult:
         if isinstance(job.request, EmbeddingParams):
             return self._embed(job, job.request)
+        if job.request.count_only:
+            return self._count(job, job.request)
         last: GeneratedToken | None = None
         try:
             self._sink.on_start(job.request_id)
@@ -595,6 +617,25 @@ class Dispatcher:
             error_message="the engine ended the stream without a finish reason",
         )
 
+
+    def _count(self, job: _Job, request: TextGenerationParams) -> GenerationResult:
+        """A count-only request: the prompt's tokens as the engine would feed them, as one
+        empty token carrying the usage; nothing is generated (Anthropic's count_tokens)."""
+        counter = getattr(self._engine, "prompt_tokens", None)
+        try:
+            self._sink.on_start(job.request_id)
+            if counter is None:
+                raise EngineError(f"the {type(self._engine).__name__} engine cannot count prompt tokens")
+            usage = usage_of(len(counter(request)), 0)
+            self._sink.on_token(job.request_id, GeneratedToken("", None, "stop", usage))
+        except EngineError as exc:
+            return GenerationResult(outcome="failed", finish_reason="error", error_type=exc.error_type,
+                                    error_message=str(exc))
+        except Exception as exc:  # an engine bug must end this request, not the runner
+            log.exception("count %s failed", job.request_id)
+            return GenerationResult(outcome="failed", finish_reason="error", error_type=type(exc).__name__,
+                                    error_message=str(exc) or repr(exc))
+        return GenerationResult(outcome="completed", finish_reason="stop", usage=usage)
 
     def _embed(self, job: _Job, request: EmbeddingParams) -> GenerationResult:
         """An embedding runs as one step: it is not interruptible, so a cancel that arrives

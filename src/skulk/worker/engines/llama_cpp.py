@@ -22,13 +22,13 @@ import os
 import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from skulk.shared.tool_grammar import SchemaNotSupported, tool_call_grammar
+from skulk.shared.tool_grammar import SchemaNotSupported, request_grammar
 from skulk.shared.types.cards import backend_engine
 from skulk.shared.types.chunks import TopLogprob
 from skulk.shared.types.common import FinishReason, Usage
@@ -142,6 +142,27 @@ def log_softmax_at(logits: np.ndarray, token: int, top: int) -> tuple[float, lis
     ids = np.argpartition(logits, -k)[-k:]
     ids = ids[np.argsort(-logits[ids], kind="stable")]
     return chosen, [(int(i), float(logits[i]) - log_z) for i in ids]
+
+
+def logit_bias_processor(bias: dict[int, float], n_vocab: int) -> list[Callable[[Any, np.ndarray], np.ndarray]] | None:
+    """llama-cpp-python logits processors adding `bias` (token id -> logit offset, as
+    OpenAI's `logit_bias`), or None without a bias (the sampler chain stays native). Ids
+    outside the vocabulary are refused: a bias that lands nowhere is a silent no-op."""
+    if not bias:
+        return None
+    for token in bias:
+        if not 0 <= token < n_vocab:
+            raise InvalidTokens(f"logit_bias names token id {token}, outside this model's vocabulary "
+                                f"(0..{n_vocab - 1})")
+    ids = np.fromiter(bias.keys(), dtype=np.intp, count=len(bias))
+    offsets = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
+
+    def add_bias(_input_ids: Any, logits: np.ndarray) -> np.ndarray:
+        # The custom sampler runs first in llama.cpp's chain, over every token in id order.
+        logits[ids] += offsets
+        return logits
+
+    return [add_bias]
 
 
 def normalise(vector: np.ndarray, dimensions: int | None = None) -> list[float]:
@@ -500,15 +521,15 @@ class LlamaCppEngine:
                 TopLogprob(token=llama.detokenize([i]).decode("utf-8", errors="replace"), logprob=lp, token_id=i)
                 for i, lp in best
             ]
-            return ScoredToken(text, token, finish, usage, chosen, tops)
+            return ScoredToken(text, token, finish, usage, logprob=chosen, top_logprobs=tops)
 
         return scored
 
     def _grammar(self, llama: Any, request: TextGenerationParams) -> Any:
-        """The llama.cpp grammar forcing a tool call, or None (the common case: the request
-        does not force one, and sampling is unconstrained)."""
+        """The llama.cpp grammar forcing a tool call or a response format, or None (the
+        common case: sampling is unconstrained)."""
         try:
-            text = tool_call_grammar(request.tools, request.tool_choice)
+            text = request_grammar(request.tools, request.tool_choice, request.response_format)
         except SchemaNotSupported as exc:
             raise GrammarRejected(str(exc)) from exc
         if text is None:
@@ -522,7 +543,7 @@ class LlamaCppEngine:
         probe = llama_cpp.llama_sampler_init_grammar(
             self._vocab, grammar._grammar.encode("utf-8"), grammar._root.encode("utf-8"))
         if not probe:
-            raise GrammarRejected("llama.cpp could not parse the tool-call grammar")
+            raise GrammarRejected("llama.cpp could not parse the request's grammar")
         llama_cpp.llama_sampler_free(probe)
         return grammar
 
@@ -569,9 +590,10 @@ class LlamaCppEngine:
         except PromptCancelled:
             return  # the caller went away while the prompt was tokenized: nothing to say
         n_prompt = len(prompt)
-        if n_prompt >= self._n_ctx:
-            raise PromptTooLong(n_prompt, self._n_ctx)
-        room = self._n_ctx - n_prompt
+        n_ctx = min(self._n_ctx, request.context_tokens or self._n_ctx)
+        if n_prompt >= n_ctx:
+            raise PromptTooLong(n_prompt, n_ctx)
+        room = n_ctx - n_prompt
         max_new = min(request.max_tokens, room) if request.max_tokens is not None else room
 
         temperature = DEFAULT_TEMPERATURE if request.temperature is None else request.temperature
@@ -590,33 +612,43 @@ class LlamaCppEngine:
             top_p=DEFAULT_TOP_P if request.top_p is None else request.top_p,
             top_k=DEFAULT_TOP_K if request.top_k is None else request.top_k,
             min_p=DEFAULT_MIN_P,
-            repeat_penalty=1.0,
+            repeat_penalty=1.0 if request.repeat_penalty is None else request.repeat_penalty,
+            frequency_penalty=request.frequency_penalty or 0.0,
+            presence_penalty=request.presence_penalty or 0.0,
             reset=True,  # keeps the longest common prefix of the KV cache, re-evaluates the rest
             grammar=grammar,
+            logits_processor=logit_bias_processor(request.logit_bias, llama.n_vocab()),
         )
         make = self._token_maker(llama, request)
+        first = True
         try:
             if request.prompt is None and opens_reasoning(text) and grammar is None:
                 # The template opened the think block itself (DeepSeek-R1 style), so the
                 # model's output starts inside it: say so, as if the model had written it.
                 # Not under a tool-call grammar: the output is then the call, never thought.
-                yield GeneratedToken(THINK_OPEN)
+                yield GeneratedToken(THINK_OPEN, prompt_tokens=n_prompt)
+                first = False
             for token in generator:
                 if cancelled.is_set():
                     return
                 completion += 1
                 if self._is_end_of_generation(token):
-                    yield make(stops.flush(), token, "stop", usage_of(n_prompt, completion))
+                    out = make(stops.flush(), token, "stop", usage_of(n_prompt, completion))
+                else:
+                    piece, matched = stops.push(decoder.decode(llama.detokenize([token])))
+                    if matched:
+                        out = replace(make(piece, token, "stop", usage_of(n_prompt, completion)),
+                                      stop_sequence=stops.matched)
+                    elif completion >= max_new:
+                        # max_tokens reached, or the context is full: either way "length".
+                        out = make(piece + stops.flush(), token, "length", usage_of(n_prompt, completion))
+                    else:
+                        out = make(piece, token, None, None)
+                if first:
+                    out, first = replace(out, prompt_tokens=n_prompt), False
+                yield out
+                if out.finish_reason is not None:
                     return
-                text, matched = stops.push(decoder.decode(llama.detokenize([token])))
-                if matched:
-                    yield make(text, token, "stop", usage_of(n_prompt, completion))
-                    return
-                if completion >= max_new:
-                    # max_tokens reached, or the context is full: either way "length".
-                    yield make(text + stops.flush(), token, "length", usage_of(n_prompt, completion))
-                    return
-                yield make(text, token, None, None)
         finally:
             generator.close()
 
@@ -632,6 +664,7 @@ __all__ = [
     "InvalidDimensions",
     "ScoredToken",
     "log_softmax_at",
+    "logit_bias_processor",
     "normalise",
     "DEFAULT_MIN_P",
     "DEFAULT_TEMPERATURE",

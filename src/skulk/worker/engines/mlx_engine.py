@@ -289,9 +289,10 @@ class MlxEngine:
     ) -> tuple[list[int], int, SamplingParams]:
         """Prompt ids, the most tokens this request may generate, and its sampling."""
         prompt = self.prompt_tokens(request, cancelled)
-        if len(prompt) >= self._n_ctx:
-            raise PromptTooLong(len(prompt), self._n_ctx)
-        room = self._n_ctx - len(prompt)
+        n_ctx = min(self._n_ctx, request.context_tokens or self._n_ctx)
+        if len(prompt) >= n_ctx:
+            raise PromptTooLong(len(prompt), n_ctx)
+        room = n_ctx - len(prompt)
         max_new = min(request.max_tokens, room) if request.max_tokens is not None else room
         params = resolve_sampling(request.temperature, request.top_p, request.top_k, request.seed, secrets.randbits(31))
         return prompt, max_new, params
@@ -364,17 +365,22 @@ class MlxEngine:
             if cancelled.is_set():
                 return
             completion += 1
+            # The first token says the prompt's length; a matched stop string says which.
+            prompt_tokens = n_prompt if completion == 1 else None
             if token in self._eos:
-                yield GeneratedToken(stops.flush(), token, "stop", usage_of(n_prompt, completion))
+                yield GeneratedToken(stops.flush(), token, "stop", usage_of(n_prompt, completion),
+                                     prompt_tokens=prompt_tokens)
                 return
             text, matched = stops.push(decoder.decode(self._token_bytes[token]))
             if matched:
-                yield GeneratedToken(text, token, "stop", usage_of(n_prompt, completion))
+                yield GeneratedToken(text, token, "stop", usage_of(n_prompt, completion), stop_sequence=stops.matched,
+                                     prompt_tokens=prompt_tokens)
                 return
             if completion >= max_new:
-                yield GeneratedToken(text + stops.flush(), token, "length", usage_of(n_prompt, completion))
+                yield GeneratedToken(text + stops.flush(), token, "length", usage_of(n_prompt, completion),
+                                     prompt_tokens=prompt_tokens)
                 return
-            yield GeneratedToken(text, token)
+            yield GeneratedToken(text, token, prompt_tokens=prompt_tokens)
 
     def _prefill(self, prompt: list[int]) -> int:
         token: int | None = None

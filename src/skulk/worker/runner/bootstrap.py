@@ -164,7 +164,8 @@ class Runner:
             self._engine = engine
             self._set_phase("Loaded")
             self._set_phase("WarmingUp")
-            self._dispatcher = Dispatcher(engine, self, width=engine.concurrency, name=f"runner-{self._runner_id}")
+            self._dispatcher = Dispatcher(engine, self, width=engine.concurrency, name=f"runner-{self._runner_id}",
+                                          engine_name=backend_engine(shard.backend))
             self._dispatcher.run_on_worker(engine.warm_up)
         except Exception as exc:
             log.exception("runner %s failed to load", self._runner_id)
@@ -252,7 +253,8 @@ class Runner:
         with stream.lock:
             if stream.spans is not None:
                 stream.spans.token()
-            if type(token) is GeneratedToken:  # the per-token hot path: no models built
+            if type(token) is GeneratedToken and token.stop_sequence is None and token.prompt_tokens is None:
+                # The per-token hot path: no models built.
                 self._write(pack_token(
                     task.owner_node_id, task.command_id, stream.next_seq,
                     token.text, token.token_id, token.finish_reason, token.usage,
@@ -343,7 +345,7 @@ def _chunk_of(command_id: str, token: GeneratedToken | GeneratedEmbedding) -> To
         return EmbeddingChunk(command_id=command_id, embeddings=token.embeddings, usage=token.usage)
     extras = {
         name: value
-        for name in ("logprob", "top_logprobs", "tool_calls", "reasoning")
+        for name in ("logprob", "top_logprobs", "tool_calls", "reasoning", "stop_sequence", "prompt_tokens")
         if (value := getattr(token, name, None)) is not None
     }
     return TokenChunk(

@@ -1,0 +1,161 @@
+"""What each runner engine can do: one table that cards, placement, the worker and the API
+all read.
+
+Before this table the same facts lived in several places (which engines read GGUF, which
+span nodes, which commit their KV window at load, which request features they honour), and
+they drifted: an MLX instance silently returned empty logprobs because nothing said MLX had
+none. Now a fact about an engine is written once, here, and everything else derives from
+it: `skulk.shared.types.cards` its engine vocabularies, `skulk.master.placement` which
+engines and families span nodes, `skulk.shared.memory_estimate` which engines commit their
+window at load, and the API (`skulk.api.generation.bind_instance`) which request features
+the placed engine honours, refusing the others with a 400 that names feature and engine.
+
+`required_features(params)` is the other half: the features a normalised request asks for,
+each with the parameter that asked. Data and pure functions only; no engine library here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from skulk.shared.types.tasks import TextGenerationParams
+
+ArtifactFormat = Literal["safetensors", "gguf"]
+
+
+class Feature(StrEnum):
+    """A request feature an engine may or may not honour. The value reads as English, so
+    an error can say "the mlx engine does not support structured output"."""
+
+    LOGPROBS = "logprobs"
+    STRUCTURED_OUTPUT = "structured output"
+    FORCED_TOOL_CALLS = "forced tool calls"
+    PENALTIES = "repetition penalties"
+    LOGIT_BIAS = "logit bias"
+    EMBEDDINGS = "embeddings"
+    N = "several choices (n)"
+
+
+@dataclass(frozen=True)
+class EngineTraits:
+    """One engine's facts.
+
+    `formats`: the artifact formats it loads. `multi_node`: whether one instance may span
+    nodes on it. `sharded_families`: for a multi-node engine, the model families it has a
+    sharding layout for (others are placed on one node only, never failed at load).
+    `window_at_load`: it commits its whole KV window when it loads (so placement sizes the
+    window to discrete VRAM), where the others grow their cache per request. `features`:
+    the request features it honours; a request asking for another is refused.
+    `families`: the model families it can load at all (None: any its formats hold);
+    placement never puts a model of another family on it (it would only fail at load)."""
+
+    formats: frozenset[ArtifactFormat]
+    families: frozenset[str] | None = None
+    multi_node: bool = False
+    sharded_families: frozenset[str] = frozenset()
+    window_at_load: bool = False
+    features: frozenset[Feature] = frozenset()
+
+
+ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
+    "llama_cpp": EngineTraits(
+        formats=frozenset({"gguf"}),
+        window_at_load=True,
+        features=frozenset(Feature),
+    ),
+    "llama_server": EngineTraits(formats=frozenset({"gguf"}), window_at_load=True),
+    "mlx": EngineTraits(
+        formats=frozenset({"safetensors"}),
+        # The engine runs a model through skulk.worker.engines.mlx_family's adapters.
+        families=frozenset({"llama", "mistral", "qwen2", "qwen3"}),
+        multi_node=True,
+        # The families skulk.worker.engines.mlx_family has a layer/tensor layout for.
+        sharded_families=frozenset({"llama", "mistral", "qwen2", "qwen3"}),
+        features=frozenset({Feature.N}),
+    ),
+    "mlx_audio": EngineTraits(formats=frozenset({"safetensors"})),
+    "vllm": EngineTraits(formats=frozenset({"safetensors", "gguf"}), window_at_load=True),
+})
+"""Every runner engine a backend tag may name (the part before the first '-')."""
+
+
+def engines_where(predicate) -> frozenset[str]:  # noqa: ANN001 - Callable[[EngineTraits], bool]
+    return frozenset(name for name, traits in ENGINE_TRAITS.items() if predicate(traits))
+
+
+KNOWN_ENGINES: frozenset[str] = frozenset(ENGINE_TRAITS)
+GGUF_ENGINES: frozenset[str] = engines_where(lambda t: t.formats == {"gguf"})
+"""Engines that load only GGUF files: a card listing one of them describes a GGUF artifact."""
+SAFETENSORS_ONLY_ENGINES: frozenset[str] = engines_where(lambda t: t.formats == {"safetensors"})
+"""Engines that cannot load GGUF at all (mlx-lm reads HF safetensors directories)."""
+MULTI_NODE_ENGINES: frozenset[str] = engines_where(lambda t: t.multi_node)
+WINDOW_AT_LOAD_ENGINES: frozenset[str] = engines_where(lambda t: t.window_at_load)
+
+
+def traits_of(engine: str) -> EngineTraits:
+    """The traits of `engine` (a bare engine name); an unknown one has none of the features."""
+    return ENGINE_TRAITS.get(engine, EngineTraits(formats=frozenset()))
+
+
+def loads_family(engine: str, family: str) -> bool:
+    """Whether `engine` can load a model of `family` at all."""
+    families = traits_of(engine).families
+    return families is None or family in families
+
+
+def shards_family(engine: str, family: str) -> bool:
+    """Whether `engine` can spread one instance of a `family` model over several nodes."""
+    traits = traits_of(engine)
+    return traits.multi_node and family in traits.sharded_families
+
+
+def required_features(params: TextGenerationParams) -> list[tuple[Feature, str]]:
+    """The features `params` asks for, each with the (internal) parameter that asks, in a
+    fixed order so the first refusal is stable."""
+    from skulk.shared.tool_grammar import forced_tools
+
+    if params.count_only:
+        return []  # nothing is generated: every engine counts its prompt tokens
+    wanted: list[tuple[Feature, str]] = []
+    if params.logprobs:
+        wanted.append((Feature.LOGPROBS, "logprobs"))
+    if params.response_format is not None:
+        wanted.append((Feature.STRUCTURED_OUTPUT, "response_format"))
+    if forced_tools(params.tools, params.tool_choice):
+        wanted.append((Feature.FORCED_TOOL_CALLS, "tool_choice"))
+    for name in ("frequency_penalty", "presence_penalty", "repeat_penalty"):
+        if getattr(params, name) is not None:
+            wanted.append((Feature.PENALTIES, name))
+            break
+    if params.logit_bias:
+        wanted.append((Feature.LOGIT_BIAS, "logit_bias"))
+    return wanted
+
+
+def missing_features(engine: str, params: TextGenerationParams) -> list[tuple[Feature, str]]:
+    """The features `params` asks for that `engine` does not honour (empty: serve it)."""
+    have = traits_of(engine).features
+    return [(feature, param) for feature, param in required_features(params) if feature not in have]
+
+
+__all__ = [
+    "ENGINE_TRAITS",
+    "GGUF_ENGINES",
+    "KNOWN_ENGINES",
+    "MULTI_NODE_ENGINES",
+    "SAFETENSORS_ONLY_ENGINES",
+    "WINDOW_AT_LOAD_ENGINES",
+    "ArtifactFormat",
+    "EngineTraits",
+    "Feature",
+    "missing_features",
+    "required_features",
+    "loads_family",
+    "shards_family",
+    "traits_of",
+]

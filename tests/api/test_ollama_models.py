@@ -1,0 +1,137 @@
+"""Ollama's model management and request quirks: bodies without a JSON Content-Type are
+read as JSON; `pull` fetches into the store with Ollama's NDJSON progress; `delete` removes
+the weights; `copy`/`create`/`push` say what Skulk does instead; `keep_alive: 0` is
+refused; `num_ctx` is honoured per request, clamped to the placed context and said."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import ollama
+import pytest
+
+from skulk.api.adapters.ollama import CONTEXT_HEADER, check_keep_alive, clamp_context
+from skulk.api.app import ApiContext, create_app
+from skulk.api.errors import InvalidRequest
+from skulk.shared.types.commands import EvictStagedModel
+from skulk.shared.types.state import State
+from skulk.shared.types.tasks import TextGenerationParams
+from skulk.store.model_store import NodeStore
+from tests.api.scripted_cluster import asgi_http, scripted_app
+from tests.api.test_openai_routes import MODEL
+from tests.api.test_tools_sdk import ollama_sdk
+from tests.mockhub import (
+    GGUF_FILE,
+    TINY_GGUF_REPO,
+    hub_card,
+    mock_hub,  # noqa: F401 - fixture
+    tiny_artifacts,  # noqa: F401 - fixture
+)
+
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": False}
+
+
+@pytest.mark.parametrize("content_type", [None, "application/x-www-form-urlencoded", "text/plain"])
+async def test_a_body_sent_without_a_json_content_type_is_read_as_json(content_type):
+    app, _ = scripted_app(["Hi"])
+    headers = {} if content_type is None else {"Content-Type": content_type}
+    async with asgi_http(app) as http:
+        reply = await http.post("/ollama/api/chat", content=json.dumps(CHAT).encode(), headers=headers)
+        broken = await http.post("/ollama/api/chat", content=b"{not json", headers=headers)
+    assert reply.status_code == 200 and reply.json()["message"]["content"] == "Hi"
+    assert broken.status_code == 400 and "error" in broken.json()
+
+
+@pytest.mark.parametrize("operation", ["copy", "create", "push"])
+async def test_operations_without_an_equivalent_say_what_skulk_does_instead(operation):
+    app, _ = scripted_app()
+    async with asgi_http(app) as http:
+        reply = await http.post(f"/ollama/api/{operation}", json={"model": MODEL, "source": "a", "destination": "b"})
+    assert reply.status_code == 400
+    assert "not supported by Skulk" in reply.json()["error"]
+    assert ("/models/add" if operation != "push" else "/ollama/api/pull") in reply.json()["error"]
+
+
+@pytest.mark.parametrize(("value", "refused"), [
+    (None, False), ("5m", False), (-1, False), (300, False), (0, True), ("0", True), ("0s", True),
+])
+def test_keep_alive_zero_is_refused(value, refused):
+    if refused:
+        with pytest.raises(InvalidRequest) as caught:
+            check_keep_alive(value)
+        assert caught.value.param == "keep_alive" and "DELETE /instance" in caught.value.message
+    else:
+        check_keep_alive(value)
+
+
+@pytest.mark.parametrize(("asked", "sent", "said"), [(None, None, None), (512, 512, None), (4096, 2048, 2048)])
+def test_num_ctx_is_clamped_to_the_placed_context(asked, sent, said):
+    params = TextGenerationParams(model_id=MODEL, prompt="x", context_tokens=asked)
+    clamped, told = clamp_context(params, 2048)
+    assert (clamped.context_tokens, told) == (sent, said)
+
+
+async def test_num_ctx_reaches_the_runner_and_a_clamp_is_said():
+    app, cluster = scripted_app(["Hi"])
+    async with asgi_http(app) as http:
+        small = await http.post("/ollama/api/chat", json={**CHAT, "options": {"num_ctx": 256}})
+        large = await http.post("/ollama/api/chat", json={**CHAT, "options": {"num_ctx": 100000}})
+        streamed = await http.post("/ollama/api/chat", json={**CHAT, "stream": True, "options": {"num_ctx": 100000}})
+        unload = await http.post("/ollama/api/chat", json={**CHAT, "keep_alive": 0})
+    assert small.status_code == 200 and CONTEXT_HEADER not in small.headers
+    assert large.headers[CONTEXT_HEADER] == "2048" and streamed.headers[CONTEXT_HEADER] == "2048"
+    assert [p.context_tokens for p in cluster.all_params()] == [256, 2048, 2048]
+    assert unload.status_code == 400 and "keep_alive" in unload.json()["error"]
+
+
+def store_app(tmp_path, cards, commands):
+    node_store = NodeStore(staging_root=tmp_path / "staging", canonical_root=tmp_path / "models",
+                           free_bytes=lambda _p: 10**15)
+
+    async def submit(command):
+        commands.append(command)
+
+    context = ApiContext(node_id="a", node_name="a", get_state=State, get_cards=lambda: cards, store=node_store,
+                         submit_command=submit)
+    return create_app(context)
+
+
+async def test_pull_fetches_into_the_store_with_ollama_progress_then_delete_removes_it(tmp_path, mock_hub):
+    card = hub_card(TINY_GGUF_REPO, gguf_file=GGUF_FILE)
+    commands: list = []
+    app = store_app(tmp_path, {card.model_id: card}, commands)
+    local = ollama_sdk(app)
+    progress = [part async for part in await local.pull(TINY_GGUF_REPO, stream=True)]
+    assert progress[0].status == "pulling manifest" and progress[-1].status == "success"
+    last = [p for p in progress if p.status.startswith("pulling ") and p.total][-1]
+    assert last.completed == last.total > 0
+    assert any((tmp_path / "models").rglob(GGUF_FILE))
+
+    assert (await local.pull(TINY_GGUF_REPO, stream=False)).status == "success"  # already there: at once
+
+    await local.delete(TINY_GGUF_REPO)
+    assert not any((tmp_path / "models").rglob(GGUF_FILE))
+    assert [type(c) for c in commands] == [EvictStagedModel]
+    with pytest.raises(ollama.ResponseError) as gone:
+        await local.delete(TINY_GGUF_REPO)
+    assert gone.value.status_code == 404
+
+
+async def test_pull_of_a_model_without_a_card_is_an_ollama_404(tmp_path):
+    app = store_app(tmp_path, {}, [])
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://skulk") as http:
+        reply = await http.post("/ollama/api/pull", json={"model": "acme/unknown"})
+    assert reply.status_code == 404 and "acme/unknown" in reply.json()["error"]
+
+
+@pytest.mark.parametrize(("option", "says"), [
+    ({"mirostat": 2}, "not supported"), ({"min_p": 0.1}, "not supported"), ({"num_gpu": 10}, "placement"),
+    ({"num_thread": 4}, "placement"),
+])
+async def test_an_option_skulk_does_not_honour_is_refused(option, says):
+    app, cluster = scripted_app(["Hi"])
+    async with asgi_http(app) as http:
+        reply = await http.post("/ollama/api/chat", json={**CHAT, "options": {"temperature": 0, **option}})
+    assert reply.status_code == 400 and says in reply.json()["error"]
+    assert f"options.{next(iter(option))}" in reply.json()["error"] and not cluster.commands

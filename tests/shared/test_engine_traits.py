@@ -1,0 +1,85 @@
+"""The engine traits table: the vocabularies derived from it, the features a request asks
+for, and the table's agreement with the engines it describes."""
+
+from __future__ import annotations
+
+import pytest
+
+from skulk.shared.types.common import ToolSpec
+from skulk.shared.types.engines import (
+    ENGINE_TRAITS,
+    GGUF_ENGINES,
+    MULTI_NODE_ENGINES,
+    SAFETENSORS_ONLY_ENGINES,
+    WINDOW_AT_LOAD_ENGINES,
+    Feature,
+    missing_features,
+    required_features,
+    shards_family,
+)
+from skulk.shared.types.tasks import ResponseFormat, TextGenerationParams
+
+TOOL = ToolSpec(name="f", parameters={})
+
+
+def params(**fields) -> TextGenerationParams:
+    return TextGenerationParams(model_id="a/b", prompt="x", **fields)
+
+
+def test_derived_vocabularies():
+    assert GGUF_ENGINES == {"llama_cpp", "llama_server"}
+    assert SAFETENSORS_ONLY_ENGINES == {"mlx", "mlx_audio"}
+    assert MULTI_NODE_ENGINES == {"mlx"}
+    assert WINDOW_AT_LOAD_ENGINES == {"llama_cpp", "llama_server", "vllm"}
+
+
+@pytest.mark.parametrize(("fields", "expected"), [
+    ({}, []),
+    ({"logprobs": True}, [(Feature.LOGPROBS, "logprobs")]),
+    ({"response_format": ResponseFormat(type="json_object")}, [(Feature.STRUCTURED_OUTPUT, "response_format")]),
+    ({"tools": [TOOL], "tool_choice": "required"}, [(Feature.FORCED_TOOL_CALLS, "tool_choice")]),
+    ({"tools": [TOOL], "tool_choice": "auto"}, []),
+    ({"presence_penalty": 0.0}, [(Feature.PENALTIES, "presence_penalty")]),
+    ({"repeat_penalty": 1.1, "frequency_penalty": 1.0}, [(Feature.PENALTIES, "frequency_penalty")]),
+    ({"logit_bias": {1: 2.0}}, [(Feature.LOGIT_BIAS, "logit_bias")]),
+])
+def test_required_features(fields, expected):
+    assert required_features(params(**fields)) == expected
+
+
+@pytest.mark.parametrize(("engine", "fields", "missing"), [
+    ("llama_cpp", {"logprobs": True, "logit_bias": {1: 2.0}}, []),
+    ("mlx", {"logprobs": True}, [Feature.LOGPROBS]),
+    ("mlx", {}, []),
+    ("no_such_engine", {"logit_bias": {1: 2.0}}, [Feature.LOGIT_BIAS]),
+])
+def test_missing_features(engine, fields, missing):
+    assert [feature for feature, _ in missing_features(engine, params(**fields))] == missing
+
+
+@pytest.mark.parametrize(("engine", "family", "spans"), [
+    ("mlx", "llama", True), ("mlx", "qwen3", True), ("mlx", "gemma3", False), ("llama_cpp", "llama", False),
+])
+def test_shards_family(engine, family, spans):
+    assert shards_family(engine, family) is spans
+
+
+def test_the_mlx_row_matches_the_mlx_family_adapters():
+    from skulk.worker.engines.mlx_family import FAMILIES
+
+    assert ENGINE_TRAITS["mlx"].sharded_families == frozenset(FAMILIES)
+
+
+@pytest.mark.parametrize(("engine", "family", "loads"), [
+    ("mlx", "llama", True), ("mlx", "gemma3", False), ("llama_cpp", "gemma3", True), ("no_such_engine", "llama", True),
+])
+def test_loads_family(engine, family, loads):
+    from skulk.shared.types.engines import loads_family
+
+    assert loads_family(engine, family) is loads
+
+
+def test_the_mlx_families_are_those_it_has_adapters_for():
+    from skulk.worker.engines.mlx_family import FAMILIES
+
+    assert ENGINE_TRAITS["mlx"].families == frozenset(FAMILIES)
