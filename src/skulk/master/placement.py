@@ -10,7 +10,8 @@ The rules, in the order they apply:
 1. Candidates are cluster members (state.nodes) with a NodeResources reading, minus the
    request's excluded nodes.
 2. The card's compatible_backends must intersect a node's advertised backends (hard
-   filter). A node serves with the first tag of `card.ordered_backends` it advertises.
+   filter). A node serves with the first tag of `serving_order(card)` it advertises (the
+   card's order, llama_server before in-process llama_cpp: `skulk.master.backend_choice`).
 3. Node sets are tried from `min_nodes` up to every candidate. A multi-node set needs one
    engine that can span nodes (MULTI_NODE_ENGINES) and a rank order in which consecutive
    ranks share an edge (either kind, either direction).
@@ -39,6 +40,7 @@ from types import MappingProxyType
 from typing import ClassVar
 
 from skulk.capacity.instance import plan_instance, stamped_context_tokens
+from skulk.master.backend_choice import serving_order
 from skulk.capacity.planner import DeviceSnapshot
 from skulk.master.ring_hosts import ring_hosts_for
 from skulk.shared.memory_estimate import (
@@ -454,7 +456,7 @@ def _search(
     s.members = sorted(state.nodes)
     s.eligible = [n for n in s.members if n not in excluded]
     s.pending = [n for n in s.eligible if n not in resources]
-    ordered = card.ordered_backends
+    ordered = serving_order(card)  # llama_server before in-process llama_cpp, unless the card ranks it
     for node_id in (n for n in s.eligible if n in resources):
         reading = resources[node_id]
         backend = next((tag for tag in ordered if tag in reading.backends), None)
