@@ -41,7 +41,7 @@ from typing import ClassVar
 
 from skulk.capacity.instance import plan_instance, stamped_context_tokens
 from skulk.master.backend_choice import serving_order
-from skulk.capacity.planner import DeviceSnapshot
+from skulk.master.vram import discrete_vram_bytes, shard_device
 from skulk.master.ring_hosts import ring_hosts_for
 from skulk.shared.memory_estimate import (
     Footprint,
@@ -696,10 +696,15 @@ def _assignments(option: _Option, runner_ids: Iterator[RunnerId]) -> list[ShardA
     ]
 
 
-def _totals(resources: Mapping[NodeId, NodeResources], node_ids: Sequence[NodeId]) -> dict[NodeId, NodeMemoryTotals]:
-    # NodeResources carries no discrete-VRAM total yet, so load-time-window engines keep the
-    # admission floor; when it does, pass it here.
-    return {n: NodeMemoryTotals(ram_total_bytes=resources[n].memory.ram_total_bytes) for n in node_ids}
+def _totals(resources: Mapping[NodeId, NodeResources], option: _Option) -> dict[NodeId, NodeMemoryTotals]:
+    # A GPU-backed shard's node contributes its VRAM, so its window is sized from VRAM.
+    return {
+        s.node.node_id: NodeMemoryTotals(
+            ram_total_bytes=resources[s.node.node_id].memory.ram_total_bytes,
+            discrete_vram_bytes=discrete_vram_bytes(s.node.backend, resources[s.node.node_id]),
+        )
+        for s in option.shards
+    }
 
 
 def _capacity(
@@ -707,14 +712,14 @@ def _capacity(
 ) -> tuple[InstanceCapacity, int]:
     """The capacity planner on each hosting node's admission snapshot (available memory plus
     credit, the figure its shard was admitted against), and the window to stamp from it."""
-    # NodeResources carries no VRAM figures yet, so every device is planned as RAM (every
-    # layer resident); with a VRAM reading a GPU backend's node becomes a "vram" device.
+    # A GPU backend's node with VRAM readings is a "vram" device (layers that do not fit
+    # are shed to RAM); every other node is planned as RAM (every layer resident).
     devices = {
-        s.node.node_id: DeviceSnapshot("ram", resources[s.node.node_id].memory.ram_total_bytes, s.node.available_bytes)
+        s.node.node_id: shard_device(s.node.backend, resources[s.node.node_id], s.node.available_bytes)
         for s in option.shards
     }
     capacity = plan_instance(card, shards, devices)
-    return capacity, stamped_context_tokens(card, shards, _totals(resources, option.node_ids), capacity)
+    return capacity, stamped_context_tokens(card, shards, _totals(resources, option), capacity)
 
 
 def _instantiate(

@@ -169,6 +169,18 @@ def gpu_layers_for(backend_tag: str) -> int:
     return 0 if compute == "cpu" else -1
 
 
+def planned_gpu_layers(spec: ShardSpec) -> int:
+    """n_gpu_layers for this shard: the capacity planner's count when it planned the shard
+    on VRAM (layers that did not fit were shed to RAM), else `gpu_layers_for` its backend."""
+    capacity = spec.instance.capacity
+    if capacity is not None:
+        shard = spec.shard
+        planned = next((s for s in capacity.shards if s.rank == shard.rank and s.node_id == shard.node_id), None)
+        if planned is not None and planned.device_kind == "vram" and planned.shortfall is None:
+            return planned.gpu_layers
+    return gpu_layers_for(spec.shard.backend)
+
+
 class LlamaCppEngine:
     """`Engine` over llama_cpp.Llama. Width 1: llama.cpp's context is not re-entrant."""
 
@@ -216,7 +228,7 @@ class LlamaCppEngine:
             model_path=spec.model_path,
             n_threads=threads,
             n_threads_batch=threads,
-            n_gpu_layers=gpu_layers_for(spec.shard.backend),
+            n_gpu_layers=planned_gpu_layers(spec),
             flash_attn=flash_attn_enabled(spec.card.runtime.flash_attn, os.environ),
             logits_all=False,
             verbose=False,
@@ -546,5 +558,6 @@ __all__ = [
     "LlamaCppEngine",
     "flash_attn_enabled",
     "gpu_layers_for",
+    "planned_gpu_layers",
     "physical_cores",
 ]

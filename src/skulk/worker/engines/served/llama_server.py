@@ -44,9 +44,9 @@ from skulk.worker.engines.llama_cpp import (
     THINK_OPEN,
     GrammarRejected,
     flash_attn_enabled,
-    gpu_layers_for,
     opens_reasoning,
     physical_cores,
+    planned_gpu_layers,
 )
 from skulk.worker.engines.served.launch import (
     SLOTS_ENV,
@@ -118,7 +118,7 @@ class LlamaServerEngine:
             slots=slots,
             context_per_slot=min(spec.instance.context_token_limit, spec.card.context_length),
             threads=spec.n_threads or physical_cores(),
-            gpu_layers=gpu_layers_for(shard.backend),
+            gpu_layers=planned_gpu_layers(spec),
             flash_attn=flash_attn_enabled(spec.card.runtime.flash_attn, self._env),
         )
         self._server = self._start(launch)
