@@ -81,6 +81,7 @@ class LlamaServerEngine:
         self._client: httpx.Client | None = None
         self._lock = threading.Lock()
         self._in_flight = 0
+        self._bos_text = ""
 
     # -- protocol -------------------------------------------------------------------------
 
@@ -128,6 +129,9 @@ class LlamaServerEngine:
             timeout=httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
             limits=httpx.Limits(max_connections=slots + 2, max_keepalive_connections=slots + 2),
         )
+        props = self._call(lambda: self._client.get("/props"))
+        if props.status_code == 200:
+            self._bos_text = str(props.json().get("bos_token") or "")
         log.info("llama-server pid %d on port %d: %d slots x %d tokens, %s",
                  self._server.pid, self._server.port, slots, launch.context_per_slot, spec.model_path)
 
@@ -188,7 +192,12 @@ class LlamaServerEngine:
         response = self._call(lambda: client.post("/apply-template", json=body))
         if response.status_code != 200:
             raise _server_error(response.status_code, response.text)
-        return str(response.json()["prompt"])
+        prompt = str(response.json()["prompt"])
+        # Templates write BOS themselves and /completion adds it again for models that want
+        # one: drop the template's, so the model sees exactly one (as in-process).
+        if self._bos_text and prompt.startswith(self._bos_text):
+            prompt = prompt[len(self._bos_text):]
+        return prompt
 
     def _generate(
         self, client: httpx.Client, request: TextGenerationParams, cancelled: threading.Event
