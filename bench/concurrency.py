@@ -5,7 +5,7 @@ machine's drift falls on all alike):
 
   direct     the llama-server binary, started here with the same command line Skulk's
              engine uses (skulk.worker.engines.served.launch.ServerLaunch, --parallel 8),
-             driven with streaming /completion requests from C client threads.
+             driven with streaming /completion requests from C client processes.
   served     Skulk's `llama_server` engine in a real runner subprocess (RunnerSupervisor:
              runner IPC, dispatcher at the slot width, the engine's HTTP client inside the
              runner), C tasks submitted at once.
@@ -19,7 +19,7 @@ p50/p95 time to first token; then the ratios served/direct (target >= 0.9) and
 served/inproc. The machine's load average is printed before and after: on a shared box the
 absolute figures move, the side-by-side ratios much less.
 
-Usage: uv run python bench/concurrency.py [--tokens 64] [--rounds 2] [--threads 2]
+Usage: uv run python bench/concurrency.py [--tokens 64] [--rounds 2] [--threads 2] [--gguf PATH]
 Needs a llama-server (`skulk engines install --backend cpu`, or SKULK_LLAMA_SERVER_BIN).
 Every process started here is stopped on the way out; every wait has a deadline.
 """
@@ -34,6 +34,7 @@ import statistics
 import sys
 import tempfile
 import threading
+from concurrent.futures import ProcessPoolExecutor
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -44,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from skulk.store.cards import builtin_cards_dir, load_card  # noqa: E402
 from skulk.store.tiny_models import ensure_local_model  # noqa: E402
-from skulk.worker.engines.served.launch import ServerLaunch, server_env  # noqa: E402
+from skulk.worker.engines.served.launch import ServerLaunch, completion_body, server_env  # noqa: E402
 from skulk.worker.engines.served.process import ServerProcess, free_loopback_port  # noqa: E402
 from skulk.worker.runner.messages import Frame, StatusChanged, TaskDone  # noqa: E402
 from skulk.worker.runner.supervisor import RunnerSupervisor  # noqa: E402
@@ -81,23 +82,43 @@ class Measure:
         return self.tokens / (self.ended - self.started), statistics.median(ttfts), p95
 
 
-def run_direct(base_url: str, concurrency: int, tokens: int) -> Measure:
+_CLIENT: httpx.Client | None = None
+
+
+def _client_process_init() -> None:
+    """One HTTP client per pool process, made before measuring (building an httpx client
+    costs milliseconds of CPU: an SSL context), as the runner holds one for its engine."""
+    global _CLIENT
+    _CLIENT = httpx.Client(timeout=RUN_DEADLINE_S)
+
+
+def _direct_stream(base_url: str, tokens: int) -> tuple[float | None, float, int]:
+    """One streaming /completion in a pool process: (first token, last token, tokens), on
+    the machine-wide monotonic clock. A process per stream, so the client's SSE parsing is
+    never the bottleneck (the runner parses in its own process too)."""
+    # The very body Skulk's engine sends for the same request: only the path differs.
+    body = completion_body(prompt_params(LONG_PROMPT, temperature=0, max_tokens=tokens), LONG_PROMPT, None)
+    first, last, count = None, time.monotonic(), 0
+    assert _CLIENT is not None
+    with _CLIENT.stream("POST", f"{base_url}/completion", json=body) as r:
+        for line in r.iter_lines():
+            if line.startswith("data:"):
+                event = json.loads(line[5:])
+                if event.get("content"):
+                    last = time.monotonic()
+                    first = first or last
+                    count += len(event.get("tokens") or [1])
+    return first, last, count
+
+
+def run_direct(pool: ProcessPoolExecutor, base_url: str, concurrency: int, tokens: int) -> Measure:
     measure = Measure()
-
-    def one(index: int) -> None:
-        body = {"prompt": LONG_PROMPT, "n_predict": tokens, "temperature": 0, "stream": True, "cache_prompt": True}
-        with httpx.Client(timeout=RUN_DEADLINE_S) as client, client.stream("POST", f"{base_url}/completion", json=body) as r:
-            for line in r.iter_lines():
-                if line.startswith("data:"):
-                    event = json.loads(line[5:])
-                    if event.get("content"):
-                        measure.token(f"d{index}", len(event.get("tokens") or [1]))
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(concurrency)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(RUN_DEADLINE_S)
+    futures = [pool.submit(_direct_stream, base_url, tokens) for _ in range(concurrency)]
+    for index, future in enumerate(futures):
+        first, last, count = future.result(RUN_DEADLINE_S)
+        measure.first[f"d{index}"] = (first or last) - measure.started
+        measure.tokens += count
+        measure.ended = max(measure.ended, last)
     return measure
 
 
@@ -166,18 +187,18 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--gguf", type=Path, default=None,
+                        help="a GGUF to serve instead of the tiny test model (e.g. the bench model of bench/serve.py)")
     args = parser.parse_args()
     binary = find_llama_server()
     if binary is None:
         print("no llama-server: run `uv run skulk engines install --backend cpu`", file=sys.stderr)
         return 2
     card = load_card(builtin_cards_dir() / "local--tiny-llama-gguf.toml")
-    gguf = Path(ensure_local_model(card, Path(tempfile.gettempdir()) / "skulk-bench-models"))
-    if gguf.is_dir():
-        gguf = next(gguf.glob("*.gguf"))
+    gguf = args.gguf or Path(ensure_local_model(card, Path(tempfile.gettempdir()) / "skulk-bench-models"))
     os.environ["SKULK_LLAMA_SERVER_BIN"] = str(binary)
     os.environ["SKULK_LLAMA_SERVER_PARALLEL"] = str(SLOTS)
-    print(f"model {card.model_id} ({gguf.stat().st_size / 1e6:.1f} MB), {args.tokens} tokens/request, "
+    print(f"model {gguf} ({gguf.stat().st_size / 1e6:.1f} MB), {args.tokens} tokens/request, "
           f"{args.threads} threads, {SLOTS} slots, binary {binary}")
     print(f"load average before: {os.getloadavg()}")
 
@@ -185,13 +206,15 @@ def main() -> int:
     launch = ServerLaunch(binary, gguf, port, SLOTS, CONTEXT_PER_SLOT, args.threads, 0, True)
     direct = ServerProcess(launch.argv(), server_env(os.environ), port)
     runners: list[Runner] = []
+    pool = ProcessPoolExecutor(max_workers=max(CONCURRENCY), initializer=_client_process_init)
     try:
         direct.wait_healthy()
+        list(pool.map(abs, range(max(CONCURRENCY))))  # start the client processes before measuring
         runners.append(Runner("llama_server-cpu", card, gguf, args.threads))
         runners.append(Runner("llama_cpp-cpu", card, gguf, args.threads))
         served, inproc = runners
         contenders: dict[str, Callable[[int, str], Measure]] = {
-            "direct": lambda c, tag: run_direct(direct.base_url, c, args.tokens),
+            "direct": lambda c, tag: run_direct(pool, direct.base_url, c, args.tokens),
             "served": lambda c, tag: served.run(c, args.tokens, tag),
             "inproc": lambda c, tag: inproc.run(c, args.tokens, tag),
         }
@@ -214,6 +237,7 @@ def main() -> int:
             print(f"C={c}: served/direct = {agg[('served', c)] / agg[('direct', c)]:.2f} (target >= 0.9), "
                   f"served/inproc = {agg[('served', c)] / agg[('inproc', c)]:.2f}")
     finally:
+        pool.shutdown(cancel_futures=True)
         for runner in runners:
             runner.close()
         direct.stop()
