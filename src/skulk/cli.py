@@ -17,7 +17,10 @@ import typer
 
 from skulk import __version__
 from skulk.api.auth import API_KEY_ENV
+from skulk.cli_engines import engines_app
 from skulk.node import ExitCode, NodeSettings, default_node_name, run_node
+from skulk.provision.llama_build import engines_dir
+from skulk.provision.node_engine import export_managed_llama_server
 from skulk.store.config import ConfigError, SkulkConfig, load_config, with_env_overrides
 from skulk.store.paths import SkulkPaths, resolve_paths
 
@@ -32,6 +35,7 @@ app.add_typer(cluster_app, name="cluster")
 app.add_typer(models_app, name="models")
 diagnostics_app = typer.Typer(help="Look inside a running cluster.", no_args_is_help=True)
 app.add_typer(diagnostics_app, name="diagnostics")
+app.add_typer(engines_app, name="engines")
 
 
 @dataclass(frozen=True)
@@ -140,6 +144,7 @@ def _run(flags: RunFlags) -> None:
         typer.echo(f"skulk: {exc}", err=True)
         raise typer.Exit(ExitCode.USAGE) from None
     settings = resolve_settings(flags, config, paths, default_node_name(), os.environ.get(API_KEY_ENV) or None)
+    export_managed_llama_server(os.environ, engines_dir(os.environ, paths.data_home))  # before the probe reads it
     raise typer.Exit(run_node(settings))
 
 

@@ -196,3 +196,43 @@ def test_parse_backend_declaration(engine, raw, computes, invalid):
 def test_derivation_is_pure_and_repeatable():
     node = facts(gpus=[NVIDIA_NODE, AMD], importable=CPU_ONLY, offload=True)
     assert derive_node_backends(node) == derive_node_backends(node)
+
+
+MANAGED_CPU_SERVER = {"llama_server": EngineBinary(path="/e/bin/llama-server", state="usable", backend="cpu")}
+MANAGED_CUDA_SERVER = {"llama_server": EngineBinary(path="/e/bin/llama-server", state="usable", backend="cuda")}
+
+
+@pytest.mark.parametrize(
+    ("name", "node", "tags", "codes"),
+    [
+        ("managed cpu build on a cpu box", facts(binaries=MANAGED_CPU_SERVER), ["llama_server", "llama_server-cpu"], []),
+        (
+            "managed cpu build on an NVIDIA node: cpu, loudly",
+            facts(gpus=[NVIDIA], binaries=MANAGED_CPU_SERVER),
+            ["llama_server", "llama_server-cpu"],
+            ["gpu_serving_disabled"],
+        ),
+        ("managed cuda build on an NVIDIA node", facts(gpus=[NVIDIA], binaries=MANAGED_CUDA_SERVER), ["llama_server", "llama_server-cuda"], []),
+        (
+            "a binary that does not answer --version is not advertised",
+            facts(binaries={"llama_server": EngineBinary(path="/e/llama-server", state="broken")}),
+            [],
+            ["invalid_engine_binary"],
+        ),
+    ],
+)
+def test_llama_server_from_its_binary(name, node, tags, codes):
+    derived = derive_node_backends(node)
+    assert derived.tags == tags, name
+    assert [c.code for c in derived.conflicts] == codes, name
+
+
+def test_cpu_build_on_gpu_node_names_the_cuda_install_command():
+    (conflict,) = derive_node_backends(facts(gpus=[NVIDIA], binaries=MANAGED_CPU_SERVER)).conflicts
+    assert "skulk engines install --backend cuda" in conflict.remediation
+
+
+def test_broken_binary_says_it_does_not_answer():
+    node = facts(binaries={"llama_server": EngineBinary(path="/e/llama-server", state="broken")})
+    (conflict,) = derive_node_backends(node).conflicts
+    assert "does not answer --version" in conflict.message

@@ -34,7 +34,7 @@ from skulk.facts.doctor import (
     has_errors,
     run_checks,
 )
-from skulk.shared.types.node_facts import GpuFact, NodeFacts
+from skulk.shared.types.node_facts import EngineBinary, GpuFact, NodeFacts
 from skulk.shared.types.telemetry import CapabilityConflict
 from skulk.store.lease import LeaseRecord
 from skulk.store.paths import resolve_paths
@@ -199,3 +199,18 @@ def test_check_list_for_docs_names_every_check() -> None:
     text = check_list_markdown()
     assert all(f"`{check.id}`" in text and check.run.__doc__ for check in CHECKS)
     assert len(text.splitlines()) == len(CHECKS)
+
+
+@pytest.mark.parametrize(
+    ("binaries", "says"),
+    [
+        ({}, "llama-server: none (`skulk engines install` builds one)"),
+        ({"llama_server": EngineBinary(path="/e/llama-server", state="usable", version="version: 1 (ab)", backend="cpu")},
+         "llama-server /e/llama-server: usable (version: 1 (ab), cpu build)"),
+        ({"llama_server": EngineBinary(path="/e/llama-server", state="broken")}, "llama-server /e/llama-server: broken"),
+    ],
+)
+def test_doctor_reports_the_llama_server(binaries, says):
+    inputs = replace(HEALTHY, facts=HEALTHY.facts.model_copy(update={"engine_binaries": binaries}))
+    (verdict,) = check_engines(inputs)
+    assert says in verdict.message

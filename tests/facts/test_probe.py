@@ -109,3 +109,20 @@ def test_a_failing_llama_cpp_report_is_unknown(monkeypatch):
 
     monkeypatch.setattr(llama_cpp, "llama_supports_gpu_offload", broken)
     assert probe_node_facts({}).llama_cpp_gpu_offload is None
+
+
+def test_a_binary_that_fails_version_is_broken(tmp_path):
+    failing = tmp_path / "llama-server"
+    failing.write_text("#!/bin/sh\nexit 3\n")
+    failing.chmod(stat.S_IRWXU)
+    binary = probe_node_facts({"SKULK_LLAMA_SERVER_BIN": str(failing)}, fs_root=tmp_path).engine_binaries["llama_server"]
+    assert binary.state == "broken" and binary.version is None
+
+
+def test_a_managed_binary_carries_its_backend_and_version(tmp_path):
+    server = tmp_path / "llama-server"
+    server.write_text("#!/bin/sh\necho 'version: 1 (abc)'\n")
+    server.chmod(stat.S_IRWXU)
+    env = {"SKULK_LLAMA_SERVER_BIN": str(server), "SKULK_LLAMA_SERVER_MANAGED_BACKEND": "cpu"}
+    binary = probe_node_facts(env, fs_root=tmp_path).engine_binaries["llama_server"]
+    assert (binary.state, binary.version, binary.backend) == ("usable", "version: 1 (abc)", "cpu")

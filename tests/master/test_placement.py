@@ -510,3 +510,26 @@ def test_a_family_the_engine_loads_but_cannot_shard_stays_on_one_node(monkeypatc
     big = LLAMA_1B  # ~1.6 GB whole: two 1.2 GB nodes could hold it split, but llama may not be split now
     short = _fails(big, cluster("ab", ["a-b"]), {n: res(n, int(1.2 * GB)) for n in "ab"}, request(big))
     assert isinstance(short, MemoryShortfall)
+
+
+@pytest.mark.parametrize(
+    ("name", "resources", "node", "backend"),
+    [
+        ("a node with llama-server serves with it", {"a": res("a", 40 * GB, ("llama_cpp", "llama_cpp-cpu", "llama_server", "llama_server-cpu"))}, "a", "llama_server-cpu"),
+        ("without it, in-process llama.cpp", {"a": res("a", 40 * GB, LLAMA_CPU)}, "a", "llama_cpp-cpu"),
+        (
+            "the served engine ranks like its in-process twin: a GPU lane still wins",
+            {"a": res("a", 40 * GB, ("llama_cpp", "llama_cpp-cuda", "llama_server", "llama_server-cpu")),
+             "b": res("b", 40 * GB, ("llama_server", "llama_server-cpu"))},
+            "a", "llama_cpp-cuda",
+        ),
+        (
+            "served on the same compute beats in-process across nodes",
+            {"a": res("a", 40 * GB, LLAMA_CPU), "b": res("b", 30 * GB, ("llama_server", "llama_server-cpu"))},
+            "b", "llama_server-cpu",
+        ),
+    ],
+)
+def test_gguf_placement_prefers_the_served_engine(name, resources, node, backend):
+    instance = place(GGUF_8B, cluster(resources, ["a-b"] if len(resources) > 1 else []), resources, request(GGUF_8B), new_id=ids())
+    assert (instance.node_ids(), instance.shards[0].backend) == ([node], backend), name

@@ -161,7 +161,8 @@ def test_builtin_engine_routing(model_id: str, is_gguf: bool, best_backend: str)
 
 def test_tiny_gguf_prefers_every_gpu_before_cpu() -> None:
     order = load_cards(BUILTIN_DIR).cards["local/tiny-llama-gguf"].ordered_backends
-    assert set(order) == {"llama_cpp", "llama_cpp-cpu", "llama_cpp-cuda", "llama_cpp-vulkan", "llama_cpp-metal"}
+    assert {t for t in order if t.startswith("llama_cpp")} == {"llama_cpp", "llama_cpp-cpu", "llama_cpp-cuda", "llama_cpp-vulkan", "llama_cpp-metal"}
+    assert {t for t in order if t.startswith("llama_server")} == {"llama_server", "llama_server-cpu", "llama_server-cuda", "llama_server-vulkan", "llama_server-metal"}
     cpu = order.index("llama_cpp-cpu")
     assert all(order.index(gpu) < cpu for gpu in ("llama_cpp-cuda", "llama_cpp-vulkan", "llama_cpp-metal"))
 

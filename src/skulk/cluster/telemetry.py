@@ -20,6 +20,7 @@ from pathlib import Path
 import psutil
 
 from skulk import __version__
+from skulk.facts.nvml import collect_gpus
 from skulk.routing.router import Router, RouterError
 from skulk.routing.topics import TOPICS
 from skulk.shared.telemetry_view import TelemetryView, record
@@ -120,6 +121,7 @@ class TelemetryService:
             capability_conflicts=self._conflicts(),
             api_endpoint=self._api_endpoint,
             zenoh_connected_peers=self._router.connected_peer_count(),
+            gpus=collect_gpus(),
         )
 
     def publish(self, key: Hashable, reading: TelemetryReading) -> None:

@@ -78,6 +78,15 @@ def _binary(engine: str) -> Callable[[NodeFacts], bool]:
     return usable
 
 
+def _managed_build_offloads(facts: NodeFacts, engine: str) -> bool | None:
+    """A managed build's word on GPU offload: a 'cpu' build serves on CPU whatever GPU is
+    present; None when the build's backend is unknown (an operator's own binary)."""
+    binary = facts.engine_binaries.get(engine)
+    if binary is None or binary.backend is None:
+        return None
+    return binary.backend != CPU
+
+
 _GGUF_COMPUTES: Mapping[GpuVendor, str] = {"nvidia": "cuda", "amd": "vulkan", "apple": "metal"}
 """AMD maps to Vulkan, the lane the managed builds and the AMD guide use; a ROCm/HIP build
 is declared (SKULK_LLAMA_CPP_BACKENDS=rocm)."""
@@ -93,8 +102,10 @@ ENGINES: tuple[EngineSpec, ...] = (
     EngineSpec(
         "llama_server",
         _binary("llama_server"),
-        f"{ENGINE_BINARY_ENV['llama_server']} points at a usable binary",
+        f"{ENGINE_BINARY_ENV['llama_server']} (or a managed build: `skulk engines install`) is a binary "
+        "that answers --version",
         _GGUF_COMPUTES,
+        build_report=lambda facts: _managed_build_offloads(facts, "llama_server"),
     ),
     # MLX needs mlx-lm for its model implementations; on Linux mlx[cpu] serves on CPU.
     EngineSpec("mlx", _modules("mlx", "mlx_lm"), "the mlx and mlx_lm packages import", {"apple": "metal"}),
@@ -250,7 +261,10 @@ def _invalid_binaries(facts: NodeFacts) -> list[CapabilityConflict]:
         if binary.state == "usable":
             continue
         var = ENGINE_BINARY_ENV.get(engine, f"SKULK_{engine.upper()}_BIN")
-        what = "does not exist" if binary.state == "missing" else "is not an executable file"
+        what = {
+            "missing": "does not exist",
+            "broken": "does not answer --version (wrong architecture, missing library or a damaged copy)",
+        }.get(binary.state, "is not an executable file")
         conflicts.append(
             CapabilityConflict(
                 code=INVALID_ENGINE_BINARY,
@@ -302,8 +316,8 @@ def _gpu_remediation(vendor: GpuVendor, detected_by: str) -> str:
         return "install the NVIDIA proprietary driver (no /dev/nvidia* device node is present)"
     lane = {"nvidia": "CUDA", "amd": "Vulkan (or ROCm)", "apple": "Metal"}[vendor]
     return (
-        f"install a {lane} build of llama-cpp-python or point SKULK_LLAMA_SERVER_BIN at a {lane} "
-        f"llama-server; if the installed build already supports it, declare it with "
+        f"run `skulk engines install --backend {_GGUF_COMPUTES[vendor]}` (a {lane} llama-server), install a "
+        f"{lane} build of llama-cpp-python or point SKULK_LLAMA_SERVER_BIN at a {lane} llama-server; if the installed build already supports it, declare it with "
         f"SKULK_LLAMA_CPP_BACKENDS (e.g. '{_GGUF_COMPUTES[vendor]}')"
     )
 

@@ -143,6 +143,12 @@ def check_engines(inputs: DoctorInputs) -> list[Verdict]:
     """Which engines import and which backend tags result; an error when none can load."""
     importable = inputs.facts.importable
     engines = ", ".join(f"{name} {'imports' if importable.get(name) else 'missing'}" for name in ("llama_cpp", "mlx", "mlx_lm"))
+    server = inputs.facts.engine_binaries.get("llama_server")
+    engines += (
+        "; llama-server: none (`skulk engines install` builds one)" if server is None
+        else f"; llama-server {server.path}: {server.state}"
+        + (f" ({server.version}{', ' + server.backend + ' build' if server.backend else ''})" if server.version else "")
+    )
     if not inputs.backends.tags:
         return [
             Verdict(

@@ -24,6 +24,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
+from skulk.provision.llama_binary import probe_version
+from skulk.provision.node_engine import MANAGED_BACKEND_ENV
 from skulk.shared.types.node_facts import (
     ENGINE_BINARY_ENV,
     PROBED_MODULES,
@@ -205,7 +207,14 @@ def _engine_binaries(env: Mapping[str, str]) -> dict[str, EngineBinary]:
         value = env.get(var)
         if value is None or not value.strip():
             continue
-        binaries[engine] = EngineBinary(path=value, state=_binary_state(value, env))
+        state = _binary_state(value, env)
+        version = None
+        if state == "usable":
+            path = os.path.expanduser(value.strip())
+            version = probe_version(shutil.which(path, path=env.get("PATH")) or path if os.sep not in path else path)
+            state = "usable" if version is not None else "broken"
+        backend = env.get(MANAGED_BACKEND_ENV) or None if engine == "llama_server" else None
+        binaries[engine] = EngineBinary(path=value, state=state, version=version, backend=backend)
     return binaries
 
 

@@ -10,7 +10,8 @@ The rules, in the order they apply:
 1. Candidates are cluster members (state.nodes) with a NodeResources reading, minus the
    request's excluded nodes.
 2. The card's compatible_backends must intersect a node's advertised backends (hard
-   filter). A node serves with the first tag of `card.ordered_backends` it advertises.
+   filter). A node serves with the first tag of `serving_order(card)` it advertises (the
+   card's order, llama_server before in-process llama_cpp: `skulk.master.backend_choice`).
 3. Node sets are tried from `min_nodes` up to every candidate. A multi-node set needs one
    engine that can span nodes (MULTI_NODE_ENGINES) and a rank order in which consecutive
    ranks share an edge (either kind, either direction).
@@ -39,7 +40,8 @@ from types import MappingProxyType
 from typing import ClassVar
 
 from skulk.capacity.instance import plan_instance, stamped_context_tokens
-from skulk.capacity.planner import DeviceSnapshot
+from skulk.master.backend_choice import serving_order
+from skulk.master.vram import discrete_vram_bytes, shard_device
 from skulk.master.ring_hosts import ring_hosts_for
 from skulk.shared.memory_estimate import (
     Footprint,
@@ -469,7 +471,7 @@ def _search(
     s.members = sorted(state.nodes)
     s.eligible = [n for n in s.members if n not in excluded]
     s.pending = [n for n in s.eligible if n not in resources]
-    ordered = card.ordered_backends
+    ordered = serving_order(card)  # llama_server before in-process llama_cpp, unless the card ranks it
     for node_id in (n for n in s.eligible if n in resources):
         reading = resources[node_id]
         backend = next((tag for tag in ordered if tag in reading.backends), None)
@@ -720,10 +722,15 @@ def _assignments(option: _Option, runner_ids: Iterator[RunnerId]) -> list[ShardA
     ]
 
 
-def _totals(resources: Mapping[NodeId, NodeResources], node_ids: Sequence[NodeId]) -> dict[NodeId, NodeMemoryTotals]:
-    # NodeResources carries no discrete-VRAM total yet, so load-time-window engines keep the
-    # admission floor; when it does, pass it here.
-    return {n: NodeMemoryTotals(ram_total_bytes=resources[n].memory.ram_total_bytes) for n in node_ids}
+def _totals(resources: Mapping[NodeId, NodeResources], option: _Option) -> dict[NodeId, NodeMemoryTotals]:
+    # A GPU-backed shard's node contributes its VRAM, so its window is sized from VRAM.
+    return {
+        s.node.node_id: NodeMemoryTotals(
+            ram_total_bytes=resources[s.node.node_id].memory.ram_total_bytes,
+            discrete_vram_bytes=discrete_vram_bytes(s.node.backend, resources[s.node.node_id]),
+        )
+        for s in option.shards
+    }
 
 
 def _capacity(
@@ -731,14 +738,14 @@ def _capacity(
 ) -> tuple[InstanceCapacity, int]:
     """The capacity planner on each hosting node's admission snapshot (available memory plus
     credit, the figure its shard was admitted against), and the window to stamp from it."""
-    # NodeResources carries no VRAM figures yet, so every device is planned as RAM (every
-    # layer resident); with a VRAM reading a GPU backend's node becomes a "vram" device.
+    # A GPU backend's node with VRAM readings is a "vram" device (layers that do not fit
+    # are shed to RAM); every other node is planned as RAM (every layer resident).
     devices = {
-        s.node.node_id: DeviceSnapshot("ram", resources[s.node.node_id].memory.ram_total_bytes, s.node.available_bytes)
+        s.node.node_id: shard_device(s.node.backend, resources[s.node.node_id], s.node.available_bytes)
         for s in option.shards
     }
     capacity = plan_instance(card, shards, devices)
-    return capacity, stamped_context_tokens(card, shards, _totals(resources, option.node_ids), capacity)
+    return capacity, stamped_context_tokens(card, shards, _totals(resources, option), capacity)
 
 
 def _instantiate(

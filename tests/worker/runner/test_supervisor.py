@@ -301,14 +301,14 @@ async def test_silent_runner_is_killed_at_the_first_status_deadline(spawn) -> No
 
 
 async def test_unknown_engine_fails_the_runner_with_its_reason(spawn) -> None:
-    supervisor, reports = await spawn(backend="vllm-cuda")
+    supervisor, reports = await spawn(backend="mlx_audio-metal")
     await reports.wait_for(lambda: supervisor.exited, READY_TIMEOUT_S)
     states = reports.statuses()
     assert states[0] == ("Loading", 0)
     assert states[-1][0] == "Failed"
     last = supervisor.status
     assert last.error_message.startswith("runner exited with code 1")
-    assert "no engine for backend 'vllm-cuda'" in last.error_message
+    assert "no engine for backend 'mlx_audio-metal'" in last.error_message
 
 
 async def test_shutdown_escalates_to_kill_when_the_runner_does_not_respond(spawn, monkeypatch) -> None:

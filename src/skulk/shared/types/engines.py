@@ -68,7 +68,12 @@ ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
         window_at_load=True,
         features=frozenset(Feature),
     ),
-    "llama_server": EngineTraits(formats=frozenset({"gguf"}), window_at_load=True),
+    "llama_server": EngineTraits(
+        formats=frozenset({"gguf"}),
+        window_at_load=True,
+        # Embeddings need a server started in embeddings-only mode: not served.
+        features=frozenset(Feature) - {Feature.EMBEDDINGS},
+    ),
     "mlx": EngineTraits(
         formats=frozenset({"safetensors"}),
         # The engine runs a model through skulk.worker.engines.mlx_family's adapters.
@@ -79,7 +84,9 @@ ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
         features=frozenset({Feature.N}),
     ),
     "mlx_audio": EngineTraits(formats=frozenset({"safetensors"})),
-    "vllm": EngineTraits(formats=frozenset({"safetensors", "gguf"}), window_at_load=True),
+    # Skulk's vLLM path passes no logprobs, grammars, penalties or biases yet.
+    "vllm": EngineTraits(formats=frozenset({"safetensors", "gguf"}), window_at_load=True,
+                         features=frozenset({Feature.N})),
 })
 """Every runner engine a backend tag may name (the part before the first '-')."""
 

@@ -24,7 +24,9 @@ GpuDetectedBy = Literal["nvml", "device_node", "sysfs", "apple_platform"]
 device_node: only a /dev/nvidiaN node exists (driver present, NVML unreadable); sysfs: a DRM
 card's PCI vendor id under /sys/class/drm; apple_platform: macOS on Apple Silicon."""
 
-EngineBinaryState = Literal["usable", "missing", "not_executable"]
+EngineBinaryState = Literal["usable", "missing", "not_executable", "broken"]
+"""broken: an executable file that does not answer `--version` (a wrong architecture, a
+missing shared library, a truncated copy)."""
 
 PROBED_MODULES: tuple[str, ...] = ("llama_cpp", "mlx", "mlx_lm", "mlx_audio")
 """Python packages whose importability decides which in-process engines a node can run."""
@@ -49,6 +51,10 @@ class EngineBinary(WireModel):
 
     path: str
     state: EngineBinaryState
+    version: str | None = None
+    """What the binary answered to `--version` (usable binaries only)."""
+    backend: str | None = None
+    """The compute a managed build was made for ('cpu', 'cuda', ...); None when unknown."""
 
 
 class NodeFacts(WireModel):

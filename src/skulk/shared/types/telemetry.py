@@ -48,6 +48,20 @@ class CapabilityConflict(WireModel):
     remediation: str | None = None
 
 
+class GpuReading(WireModel):
+    """One accelerator as its driver reports it now (NVML for NVIDIA): what placement admits
+    GPU-backed instances against. None where the driver did not answer that query."""
+
+    vendor: Literal["nvidia", "amd", "apple", "intel"]
+    index: NonNegInt
+    name: str
+    vram_total_bytes: NonNegInt
+    vram_free_bytes: NonNegInt
+    utilization_percent: NonNegInt | None = None
+    temperature_c: int | None = None
+    power_watts: float | None = None
+
+
 class NodeResources(WireModel):
     type: Literal["NodeResources"] = "NodeResources"
     node_id: NodeId
@@ -59,6 +73,8 @@ class NodeResources(WireModel):
     capability_conflicts: list[CapabilityConflict] = Field(default_factory=list)
     api_endpoint: str | None = None
     zenoh_connected_peers: NonNegInt | None = None
+    gpus: list[GpuReading] = Field(default_factory=list)
+    """Discrete accelerators with a VRAM reading (empty on CPU-only and Apple nodes)."""
 
 
 class DownloadProgress(WireModel):
@@ -85,6 +101,7 @@ __all__ = [
     "CapabilityConflict",
     "DiskReading",
     "DownloadProgress",
+    "GpuReading",
     "MemoryReading",
     "NodeHeartbeat",
     "NodeResources",

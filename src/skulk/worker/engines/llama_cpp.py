@@ -213,6 +213,18 @@ def gpu_layers_for(backend_tag: str) -> int:
     return 0 if compute == "cpu" else -1
 
 
+def planned_gpu_layers(spec: ShardSpec) -> int:
+    """n_gpu_layers for this shard: the capacity planner's count when it planned the shard
+    on VRAM (layers that did not fit were shed to RAM), else `gpu_layers_for` its backend."""
+    capacity = spec.instance.capacity
+    if capacity is not None:
+        shard = spec.shard
+        planned = next((s for s in capacity.shards if s.rank == shard.rank and s.node_id == shard.node_id), None)
+        if planned is not None and planned.device_kind == "vram" and planned.shortfall is None:
+            return planned.gpu_layers
+    return gpu_layers_for(spec.shard.backend)
+
+
 class LlamaCppEngine:
     """`Engine` over llama_cpp.Llama. Width 1: llama.cpp's context is not re-entrant."""
 
@@ -262,7 +274,7 @@ class LlamaCppEngine:
             model_path=spec.model_path,
             n_threads=threads,
             n_threads_batch=threads,
-            n_gpu_layers=gpu_layers_for(spec.shard.backend),
+            n_gpu_layers=planned_gpu_layers(spec),
             flash_attn=flash_attn_enabled(spec.card.runtime.flash_attn, os.environ),
             logits_all=False,
             verbose=False,
@@ -287,6 +299,21 @@ class LlamaCppEngine:
         log.info(
             "loaded %s: n_ctx=%d threads=%d flash_attn=%s", spec.model_path, self._n_ctx, threads, options["flash_attn"]
         )
+
+    def load_tokenizer(self, model_path: str, n_ctx: int) -> None:
+        """Only the GGUF's vocabulary and chat template (no weights): the prompt machinery
+        (`prompt_and_tokens`) for an engine that generates elsewhere, so a llama-server
+        sees exactly the tokens this engine would feed (caller text never parsed as special
+        tokens), tokenized in linear time."""
+        import llama_cpp
+
+        llama = self._open(llama_cpp, model_path=model_path, vocab_only=True, verbose=False)
+        self._llama = llama
+        self._vocab = llama_cpp.llama_model_get_vocab(llama.model)
+        self._n_ctx = n_ctx
+        self._formatter = self._chat_formatter(llama)
+        self._special_ids = control_tokens(llama_cpp, self._vocab)
+        self._special_pattern = special_token_pattern(self._special_ids)
 
     def warm_up(self) -> None:
         llama = self._require_loaded()
@@ -350,6 +377,12 @@ class LlamaCppEngine:
         Cost is linear in the prompt's length; it stops early with `PromptTooLong` once the
         context is reached and with `PromptCancelled` once `cancelled` is set."""
         return self._prompt(request, cancelled)[1]
+
+    def prompt_and_tokens(
+        self, request: TextGenerationParams, cancelled: threading.Event | None = None
+    ) -> tuple[str, list[int]]:
+        """The rendered prompt text and its tokens (see `prompt_tokens`)."""
+        return self._prompt(request, cancelled)
 
     def _prompt(self, request: TextGenerationParams, cancelled: threading.Event | None = None) -> tuple[str, list[int]]:
         """The rendered prompt text and its tokens."""
@@ -674,5 +707,6 @@ __all__ = [
     "LlamaCppEngine",
     "flash_attn_enabled",
     "gpu_layers_for",
+    "planned_gpu_layers",
     "physical_cores",
 ]

@@ -86,8 +86,22 @@ def _llama_cpp_engine() -> Engine:
     return LlamaCppEngine()
 
 
+def _llama_server_engine() -> Engine:
+    from skulk.worker.engines.served.llama_server import LlamaServerEngine
+
+    return LlamaServerEngine()
+
+
+def _vllm_engine() -> Engine:
+    from skulk.worker.engines.served.vllm import VllmEngine
+
+    return VllmEngine()
+
+
 ENGINES: Mapping[str, Callable[[], Engine]] = {
     "llama_cpp": _llama_cpp_engine,
+    "llama_server": _llama_server_engine,
+    "vllm": _vllm_engine,
     "mlx": lambda: __import__("skulk.worker.engines.mlx_engine", fromlist=["MlxEngine"]).MlxEngine(),  # lazy import
 }
 """Engine constructors keyed by the shard's backend engine ('llama_cpp-cuda' -> 'llama_cpp')."""

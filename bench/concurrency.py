@@ -1,0 +1,248 @@
+"""Concurrency benchmark: many requests at once, side by side in one run, on one GGUF.
+
+Contenders, all loaded together and measured in rotating order per round (so a shared
+machine's drift falls on all alike):
+
+  direct     the llama-server binary, started here with the same command line Skulk's
+             engine uses (skulk.worker.engines.served.launch.ServerLaunch, --parallel 8),
+             driven with streaming /completion requests from C client processes.
+  served     Skulk's `llama_server` engine in a real runner subprocess (RunnerSupervisor:
+             runner IPC, dispatcher at the slot width, the engine's HTTP client inside the
+             runner), C tasks submitted at once.
+  inproc     Skulk's in-process `llama_cpp` engine in a real runner subprocess (width 1:
+             the C tasks queue behind each other).
+
+Each contender decodes N tokens per request (greedy, a prompt the model never ends early)
+for C in 1, 4 and 8 concurrent requests. Printed per (contender, C): aggregate decode tok/s
+(all completion tokens over the wall time from the first submit to the last finish), and
+p50/p95 time to first token; then the ratios served/direct (target >= 0.9) and
+served/inproc. The machine's load average is printed before and after: on a shared box the
+absolute figures move, the side-by-side ratios much less.
+
+Usage: uv run python bench/concurrency.py [--tokens 64] [--rounds 2] [--threads 2] [--gguf PATH]
+Needs a llama-server (`skulk engines install --backend cpu`, or SKULK_LLAMA_SERVER_BIN).
+Every process started here is stopped on the way out; every wait has a deadline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+from concurrent.futures import ProcessPoolExecutor
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from skulk.store.cards import builtin_cards_dir, load_card  # noqa: E402
+from skulk.store.tiny_models import ensure_local_model  # noqa: E402
+from skulk.worker.engines.served.launch import ServerLaunch, completion_body, server_env  # noqa: E402
+from skulk.worker.engines.served.process import ServerProcess, free_loopback_port  # noqa: E402
+from skulk.worker.runner.messages import Frame, StatusChanged, TaskDone  # noqa: E402
+from skulk.worker.runner.supervisor import RunnerSupervisor  # noqa: E402
+from tests.llama_server_kit import find_llama_server  # noqa: E402
+from tests.worker.tiny_gguf import LONG_PROMPT, RUNNER, prompt_params, text_task, tiny_instance  # noqa: E402
+
+CONCURRENCY = (1, 4, 8)
+SLOTS = 8
+CONTEXT_PER_SLOT = 512
+READY_DEADLINE_S = 180.0
+RUN_DEADLINE_S = 600.0
+
+
+class Measure:
+    """TTFTs and token counts of one batch of concurrent requests."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.first: dict[str, float] = {}
+        self.tokens = 0
+        self.ended = self.started
+        self.lock = threading.Lock()
+
+    def token(self, request: str, count: int = 1) -> None:
+        now = time.monotonic()
+        with self.lock:
+            self.first.setdefault(request, now - self.started)
+            self.tokens += count
+            self.ended = now
+
+    def result(self) -> tuple[float, float, float]:
+        ttfts = sorted(self.first.values())
+        p95 = ttfts[min(len(ttfts) - 1, round(0.95 * (len(ttfts) - 1)))]
+        return self.tokens / (self.ended - self.started), statistics.median(ttfts), p95
+
+
+_CLIENT: httpx.Client | None = None
+
+
+def _client_process_init() -> None:
+    """One HTTP client per pool process, made before measuring (building an httpx client
+    costs milliseconds of CPU: an SSL context), as the runner holds one for its engine."""
+    global _CLIENT
+    _CLIENT = httpx.Client(timeout=RUN_DEADLINE_S)
+
+
+def _direct_stream(base_url: str, tokens: int) -> tuple[float | None, float, int]:
+    """One streaming /completion in a pool process: (first token, last token, tokens), on
+    the machine-wide monotonic clock. A process per stream, so the client's SSE parsing is
+    never the bottleneck (the runner parses in its own process too)."""
+    # The very body Skulk's engine sends for the same request: only the path differs.
+    body = completion_body(prompt_params(LONG_PROMPT, temperature=0, max_tokens=tokens), LONG_PROMPT, None)
+    first, last, count = None, time.monotonic(), 0
+    assert _CLIENT is not None
+    with _CLIENT.stream("POST", f"{base_url}/completion", json=body) as r:
+        for line in r.iter_lines():
+            if line.startswith("data:"):
+                event = json.loads(line[5:])
+                if event.get("content"):
+                    last = time.monotonic()
+                    first = first or last
+                    count += len(event.get("tokens") or [1])
+    return first, last, count
+
+
+def run_direct(pool: ProcessPoolExecutor, base_url: str, concurrency: int, tokens: int) -> Measure:
+    measure = Measure()
+    futures = [pool.submit(_direct_stream, base_url, tokens) for _ in range(concurrency)]
+    for index, future in enumerate(futures):
+        first, last, count = future.result(RUN_DEADLINE_S)
+        measure.first[f"d{index}"] = (first or last) - measure.started
+        measure.tokens += count
+        measure.ended = max(measure.ended, last)
+    return measure
+
+
+class Runner:
+    """One supervised runner on its own event loop thread."""
+
+    def __init__(self, backend: str, card, gguf: Path, threads: int) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.states: list[str] = []
+        self.measure: Measure | None = None
+        self.done: set[str] = set()
+        self.done_event = threading.Event()
+        self.expected = 0
+
+        def report(message) -> None:
+            if isinstance(message, StatusChanged):
+                self.states.append(message.status.state)
+            elif isinstance(message, Frame) and self.measure is not None:
+                chunk = getattr(message.frame, "chunk", None)
+                if chunk is not None and getattr(chunk, "text", ""):
+                    self.measure.token(str(message.frame.command_id))
+            elif isinstance(message, TaskDone):
+                self.done.add(message.task_id)
+                if len(self.done) >= self.expected:
+                    self.done_event.set()
+
+        self.supervisor = RunnerSupervisor(
+            instance=tiny_instance(card, context_token_limit=CONTEXT_PER_SLOT, backend=backend),
+            runner_id=RUNNER, card=card, model_path=str(gguf), on_report=report, n_threads=threads,
+        )
+        self.call(self.supervisor.start())
+        deadline = time.monotonic() + READY_DEADLINE_S
+        while not self.states or self.states[-1] not in ("Ready", "Failed"):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{backend} runner not ready: {self.states}")
+            time.sleep(0.1)
+        if self.states[-1] != "Ready":
+            raise RuntimeError(f"{backend} runner failed to load")
+
+    def call(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(READY_DEADLINE_S)
+
+    def run(self, concurrency: int, tokens: int, tag: str) -> Measure:
+        self.measure = Measure()
+        self.done, self.expected = set(), concurrency
+        self.done_event.clear()
+        tasks = [text_task(f"{tag}-{i}", prompt_params(LONG_PROMPT, temperature=0, max_tokens=tokens))
+                 for i in range(concurrency)]
+        for task in tasks:
+            self.loop.call_soon_threadsafe(self.supervisor.submit, task)
+        if not self.done_event.wait(RUN_DEADLINE_S):
+            raise TimeoutError(f"{tag}: not done")
+        return self.measure
+
+    def close(self) -> None:
+        try:
+            self.call(self.supervisor.shutdown(timeout_s=10.0))
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--gguf", type=Path, default=None,
+                        help="a GGUF to serve instead of the tiny test model (e.g. the bench model of bench/serve.py)")
+    args = parser.parse_args()
+    binary = find_llama_server()
+    if binary is None:
+        print("no llama-server: run `uv run skulk engines install --backend cpu`", file=sys.stderr)
+        return 2
+    card = load_card(builtin_cards_dir() / "local--tiny-llama-gguf.toml")
+    gguf = args.gguf or Path(ensure_local_model(card, Path(tempfile.gettempdir()) / "skulk-bench-models"))
+    os.environ["SKULK_LLAMA_SERVER_BIN"] = str(binary)
+    os.environ["SKULK_LLAMA_SERVER_PARALLEL"] = str(SLOTS)
+    print(f"model {gguf} ({gguf.stat().st_size / 1e6:.1f} MB), {args.tokens} tokens/request, "
+          f"{args.threads} threads, {SLOTS} slots, binary {binary}")
+    print(f"load average before: {os.getloadavg()}")
+
+    port = free_loopback_port()
+    launch = ServerLaunch(binary, gguf, port, SLOTS, CONTEXT_PER_SLOT, args.threads, 0, True)
+    direct = ServerProcess(launch.argv(), server_env(os.environ), port)
+    runners: list[Runner] = []
+    pool = ProcessPoolExecutor(max_workers=max(CONCURRENCY), initializer=_client_process_init)
+    try:
+        direct.wait_healthy()
+        list(pool.map(abs, range(max(CONCURRENCY))))  # start the client processes before measuring
+        runners.append(Runner("llama_server-cpu", card, gguf, args.threads))
+        runners.append(Runner("llama_cpp-cpu", card, gguf, args.threads))
+        served, inproc = runners
+        contenders: dict[str, Callable[[int, str], Measure]] = {
+            "direct": lambda c, tag: run_direct(pool, direct.base_url, c, args.tokens),
+            "served": lambda c, tag: served.run(c, args.tokens, tag),
+            "inproc": lambda c, tag: inproc.run(c, args.tokens, tag),
+        }
+        names = list(contenders)
+        results: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
+        for c in CONCURRENCY:
+            for r in range(args.rounds):
+                order = names[r % 3:] + names[:r % 3]
+                for name in order:
+                    results.setdefault((name, c), []).append(contenders[name](c, f"{name}-{c}-{r}").result())
+        print(f"load average after: {os.getloadavg()}")
+        print(f"{'contender':<8} {'C':>2} {'agg tok/s':>10} {'TTFT p50 ms':>12} {'TTFT p95 ms':>12}")
+        agg: dict[tuple[str, int], float] = {}
+        for (name, c), rows in sorted(results.items(), key=lambda kv: (kv[0][1], names.index(kv[0][0]))):
+            agg[(name, c)] = statistics.median(row[0] for row in rows)
+            p50 = statistics.median(row[1] for row in rows) * 1000
+            p95 = statistics.median(row[2] for row in rows) * 1000
+            print(f"{name:<8} {c:>2} {agg[(name, c)]:>10.1f} {p50:>12.1f} {p95:>12.1f}")
+        for c in CONCURRENCY:
+            print(f"C={c}: served/direct = {agg[('served', c)] / agg[('direct', c)]:.2f} (target >= 0.9), "
+                  f"served/inproc = {agg[('served', c)] / agg[('inproc', c)]:.2f}")
+    finally:
+        pool.shutdown(cancel_futures=True)
+        for runner in runners:
+            runner.close()
+        direct.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

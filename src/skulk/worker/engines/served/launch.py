@@ -1,0 +1,200 @@
+"""Pure decisions for a served llama-server: how many slots, which command line, what
+request body, and which tokens a stream event carries.
+
+Kept apart from the process and HTTP shell so every rule is a table test: a slot setting
+that is not a positive integer within bounds is refused (`InvalidSlotCount`), never
+clamped; a request field the server cannot honour is refused, never dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from skulk.shared.types.chunks import TopLogprob
+from skulk.shared.types.common import FinishReason, Usage
+from skulk.shared.types.tasks import TextGenerationParams
+from skulk.worker.engines.base import EngineError, GeneratedToken, ModelLoadFailed, usage_of
+from skulk.worker.engines.llama_cpp import DEFAULT_MIN_P, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, ScoredToken
+
+SLOTS_ENV = "SKULK_LLAMA_SERVER_PARALLEL"
+"""Node setting: how many requests one llama-server instance decodes at once (its slots)."""
+
+DEFAULT_SLOTS = 4
+"""Slots when nothing is configured: four clients decode together, and a small model's
+KV cache for 4 x its context still fits beside the weights on any node we admit it to."""
+
+MAX_SLOTS = 64
+"""Above this the per-request context becomes too small to be useful and the dispatcher's
+thread count grows past reason; a larger setting is refused as a typo."""
+
+MAX_TOP_LOGPROBS = 20
+"""OpenAI's own bound on top_logprobs; llama-server's n_probs is capped the same way."""
+
+HOST = "127.0.0.1"
+"""The server listens on loopback only: the runner is its one client."""
+
+STRIPPED_ENV_PREFIX = "LLAMA_ARG_"
+"""llama-server reads any LLAMA_ARG_* variable as a flag; the runner's own environment must
+never change how the server it launches behaves, so these never reach it."""
+
+
+class InvalidSlotCount(ModelLoadFailed):
+    error_type = "InvalidSlotCount"
+
+
+class ServedRequestRejected(EngineError):
+    """A request field this served engine cannot honour."""
+
+    error_type = "InvalidRequest"
+
+
+def slot_count(setting: str | None) -> int:
+    """The slot count from the node setting (SKULK_LLAMA_SERVER_PARALLEL), or the default."""
+    if setting is None or not setting.strip():
+        return DEFAULT_SLOTS
+    try:
+        value = int(setting.strip())
+    except ValueError:
+        raise InvalidSlotCount(
+            f"{SLOTS_ENV}={setting!r} is not a whole number; set it to the number of requests one "
+            f"llama-server decodes at once (1..{MAX_SLOTS})"
+        ) from None
+    if not 1 <= value <= MAX_SLOTS:
+        raise InvalidSlotCount(f"{SLOTS_ENV}={value} is outside 1..{MAX_SLOTS}")
+    return value
+
+
+@dataclass(frozen=True)
+class ServerLaunch:
+    """Everything the command line says."""
+
+    binary: Path
+    model_path: Path
+    port: int
+    slots: int
+    context_per_slot: int
+    threads: int
+    gpu_layers: int
+    flash_attn: bool
+
+    def argv(self) -> list[str]:
+        return [
+            str(self.binary),
+            "--model", str(self.model_path),
+            "--host", HOST,
+            "--port", str(self.port),
+            "--parallel", str(self.slots),
+            # Each slot owns context_per_slot tokens of one KV cache (not unified): a long
+            # request can never starve the others of cache.
+            "--ctx-size", str(self.context_per_slot * self.slots),
+            "--no-kv-unified",
+            "--cont-batching",
+            "--threads", str(self.threads),
+            "--n-gpu-layers", str(self.gpu_layers),
+            "--flash-attn", "on" if self.flash_attn else "off",
+            # Skulk's planner sized this instance; the server must not resize it behind us.
+            "--fit", "off",
+            "--jinja",
+            "--no-webui",
+            # No hidden host-RAM prompt cache: the memory the planner admitted is the memory used.
+            "--cache-ram", "0",
+        ]
+
+
+def server_env(env: Mapping[str, str]) -> dict[str, str]:
+    return {key: value for key, value in env.items() if not key.startswith(STRIPPED_ENV_PREFIX)}
+
+
+def completion_body(
+    request: TextGenerationParams, prompt: str | list[int], grammar: str | None, room_tokens: int | None = None
+) -> dict[str, Any]:
+    """The /completion body for one request: the prompt as token ids (or text), sampling,
+    penalties, logit bias and grammar. `room_tokens` bounds the output to what is left of the
+    request's context (without it and without max_tokens the server decodes until its slot's
+    context is full and reports that as 'limit')."""
+    if request.top_logprobs is not None and request.top_logprobs > MAX_TOP_LOGPROBS:
+        raise ServedRequestRejected(f"top_logprobs is {request.top_logprobs}; at most {MAX_TOP_LOGPROBS}")
+    wanted = request.max_tokens if request.max_tokens is not None else -1
+    if room_tokens is not None:
+        wanted = room_tokens if wanted < 0 else min(wanted, room_tokens)
+    body: dict[str, Any] = {
+        "prompt": prompt,
+        "stream": True,
+        "n_predict": wanted,
+        "temperature": DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
+        "top_p": DEFAULT_TOP_P if request.top_p is None else request.top_p,
+        "top_k": DEFAULT_TOP_K if request.top_k is None else request.top_k,
+        "min_p": DEFAULT_MIN_P,
+        "repeat_penalty": 1.0 if request.repeat_penalty is None else request.repeat_penalty,
+        "frequency_penalty": request.frequency_penalty or 0.0,
+        "presence_penalty": request.presence_penalty or 0.0,
+        "seed": -1 if request.seed is None else request.seed & 0xFFFFFFFF,
+        "stop": list(request.stop),
+        "cache_prompt": True,
+        "return_tokens": True,
+    }
+    if request.logit_bias:
+        body["logit_bias"] = [[int(token), float(bias)] for token, bias in sorted(request.logit_bias.items())]
+    if request.logprobs:
+        # At least one: the chosen token's own logprob rides in the same list.
+        body["n_probs"] = max(1, request.top_logprobs or 0)
+    if grammar is not None:
+        body["grammar"] = grammar
+    return body
+
+
+FINISH_OF_STOP_TYPE: Mapping[str, FinishReason] = {"eos": "stop", "word": "stop", "limit": "length"}
+"""llama-server's stop_type -> the finish reason clients see."""
+
+
+def tokens_of_event(event: Mapping[str, Any], want_logprobs: bool, top: int) -> list[GeneratedToken]:
+    """The tokens one SSE event of /completion carries. A partial event holds the newly
+    releasable text of one (or, with stop-string hold-back, several) sampled tokens; the
+    final event (`stop: true`) carries the last text, the stop type and the counts."""
+    text = event.get("content") or ""
+    token_ids: Sequence[int] = event.get("tokens") or ()
+    token_id = token_ids[-1] if token_ids else None
+    finish: FinishReason | None = None
+    usage: Usage | None = None
+    if event.get("stop"):
+        finish = FINISH_OF_STOP_TYPE.get(str(event.get("stop_type")), "stop")
+        usage = usage_of(int(event.get("tokens_evaluated") or 0), int(event.get("tokens_predicted") or 0))
+    probs = event.get("completion_probabilities") or []
+    if want_logprobs and probs:
+        out: list[GeneratedToken] = []
+        for index, prob in enumerate(probs):
+            last = index == len(probs) - 1
+            tops = [
+                TopLogprob(token=alt.get("token", ""), logprob=float(alt["logprob"]), token_id=alt.get("id"))
+                for alt in (prob.get("top_logprobs") or [])[:top]
+                if "logprob" in alt
+            ]
+            out.append(ScoredToken(
+                text if last else "", prob.get("id"), finish if last else None, usage if last else None,
+                logprob=float(prob["logprob"]) if "logprob" in prob else None, top_logprobs=tops,
+            ))
+        return out  # the event's text rides on its last scored token
+    if not text and finish is None:
+        return []
+    matched = str(event.get("stopping_word") or "") if event.get("stop_type") == "word" else ""
+    return [GeneratedToken(text, token_id, finish, usage, stop_sequence=matched or None)]
+
+
+__all__ = [
+    "DEFAULT_SLOTS",
+    "FINISH_OF_STOP_TYPE",
+    "HOST",
+    "MAX_SLOTS",
+    "MAX_TOP_LOGPROBS",
+    "SLOTS_ENV",
+    "InvalidSlotCount",
+    "ServedRequestRejected",
+    "ServerLaunch",
+    "completion_body",
+    "server_env",
+    "slot_count",
+    "tokens_of_event",
+]

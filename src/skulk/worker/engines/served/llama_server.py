@@ -1,0 +1,286 @@
+"""The `llama_server` engine: one GGUF served by a llama-server process this runner owns.
+
+`load` starts llama-server on a free loopback port with `--parallel N` slots and continuous
+batching and waits for /health; the engine's width is N, so the runner's dispatcher hands it
+N requests at once and llama-server decodes them in one batch. Each request's prompt is
+rendered and tokenized here, by the in-process engine's prompt machinery on the GGUF's
+vocabulary alone (`LlamaCppEngine.load_tokenizer`): the server gets token ids, so caller text
+is never parsed as special tokens and a prompt costs linear time, exactly as in-process.
+Then it streams /completion: text, token ids, usage, the stop reason, logprobs on request,
+penalties and logit bias, and one GBNF grammar for a forced tool call or a response format
+(the grammar the in-process engine uses). A per-request context (`context_tokens`, Ollama's
+`num_ctx`) is enforced here too.
+Cancelling a request closes its HTTP stream, which frees the slot in the server.
+
+Embeddings are not served: llama-server computes them only in an embeddings-only mode, so
+an embedding request gets the dispatcher's typed `EmbeddingsUnsupported`.
+This module never decides how many slots or which flags (that is `launch`), and never
+handles a process directly (that is `process`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from skulk.shared.tool_grammar import SchemaNotSupported, request_grammar
+from skulk.shared.types.cards import backend_engine
+from skulk.shared.types.node_facts import ENGINE_BINARY_ENV
+from skulk.shared.types.tasks import TextGenerationParams
+from skulk.worker.engines.base import (
+    EngineBroken,
+    EngineError,
+    EngineNotLoaded,
+    GeneratedToken,
+    ModelLoadFailed,
+    PromptTooLong,
+    ShardSpec,
+)
+from skulk.worker.engines.llama_cpp import (
+    THINK_OPEN,
+    GrammarRejected,
+    LlamaCppEngine,
+    flash_attn_enabled,
+    opens_reasoning,
+    physical_cores,
+    planned_gpu_layers,
+)
+from skulk.worker.engines.served.launch import (
+    SLOTS_ENV,
+    ServerLaunch,
+    completion_body,
+    server_env,
+    slot_count,
+    tokens_of_event,
+)
+from skulk.worker.engines.served.process import ServerPortTaken, ServerProcess, free_loopback_port
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 5.0
+READ_TIMEOUT_S = 600.0
+"""Longest silence between two stream events: a prompt waiting behind every other slot's
+prompt evaluation on a slow CPU, with margin. Past it the request fails, typed."""
+PORT_ATTEMPTS = 3
+"""A free port found by binding and releasing it can be taken before the server binds it;
+an engine that chose the port itself retries with a fresh one this many times."""
+WARM_UP_PROMPT = "Hello"
+
+
+class LlamaServerEngine:
+    """`Engine` over a llama-server process. Width: its slot count."""
+
+    def __init__(self, env: Mapping[str, str] | None = None, port: int | None = None) -> None:
+        self._env = dict(os.environ if env is None else env)
+        self._fixed_port = port
+        self._slots = 1
+        self._server: ServerProcess | None = None
+        self._client: httpx.Client | None = None
+        self._lock = threading.Lock()
+        self._in_flight = 0
+        self._tokenizer = LlamaCppEngine()
+        self._context_tokens = 0
+
+    # -- protocol -------------------------------------------------------------------------
+
+    @property
+    def concurrency(self) -> int:
+        return self._slots
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    @property
+    def server(self) -> ServerProcess | None:
+        """The running server (diagnostics and tests)."""
+        return self._server
+
+    def load(self, spec: ShardSpec) -> None:
+        shard = spec.shard
+        if backend_engine(shard.backend) != "llama_server":
+            raise ModelLoadFailed(f"shard backend {shard.backend!r} is not a llama_server backend")
+        if shard.world_size != 1:
+            raise ModelLoadFailed("the llama_server engine serves single-node instances only")
+        if not Path(spec.model_path).is_file():
+            raise ModelLoadFailed(f"GGUF file not found: {spec.model_path}")
+        slots = slot_count(self._env.get(SLOTS_ENV))  # a bad setting fails before anything starts
+        self._context_tokens = min(spec.instance.context_token_limit, spec.card.context_length)
+        self._tokenizer.load_tokenizer(spec.model_path, self._context_tokens)
+        binary = self._env.get(ENGINE_BINARY_ENV["llama_server"], "").strip()
+        if not binary:
+            raise ModelLoadFailed(
+                f"no llama-server: set {ENGINE_BINARY_ENV['llama_server']} or run `skulk engines install`"
+            )
+        launch = ServerLaunch(
+            binary=Path(binary).expanduser(),
+            model_path=Path(spec.model_path),
+            port=0,
+            slots=slots,
+            context_per_slot=min(spec.instance.context_token_limit, spec.card.context_length),
+            threads=spec.n_threads or physical_cores(),
+            gpu_layers=planned_gpu_layers(spec),
+            flash_attn=flash_attn_enabled(spec.card.runtime.flash_attn, self._env),
+        )
+        self._server = self._start(launch)
+        self._slots = slots
+        self._client = httpx.Client(
+            base_url=self._server.base_url,
+            timeout=httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
+            limits=httpx.Limits(max_connections=slots + 2, max_keepalive_connections=slots + 2),
+        )
+        log.info("llama-server pid %d on port %d: %d slots x %d tokens, %s",
+                 self._server.pid, self._server.port, slots, launch.context_per_slot, spec.model_path)
+
+    def _start(self, launch: ServerLaunch) -> ServerProcess:
+        attempts = 1 if self._fixed_port is not None else PORT_ATTEMPTS
+        for attempt in range(attempts):
+            port = self._fixed_port if self._fixed_port is not None else free_loopback_port()
+            server = ServerProcess(_with_port(launch, port).argv(), server_env(self._env), port)
+            try:
+                server.wait_healthy()
+                return server
+            except ServerPortTaken:
+                if attempt + 1 == attempts:
+                    raise
+                log.info("port %d was taken before llama-server bound it; trying another", port)
+        raise AssertionError("unreachable")
+
+    def warm_up(self) -> None:
+        client = self._require_loaded()
+        response = client.post("/completion", json={"prompt": WARM_UP_PROMPT, "n_predict": 1, "cache_prompt": False})
+        if response.status_code != 200:
+            raise ModelLoadFailed(f"llama-server warm-up failed ({response.status_code}): {response.text[:500]}")
+
+    def generate(self, request: TextGenerationParams, cancelled: threading.Event) -> Iterator[GeneratedToken]:
+        client = self._require_loaded()
+        with self._lock:
+            self._in_flight += 1
+        try:
+            yield from self._generate(client, request, cancelled)
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+
+    def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop()
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _require_loaded(self) -> httpx.Client:
+        if self._client is None:
+            raise EngineNotLoaded("no model is loaded")
+        return self._client
+
+    @property
+    def context_tokens(self) -> int:
+        return self._context_tokens
+
+    def prompt_tokens(self, request: TextGenerationParams, cancelled: threading.Event | None = None) -> list[int]:
+        """The exact tokens the server is sent for `request` (count-only requests use it)."""
+        return self._tokenizer.prompt_tokens(request, cancelled)
+
+    def _generate(
+        self, client: httpx.Client, request: TextGenerationParams, cancelled: threading.Event
+    ) -> Iterator[GeneratedToken]:
+        try:
+            grammar = request_grammar(request.tools, request.tool_choice, request.response_format)
+        except SchemaNotSupported as exc:
+            raise GrammarRejected(str(exc)) from exc
+        text, tokens = self._tokenizer.prompt_and_tokens(request, cancelled)
+        context = min(self._context_tokens, request.context_tokens or self._context_tokens)
+        if len(tokens) >= context:
+            raise PromptTooLong(len(tokens), context)
+        body = completion_body(request, tokens, grammar, context - len(tokens))
+        top = request.top_logprobs or 0
+        if request.prompt is None and grammar is None and opens_reasoning(text):
+            yield GeneratedToken(THINK_OPEN)  # the template opened the think block itself
+        try:
+            with client.stream("POST", "/completion", json=body) as response:
+                if response.status_code != 200:
+                    raise _server_error(response.status_code, response.read().decode("utf-8", "replace"))
+                for line in response.iter_lines():
+                    if cancelled.is_set():
+                        return  # leaving the block closes the stream: the server frees the slot
+                    event = _event_of(line)
+                    if event is None:
+                        continue
+                    for token in tokens_of_event(event, request.logprobs, top):
+                        yield token
+                        if token.finish_reason is not None:
+                            return
+        except httpx.HTTPError as exc:
+            raise self._transport_failure(exc) from exc
+        if not cancelled.is_set():
+            raise EngineError("llama-server ended the stream without a final event")
+
+    def _call(self, send):  # noqa: ANN001, ANN202 - a zero-argument request
+        try:
+            return send()
+        except httpx.HTTPError as exc:
+            raise self._transport_failure(exc) from exc
+
+    def _transport_failure(self, exc: httpx.HTTPError) -> EngineError:
+        server = self._server
+        if server is not None and not server.alive():
+            return EngineBroken(f"llama-server (pid {server.pid}) died: {server.log_tail()[-500:]}")
+        return EngineError(f"llama-server request failed: {type(exc).__name__}: {exc}")
+
+
+def _with_port(launch: ServerLaunch, port: int) -> ServerLaunch:
+    from dataclasses import replace
+
+    return replace(launch, port=port)
+
+
+def _event_of(line: str) -> dict[str, Any] | None:
+    """One SSE line -> its JSON payload (None for blank lines and comments). An `error:`
+    line, or a payload holding `error`, raises the typed error it describes."""
+    if line.startswith("data:"):
+        payload = json.loads(line[5:].strip())
+        if isinstance(payload, dict) and "error" in payload:
+            raise _error_of(payload["error"])
+        return payload
+    if line.startswith("error:"):
+        raise _error_of(json.loads(line[6:].strip()))
+    return None
+
+
+def _server_error(status: int, text: str) -> EngineError:
+    try:
+        payload = json.loads(text)
+    except ValueError:
+        return EngineError(f"llama-server answered {status}: {text[:500]}")
+    return _error_of(payload.get("error", payload) if isinstance(payload, dict) else payload)
+
+
+def _error_of(error: Any) -> EngineError:
+    if isinstance(error, dict):
+        if error.get("type") == "exceed_context_size_error":
+            return PromptTooLong(int(error.get("n_prompt_tokens") or 0), int(error.get("n_ctx") or 0))
+        message = str(error.get("message") or error)
+        if error.get("type") == "invalid_request_error":
+            return GrammarRejected(message) if "grammar" in message.lower() else _invalid(message)
+        return EngineError(f"llama-server: {message}")
+    return EngineError(f"llama-server: {error}")
+
+
+def _invalid(message: str) -> EngineError:
+    from skulk.worker.engines.served.launch import ServedRequestRejected
+
+    return ServedRequestRejected(f"llama-server refused the request: {message}")
+
+
+__all__ = ["CONNECT_TIMEOUT_S", "PORT_ATTEMPTS", "READ_TIMEOUT_S", "LlamaServerEngine"]

@@ -1,0 +1,177 @@
+"""One inference server process, owned by one runner: start, health deadline, teardown.
+
+The server never outlives its owner:
+- it runs in its own process group (so teardown reaches anything it forks), and
+- it is started with PR_SET_PDEATHSIG=SIGKILL (Linux): when the runner dies, even by
+  kill -9, the kernel kills the server. The signal follows the *thread* that forked, so the
+  runner starts the server from its main thread (the engine's `load`), which lives as long
+  as the runner does.
+`stop` sends SIGTERM to the group, then SIGKILL after a grace. The server's output goes to
+a temporary file (bounded by the server's own logging; removed at stop) whose tail explains
+a failed start: a port already taken, a model it cannot read, an unknown flag.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import httpx
+
+from skulk.worker.engines.base import EngineError, ModelLoadFailed
+
+HEALTH_DEADLINE_S = 300.0
+"""How long a server may take to load its model and answer /health with 200: a large GGUF
+read from a slow disk, with margin. Past it the start fails and the server is killed."""
+
+HEALTH_POLL_S = 0.1
+STOP_GRACE_S = 5.0
+"""SIGTERM to SIGKILL: llama-server finishes its current batch and exits well within it."""
+LOG_TAIL_BYTES = 4000
+"""How much of the server's output a start failure quotes."""
+
+PR_SET_PDEATHSIG = 1
+
+_PORT_TAKEN_MARKERS = ("couldn't bind", "address already in use", "failed to bind")
+
+
+class ServerBinaryMissing(ModelLoadFailed):
+    error_type = "EngineBinaryMissing"
+
+
+class ServerPortTaken(ModelLoadFailed):
+    error_type = "EnginePortTaken"
+
+
+class ServerStartFailed(ModelLoadFailed):
+    error_type = "EngineStartFailed"
+
+
+class ServerGone(EngineError):
+    """The server died while serving; the runner cannot serve again."""
+
+    error_type = "EngineBroken"
+
+
+def free_loopback_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _death_signal_preexec() -> Callable[[], None] | None:
+    """A preexec_fn that asks the kernel to SIGKILL the child when its parent thread dies.
+    Resolved before fork: the child only makes one libc call (no imports, no allocation)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    prctl = libc.prctl
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
+class ServerProcess:
+    """A started server: its pid, base URL, and the means to stop it."""
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], port: int) -> None:
+        self.port = port
+        self.base_url = f"http://127.0.0.1:{port}"
+        binary = Path(argv[0])
+        if not binary.is_file():
+            raise ServerBinaryMissing(f"llama-server binary not found at {binary}; run `skulk engines install`")
+        if not os.access(binary, os.X_OK):
+            raise ServerBinaryMissing(f"{binary} is not executable (chmod +x, or rebuild with `skulk engines install`)")
+        self._log = tempfile.NamedTemporaryFile(prefix="skulk-llama-server-", suffix=".log", delete=False)
+        try:
+            self._process = subprocess.Popen(
+                list(argv), stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+                env=dict(env), start_new_session=True, preexec_fn=_death_signal_preexec(),
+            )
+        except OSError as exc:
+            self._close_log()
+            raise ServerStartFailed(f"{binary} could not start: {exc}") from exc
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    def alive(self) -> bool:
+        return self._process.poll() is None
+
+    def wait_healthy(self, deadline_s: float = HEALTH_DEADLINE_S) -> None:
+        """Return once /health answers 200; raise (after stopping the server) on exit or timeout."""
+        deadline = time.monotonic() + deadline_s
+        with httpx.Client(timeout=2.0) as client:
+            while True:
+                if not self.alive():
+                    code = self._process.returncode
+                    tail = self.log_tail()
+                    self.stop()
+                    if any(marker in tail.lower() for marker in _PORT_TAKEN_MARKERS):
+                        raise ServerPortTaken(f"port {self.port} on 127.0.0.1 is already in use:\n{tail}")
+                    raise ServerStartFailed(f"llama-server exited with code {code} while starting:\n{tail}")
+                with contextlib.suppress(httpx.HTTPError):
+                    if client.get(f"{self.base_url}/health").status_code == 200:
+                        return
+                if time.monotonic() > deadline:
+                    tail = self.log_tail()
+                    self.stop()
+                    raise ServerStartFailed(f"llama-server did not become healthy within {deadline_s:g}s:\n{tail}")
+                time.sleep(HEALTH_POLL_S)
+
+    def log_tail(self) -> str:
+        try:
+            data = Path(self._log.name).read_bytes()
+        except OSError:
+            return ""
+        return data[-LOG_TAIL_BYTES:].decode("utf-8", errors="replace").strip()
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """SIGTERM the process group, SIGKILL what is left after `grace_s`. Idempotent."""
+        if self._process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._process.pid, signal.SIGTERM)
+            try:
+                self._process.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        # The group may hold children of the server even after the leader exited.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._process.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._process.wait(grace_s)
+        self._close_log()
+
+    def _close_log(self) -> None:
+        with contextlib.suppress(OSError):
+            self._log.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self._log.name)
+
+
+__all__ = [
+    "HEALTH_DEADLINE_S",
+    "STOP_GRACE_S",
+    "ServerBinaryMissing",
+    "ServerGone",
+    "ServerPortTaken",
+    "ServerProcess",
+    "ServerStartFailed",
+    "free_loopback_port",
+]

@@ -1,0 +1,120 @@
+"""The vllm engine: its pure rules everywhere; a real `vllm serve` only on a CUDA machine."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+from skulk.facts.nvml import collect_gpus
+from skulk.shared.memory_estimate import VLLM_CONTEXT_CAP_TOKENS
+from skulk.shared.types.common import Usage
+from skulk.shared.types.ids import ModelId
+from skulk.shared.types.tasks import TextGenerationParams
+from skulk.worker.engines.base import GeneratedToken
+from skulk.worker.engines.served.launch import InvalidSlotCount
+from skulk.worker.engines.served.vllm import (
+    DEFAULT_SEQS,
+    ProcessView,
+    VllmEngine,
+    VllmUnavailable,
+    max_seqs,
+    orphaned_engine_cores,
+    refusal,
+    tokens_of_chunk,
+    vllm_argv,
+)
+
+
+@pytest.mark.parametrize(("setting", "seqs"), [(None, DEFAULT_SEQS), ("32", 32), ("1", 1)])
+def test_max_seqs(setting, seqs):
+    assert max_seqs(setting) == seqs
+
+
+@pytest.mark.parametrize("setting", ["0", "x", "1000"])
+def test_bad_max_seqs_is_typed(setting):
+    with pytest.raises(InvalidSlotCount):
+        max_seqs(setting)
+
+
+def test_argv_caps_the_context_and_listens_on_loopback():
+    argv = vllm_argv("/venv/bin/vllm", "/m", 9000, 8, 262_144)
+    flags = dict(zip(argv[3::2], argv[4::2]))
+    assert argv[:3] == ["/venv/bin/vllm", "serve", "/m"]
+    assert flags["--host"] == "127.0.0.1" and flags["--max-num-seqs"] == "8"
+    assert flags["--max-model-len"] == str(VLLM_CONTEXT_CAP_TOKENS)
+
+
+def test_only_orphaned_engine_cores_are_swept():
+    processes = [
+        ProcessView(10, "VLLM::EngineCore", 1),  # orphan
+        ProcessView(11, "VLLM::EngineCore", 9),  # a live server's core
+        ProcessView(12, "python", 1),
+    ]
+    assert orphaned_engine_cores(processes) == [10]
+
+
+def params(**fields):
+    return TextGenerationParams(model_id=ModelId("m"), prompt="hi", **fields)
+
+
+@pytest.mark.parametrize(
+    ("fields", "refused"),
+    [({}, False), ({"tool_choice": "auto"}, False), ({"logprobs": True}, True), ({"tool_choice": "required"}, True)],
+)
+def test_unsupported_fields_are_refused_not_ignored(fields, refused):
+    assert (refusal(params(**fields)) is not None) is refused
+
+
+@pytest.mark.parametrize(
+    ("chunk", "tokens"),
+    [
+        ({"choices": [{"text": "He", "finish_reason": None}]}, [GeneratedToken("He")]),
+        ({"choices": [{"delta": {"content": "llo"}, "finish_reason": None}]}, [GeneratedToken("llo")]),
+        ({"choices": [{"text": "", "finish_reason": "length"}], "usage": {"prompt_tokens": 2, "completion_tokens": 5}},
+         [GeneratedToken("", None, "length", Usage(prompt_tokens=2, completion_tokens=5, total_tokens=7))]),
+        ({"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 5}}, []),
+    ],
+)
+def test_tokens_of_chunk(chunk, tokens):
+    assert tokens_of_chunk(chunk) == tokens
+
+
+def test_without_a_cuda_gpu_load_is_refused_typed(tmp_path):
+    if collect_gpus():
+        pytest.skip("a CUDA GPU is visible here: the refusal path cannot be shown")
+    from tests.worker.tiny_gguf import tiny_gguf_card, tiny_instance
+    from skulk.worker.engines.base import ShardSpec
+
+    card = tiny_gguf_card()
+    spec = ShardSpec(instance=tiny_instance(card, backend="vllm-cuda"), runner_id=tiny_instance(card).shards[0].runner_id,
+                     card=card, model_path=str(tmp_path))
+    with pytest.raises(VllmUnavailable, match="CUDA GPU"):
+        VllmEngine({"SKULK_VLLM_BIN": "/usr/bin/true"}).load(spec)
+
+
+@pytest.mark.skipif(not (os.environ.get("SKULK_VLLM_BIN") and os.environ.get("SKULK_VLLM_TEST_MODEL")) or not collect_gpus(),
+                    reason="vLLM serves only on a CUDA GPU: needs an NVIDIA GPU that NVML sees, SKULK_VLLM_BIN and "
+                           "SKULK_VLLM_TEST_MODEL (a small HF model dir); bench/gpu/check.sh runs this on a GPU machine")
+def test_vllm_streams_concurrently_on_a_gpu():
+    model = os.environ["SKULK_VLLM_TEST_MODEL"]
+    from tests.worker.tiny_gguf import tiny_gguf_card, tiny_instance
+    from skulk.worker.engines.base import ShardSpec
+
+    card = tiny_gguf_card()
+    instance = tiny_instance(card, backend="vllm-cuda", context_token_limit=1024)
+    engine = VllmEngine()
+    engine.load(ShardSpec(instance=instance, runner_id=instance.shards[0].runner_id, card=card, model_path=model))
+    try:
+        engine.warm_up()
+        results: dict[int, list[GeneratedToken]] = {}
+        threads = [threading.Thread(target=lambda i=i: results.__setitem__(
+            i, list(engine.generate(params(max_tokens=16, temperature=0), threading.Event())))) for i in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert len(results) == 4 and all(r[-1].finish_reason == "length" for r in results.values())
+    finally:
+        engine.close()
