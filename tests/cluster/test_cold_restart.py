@@ -24,14 +24,17 @@ DEADLINE_S = 120.0
 on a loaded 2-core machine."""
 
 
-def _start(spawn, tmp_path, ports: dict[str, int], listen: dict[str, int]) -> dict[str, NodeProcess]:
+def _start(spawn, tmp_path, ports: dict[str, int], listen: dict[str, int], models_dir) -> dict[str, NodeProcess]:
+    """Both nodes, the local model's directory allowed for `/models/add` (secure default: only
+    the models dir and `models.local_dirs`)."""
     first = f"tcp/127.0.0.1:{listen['cold-a']}"
     nodes = {}
     for name in ("cold-a", "cold-b"):
         args = ["--listen", f"tcp/127.0.0.1:{listen[name]}", "--cluster-key", "cold-key", "--node-name", name]
         if name != "cold-a":
             args += ["--bootstrap-peers", first]
-        nodes[name] = spawn(name, data_dir=tmp_path / name, extra_args=args, port=ports[name])
+        nodes[name] = spawn(name, data_dir=tmp_path / name, extra_args=args, port=ports[name],
+                            env={"SKULK_MODELS_LOCAL_DIRS": str(models_dir)})
     for node in nodes.values():
         node.wait_ready()
     wait_agreed(list(nodes.values()), members=2)
@@ -56,7 +59,7 @@ def _chat(node: NodeProcess) -> bool:
 def test_a_cold_restart_brings_back_the_custom_card_and_the_placement(spawn_node, tmp_path, tiny_artifacts) -> None:
     ports = {n: free_port() for n in ("cold-a", "cold-b")}
     listen = {n: free_port() for n in ("cold-a", "cold-b")}
-    nodes = _start(spawn_node, tmp_path, ports, listen)
+    nodes = _start(spawn_node, tmp_path, ports, listen, tiny_artifacts.gguf_path.parent)
     a, b = nodes["cold-a"], nodes["cold-b"]
     added = httpx.post(a.url + "/models/add", json={"path": str(tiny_artifacts.gguf_path), "modelId": CUSTOM},
                        timeout=60)
@@ -74,7 +77,7 @@ def test_a_cold_restart_brings_back_the_custom_card_and_the_placement(spawn_node
     for node in (b, a):  # the whole cluster goes down
         node.stop()
     restarted_at = time.monotonic()
-    nodes = _start(spawn_node, tmp_path, ports, listen)
+    nodes = _start(spawn_node, tmp_path, ports, listen, tiny_artifacts.gguf_path.parent)
     a, b = nodes["cold-a"], nodes["cold-b"]
     try:
         after = wait_for(lambda: _serving(a), timeout_s=DEADLINE_S, interval_s=0.5, what="the restored instance Ready")

@@ -4,6 +4,13 @@ import { onSnapshot } from "./store.js";
 import { accelerators, esc, gib, nodeLevel, setHtml, short } from "./format.js";
 
 const LEVEL_LABEL = { ok: "healthy", info: "healthy", warn: "warning", error: "unhealthy" };
+// A node that leaves the cluster (pruned within a second or two of its death) stays on the
+// page this long, red, saying so: an operator glancing at the page sees what happened.
+const LOST_SHOWN_MS = 15000;
+const LOST_REASON = {
+  message: "left the cluster: its presence and heartbeats stopped, and the master pruned it (its instances are re-placed)",
+  remediation: "check the node's process and network; it rejoins on its own when it comes back",
+};
 
 function layout(ids) {
   const cx = 200, cy = 120, r = ids.length > 1 ? 85 : 0;
@@ -37,9 +44,9 @@ function graph(cluster, state) {
 }
 
 function nodeCard(cluster, state, node) {
-  const level = nodeLevel(state, node);
+  const level = node.lost ? "error" : nodeLevel(state, node);
   const health = state.nodeHealth?.[node.nodeId] || { reasons: [] };
-  const reasons = [...(health.reasons || [])];
+  const reasons = node.lost ? [LOST_REASON] : [...(health.reasons || [])];
   if (node.alive === false && !reasons.length) reasons.push({ message: "no heartbeat: the node looks down", remediation: "check the node's process and network" });
   const memory = node.memory || {};
   const used = memory.total ? Math.round(100 * (1 - (memory.available || 0) / memory.total)) : 0;
@@ -66,11 +73,33 @@ function nodeCard(cluster, state, node) {
 class SkulkTopology extends HTMLElement {
   connectedCallback() {
     this.innerHTML = `<section class="page"><h2>Topology</h2><div class="graph card"></div><div class="grid nodes"></div></section>`;
-    this.off = onSnapshot(this, ({ cluster, state }) => {
-      setHtml(this.querySelector(".graph"), graph(cluster, state));
-      setHtml(this.querySelector(".nodes"), cluster.nodes.map((n) => nodeCard(cluster, state, n)).join(""));
+    this.lost = new Map(); // nodeId -> { node, at }: nodes seen before that left the cluster
+    this.previous = [];
+    this.off = onSnapshot(this, (snapshot) => {
+      this.track(snapshot.cluster.nodes);
+      this.snapshot = snapshot;
+      this.render();
     });
   }
-  disconnectedCallback() { this.off?.(); }
+  track(nodes) {
+    const now = Date.now();
+    const present = new Set(nodes.map((n) => n.nodeId));
+    for (const node of this.previous) {
+      if (!present.has(node.nodeId) && !this.lost.has(node.nodeId)) this.lost.set(node.nodeId, { node, at: now });
+    }
+    for (const id of present) this.lost.delete(id);
+    this.previous = nodes;
+  }
+  render() {
+    const { cluster, state } = this.snapshot;
+    const now = Date.now();
+    for (const [id, entry] of this.lost) if (now - entry.at >= LOST_SHOWN_MS) this.lost.delete(id);
+    const lost = [...this.lost.values()].map(({ node }) => ({ ...node, alive: false, lost: true }));
+    setHtml(this.querySelector(".graph"), graph(cluster, state));
+    setHtml(this.querySelector(".nodes"), [...cluster.nodes, ...lost].map((n) => nodeCard(cluster, state, n)).join(""));
+    clearTimeout(this.expiry);
+    if (lost.length) this.expiry = setTimeout(() => this.render(), 1000);
+  }
+  disconnectedCallback() { this.off?.(); clearTimeout(this.expiry); }
 }
 customElements.define("skulk-topology", SkulkTopology);
