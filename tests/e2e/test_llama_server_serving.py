@@ -85,12 +85,17 @@ def test_an_invalid_slot_setting_fails_the_runner_with_the_reason(spawn_node):
     (node,) = start_linked(lambda name, extra_args: spawn_node(name, env=env, extra_args=extra_args), ["badslots"])
     wait_agreed([node], members=1)
     instance = place(node)
+    assert [s["backend"] for s in instance["preview"]["shards"]] == ["llama_server-cpu"], instance
 
     def failed():
         runners = node.get(f"/instance/{instance['instanceId']}").json()["runners"].values()
         return next((r for r in runners if r["state"] == "Failed"), None)
 
-    runner = wait_for(failed, timeout_s=120, what="runner failed")
+    try:
+        runner = wait_for(failed, timeout_s=120, what="runner failed")
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}\n{node.get('/instance/' + instance['instanceId']).text}\n"
+                             f"{node.log()[-4000:]}") from None
     assert "SKULK_LLAMA_SERVER_PARALLEL" in str(runner)
     with pytest.raises(openai.APIError):
         client(node).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
