@@ -43,6 +43,7 @@ from skulk.facts.probe import probe_node_facts
 from skulk.master.main import EventLogSlot, Master
 from skulk.observe.node_report import redacted_config, versions
 from skulk.observe.peer_http import peer_api_urls
+from skulk.observe.lost_members import LostMembers
 from skulk.observe.recorder import FlightRecorder, LogRing
 from skulk.observe.structured_logs import IngestShipper, structured_log_handlers
 from skulk.observe.traces import TraceStore, master_decision_span, run_trace_janitor
@@ -322,6 +323,8 @@ class Node:
             disk_reserve_bytes=eviction_policy(settings.model_store).reserve_bytes,
         )
         self.replica.on_applied(self._fail_streams_of_failed_tasks)
+        self.lost_members = LostMembers()
+        self.replica.on_applied(self.lost_members.observe)
         self.task_inputs = TaskInputRelay(send=lambda node_id, item: self._send_input(router, node_id, item))
         self.replica.on_applied(lambda indexed: self.task_inputs.on_event(indexed, self.replica.state))
         self.intent = IntentRecord(settings.paths.data_home / INTENT_FILE)  # restored by a cold-start master
@@ -633,6 +636,7 @@ class Node:
             limits=RequestLimits(max_body_bytes=self.settings.api_max_body_bytes),
             traces=self.traces,
             get_peer_urls=lambda: peer_api_urls(self.replica.state, self.membership.probed, self.node_id),
+            get_lost_members=lambda: self.lost_members.recent(self.replica.state),
         )
         self.replica.on_applied(context.state_feed.record)
         self._state_feed = context.state_feed

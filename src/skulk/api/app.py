@@ -101,6 +101,9 @@ class ApiContext:
     """Request bounds (body size; see `skulk.api.limits`), enforced before any route parses."""
     traces: TraceStore | None = None
     """This node's parts of task-scoped traces (None: requests are never traced here)."""
+    get_lost_members: Callable[[], Mapping[str, str]] = field(default=dict)
+    """Members that left recently (node -> why), still listed unreachable by cluster
+    diagnostics (`skulk.observe.lost_members`)."""
     get_peer_urls: Callable[[], Mapping[str, str | None]] = field(default=dict)
     """Every other member's API base URL (None: it has none), for cluster diagnostics and
     trace gathering (`skulk.observe.peer_http`)."""

@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 
 from skulk.api.errors import NotFound, PeerUnreachable
-from skulk.observe.cluster_diagnostics import NODE_REPORT_PATH, cluster_report, cluster_timeline, gather_from_peers
+from skulk.observe.cluster_diagnostics import NODE_REPORT_PATH, PeerAnswer, cluster_report, cluster_timeline, gather_from_peers
 from skulk.observe.metrics import CONTENT_TYPE, exposition
 
 router = APIRouter()
@@ -29,7 +29,11 @@ async def cluster_diagnostics(request: Request) -> dict[str, Any]:
     """Every member's own diagnostics, gathered now with a deadline per member; a member
     that does not answer is listed under `unreachable` with the reason."""
     context = request.app.state.skulk
-    answers = await gather_from_peers(context.get_peer_urls(), NODE_REPORT_PATH, api_key=context.peer_credential)
+    urls = context.get_peer_urls()
+    answers = await gather_from_peers(urls, NODE_REPORT_PATH, api_key=context.peer_credential)
+    for node_id, reason in context.get_lost_members().items():
+        if node_id not in urls:
+            answers[node_id] = PeerAnswer(error=f"left the cluster: {reason}")
     return cluster_report(context.node_id, _own_report(context), answers, context.get_state())
 
 
