@@ -37,7 +37,6 @@ from skulk.shared.types.tasks import TextGenerationParams
 from skulk.worker.engines.base import (
     EngineBroken,
     EngineError,
-    EngineNotLoaded,
     GeneratedToken,
     ModelLoadFailed,
     PromptTooLong,
@@ -60,7 +59,12 @@ from skulk.worker.engines.served.launch import (
     slot_count,
     tokens_of_event,
 )
-from skulk.worker.engines.served.process import ServerPortTaken, ServerProcess, free_loopback_port
+from skulk.worker.engines.served.process import (
+    ServedEngineShell,
+    ServerPortTaken,
+    ServerProcess,
+    free_loopback_port,
+)
 
 log = logging.getLogger(__name__)
 
@@ -74,17 +78,14 @@ an engine that chose the port itself retries with a fresh one this many times.""
 WARM_UP_PROMPT = "Hello"
 
 
-class LlamaServerEngine:
+class LlamaServerEngine(ServedEngineShell):
     """`Engine` over a llama-server process. Width: its slot count."""
 
     def __init__(self, env: Mapping[str, str] | None = None, port: int | None = None) -> None:
+        super().__init__()
         self._env = dict(os.environ if env is None else env)
         self._fixed_port = port
         self._slots = 1
-        self._server: ServerProcess | None = None
-        self._client: httpx.Client | None = None
-        self._lock = threading.Lock()
-        self._in_flight = 0
         self._tokenizer = LlamaCppEngine()
         self._context_tokens = 0
 
@@ -93,10 +94,6 @@ class LlamaServerEngine:
     @property
     def concurrency(self) -> int:
         return self._slots
-
-    @property
-    def in_flight(self) -> int:
-        return self._in_flight
 
     @property
     def server(self) -> ServerProcess | None:
@@ -161,28 +158,9 @@ class LlamaServerEngine:
 
     def generate(self, request: TextGenerationParams, cancelled: threading.Event) -> Iterator[GeneratedToken]:
         client = self._require_loaded()
-        with self._lock:
-            self._in_flight += 1
-        try:
-            yield from self._generate(client, request, cancelled)
-        finally:
-            with self._lock:
-                self._in_flight -= 1
-
-    def close(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            client.close()
-        server, self._server = self._server, None
-        if server is not None:
-            server.stop()
+        yield from self._counted(self._generate(client, request, cancelled))
 
     # -- internals ----------------------------------------------------------------------
-
-    def _require_loaded(self) -> httpx.Client:
-        if self._client is None:
-            raise EngineNotLoaded("no model is loaded")
-        return self._client
 
     @property
     def context_tokens(self) -> int:

@@ -22,13 +22,14 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import httpx
 
-from skulk.worker.engines.base import EngineError, ModelLoadFailed
+from skulk.worker.engines.base import EngineError, EngineNotLoaded, GeneratedToken, ModelLoadFailed
 
 HEALTH_DEADLINE_S = 300.0
 """How long a server may take to load its model and answer /health with 200: a large GGUF
@@ -166,6 +167,7 @@ class ServerProcess:
 
 
 __all__ = [
+    "ServedEngineShell",
     "HEALTH_DEADLINE_S",
     "STOP_GRACE_S",
     "ServerBinaryMissing",
@@ -175,3 +177,43 @@ __all__ = [
     "ServerStartFailed",
     "free_loopback_port",
 ]
+
+
+class ServedEngineShell:
+    """What every served engine shares: the server process and the HTTP client it owns,
+    the count of generations in flight, and closing both (client first, then the process
+    group). Subclasses set `_server` and `_client` in `load`."""
+
+    def __init__(self) -> None:
+        self._server: ServerProcess | None = None
+        self._client: httpx.Client | None = None
+        self._lock = threading.Lock()
+        self._in_flight = 0
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def _require_loaded(self) -> httpx.Client:
+        if self._client is None:
+            raise EngineNotLoaded("no model is loaded")
+        return self._client
+
+    def _counted(self, tokens: Iterator[GeneratedToken]) -> Iterator[GeneratedToken]:
+        """`tokens`, counted in flight while they are being drawn."""
+        with self._lock:
+            self._in_flight += 1
+        try:
+            yield from tokens
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+
+    def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop()
+

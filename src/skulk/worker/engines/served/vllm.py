@@ -32,7 +32,6 @@ from skulk.shared.types.node_facts import ENGINE_BINARY_ENV
 from skulk.shared.types.tasks import TextGenerationParams
 from skulk.worker.engines.base import (
     EngineError,
-    EngineNotLoaded,
     GeneratedToken,
     ModelLoadFailed,
     ShardSpec,
@@ -40,7 +39,7 @@ from skulk.worker.engines.base import (
     usage_of,
 )
 from skulk.worker.engines.served.launch import HOST, MAX_SLOTS, InvalidSlotCount, ServedRequestRejected, server_env
-from skulk.worker.engines.served.process import ServerProcess, free_loopback_port
+from skulk.worker.engines.served.process import ServedEngineShell, ServerProcess, free_loopback_port
 
 log = logging.getLogger(__name__)
 
@@ -143,24 +142,17 @@ def _sweep_orphans() -> None:
             pass
 
 
-class VllmEngine:
+class VllmEngine(ServedEngineShell):
     """`Engine` over a `vllm serve` process. Width: its max concurrent sequences."""
 
     def __init__(self, env: Mapping[str, str] | None = None) -> None:
+        super().__init__()
         self._env = dict(os.environ if env is None else env)
         self._seqs = 1
-        self._server: ServerProcess | None = None
-        self._client: httpx.Client | None = None
-        self._lock = threading.Lock()
-        self._in_flight = 0
 
     @property
     def concurrency(self) -> int:
         return self._seqs
-
-    @property
-    def in_flight(self) -> int:
-        return self._in_flight
 
     def load(self, spec: ShardSpec) -> None:
         if backend_engine(spec.shard.backend) != "vllm":
@@ -183,36 +175,17 @@ class VllmEngine:
                                     limits=httpx.Limits(max_connections=seqs + 2))
 
     def warm_up(self) -> None:
-        client = self._require()
+        client = self._require_loaded()
         response = client.post("/v1/completions", json={"model": SERVED_NAME, "prompt": "Hello", "max_tokens": 1})
         if response.status_code != 200:
             raise ModelLoadFailed(f"vLLM warm-up failed ({response.status_code}): {response.text[:500]}")
 
     def generate(self, request: TextGenerationParams, cancelled: threading.Event) -> Iterator[GeneratedToken]:
-        client = self._require()
+        client = self._require_loaded()
         why = refusal(request)
         if why is not None:
             raise ServedRequestRejected(why)
-        with self._lock:
-            self._in_flight += 1
-        try:
-            yield from self._stream(client, request, cancelled)
-        finally:
-            with self._lock:
-                self._in_flight -= 1
-
-    def close(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            client.close()
-        server, self._server = self._server, None
-        if server is not None:
-            server.stop()
-
-    def _require(self) -> httpx.Client:
-        if self._client is None:
-            raise EngineNotLoaded("no model is loaded")
-        return self._client
+        yield from self._counted(self._stream(client, request, cancelled))
 
     def _stream(self, client: httpx.Client, request: TextGenerationParams, cancelled: threading.Event) -> Iterator[GeneratedToken]:
         body: dict[str, Any] = {
