@@ -80,6 +80,9 @@ class Recorder:
 
     events: list[tuple[str, str, object]] = field(default_factory=list)
     lock: threading.Condition = field(default_factory=threading.Condition)
+    gates: dict[str, tuple[int, threading.Event]] = field(default_factory=dict)
+    """request id -> (after how many tokens its stream waits, the event that releases it):
+    holds one stream still so a test can act on it mid-stream however fast the engine is."""
 
     def on_start(self, request_id: str) -> None:
         pass
@@ -87,7 +90,11 @@ class Recorder:
     def on_token(self, request_id: str, token) -> None:
         with self.lock:
             self.events.append(("token", request_id, token))
+            seen = len(self.tokens(request_id))
             self.lock.notify_all()
+        gate = self.gates.get(request_id)
+        if gate is not None and seen >= gate[0]:
+            assert gate[1].wait(DEADLINE_S), f"{request_id} was held past the deadline"
 
     def on_finish(self, request_id: str, result: GenerationResult) -> None:
         with self.lock:
@@ -138,11 +145,14 @@ def test_cancelling_one_stream_leaves_the_others_whole(engine):
     sink = Recorder()
     dispatcher = Dispatcher(engine, sink, width=engine.concurrency)
     ids = ["keep0", "keep1", "keep2", "drop"]
+    release = threading.Event()
+    sink.gates["drop"] = (5, release)  # the cancel lands mid-stream, not after a fast finish
     try:
         for request_id in ids:
             dispatcher.submit(request_id, long_request())
         sink.wait(lambda s: all(len(s.tokens(r)) >= 5 for r in ids))
         assert dispatcher.cancel("drop")
+        release.set()
         sink.wait(lambda s: all(s.result(r) is not None for r in ids))
         assert sink.result("drop").outcome == "cancelled"
         assert len(sink.tokens("drop")) < STREAM_TOKENS
@@ -155,6 +165,7 @@ def test_cancelling_one_stream_leaves_the_others_whole(engine):
         sink.wait(lambda s: all(s.result(r) is not None for r in again))
         assert all(sink.result(r).outcome == "completed" for r in again)
     finally:
+        release.set()
         dispatcher.close()
 
 
