@@ -213,7 +213,8 @@ def test_sse_usage_chunk_when_asked():
     assert done == "[DONE]"
     assert all(c["usage"] is None for c in chunks)
     assert usage_chunk["choices"] == []
-    assert usage_chunk["usage"] == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+    assert usage_chunk["usage"] == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7,
+        "prompt_tokens_details": {"cached_tokens": 0}}
 
 
 def test_sse_usage_falls_back_to_counting_tokens():
@@ -261,7 +262,8 @@ def test_collect_response_with_runner_usage():
         "id": "chatcmpl-c1", "object": "chat.completion", "created": 9, "model": MODEL,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello"}, "logprobs": None,
                      "finish_reason": "length"}],
-        "usage": {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6},
+        "usage": {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6,
+                  "prompt_tokens_details": {"cached_tokens": 0}},
     }
 
 
@@ -276,7 +278,8 @@ def test_collect_response_tool_calls_reasoning_and_fallback_usage():
         "tool_calls": [{"id": "t", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
     }
     assert choice["finish_reason"] == "tool_calls"
-    assert response["usage"] == {"prompt_tokens": 0, "completion_tokens": 2, "total_tokens": 2}
+    assert response["usage"] == {"prompt_tokens": 0, "completion_tokens": 2, "total_tokens": 2,
+        "prompt_tokens_details": {"cached_tokens": 0}}
 
 
 def test_collect_response_logprobs():

@@ -38,7 +38,8 @@ async def test_completion_non_streaming_sends_the_raw_prompt():
     assert body["object"] == "text_completion" and body["model"] == MODEL
     assert body["id"] == f"cmpl-{cluster.command_id}"
     assert body["choices"] == [{"text": "Hello", "index": 0, "logprobs": None, "finish_reason": "stop"}]
-    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
+        "prompt_tokens_details": {"cached_tokens": 0}}
     params = cluster.params_of(GenerateText)[0]
     assert (params.prompt, params.messages, params.max_tokens) == ("Once", [], 16)  # OpenAI's default
     assert (params.temperature, params.top_p, params.seed, params.stop) == (0.0, 0.5, 7, ["\n"])

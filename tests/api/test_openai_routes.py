@@ -134,7 +134,8 @@ async def test_non_streaming_completion():
     assert body["id"] == f"chatcmpl-{cluster.command_id}"
     assert body["choices"][0]["message"] == {"role": "assistant", "content": "Hello"}
     assert body["choices"][0]["finish_reason"] == "stop"
-    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
+        "prompt_tokens_details": {"cached_tokens": 0}}
     generate = cluster.of(GenerateText)[0]
     generate_params = cluster.inputs[generate.command_id].params
     assert generate.params.messages[0].content == ""  # the master sees no text

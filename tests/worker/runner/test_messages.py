@@ -80,7 +80,8 @@ def test_runner_output_survives_the_pipe_encoding(message) -> None:
 
 @pytest.mark.parametrize(
     ("finish_reason", "usage"),
-    [(None, None), ("length", Usage(prompt_tokens=3, completion_tokens=1, total_tokens=4)), ("stop", None)],
+    [(None, None), ("length", Usage(prompt_tokens=3, completion_tokens=1, total_tokens=4)), ("stop", None),
+     ("stop", Usage(prompt_tokens=30, completion_tokens=1, total_tokens=31, cached_tokens=20))],
 )
 def test_a_plain_token_frame_unpacks_to_the_frame_the_runner_meant(finish_reason, usage) -> None:
     expected = Frame(

@@ -287,14 +287,20 @@ def stop_reason(finish_reason: str | None, matched: str | None, stop_sequences: 
 
 
 NO_CACHE_USAGE = {"cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
-"""Anthropic's prompt-cache counters: Skulk has no prompt cache a client controls, so both
-are always 0 (present, because clients read them)."""
+"""Anthropic's prompt-cache counters before anything is known: both 0 (present, because
+clients read them)."""
 
 
 def _usage(usage: Usage | None, output_tokens: int, input_tokens: int = 0) -> dict[str, int]:
+    """Anthropic's usage. Prompt tokens whose KV the engine re-used from its prefix cache
+    are `cache_read_input_tokens` and, as Anthropic counts, not part of `input_tokens`
+    (the total prompt is their sum). Skulk caches automatically: nothing is ever written
+    on a client's request, so `cache_creation_input_tokens` stays 0."""
     if usage is None:
         return {"input_tokens": input_tokens, **NO_CACHE_USAGE, "output_tokens": output_tokens}
-    return {"input_tokens": usage.prompt_tokens, **NO_CACHE_USAGE, "output_tokens": usage.completion_tokens}
+    cached = min(usage.cached_tokens, usage.prompt_tokens)
+    return {"input_tokens": usage.prompt_tokens - cached, "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": cached, "output_tokens": usage.completion_tokens}
 
 
 def sse_event(event: str, payload: dict[str, Any]) -> str:

@@ -253,7 +253,9 @@ def merge_choices(bodies: Sequence[dict[str, Any]], prompts: int = 1) -> dict[st
     per_prompt = len(bodies) // prompts
     prompt = sum(body["usage"]["prompt_tokens"] for body in bodies[::per_prompt])
     completion = sum(body["usage"]["completion_tokens"] for body in bodies)
-    merged["usage"] = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    cached = sum(body["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0) for body in bodies[::per_prompt])
+    merged["usage"] = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                       "prompt_tokens_details": {"cached_tokens": cached}}
     return merged
 
 
@@ -363,9 +365,12 @@ def command_id_from(value: str) -> str:
     return value.removeprefix(COMPLETION_ID_PREFIX)
 
 
-def _usage(usage: Usage) -> dict[str, int]:
+def _usage(usage: Usage) -> dict[str, Any]:
+    """OpenAI's usage; prompt tokens served from the engine's prefix cache are
+    `prompt_tokens_details.cached_tokens` (still counted in `prompt_tokens`, as OpenAI does)."""
     return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
-            "total_tokens": usage.total_tokens}
+            "total_tokens": usage.total_tokens,
+            "prompt_tokens_details": {"cached_tokens": usage.cached_tokens}}
 
 
 def _finish_reason(reported: str | None, saw_tool_calls: bool) -> str:

@@ -217,7 +217,7 @@ def message_id(command_id: str) -> str:
 def _usage(usage: Usage) -> dict[str, Any]:
     return {
         "input_tokens": usage.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": {"cached_tokens": usage.cached_tokens},
         "output_tokens": usage.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": usage.total_tokens,

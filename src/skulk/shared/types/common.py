@@ -92,6 +92,9 @@ class Usage(WireModel):
     prompt_tokens: NonNegInt = 0
     completion_tokens: NonNegInt = 0
     total_tokens: NonNegInt = 0
+    cached_tokens: NonNegInt = 0
+    """Prompt tokens whose KV was re-used from a cached prefix instead of evaluated
+    (OpenAI `prompt_tokens_details.cached_tokens`, Anthropic `cache_read_input_tokens`)."""
 
 
 InterfaceKind = Literal["thunderbolt", "ethernet", "wifi", "loopback", "overlay", "other"]

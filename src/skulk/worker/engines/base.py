@@ -124,11 +124,12 @@ def chat_message_dict(message: ChatMessage) -> dict[str, Any]:
     return out
 
 
-def usage_of(prompt_tokens: int, completion_tokens: int) -> Usage:
+def usage_of(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> Usage:
     return Usage(
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         total_tokens=prompt_tokens + completion_tokens,
+        cached_tokens=cached_tokens,
     )
 
 

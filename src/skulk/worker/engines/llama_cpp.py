@@ -47,6 +47,8 @@ from skulk.worker.engines.base import (
     chat_message_dict,
     usage_of,
 )
+from skulk.worker.engines.llama_cpp_prefix import LlamaPrefixStore
+from skulk.worker.engines.prefix_cache import cold_budget_bytes
 from skulk.worker.engines.prompt_pieces import (
     PromptCancelled,
     PromptOverContext,
@@ -238,6 +240,7 @@ class LlamaCppEngine:
         self._busy = threading.Lock()
         self._in_flight = 0
         self._spec: ShardSpec | None = None
+        self._prefixes = LlamaPrefixStore(0)
 
     # -- protocol -------------------------------------------------------------------------
 
@@ -258,6 +261,11 @@ class LlamaCppEngine:
     def llama(self) -> Any:
         """The underlying llama_cpp.Llama (for diagnostics and tests)."""
         return self._require_loaded()
+
+    @property
+    def prefixes(self) -> LlamaPrefixStore:
+        """The cold prefix store (its `stats` say how much KV was re-used)."""
+        return self._prefixes
 
     def load(self, spec: ShardSpec) -> None:
         import llama_cpp
@@ -296,6 +304,13 @@ class LlamaCppEngine:
         self._special_ids = control_tokens(llama_cpp, self._vocab)
         self._special_pattern = special_token_pattern(self._special_ids)
         self._spec = spec
+        capacity = spec.instance.capacity
+        planned = getattr(capacity, "cold_budget_bytes", None) if capacity is not None else None
+        try:
+            budget = cold_budget_bytes(planned, os.environ)
+        except ValueError as exc:
+            raise ModelLoadFailed(str(exc)) from exc
+        self._prefixes = LlamaPrefixStore(budget)
         log.info(
             "loaded %s: n_ctx=%d threads=%d flash_attn=%s", spec.model_path, self._n_ctx, threads, options["flash_attn"]
         )
@@ -361,6 +376,7 @@ class LlamaCppEngine:
             self._busy.release()
 
     def close(self) -> None:
+        self._prefixes.clear()
         llama, self._llama = self._llama, None
         if llama is not None:
             llama.close()
@@ -496,6 +512,7 @@ class LlamaCppEngine:
         pooled = llama_cpp.llama_pooling_type(ctx) != POOLING_NONE
         if pooled and len(tokens) > llama.n_batch:
             raise PromptTooLong(len(tokens), llama.n_batch)  # a pooled sequence must fit one batch
+        self._prefixes.save_hot(llama)  # the conversation in the context survives the embedding
         llama_cpp.llama_set_embeddings(ctx, True)
         try:
             self._clear_context(llama)
@@ -580,30 +597,22 @@ class LlamaCppEngine:
         llama_cpp.llama_sampler_free(probe)
         return grammar
 
-    @staticmethod
-    def _prefill(llama: Any, prompt: list[int], cancelled: threading.Event) -> bool:
+    def _prefill(self, llama: Any, prompt: list[int], cancelled: threading.Event) -> int | None:
         """Evaluate all but the last prompt token, one batch at a time, checking `cancelled`
-        between batches; False when it was set. `generate` then finds this prefix in the KV
+        between batches; None when it was set. `generate` then finds this prefix in the KV
         cache and evaluates only the last token, so a long prompt's evaluation (minutes on a
         CPU) stops within one batch of the client going away instead of running to the end.
-        The longest prefix already cached is kept, as `generate` itself would."""
+
+        It starts from the longest prefix of the prompt already cached: the context's own
+        or one restored from the cold store (`LlamaPrefixStore`), and returns how many
+        prompt tokens that saved (the usage's `cached_tokens`)."""
         head = prompt[:-1]
-        cached = 0
-        for seen, wanted in zip(llama._input_ids, head):
-            if seen != wanted:
-                break
-            cached += 1
-        if cached < llama.n_tokens:
-            if cached > 0 and llama._ctx.kv_cache_seq_rm(-1, cached, -1):
-                llama.n_tokens = cached
-            else:
-                cached = 0
-                llama.reset()
+        cached = self._prefixes.prepare(llama, prompt)
         for start in range(cached, len(head), llama.n_batch):
             if cancelled.is_set():
-                return False
+                return None
             llama.eval(head[start : start + llama.n_batch])
-        return not cancelled.is_set()
+        return None if cancelled.is_set() else cached
 
     def _is_end_of_generation(self, token: int) -> bool:
         import llama_cpp
@@ -636,7 +645,8 @@ class LlamaCppEngine:
         stops = StopStringFilter(request.stop)
         completion = 0
         grammar = self._grammar(llama, request)
-        if not self._prefill(llama, prompt, cancelled):
+        cached = self._prefill(llama, prompt, cancelled)
+        if cached is None:
             return  # cancelled while the prompt was evaluated: nothing to say
 
         generator = llama.generate(
@@ -666,15 +676,15 @@ class LlamaCppEngine:
                     return
                 completion += 1
                 if self._is_end_of_generation(token):
-                    out = make(stops.flush(), token, "stop", usage_of(n_prompt, completion))
+                    out = make(stops.flush(), token, "stop", usage_of(n_prompt, completion, cached))
                 else:
                     piece, matched = stops.push(decoder.decode(llama.detokenize([token])))
                     if matched:
-                        out = replace(make(piece, token, "stop", usage_of(n_prompt, completion)),
+                        out = replace(make(piece, token, "stop", usage_of(n_prompt, completion, cached)),
                                       stop_sequence=stops.matched)
                     elif completion >= max_new:
                         # max_tokens reached, or the context is full: either way "length".
-                        out = make(piece + stops.flush(), token, "length", usage_of(n_prompt, completion))
+                        out = make(piece + stops.flush(), token, "length", usage_of(n_prompt, completion, cached))
                     else:
                         out = make(piece, token, None, None)
                 if first:

@@ -162,7 +162,8 @@ def pack_token(
     """The bytes of `Frame(StreamPayload(TokenChunk))` for a token with nothing but text, id,
     finish reason and usage: the per-token hot path, a few microseconds instead of building
     and pickling three models. `unpack` rebuilds the same `Frame`."""
-    counts = None if usage is None else (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens)
+    counts = None if usage is None else (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens,
+                                         usage.cached_tokens)
     return pickle.dumps(
         (_PLAIN_TOKEN, owner_node_id, command_id, seq, text, token_id, finish_reason, counts), _PICKLE_PROTOCOL
     )
@@ -183,7 +184,8 @@ def unpack(data: bytes | bytearray) -> FromRunner:
     _, owner, command_id, seq, text, token_id, finish_reason, counts = record
     usage = None
     if counts is not None:
-        usage = Usage.model_construct(prompt_tokens=counts[0], completion_tokens=counts[1], total_tokens=counts[2])
+        usage = Usage.model_construct(prompt_tokens=counts[0], completion_tokens=counts[1], total_tokens=counts[2],
+                                      cached_tokens=counts[3])
     chunk = TokenChunk.model_construct(
         command_id=command_id, text=text, token_id=token_id, finish_reason=finish_reason, usage=usage
     )
