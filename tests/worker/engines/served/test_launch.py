@@ -37,6 +37,18 @@ def test_argv_sizes_the_cache_per_slot_and_listens_on_loopback():
     assert flags["--host"] == "127.0.0.1" and flags["--port"] == "4000"
     assert flags["--parallel"] == "8" and flags["--ctx-size"] == str(8 * 512)
     assert "--cont-batching" in argv and "--no-kv-unified" in argv
+    assert flags["--cache-ram"] == "0"  # no cold budget: no host-RAM prompt cache
+
+
+def test_argv_gives_the_cold_budget_to_llama_servers_prompt_cache():
+    argv = ServerLaunch(Path("/bin/ls"), Path("/m.gguf"), 4000, 1, 512, 2, 0, True, cache_ram_mib=256).argv()
+    assert dict(zip(argv[1::2], argv[2::2]))["--cache-ram"] == "256"
+
+
+def test_the_final_event_reports_prompt_tokens_reused_from_the_slot_cache():
+    [token] = tokens_of_event({"content": "", "tokens": [], "stop": True, "stop_type": "eos", "tokens_evaluated": 40,
+                               "tokens_predicted": 3, "timings": {"cache_n": 32, "prompt_n": 8}}, False, 0)
+    assert token.usage is not None and (token.usage.prompt_tokens, token.usage.cached_tokens) == (40, 32)
 
 
 def test_server_env_drops_llama_arg_variables():

@@ -271,3 +271,40 @@ def test_a_response_format_is_enforced_by_the_server(engine):
         seed=5, max_tokens=200, response_format=ResponseFormat(type="json_schema", name="a", json_schema=schema))
     text = "".join(t.text for t in engine.generate(params, threading.Event()))
     assert isinstance(json.loads(text)["answer"], str)
+
+
+def test_interleaved_conversations_come_back_from_the_host_ram_prompt_cache(tiny_gguf):  # noqa: F811
+    # One slot, three conversations taking turns: each turn evicts the previous
+    # conversation from the slot, so a later turn's cached tokens can only come from
+    # llama-server's host-RAM prompt cache (sized by the cold budget). The answers are
+    # those of a server without that cache.
+    binary = require_llama_server()
+    cached = LlamaServerEngine(engine_env(binary, slots=1, SKULK_KV_COLD_BUDGET_MB="64"))
+    plain = LlamaServerEngine(engine_env(binary, slots=1, SKULK_KV_COLD_BUDGET_MB="0"))
+    try:
+        cached.load(spec_for(tiny_gguf))
+        plain.load(spec_for(tiny_gguf))
+        assert "--cache-ram" in _cmdline(psutil.Process(cached.server.pid))
+        openers = ["Tell me about the sea and its ships.", "How do tomatoes grow in a garden?",
+                   "Explain a steam engine."]
+        histories = [[ChatMessage(role="user", content=text)] for text in openers]
+        later_hits = []
+        previous = [0] * len(histories)
+        for turn in range(3):
+            for c, history in enumerate(histories):
+                params = TextGenerationParams(model_id=ModelId(TINY_GGUF_MODEL_ID), messages=list(history),
+                                              temperature=0, max_tokens=8)
+                got = list(cached.generate(params, threading.Event()))
+                want = list(plain.generate(params, threading.Event()))
+                assert [t.text for t in got] == [t.text for t in want]
+                if turn > 0:
+                    # all of the conversation's previous prompt came back, not only the
+                    # chat template's header that every conversation shares
+                    later_hits.append((got[-1].usage.cached_tokens, want[-1].usage.cached_tokens, previous[c]))
+                previous[c] = got[-1].usage.prompt_tokens
+                history += [ChatMessage(role="assistant", content="".join(t.text for t in got)),
+                            ChatMessage(role="user", content="Go on.")]
+        assert all(hit >= before - 1 and plain_hit < before // 2 for hit, plain_hit, before in later_hits), later_hits
+    finally:
+        cached.close()
+        plain.close()

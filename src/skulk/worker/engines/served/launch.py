@@ -79,6 +79,10 @@ class ServerLaunch:
     threads: int
     gpu_layers: int
     flash_attn: bool
+    cache_ram_mib: int = 0
+    """llama-server's host-RAM prompt cache (`--cache-ram`): the cold KV budget
+    (`prefix_cache.cold_budget_bytes`), so conversations evicted from a slot come back from
+    RAM instead of being re-evaluated; 0 turns it off."""
 
     def argv(self) -> list[str]:
         return [
@@ -99,8 +103,9 @@ class ServerLaunch:
             "--fit", "off",
             "--jinja",
             "--no-webui",
-            # No hidden host-RAM prompt cache: the memory the planner admitted is the memory used.
-            "--cache-ram", "0",
+            # The host-RAM prompt cache is exactly the cold budget, never llama-server's own
+            # default (8 GiB): the memory the node admitted is the memory used.
+            "--cache-ram", str(self.cache_ram_mib),
         ]
 
 
@@ -161,7 +166,9 @@ def tokens_of_event(event: Mapping[str, Any], want_logprobs: bool, top: int) -> 
     usage: Usage | None = None
     if event.get("stop"):
         finish = FINISH_OF_STOP_TYPE.get(str(event.get("stop_type")), "stop")
-        usage = usage_of(int(event.get("tokens_evaluated") or 0), int(event.get("tokens_predicted") or 0))
+        timings = event.get("timings") or {}
+        usage = usage_of(int(event.get("tokens_evaluated") or 0), int(event.get("tokens_predicted") or 0),
+                         max(0, int(timings.get("cache_n") or 0)))
     probs = event.get("completion_probabilities") or []
     if want_logprobs and probs:
         out: list[GeneratedToken] = []

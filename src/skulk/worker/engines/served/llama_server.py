@@ -51,6 +51,7 @@ from skulk.worker.engines.llama_cpp import (
     physical_cores,
     planned_gpu_layers,
 )
+from skulk.worker.engines.prefix_cache import cold_budget_bytes
 from skulk.worker.engines.served.launch import (
     SLOTS_ENV,
     ServerLaunch,
@@ -100,6 +101,15 @@ class LlamaServerEngine(ServedEngineShell):
         """The running server (diagnostics and tests)."""
         return self._server
 
+    def _cache_ram_mib(self, spec: ShardSpec) -> int:
+        """The cold KV budget in whole MiB, for llama-server's own prompt cache."""
+        capacity = spec.instance.capacity
+        planned = getattr(capacity, "cold_budget_bytes", None) if capacity is not None else None
+        try:
+            return cold_budget_bytes(planned, self._env) // (1024 * 1024)
+        except ValueError as exc:
+            raise ModelLoadFailed(str(exc)) from exc
+
     def load(self, spec: ShardSpec) -> None:
         shard = spec.shard
         if backend_engine(shard.backend) != "llama_server":
@@ -125,6 +135,7 @@ class LlamaServerEngine(ServedEngineShell):
             threads=spec.n_threads or physical_cores(),
             gpu_layers=planned_gpu_layers(spec),
             flash_attn=flash_attn_enabled(spec.card.runtime.flash_attn, self._env),
+            cache_ram_mib=self._cache_ram_mib(spec),
         )
         self._server = self._start(launch)
         self._slots = slots
