@@ -17,29 +17,14 @@ from __future__ import annotations
 import ctypes
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from skulk.worker.engines.prefix_cache import CachedPrefix, admit, choose_prefix, touch
+from skulk.worker.engines.prefix_cache import CachedPrefix, PrefixStats, admit, choose_prefix, touch
 
 log = logging.getLogger(__name__)
 
 SEQ = 0
 """The one sequence the engine decodes on."""
-
-
-@dataclass(slots=True)
-class PrefixStats:
-    """Counters a test or the metrics endpoint reads: prompt tokens re-used from the hot
-    context and from restored cold entries, saves, restores and evictions."""
-
-    hot_hit_tokens: int = 0
-    cold_hit_tokens: int = 0
-    saves: int = 0
-    restores: int = 0
-    evictions: int = 0
-    cold_bytes: int = 0
-    cold_entries: int = 0
 
 
 class LlamaPrefixStore:
@@ -159,4 +144,4 @@ class LlamaPrefixStore:
         self.stats.cold_bytes = sum(e.size_bytes for e in self._entries)
 
 
-__all__ = ["LlamaPrefixStore", "PrefixStats", "SEQ"]
+__all__ = ["LlamaPrefixStore", "SEQ"]

@@ -61,6 +61,7 @@ from skulk.worker.engines.base import (
 )
 from skulk.worker.engines.mlx_batch import BatchLoop, BatchSequence, batch_width
 from skulk.worker.engines.mlx_family import family_of
+from skulk.worker.engines.mlx_prefix import MlxPrefixStore
 from skulk.worker.engines.mlx_group import (
     EVAL_TIMEOUT_ENV,
     EVAL_TIMEOUT_S,
@@ -89,6 +90,7 @@ from skulk.worker.engines.mlx_pipeline import (
 from skulk.worker.engines.mlx_sampling import Sampler, SamplingParams, resolve_sampling
 from skulk.worker.engines.mlx_tensor import shard_layers
 from skulk.worker.engines.mlx_text import prompt_tokens, special_tokens, token_bytes_table
+from skulk.worker.engines.prefix_cache import cold_budget_bytes
 from skulk.worker.engines.prompt_pieces import PromptCancelled, PromptOverContext
 
 log = logging.getLogger(__name__)
@@ -146,6 +148,8 @@ class MlxEngine:
         """Node id of each rank, to name the node a broken collective lost."""
         self._my_rank = 0
         self._broken: GroupBroken | None = None
+        self._prefixes: MlxPrefixStore | None = None
+        """The prefix cache of a single, unbatched rank (None in a group or a batch)."""
         self.bytes_sent = 0
         """Bytes of step traffic this rank has sent, for benchmarks: pipeline activations and
         tokens as counted, tensor all_sums as the ring moves them (control headers excluded)."""
@@ -163,6 +167,11 @@ class MlxEngine:
     @property
     def context_tokens(self) -> int:
         return self._n_ctx
+
+    @property
+    def prefixes(self) -> MlxPrefixStore | None:
+        """The prefix cache (its `stats` say how much KV was re-used); None in a group or batch."""
+        return self._prefixes
 
     @property
     def rank(self) -> int:
@@ -214,6 +223,14 @@ class MlxEngine:
         self._activation_dtype = _activation_dtype(stage)
         self._n_ctx = min(spec.instance.context_token_limit, spec.card.context_length)
         self._model_id = str(spec.card.model_id)
+        if role.world == 1 and self._width == 1:
+            capacity = spec.instance.capacity
+            planned = getattr(capacity, "cold_budget_bytes", None) if capacity is not None else None
+            try:
+                budget = cold_budget_bytes(planned, os.environ)
+            except ValueError as exc:
+                raise ModelLoadFailed(str(exc)) from exc
+            self._prefixes = MlxPrefixStore(stage.make_cache, budget)
         if role.rank == 0:  # followers never see text
             self._tokenizer = load_tokenizer(path)
             self._token_bytes = token_bytes_table(self._tokenizer)
@@ -269,6 +286,8 @@ class MlxEngine:
             self._watchdog.close()
         if self._batch is not None:
             self._batch.close()
+        if self._prefixes is not None:
+            self._prefixes.clear()
         self._stage = None
 
     # -- the leader (rank 0) --------------------------------------------------------------
@@ -302,19 +321,32 @@ class MlxEngine:
             prompt, max_new, params = self._prepare(request, cancelled)
         except PromptCancelled:
             return  # the caller went away while the prompt was tokenized
+        prefixes = self._prefixes
+        cached = prefixes.prepare(prompt) if prefixes is not None else 0
         self._command(Header(OP_BEGIN, seed=params.seed, temperature=params.temperature,
                              top_p=params.top_p, top_k=params.top_k))
         state = {"last": None}
 
         def next_token() -> int:
             if state["last"] is None:
-                state["last"] = self._prefill(prompt)
+                state["last"] = self._prefill(prompt[cached:])
+                if prefixes is not None:
+                    prefixes.hot_tokens = list(prompt)
             else:
-                state["last"] = self._command(Header(OP_STEP, n_tokens=1, sample=True), [state["last"]])
+                fed = state["last"]
+                state["last"] = self._command(Header(OP_STEP, n_tokens=1, sample=True), [fed])
+                if prefixes is not None:
+                    prefixes.hot_tokens.append(fed)
             return state["last"]
 
         try:
-            yield from self._text(request, len(prompt), max_new, next_token, cancelled)
+            yield from self._text(request, len(prompt), max_new, next_token, cancelled, cached)
+        except Exception:
+            # A step failed part-way: its KV is not trusted again. (A consumer closing the
+            # stream lands between steps, where the hot tokens match the cache exactly.)
+            if prefixes is not None:
+                prefixes.forget_hot()
+            raise
         finally:
             # Finished, cancelled, or the client went away: the followers drop the request
             # too. A broken group has nobody left to tell (and the runner is about to exit).
@@ -355,7 +387,7 @@ class MlxEngine:
                 self._in_flight -= 1
 
     def _text(self, request: TextGenerationParams, n_prompt: int, max_new: int, next_token: Callable[[], int],
-              cancelled: threading.Event) -> Iterator[GeneratedToken]:
+              cancelled: threading.Event, cached: int = 0) -> Iterator[GeneratedToken]:
         """Tokens to client text: end-of-generation, stop strings, UTF-8, max_tokens, usage."""
         decoder = Utf8StreamDecoder()
         stops = StopStringFilter(request.stop)
@@ -368,16 +400,16 @@ class MlxEngine:
             # The first token says the prompt's length; a matched stop string says which.
             prompt_tokens = n_prompt if completion == 1 else None
             if token in self._eos:
-                yield GeneratedToken(stops.flush(), token, "stop", usage_of(n_prompt, completion),
+                yield GeneratedToken(stops.flush(), token, "stop", usage_of(n_prompt, completion, cached),
                                      prompt_tokens=prompt_tokens)
                 return
             text, matched = stops.push(decoder.decode(self._token_bytes[token]))
             if matched:
-                yield GeneratedToken(text, token, "stop", usage_of(n_prompt, completion), stop_sequence=stops.matched,
+                yield GeneratedToken(text, token, "stop", usage_of(n_prompt, completion, cached), stop_sequence=stops.matched,
                                      prompt_tokens=prompt_tokens)
                 return
             if completion >= max_new:
-                yield GeneratedToken(text + stops.flush(), token, "length", usage_of(n_prompt, completion),
+                yield GeneratedToken(text + stops.flush(), token, "length", usage_of(n_prompt, completion, cached),
                                      prompt_tokens=prompt_tokens)
                 return
             yield GeneratedToken(text, token, prompt_tokens=prompt_tokens)
@@ -475,7 +507,9 @@ class MlxEngine:
     def _apply(self, header: Header, tokens: list[int] | None) -> int | None:
         stage = self._require_loaded()
         if header.op == OP_BEGIN:
-            self._cache = stage.make_cache()
+            # A single rank decodes on its prefix cache's hot cache, already trimmed (or
+            # restored) to the prompt's cached prefix; a group starts every request afresh.
+            self._cache = self._prefixes.hot if self._prefixes is not None else stage.make_cache()
             self._sampler = Sampler(SamplingParams(header.temperature, header.top_p, header.top_k, header.seed))
             return None
         if header.op == OP_END:

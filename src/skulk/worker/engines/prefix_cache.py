@@ -72,6 +72,20 @@ class Admission:
     admitted: bool
 
 
+@dataclass(slots=True)
+class PrefixStats:
+    """Counters a test or the metrics endpoint reads: prompt tokens re-used from the hot
+    context and from restored cold entries, saves, restores and evictions."""
+
+    hot_hit_tokens: int = 0
+    cold_hit_tokens: int = 0
+    saves: int = 0
+    restores: int = 0
+    evictions: int = 0
+    cold_bytes: int = 0
+    cold_entries: int = 0
+
+
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix of two token sequences."""
     n = 0
@@ -175,6 +189,7 @@ __all__ = [
     "Admission",
     "CachedPrefix",
     "PrefixChoice",
+    "PrefixStats",
     "admit",
     "choose_prefix",
     "cold_budget_bytes",
