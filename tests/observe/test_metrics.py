@@ -74,7 +74,8 @@ def _run_stream(streams: CommandStreams, clock: list[float], command_id: str, to
     streams.deliver(StreamStarted(command_id=command_id, runner_id="r"))
     for seq in range(1, tokens + 1):
         clock[0] += 0.25
-        usage = Usage(prompt_tokens=7, completion_tokens=tokens, total_tokens=7 + tokens) if seq == tokens else None
+        usage = Usage(prompt_tokens=7, completion_tokens=tokens, total_tokens=7 + tokens,
+                      cached_tokens=5) if seq == tokens else None
         streams.deliver(StreamPayload(command_id=command_id, seq=seq,
                                       chunk=TokenChunk(command_id=command_id, text="t", usage=usage)))
     streams.deliver(StreamTerminal(command_id=command_id, seq=tokens + 1,
@@ -101,6 +102,7 @@ def test_streams_feed_ttft_gaps_tokens_and_outcomes():
     assert got[("skulk_generations_total", (("model", "m/x"), ("outcome", "client_closed")))] == 1
     assert got[("skulk_generated_tokens_total", m)] == 5
     assert got[("skulk_prompt_tokens_total", m)] == 14
+    assert got[("skulk_prompt_cached_tokens_total", m)] == 10  # served from the engines' prefix caches
     assert got[("skulk_time_to_first_token_seconds_count", m)] == 2
     assert got[("skulk_time_to_first_token_seconds_sum", m)] == pytest.approx(0.75 * 2)
     assert got[("skulk_inter_token_latency_seconds_count", m)] == 3

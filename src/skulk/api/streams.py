@@ -68,7 +68,7 @@ class StreamObserver(Protocol):
     loop, in the frame's path: it must be cheap and must never raise."""
 
     def on_chunk(self, model_id: str, since_previous_s: float, first: bool, is_token: bool) -> None: ...
-    def on_end(self, model_id: str, outcome: str, prompt_tokens: int) -> None: ...
+    def on_end(self, model_id: str, outcome: str, prompt_tokens: int, cached_tokens: int = 0) -> None: ...
 
 
 class StreamTrace(Protocol):
@@ -124,6 +124,7 @@ class CommandStream:
         operator) may cancel it."""
         self.last_chunk_at: float | None = None
         self.prompt_tokens = 0
+        self.cached_tokens = 0
         self.trace: StreamTrace | None = None
         """Set when the request is traced: told when the runner starts, of each chunk, of the end."""
         self._owner = owner
@@ -351,6 +352,7 @@ class CommandStreams:
         usage = getattr(chunk, "usage", None)
         if usage is not None:
             stream.prompt_tokens = usage.prompt_tokens
+            stream.cached_tokens = usage.cached_tokens
 
     @staticmethod
     def _terminal_end(stream: CommandStream, frame: StreamTerminal) -> _End:
@@ -465,7 +467,7 @@ class CommandStreams:
             outcome = "failed"
         self._counters[_OUTCOME_COUNTER[outcome]] += 1
         if self.observer is not None:
-            self.observer.on_end(stream.model_id, outcome, stream.prompt_tokens)
+            self.observer.on_end(stream.model_id, outcome, stream.prompt_tokens, stream.cached_tokens)
         if self.on_lifecycle is not None:
             self.on_lifecycle("ended", stream.command_id, stream.model_id, outcome)
         if stream.trace is not None:

@@ -76,6 +76,11 @@ class ServingMetrics:
             "skulk_prompt_tokens", "Prompt tokens of ended generations (from the runner's usage).",
             ["model"], registry=registry,
         )
+        self.cached_prompt_tokens = Counter(
+            "skulk_prompt_cached_tokens",
+            "Prompt tokens of ended generations whose KV the engine re-used from its prefix cache.",
+            ["model"], registry=registry,
+        )
         self.generated_tokens = Counter(
             "skulk_generated_tokens", "Output chunks (tokens) delivered to clients.",
             ["model"], registry=registry,
@@ -99,10 +104,12 @@ class ServingMetrics:
         if is_token:
             self.generated_tokens.labels(model_id).inc()
 
-    def on_end(self, model_id: str, outcome: str, prompt_tokens: int) -> None:
+    def on_end(self, model_id: str, outcome: str, prompt_tokens: int, cached_tokens: int = 0) -> None:
         self.generations.labels(model_id, outcome).inc()
         if prompt_tokens:
             self.prompt_tokens.labels(model_id).inc(prompt_tokens)
+        if cached_tokens:
+            self.cached_prompt_tokens.labels(model_id).inc(cached_tokens)
 
 
 def new_registry() -> CollectorRegistry:
