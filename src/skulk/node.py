@@ -635,6 +635,7 @@ class Node:
             get_store=self._current_store,
             limits=RequestLimits(max_body_bytes=self.settings.api_max_body_bytes),
             traces=self.traces,
+            sessions_dir=self.settings.paths.data_home / "sessions",
             get_peer_urls=lambda: peer_api_urls(self.replica.state, self.membership.probed, self.node_id),
             get_lost_members=lambda: self.lost_members.recent(self.replica.state),
         )

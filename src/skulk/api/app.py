@@ -27,6 +27,7 @@ from skulk.api.routes import ollama as ollama_routes
 from skulk.api.routes import ollama_models
 from skulk.api.routes import openai as openai_routes
 from skulk.api.routes import store as store_routes
+from skulk.api.routes import sessions as sessions_routes
 from skulk.api.cors import install_cors
 from skulk.api.json_body import OllamaJsonBodies
 from skulk.api.openapi_errors import drop_validation_422
@@ -104,6 +105,9 @@ class ApiContext:
     get_lost_members: Callable[[], Mapping[str, str]] = field(default=dict)
     """Members that left recently (node -> why), still listed unreachable by cluster
     diagnostics (`skulk.observe.lost_members`)."""
+    sessions_dir: Path | None = None
+    """Where `POST /v1/sessions/{id}/snapshot` writes (`<data>/sessions`); None: snapshots
+    are returned but not stored."""
     get_peer_urls: Callable[[], Mapping[str, str | None]] = field(default=dict)
     """Every other member's API base URL (None: it has none), for cluster diagnostics and
     trace gathering (`skulk.observe.peer_http`)."""
@@ -162,6 +166,7 @@ def create_app(context: ApiContext) -> FastAPI:
     app.include_router(ollama_routes.router)
     app.include_router(store_routes.router)
     app.include_router(traces.router)
+    app.include_router(sessions_routes.router)
     app.include_router(events.router)
     dashboard.mount(app)
     app.include_router(ollama_models.router)
