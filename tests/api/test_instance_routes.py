@@ -117,3 +117,27 @@ def test_a_dry_run_answers_the_placement_and_submits_nothing():
     assert body["dryRun"] is True and body["instanceId"] is None
     assert [s["nodeId"] for s in body["preview"]["shards"]] == ["a"]
     assert submitted == []
+
+
+def test_idle_ttl_is_carried_by_the_command_and_stamped_by_the_master():
+    from skulk.master.commands import DecisionContext, decide
+
+    submitted = []
+
+    async def submit(command):
+        submitted.append(command)
+
+    context = ApiContext(node_id="a", node_name="a", get_state=lambda: MEMBERS, get_cards=lambda: CARDS,
+                         get_resources=lambda: RESOURCES, submit_command=submit)
+    http = TestClient(create_app(context))
+    response = http.post("/place_instance", json={"modelId": MODEL, "idleTtl": 300})
+    assert response.status_code == 200, response.text
+    assert response.json()["preview"]["idleTtlS"] == 300
+    [command] = submitted
+    assert command.idle_ttl_s == 300
+    counter = iter(range(100))
+    [created] = decide(MEMBERS, command, DecisionContext(new_id=lambda: f"id-{next(counter)}", origin="a",
+                                                         cards=CARDS, resources=RESOURCES))
+    assert created.instance.idle_ttl_s == 300
+    refused = http.post("/place_instance", json={"modelId": MODEL, "idleTtl": 0})
+    assert refused.status_code == 422 or refused.status_code == 400

@@ -11,7 +11,7 @@ import httpx
 import ollama
 import pytest
 
-from skulk.api.adapters.ollama import CONTEXT_HEADER, check_keep_alive, clamp_context
+from skulk.api.adapters.ollama import CONTEXT_HEADER, clamp_context, keep_alive_seconds
 from skulk.api.app import ApiContext, create_app
 from skulk.api.errors import InvalidRequest
 from skulk.shared.types.commands import EvictStagedModel
@@ -53,16 +53,19 @@ async def test_operations_without_an_equivalent_say_what_skulk_does_instead(oper
     assert ("/models/add" if operation != "push" else "/ollama/api/pull") in reply.json()["error"]
 
 
-@pytest.mark.parametrize(("value", "refused"), [
-    (None, False), ("5m", False), (-1, False), (300, False), (0, True), ("0", True), ("0s", True),
+@pytest.mark.parametrize(("value", "seconds"), [
+    (None, None), ("5m", 300.0), (-1, -1.0), ("-1", -1.0), ("-5m", -1.0), (300, 300.0), (0, 0.0), ("0", 0.0),
+    ("0s", 0.0), ("1h30m", 5400.0), ("1.5s", 1.5), ("250ms", 0.25),
 ])
-def test_keep_alive_zero_is_refused(value, refused):
-    if refused:
-        with pytest.raises(InvalidRequest) as caught:
-            check_keep_alive(value)
-        assert caught.value.param == "keep_alive" and "DELETE /instance" in caught.value.message
-    else:
-        check_keep_alive(value)
+def test_keep_alive_becomes_the_runners_idle_ttl(value, seconds):
+    assert keep_alive_seconds(value) == seconds
+
+
+@pytest.mark.parametrize("value", ["soon", "5 minutes", "m", True, "1x", float("nan"), float("inf")])
+def test_a_keep_alive_that_is_no_duration_is_refused(value):
+    with pytest.raises(InvalidRequest) as caught:
+        keep_alive_seconds(value)
+    assert caught.value.param == "keep_alive"
 
 
 @pytest.mark.parametrize(("asked", "sent", "said"), [(None, None, None), (512, 512, None), (4096, 2048, 2048)])
@@ -78,11 +81,14 @@ async def test_num_ctx_reaches_the_runner_and_a_clamp_is_said():
         small = await http.post("/ollama/api/chat", json={**CHAT, "options": {"num_ctx": 256}})
         large = await http.post("/ollama/api/chat", json={**CHAT, "options": {"num_ctx": 100000}})
         streamed = await http.post("/ollama/api/chat", json={**CHAT, "stream": True, "options": {"num_ctx": 100000}})
-        unload = await http.post("/ollama/api/chat", json={**CHAT, "keep_alive": 0})
+        unload = await http.post("/ollama/api/chat", json={**CHAT, "keep_alive": "2m"})
+        bad = await http.post("/ollama/api/chat", json={**CHAT, "keep_alive": "later"})
     assert small.status_code == 200 and CONTEXT_HEADER not in small.headers
     assert large.headers[CONTEXT_HEADER] == "2048" and streamed.headers[CONTEXT_HEADER] == "2048"
-    assert [p.context_tokens for p in cluster.all_params()] == [256, 2048, 2048]
-    assert unload.status_code == 400 and "keep_alive" in unload.json()["error"]
+    assert [p.context_tokens for p in cluster.all_params()][:3] == [256, 2048, 2048]
+    # keep_alive reaches the runner as its idle TTL (seconds); a non-duration is a 400.
+    assert unload.status_code == 200 and cluster.all_params()[3].keep_alive_s == 120.0
+    assert bad.status_code == 400 and "keep_alive" in bad.json()["error"]
 
 
 def store_app(tmp_path, cards, commands):

@@ -198,6 +198,8 @@ def _place(state: State, command: PlaceInstance, ctx: DecisionContext) -> Decisi
         return Refusal(exc.code, str(exc))
     if command.instance_id is not None:
         instance = instance.model_copy(update={"instance_id": command.instance_id})
+    if command.idle_ttl_s is not None:
+        instance = instance.model_copy(update={"idle_ttl_s": command.idle_ttl_s})
     return [InstanceCreated(event_id=ctx.new_id(), instance=instance)]
 
 

@@ -178,7 +178,8 @@ def _replace(
             nodes = request.min_nodes if request.max_nodes == request.min_nodes else f"{request.min_nodes}+"
             errors.append(f"hop {hop}, {nodes} node(s): {exc}")
             continue
-        return placed.model_copy(update={"repair_hop": hop})
+        # A repaired instance keeps its placement's residency (idleTtl).
+        return placed.model_copy(update={"repair_hop": hop, "idle_ttl_s": instance.idle_ttl_s})
     return errors
 
 

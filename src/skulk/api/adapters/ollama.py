@@ -5,7 +5,7 @@ Incoming: `ChatRequest` / `GenerateRequest` with their `options` (temperature, t
 top_k, seed, num_predict, stop, repeat_penalty, frequency_penalty, presence_penalty, and
 num_ctx, clamped to the placed context and said in a response header; any other option is
 refused naming it: load-time ones such as num_gpu are placement's), `format` ("json" or a JSON
-Schema, enforced by constrained decoding), `keep_alive` (0, "unload now", is refused),
+Schema, enforced by constrained decoding), `keep_alive` (the runner's idle TTL from that request on: 0 unloads once idle),
 normalised by `chat_params` / `generate_params` into `TextGenerationParams` or an
 `InvalidRequest` naming the parameter. Outgoing: `OllamaEncoder` builds the NDJSON lines
 (one object per token chunk, then a final `done: true` object with done_reason, token
@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from skulk.api.adapters.openai_chat import Tool  # Ollama's tool definition is OpenAI's shape
 from skulk.api import request_options
 from skulk.api.errors import ApiError, InvalidRequest, invalid_request_from_validation, ollama_error_body
+from skulk.worker.runner.residency import KeepAliveInvalid, parse_keep_alive
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.chunks import TokenChunk
 from skulk.shared.types.common import ChatMessage, ToolCall, ToolSpec, Usage
@@ -213,19 +214,14 @@ def clamp_context(params: TextGenerationParams, instance_tokens: int) -> tuple[T
     return params.model_copy(update={"context_tokens": instance_tokens}), instance_tokens
 
 
-def check_keep_alive(value: Any) -> None:
-    """`keep_alive: 0` asks Ollama to unload the model now. A placed Skulk model stays
-    loaded for every client of the cluster until its instance is deleted, so it is refused
-    with the way to do that; any other duration is already satisfied (it stays loaded)."""
-    if value is None:
-        return
-    text = str(value).strip().lower()
-    if text in {"0", "0s", "0m", "0h", "0.0"}:
-        raise InvalidRequest(
-            "keep_alive 0 (unload now) is not supported: a placed model serves every client of the cluster "
-            "until its instance is deleted. Unload it with DELETE /instance/{instanceId} (see GET /v1/cluster).",
-            param="keep_alive", code="unsupported_parameter",
-        )
+def keep_alive_seconds(value: Any) -> float | None:
+    """Ollama's `keep_alive` as the runner's idle TTL from this request on
+    (`skulk.worker.runner.residency`): seconds, 0 to unload as soon as idle, -1 never; a
+    value that is no duration is a 400 naming it."""
+    try:
+        return parse_keep_alive(value)
+    except KeepAliveInvalid as exc:
+        raise InvalidRequest(str(exc), param="keep_alive") from None
 
 
 OPTION_PARAMS = {
@@ -239,11 +235,11 @@ def _params(model: str, stream: bool, options: Options | None, format: Any = Non
             **inputs: Any) -> TextGenerationParams:
     if not model.strip():
         raise InvalidRequest("model is required", param="model")
-    check_keep_alive(keep_alive)
+    keep_alive_s = keep_alive_seconds(keep_alive)
     response_format = request_options.ollama_format(format)
     try:
         return TextGenerationParams(model_id=model, stream=stream, response_format=response_format,
-                                    **_sampling(options), **inputs)
+                                    keep_alive_s=keep_alive_s, **_sampling(options), **inputs)
     except ValidationError as error:
         raise invalid_request_from_validation(error) from None
 
@@ -531,7 +527,7 @@ __all__ = [
     "CONTEXT_HEADER",
     "OLLAMA_VERSION",
     "OPTION_PARAMS",
-    "check_keep_alive",
+    "keep_alive_seconds",
     "clamp_context",
     "ChatRequest",
     "GenerateRequest",

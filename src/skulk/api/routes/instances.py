@@ -34,6 +34,9 @@ class PlaceInstanceBody(BaseModel):
     excluded_nodes: list[str] = []
     dry_run: bool = False
     """Answer with the placement the planner would make, and submit nothing."""
+    idle_ttl: float | None = Field(None, gt=0, allow_inf_nan=False)
+    """Seconds idle after which the instance's runners unload their model (reloading on
+    the next request); unset: always loaded."""
 
 
 def _placement_error(exc: PlacementError) -> JSONResponse:
@@ -62,11 +65,13 @@ async def place_instance(request: Request, body: PlaceInstanceBody) -> Any:
             raise PlacementInfoPending("ring addresses not reported yet", unreported)
     except PlacementError as exc:
         return _placement_error(exc)
+    if body.idle_ttl is not None:
+        instance = instance.model_copy(update={"idle_ttl_s": body.idle_ttl})
     if body.dry_run:
         return {"instanceId": None, "dryRun": True, "preview": instance.to_wire()}
     command = PlaceInstance(
         command_id=new_id(), model_id=body.model_id, sharding=body.sharding, min_nodes=body.min_nodes,
-        excluded_nodes=sorted(body.excluded_nodes), instance_id=instance.instance_id,
+        excluded_nodes=sorted(body.excluded_nodes), instance_id=instance.instance_id, idle_ttl_s=body.idle_ttl,
     )
     await context.submit_command(command)
     return {"instanceId": instance.instance_id, "commandId": command.command_id, "preview": instance.to_wire()}

@@ -35,6 +35,8 @@ class PlaceInstance(_CommandBase):
     sharding: Sharding = "Pipeline"
     min_nodes: int = Field(default=1, ge=1)
     excluded_nodes: list[NodeId] = Field(default_factory=list)
+    idle_ttl_s: float | None = Field(default=None, gt=0)
+    """Stamped onto the instance: its runners unload after this long idle (None: never)."""
 
 
 class CreateInstance(_CommandBase):

@@ -86,6 +86,9 @@ class Instance(WireModel):
     capacity: InstanceCapacity | None = None
     """The capacity planner's view at placement (what `context_token_limit` was derived
     from); None for instances placed without it."""
+    idle_ttl_s: float | None = Field(default=None, gt=0)
+    """Seconds a runner of this instance may sit idle before it unloads its model (it
+    reloads on the next request); None: it stays loaded (`skulk.worker.runner.residency`)."""
 
     @model_validator(mode="after")
     def _ranks_in_order(self) -> Instance:

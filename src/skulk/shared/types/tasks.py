@@ -59,6 +59,10 @@ class TextGenerationParams(WireModel):
     context_tokens: int | None = Field(default=None, ge=1)
     """A tighter context for this request than the instance's (Ollama's `num_ctx`): the
     prompt plus the output must fit in it."""
+    keep_alive_s: FiniteFloat | None = Field(default=None, ge=-1)
+    """How long the runner stays loaded once idle after this request (Ollama's
+    `keep_alive`; -1: never unload), overriding the placement's `idleTtl` from now on
+    (`skulk.worker.runner.residency`)."""
     count_only: bool = False
     """Count the prompt's tokens and generate nothing (Anthropic's count_tokens): the answer
     is one empty chunk whose usage holds the count."""

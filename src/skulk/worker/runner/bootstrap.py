@@ -57,6 +57,7 @@ from skulk.worker.runner.messages import (
     pack,
     pack_token,
 )
+from skulk.worker.runner.residency import idle_ttl, unload_due
 from skulk.worker.runner.spans import RunnerSpans
 
 log = logging.getLogger(__name__)
@@ -154,41 +155,94 @@ class Runner:
         self._streams_lock = threading.Lock()
         self._status_lock = threading.Lock()
         self._phase: RunnerState = "Loading"
-        self._last_status: tuple[RunnerState, int, str | None] | None = None
+        self._last_status: tuple[RunnerState, int, str | None, bool] | None = None
+        self._keep_alive_s: float | None = None
+        """The latest request's keep_alive (Ollama), overriding the placement's idleTtl."""
+        self._idle_since = time.monotonic()
 
     # -- lifecycle ------------------------------------------------------------------------
 
     def start(self) -> int:
         """Load and warm up; returns an exit code (EXIT_OK to go on serving)."""
         self._set_phase("Loading")
-        spec = ShardSpec(
+        try:
+            self._bring_up()
+        except Exception as exc:
+            log.exception("runner %s failed to load", self._runner_id)
+            self._set_phase("Failed", error=f"{type(exc).__name__}: {exc}")
+            return EXIT_LOAD_FAILED
+        self._set_phase("Ready")
+        return EXIT_OK
+
+    def _spec(self) -> ShardSpec:
+        return ShardSpec(
             instance=self._load.instance,
             runner_id=self._load.runner_id,
             card=self._load.card,
             model_path=self._load.model_path,
             n_threads=self._load.n_threads,
         )
+
+    def _bring_up(self, report: bool = True) -> None:
+        """Load the engine, start its dispatcher, warm up (phases reported when `report`)."""
+        spec = self._spec()
+        shard = spec.shard
+        factory = ENGINES.get(backend_engine(shard.backend))
+        if factory is None:
+            raise ValueError(f"no engine for backend {shard.backend!r} (known: {sorted(ENGINES)})")
+        engine = factory()
         try:
-            shard = spec.shard
-            factory = ENGINES.get(backend_engine(shard.backend))
-            if factory is None:
-                raise ValueError(f"no engine for backend {shard.backend!r} (known: {sorted(ENGINES)})")
-            engine = factory()
             engine.load(spec)
             self._engine = engine
-            self._set_phase("Loaded")
-            self._set_phase("WarmingUp")
+            if report:
+                self._set_phase("Loaded")
+                self._set_phase("WarmingUp")
             self._dispatcher = Dispatcher(engine, self, width=engine.concurrency, name=f"runner-{self._runner_id}",
                                           engine_name=backend_engine(shard.backend))
             self._dispatcher.run_on_worker(engine.warm_up)
-        except Exception as exc:
-            log.exception("runner %s failed to load", self._runner_id)
+        except Exception:
             if self._dispatcher is not None:
                 self._dispatcher.close(timeout_s=1.0)
-            self._set_phase("Failed", error=f"{type(exc).__name__}: {exc}")
-            return EXIT_LOAD_FAILED
-        self._set_phase("Ready")
-        return EXIT_OK
+            self._dispatcher = None
+            self._engine = None
+            engine.close()
+            raise
+
+    # -- residency (skulk.worker.runner.residency) -------------------------------------------
+
+    def _check_idle(self) -> None:
+        """Unload the model once idle past the TTL in force; the runner stays Ready."""
+        now = time.monotonic()
+        busy = self._dispatcher is not None and self._dispatcher.in_flight > 0
+        if busy:
+            self._idle_since = now
+            return
+        ttl = idle_ttl(self._load.instance.idle_ttl_s, self._keep_alive_s)
+        if not unload_due(ttl, self._engine is not None, busy, now - self._idle_since):
+            return
+        log.info("runner %s: idle %.1fs (ttl %.1fs); unloading the model until the next request",
+                 self._runner_id, now - self._idle_since, ttl or 0.0)
+        dispatcher, engine = self._dispatcher, self._engine
+        self._dispatcher, self._engine = None, None
+        if dispatcher is not None:
+            dispatcher.close()
+        if engine is not None:
+            engine.close()
+        self._report_status()
+
+    def _ensure_loaded(self) -> str | None:
+        """Reload an unloaded model before a request (it waits); why not, on failure."""
+        if self._engine is not None:
+            return None
+        started = time.monotonic()
+        try:
+            self._bring_up(report=False)
+        except Exception as exc:
+            log.exception("runner %s failed to reload", self._runner_id)
+            return f"the model was unloaded while idle and could not be reloaded: {type(exc).__name__}: {exc}"
+        log.info("runner %s: model reloaded for a request in %.2fs", self._runner_id, time.monotonic() - started)
+        self._report_status()
+        return None
 
     def serve(self, inbox: MpQueue, stop: threading.Event) -> None:
         handlers: dict[type, Callable[[Any], bool]] = {
@@ -201,6 +255,7 @@ class Runner:
             try:
                 message = inbox.get(timeout=INBOX_POLL_S)
             except queue.Empty:
+                self._check_idle()
                 continue
             handler = handlers.get(type(message))
             if handler is None:
@@ -222,6 +277,14 @@ class Runner:
 
     def _on_generate(self, message: Generate) -> bool:
         task = message.task
+        keep_alive = getattr(task.params, "keep_alive_s", None)
+        if keep_alive is not None:
+            self._keep_alive_s = keep_alive
+        self._idle_since = time.monotonic()
+        failure = self._ensure_loaded()
+        if failure is not None:
+            self._refuse(task, "ModelLoadFailed", failure)
+            return True
         assert self._dispatcher is not None
         with self._streams_lock:
             if task.task_id in self._streams:
@@ -296,6 +359,7 @@ class Runner:
                 ),
             )
             self._send(TaskDone(task_id=task.task_id, outcome=result.outcome, error_message=result.error_message))
+        self._idle_since = time.monotonic()
         if result.fatal:
             # Every frame above was written synchronously: the client has the reason. Say it
             # once more as this runner's status, then end; a broken engine must not linger.
@@ -345,11 +409,13 @@ class Runner:
             state: RunnerState = self._phase
             if state == "Ready" and in_flight > 0:
                 state = "Running"
-            current = (state, in_flight, error)
+            resident = self._engine is not None or state != "Ready"
+            current = (state, in_flight, error, resident)
             if current == self._last_status:
                 return
             self._last_status = current
-            self._send(StatusChanged(status=RunnerStatus(state=state, error_message=error), in_flight=in_flight))
+            self._send(StatusChanged(status=RunnerStatus(state=state, error_message=error), in_flight=in_flight,
+                                     resident=resident))
 
 
 def _chunk_of(command_id: str, token: GeneratedToken | GeneratedEmbedding) -> TokenChunk | EmbeddingChunk:

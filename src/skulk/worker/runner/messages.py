@@ -100,6 +100,9 @@ class StatusChanged(WireModel):
     status: RunnerStatus
     in_flight: NonNegInt = 0
     """Tasks admitted and not yet done (queued plus running) when the status was taken."""
+    resident: bool = True
+    """The model is loaded; False while a Ready runner has unloaded it for being idle past
+    its TTL (`skulk.worker.runner.residency`): the next request reloads it first."""
 
 
 class TaskAccepted(WireModel):
