@@ -62,6 +62,7 @@ def plan_instance(
         gpu_layers=sum(p.gpu_layers for p in planned),
         num_layers=card.num_layers,
         shards=planned,
+        cold_budget_bytes=policy.cold_budget_bytes,
     )
 
 

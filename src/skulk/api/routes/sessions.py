@@ -100,7 +100,7 @@ def _usable(request: Request, session_id: str) -> Session:
 def _describe(request: Request, session: Session) -> dict[str, Any]:
     instance = api_context(request).find_instance(session.model_id)
     capacity = instance.capacity if instance is not None else None
-    planned = getattr(capacity, "cold_budget_bytes", None) if capacity is not None else None
+    planned = capacity.cold_budget_bytes if capacity is not None else None
     return {
         "id": session.session_id,
         "object": "session",

@@ -71,6 +71,9 @@ class InstanceCapacity(WireModel):
     """Layers resident on accelerator devices, summed over ranks (every layer on RAM devices)."""
     num_layers: NonNegInt
     shards: list[ShardCapacity] = Field(default_factory=list)
+    cold_budget_bytes: NonNegInt = 0
+    """Host-RAM bytes per runner for cold KV prefixes the policy planned (0: the node's
+    setting or default applies, `skulk.worker.engines.prefix_cache.cold_budget_bytes`)."""
 
 
 class Instance(WireModel):

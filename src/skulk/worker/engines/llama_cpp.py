@@ -305,7 +305,7 @@ class LlamaCppEngine:
         self._special_pattern = special_token_pattern(self._special_ids)
         self._spec = spec
         capacity = spec.instance.capacity
-        planned = getattr(capacity, "cold_budget_bytes", None) if capacity is not None else None
+        planned = capacity.cold_budget_bytes if capacity is not None else None
         try:
             budget = cold_budget_bytes(planned, os.environ)
         except ValueError as exc:

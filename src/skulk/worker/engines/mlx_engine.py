@@ -225,7 +225,7 @@ class MlxEngine:
         self._model_id = str(spec.card.model_id)
         if role.world == 1 and self._width == 1:
             capacity = spec.instance.capacity
-            planned = getattr(capacity, "cold_budget_bytes", None) if capacity is not None else None
+            planned = capacity.cold_budget_bytes if capacity is not None else None
             try:
                 budget = cold_budget_bytes(planned, os.environ)
             except ValueError as exc:

@@ -104,7 +104,7 @@ class LlamaServerEngine(ServedEngineShell):
     def _cache_ram_mib(self, spec: ShardSpec) -> int:
         """The cold KV budget in whole MiB, for llama-server's own prompt cache."""
         capacity = spec.instance.capacity
-        planned = getattr(capacity, "cold_budget_bytes", None) if capacity is not None else None
+        planned = capacity.cold_budget_bytes if capacity is not None else None
         try:
             return cold_budget_bytes(planned, self._env) // (1024 * 1024)
         except ValueError as exc:
