@@ -6,6 +6,8 @@ is refused (typed) once its model was re-placed."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 
 import httpx
 import pytest
@@ -91,9 +93,24 @@ def test_a_session_decodes_like_plain_completions_snapshots_restores_and_is_fenc
     assert snap["stored"] is True and snap["transcript"] == transcript
     assert (node.data_dir / "sessions" / f"{sid}.json").is_file()
 
+    expected = completion(node, transcript)
+
+    # kill -9 of the runner: the node restarts it for the same instance. The session's KV
+    # died with it; the next call re-evaluates the transcript (nothing cached) and decodes
+    # exactly what the lost KV would have, never on stale KV.
+    instance_view = node.get(f"/instance/{instance['instanceId']}").json()
+    runner_id = next(iter(instance_view["runners"]))
+    pid = node.get("/v1/diagnostics/node").json()["worker"]["runners"][runner_id]["pid"]
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: node.get("/v1/diagnostics/node").json()["worker"]["runners"][runner_id]["pid"] != pid
+             and node.get(f"/instance/{instance['instanceId']}").json()["runners"][runner_id]["state"]
+             in ("Ready", "Running"), timeout_s=120, what="runner restarted")
+    after_crash = post(node, f"/v1/sessions/{branch['id']}/decode", GREEDY)
+    assert after_crash.status_code == 200, after_crash.text
+    assert after_crash.json()["text"] == expected and after_crash.json()["usage"]["cachedTokens"] == 0
+
     # The model is re-placed: a fresh runner, another instance. The old session is refused,
     # typed, and its snapshot continues it there with the tokens the old one would decode.
-    expected = completion(node, transcript)
     assert httpx.delete(f"{node.url}/instance/{instance['instanceId']}", timeout=10).status_code == 200
     wait_for(lambda: node.get(f"/instance/{instance['instanceId']}").status_code == 404, timeout_s=60,
              what="instance deleted")
