@@ -13,29 +13,15 @@ from skulk.shared.types.common import Usage
 from skulk.shared.types.ids import ModelId
 from skulk.shared.types.tasks import TextGenerationParams
 from skulk.worker.engines.base import GeneratedToken
-from skulk.worker.engines.served.launch import InvalidSlotCount
 from skulk.worker.engines.served.vllm import (
-    DEFAULT_SEQS,
     ProcessView,
     VllmEngine,
     VllmUnavailable,
-    max_seqs,
     orphaned_engine_cores,
     refusal,
     tokens_of_chunk,
     vllm_argv,
 )
-
-
-@pytest.mark.parametrize(("setting", "seqs"), [(None, DEFAULT_SEQS), ("32", 32), ("1", 1)])
-def test_max_seqs(setting, seqs):
-    assert max_seqs(setting) == seqs
-
-
-@pytest.mark.parametrize("setting", ["0", "x", "1000"])
-def test_bad_max_seqs_is_typed(setting):
-    with pytest.raises(InvalidSlotCount):
-        max_seqs(setting)
 
 
 def test_argv_caps_the_context_and_listens_on_loopback():

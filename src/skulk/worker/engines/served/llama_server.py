@@ -1,6 +1,7 @@
 """The `llama_server` engine: one GGUF served by a llama-server process this runner owns.
 
-`load` starts llama-server on a free loopback port with `--parallel N` slots and continuous
+`load` starts llama-server on a free loopback port with `--parallel N` slots (N stamped on
+the shard assignment by placement, which admitted KV for every slot) and continuous
 batching and waits for /health; the engine's width is N, so the runner's dispatcher hands it
 N requests at once and llama-server decodes them in one batch. Each request's prompt is
 rendered and tokenized here, by the in-process engine's prompt machinery on the GGUF's
@@ -52,11 +53,10 @@ from skulk.worker.engines.llama_cpp import (
     planned_gpu_layers,
 )
 from skulk.worker.engines.served.launch import (
-    SLOTS_ENV,
     ServerLaunch,
+    assigned_slots,
     completion_body,
     server_env,
-    slot_count,
     tokens_of_event,
 )
 from skulk.worker.engines.served.process import (
@@ -108,7 +108,7 @@ class LlamaServerEngine(ServedEngineShell):
             raise ModelLoadFailed("the llama_server engine serves single-node instances only")
         if not Path(spec.model_path).is_file():
             raise ModelLoadFailed(f"GGUF file not found: {spec.model_path}")
-        slots = slot_count(self._env.get(SLOTS_ENV))  # a bad setting fails before anything starts
+        slots = assigned_slots("llama_server", shard.slots)  # placement admitted KV for this many
         self._context_tokens = min(spec.instance.context_token_limit, spec.card.context_length)
         self._tokenizer.load_tokenizer(spec.model_path, self._context_tokens)
         binary = self._env.get(ENGINE_BINARY_ENV["llama_server"], "").strip()
