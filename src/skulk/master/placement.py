@@ -21,7 +21,10 @@ The rules, in the order they apply:
    divides the attention and KV heads.
 5. Memory admission is per node: each shard's footprint (`skulk.shared.memory_estimate`)
    must be strictly below the node's available memory plus any master credit; an exact fit
-   thrashes and is refused.
+   thrashes and is refused. A served engine's shard holds KV for each of its slots (the
+   node's advertised setting, `skulk.shared.slots`); when that many do not fit, the shard
+   gets the most that do (`slots_wanted` records the setting), and with not even one it is
+   a shortfall like any other. The granted count is stamped on the shard assignment.
 6. Best first: fewest nodes, then the best backend_preference rank (a set ranks by its
    worst shard), then the most headroom on its tightest node, then node ids.
 
