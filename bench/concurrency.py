@@ -148,7 +148,9 @@ class Runner:
                     self.done_event.set()
 
         self.supervisor = RunnerSupervisor(
-            instance=tiny_instance(card, context_token_limit=CONTEXT_PER_SLOT, backend=backend),
+            # The slot count is a placement fact: stamped on the shard as the master would.
+            instance=tiny_instance(card, context_token_limit=CONTEXT_PER_SLOT, backend=backend,
+                                   slots=SLOTS if backend.startswith("llama_server") else 1),
             runner_id=RUNNER, card=card, model_path=str(gguf), on_report=report, n_threads=threads,
         )
         self.call(self.supervisor.start())
@@ -197,7 +199,6 @@ def main() -> int:
     card = load_card(builtin_cards_dir() / "local--tiny-llama-gguf.toml")
     gguf = args.gguf or Path(ensure_local_model(card, Path(tempfile.gettempdir()) / "skulk-bench-models"))
     os.environ["SKULK_LLAMA_SERVER_BIN"] = str(binary)
-    os.environ["SKULK_LLAMA_SERVER_PARALLEL"] = str(SLOTS)
     print(f"model {gguf} ({gguf.stat().st_size / 1e6:.1f} MB), {args.tokens} tokens/request, "
           f"{args.threads} threads, {SLOTS} slots, binary {binary}")
     print(f"load average before: {os.getloadavg()}")
