@@ -19,7 +19,11 @@ p50/p95 time to first token; then the ratios served/direct (target >= 0.9) and
 served/inproc. The machine's load average is printed before and after: on a shared box the
 absolute figures move, the side-by-side ratios much less.
 
-Usage: uv run python bench/concurrency.py [--tokens 64] [--rounds 2] [--threads 2] [--gguf PATH]
+`--bench-model` serves bench/serve.py's generated ~380 MB f32 GGUF (8 layers x 1024 hidden;
+generated on first use, ~10 s) instead of the 5 MB test model: decode is then bound by
+memory bandwidth, as with a real model, and per-token overheads weigh far less.
+
+Usage: uv run python bench/concurrency.py [--tokens 64] [--rounds 2] [--threads 2] [--gguf PATH | --bench-model]
 Needs a llama-server (`skulk engines install --backend cpu`, or SKULK_LLAMA_SERVER_BIN).
 Every process started here is stopped on the way out; every wait has a deadline.
 """
@@ -184,20 +188,37 @@ class Runner:
             self.loop.call_soon_threadsafe(self.loop.stop)
 
 
+def _bench_model():  # noqa: ANN202 - (ModelCard, Path)
+    """bench/serve.py's generated GGUF and a card of its shape."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from serve import card_toml, ensure_bench_model
+
+    gguf = ensure_bench_model(None)
+    cards = Path(tempfile.mkdtemp(prefix="skulk-bench-card-"))
+    path = cards / "local--bench-llama-gguf.toml"
+    path.write_text(card_toml(gguf, flash_attn=True))
+    return load_card(path), gguf
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--gguf", type=Path, default=None,
-                        help="a GGUF to serve instead of the tiny test model (e.g. the bench model of bench/serve.py)")
+                        help="a GGUF to serve instead of the tiny test model (the tiny card's shape is assumed)")
+    parser.add_argument("--bench-model", action="store_true",
+                        help="serve bench/serve.py's generated ~380 MB GGUF with its own card")
     args = parser.parse_args()
     binary = find_llama_server()
     if binary is None:
         print("no llama-server: run `uv run skulk engines install --backend cpu`", file=sys.stderr)
         return 2
     card = load_card(builtin_cards_dir() / "local--tiny-llama-gguf.toml")
-    gguf = args.gguf or Path(ensure_local_model(card, Path(tempfile.gettempdir()) / "skulk-bench-models"))
+    if args.bench_model:
+        card, gguf = _bench_model()
+    else:
+        gguf = args.gguf or Path(ensure_local_model(card, Path(tempfile.gettempdir()) / "skulk-bench-models"))
     os.environ["SKULK_LLAMA_SERVER_BIN"] = str(binary)
     print(f"model {gguf} ({gguf.stat().st_size / 1e6:.1f} MB), {args.tokens} tokens/request, "
           f"{args.threads} threads, {SLOTS} slots, binary {binary}")

@@ -89,10 +89,11 @@ def test_vllm_streams_concurrently_on_a_gpu():
     from skulk.worker.engines.base import ShardSpec
 
     card = tiny_gguf_card()
-    instance = tiny_instance(card, backend="vllm-cuda", context_token_limit=1024)
+    instance = tiny_instance(card, backend="vllm-cuda", context_token_limit=1024, slots=4)
     engine = VllmEngine()
     engine.load(ShardSpec(instance=instance, runner_id=instance.shards[0].runner_id, card=card, model_path=model))
     try:
+        assert engine.concurrency == 4  # the stamped slots are its --max-num-seqs
         engine.warm_up()
         results: dict[int, list[GeneratedToken]] = {}
         threads = [threading.Thread(target=lambda i=i: results.__setitem__(
