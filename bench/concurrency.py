@@ -19,6 +19,13 @@ p50/p95 time to first token; then the ratios served/direct (target >= 0.9) and
 served/inproc. The machine's load average is printed before and after: on a shared box the
 absolute figures move, the side-by-side ratios much less.
 
+On a box so loaded that even the wall-clock ratios swing (other processes take most of the
+cores), the CPU table is the figure to read: CPU microseconds per generated token, median
+over rounds, split into the server (llama-server, or the in-process engine's runner) and
+the client side (direct: the client processes; served: the runner's engine, IPC and the
+supervisor's reader in this process). When decode is CPU-bound, served/direct aggregate
+throughput tends to direct CPU per token / served CPU per token whatever the load.
+
 `--bench-model` serves bench/serve.py's generated ~380 MB f32 GGUF (8 layers x 1024 hidden;
 generated on first use, ~10 s) instead of the 5 MB test model: decode is then bound by
 memory bandwidth, as with a real model, and per-token overheads weigh far less.
@@ -44,6 +51,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -113,6 +121,18 @@ def _direct_stream(base_url: str, tokens: int) -> tuple[float | None, float, int
                     first = first or last
                     count += len(event.get("tokens") or [1])
     return first, last, count
+
+
+def cpu_s(pids: list[int]) -> float:
+    """User + system CPU seconds of these processes so far (0 for one that is gone)."""
+    total = 0.0
+    for pid in pids:
+        try:
+            times = psutil.Process(pid).cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
 
 
 def run_direct(pool: ProcessPoolExecutor, base_url: str, concurrency: int, tokens: int) -> Measure:
@@ -241,12 +261,31 @@ def main() -> int:
             "inproc": lambda c, tag: inproc.run(c, args.tokens, tag),
         }
         names = list(contenders)
+        served_pid = served.supervisor.pid
+        assert served_pid is not None and inproc.supervisor.pid is not None
+        served_server = [p.pid for p in psutil.Process(served_pid).children(recursive=True)]
+        # (server side, client side) processes per contender; this process is the served
+        # runner's supervisor (its pipe reader), and idles while the others run.
+        sides = {
+            "direct": ([direct.pid], [p.pid for p in psutil.Process().children() if p.pid != direct.pid
+                                       and p.pid not in (served_pid, inproc.supervisor.pid)]),
+            "served": (served_server, [served_pid, os.getpid()]),
+            "inproc": ([inproc.supervisor.pid], []),
+        }
         results: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
+        cpu: dict[tuple[str, int], list[tuple[float, float]]] = {}
         for c in CONCURRENCY:
             for r in range(args.rounds):
                 order = names[r % 3:] + names[:r % 3]
                 for name in order:
-                    results.setdefault((name, c), []).append(contenders[name](c, f"{name}-{c}-{r}").result())
+                    server_pids, client_pids = sides[name]
+                    before = cpu_s(server_pids), cpu_s(client_pids)
+                    measure = contenders[name](c, f"{name}-{c}-{r}")
+                    after = cpu_s(server_pids), cpu_s(client_pids)
+                    results.setdefault((name, c), []).append(measure.result())
+                    per_token = max(measure.tokens, 1) / 1e6
+                    cpu.setdefault((name, c), []).append(
+                        ((after[0] - before[0]) / per_token, (after[1] - before[1]) / per_token))
         print(f"load average after: {os.getloadavg()}")
         print(f"{'contender':<8} {'C':>2} {'agg tok/s':>10} {'TTFT p50 ms':>12} {'TTFT p95 ms':>12}")
         agg: dict[tuple[str, int], float] = {}
@@ -258,6 +297,16 @@ def main() -> int:
         for c in CONCURRENCY:
             print(f"C={c}: served/direct = {agg[('served', c)] / agg[('direct', c)]:.2f} (target >= 0.9), "
                   f"served/inproc = {agg[('served', c)] / agg[('inproc', c)]:.2f}")
+        print(f"{'contender':<8} {'C':>2} {'server us/tok':>14} {'client us/tok':>14} {'total us/tok':>13}")
+        total: dict[tuple[str, int], float] = {}
+        for (name, c), rows in sorted(cpu.items(), key=lambda kv: (kv[0][1], names.index(kv[0][0]))):
+            server_us = statistics.median(row[0] for row in rows)
+            client_us = statistics.median(row[1] for row in rows)
+            total[(name, c)] = statistics.median(row[0] + row[1] for row in rows)
+            print(f"{name:<8} {c:>2} {server_us:>14.0f} {client_us:>14.0f} {total[(name, c)]:>13.0f}")
+        for c in CONCURRENCY:
+            print(f"C={c}: CPU per token direct/served = {total[('direct', c)] / total[('served', c)]:.2f} "
+                  "(the CPU-bound throughput ratio served/direct)")
     finally:
         pool.shutdown(cancel_futures=True)
         for runner in runners:
