@@ -23,14 +23,6 @@ STREAMS = 8
 TOKENS = 100
 
 
-def llama_servers() -> list[psutil.Process]:
-    found = []
-    for process in psutil.process_iter(["name", "cmdline"]):
-        if process.info["name"] == "llama-server":
-            found.append(process)
-    return found
-
-
 def llama_servers_of(node) -> list[psutil.Process]:
     try:
         children = psutil.Process(node.proc.pid).children(recursive=True)
@@ -55,7 +47,6 @@ def test_eight_sdk_streams_progress_together_on_one_instance(spawn_node):
     assert resources["engineSlots"]["llama_server"] == STREAMS
     (shard,) = state["instances"][instance["instanceId"]]["shards"]
     assert (shard["slots"], shard["slotsWanted"]) == (STREAMS, None)
-    servers_before = {p.pid for p in llama_servers()}
     (server,) = llama_servers_of(node)
     argv = server.cmdline()
     assert argv[argv.index("--parallel") + 1] == str(STREAMS)
@@ -93,7 +84,7 @@ def test_eight_sdk_streams_progress_together_on_one_instance(spawn_node):
     assert sum(1 for kind, _ in events if kind == "finish") == STREAMS
 
     # kill -9 of the node: its runner follows within a second, and the runner's server with it.
-    ours = [p for p in llama_servers() if p.pid in servers_before]
+    ours = llama_servers_of(node)  # not other tests' servers: the box is shared
     assert ours
     node.signal(signal.SIGKILL)
     wait_for(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in ours),

@@ -98,3 +98,16 @@ def test_nothing_listening_is_a_transport_error_and_a_closed_transport_refuses()
     with pytest.raises(TRANSPORT_ERRORS):
         with streams.post("/completion", b"{}"):
             pass
+
+
+def test_idle_connections_are_bounded(server):
+    streams = LoopbackStreams("127.0.0.1", server.server_address[1], 5.0, 5.0, max_idle=1)
+    try:
+        with streams.post("/completion", b"{}") as first, streams.post("/completion", b"{}") as second:
+            assert list(first.lines())[-1] == list(second.lines())[-1] == b"echo: {}"
+        for _ in range(3):  # one kept, one closed: every later request rides the kept one
+            with streams.post("/completion", b"{}") as response:
+                list(response.lines())
+        assert len(set(_Handler.connections)) == 2
+    finally:
+        streams.close()

@@ -140,7 +140,7 @@ class LlamaServerEngine(ServedEngineShell):
         )
         self._server = self._start(launch)
         self._slots = slots
-        self._streams = LoopbackStreams(HOST, self._server.port, CONNECT_TIMEOUT_S, READ_TIMEOUT_S)
+        self._streams = LoopbackStreams(HOST, self._server.port, CONNECT_TIMEOUT_S, READ_TIMEOUT_S, max_idle=slots)
         self._client = httpx.Client(
             base_url=self._server.base_url,
             timeout=httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),

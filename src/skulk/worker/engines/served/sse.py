@@ -7,11 +7,13 @@ at 40-60 us per event with 8 concurrent streams; `http.client`'s chunked `read1`
 bytes split cost about half. On a CPU-bound box that CPU is taken from the server itself,
 so it shows directly in the aggregate throughput at high concurrency.
 
-Each thread keeps its own connection (no pool lock; the dispatcher's threads are long-lived),
-reused when a stream was read to its end and dropped otherwise, so a cancelled request's
-socket closes and the server frees its slot. A reused connection the server closed while
-idle is retried once on a fresh one. Every connect and every read has a deadline. Only
-for the runner's own loopback server: no TLS, no proxies, no redirects.
+A request takes an idle connection (one lock operation per request, none per token) or
+opens one; a stream read to its end returns its connection to a bounded idle list (at most
+the slot count: llama-server holds an HTTP thread per open connection), any other is
+closed, so a cancelled request's socket closes and the server frees its slot. A reused
+connection the server closed while idle is retried once on a fresh one. Every connect and
+every read has a deadline. Only for the runner's own loopback server: no TLS, no proxies,
+no redirects.
 """
 
 from __future__ import annotations
@@ -55,71 +57,78 @@ class StreamResponse:
 
 
 class LoopbackStreams:
-    """Per-thread keep-alive connections to one loopback HTTP/1.1 server."""
+    """Keep-alive connections to one loopback HTTP/1.1 server, taken per request."""
 
-    def __init__(self, host: str, port: int, connect_timeout_s: float, read_timeout_s: float) -> None:
+    def __init__(
+        self, host: str, port: int, connect_timeout_s: float, read_timeout_s: float, max_idle: int = 8
+    ) -> None:
         self._host, self._port = host, port
         self._connect_timeout_s, self._read_timeout_s = connect_timeout_s, read_timeout_s
-        self._local = threading.local()
+        self._max_idle = max_idle
         self._lock = threading.Lock()
-        self._open: set[http.client.HTTPConnection] = set()
+        self._idle: list[http.client.HTTPConnection] = []
+        """Connections whose last response was read to its end, newest last (bounded)."""
         self._closed = False
 
     @contextmanager
     def post(self, path: str, payload: bytes) -> Iterator[StreamResponse]:
         """POST `payload` (JSON) and yield the response to stream; raises TRANSPORT_ERRORS."""
-        response = self._send(path, payload)
+        connection, response = self._send(path, payload)
         try:
             yield response
         finally:
-            if not response.finished:
-                # Unread to its end: the socket cannot carry another request. Closing it is
-                # also how the server learns a cancelled client left (and frees its slot).
-                self._drop()
+            # Unread to its end, a socket cannot carry another request; closing it is also
+            # how the server learns a cancelled client left (and frees its slot).
+            if response.finished:
+                self._release(connection)
+            else:
+                connection.close()
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            connections, self._open = self._open, set()
-        for connection in connections:
+            idle, self._idle = self._idle, []
+        for connection in idle:
             connection.close()
 
-    def _send(self, path: str, payload: bytes) -> StreamResponse:
+    def _send(self, path: str, payload: bytes) -> tuple[http.client.HTTPConnection, StreamResponse]:
         headers = {"Content-Type": "application/json", "Content-Length": str(len(payload))}
-        reused = getattr(self._local, "connection", None) is not None
-        for attempt in range(2):
-            connection = self._connection()
+        connection, reused = self._take()
+        while True:
             try:
                 connection.request("POST", path, body=payload, headers=headers)
-                return StreamResponse(connection.getresponse())
+                return connection, StreamResponse(connection.getresponse())
             except TRANSPORT_ERRORS:
-                self._drop()
-                if not (reused and attempt == 0):
+                connection.close()
+                if not reused:
                     raise
                 # The server closed the idle keep-alive connection: once more, on a new one.
-        raise AssertionError("unreachable")
+                connection, reused = self._new(), False
 
-    def _connection(self) -> http.client.HTTPConnection:
-        connection = getattr(self._local, "connection", None)
-        if connection is not None:
-            return connection
+    def _take(self) -> tuple[http.client.HTTPConnection, bool]:
         with self._lock:
             if self._closed:
                 raise ConnectionError("the engine is closed")
-            connection = http.client.HTTPConnection(self._host, self._port, timeout=self._connect_timeout_s)
-            self._open.add(connection)
-        self._local.connection = connection  # dropped below, or by the caller's retry, on failure
-        connection.connect()
-        connection.sock.settimeout(self._read_timeout_s)
+            if self._idle:
+                return self._idle.pop(), True
+        return self._new(), False
+
+    def _new(self) -> http.client.HTTPConnection:
+        connection = http.client.HTTPConnection(self._host, self._port, timeout=self._connect_timeout_s)
+        try:
+            connection.connect()
+            connection.sock.settimeout(self._read_timeout_s)
+        except BaseException:
+            connection.close()
+            raise
         return connection
 
-    def _drop(self) -> None:
-        connection = getattr(self._local, "connection", None)
-        self._local.connection = None
-        if connection is not None:
-            with self._lock:
-                self._open.discard(connection)
-            connection.close()
+    def _release(self, connection: http.client.HTTPConnection) -> None:
+        with self._lock:
+            if not self._closed and len(self._idle) < self._max_idle:
+                self._idle.append(connection)
+                return
+        connection.close()
 
 
 __all__ = ["TRANSPORT_ERRORS", "LoopbackStreams", "StreamResponse"]
