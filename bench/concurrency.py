@@ -19,7 +19,18 @@ p50/p95 time to first token; then the ratios served/direct (target >= 0.9) and
 served/inproc. The machine's load average is printed before and after: on a shared box the
 absolute figures move, the side-by-side ratios much less.
 
-Usage: uv run python bench/concurrency.py [--tokens 64] [--rounds 2] [--threads 2] [--gguf PATH]
+On a box so loaded that even the wall-clock ratios swing (other processes take most of the
+cores), the CPU table is the figure to read: CPU microseconds per generated token, median
+over rounds, split into the server (llama-server, or the in-process engine's runner) and
+the client side (direct: the client processes; served: the runner's engine, IPC and the
+supervisor's reader in this process). When decode is CPU-bound, served/direct aggregate
+throughput tends to direct CPU per token / served CPU per token whatever the load.
+
+`--bench-model` serves bench/serve.py's generated ~380 MB f32 GGUF (8 layers x 1024 hidden;
+generated on first use, ~10 s) instead of the 5 MB test model: decode is then bound by
+memory bandwidth, as with a real model, and per-token overheads weigh far less.
+
+Usage: uv run python bench/concurrency.py [--tokens 64] [--rounds 2] [--threads 2] [--gguf PATH | --bench-model]
 Needs a llama-server (`skulk engines install --backend cpu`, or SKULK_LLAMA_SERVER_BIN).
 Every process started here is stopped on the way out; every wait has a deadline.
 """
@@ -40,6 +51,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -111,6 +123,18 @@ def _direct_stream(base_url: str, tokens: int) -> tuple[float | None, float, int
     return first, last, count
 
 
+def cpu_s(pids: list[int]) -> float:
+    """User + system CPU seconds of these processes so far (0 for one that is gone)."""
+    total = 0.0
+    for pid in pids:
+        try:
+            times = psutil.Process(pid).cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
+
+
 def run_direct(pool: ProcessPoolExecutor, base_url: str, concurrency: int, tokens: int) -> Measure:
     measure = Measure()
     futures = [pool.submit(_direct_stream, base_url, tokens) for _ in range(concurrency)]
@@ -148,7 +172,9 @@ class Runner:
                     self.done_event.set()
 
         self.supervisor = RunnerSupervisor(
-            instance=tiny_instance(card, context_token_limit=CONTEXT_PER_SLOT, backend=backend),
+            # The slot count is a placement fact: stamped on the shard as the master would.
+            instance=tiny_instance(card, context_token_limit=CONTEXT_PER_SLOT, backend=backend,
+                                   slots=SLOTS if backend.startswith("llama_server") else 1),
             runner_id=RUNNER, card=card, model_path=str(gguf), on_report=report, n_threads=threads,
         )
         self.call(self.supervisor.start())
@@ -182,22 +208,38 @@ class Runner:
             self.loop.call_soon_threadsafe(self.loop.stop)
 
 
+def _bench_model():  # noqa: ANN202 - (ModelCard, Path)
+    """bench/serve.py's generated GGUF and a card of its shape."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from serve import card_toml, ensure_bench_model
+
+    gguf = ensure_bench_model(None)
+    cards = Path(tempfile.mkdtemp(prefix="skulk-bench-card-"))
+    path = cards / "local--bench-llama-gguf.toml"
+    path.write_text(card_toml(gguf, flash_attn=True))
+    return load_card(path), gguf
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--gguf", type=Path, default=None,
-                        help="a GGUF to serve instead of the tiny test model (e.g. the bench model of bench/serve.py)")
+                        help="a GGUF to serve instead of the tiny test model (the tiny card's shape is assumed)")
+    parser.add_argument("--bench-model", action="store_true",
+                        help="serve bench/serve.py's generated ~380 MB GGUF with its own card")
     args = parser.parse_args()
     binary = find_llama_server()
     if binary is None:
         print("no llama-server: run `uv run skulk engines install --backend cpu`", file=sys.stderr)
         return 2
     card = load_card(builtin_cards_dir() / "local--tiny-llama-gguf.toml")
-    gguf = args.gguf or Path(ensure_local_model(card, Path(tempfile.gettempdir()) / "skulk-bench-models"))
+    if args.bench_model:
+        card, gguf = _bench_model()
+    else:
+        gguf = args.gguf or Path(ensure_local_model(card, Path(tempfile.gettempdir()) / "skulk-bench-models"))
     os.environ["SKULK_LLAMA_SERVER_BIN"] = str(binary)
-    os.environ["SKULK_LLAMA_SERVER_PARALLEL"] = str(SLOTS)
     print(f"model {gguf} ({gguf.stat().st_size / 1e6:.1f} MB), {args.tokens} tokens/request, "
           f"{args.threads} threads, {SLOTS} slots, binary {binary}")
     print(f"load average before: {os.getloadavg()}")
@@ -219,12 +261,31 @@ def main() -> int:
             "inproc": lambda c, tag: inproc.run(c, args.tokens, tag),
         }
         names = list(contenders)
+        served_pid = served.supervisor.pid
+        assert served_pid is not None and inproc.supervisor.pid is not None
+        served_server = [p.pid for p in psutil.Process(served_pid).children(recursive=True)]
+        # (server side, client side) processes per contender; this process is the served
+        # runner's supervisor (its pipe reader), and idles while the others run.
+        sides = {
+            "direct": ([direct.pid], [p.pid for p in psutil.Process().children() if p.pid != direct.pid
+                                       and p.pid not in (served_pid, inproc.supervisor.pid)]),
+            "served": (served_server, [served_pid, os.getpid()]),
+            "inproc": ([inproc.supervisor.pid], []),
+        }
         results: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
+        cpu: dict[tuple[str, int], list[tuple[float, float]]] = {}
         for c in CONCURRENCY:
             for r in range(args.rounds):
                 order = names[r % 3:] + names[:r % 3]
                 for name in order:
-                    results.setdefault((name, c), []).append(contenders[name](c, f"{name}-{c}-{r}").result())
+                    server_pids, client_pids = sides[name]
+                    before = cpu_s(server_pids), cpu_s(client_pids)
+                    measure = contenders[name](c, f"{name}-{c}-{r}")
+                    after = cpu_s(server_pids), cpu_s(client_pids)
+                    results.setdefault((name, c), []).append(measure.result())
+                    per_token = max(measure.tokens, 1) / 1e6
+                    cpu.setdefault((name, c), []).append(
+                        ((after[0] - before[0]) / per_token, (after[1] - before[1]) / per_token))
         print(f"load average after: {os.getloadavg()}")
         print(f"{'contender':<8} {'C':>2} {'agg tok/s':>10} {'TTFT p50 ms':>12} {'TTFT p95 ms':>12}")
         agg: dict[tuple[str, int], float] = {}
@@ -236,6 +297,16 @@ def main() -> int:
         for c in CONCURRENCY:
             print(f"C={c}: served/direct = {agg[('served', c)] / agg[('direct', c)]:.2f} (target >= 0.9), "
                   f"served/inproc = {agg[('served', c)] / agg[('inproc', c)]:.2f}")
+        print(f"{'contender':<8} {'C':>2} {'server us/tok':>14} {'client us/tok':>14} {'total us/tok':>13}")
+        total: dict[tuple[str, int], float] = {}
+        for (name, c), rows in sorted(cpu.items(), key=lambda kv: (kv[0][1], names.index(kv[0][0]))):
+            server_us = statistics.median(row[0] for row in rows)
+            client_us = statistics.median(row[1] for row in rows)
+            total[(name, c)] = statistics.median(row[0] + row[1] for row in rows)
+            print(f"{name:<8} {c:>2} {server_us:>14.0f} {client_us:>14.0f} {total[(name, c)]:>13.0f}")
+        for c in CONCURRENCY:
+            print(f"C={c}: CPU per token direct/served = {total[('direct', c)] / total[('served', c)]:.2f} "
+                  "(the CPU-bound throughput ratio served/direct)")
     finally:
         pool.shutdown(cancel_futures=True)
         for runner in runners:

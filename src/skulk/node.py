@@ -320,6 +320,7 @@ class Node:
         self.telemetry = TelemetryService(
             router, node_name=settings.node_name, models_dir=settings.paths.models_dir, api_endpoint=settings.api_endpoint,
             backends=lambda: list(derived.tags), conflicts=lambda: list(derived.conflicts),
+            engine_slots=lambda: dict(derived.slots),
             disk_reserve_bytes=eviction_policy(settings.model_store).reserve_bytes,
         )
         self.replica.on_applied(self._fail_streams_of_failed_tasks)
@@ -434,7 +435,7 @@ class Node:
         for conflict in derived.conflicts:
             logger.warning("capability conflict %s: %s", conflict.code, conflict.message)
         if not self.settings.worker_enabled:
-            return DerivedBackends(tags=[], conflicts=list(derived.conflicts))
+            return DerivedBackends(tags=[], conflicts=list(derived.conflicts), slots=dict(derived.slots))
         return derived
 
     def _trace_master_decision(self, indexed: IndexedEvent) -> None:

@@ -315,3 +315,28 @@ def test_model_meta_from_gguf_reads_the_window(tmp_path, arch, window, expected_
     assert (meta.num_layers, meta.num_kv_heads, meta.head_dim, meta.trained_context_tokens) == (34, 4, 256, 131072)
     assert (meta.sliding_window, meta.sliding_window_pattern) == (expected_window, expected_pattern)
     assert meta.weights_bytes == path.stat().st_size
+
+
+@pytest.mark.parametrize("copies", [1, 2, 4, 8])
+def test_kv_copies_share_the_kv_budget_between_slots(copies):
+    # A served engine whose every slot owns a context: the budget after the weights holds
+    # 1/copies as many tokens per slot (LLAMA_8B: 128 KiB per token over 32 layers).
+    device = DeviceSnapshot("vram", 80 * GiB, 80 * GiB)
+    policy = CapacityPolicy(reserve_bytes=0, headroom_fraction=0.0)
+    one = plan_capacity(LLAMA_8B, device, policy)
+    plan = plan_capacity(LLAMA_8B, device, policy, kv_copies=copies)
+    assert isinstance(one, CapacityPlan) and isinstance(plan, CapacityPlan)
+    assert plan.hot_kv_tokens == one.kv_budget_bytes // (128 * KiB * copies)
+
+
+def test_kv_copies_shed_layers_when_every_slots_minimum_context_does_not_fit():
+    # 16 GiB of weights + 4 slots x the 4096-token minimum x 128 KiB (2 GiB) > 17.5 GiB of
+    # VRAM, where one slot's 0.5 GiB fits: layers shed to RAM.
+    device = DeviceSnapshot("vram", 35 * GiB // 2, 35 * GiB // 2)
+    policy = CapacityPolicy(reserve_bytes=0, headroom_fraction=0.0)
+    one = plan_capacity(LLAMA_8B, device, policy)
+    four = plan_capacity(LLAMA_8B, device, policy, kv_copies=4)
+    assert isinstance(one, CapacityPlan) and isinstance(four, CapacityPlan)
+    assert four.gpu_layers < one.gpu_layers
+    with pytest.raises(ModelShapeError):
+        plan_capacity(LLAMA_8B, device, policy, kv_copies=0)

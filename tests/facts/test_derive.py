@@ -1,6 +1,6 @@
 import pytest
 
-from skulk.facts.derive import derive_node_backends, parse_backend_declaration
+from skulk.facts.derive import INVALID_SLOT_SETTING, derive_node_backends, parse_backend_declaration
 from skulk.shared.types.node_facts import EngineBinary, GpuFact, NodeFacts
 
 CPU_ONLY = {"llama_cpp": True, "mlx": True, "mlx_lm": True}
@@ -236,3 +236,32 @@ def test_broken_binary_says_it_does_not_answer():
     node = facts(binaries={"llama_server": EngineBinary(path="/e/llama-server", state="broken")})
     (conflict,) = derive_node_backends(node).conflicts
     assert "does not answer --version" in conflict.message
+
+
+# -- served-engine slot settings -----------------------------------------------------------
+
+
+def _served_facts(**declarations: str) -> NodeFacts:
+    return NodeFacts(
+        os="linux", machine="x86_64", importable={"llama_cpp": True},
+        engine_binaries={"llama_server": EngineBinary(path="/e/llama-server", state="usable")},
+        declarations=declarations,
+    )
+
+
+def test_a_valid_slot_setting_is_advertised():
+    derived = derive_node_backends(_served_facts(SKULK_LLAMA_SERVER_PARALLEL="8"))
+    assert "llama_server-cpu" in derived.tags
+    assert derived.slots["llama_server"] == 8
+    assert not [c for c in derived.conflicts if c.code == INVALID_SLOT_SETTING]
+
+
+@pytest.mark.parametrize("raw", ["0", "many", "65"])
+def test_an_invalid_slot_setting_withdraws_the_engine_with_an_error(raw):
+    derived = derive_node_backends(_served_facts(SKULK_LLAMA_SERVER_PARALLEL=raw))
+    assert not any(tag.startswith("llama_server") for tag in derived.tags)
+    assert "llama_cpp-cpu" in derived.tags  # the other engines are untouched
+    assert "llama_server" not in derived.slots
+    (conflict,) = [c for c in derived.conflicts if c.code == INVALID_SLOT_SETTING]
+    assert conflict.level == "error"
+    assert f"SKULK_LLAMA_SERVER_PARALLEL={raw!r}" in conflict.message and "not advertised" in conflict.message

@@ -533,3 +533,63 @@ def test_a_family_the_engine_loads_but_cannot_shard_stays_on_one_node(monkeypatc
 def test_gguf_placement_prefers_the_served_engine(name, resources, node, backend):
     instance = place(GGUF_8B, cluster(resources, ["a-b"] if len(resources) > 1 else []), resources, request(GGUF_8B), new_id=ids())
     assert (instance.node_ids(), instance.shards[0].backend) == ([node], backend), name
+
+
+# -- served-engine slots: KV for every slot ----------------------------------------------------
+
+SERVED_CPU = ("llama_cpp", "llama_cpp-cpu", "llama_server", "llama_server-cpu")
+
+
+def served_res(node, available, slots=None, backends=SERVED_CPU):
+    reading = res(node, available, backends, total=available * 4)
+    return reading.model_copy(update={"engine_slots": {} if slots is None else {"llama_server": slots}})
+
+
+def gguf_whole(slots):
+    return shard_footprint_bytes(GGUF_8B, range(GGUF_8B.num_layers), admission_context_tokens(GGUF_8B), slots)
+
+
+@pytest.mark.parametrize(
+    ("name", "reading", "backend", "slots", "wanted"),
+    [
+        ("the node's setting is granted when KV for every slot fits",
+         served_res("a", gguf_whole(8) + GB, slots=8), "llama_server-cpu", 8, None),
+        ("a node that advertises none gets the default 4",
+         served_res("a", gguf_whole(4) + GB), "llama_server-cpu", 4, None),
+        ("too little for 4 slots: reduced to the 2 that fit, saying so",
+         served_res("a", gguf_whole(2) + 1, slots=4), "llama_server-cpu", 2, 4),
+        ("an exact fit thrashes: one fewer slot",
+         served_res("a", gguf_whole(3), slots=4), "llama_server-cpu", 2, 4),
+        ("the in-process engine decodes one at a time",
+         served_res("a", gguf_whole(1) + GB, slots=8, backends=LLAMA_CPU), "llama_cpp-cpu", 1, None),
+    ],
+)
+def test_placement_stamps_the_slots_whose_kv_fits(name, reading, backend, slots, wanted):
+    instance = place(GGUF_8B, cluster("a"), {"a": reading}, request(GGUF_8B), new_id=ids())
+    (shard,) = instance.shards
+    assert (shard.backend, shard.slots, shard.slots_wanted) == (backend, slots, wanted), name
+    (option,) = preview(GGUF_8B, cluster("a"), {"a": reading}, sharding="Pipeline")
+    (shown,) = option.shards
+    assert (shown.slots, shown.slots_wanted) == (slots, wanted)
+    assert shown.needed_bytes == gguf_whole(slots if backend.startswith("llama_server") else 1)
+
+
+def test_not_even_one_slot_fits_is_a_shortfall_naming_context_slots_and_memory():
+    reading = served_res("a", gguf_whole(1) - 1, slots=4, backends=("llama_server", "llama_server-cpu"))
+    with pytest.raises(MemoryShortfall) as caught:
+        place(GGUF_8B, cluster("a"), {"a": reading}, request(GGUF_8B), new_id=ids())
+    message = str(caught.value)
+    tokens = admission_context_tokens(GGUF_8B)
+    assert f"even 1 of the node's 4 llama_server slots, {tokens} tokens of context each, does not fit" in message
+    assert "GB available" in message
+
+
+def test_the_stamped_slots_are_what_the_worker_guard_and_the_credit_count():
+    from skulk.shared.memory_estimate import assignment_footprint, instance_node_footprints
+
+    reading = served_res("a", gguf_whole(8) + GB, slots=8)
+    instance = place(GGUF_8B, cluster("a"), {"a": reading}, request(GGUF_8B), new_id=ids())
+    footprint = assignment_footprint(GGUF_8B, instance.shards[0])
+    assert footprint.kv_copies == 8 and footprint.total_bytes == gguf_whole(8)
+    assert "x 8 slots" in footprint.describe()
+    assert instance_node_footprints(GGUF_8B, instance) == {"a": gguf_whole(8)}

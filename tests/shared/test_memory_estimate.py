@@ -226,3 +226,30 @@ def test_instance_node_footprints_sum_per_node():
         "a": shard_footprint_bytes(LLAMA_1B, range(0, 6)),
         "b": shard_footprint_bytes(LLAMA_1B, range(6, 16)),
     }
+
+
+# -- served-engine slots ----------------------------------------------------------------------
+
+
+def test_a_footprint_holds_kv_for_every_copy():
+    one = shard_footprint(GGUF_8B, range(GGUF_8B.num_layers), 8192)
+    four = shard_footprint(GGUF_8B, range(GGUF_8B.num_layers), 8192, kv_copies=4)
+    assert four.kv_bytes == 4 * one.kv_bytes and four.total_bytes == one.total_bytes + 3 * one.kv_bytes
+    assert "(8192 tokens x 4 slots)" in four.describe() and "(8192 tokens)" in one.describe()
+    with pytest.raises(ValueError):
+        shard_footprint(GGUF_8B, range(GGUF_8B.num_layers), 8192, kv_copies=0)
+
+
+@pytest.mark.parametrize(("backend", "slots", "divisor"), [
+    ("llama_server-cuda", 4, 4),  # each slot's window: a quarter of what one would get
+    ("llama_server-cuda", 1, 1),
+    ("llama_cpp-cuda", 1, 1),
+])
+def test_a_vram_window_is_per_slot(backend, slots, divisor):
+    card = GGUF_8B
+    placed = shard("a", 0, card.num_layers, backend).model_copy(update={"slots": slots})
+    vram = 40 * GB
+    limit = instance_context_token_limit(card, [placed], {"a": NodeMemoryTotals(64 * GB, vram)})
+    budget = vram - _fixed(card, range(card.num_layers))
+    expected = min(card.context_length, budget // (kv_bytes_per_token(card) * divisor))
+    assert limit == max(admission_context_tokens(card), expected)

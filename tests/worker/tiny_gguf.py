@@ -24,7 +24,9 @@ def tiny_gguf_card() -> ModelCard:
     return load_card(builtin_cards_dir() / "local--tiny-llama-gguf.toml")
 
 
-def tiny_instance(card: ModelCard, *, context_token_limit: int = 2048, backend: str = "llama_cpp-cpu") -> Instance:
+def tiny_instance(
+    card: ModelCard, *, context_token_limit: int = 2048, backend: str = "llama_cpp-cpu", slots: int = 1
+) -> Instance:
     return Instance(
         instance_id=INSTANCE,
         model_id=ModelId(card.model_id),
@@ -32,7 +34,7 @@ def tiny_instance(card: ModelCard, *, context_token_limit: int = 2048, backend: 
         shards=[
             ShardAssignment(
                 node_id=NODE, runner_id=RUNNER, rank=0, world_size=1,
-                start_layer=0, end_layer=card.num_layers, backend=backend,
+                start_layer=0, end_layer=card.num_layers, backend=backend, slots=slots,
             )
         ],
         context_token_limit=context_token_limit,

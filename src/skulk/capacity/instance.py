@@ -33,6 +33,7 @@ from skulk.shared.memory_estimate import (
     assignment_share,
     instance_context_token_limit,
 )
+from skulk.shared.slots import kv_copies
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.ids import NodeId
 from skulk.shared.types.instances import InstanceCapacity, ShardAssignment, ShardCapacity
@@ -89,7 +90,8 @@ def _plan_shard(
                              planner_effective_context_tokens=0, shortfall="no memory reading for the node")
     if ranks_on_node > 1:
         device = DeviceSnapshot(device.kind, device.total_bytes, device.free_bytes // ranks_on_node)
-    result = plan_capacity(meta, device, policy, layers=layers, share=share)
+    result = plan_capacity(meta, device, policy, layers=layers, share=share,
+                           kv_copies=kv_copies(shard.backend, shard.slots))
     if not isinstance(result, CapacityPlan):
         return ShardCapacity(**base, device_kind=device.kind, gpu_layers=0, hot_kv_tokens=0,
                              effective_context_tokens=0, planner_effective_context_tokens=0,

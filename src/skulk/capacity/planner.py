@@ -345,18 +345,23 @@ def plan_capacity(
     *,
     layers: range | None = None,
     share: Fraction = Fraction(1),
+    kv_copies: int = 1,
 ) -> CapacityPlan | CapacityShortfall:
     """The capacity plan for `meta` on `device`, or why even the minimum does not fit.
 
     By default the whole model. A shard of a placed instance passes the `layers` it holds (a
     pipeline stage) and the `share` of those layers' weights and KV it holds (1/world for a
     tensor rank): the plan is then that shard's, on its own device, with `gpu_layers`
-    counted within `layers`."""
+    counted within `layers`. `kv_copies` full caches are reserved per token (a served engine
+    whose every slot owns its context): the token counts are then per slot."""
     span = range(meta.num_layers) if layers is None else layers
     if span.step != 1 or not 0 <= span.start < span.stop <= meta.num_layers:
         raise ModelShapeError(f"layers {span} outside [0, {meta.num_layers})")
     if not 0 < share <= 1:
         raise ModelShapeError(f"share {share} outside (0, 1]")
+    if kv_copies < 1:
+        raise ModelShapeError(f"kv_copies {kv_copies} < 1")
+    kv_share = share * kv_copies  # of one full-model cache, per token of one slot
     usable = usable_bytes(device, policy)
     min_hot = min(policy.min_hot_context_tokens, meta.trained_context_tokens)
     dense_rate = math.ceil(len(span) * kv_bytes_per_token_per_layer(meta, policy.kv_dtype_bytes) * share)
@@ -366,23 +371,26 @@ def plan_capacity(
         if weights_all >= usable:
             return CapacityShortfall("weights_exceed_memory", weights_all, usable, min_hot)
     else:
-        layers_on_device = _gpu_layers_for_min_hot(meta, span, share, usable, min_hot, policy.kv_dtype_bytes)
+        layers_on_device = _gpu_layers_for_min_hot(
+            meta, span, share, usable, min_hot, policy.kv_dtype_bytes, kv_share
+        )
         if layers_on_device == 0:
-            needed = _layer_weights(meta, 1, share) + _kv(meta, min_hot, _last_of(span, 1), share, policy.kv_dtype_bytes)
+            needed = _layer_weights(meta, 1, share) + _kv(meta, min_hot, _last_of(span, 1), kv_share,
+                                                           policy.kv_dtype_bytes)
             return CapacityShortfall("min_hot_context_unfit", needed, usable, min_hot)
     resident = _last_of(span, layers_on_device)
     weights = _layer_weights(meta, layers_on_device, share)
     budget = usable - weights
     # A token costs `share` of the layers' full KV, so the budget holds 1/share as many.
-    hot = tokens_fitting(meta, math.floor(budget / share), resident, policy.kv_dtype_bytes)
+    hot = tokens_fitting(meta, math.floor(budget / kv_share), resident, policy.kv_dtype_bytes)
     if hot < min_hot:
-        needed = weights + _kv(meta, min_hot, resident, share, policy.kv_dtype_bytes)
+        needed = weights + _kv(meta, min_hot, resident, kv_share, policy.kv_dtype_bytes)
         return CapacityShortfall("min_hot_context_unfit", needed, usable, min_hot)
     effective = min(hot, meta.trained_context_tokens)
     # Cold blocks hold tokens older than the hot window; windowed layers never need those,
     # so a cold token costs only the global layers' KV.
     global_rate, _ = kv_rates(meta, span, policy.kv_dtype_bytes)
-    global_rate = math.ceil(global_rate * share)
+    global_rate = math.ceil(global_rate * kv_share)
     cold_tokens = policy.cold_budget_bytes // global_rate if global_rate else 0
     return CapacityPlan(
         device_kind=device.kind,
@@ -412,11 +420,13 @@ def _kv(meta: ModelMeta, tokens: int, layers: range, share: Fraction, dtype_byte
 
 
 def _gpu_layers_for_min_hot(
-    meta: ModelMeta, span: range, share: Fraction, usable: int, min_hot: int, dtype_bytes: int
+    meta: ModelMeta, span: range, share: Fraction, usable: int, min_hot: int, dtype_bytes: int,
+    kv_share: Fraction | None = None,
 ) -> int:
     """Most layers (from the end of `span`) whose weights plus KV for `min_hot` tokens fit; 0 if none."""
+    kv_share = share if kv_share is None else kv_share
     for count in range(len(span), 0, -1):
-        if _layer_weights(meta, count, share) + _kv(meta, min_hot, _last_of(span, count), share, dtype_bytes) <= usable:
+        if _layer_weights(meta, count, share) + _kv(meta, min_hot, _last_of(span, count), kv_share, dtype_bytes) <= usable:
             return count
     return 0
 

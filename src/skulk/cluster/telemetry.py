@@ -83,6 +83,7 @@ class TelemetryService:
         api_endpoint: str | None,
         backends: Callable[[], list[str]] = lambda: [],
         conflicts: Callable[[], list[CapabilityConflict]] = lambda: [],
+        engine_slots: Callable[[], dict[str, int]] = lambda: {},
         disk_reserve_bytes: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -93,6 +94,7 @@ class TelemetryService:
         self._api_endpoint = api_endpoint
         self._backends = backends
         self._conflicts = conflicts
+        self._engine_slots = engine_slots
         self._clock = clock
         self.view = TelemetryView()
         self.outbox = LatestValueOutbox()
@@ -122,6 +124,7 @@ class TelemetryService:
             api_endpoint=self._api_endpoint,
             zenoh_connected_peers=self._router.connected_peer_count(),
             gpus=collect_gpus(),
+            engine_slots=self._engine_slots(),
         )
 
     def publish(self, key: Hashable, reading: TelemetryReading) -> None:

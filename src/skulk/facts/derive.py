@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from skulk.shared.slots import SlotSettingError, node_slot_settings
 from skulk.shared.types.cards import KNOWN_COMPUTES
 from skulk.shared.types.node_facts import ENGINE_BINARY_ENV, GpuVendor, NodeFacts
 from skulk.shared.types.telemetry import CapabilityConflict
@@ -40,6 +41,10 @@ INVALID_ENGINE_BINARY = "invalid_engine_binary"
 BACKEND_OVERRIDE_CONFLICT = "backend_override_conflict"
 """warn: a declaration claims hardware (or an engine) the node cannot observe, or names
 a compute this build does not know. Honoured where it can be."""
+
+INVALID_SLOT_SETTING = "invalid_slot_setting"
+"""error: a served engine's slot setting is not a whole number within bounds; that engine is
+not advertised until it is fixed."""
 
 CPU = "cpu"
 
@@ -132,6 +137,8 @@ ENGINES: tuple[EngineSpec, ...] = (
 class DerivedBackends:
     tags: list[str] = field(default_factory=list)
     conflicts: list[CapabilityConflict] = field(default_factory=list)
+    slots: dict[str, int] = field(default_factory=dict)
+    """Served engine -> the node's valid slot setting (advertised in NodeResources)."""
 
 
 @dataclass(frozen=True)
@@ -146,12 +153,17 @@ def derive_node_backends(facts: NodeFacts) -> DerivedBackends:
     tags: list[str] = []
     conflicts: list[CapabilityConflict] = []
     sources: dict[str, _Computes] = {}
+    slots, slot_errors = node_slot_settings(facts.declarations)
+    bad_slots = {error.engine: error for error in slot_errors}
     for spec in ENGINES:
         declared, declaration_conflicts = _declared(spec, facts)
         conflicts.extend(declaration_conflicts)
         if not spec.available(facts):
             if declared is not None:
                 conflicts.append(_declared_engine_unavailable(spec, facts))
+            continue
+        if spec.engine in bad_slots:
+            conflicts.append(_invalid_slot_setting(bad_slots[spec.engine]))
             continue
         chosen = declared or _build_reported(spec, facts) or _vendor_inferred(spec, facts) or _cpu_floor(spec)
         if chosen is None:
@@ -162,7 +174,7 @@ def derive_node_backends(facts: NodeFacts) -> DerivedBackends:
     conflicts.extend(_invalid_binaries(facts))
     conflicts.extend(_degraded_detection(facts))
     conflicts.extend(_gpu_serving_disabled(facts, sources))
-    return DerivedBackends(tags=tags, conflicts=conflicts)
+    return DerivedBackends(tags=tags, conflicts=conflicts, slots=slots)
 
 
 # -- the per-engine rules, in precedence order ---------------------------------------------
@@ -252,6 +264,16 @@ def _declared_engine_unavailable(spec: EngineSpec, facts: NodeFacts) -> Capabili
         message=f"{var}={facts.declarations[var]!r} is set but {spec.engine} cannot load on this node "
         f"(needs: {spec.requirement}); {spec.engine} is not advertised",
         remediation=f"install {spec.engine} on this node, or unset {var}",
+    )
+
+
+def _invalid_slot_setting(error: SlotSettingError) -> CapabilityConflict:
+    # Refused, never clamped: a typo'd slot count would otherwise size the KV cache wrongly.
+    return CapabilityConflict(
+        code=INVALID_SLOT_SETTING,
+        level="error",
+        message=f"{error.describe()}; {error.engine} is not advertised",
+        remediation=f"set {error.variable} to a whole number within bounds, or unset it for the default",
     )
 
 
@@ -354,6 +376,7 @@ __all__ = [
     "GPU_DETECTION_DEGRADED",
     "GPU_SERVING_DISABLED",
     "INVALID_ENGINE_BINARY",
+    "INVALID_SLOT_SETTING",
     "DerivedBackends",
     "EngineSpec",
     "backends_env_var",

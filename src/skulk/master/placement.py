@@ -21,7 +21,10 @@ The rules, in the order they apply:
    divides the attention and KV heads.
 5. Memory admission is per node: each shard's footprint (`skulk.shared.memory_estimate`)
    must be strictly below the node's available memory plus any master credit; an exact fit
-   thrashes and is refused.
+   thrashes and is refused. A served engine's shard holds KV for each of its slots (the
+   node's advertised setting, `skulk.shared.slots`); when that many do not fit, the shard
+   gets the most that do (`slots_wanted` records the setting), and with not even one it is
+   a shortfall like any other. The granted count is stamped on the shard assignment.
 6. Best first: fewest nodes, then the best backend_preference rank (a set ranks by its
    worst shard), then the most headroom on its tightest node, then node ids.
 
@@ -46,10 +49,12 @@ from skulk.master.ring_hosts import ring_hosts_for
 from skulk.shared.memory_estimate import (
     Footprint,
     NodeMemoryTotals,
+    ShardShare,
     admission_context_tokens,
     format_gb,
     shard_footprint,
 )
+from skulk.shared.slots import engine_slots, kv_copies
 from skulk.shared.types.base import WireModel
 from skulk.shared.types.cards import ModelCard, backend_engine
 from skulk.shared.types.commands import PlaceInstance
@@ -239,6 +244,10 @@ class PreviewShard(WireModel):
     backend: str
     needed_bytes: int
     available_bytes: int
+    slots: int = 1
+    """Requests the engine decodes at once; `needed_bytes` holds KV for every slot."""
+    slots_wanted: int | None = None
+    """The node's slot setting when `slots` had to be reduced to fit memory."""
 
 
 class PlacementPreview(WireModel):
@@ -359,6 +368,8 @@ class _Node:
     backend_rank: int
     available_bytes: int
     """ram_available_bytes plus any master credit."""
+    slots: int = 1
+    """The node's slot setting for its backend's engine (`skulk.shared.slots.engine_slots`)."""
 
 
 @dataclass(frozen=True)
@@ -367,6 +378,13 @@ class _Shard:
     start_layer: int
     end_layer: int
     footprint: Footprint
+    slots: int = 1
+    """Slots granted: the node's setting, or fewer when KV for that many does not fit."""
+
+    @property
+    def slots_wanted(self) -> int | None:
+        """The node's setting when it was reduced to fit, else None."""
+        return self.node.slots if self.slots < self.node.slots else None
 
     @property
     def fits(self) -> bool:
@@ -409,8 +427,8 @@ def _build_option(card: ModelCard, sharding: Sharding, order: Sequence[_Node], c
     n = len(order)
     if sharding == "Tensor":
         fraction = Fraction(1, n)
-        footprint = shard_footprint(card, fraction, tokens)
-        shards = tuple(_Shard(node, 0, card.num_layers, footprint) for node in order)
+        shards = tuple(_Shard(node, 0, card.num_layers, *_slotted_footprint(card, node, fraction, tokens))
+                       for node in order)
         return _Option(sharding, shards, connected)
     weights = [node.available_bytes for node in order]
     counts = allocate_layers(card.num_layers, weights, card.placement.max_pipeline_split_layer)
@@ -420,9 +438,20 @@ def _build_option(card: ModelCard, sharding: Sharding, order: Sequence[_Node], c
     start = 0
     for node, count in zip(order, counts, strict=True):
         end = start + count
-        shards_list.append(_Shard(node, start, end, shard_footprint(card, range(start, end), tokens)))
+        shards_list.append(_Shard(node, start, end, *_slotted_footprint(card, node, range(start, end), tokens)))
         start = end
     return _Option(sharding, tuple(shards_list), connected)
+
+
+def _slotted_footprint(card: ModelCard, node: _Node, share: ShardShare, tokens: int) -> tuple[Footprint, int]:
+    """The shard's footprint with KV for the node's slot setting and that many slots, or, when
+    that does not fit, for the most slots that do (at least one: a shard that cannot hold
+    one slot's context is a memory shortfall, its arithmetic naming context and slots)."""
+    for slots in range(node.slots, 0, -1):
+        footprint = shard_footprint(card, share, tokens, kv_copies(node.backend, slots))
+        if footprint.total_bytes < node.available_bytes or slots == 1:
+            return footprint, slots
+    raise AssertionError("unreachable: slots >= 1")
 
 
 # ---------------------------------------------------------------------------------------
@@ -479,7 +508,8 @@ def _search(
             s.incompatible[node_id] = tuple(reading.backends)
             continue
         available = reading.memory.ram_available_bytes + max(credits.get(node_id, 0), 0)
-        s.compatible.append(_Node(node_id, backend, ordered.index(backend), available))
+        slots = engine_slots(backend, reading.engine_slots)
+        s.compatible.append(_Node(node_id, backend, ordered.index(backend), available, slots))
     if len(state.nodes) > 1:
         s.edge_lagging = [c.node_id for c in s.compatible if not any(e.touches(c.node_id) for e in state.edges)]
     adjacency = _adjacency(state, {c.node_id for c in s.compatible})
@@ -694,6 +724,9 @@ def _too_few_nodes(s: _Search) -> PlacementError:
 def _arithmetic(shard: _Shard) -> str:
     relation = ">" if shard.footprint.total_bytes > shard.node.available_bytes else ">="
     note = "" if relation == ">" else " (an exact fit thrashes)"
+    if shard.slots_wanted is not None:
+        note += (f" (even 1 of the node's {shard.slots_wanted} {backend_engine(shard.node.backend)} slots, "
+                 f"{shard.footprint.context_tokens} tokens of context each, does not fit)")
     return f"{shard.footprint.describe()} {relation} {format_gb(shard.node.available_bytes)} available{note}"
 
 
@@ -717,6 +750,8 @@ def _assignments(option: _Option, runner_ids: Iterator[RunnerId]) -> list[ShardA
             start_layer=shard.start_layer,
             end_layer=shard.end_layer,
             backend=shard.node.backend,
+            slots=shard.slots,
+            slots_wanted=shard.slots_wanted,
         )
         for rank, shard in enumerate(option.shards)
     ]
@@ -785,6 +820,8 @@ def _to_preview(card: ModelCard, resources: Mapping[NodeId, NodeResources], opti
                 backend=shard.node.backend,
                 needed_bytes=shard.footprint.total_bytes,
                 available_bytes=shard.node.available_bytes,
+                slots=shard.slots,
+                slots_wanted=shard.slots_wanted,
             )
             for rank, shard in enumerate(option.shards)
         ],

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
+from skulk.shared.slots import kv_copies as slot_kv_copies
 from skulk.shared.types.cards import ModelCard, backend_engine
 from skulk.shared.types.engines import WINDOW_AT_LOAD_ENGINES
 from skulk.shared.types.ids import NodeId
@@ -80,6 +81,8 @@ class Footprint:
     kv_bytes: int
     context_tokens: int
     floor_bytes: int = FLAT_FLOOR_BYTES
+    kv_copies: int = 1
+    """Full contexts of KV reserved: a served engine's slots when each owns its own cache."""
     overhead_factor: float = ENGINE_OVERHEAD_FACTOR
 
     @property
@@ -94,9 +97,15 @@ class Footprint:
         """'weights 1.20 GB x 1.15 + KV 0.30 GB (8192 tokens) + floor 0.54 GB = 2.22 GB'."""
         return (
             f"weights {format_gb(self.weights_bytes)} x {self.overhead_factor:.2f} "
-            f"+ KV {format_gb(self.kv_bytes)} ({self.context_tokens} tokens) "
+            f"+ KV {format_gb(self.kv_bytes)} ({self._kv_shape()}) "
             f"+ floor {format_gb(self.floor_bytes)} = {format_gb(self.total_bytes)}"
         )
+
+
+    def _kv_shape(self) -> str:
+        if self.kv_copies == 1:
+            return f"{self.context_tokens} tokens"
+        return f"{self.context_tokens} tokens x {self.kv_copies} slots"
 
 
 def format_gb(size_bytes: int) -> str:
@@ -150,9 +159,15 @@ ShardShare = int | range | Fraction
 counting global layers first), or a `Fraction` of every layer (a tensor rank, 1/world)."""
 
 
-def shard_footprint(card: ModelCard, share: ShardShare, context_tokens: int | None = None) -> Footprint:
+def shard_footprint(
+    card: ModelCard, share: ShardShare, context_tokens: int | None = None, kv_copies: int = 1
+) -> Footprint:
     """Admission footprint of one shard: its weight share x ENGINE_OVERHEAD_FACTOR + its KV
-    cache at `context_tokens` (default: the admission context) + FLAT_FLOOR_BYTES."""
+    cache at `context_tokens` (default: the admission context) times `kv_copies` (a served
+    engine's slots, each with its own cache: `skulk.shared.slots.kv_copies`) +
+    FLAT_FLOOR_BYTES."""
+    if kv_copies < 1:
+        raise ValueError(f"kv_copies {kv_copies} < 1")
     tokens = admission_context_tokens(card) if context_tokens is None else context_tokens
     if isinstance(share, range):
         if not 0 <= share.start < share.stop <= card.num_layers or share.step != 1:
@@ -171,12 +186,15 @@ def shard_footprint(card: ModelCard, share: ShardShare, context_tokens: int | No
         kv = _ceil(kv_cache_bytes(card, tokens) * share)
     else:
         raise TypeError(f"share must be a layer range, a layer count or a Fraction, not {type(share).__name__}")
-    return Footprint(weights_bytes=_ceil(card.storage_size_bytes * weights), kv_bytes=kv, context_tokens=tokens)
+    return Footprint(weights_bytes=_ceil(card.storage_size_bytes * weights), kv_bytes=kv * kv_copies,
+                     context_tokens=tokens, kv_copies=kv_copies)
 
 
-def shard_footprint_bytes(card: ModelCard, share: ShardShare, context_tokens: int | None = None) -> int:
+def shard_footprint_bytes(
+    card: ModelCard, share: ShardShare, context_tokens: int | None = None, kv_copies: int = 1
+) -> int:
     """`shard_footprint(...).total_bytes`."""
-    return shard_footprint(card, share, context_tokens).total_bytes
+    return shard_footprint(card, share, context_tokens, kv_copies).total_bytes
 
 
 def _kv_upper_bound(card: ModelCard, layer_count: int, tokens: int) -> int:
@@ -198,10 +216,11 @@ def assignment_share(card: ModelCard, shard: ShardAssignment) -> tuple[range, Fr
 
 
 def assignment_footprint(card: ModelCard, shard: ShardAssignment, context_tokens: int | None = None) -> Footprint:
-    """Admission footprint of a placed shard (at the admission context by default)."""
+    """Admission footprint of a placed shard (at the admission context by default), with KV
+    for every slot stamped on it."""
     tokens = admission_context_tokens(card) if context_tokens is None else context_tokens
     layers, fraction = assignment_share(card, shard)
-    return shard_footprint(card, layers if fraction == 1 else fraction, tokens)
+    return shard_footprint(card, layers if fraction == 1 else fraction, tokens, slot_kv_copies(shard.backend, shard.slots))
 
 
 def instance_node_footprints(card: ModelCard, instance: Instance) -> dict[NodeId, int]:
@@ -292,8 +311,9 @@ def _node_costs(card: ModelCard, shards: Sequence[ShardAssignment]) -> tuple[int
         footprint = assignment_footprint(card, shard, context_tokens=0)
         fixed += footprint.weights_with_overhead_bytes + footprint.floor_bytes
         g, w = _kv_rates(card, layers)
-        global_rate += g * fraction
-        windowed_rate += w * fraction
+        copies = slot_kv_copies(shard.backend, shard.slots)  # every slot's cache grows per token
+        global_rate += g * fraction * copies
+        windowed_rate += w * fraction * copies
     return fixed, global_rate, windowed_rate
 
 

@@ -41,11 +41,10 @@ def llama_servers_under(pid: int) -> list[psutil.Process]:
 @pytest_asyncio.fixture
 async def served_runner(tiny_gguf, monkeypatch):  # noqa: F811
     monkeypatch.setenv("SKULK_LLAMA_SERVER_BIN", str(require_llama_server()))
-    monkeypatch.setenv("SKULK_LLAMA_SERVER_PARALLEL", "4")
     card = tiny_gguf_card()
     reports = Reports()
     supervisor = RunnerSupervisor(
-        instance=tiny_instance(card, context_token_limit=512, backend="llama_server-cpu"),
+        instance=tiny_instance(card, context_token_limit=512, backend="llama_server-cpu", slots=4),
         runner_id=RUNNER, card=card, model_path=str(tiny_gguf), on_report=reports, n_threads=2,
     )
     await supervisor.start()

@@ -31,6 +31,13 @@ class ShardAssignment(WireModel):
     start_layer: NonNegInt
     end_layer: NonNegInt
     backend: str
+    slots: int = Field(default=1, ge=1, le=256)
+    """Requests this rank's engine decodes at once (a served engine's slots, 1 in-process),
+    stamped by placement after the KV cache for every slot was admitted; the runner launches
+    the server with exactly this many (`skulk.shared.slots`)."""
+    slots_wanted: int | None = Field(default=None, ge=1, le=256)
+    """The node's slot setting when placement had to reduce `slots` to what fits in memory;
+    None when the setting was granted."""
 
     @model_validator(mode="after")
     def _consistent(self) -> ShardAssignment:

@@ -75,6 +75,10 @@ class NodeResources(WireModel):
     zenoh_connected_peers: NonNegInt | None = None
     gpus: list[GpuReading] = Field(default_factory=list)
     """Discrete accelerators with a VRAM reading (empty on CPU-only and Apple nodes)."""
+    engine_slots: dict[str, int] = Field(default_factory=dict)
+    """Served engine -> the node's slot setting (llama_server's SKULK_LLAMA_SERVER_PARALLEL,
+    vllm's SKULK_VLLM_MAX_CONCURRENT_REQUESTS): what placement stamps on a shard, memory
+    permitting. An engine absent here gets its default (`skulk.shared.slots`)."""
 
 
 class DownloadProgress(WireModel):

@@ -6,28 +6,30 @@ from skulk.shared.types.common import Usage
 from skulk.shared.types.tasks import TextGenerationParams
 from skulk.worker.engines.base import GeneratedToken
 from skulk.worker.engines.served.launch import (
-    DEFAULT_SLOTS,
     InvalidSlotCount,
     ServedRequestRejected,
     ServerLaunch,
     completion_body,
+    assigned_slots,
     server_env,
-    slot_count,
     tokens_of_event,
 )
 
 
-@pytest.mark.parametrize(("setting", "slots"), [(None, DEFAULT_SLOTS), ("", DEFAULT_SLOTS), ("8", 8), (" 1 ", 1), ("64", 64)])
-def test_slot_count(setting, slots):
-    assert slot_count(setting) == slots
+@pytest.mark.parametrize(("engine", "slots"), [("llama_server", 1), ("llama_server", 64), ("vllm", 256)])
+def test_assigned_slots_within_the_engine_bound_are_kept(engine, slots):
+    assert assigned_slots(engine, slots) == slots
 
 
-@pytest.mark.parametrize(("setting", "says"), [("0", "outside 1..64"), ("-2", "outside"), ("65", "outside"), ("four", "whole number"), ("2.5", "whole number")])
-def test_bad_slot_setting_is_refused_typed(setting, says):
-    with pytest.raises(InvalidSlotCount, match=says) as caught:
-        slot_count(setting)
+@pytest.mark.parametrize(("engine", "slots", "names"), [
+    ("llama_server", 65, "SKULK_LLAMA_SERVER_PARALLEL allows 1..64"),
+    ("llama_server", 0, "1..64"),
+    ("vllm", 257, "SKULK_VLLM_MAX_CONCURRENT_REQUESTS allows 1..256"),
+])
+def test_assigned_slots_beyond_the_engine_bound_are_refused_typed(engine, slots, names):
+    with pytest.raises(InvalidSlotCount, match=names) as caught:
+        assigned_slots(engine, slots)
     assert caught.value.error_type == "InvalidSlotCount"
-    assert "SKULK_LLAMA_SERVER_PARALLEL" in str(caught.value)
 
 
 def test_argv_sizes_the_cache_per_slot_and_listens_on_loopback():

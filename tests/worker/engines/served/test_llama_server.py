@@ -41,10 +41,10 @@ STREAM_TOKENS = 120
 DEADLINE_S = 120.0
 
 
-def spec_for(gguf) -> ShardSpec:
+def spec_for(gguf, slots: int = SLOTS) -> ShardSpec:
     card = tiny_gguf_card()
     return ShardSpec(
-        instance=tiny_instance(card, context_token_limit=CONTEXT_PER_SLOT, backend="llama_server-cpu"),
+        instance=tiny_instance(card, context_token_limit=CONTEXT_PER_SLOT, backend="llama_server-cpu", slots=slots),
         runner_id=RUNNER, card=card, model_path=str(gguf), n_threads=2,
     )
 
@@ -60,8 +60,10 @@ def _cmdline(process: psutil.Process) -> list[str]:
         return []
 
 
-def engine_env(binary, slots=SLOTS, **extra) -> dict[str, str]:
-    return {"SKULK_LLAMA_SERVER_BIN": str(binary), "SKULK_LLAMA_SERVER_PARALLEL": str(slots), "PATH": "/usr/bin:/bin", **extra}
+def engine_env(binary, **extra) -> dict[str, str]:
+    # The node's slot setting says 2, the assignment says SLOTS: the runner obeys the assignment
+    # (placement admitted KV for that many), never an environment read at load.
+    return {"SKULK_LLAMA_SERVER_BIN": str(binary), "SKULK_LLAMA_SERVER_PARALLEL": "2", "PATH": "/usr/bin:/bin", **extra}
 
 
 @pytest.fixture(scope="module")
@@ -116,8 +118,10 @@ def long_request(max_tokens: int = STREAM_TOKENS) -> TextGenerationParams:
     return prompt_params(LONG_PROMPT, temperature=0, max_tokens=max_tokens)
 
 
-def test_the_dispatcher_width_is_the_slot_count(engine):
+def test_the_dispatcher_width_and_the_server_are_the_assignments_slot_count(engine):
     assert engine.concurrency == SLOTS
+    argv = psutil.Process(engine.server.pid).cmdline()
+    assert argv[argv.index("--parallel") + 1] == str(SLOTS)  # not the environment's "2"
 
 
 def test_eight_streams_all_make_progress_at_once(engine):
@@ -205,20 +209,19 @@ def test_a_forced_tool_call_is_sampled_under_the_grammar(engine):
 # -- starts that fail: typed, explained, nothing left running ---------------------------------
 
 
-def failed_load(tiny_gguf, env, **kwargs) -> ModelLoadFailed:  # noqa: F811
+def failed_load(tiny_gguf, env, slots: int = SLOTS, **kwargs) -> ModelLoadFailed:  # noqa: F811
     before = {p.pid for p in servers_left()}  # the module's serving engine may be up
     engine = LlamaServerEngine(env, **kwargs)
     with pytest.raises(ModelLoadFailed) as caught:
-        engine.load(spec_for(tiny_gguf))
+        engine.load(spec_for(tiny_gguf, slots))
     engine.close()
     assert not [p for p in servers_left() if p.pid not in before and p.status() != psutil.STATUS_ZOMBIE]
     return caught.value
 
 
-@pytest.mark.parametrize("slots", ["0", "-1", "many", "65"])
-def test_a_bad_slot_setting_is_typed_and_starts_nothing(tiny_gguf, slots):  # noqa: F811
-    error = failed_load(tiny_gguf, engine_env(require_llama_server(), slots=slots))
-    assert isinstance(error, InvalidSlotCount) and "SKULK_LLAMA_SERVER_PARALLEL" in str(error)
+def test_an_assignment_beyond_the_slot_bound_is_typed_and_starts_nothing(tiny_gguf):  # noqa: F811
+    error = failed_load(tiny_gguf, engine_env(require_llama_server()), slots=65)
+    assert isinstance(error, InvalidSlotCount) and "SKULK_LLAMA_SERVER_PARALLEL allows 1..64" in str(error)
 
 
 def test_a_missing_binary_is_typed(tiny_gguf, tmp_path):  # noqa: F811

@@ -13,29 +13,15 @@ from skulk.shared.types.common import Usage
 from skulk.shared.types.ids import ModelId
 from skulk.shared.types.tasks import TextGenerationParams
 from skulk.worker.engines.base import GeneratedToken
-from skulk.worker.engines.served.launch import InvalidSlotCount
 from skulk.worker.engines.served.vllm import (
-    DEFAULT_SEQS,
     ProcessView,
     VllmEngine,
     VllmUnavailable,
-    max_seqs,
     orphaned_engine_cores,
     refusal,
     tokens_of_chunk,
     vllm_argv,
 )
-
-
-@pytest.mark.parametrize(("setting", "seqs"), [(None, DEFAULT_SEQS), ("32", 32), ("1", 1)])
-def test_max_seqs(setting, seqs):
-    assert max_seqs(setting) == seqs
-
-
-@pytest.mark.parametrize("setting", ["0", "x", "1000"])
-def test_bad_max_seqs_is_typed(setting):
-    with pytest.raises(InvalidSlotCount):
-        max_seqs(setting)
 
 
 def test_argv_caps_the_context_and_listens_on_loopback():
@@ -103,10 +89,11 @@ def test_vllm_streams_concurrently_on_a_gpu():
     from skulk.worker.engines.base import ShardSpec
 
     card = tiny_gguf_card()
-    instance = tiny_instance(card, backend="vllm-cuda", context_token_limit=1024)
+    instance = tiny_instance(card, backend="vllm-cuda", context_token_limit=1024, slots=4)
     engine = VllmEngine()
     engine.load(ShardSpec(instance=instance, runner_id=instance.shards[0].runner_id, card=card, model_path=model))
     try:
+        assert engine.concurrency == 4  # the stamped slots are its --max-num-seqs
         engine.warm_up()
         results: dict[int, list[GeneratedToken]] = {}
         threads = [threading.Thread(target=lambda i=i: results.__setitem__(

@@ -3,7 +3,8 @@ request body, and which tokens a stream event carries.
 
 Kept apart from the process and HTTP shell so every rule is a table test: a slot setting
 that is not a positive integer within bounds is refused (`InvalidSlotCount`), never
-clamped; a request field the server cannot honour is refused, never dropped.
+clamped; a request field the server cannot honour is refused, never dropped. The slot count itself
+is a placement fact (`skulk.shared.slots`): the runner launches with the assignment's.
 """
 
 from __future__ import annotations
@@ -13,22 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from skulk.shared.slots import MAX_SLOTS, SLOT_SETTING_ENV
 from skulk.shared.types.chunks import TopLogprob
 from skulk.shared.types.common import FinishReason, Usage
 from skulk.shared.types.tasks import TextGenerationParams
 from skulk.worker.engines.base import EngineError, GeneratedToken, ModelLoadFailed, usage_of
 from skulk.worker.engines.llama_cpp import DEFAULT_MIN_P, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, ScoredToken
-
-SLOTS_ENV = "SKULK_LLAMA_SERVER_PARALLEL"
-"""Node setting: how many requests one llama-server instance decodes at once (its slots)."""
-
-DEFAULT_SLOTS = 4
-"""Slots when nothing is configured: four clients decode together, and a small model's
-KV cache for 4 x its context still fits beside the weights on any node we admit it to."""
-
-MAX_SLOTS = 64
-"""Above this the per-request context becomes too small to be useful and the dispatcher's
-thread count grows past reason; a larger setting is refused as a typo."""
 
 MAX_TOP_LOGPROBS = 20
 """OpenAI's own bound on top_logprobs; llama-server's n_probs is capped the same way."""
@@ -51,20 +42,15 @@ class ServedRequestRejected(EngineError):
     error_type = "InvalidRequest"
 
 
-def slot_count(setting: str | None) -> int:
-    """The slot count from the node setting (SKULK_LLAMA_SERVER_PARALLEL), or the default."""
-    if setting is None or not setting.strip():
-        return DEFAULT_SLOTS
-    try:
-        value = int(setting.strip())
-    except ValueError:
+def assigned_slots(engine: str, slots: int) -> int:
+    """The slot count placement stamped on the shard, checked against the engine's bound
+    (a hand-made or foreign assignment could exceed it): refused, never clamped."""
+    bound = MAX_SLOTS[engine]
+    if not 1 <= slots <= bound:
         raise InvalidSlotCount(
-            f"{SLOTS_ENV}={setting!r} is not a whole number; set it to the number of requests one "
-            f"llama-server decodes at once (1..{MAX_SLOTS})"
-        ) from None
-    if not 1 <= value <= MAX_SLOTS:
-        raise InvalidSlotCount(f"{SLOTS_ENV}={value} is outside 1..{MAX_SLOTS}")
-    return value
+            f"the shard assignment asks {engine} for {slots} slots; {SLOT_SETTING_ENV[engine]} allows 1..{bound}"
+        )
+    return slots
 
 
 @dataclass(frozen=True)
@@ -191,17 +177,14 @@ def tokens_of_event(event: Mapping[str, Any], want_logprobs: bool, top: int) -> 
 
 
 __all__ = [
-    "DEFAULT_SLOTS",
     "FINISH_OF_STOP_TYPE",
     "HOST",
-    "MAX_SLOTS",
     "MAX_TOP_LOGPROBS",
-    "SLOTS_ENV",
     "InvalidSlotCount",
     "ServedRequestRejected",
     "ServerLaunch",
+    "assigned_slots",
     "completion_body",
     "server_env",
-    "slot_count",
     "tokens_of_event",
 ]

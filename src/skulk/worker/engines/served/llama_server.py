@@ -1,6 +1,7 @@
 """The `llama_server` engine: one GGUF served by a llama-server process this runner owns.
 
-`load` starts llama-server on a free loopback port with `--parallel N` slots and continuous
+`load` starts llama-server on a free loopback port with `--parallel N` slots (N stamped on
+the shard assignment by placement, which admitted KV for every slot) and continuous
 batching and waits for /health; the engine's width is N, so the runner's dispatcher hands it
 N requests at once and llama-server decodes them in one batch. Each request's prompt is
 rendered and tokenized here, by the in-process engine's prompt machinery on the GGUF's
@@ -10,7 +11,9 @@ Then it streams /completion: text, token ids, usage, the stop reason, logprobs o
 penalties and logit bias, and one GBNF grammar for a forced tool call or a response format
 (the grammar the in-process engine uses). A per-request context (`context_tokens`, Ollama's
 `num_ctx`) is enforced here too.
-Cancelling a request closes its HTTP stream, which frees the slot in the server.
+Cancelling a request closes its HTTP stream, which frees the slot in the server. Token
+streams go over `sse.LoopbackStreams` (plain keep-alive sockets, half httpx's per-event
+CPU); the rest (health, warm-up) over httpx.
 
 Embeddings are not served: llama-server computes them only in an embeddings-only mode, so
 an embedding request gets the dispatcher's typed `EmbeddingsUnsupported`.
@@ -37,6 +40,7 @@ from skulk.shared.types.tasks import TextGenerationParams
 from skulk.worker.engines.base import (
     EngineBroken,
     EngineError,
+    EngineNotLoaded,
     GeneratedToken,
     ModelLoadFailed,
     PromptTooLong,
@@ -53,13 +57,14 @@ from skulk.worker.engines.llama_cpp import (
 )
 from skulk.worker.engines.prefix_cache import cold_budget_bytes
 from skulk.worker.engines.served.launch import (
-    SLOTS_ENV,
+    HOST,
     ServerLaunch,
+    assigned_slots,
     completion_body,
     server_env,
-    slot_count,
     tokens_of_event,
 )
+from skulk.worker.engines.served.sse import TRANSPORT_ERRORS, LoopbackStreams
 from skulk.worker.engines.served.process import (
     ServedEngineShell,
     ServerPortTaken,
@@ -89,6 +94,13 @@ class LlamaServerEngine(ServedEngineShell):
         self._slots = 1
         self._tokenizer = LlamaCppEngine()
         self._context_tokens = 0
+        self._streams: LoopbackStreams | None = None
+
+    def close(self) -> None:
+        streams, self._streams = self._streams, None
+        if streams is not None:
+            streams.close()
+        super().close()
 
     # -- protocol -------------------------------------------------------------------------
 
@@ -118,7 +130,7 @@ class LlamaServerEngine(ServedEngineShell):
             raise ModelLoadFailed("the llama_server engine serves single-node instances only")
         if not Path(spec.model_path).is_file():
             raise ModelLoadFailed(f"GGUF file not found: {spec.model_path}")
-        slots = slot_count(self._env.get(SLOTS_ENV))  # a bad setting fails before anything starts
+        slots = assigned_slots("llama_server", shard.slots)  # placement admitted KV for this many
         self._context_tokens = min(spec.instance.context_token_limit, spec.card.context_length)
         self._tokenizer.load_tokenizer(spec.model_path, self._context_tokens)
         binary = self._env.get(ENGINE_BINARY_ENV["llama_server"], "").strip()
@@ -139,6 +151,7 @@ class LlamaServerEngine(ServedEngineShell):
         )
         self._server = self._start(launch)
         self._slots = slots
+        self._streams = LoopbackStreams(HOST, self._server.port, CONNECT_TIMEOUT_S, READ_TIMEOUT_S, max_idle=slots)
         self._client = httpx.Client(
             base_url=self._server.base_url,
             timeout=httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
@@ -168,8 +181,8 @@ class LlamaServerEngine(ServedEngineShell):
             raise ModelLoadFailed(f"llama-server warm-up failed ({response.status_code}): {response.text[:500]}")
 
     def generate(self, request: TextGenerationParams, cancelled: threading.Event) -> Iterator[GeneratedToken]:
-        client = self._require_loaded()
-        yield from self._counted(self._generate(client, request, cancelled))
+        self._require_loaded()
+        yield from self._counted(self._generate(request, cancelled))
 
     # -- internals ----------------------------------------------------------------------
 
@@ -182,7 +195,7 @@ class LlamaServerEngine(ServedEngineShell):
         return self._tokenizer.prompt_tokens(request, cancelled)
 
     def _generate(
-        self, client: httpx.Client, request: TextGenerationParams, cancelled: threading.Event
+        self, request: TextGenerationParams, cancelled: threading.Event
     ) -> Iterator[GeneratedToken]:
         try:
             grammar = request_grammar(request.tools, request.tool_choice, request.response_format)
@@ -196,21 +209,26 @@ class LlamaServerEngine(ServedEngineShell):
         top = request.top_logprobs or 0
         if request.prompt is None and grammar is None and opens_reasoning(text):
             yield GeneratedToken(THINK_OPEN)  # the template opened the think block itself
+        streams = self._streams
+        if streams is None:
+            raise EngineNotLoaded("no model is loaded")
         try:
-            with client.stream("POST", "/completion", json=body) as response:
-                if response.status_code != 200:
-                    raise _server_error(response.status_code, response.read().decode("utf-8", "replace"))
-                for line in response.iter_lines():
+            # The token stream goes over the lean loopback transport (`sse`), not httpx: its
+            # per-event cost is taken from the server's own CPU at high concurrency.
+            with streams.post("/completion", json.dumps(body).encode()) as response:
+                if response.status != 200:
+                    raise _server_error(response.status, response.read().decode("utf-8", "replace"))
+                for line in response.lines():
                     if cancelled.is_set():
-                        return  # leaving the block closes the stream: the server frees the slot
-                    event = _event_of(line)
+                        return  # leaving the block closes the socket: the server frees the slot
+                    event = _event_of(line.decode("utf-8"))
                     if event is None:
                         continue
                     for token in tokens_of_event(event, request.logprobs, top):
                         yield token
                         if token.finish_reason is not None:
                             return
-        except httpx.HTTPError as exc:
+        except TRANSPORT_ERRORS as exc:
             raise self._transport_failure(exc) from exc
         if not cancelled.is_set():
             raise EngineError("llama-server ended the stream without a final event")
@@ -221,7 +239,7 @@ class LlamaServerEngine(ServedEngineShell):
         except httpx.HTTPError as exc:
             raise self._transport_failure(exc) from exc
 
-    def _transport_failure(self, exc: httpx.HTTPError) -> EngineError:
+    def _transport_failure(self, exc: BaseException) -> EngineError:
         server = self._server
         if server is not None and not server.alive():
             return EngineBroken(f"llama-server (pid {server.pid}) died: {server.log_tail()[-500:]}")

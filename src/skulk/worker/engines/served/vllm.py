@@ -2,7 +2,8 @@
 
 The same served path as llama-server (`process.ServerProcess`: loopback port, process
 group, death with the runner, health deadline), with vLLM's launcher: `--max-num-seqs N`
-concurrent sequences (SKULK_VLLM_MAX_CONCURRENT_REQUESTS), the context capped at
+concurrent sequences (the shard's stamped slots: the node's
+SKULK_VLLM_MAX_CONCURRENT_REQUESTS; vLLM pages one KV pool, so slots cost no KV), the context capped at
 `VLLM_CONTEXT_CAP_TOKENS` (vLLM commits its whole window at start). vLLM forks engine-core
 processes; teardown kills the whole group, and `load` first sweeps engine cores orphaned by
 an earlier runner that died before its teardown (they hold GPU memory until killed).
@@ -38,13 +39,11 @@ from skulk.worker.engines.base import (
     chat_message_dict,
     usage_of,
 )
-from skulk.worker.engines.served.launch import HOST, MAX_SLOTS, InvalidSlotCount, ServedRequestRejected, server_env
+from skulk.worker.engines.served.launch import HOST, ServedRequestRejected, assigned_slots, server_env
 from skulk.worker.engines.served.process import ServedEngineShell, ServerProcess, free_loopback_port
 
 log = logging.getLogger(__name__)
 
-SEQS_ENV = "SKULK_VLLM_MAX_CONCURRENT_REQUESTS"
-DEFAULT_SEQS = 16
 ENGINE_CORE_NAMES: tuple[str, ...] = ("VLLM::EngineCore", "VLLM::EngineCore_0")
 """Process titles vLLM gives its engine-core children."""
 SERVED_NAME = "skulk"
@@ -55,18 +54,6 @@ FINISH_REASONS = {"stop": "stop", "length": "length"}
 
 class VllmUnavailable(ModelLoadFailed):
     error_type = "EngineUnavailable"
-
-
-def max_seqs(setting: str | None) -> int:
-    if setting is None or not setting.strip():
-        return DEFAULT_SEQS
-    try:
-        value = int(setting.strip())
-    except ValueError:
-        raise InvalidSlotCount(f"{SEQS_ENV}={setting!r} is not a whole number (1..{MAX_SLOTS * 4})") from None
-    if not 1 <= value <= MAX_SLOTS * 4:
-        raise InvalidSlotCount(f"{SEQS_ENV}={value} is outside 1..{MAX_SLOTS * 4}")
-    return value
 
 
 def vllm_argv(binary: str, model: str, port: int, seqs: int, context_tokens: int) -> list[str]:
@@ -157,7 +144,7 @@ class VllmEngine(ServedEngineShell):
     def load(self, spec: ShardSpec) -> None:
         if backend_engine(spec.shard.backend) != "vllm":
             raise ModelLoadFailed(f"shard backend {spec.shard.backend!r} is not a vllm backend")
-        seqs = max_seqs(self._env.get(SEQS_ENV))
+        seqs = assigned_slots("vllm", spec.shard.slots)  # placement stamps the node's setting
         binary = self._env.get(ENGINE_BINARY_ENV["vllm"], "").strip()
         if not binary:
             raise VllmUnavailable(f"no vLLM: set {ENGINE_BINARY_ENV['vllm']} to the `vllm` executable of its venv")
@@ -230,12 +217,9 @@ class VllmEngine(ServedEngineShell):
 
 
 __all__ = [
-    "DEFAULT_SEQS",
-    "SEQS_ENV",
     "ProcessView",
     "VllmEngine",
     "VllmUnavailable",
-    "max_seqs",
     "orphaned_engine_cores",
     "refusal",
     "tokens_of_chunk",
