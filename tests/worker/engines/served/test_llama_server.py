@@ -282,11 +282,11 @@ def test_interleaved_conversations_come_back_from_the_host_ram_prompt_cache(tiny
     # llama-server's host-RAM prompt cache (sized by the cold budget). The answers are
     # those of a server without that cache.
     binary = require_llama_server()
-    cached = LlamaServerEngine(engine_env(binary, slots=1, SKULK_KV_COLD_BUDGET_MB="64"))
-    plain = LlamaServerEngine(engine_env(binary, slots=1, SKULK_KV_COLD_BUDGET_MB="0"))
+    cached = LlamaServerEngine(engine_env(binary, SKULK_KV_COLD_BUDGET_MB="64"))
+    plain = LlamaServerEngine(engine_env(binary, SKULK_KV_COLD_BUDGET_MB="0"))
     try:
-        cached.load(spec_for(tiny_gguf))
-        plain.load(spec_for(tiny_gguf))
+        cached.load(spec_for(tiny_gguf, slots=1))
+        plain.load(spec_for(tiny_gguf, slots=1))
         assert "--cache-ram" in _cmdline(psutil.Process(cached.server.pid))
         openers = ["Tell me about the sea and its ships.", "How do tomatoes grow in a garden?",
                    "Explain a steam engine."]
