@@ -29,13 +29,13 @@ ASK = [{"role": "user", "content": "Who?"}]
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
 
 
-def served_by(backend: str) -> State:
+def served_by(backend: str, world: int = 1, sharding: str = "Pipeline") -> State:
     instance = Instance(
-        instance_id="i1", model_id=MODEL, sharding="Pipeline", context_token_limit=2048,
-        shards=[ShardAssignment(node_id="n1", runner_id="r1", rank=0, world_size=1, start_layer=0, end_layer=6,
-                                backend=backend)],
+        instance_id="i1", model_id=MODEL, sharding=sharding, context_token_limit=2048,
+        shards=[ShardAssignment(node_id=f"n{r}", runner_id=f"r{r}", rank=r, world_size=world, start_layer=r * 3,
+                                end_layer=r * 3 + 3 if world > 1 else 6, backend=backend) for r in range(world)],
     )
-    return State(instances={"i1": instance}, runners={"r1": RunnerStatus(state="Ready")})
+    return State(instances={"i1": instance}, runners={f"r{r}": RunnerStatus(state="Ready") for r in range(world)})
 
 
 # -- reading each wire format's spelling ---------------------------------------------------
@@ -139,8 +139,24 @@ async def test_a_feature_the_engine_lacks_is_refused_naming_feature_and_engine(e
         assert not sent
 
 
+@pytest.mark.parametrize(("sharding", "refused"), [("Pipeline", True), ("Tensor", False)])
+async def test_an_mlx_pipeline_refuses_what_its_last_rank_cannot_sample(sharding, refused):
+    """A pipeline's last rank samples without the tokenizer or the prompt; a tensor group's
+    rank 0 computes the logits, so it shapes them as one rank does."""
+    app, cluster = scripted_app(["x"], state=served_by("mlx-cpu", world=2, sharding=sharding))
+    async with asgi_http(app) as http:
+        reply = await http.post("/v1/chat/completions", json={"model": MODEL, "messages": ASK, "logprobs": True})
+    if refused:
+        assert reply.status_code == 400, reply.text
+        error = reply.json()["error"]
+        assert error["code"] == "unsupported_feature" and error["param"] == "logprobs"
+        assert "the mlx (pipeline over 2 nodes) engine" in error["message"] and not cluster.commands
+    else:
+        assert reply.status_code == 200, reply.text
+
+
 async def test_ollama_refusals_name_ollamas_parameter():
-    app, _ = scripted_app(["{}"], state=served_by("mlx-cpu"))
+    app, _ = scripted_app(["{}"], state=served_by("vllm-cpu"))
     with pytest.raises(ollama.ResponseError) as caught:
         await ollama_sdk(app).chat(model=MODEL, messages=ASK, format="json", stream=False)
     assert caught.value.status_code == 400

@@ -40,7 +40,7 @@ from skulk.shared.types.chunks import EmbeddingChunk, TokenChunk
 from skulk.shared.types.commands import CancelCommand, Command, Embed, GenerateText, TaskFinished
 from skulk.shared.types.cards import backend_engine
 from skulk.shared.types.common import Usage
-from skulk.shared.types.engines import Feature, missing_features, traits_of
+from skulk.shared.types.engines import Feature, is_pipelined, missing_features, traits_of
 from skulk.shared.types.ids import new_id
 from skulk.shared.types.instances import Instance
 from skulk.shared.types.task_inputs import TaskInput, redacted_embedding_params, redacted_generation_params
@@ -289,8 +289,11 @@ def check_features(instance: Instance, params: TextGenerationParams,
     `instance` does not honour (the engine traits table); `param_names` maps internal
     parameter names to the caller's (Ollama's `format` for `response_format`, say)."""
     engine = backend_engine(instance.shards[0].backend)
-    for feature, param in missing_features(engine, params):
-        raise FeatureUnsupported(feature.value, engine, params.model_id, param=(param_names or {}).get(param, param))
+    pipelined = is_pipelined(instance.sharding, len(instance.shards))
+    for feature, param in missing_features(engine, params, pipelined=pipelined):
+        raise FeatureUnsupported(feature.value, engine if not pipelined else f"{engine} (pipeline over "
+                                 f"{len(instance.shards)} nodes)", params.model_id,
+                                 param=(param_names or {}).get(param, param))
 
 
 def bind_instance(context: Any, params: TextGenerationParams, *, max_tokens_param: str = "max_tokens",

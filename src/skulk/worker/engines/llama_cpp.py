@@ -22,7 +22,7 @@ import os
 import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,13 @@ from skulk.worker.engines.base import (
     Utf8StreamDecoder,
     chat_message_dict,
     usage_of,
+)
+from skulk.worker.engines.logits import (
+    GrammarRejected,
+    InvalidTokens,
+    ScoredToken,
+    check_bias_ids,
+    log_softmax_at,
 )
 from skulk.worker.engines.prompt_pieces import (
     PromptCancelled,
@@ -90,35 +97,11 @@ def opens_reasoning(rendered_prompt: str) -> bool:
     return rendered_prompt.rstrip().endswith(THINK_OPEN)
 
 
-@dataclass(frozen=True, slots=True)
-class ScoredToken(GeneratedToken):
-    """A sampled token with its log-probability under the model (before temperature and
-    truncation, as OpenAI reports it) and, when asked for, the most likely alternatives.
-    Only produced for requests with `logprobs`; the runner copies the two fields onto the
-    TokenChunk."""
-
-    logprob: float | None = None
-    top_logprobs: list[TopLogprob] | None = None
-
-
 class EmbeddingFailed(EngineError):
     error_type = "EmbeddingFailed"
 
 
 class InvalidDimensions(EngineError):
-    error_type = "InvalidRequest"
-
-
-class InvalidTokens(EngineError):
-    """A token-array embedding input holds an id outside this model's vocabulary."""
-
-    error_type = "InvalidRequest"
-
-
-class GrammarRejected(EngineError):
-    """The tool-call grammar could not be built or parsed by llama.cpp. The API compiles
-    the same grammar before dispatch, so this is a guard, not the caller's usual 400."""
-
     error_type = "InvalidRequest"
 
 
@@ -130,30 +113,13 @@ def check_token_ids(tokens: Sequence[int], n_vocab: int, index: int) -> None:
                                 f"(0..{n_vocab - 1})")
 
 
-def log_softmax_at(logits: np.ndarray, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:
-    """log p(token) under softmax(logits), and the `top` most likely (id, logprob), best
-    first. One pass of exp over the vocabulary; argpartition keeps top-k linear."""
-    peak = float(logits.max())
-    log_z = peak + float(np.log(np.exp(logits - peak, dtype=np.float64).sum()))
-    chosen = float(logits[token]) - log_z
-    if top <= 0:
-        return chosen, []
-    k = min(top, logits.shape[0])
-    ids = np.argpartition(logits, -k)[-k:]
-    ids = ids[np.argsort(-logits[ids], kind="stable")]
-    return chosen, [(int(i), float(logits[i]) - log_z) for i in ids]
-
-
 def logit_bias_processor(bias: dict[int, float], n_vocab: int) -> list[Callable[[Any, np.ndarray], np.ndarray]] | None:
     """llama-cpp-python logits processors adding `bias` (token id -> logit offset, as
     OpenAI's `logit_bias`), or None without a bias (the sampler chain stays native). Ids
     outside the vocabulary are refused: a bias that lands nowhere is a silent no-op."""
     if not bias:
         return None
-    for token in bias:
-        if not 0 <= token < n_vocab:
-            raise InvalidTokens(f"logit_bias names token id {token}, outside this model's vocabulary "
-                                f"(0..{n_vocab - 1})")
+    check_bias_ids(bias, n_vocab)
     ids = np.fromiter(bias.keys(), dtype=np.intp, count=len(bias))
     offsets = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
 

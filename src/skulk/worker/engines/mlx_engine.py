@@ -41,10 +41,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from skulk.shared.types.cards import backend_engine
+from skulk.shared.types.chunks import TopLogprob
 from skulk.shared.types.tasks import TextGenerationParams
 from skulk.worker.engines.base import (
     EngineBroken,
@@ -59,6 +61,7 @@ from skulk.worker.engines.base import (
     Utf8StreamDecoder,
     usage_of,
 )
+from skulk.worker.engines.logits import GrammarMatcher, ScoredToken, llguidance_tokenizer
 from skulk.worker.engines.mlx_batch import BatchLoop, BatchSequence, batch_width
 from skulk.worker.engines.mlx_family import family_of
 from skulk.worker.engines.mlx_group import (
@@ -86,7 +89,13 @@ from skulk.worker.engines.mlx_pipeline import (
     last_logits,
     stage_role,
 )
-from skulk.worker.engines.mlx_sampling import Sampler, SamplingParams, resolve_sampling
+from skulk.worker.engines.mlx_sampling import (
+    Sampler,
+    SamplingParams,
+    TokenChooser,
+    resolve_sampling,
+    shaping_of,
+)
 from skulk.worker.engines.mlx_tensor import shard_layers
 from skulk.worker.engines.mlx_text import prompt_tokens, special_tokens, token_bytes_table
 from skulk.worker.engines.prompt_pieces import PromptCancelled, PromptOverContext
@@ -136,6 +145,11 @@ class MlxEngine:
         self._in_flight = 0
         self._cache: list[Any] = []
         self._sampler: Sampler | None = None
+        self._chooser: TokenChooser | None = None
+        """Rank 0's shaped sampler for the request in flight (lockstep path), if it asked
+        for logprobs, bias, penalties or a grammar."""
+        self._vocab_size = 0
+        self._grammar_tokenizer: Any = None
         self._follower: threading.Thread | None = None
         self._closed = False
         self._width = 1
@@ -211,6 +225,7 @@ class MlxEngine:
         mx.eval(stage.parameters())
         self._stage = stage
         self._hidden_size = int(config["hidden_size"])
+        self._vocab_size = int(config.get("vocab_size") or 0)
         self._activation_dtype = _activation_dtype(stage)
         self._n_ctx = min(spec.instance.context_token_limit, spec.card.context_length)
         self._model_id = str(spec.card.model_id)
@@ -286,8 +301,16 @@ class MlxEngine:
 
     def _prepare(
         self, request: TextGenerationParams, cancelled: threading.Event | None = None
-    ) -> tuple[list[int], int, SamplingParams]:
-        """Prompt ids, the most tokens this request may generate, and its sampling."""
+    ) -> tuple[list[int], int, SamplingParams, TokenChooser | None]:
+        """Prompt ids, the most tokens this request may generate, its sampling, and the
+        shaped sampler when it asks for more than plain sampling (checked first: a bad
+        logit_bias id or grammar fails before the prompt is tokenized)."""
+        stage = self._require_loaded()
+        shaping = shaping_of(request)
+        if not shaping.idle and not stage.role.computes_logits:
+            # Only a pipeline group gets here (the traits table refuses it at the API).
+            raise EngineError("logprobs, logit bias, penalties and grammars need rank 0 to compute the logits; "
+                              "this pipeline group samples on its last rank")
         prompt = self.prompt_tokens(request, cancelled)
         n_ctx = min(self._n_ctx, request.context_tokens or self._n_ctx)
         if len(prompt) >= n_ctx:
@@ -295,13 +318,24 @@ class MlxEngine:
         room = n_ctx - len(prompt)
         max_new = min(request.max_tokens, room) if request.max_tokens is not None else room
         params = resolve_sampling(request.temperature, request.top_p, request.top_k, request.seed, secrets.randbits(31))
-        return prompt, max_new, params
+        vocab = self._vocab_size or len(self._token_bytes)
+        chooser = None if shaping.idle else TokenChooser(Sampler(params), shaping, vocab, self._grammar_matcher)
+        return prompt, max_new, params, chooser
+
+    def _grammar_matcher(self, gbnf: str) -> GrammarMatcher:
+        """A constrained-decoding matcher for `gbnf`; llguidance's tokenizer is built on
+        the first grammar request and kept for the model's lifetime."""
+        if self._grammar_tokenizer is None:
+            hf = getattr(self._tokenizer, "_tokenizer", self._tokenizer)
+            self._grammar_tokenizer = llguidance_tokenizer(hf, sorted(self._eos))
+        return GrammarMatcher(self._grammar_tokenizer, gbnf)
 
     def _lead(self, request: TextGenerationParams, cancelled: threading.Event) -> Iterator[GeneratedToken]:
         try:
-            prompt, max_new, params = self._prepare(request, cancelled)
+            prompt, max_new, params, chooser = self._prepare(request, cancelled)
         except PromptCancelled:
             return  # the caller went away while the prompt was tokenized
+        self._chooser = chooser
         self._command(Header(OP_BEGIN, seed=params.seed, temperature=params.temperature,
                              top_p=params.top_p, top_k=params.top_k))
         state = {"last": None}
@@ -314,8 +348,9 @@ class MlxEngine:
             return state["last"]
 
         try:
-            yield from self._text(request, len(prompt), max_new, next_token, cancelled)
+            yield from self._text(request, len(prompt), max_new, next_token, cancelled, chooser)
         finally:
+            self._chooser = None
             # Finished, cancelled, or the client went away: the followers drop the request
             # too. A broken group has nobody left to tell (and the runner is about to exit).
             if self._broken is None:
@@ -323,11 +358,11 @@ class MlxEngine:
 
     def _batched(self, request: TextGenerationParams, cancelled: threading.Event) -> Iterator[GeneratedToken]:
         try:
-            prompt, max_new, params = self._prepare(request, cancelled)
+            prompt, max_new, params, chooser = self._prepare(request, cancelled)
         except PromptCancelled:
             return  # the caller went away while the prompt was tokenized
         assert self._batch is not None
-        sequence = self._batch.submit(BatchSequence(prompt, max_new, Sampler(params)))
+        sequence = self._batch.submit(BatchSequence(prompt, max_new, chooser or Sampler(params)))
         stall_s = seconds_from_env(os.environ, EVAL_TIMEOUT_ENV, EVAL_TIMEOUT_S)
 
         def next_token() -> int:
@@ -348,15 +383,32 @@ class MlxEngine:
         with self._count_lock:
             self._in_flight += 1
         try:
-            yield from self._text(request, len(prompt), max_new, next_token, cancelled)
+            yield from self._text(request, len(prompt), max_new, next_token, cancelled, chooser)
         finally:
             self._batch.remove(sequence)
             with self._count_lock:
                 self._in_flight -= 1
 
     def _text(self, request: TextGenerationParams, n_prompt: int, max_new: int, next_token: Callable[[], int],
-              cancelled: threading.Event) -> Iterator[GeneratedToken]:
-        """Tokens to client text: end-of-generation, stop strings, UTF-8, max_tokens, usage."""
+              cancelled: threading.Event, chooser: TokenChooser | None = None) -> Iterator[GeneratedToken]:
+        """Tokens to client text: end-of-generation, stop strings, UTF-8, max_tokens, usage,
+        and each token's logprobs when the request asked."""
+        for out in self._plain_text(request, n_prompt, max_new, next_token, cancelled):
+            scores = chooser.pop_scores() if chooser is not None else None
+            if scores is None or out.token_id is None:
+                yield out
+                continue
+            chosen, best = scores
+            tops = [TopLogprob(token=self._token_text(i), logprob=lp, token_id=i) for i, lp in best]
+            plain = {f.name: getattr(out, f.name) for f in fields(GeneratedToken)}
+            yield ScoredToken(**plain, logprob=chosen, top_logprobs=tops)
+
+    def _token_text(self, token: int) -> str:
+        raw = self._token_bytes[token] if 0 <= token < len(self._token_bytes) else b""
+        return raw.decode("utf-8", errors="replace")
+
+    def _plain_text(self, request: TextGenerationParams, n_prompt: int, max_new: int, next_token: Callable[[], int],
+                    cancelled: threading.Event) -> Iterator[GeneratedToken]:
         decoder = Utf8StreamDecoder()
         stops = StopStringFilter(request.stop)
         completion = 0
@@ -521,8 +573,10 @@ class MlxEngine:
         token: Any = None
         if role.computes_logits and (role.rank == 0 or role.returns_token):
             # Tensor followers skip the head: rank 0's token reaches them in the next header.
-            token = self._sampler(last_logits(stage, hidden))
+            # A shaped request's chooser (rank 0 only) evaluates the logits as it samples.
+            sample = self._chooser if role.rank == 0 and self._chooser is not None else self._sampler
             with self._guard(f"rank {role.rank} sample"):
+                token = sample(last_logits(stage, hidden))
                 mx.eval(token)
             if role.returns_token:
                 with self._collective(f"rank {role.rank} token", 0):
