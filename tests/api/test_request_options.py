@@ -248,6 +248,46 @@ async def test_n_choices_are_separate_generations_with_consecutive_seeds():
     assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (7, 9)
 
 
+async def test_n_choices_stream_interleaved_each_with_its_index_and_finish():
+    app, cluster = scripted_app(["Hel", "lo"], finish="length")
+    stream = await openai_sdk(app).chat.completions.create(model=MODEL, messages=ASK, n=2, seed=3, stream=True,
+                                                           stream_options={"include_usage": True})
+    chunks = [chunk async for chunk in stream]
+    texts: dict[int, str] = {0: "", 1: ""}
+    finishes: dict[int, list[str]] = {0: [], 1: []}
+    for chunk in chunks[:-1]:
+        (choice,) = chunk.choices
+        texts[choice.index] += choice.delta.content or ""
+        if choice.finish_reason is not None:
+            finishes[choice.index].append(choice.finish_reason)
+    assert texts == {0: "Hello", 1: "Hello"} and finishes == {0: ["length"], 1: ["length"]}
+    assert len({chunk.id for chunk in chunks}) == 1  # one response id for the request
+    # The last chunk: no choices, the usage of both (the prompt once, the completions summed).
+    assert chunks[-1].choices == [] and (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (7, 6)
+    assert [p.seed for p in cluster.all_params()] == [3, 4]
+
+
+async def test_streamed_legacy_completions_with_n_and_several_prompts():
+    app, cluster = scripted_app(["Hi"])
+    stream = await openai_sdk(app).completions.create(model=MODEL, prompt=["Say", "Tell"], n=2, stream=True,
+                                                      echo=True)
+    chunks = [chunk async for chunk in stream]
+    texts: dict[int, str] = {}
+    for chunk in chunks[:-1]:
+        (choice,) = chunk.choices
+        texts[choice.index] = texts.get(choice.index, "") + choice.text
+    assert texts == {0: "SayHi", 1: "SayHi", 2: "TellHi", 3: "TellHi"}
+    # Two prompts counted once each, four completions summed.
+    assert chunks[-1].choices == [] and (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (14, 12)
+    assert len([c for c in cluster.commands if isinstance(c, GenerateText)]) == 4
+
+
+async def test_a_streamed_choice_that_fails_before_output_is_an_http_error():
+    app, _ = scripted_app(fail=("PromptTooLong", "the prompt is 9000 tokens, the context 2048"))
+    with pytest.raises(openai.APIStatusError):  # raised by create: an HTTP status, not a 200 then an error event
+        await openai_sdk(app).chat.completions.create(model=MODEL, messages=ASK, n=2, stream=True)
+
+
 async def test_n_on_legacy_completions():
     app, cluster = scripted_app(["Hi"])
     reply = await openai_sdk(app).completions.create(model=MODEL, prompt="Say", n=2)

@@ -82,6 +82,14 @@ def test_mlx_honours_structured_output_tools_logprobs_bias_and_penalties(mlx_nod
                                          logit_bias={str(token_of("}")): 100})
     assert pushed.choices[0].message.content == "}}}}"
 
+    # n=2 streamed: the choices' chunks interleave, each with its index and its own finish.
+    chunks = list(sdk.chat.completions.create(model=MODEL, messages=ASK, n=2, max_tokens=5, temperature=1.0, seed=3,
+                                              stream=True, stream_options={"include_usage": True}))
+    finishes = {c.choices[0].index: c.choices[0].finish_reason for c in chunks if c.choices and
+                c.choices[0].finish_reason}
+    assert finishes == {0: "length", 1: "length"}
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
+
     plain = distinct_tokens(sdk)
     assert distinct_tokens(sdk, frequency_penalty=2.0) > plain
     assert distinct_tokens(sdk, frequency_penalty=-2.0) < plain

@@ -10,7 +10,7 @@ Pure translation only: no streams, commands or cluster here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +26,7 @@ from skulk.api.adapters.openai_chat import (
     MAX_CHOICES,
     _usage,
     choice_count,
+    summed_usage,
     sse_event,
 )
 from skulk.api import request_options
@@ -93,13 +94,10 @@ def prompts(request: CompletionRequest) -> list[str]:
     texts = [prompt] if isinstance(prompt, str) else list(prompt)
     if not texts:
         raise InvalidRequest("'prompt' must hold at least one prompt.", param="prompt")
-    n = choice_count(request.n, bool(request.stream))
+    n = choice_count(request.n)
     if len(texts) * n > MAX_CHOICES:
         raise InvalidRequest(f"{len(texts)} prompts x n={n} is more than {MAX_CHOICES} generations per request.",
                              param="prompt")
-    if len(texts) > 1 and request.stream:
-        raise InvalidRequest("Several prompts are supported without 'stream' only.", param="prompt",
-                             code="unsupported_parameter")
     return texts
 
 
@@ -154,13 +152,14 @@ def completion_id(command_id: str) -> str:
     return f"{COMPLETION_ID_PREFIX}{command_id}"
 
 
-def _body(command_id: str, model: str, created: int, text: str, finish_reason: str | None) -> dict[str, Any]:
+def _body(command_id: str, model: str, created: int, text: str, finish_reason: str | None,
+          index: int = 0) -> dict[str, Any]:
     return {
         "id": completion_id(command_id),
         "object": "text_completion",
         "created": created,
         "model": model,
-        "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}],
+        "choices": [{"text": text, "index": index, "logprobs": None, "finish_reason": finish_reason}],
     }
 
 
@@ -175,6 +174,13 @@ class CompletionStreamEncoder:
     logprobs: bool = False
     echo: str | None = None
     """The prompt, sent first when the request asked for `echo`."""
+    index: int = 0
+    """The choice this encoder's chunks belong to (several prompts, or n > 1)."""
+    one_of_several: bool = False
+    """One of several interleaved choices: its final chunk carries the finish_reason only;
+    `closing` sends the summed usage and `[DONE]` once every choice has finished."""
+    prompts: int = 1
+    """How many prompts the choices answer (their usage counts each prompt once)."""
     _finish_reason: str | None = field(default=None, init=False)
     _usage: Usage | None = field(default=None, init=False)
     _count: int = field(default=0, init=False)
@@ -184,7 +190,7 @@ class CompletionStreamEncoder:
         if not self.echo:
             return []
         self._offset = len(self.echo)
-        return [sse_event(_body(self.command_id, self.model, self.created, self.echo, None))]
+        return [sse_event(_body(self.command_id, self.model, self.created, self.echo, None, self.index))]
 
     def chunk_to_sse(self, chunk: TokenChunk) -> list[str]:
         self._count += 1
@@ -192,15 +198,30 @@ class CompletionStreamEncoder:
         self._usage = chunk.usage or self._usage
         if not chunk.text or chunk.reasoning:
             return []
-        body = _body(self.command_id, self.model, self.created, chunk.text, None)
+        body = _body(self.command_id, self.model, self.created, chunk.text, None, self.index)
         if self.logprobs:
             body["choices"][0]["logprobs"] = legacy_logprobs([chunk], self._offset)
         self._offset += len(chunk.text)
         return [sse_event(body)]
 
+    @property
+    def usage(self) -> Usage:
+        return self._usage or Usage(completion_tokens=self._count, total_tokens=self._count)
+
     def finish(self) -> list[str]:
-        body = _body(self.command_id, self.model, self.created, "", _finish_reason(self._finish_reason, False))
-        body["usage"] = _usage(self._usage or Usage(completion_tokens=self._count, total_tokens=self._count))
+        body = _body(self.command_id, self.model, self.created, "", _finish_reason(self._finish_reason, False),
+                     self.index)
+        if self.one_of_several:
+            return [sse_event(body)]
+        body["usage"] = _usage(self.usage)
+        return [sse_event(body), SSE_DONE]
+
+    def closing(self, encoders: Sequence[CompletionStreamEncoder]) -> list[str]:
+        """After every one of several choices finished: a `choices: []` chunk with their
+        summed usage, and `[DONE]`."""
+        body = _body(self.command_id, self.model, self.created, "", None)
+        body["choices"] = []
+        body["usage"] = _usage(summed_usage([e.usage for e in encoders], self.prompts))
         return [sse_event(body), SSE_DONE]
 
 

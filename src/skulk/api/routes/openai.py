@@ -46,8 +46,10 @@ from skulk.api.generation import (
     collect_choices,
     collect_embedding,
     drive,
+    encoded_choice_events,
     encoded_events,
     open_output,
+    open_outputs,
     start_choices,
     start_embedding,
     start_generation,
@@ -92,10 +94,18 @@ async def chat_completions(request: Request, body: ChatCompletionRequest) -> Str
     context = _context(request)
     params = to_params(body)
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
-    n = choice_count(body.n, bool(body.stream))
+    n = choice_count(body.n)
     if n > 1:
         streams = await start_choices(context, params, n, max_tokens_param=param)
         created = int(time.time())
+        if body.stream:
+            # One response id for the request (the first choice's), every chunk with its index.
+            encoders = [ChatStreamEncoder(command_id=streams[0].command_id, model=body.model, created=created,
+                                          include_usage=body.include_usage, logprobs=params.logprobs, index=i,
+                                          one_of_several=True) for i in range(n)]
+            outputs = await open_outputs(request, context, streams, params)
+            return StreamingResponse(encoded_choice_events(streams, outputs, encoders, sse_error),
+                                     media_type="text/event-stream", headers=SSE_HEADERS)
         return merge_choices([
             collect_response(chunks, command_id=streams[0].command_id, model=body.model, created=created,
                              logprobs=params.logprobs)
@@ -128,12 +138,19 @@ async def completions(
     context = _context(request)
     prompts = openai_completions.prompts(body)
     params = openai_completions.to_params(body, prompts[0])
-    n = choice_count(body.n, bool(body.stream))
+    n = choice_count(body.n)
     if n > 1 or len(prompts) > 1:
         every = [openai_completions.to_params(body, prompt) for prompt in prompts]
         streams = [s for one in every for s in await start_choices(context, one, n)]
         created = int(time.time())
         echoes = [prompt if body.echo else None for prompt in prompts for _ in range(n)]
+        if body.stream:
+            encoders = [openai_completions.CompletionStreamEncoder(
+                command_id=streams[0].command_id, model=body.model, created=created, logprobs=params.logprobs,
+                echo=echo, index=i, one_of_several=True, prompts=len(prompts)) for i, echo in enumerate(echoes)]
+            outputs = await open_outputs(request, context, streams)
+            return StreamingResponse(encoded_choice_events(streams, outputs, encoders, sse_error),
+                                     media_type="text/event-stream", headers=SSE_HEADERS)
         return merge_choices([
             openai_completions.collect_completion(chunks, command_id=streams[0].command_id, model=body.model,
                                                   created=created, logprobs=params.logprobs, echo=echo)
