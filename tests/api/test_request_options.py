@@ -314,6 +314,40 @@ async def test_completions_take_a_prompt_array_and_echo():
     assert "".join([c.choices[0].text async for c in streamed if c.choices]) == "Say Hi"
 
 
+async def test_echo_with_logprobs_scores_the_prompt_first():
+    app, cluster = scripted_app(["Hi", "!"], logprobs=True)
+    sdk = openai_sdk(app)
+    reply = await sdk.completions.create(model=MODEL, prompt="Say", echo=True, logprobs=1)
+    assert cluster.params().prompt_logprobs
+    (choice,) = reply.choices
+    assert choice.text == "SayHi!"
+    scored = choice.logprobs
+    assert scored.tokens == ["S", "a", "y", "Hi", "!"]
+    assert scored.token_logprobs == [None, -1.0, -1.0, -0.25, -0.25]
+    assert scored.top_logprobs[0] is None and scored.top_logprobs[1] == {"a": -1.0}
+    assert scored.text_offset == [0, 1, 2, 3, 5]
+
+    streamed = [c async for c in await sdk.completions.create(model=MODEL, prompt="Say", echo=True, logprobs=1,
+                                                              stream=True)]
+    first = streamed[0].choices[0]
+    assert first.text == "Say" and first.logprobs.tokens == ["S", "a", "y"]
+    assert first.logprobs.token_logprobs == [None, -1.0, -1.0]
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == "SayHi!"
+    offsets = [o for c in streamed if c.choices and c.choices[0].logprobs for o in c.choices[0].logprobs.text_offset]
+    assert offsets == [0, 1, 2, 3, 5]
+
+
+@pytest.mark.parametrize("backend", ["mlx-cpu", "llama_server-cpu"])
+async def test_echo_with_logprobs_is_refused_where_the_engine_cannot_score_a_prompt(backend):
+    app, cluster = scripted_app(["x"], state=served_by(backend))
+    async with asgi_http(app) as http:
+        reply = await http.post("/v1/completions", json={"model": MODEL, "prompt": "Say", "echo": True, "logprobs": 1})
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["code"] == "unsupported_feature" and error["param"] == "echo" and "prompt logprobs" in error["message"]
+    assert not cluster.commands
+
+
 @pytest.mark.parametrize(("fields", "param"), [
     ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"), ({"modalities": ["text", "audio"]}, "modalities"),
     ({"prediction": {"type": "content", "content": "x"}}, "prediction"), ({"web_search_options": {}}, "web_search_options"),

@@ -11,6 +11,7 @@ import json
 import httpx
 import jsonschema_rs
 import ollama
+import openai
 import pytest
 
 from tests.cluster.harness import start_linked, wait_agreed
@@ -89,6 +90,12 @@ def test_mlx_honours_structured_output_tools_logprobs_bias_and_penalties(mlx_nod
                 c.choices[0].finish_reason}
     assert finishes == {0: "length", 1: "length"}
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
+
+    # Prompt logprobs (echo with logprobs): the MLX stage computes the head for the last
+    # position only, so it is refused by name, never ignored.
+    with pytest.raises(openai.BadRequestError) as caught:
+        sdk.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3, echo=True, logprobs=2)
+    assert caught.value.code == "unsupported_feature" and caught.value.param == "echo"
 
     plain = distinct_tokens(sdk)
     assert distinct_tokens(sdk, frequency_penalty=2.0) > plain

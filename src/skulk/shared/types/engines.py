@@ -39,6 +39,7 @@ class Feature(StrEnum):
     LOGIT_BIAS = "logit bias"
     EMBEDDINGS = "embeddings"
     N = "several choices (n)"
+    PROMPT_LOGPROBS = "prompt logprobs (echo with logprobs)"
 
 
 @dataclass(frozen=True)
@@ -74,8 +75,9 @@ ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
     "llama_server": EngineTraits(
         formats=frozenset({"gguf"}),
         window_at_load=True,
-        # Embeddings need a server started in embeddings-only mode: not served.
-        features=frozenset(Feature) - {Feature.EMBEDDINGS},
+        # Embeddings need a server started in embeddings-only mode: not served. Prompt
+        # logprobs: the server scores generated tokens only.
+        features=frozenset(Feature) - {Feature.EMBEDDINGS, Feature.PROMPT_LOGPROBS},
     ),
     "mlx": EngineTraits(
         formats=frozenset({"safetensors"}),
@@ -87,8 +89,9 @@ ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
         # Rank 0 shapes the logits (skulk.worker.engines.mlx_sampling.TokenChooser: logprobs,
         # llguidance grammars, penalties, bias) where it computes them: on one rank or in a
         # tensor group. A pipeline's last rank samples without the tokenizer or the prompt,
-        # so a pipeline serves plain sampling only. Embeddings: no MLX embedding path.
-        features=frozenset(Feature) - {Feature.EMBEDDINGS},
+        # so a pipeline serves plain sampling only. Embeddings: no MLX embedding path; the
+        # stage computes the head for the last position only, so no prompt logprobs.
+        features=frozenset(Feature) - {Feature.EMBEDDINGS, Feature.PROMPT_LOGPROBS},
         pipeline_features=frozenset({Feature.N}),
     ),
     "mlx_audio": EngineTraits(formats=frozenset({"safetensors"})),
@@ -139,6 +142,8 @@ def required_features(params: TextGenerationParams) -> list[tuple[Feature, str]]
     wanted: list[tuple[Feature, str]] = []
     if params.logprobs:
         wanted.append((Feature.LOGPROBS, "logprobs"))
+    if params.prompt_logprobs:
+        wanted.append((Feature.PROMPT_LOGPROBS, "echo"))
     if params.response_format is not None:
         wanted.append((Feature.STRUCTURED_OUTPUT, "response_format"))
     if forced_tools(params.tools, params.tool_choice):

@@ -51,8 +51,11 @@ from skulk.worker.engines.logits import (
     GrammarRejected,
     InvalidTokens,
     ScoredToken,
+    Scores,
     check_bias_ids,
     log_softmax_at,
+    prompt_entries,
+    with_prompt_logprobs,
 )
 from skulk.worker.engines.prompt_pieces import (
     PromptCancelled,
@@ -81,6 +84,11 @@ WARM_UP_PROMPT = b"Hello"
 before the first client pays for it."""
 
 CHAT_TEMPLATE_KEY = "tokenizer.chat_template"
+
+PROMPT_SCORE_BATCH = 64
+"""Prompt positions scored per decode for `prompt_logprobs` (echo with logprobs): each asks
+llama.cpp for a whole vocabulary row of logits, so the batch bounds that buffer (64 rows of a
+150k vocabulary are 38 MB)."""
 
 POOLING_NONE = 0
 """llama.cpp's LLAMA_POOLING_TYPE_NONE: the context yields one embedding per token (every
@@ -546,6 +554,35 @@ class LlamaCppEngine:
         llama_cpp.llama_sampler_free(probe)
         return grammar
 
+    def _score_prompt(self, llama: Any, prompt: list[int], top: int, cancelled: threading.Event) -> list[Scores] | None:
+        """Each prompt token's logprob given the tokens before it (`scores[j]` for
+        `prompt[j + 1]`), or None when `cancelled` was set. The model is run over the prompt
+        with logits for every position, `PROMPT_SCORE_BATCH` at a time (llama.cpp sizes its
+        output buffer per batch, so this works on a context loaded without `logits_all`);
+        the context is cleared before and after, so the generation that follows evaluates
+        its prompt afresh (twice the prompt's work, paid only by requests that ask)."""
+        import llama_cpp
+
+        ctx = llama._ctx.ctx
+        n_vocab = llama.n_vocab()
+        scores: list[Scores] = []
+        self._clear_context(llama)
+        try:
+            for start in range(0, len(prompt), PROMPT_SCORE_BATCH):
+                if cancelled.is_set():
+                    return None
+                part = prompt[start : start + PROMPT_SCORE_BATCH]
+                llama._batch.set_batch(batch=part, n_past=start, logits_all=True)
+                llama._ctx.decode(llama._batch)
+                for i in range(len(part)):
+                    if start + i + 1 >= len(prompt):
+                        break
+                    logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, i), shape=(n_vocab,))
+                    scores.append(log_softmax_at(logits, prompt[start + i + 1], top))
+        finally:
+            self._clear_context(llama)
+        return scores
+
     @staticmethod
     def _prefill(llama: Any, prompt: list[int], cancelled: threading.Event) -> bool:
         """Evaluate all but the last prompt token, one batch at a time, checking `cancelled`
@@ -570,6 +607,9 @@ class LlamaCppEngine:
                 return False
             llama.eval(head[start : start + llama.n_batch])
         return not cancelled.is_set()
+
+    def _token_text(self, token: int) -> str:
+        return self._require_loaded().detokenize([token]).decode("utf-8", errors="replace")
 
     def _is_end_of_generation(self, token: int) -> bool:
         import llama_cpp
@@ -602,6 +642,13 @@ class LlamaCppEngine:
         stops = StopStringFilter(request.stop)
         completion = 0
         grammar = self._grammar(llama, request)
+        scored_prompt = None
+        if request.prompt_logprobs:
+            scores = self._score_prompt(llama, prompt, request.top_logprobs or 0, cancelled)
+            if scores is None:
+                return  # cancelled while the prompt was scored
+            added_bos = bool(prompt) and prompt[0] == llama.token_bos() and self._adds_bos()
+            scored_prompt = prompt_entries(prompt, scores, self._token_text, skip_first=added_bos)
         if not self._prefill(llama, prompt, cancelled):
             return  # cancelled while the prompt was evaluated: nothing to say
 
@@ -645,6 +692,8 @@ class LlamaCppEngine:
                         out = make(piece, token, None, None)
                 if first:
                     out, first = replace(out, prompt_tokens=n_prompt), False
+                    if scored_prompt is not None:
+                        out = with_prompt_logprobs(out, scored_prompt)
                 yield out
                 if out.finish_reason is not None:
                     return

@@ -23,13 +23,16 @@ Pure functions plus one small stateful matcher; no engine library here.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
 
-from skulk.shared.types.chunks import TopLogprob
+from skulk.shared.types.chunks import PromptTokenLogprob, TopLogprob
 from skulk.worker.engines.base import EngineError, GeneratedToken
+
+Scores = tuple[float, list[tuple[int, float]]]
+"""A token's logprob and the top alternatives (id, logprob), best first."""
 
 PENALTY_LAST_N = 64
 """How many of the latest generated tokens the penalties look at: llama-cpp-python's
@@ -45,6 +48,8 @@ class ScoredToken(GeneratedToken):
 
     logprob: float | None = None
     top_logprobs: list[TopLogprob] | None = None
+    prompt_logprobs: list[PromptTokenLogprob] | None = None
+    """On the first token, when the request asked: the prompt's tokens scored."""
 
 
 class InvalidTokens(EngineError):
@@ -109,6 +114,30 @@ def apply_penalties(logits: np.ndarray, recent: Iterable[int], *, repeat: float 
     logits[ids] = values
 
 
+def with_prompt_logprobs(token: GeneratedToken, entries: list[PromptTokenLogprob]) -> ScoredToken:
+    """`token` (the first of a generation) carrying the scored prompt."""
+    if isinstance(token, ScoredToken):
+        return replace(token, prompt_logprobs=entries)
+    plain = {f.name: getattr(token, f.name) for f in fields(GeneratedToken)}
+    return ScoredToken(**plain, prompt_logprobs=entries)
+
+
+def prompt_entries(prompt: Sequence[int], scores: Sequence[Scores], token_text: Any,
+                   skip_first: bool) -> list[PromptTokenLogprob]:
+    """The scored prompt as wire entries: `scores[j]` scores `prompt[j + 1]` given the
+    tokens before it; the first token has no logprob (nothing precedes it), and is left out
+    when `skip_first` (a BOS the engine added, which is not the caller's text)."""
+    entries = []
+    for j, token in enumerate(prompt):
+        if j == 0 and skip_first:
+            continue
+        chosen, best = scores[j - 1] if j > 0 else (None, [])
+        entries.append(PromptTokenLogprob(
+            token=token_text(token), token_id=token, logprob=chosen,
+            top_logprobs=[TopLogprob(token=token_text(i), logprob=lp, token_id=i) for i, lp in best]))
+    return entries
+
+
 def top_logprobs_of(logits: np.ndarray, token: int, top: int, token_text: Any) -> tuple[float, list[TopLogprob]]:
     """`log_softmax_at` with the alternatives as wire `TopLogprob`s; `token_text(id)` is the
     engine's text of one token."""
@@ -168,7 +197,10 @@ __all__ = [
     "InvalidTokens",
     "ScoredToken",
     "apply_bias",
+    "Scores",
     "apply_penalties",
+    "prompt_entries",
+    "with_prompt_logprobs",
     "check_bias_ids",
     "llguidance_tokenizer",
     "log_softmax_at",

@@ -34,6 +34,7 @@ from skulk.worker.engines.logits import (
     PENALTY_LAST_N,
     GrammarMatcher,
     GrammarRejected,
+    Scores,
     apply_bias,
     apply_penalties,
     check_bias_ids,
@@ -141,10 +142,6 @@ def shaping_of(request: TextGenerationParams) -> Shaping:
         grammar=grammar,
         top_logprobs=(request.top_logprobs or 0) if request.logprobs else None,
     )
-
-
-Scores = tuple[float, list[tuple[int, float]]]
-"""A chosen token's logprob and the top alternatives (id, logprob), best first."""
 
 
 class TokenChooser:

@@ -361,7 +361,8 @@ def _chunk_of(command_id: str, token: GeneratedToken | GeneratedEmbedding) -> To
         return EmbeddingChunk(command_id=command_id, embeddings=token.embeddings, usage=token.usage)
     extras = {
         name: value
-        for name in ("logprob", "top_logprobs", "tool_calls", "reasoning", "stop_sequence", "prompt_tokens")
+        for name in ("logprob", "top_logprobs", "tool_calls", "reasoning", "stop_sequence", "prompt_tokens",
+                     "prompt_logprobs")
         if (value := getattr(token, name, None)) is not None
     }
     return TokenChunk(
