@@ -219,3 +219,64 @@ def test_the_batch_loop_shapes_too(batched, engine) -> None:
     assert [t.logprob for t in in_batch] == pytest.approx([t.logprob for t in lockstep], abs=1e-3)
     text, finish = answer(batched, json_object_request(batched, 0))
     assert finish == "stop" and isinstance(json.loads(text), dict), text
+
+
+# -- a family without a layer adapter runs whole on one rank -------------------------------
+
+GEMMA_CONFIG = {
+    "model_type": "gemma3_text", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2,
+    "num_key_value_heads": 1, "head_dim": 32, "query_pre_attn_scalar": 32, "vocab_size": 512,
+    "rms_norm_eps": 1e-6, "sliding_window": 8, "sliding_window_pattern": 3, "max_position_embeddings": 2048,
+    "eos_token_id": [1, 4], "bos_token_id": 0,
+}
+"""A tiny Gemma 3 (sliding-window layers with a window shorter than the test prompts): a
+family `mlx_family` has no layer adapter for."""
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma(tiny_hf, tmp_path_factory):  # noqa: F811
+    import shutil
+
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import gemma3_text
+
+    out = tmp_path_factory.mktemp("tiny-gemma")
+    config = {**GEMMA_CONFIG, "num_hidden_layers": CARD.num_layers}
+    mx.random.seed(0)
+    model = gemma3_text.Model(gemma3_text.ModelArgs.from_dict(config))
+    mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    (out / "config.json").write_text(json.dumps(config))
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (tiny_hf / name).exists():
+            shutil.copy(tiny_hf / name, out / name)
+    return out
+
+
+def test_a_family_without_an_adapter_runs_whole_on_one_rank_as_mlx_lm_does(tiny_gemma) -> None:
+    import mlx.core as mx
+    from mlx_lm import load
+    from mlx_lm.generate import generate_step
+
+    model, tokenizer = load(str(tiny_gemma))
+    prompt = "It rained again on Thursday and the"
+    expected = [int(t) for t, _ in generate_step(mx.array(tokenizer.encode(prompt)), model, max_tokens=20)]
+    assert len(tokenizer.encode(prompt)) > GEMMA_CONFIG["sliding_window"]  # the window really slides
+    gemma = MlxEngine()
+    gemma.load(spec_for(local_instance(CARD, 1), tiny_gemma))
+    try:
+        gemma.warm_up()
+        assert gemma._stage.whole is not None
+        got = token_ids(gemma, params(prompt, max_tokens=20, temperature=0))
+        assert got == expected[: len(got)] and len(got) >= 1
+        scored = tokens(gemma, params(prompt, max_tokens=4, temperature=0, logprobs=True, logit_bias={7: 100}))
+        assert [t.token_id for t in scored] == [7] * 4 and all(t.logprob <= 0 for t in scored)
+    finally:
+        gemma.close()
+
+
+def test_a_family_without_an_adapter_never_spans_ranks(tiny_gemma) -> None:
+    from skulk.worker.engines.base import ModelLoadFailed
+
+    with pytest.raises(ModelLoadFailed, match="no adapter"):
+        MlxEngine().load(spec_for(local_instance(CARD, 2), tiny_gemma))

@@ -81,8 +81,9 @@ ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
     ),
     "mlx": EngineTraits(
         formats=frozenset({"safetensors"}),
-        # The engine runs a model through skulk.worker.engines.mlx_family's adapters.
-        families=frozenset({"llama", "mistral", "qwen2", "qwen3"}),
+        # Any family mlx-lm loads runs on one rank (the whole mlx-lm model); a family with a
+        # layer adapter (skulk.worker.engines.mlx_family) also spans ranks.
+        families=None,
         multi_node=True,
         # The families skulk.worker.engines.mlx_family has a layer/tensor layout for.
         sharded_families=frozenset({"llama", "mistral", "qwen2", "qwen3"}),

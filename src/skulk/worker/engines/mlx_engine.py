@@ -63,7 +63,7 @@ from skulk.worker.engines.base import (
 )
 from skulk.worker.engines.logits import GrammarMatcher, ScoredToken, llguidance_tokenizer
 from skulk.worker.engines.mlx_batch import BatchLoop, BatchSequence, batch_width
-from skulk.worker.engines.mlx_family import family_of
+from skulk.worker.engines.mlx_family import adapter_for, family_of
 from skulk.worker.engines.mlx_group import (
     EVAL_TIMEOUT_ENV,
     EVAL_TIMEOUT_S,
@@ -88,6 +88,8 @@ from skulk.worker.engines.mlx_pipeline import (
     forward_layers,
     last_logits,
     stage_role,
+    whole_model_logits,
+    whole_model_stage,
 )
 from skulk.worker.engines.mlx_sampling import (
     Sampler,
@@ -197,11 +199,14 @@ class MlxEngine:
         if not (path / "config.json").is_file():
             raise ModelLoadFailed(f"no MLX/HF model directory at {spec.model_path}")
         config = load_config(path)
-        family = family_of(str(config.get("model_type")))
         role = stage_role(shard, spec.instance.sharding, int(config["num_hidden_layers"]))
+        # A family with a layer adapter runs as stages (any world); any other family mlx-lm
+        # loads runs whole on one rank (placement spans nodes only for adapted families).
+        family = family_of(str(config.get("model_type"))) if role.world > 1 else adapter_for(
+            str(config.get("model_type")))
         self._rank_nodes = [str(s.node_id) for s in spec.instance.shards]
         self._my_rank = role.rank
-        if role.tensor and family.tensor is None:
+        if role.tensor and family is not None and family.tensor is None:
             raise ModelLoadFailed(f"model_type {config.get('model_type')!r} has no tensor-parallel plan")
         if role.world > 1:
             # The group first: a ring that cannot form fails in seconds, before the weights load.
@@ -212,16 +217,20 @@ class MlxEngine:
             model, _ = load_model(path, lazy=True)
         except Exception as exc:
             raise ModelLoadFailed(f"mlx-lm could not load {path}: {exc}") from exc
-        parts = family.parts(model)
-        if role.tensor:
-            assert family.tensor is not None
-            shard_layers(parts.layers, family.tensor, self._group, config)
-        stage = build_stage(parts, role)
+        if family is None:
+            stage = whole_model_stage(model, role)
+        else:
+            parts = family.parts(model)
+            if role.tensor:
+                assert family.tensor is not None
+                shard_layers(parts.layers, family.tensor, self._group, config)
+            stage = build_stage(parts, role)
+            del parts
         if role.world == 1:
             self._width = batch_width(os.environ)
             if self._width > 1:
                 self._batch_model = model  # the batch generator runs the whole model (same arrays)
-        del model, parts  # unreferenced (lazy) weights of other ranks' layers are never read
+        del model  # unreferenced (lazy) weights of other ranks' layers are never read
         mx.eval(stage.parameters())
         self._stage = stage
         self._hidden_size = int(config["hidden_size"])
@@ -547,6 +556,16 @@ class MlxEngine:
         if self._sampler is None:
             raise GroupBroken(f"rank {role.rank}: STEP outside a request")
         group = self._group
+        if stage.whole is not None:  # one rank, the whole mlx-lm model
+            assert tokens is not None
+            logits = whole_model_logits(stage, mx.array(tokens, dtype=mx.int32), self._cache)
+            if not header.sample:
+                mx.eval(logits)  # commit the KV cache of this prefill chunk
+                return None
+            sample = self._chooser if self._chooser is not None else self._sampler
+            token = sample(logits)
+            mx.eval(token)
+            return int(token.item())
         if role.embeds:
             assert tokens is not None
             hidden = embed_tokens(stage, mx.array(tokens, dtype=mx.int32))
@@ -626,6 +645,8 @@ def _activation_dtype(stage: Stage) -> Any:
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
+    if not stage.layers:
+        return mx.float32  # a whole-model stage sends no activations
     for _, value in tree_flatten(stage.layers[0].parameters()):
         if mx.issubdtype(value.dtype, mx.floating):
             return value.dtype
