@@ -8,14 +8,17 @@ request's sampling features do to it, written once for every engine that samples
   the vocabulary is refused, never a silent no-op.
 - `apply_penalties`: llama.cpp's penalties sampler (repeat, frequency, presence over the last
   `PENALTY_LAST_N` generated tokens), so an MLX instance penalises exactly as a llama.cpp one.
-- `GrammarMatcher`: constrained decoding with llguidance over the same GBNF grammar the
-  llama.cpp engine uses (`skulk.shared.tool_grammar.request_grammar`): forced tool calls and
-  structured output mean the same sentences on every engine.
+- `GrammarMatcher`: constrained decoding with llguidance by the JSON Schema of what the
+  llama.cpp engine's GBNF grammar allows (`skulk.shared.tool_grammar.request_json_schema`,
+  beside `request_grammar`, which both engines run first so they refuse alike): forced tool
+  calls and structured output parse and validate on every engine. (llguidance reads GBNF
+  too, but a char-level GBNF grammar costs it milliseconds per token where
+  its JSON Schema path costs tens of microseconds.)
 
 llguidance was chosen over xgrammar and outlines-core: it is one self-contained wheel (Rust,
 abi3) on PyPI for Linux x86_64/aarch64 and macOS with no torch dependency (xgrammar pulls
-torch and CUDA libraries on Linux), it reads llama.cpp's GBNF directly (so both engines
-share one grammar compiler), and its numpy mask API works on any array library.
+torch and CUDA libraries on Linux), it compiles JSON Schema (and GBNF) itself, and its
+numpy mask API works on any array library.
 
 Pure functions plus one small stateful matcher; no engine library here.
 """
@@ -146,15 +149,16 @@ def top_logprobs_of(logits: np.ndarray, token: int, top: int, token_text: Any) -
 
 
 class GrammarMatcher:
-    """One request's constrained-decoding state: which tokens may come next under a GBNF
-    grammar, advanced by each sampled token. Built from an llguidance tokenizer (built once
-    per model, `llguidance_tokenizer`)."""
+    """One request's constrained-decoding state: which tokens may come next under a grammar
+    (`grammar_format` "json_schema": JSON Schema text; "gbnf": a GBNF grammar), advanced by
+    each sampled token. Built from an llguidance tokenizer (built once per model,
+    `llguidance_tokenizer`)."""
 
-    def __init__(self, tokenizer: Any, gbnf: str) -> None:
+    def __init__(self, tokenizer: Any, grammar: str, grammar_format: str = "json_schema") -> None:
         import llguidance
 
         try:
-            self._matcher = llguidance.LLMatcher(tokenizer, llguidance.grammar_from("gbnf", gbnf))
+            self._matcher = llguidance.LLMatcher(tokenizer, llguidance.grammar_from(grammar_format, grammar))
         except Exception as exc:  # llguidance raises ValueError for a grammar it cannot read
             raise GrammarRejected(f"llguidance could not compile the request's grammar: {exc}") from exc
         if self._matcher.is_error():

@@ -331,13 +331,13 @@ class MlxEngine:
         chooser = None if shaping.idle else TokenChooser(Sampler(params), shaping, vocab, self._grammar_matcher)
         return prompt, max_new, params, chooser
 
-    def _grammar_matcher(self, gbnf: str) -> GrammarMatcher:
-        """A constrained-decoding matcher for `gbnf`; llguidance's tokenizer is built on
-        the first grammar request and kept for the model's lifetime."""
+    def _grammar_matcher(self, schema: str) -> GrammarMatcher:
+        """A constrained-decoding matcher for the JSON Schema text `schema`; llguidance's
+        tokenizer is built on the first grammar request and kept for the model's lifetime."""
         if self._grammar_tokenizer is None:
             hf = getattr(self._tokenizer, "_tokenizer", self._tokenizer)
             self._grammar_tokenizer = llguidance_tokenizer(hf, sorted(self._eos))
-        return GrammarMatcher(self._grammar_tokenizer, gbnf)
+        return GrammarMatcher(self._grammar_tokenizer, schema)
 
     def _lead(self, request: TextGenerationParams, cancelled: threading.Event) -> Iterator[GeneratedToken]:
         try:
