@@ -233,18 +233,25 @@ GEMMA_CONFIG = {
 family `mlx_family` has no layer adapter for."""
 
 
-@pytest.fixture(scope="module")
-def tiny_gemma(tiny_hf, tmp_path_factory):  # noqa: F811
+@pytest.fixture(scope="module", params=["gemma3_text", "gemma3"])
+def tiny_gemma(request, tiny_hf, tmp_path_factory):  # noqa: F811
+    """The text model, and the multimodal config layout (the language model's shape in
+    `text_config`, as the bundled gemma-3 card's model has it)."""
     import shutil
 
     import mlx.core as mx
     from mlx.utils import tree_flatten
-    from mlx_lm.models import gemma3_text
+    from mlx_lm.models import gemma3, gemma3_text
 
     out = tmp_path_factory.mktemp("tiny-gemma")
     config = {**GEMMA_CONFIG, "num_hidden_layers": CARD.num_layers}
     mx.random.seed(0)
-    model = gemma3_text.Model(gemma3_text.ModelArgs.from_dict(config))
+    if request.param == "gemma3":
+        config = {"model_type": "gemma3", "vocab_size": config["vocab_size"], "eos_token_id": config["eos_token_id"],
+                  "text_config": config}
+        model = gemma3.Model(gemma3.ModelArgs.from_dict(config))
+    else:
+        model = gemma3_text.Model(gemma3_text.ModelArgs.from_dict(config))
     mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(model.parameters())))
     (out / "config.json").write_text(json.dumps(config))
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):

@@ -199,7 +199,9 @@ class MlxEngine:
         if not (path / "config.json").is_file():
             raise ModelLoadFailed(f"no MLX/HF model directory at {spec.model_path}")
         config = load_config(path)
-        role = stage_role(shard, spec.instance.sharding, int(config["num_hidden_layers"]))
+        # Multimodal configs keep the language model's shape in `text_config` (as cards read it).
+        text = {**config, **config["text_config"]} if isinstance(config.get("text_config"), dict) else config
+        role = stage_role(shard, spec.instance.sharding, int(text["num_hidden_layers"]))
         # A family with a layer adapter runs as stages (any world); any other family mlx-lm
         # loads runs whole on one rank (placement spans nodes only for adapted families).
         family = family_of(str(config.get("model_type"))) if role.world > 1 else adapter_for(
@@ -233,8 +235,8 @@ class MlxEngine:
         del model  # unreferenced (lazy) weights of other ranks' layers are never read
         mx.eval(stage.parameters())
         self._stage = stage
-        self._hidden_size = int(config["hidden_size"])
-        self._vocab_size = int(config.get("vocab_size") or 0)
+        self._hidden_size = int(text["hidden_size"])
+        self._vocab_size = int(text.get("vocab_size") or 0)
         self._activation_dtype = _activation_dtype(stage)
         self._n_ctx = min(spec.instance.context_token_limit, spec.card.context_length)
         self._model_id = str(spec.card.model_id)
