@@ -226,7 +226,8 @@ def test_integers_are_bounded_as_the_grammar_bounds_them(schema, expected):
 def test_a_forced_call_schema_names_the_tool_and_writes_compact_json():
     from skulk.shared.tool_grammar import request_json_schema
 
-    schema = request_json_schema([ToolSpec(name="f", parameters={}), ToolSpec(name="g", parameters={})], "required", None)
+    tools = [ToolSpec(name="f", parameters={}), ToolSpec(name="g", parameters={})]
+    schema = request_json_schema(tools, "required", None)
     assert [c["properties"]["name"] for c in schema["anyOf"]] == [{"const": "f"}, {"const": "g"}]
     assert [c["properties"]["parameters"] for c in schema["anyOf"]] == [{"$ref": "#/$defs/tool0"},
                                                                        {"$ref": "#/$defs/tool1"}]

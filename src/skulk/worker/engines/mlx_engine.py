@@ -27,6 +27,11 @@ instead of "runner exited"; the runner then exits (`EngineBroken`). Followers ha
 and exit at once (`EXIT_GROUP_WEDGED`), as does any rank whose guarded evaluation outlives
 the eval watchdog (a peer that went silent without closing its socket).
 
+A request that asks for logprobs, logit bias, penalties or a grammar (structured output, a
+forced tool call) is sampled by a `mlx_sampling.TokenChooser` on rank 0, where the logits
+are computed on one rank and in a tensor group; a pipeline group refuses it (its last rank
+samples). A model family without a layer adapter (`mlx_family`) runs whole on one rank.
+
 This module never manages the runner's threads or queues beyond its own follower thread, and
 never reads cluster state: everything arrives in the `ShardSpec`.
 """
