@@ -220,6 +220,9 @@ async def interleaved(outputs: list[AsyncIterator[TokenChunk]]) -> AsyncIterator
     finally:
         for future in pending:
             future.cancel()
+        # A read still in flight must end before its output can close (closing a running
+        # async generator raises); cancelled, each output's own cleanup runs.
+        await asyncio.gather(*pending, return_exceptions=True)
         for output in outputs:
             await output.aclose()  # type: ignore[attr-defined]
 
