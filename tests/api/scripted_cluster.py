@@ -12,7 +12,15 @@ import httpx
 from skulk.api.app import ApiContext, create_app
 from skulk.shared.codec import pack
 from skulk.api.streams import CommandStreams
-from skulk.shared.types.chunks import EmbeddingChunk, StreamPayload, StreamStarted, StreamTerminal, TokenChunk
+from skulk.shared.types.chunks import (
+    EmbeddingChunk,
+    PromptTokenLogprob,
+    StreamPayload,
+    StreamStarted,
+    StreamTerminal,
+    TokenChunk,
+    TopLogprob,
+)
 from skulk.shared.types.commands import Embed, GenerateText
 from skulk.shared.types.common import Usage
 from tests.api.test_openai_routes import STATE
@@ -67,7 +75,7 @@ class ScriptedCluster:
             return [EmbeddingChunk(command_id=cid, embeddings=vectors,
                                    usage=Usage(prompt_tokens=tokens, total_tokens=tokens))]
         last = len(self.texts) - 1
-        return [
+        chunks = [
             TokenChunk(command_id=cid, text=text, token_id=i,
                        logprob=-0.25 if self.logprobs else None,
                        top_logprobs=[{"token": text, "logprob": -0.25, "token_id": i}] if self.logprobs else None,
@@ -76,6 +84,14 @@ class ScriptedCluster:
                        prompt_tokens=USAGE.prompt_tokens if i == 0 else None)
             for i, text in enumerate(self.texts)
         ]
+        prompt = self.inputs[cid].params.prompt
+        if chunks and self.inputs[cid].params.prompt_logprobs and prompt:
+            # As an engine scores a prompt: here each character is a token, the first unscored.
+            chunks[0] = chunks[0].model_copy(update={"prompt_logprobs": [
+                PromptTokenLogprob(token=ch, token_id=i, logprob=None if i == 0 else -1.0,
+                                   top_logprobs=[] if i == 0 else [TopLogprob(token=ch, logprob=-1.0)])
+                for i, ch in enumerate(prompt)]})
+        return chunks
 
     async def _run(self, command) -> None:
         cid = command.command_id

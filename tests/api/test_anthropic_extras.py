@@ -33,10 +33,11 @@ async def test_count_tokens_sends_a_count_only_request_rendered_like_the_message
 
 
 async def test_count_tokens_works_on_engines_without_generation_features():
-    mlx = Instance(instance_id="i1", model_id=MODEL, sharding="Pipeline", context_token_limit=2048, shards=[
+    # vllm honours no forced tool calls, yet counting the same request is fine.
+    vllm = Instance(instance_id="i1", model_id=MODEL, sharding="Pipeline", context_token_limit=2048, shards=[
         ShardAssignment(node_id="n1", runner_id="r1", rank=0, world_size=1, start_layer=0, end_layer=6,
-                        backend="mlx-cpu")])
-    app, _ = scripted_app([""], state=State(instances={"i1": mlx}, runners={"r1": RunnerStatus(state="Ready")}))
+                        backend="vllm-cpu")])
+    app, _ = scripted_app([""], state=State(instances={"i1": vllm}, runners={"r1": RunnerStatus(state="Ready")}))
     counted = await anthropic_sdk(app).messages.count_tokens(model=MODEL, messages=ASK, tools=TOOLS,
                                                             tool_choice={"type": "any"})
     assert counted.input_tokens == USAGE.prompt_tokens

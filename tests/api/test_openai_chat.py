@@ -133,7 +133,6 @@ INVALID = {
     "top-p-negative": (body(top_p=-1), "top_p"),
     "top-k-negative": (body(top_k=-1), "top_k"),
     "n-above-the-bound": (body(n=9), "n"),
-    "n-two-streamed": (body(n=2, stream=True), "n"),
     "n-zero": (body(n=0), "n"),
     "max-tokens-zero": (body(max_tokens=0), "max_tokens"),
     "max-tokens-text": (body(max_tokens="many"), "max_tokens"),

@@ -29,13 +29,13 @@ ASK = [{"role": "user", "content": "Who?"}]
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
 
 
-def served_by(backend: str) -> State:
+def served_by(backend: str, world: int = 1, sharding: str = "Pipeline") -> State:
     instance = Instance(
-        instance_id="i1", model_id=MODEL, sharding="Pipeline", context_token_limit=2048,
-        shards=[ShardAssignment(node_id="n1", runner_id="r1", rank=0, world_size=1, start_layer=0, end_layer=6,
-                                backend=backend)],
+        instance_id="i1", model_id=MODEL, sharding=sharding, context_token_limit=2048,
+        shards=[ShardAssignment(node_id=f"n{r}", runner_id=f"r{r}", rank=r, world_size=world, start_layer=r * 3,
+                                end_layer=r * 3 + 3 if world > 1 else 6, backend=backend) for r in range(world)],
     )
-    return State(instances={"i1": instance}, runners={"r1": RunnerStatus(state="Ready")})
+    return State(instances={"i1": instance}, runners={f"r{r}": RunnerStatus(state="Ready") for r in range(world)})
 
 
 # -- reading each wire format's spelling ---------------------------------------------------
@@ -139,8 +139,24 @@ async def test_a_feature_the_engine_lacks_is_refused_naming_feature_and_engine(e
         assert not sent
 
 
+@pytest.mark.parametrize(("sharding", "refused"), [("Pipeline", True), ("Tensor", False)])
+async def test_an_mlx_pipeline_refuses_what_its_last_rank_cannot_sample(sharding, refused):
+    """A pipeline's last rank samples without the tokenizer or the prompt; a tensor group's
+    rank 0 computes the logits, so it shapes them as one rank does."""
+    app, cluster = scripted_app(["x"], state=served_by("mlx-cpu", world=2, sharding=sharding))
+    async with asgi_http(app) as http:
+        reply = await http.post("/v1/chat/completions", json={"model": MODEL, "messages": ASK, "logprobs": True})
+    if refused:
+        assert reply.status_code == 400, reply.text
+        error = reply.json()["error"]
+        assert error["code"] == "unsupported_feature" and error["param"] == "logprobs"
+        assert "the mlx (pipeline over 2 nodes) engine" in error["message"] and not cluster.commands
+    else:
+        assert reply.status_code == 200, reply.text
+
+
 async def test_ollama_refusals_name_ollamas_parameter():
-    app, _ = scripted_app(["{}"], state=served_by("mlx-cpu"))
+    app, _ = scripted_app(["{}"], state=served_by("vllm-cpu"))
     with pytest.raises(ollama.ResponseError) as caught:
         await ollama_sdk(app).chat(model=MODEL, messages=ASK, format="json", stream=False)
     assert caught.value.status_code == 400
@@ -232,6 +248,46 @@ async def test_n_choices_are_separate_generations_with_consecutive_seeds():
     assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (7, 9)
 
 
+async def test_n_choices_stream_interleaved_each_with_its_index_and_finish():
+    app, cluster = scripted_app(["Hel", "lo"], finish="length")
+    stream = await openai_sdk(app).chat.completions.create(model=MODEL, messages=ASK, n=2, seed=3, stream=True,
+                                                           stream_options={"include_usage": True})
+    chunks = [chunk async for chunk in stream]
+    texts: dict[int, str] = {0: "", 1: ""}
+    finishes: dict[int, list[str]] = {0: [], 1: []}
+    for chunk in chunks[:-1]:
+        (choice,) = chunk.choices
+        texts[choice.index] += choice.delta.content or ""
+        if choice.finish_reason is not None:
+            finishes[choice.index].append(choice.finish_reason)
+    assert texts == {0: "Hello", 1: "Hello"} and finishes == {0: ["length"], 1: ["length"]}
+    assert len({chunk.id for chunk in chunks}) == 1  # one response id for the request
+    # The last chunk: no choices, the usage of both (the prompt once, the completions summed).
+    assert chunks[-1].choices == [] and (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (7, 6)
+    assert [p.seed for p in cluster.all_params()] == [3, 4]
+
+
+async def test_streamed_legacy_completions_with_n_and_several_prompts():
+    app, cluster = scripted_app(["Hi"])
+    stream = await openai_sdk(app).completions.create(model=MODEL, prompt=["Say", "Tell"], n=2, stream=True,
+                                                      echo=True)
+    chunks = [chunk async for chunk in stream]
+    texts: dict[int, str] = {}
+    for chunk in chunks[:-1]:
+        (choice,) = chunk.choices
+        texts[choice.index] = texts.get(choice.index, "") + choice.text
+    assert texts == {0: "SayHi", 1: "SayHi", 2: "TellHi", 3: "TellHi"}
+    # Two prompts counted once each, four completions summed.
+    assert chunks[-1].choices == [] and (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (14, 12)
+    assert len([c for c in cluster.commands if isinstance(c, GenerateText)]) == 4
+
+
+async def test_a_streamed_choice_that_fails_before_output_is_an_http_error():
+    app, _ = scripted_app(fail=("PromptTooLong", "the prompt is 9000 tokens, the context 2048"))
+    with pytest.raises(openai.APIStatusError):  # raised by create: an HTTP status, not a 200 then an error event
+        await openai_sdk(app).chat.completions.create(model=MODEL, messages=ASK, n=2, stream=True)
+
+
 async def test_n_on_legacy_completions():
     app, cluster = scripted_app(["Hi"])
     reply = await openai_sdk(app).completions.create(model=MODEL, prompt="Say", n=2)
@@ -256,6 +312,40 @@ async def test_completions_take_a_prompt_array_and_echo():
     assert reply.usage.prompt_tokens == 2 * 7 and reply.usage.completion_tokens == 4 * 3  # each prompt once
     streamed = await sdk.completions.create(model=MODEL, prompt="Say ", echo=True, stream=True)
     assert "".join([c.choices[0].text async for c in streamed if c.choices]) == "Say Hi"
+
+
+async def test_echo_with_logprobs_scores_the_prompt_first():
+    app, cluster = scripted_app(["Hi", "!"], logprobs=True)
+    sdk = openai_sdk(app)
+    reply = await sdk.completions.create(model=MODEL, prompt="Say", echo=True, logprobs=1)
+    assert cluster.params().prompt_logprobs
+    (choice,) = reply.choices
+    assert choice.text == "SayHi!"
+    scored = choice.logprobs
+    assert scored.tokens == ["S", "a", "y", "Hi", "!"]
+    assert scored.token_logprobs == [None, -1.0, -1.0, -0.25, -0.25]
+    assert scored.top_logprobs[0] is None and scored.top_logprobs[1] == {"a": -1.0}
+    assert scored.text_offset == [0, 1, 2, 3, 5]
+
+    streamed = [c async for c in await sdk.completions.create(model=MODEL, prompt="Say", echo=True, logprobs=1,
+                                                              stream=True)]
+    first = streamed[0].choices[0]
+    assert first.text == "Say" and first.logprobs.tokens == ["S", "a", "y"]
+    assert first.logprobs.token_logprobs == [None, -1.0, -1.0]
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == "SayHi!"
+    offsets = [o for c in streamed if c.choices and c.choices[0].logprobs for o in c.choices[0].logprobs.text_offset]
+    assert offsets == [0, 1, 2, 3, 5]
+
+
+@pytest.mark.parametrize("backend", ["mlx-cpu", "llama_server-cpu"])
+async def test_echo_with_logprobs_is_refused_where_the_engine_cannot_score_a_prompt(backend):
+    app, cluster = scripted_app(["x"], state=served_by(backend))
+    async with asgi_http(app) as http:
+        reply = await http.post("/v1/completions", json={"model": MODEL, "prompt": "Say", "echo": True, "logprobs": 1})
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["code"] == "unsupported_feature" and error["param"] == "echo" and "prompt logprobs" in error["message"]
+    assert not cluster.commands
 
 
 @pytest.mark.parametrize(("fields", "param"), [

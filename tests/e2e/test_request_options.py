@@ -132,6 +132,16 @@ def test_sampling_options_n_cors_and_errors_before_the_stream(serving_node):
     assert [c.index for c in two.choices] == [0, 1] and two.usage.completion_tokens == 10
     assert all(c.finish_reason == "length" for c in two.choices)
 
+    # echo with logprobs: the prompt's tokens scored first (llama.cpp evaluates logits at
+    # every prompt position), then the completion's.
+    echoed = sdk.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3, temperature=0, echo=True, logprobs=2)
+    (choice,) = echoed.choices
+    scored = choice.logprobs
+    assert choice.text.startswith(PROMPT) and len(scored.tokens) > 3
+    assert "".join(scored.tokens[:-3]).strip() == PROMPT
+    assert all(lp is not None and lp <= 0 for lp in scored.token_logprobs)
+    assert scored.text_offset[-3] == len(PROMPT) and scored.text_offset == sorted(scored.text_offset)
+
     # A prompt longer than the context, streamed: a 400 before any byte of stream.
     long_text = "weather " * 3000
     with httpx.stream("POST", serving_node.url + "/v1/chat/completions", timeout=60, json={

@@ -10,7 +10,6 @@ from skulk.master.placement import (
     PlacementError,
     PlacementInfoPending,
     PlacementRequest,
-    FamilyUnsupported,
     ShardingUnsupported,
     TopologyGap,
     allocate_layers,
@@ -34,7 +33,7 @@ from skulk.store.cards import builtin_cards_dir, resolve_cards
 CARDS = resolve_cards(builtin_cards_dir(), None).cards
 LLAMA_1B = CARDS["mlx-community/Llama-3.2-1B-Instruct-4bit"]  # 16 layers, ~1.60 GB footprint whole
 LLAMA_8B = CARDS["mlx-community/Meta-Llama-3.1-8B-Instruct-4bit"]  # 32 layers
-GEMMA3 = CARDS["mlx-community/gemma-3-4b-it-4bit"]  # supports_tensor = false; a family MLX cannot load yet
+GEMMA3 = CARDS["mlx-community/gemma-3-4b-it-4bit"]  # supports_tensor = false; no MLX layer adapter (one rank)
 NO_TENSOR = LLAMA_1B.model_copy(update={"placement": LLAMA_1B.placement.model_copy(update={"supports_tensor": False})})
 TINY = CARDS["local/tiny-llama"]  # 4 heads, 2 KV heads
 GGUF_8B = CARDS["bartowski/Meta-Llama-3.1-8B-Instruct-GGUF"]
@@ -252,6 +251,12 @@ def test_missing_resources_do_not_block_a_placement_that_fits_elsewhere():
 # -- failures --------------------------------------------------------------------------------
 
 
+def test_a_family_without_a_layer_adapter_is_placed_on_one_node():
+    instance = place(GEMMA3, cluster("ab", ["a-b"]), {n: res(n, 64 * GB) for n in "ab"}, request(GEMMA3),
+                     new_id=ids())
+    assert len(instance.shards) == 1 and instance.shards[0].backend.startswith("mlx")
+
+
 def _fails(card, state, resources, req):
     with pytest.raises(PlacementError) as caught:
         place(card, state, resources, req, new_id=ids())
@@ -364,12 +369,12 @@ def _fails(card, state, resources, req):
             400,
         ),
         (
-            "a family none of the card's engines can load (never a failure at load)",
+            "a family without a sharding layout is never spread over nodes (never a failure at load)",
             GEMMA3,
             cluster("ab", ["a-b"]),
             {n: res(n, 64 * GB) for n in "ab"},
-            request(GEMMA3),
-            FamilyUnsupported,
+            request(GEMMA3, min_nodes=2),
+            ShardingUnsupported,
             400,
         ),
         (

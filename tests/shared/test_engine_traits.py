@@ -47,14 +47,32 @@ def test_required_features(fields, expected):
     assert required_features(params(**fields)) == expected
 
 
-@pytest.mark.parametrize(("engine", "fields", "missing"), [
-    ("llama_cpp", {"logprobs": True, "logit_bias": {1: 2.0}}, []),
-    ("mlx", {"logprobs": True}, [Feature.LOGPROBS]),
-    ("mlx", {}, []),
-    ("no_such_engine", {"logit_bias": {1: 2.0}}, [Feature.LOGIT_BIAS]),
+SHAPED = {"logprobs": True, "logit_bias": {1: 2.0}, "presence_penalty": 0.5,
+          "response_format": ResponseFormat(type="json_object")}
+
+
+@pytest.mark.parametrize(("engine", "fields", "pipelined", "missing"), [
+    ("llama_cpp", {"logprobs": True, "logit_bias": {1: 2.0}}, False, []),
+    ("mlx", SHAPED, False, []),
+    # A pipeline's last rank samples, without the tokenizer or the prompt: plain sampling only.
+    ("mlx", SHAPED, True, [Feature.LOGPROBS, Feature.STRUCTURED_OUTPUT, Feature.PENALTIES, Feature.LOGIT_BIAS]),
+    ("mlx", {"tools": [TOOL], "tool_choice": "required"}, True, [Feature.FORCED_TOOL_CALLS]),
+    ("mlx", {}, True, []),
+    ("llama_cpp", {"logprobs": True}, True, []),  # no pipeline_features: the same as features
+    ("vllm", {"logprobs": True}, False, [Feature.LOGPROBS]),
+    ("no_such_engine", {"logit_bias": {1: 2.0}}, False, [Feature.LOGIT_BIAS]),
 ])
-def test_missing_features(engine, fields, missing):
-    assert [feature for feature, _ in missing_features(engine, params(**fields))] == missing
+def test_missing_features(engine, fields, pipelined, missing):
+    assert [feature for feature, _ in missing_features(engine, params(**fields), pipelined=pipelined)] == missing
+
+
+@pytest.mark.parametrize(("sharding", "world", "pipelined"), [
+    ("Pipeline", 1, False), ("Pipeline", 2, True), ("Tensor", 2, False), ("Tensor", 1, False),
+])
+def test_is_pipelined(sharding, world, pipelined):
+    from skulk.shared.types.engines import is_pipelined
+
+    assert is_pipelined(sharding, world) is pipelined
 
 
 @pytest.mark.parametrize(("engine", "family", "spans"), [
@@ -71,7 +89,7 @@ def test_the_mlx_row_matches_the_mlx_family_adapters():
 
 
 @pytest.mark.parametrize(("engine", "family", "loads"), [
-    ("mlx", "llama", True), ("mlx", "gemma3", False), ("llama_cpp", "gemma3", True), ("no_such_engine", "llama", True),
+    ("mlx", "llama", True), ("mlx", "gemma3", True), ("llama_cpp", "gemma3", True), ("no_such_engine", "llama", True),
 ])
 def test_loads_family(engine, family, loads):
     from skulk.shared.types.engines import loads_family
@@ -79,7 +97,7 @@ def test_loads_family(engine, family, loads):
     assert loads_family(engine, family) is loads
 
 
-def test_the_mlx_families_are_those_it_has_adapters_for():
-    from skulk.worker.engines.mlx_family import FAMILIES
-
-    assert ENGINE_TRAITS["mlx"].families == frozenset(FAMILIES)
+def test_mlx_loads_every_family_on_one_rank():
+    """Any family mlx-lm loads runs whole on one rank (tests/worker/engines/test_mlx_features.py
+    runs a tiny Gemma 3); only families with an adapter span ranks."""
+    assert ENGINE_TRAITS["mlx"].families is None

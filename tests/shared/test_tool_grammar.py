@@ -5,6 +5,8 @@ real model write valid calls is tested with the engine
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from skulk.shared.tool_grammar import (
@@ -172,3 +174,62 @@ def test_a_refused_schema_of_an_unforced_tool_does_not_matter():
     odd = ToolSpec(name="odd", parameters={"type": "object", "properties": {"s": {"pattern": "x"}}})
     assert tool_call_grammar([WEATHER, odd], {"type": "function", "function": {"name": "get_weather"}})
     assert tool_call_grammar([WEATHER, odd], "auto") is None
+
+
+# -- the same constraint as a JSON Schema (llguidance on MLX) -----------------------------
+
+ENFORCED = [
+    {},
+    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "boolean"}}, "required": ["b"]},
+    {"type": "object", "properties": {"s": {"type": "string", "minLength": 2, "maxLength": 5}}},
+    {"type": "object", "properties": {"l": {"type": "array", "items": {"type": "integer"}, "maxItems": 3}}},
+    {"type": "object", "properties": {"e": {"enum": ["a", 1, None]}, "c": {"const": "x"}}},
+    {"type": "object", "properties": {"u": {"anyOf": [{"type": "string"}, {"type": "integer"}]},
+                                      "t": {"type": ["string", "null"]}}},
+    {"type": "object", "properties": {"m": {"type": "object", "additionalProperties": {"type": "boolean"}}}},
+    {"type": "object", "properties": {"tree": {"$ref": "#/$defs/node"}}, "$defs": {"node": {
+        "type": "object", "properties": {"label": {"type": "string", "maxLength": 4},
+                                         "children": {"type": "array", "items": {"$ref": "#/$defs/node"}}}}}},
+]
+"""Schemas the grammar compiler enforces: llguidance must compile each one too."""
+
+
+@pytest.mark.parametrize("schema", ENFORCED)
+def test_every_schema_the_grammar_enforces_compiles_for_llguidance(schema):
+    import llguidance
+
+    from skulk.shared.tool_grammar import request_json_schema, tool_call_grammar
+    from skulk.shared.types.tasks import ResponseFormat
+
+    tools = [ToolSpec(name="t", parameters=schema)]
+    assert tool_call_grammar(tools, "required") is not None  # the grammar enforces it
+    for as_json in (request_json_schema(tools, "required", None),
+                    request_json_schema([], None, ResponseFormat(type="json_schema", json_schema=schema))):
+        grammar = llguidance.grammar_from("json_schema", json.dumps(as_json))
+        assert llguidance.LLMatcher.validate_grammar(grammar) == "", as_json
+
+
+@pytest.mark.parametrize(("schema", "expected"), [
+    ({"type": "integer"}, {"type": "integer", "maximum": 10**16 - 1, "minimum": -(10**16 - 1)}),
+    ({"type": "integer", "maximum": 5}, {"type": "integer", "maximum": 5, "minimum": -(10**16 - 1)}),
+    ({"properties": {"n": {"type": "integer"}}, "enum": [{"type": "integer"}]},
+     {"properties": {"n": {"type": "integer", "maximum": 10**16 - 1, "minimum": -(10**16 - 1)}},
+      "enum": [{"type": "integer"}]}),  # instances (enum, const) are never rewritten
+    ({"type": "string"}, {"type": "string"}),
+])
+def test_integers_are_bounded_as_the_grammar_bounds_them(schema, expected):
+    from skulk.shared.tool_grammar import bounded_numbers
+
+    assert bounded_numbers(schema) == expected
+
+
+def test_a_forced_call_schema_names_the_tool_and_writes_compact_json():
+    from skulk.shared.tool_grammar import request_json_schema
+
+    tools = [ToolSpec(name="f", parameters={}), ToolSpec(name="g", parameters={})]
+    schema = request_json_schema(tools, "required", None)
+    assert [c["properties"]["name"] for c in schema["anyOf"]] == [{"const": "f"}, {"const": "g"}]
+    assert [c["properties"]["parameters"] for c in schema["anyOf"]] == [{"$ref": "#/$defs/tool0"},
+                                                                       {"$ref": "#/$defs/tool1"}]
+    assert schema["x-guidance"]["whitespace_flexible"] is False
+    assert request_json_schema([], None, None) is None

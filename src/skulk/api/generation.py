@@ -40,7 +40,7 @@ from skulk.shared.types.chunks import EmbeddingChunk, TokenChunk
 from skulk.shared.types.commands import CancelCommand, Command, Embed, GenerateText, TaskFinished
 from skulk.shared.types.cards import backend_engine
 from skulk.shared.types.common import Usage
-from skulk.shared.types.engines import Feature, missing_features, traits_of
+from skulk.shared.types.engines import Feature, is_pipelined, missing_features, traits_of
 from skulk.shared.types.ids import new_id
 from skulk.shared.types.instances import Instance
 from skulk.shared.types.task_inputs import TaskInput, redacted_embedding_params, redacted_generation_params
@@ -178,6 +178,83 @@ async def open_output(
     return replay()
 
 
+async def open_outputs(
+    request: Request, context: Any, streams: list[CommandStream], params: TextGenerationParams | None = None
+) -> list[AsyncIterator[TokenChunk]]:
+    """`open_output` for each of several choices: any failure before the first chunk of any
+    of them raises here (the route answers an HTTP error before the response starts), after
+    closing the outputs already opened (which cancels their commands) and the rest."""
+    outputs: list[AsyncIterator[TokenChunk]] = []
+    try:
+        for stream in streams:
+            outputs.append(await open_output(request, context, stream, params))
+    except BaseException:
+        for output in outputs:
+            await output.aclose()  # type: ignore[attr-defined]
+        for stream in streams[len(outputs):]:
+            if stream.close():
+                cancel_later(context, stream.command_id)
+        raise
+    return outputs
+
+
+async def interleaved(outputs: list[AsyncIterator[TokenChunk]]) -> AsyncIterator[tuple[int, TokenChunk | None]]:
+    """The chunks of several outputs as they arrive, each with its output's index, and
+    (index, None) once that output ended. One pending read per output (bounded); leaving
+    early cancels the reads and closes every output."""
+    pending: dict[asyncio.Future[TokenChunk], int] = {}
+    try:
+        for index, output in enumerate(outputs):
+            pending[asyncio.ensure_future(anext(output))] = index
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for future in sorted(done, key=pending.__getitem__):
+                index = pending.pop(future)
+                try:
+                    chunk = future.result()
+                except StopAsyncIteration:
+                    yield index, None
+                    continue
+                yield index, chunk
+                pending[asyncio.ensure_future(anext(outputs[index]))] = index
+    finally:
+        for future in pending:
+            future.cancel()
+        # A read still in flight must end before its output can close (closing a running
+        # async generator raises); cancelled, each output's own cleanup runs.
+        await asyncio.gather(*pending, return_exceptions=True)
+        for output in outputs:
+            await output.aclose()  # type: ignore[attr-defined]
+
+
+async def encoded_choice_events(
+    streams: list[CommandStream],
+    outputs: list[AsyncIterator[TokenChunk]],
+    encoders: list[ChoiceEncoder],
+    on_failure: Callable[[StreamFailed], Iterable[str]],
+) -> AsyncIterator[str]:
+    """The streaming body of several choices of one request (n > 1, or several prompts):
+    every choice's chunks interleaved as they come, each encoded with its own index, each
+    choice finished on its own (its finish_reason), then the request closed once (summed
+    usage, `[DONE]`). The first failing choice fails the whole stream (the others are
+    cancelled as the outputs close)."""
+    for encoder in encoders:
+        for event in encoder.start():
+            yield event
+    try:
+        async for index, chunk in interleaved(outputs):
+            events = encoders[index].finish() if chunk is None else encoders[index].chunk_to_sse(chunk)
+            if events:
+                yield "".join(events)
+    except StreamFailed as failure:
+        logger.info("command %s ended: %s (%s)", streams[0].command_id, failure.error_type, failure.message)
+        for event in on_failure(failure):
+            yield event
+        return
+    for event in encoders[0].closing(encoders):
+        yield event
+
+
 async def start_embedding(context: Any, params: EmbeddingParams) -> CommandStream:
     """Check the model is placed (404) and there is a master (503), open the command's
     stream and submit `Embed`. The caller then reads it with `collect_embedding`."""
@@ -289,8 +366,11 @@ def check_features(instance: Instance, params: TextGenerationParams,
     `instance` does not honour (the engine traits table); `param_names` maps internal
     parameter names to the caller's (Ollama's `format` for `response_format`, say)."""
     engine = backend_engine(instance.shards[0].backend)
-    for feature, param in missing_features(engine, params):
-        raise FeatureUnsupported(feature.value, engine, params.model_id, param=(param_names or {}).get(param, param))
+    pipelined = is_pipelined(instance.sharding, len(instance.shards))
+    for feature, param in missing_features(engine, params, pipelined=pipelined):
+        raise FeatureUnsupported(feature.value, engine if not pipelined else f"{engine} (pipeline over "
+                                 f"{len(instance.shards)} nodes)", params.model_id,
+                                 param=(param_names or {}).get(param, param))
 
 
 def bind_instance(context: Any, params: TextGenerationParams, *, max_tokens_param: str = "max_tokens",
@@ -423,6 +503,9 @@ __all__ = [
     "cancel_later",
     "collect_embedding",
     "drive",
+    "encoded_choice_events",
+    "interleaved",
+    "open_outputs",
     "finished_later",
     "open_output",
     "send_later",
@@ -439,6 +522,12 @@ class StreamEncoder(Protocol):
     def start(self) -> Iterable[str]: ...
     def chunk_to_sse(self, chunk: TokenChunk) -> Iterable[str]: ...
     def finish(self) -> Iterable[str]: ...
+
+
+class ChoiceEncoder(StreamEncoder, Protocol):
+    """A `StreamEncoder` for one of several choices, which can also close the whole stream."""
+
+    def closing(self, encoders: Any) -> Iterable[str]: ...
 
 
 async def encoded_events(

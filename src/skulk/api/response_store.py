@@ -5,7 +5,9 @@ id instead of resending it.
 Bounded and short-lived on purpose: at most RESPONSE_STORE_CAPACITY responses per node
 (least recently used dropped first), each for RESPONSE_TTL_S. A response is stored on the
 node that answered it and is visible only to callers presenting the same API key (its
-scope); another key, or another node, finds nothing (404). Pure apart from the lock: the
+scope); another key finds nothing (404). Another node asks its peers for it
+(`skulk.api.routes.openai._stored`: the peer token and the caller's key scope), so any node
+reads and continues it; only the storing node deletes it. Pure apart from the lock: the
 caller passes `now`.
 """
 

@@ -40,7 +40,7 @@ NO_API = "the node advertises no API endpoint (started with --no-api, or not kno
 
 async def gather_from_peers(
     urls: Mapping[str, str | None], path: str, *, api_key: str | None,
-    deadline_s: float = PEER_REQUEST_DEADLINE_S,
+    deadline_s: float = PEER_REQUEST_DEADLINE_S, headers: Mapping[str, str] | None = None,
 ) -> dict[str, PeerAnswer]:
     """GET `path` on every peer in `urls` at once; each answer within `deadline_s` or
     unreachable. Never raises for a peer's failure."""
@@ -49,7 +49,8 @@ async def gather_from_peers(
             if url is None:
                 return PeerAnswer(error=NO_API)
             try:
-                return PeerAnswer(body=await get_from_peer(client, url, path, api_key=api_key, deadline_s=deadline_s))
+                return PeerAnswer(body=await get_from_peer(client, url, path, api_key=api_key, deadline_s=deadline_s,
+                                                           headers=headers))
             except PeerRequestFailed as exc:
                 return PeerAnswer(error=f"{url}: {exc}", status=exc.status)
 

@@ -55,12 +55,13 @@ def peer_api_urls(state: State, verified: Mapping[str, str], me: str) -> dict[st
 
 async def get_from_peer(
     client: httpx.AsyncClient, base_url: str, path: str, *, api_key: str | None,
-    deadline_s: float = PEER_REQUEST_DEADLINE_S,
+    deadline_s: float = PEER_REQUEST_DEADLINE_S, headers: Mapping[str, str] | None = None,
 ) -> Any:
-    """GET `path` on the peer at `base_url` and return its JSON body, or raise
-    `PeerRequestFailed` saying why (refused, timed out, non-200, not JSON)."""
+    """GET `path` on the peer at `base_url` (with extra `headers`) and return its JSON body,
+    or raise `PeerRequestFailed` saying why (refused, timed out, non-200, not JSON)."""
     try:
-        response = await client.get(base_url + path, headers=peer_headers(api_key), timeout=deadline_s)
+        response = await client.get(base_url + path, headers={**peer_headers(api_key), **(headers or {})},
+                                    timeout=deadline_s)
     except httpx.TimeoutException:
         raise PeerRequestFailed(f"no answer within {deadline_s:g} s") from None
     except httpx.HTTPError as exc:

@@ -382,6 +382,85 @@ def request_grammar(
     return tool_call_grammar(tools, tool_choice) or response_grammar(response_format)
 
 
+def tool_arguments_schema(tool: ToolSpec) -> dict[str, Any]:
+    """`tool`'s parameters as the schema of an arguments object (`{}` or a bare `type` list
+    means any object), as `SchemaCompiler.parameters` reads them."""
+    schema = dict(tool.parameters)
+    declared = schema.get("type")
+    shaped = {"properties", "additionalProperties", "$ref", "anyOf", "oneOf", "allOf"} & set(schema)
+    if (declared is None and not shaped) or isinstance(declared, list):
+        schema["type"] = "object"
+    return schema
+
+
+def request_json_schema(
+    tools: Sequence[ToolSpec], tool_choice: str | dict[str, Any] | None, response_format: ResponseFormat | None
+) -> dict[str, Any] | None:
+    """The JSON Schema of what `request_grammar` lets the model write, for engines that
+    constrain decoding by schema (llguidance on MLX) rather than by GBNF: a forced call
+    `{"name": ..., "parameters": ...}` of one of the forced tools, else the response
+    format's document, else None. Call `request_grammar` first: it refuses the schemas no
+    engine enforces, so every engine refuses alike."""
+    forced = forced_tools(tools, tool_choice)
+    if forced:
+        # Each tool's schema lives under `$defs` of the call schema, its local refs rebased
+        # there (they point into the tool's own schema, which is no longer the root).
+        defs = {f"tool{i}": _rebased(bounded_numbers(tool_arguments_schema(tool)), f"#/$defs/tool{i}")
+                for i, tool in enumerate(forced)}
+        calls = [{
+            "type": "object",
+            "properties": {"name": {"const": tool.name}, "parameters": {"$ref": f"#/$defs/tool{i}"}},
+            "required": ["name", "parameters"],
+            "additionalProperties": False,
+        } for i, tool in enumerate(forced)]
+        schema: dict[str, Any] = {**(calls[0] if len(calls) == 1 else {"anyOf": calls}), "$defs": defs}
+    elif response_format is None:
+        return None
+    elif response_format.type == "json_object":
+        schema = {"type": "object"}
+    else:
+        schema = bounded_numbers(dict(response_format.json_schema or {}))
+    # Compact JSON, as the grammar writes it (`ws` is at most one space): a model cannot
+    # pad its answer with whitespace until max_tokens.
+    return {**schema, "x-guidance": {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}}
+
+
+def _rebased(schema: Any, base: str) -> Any:
+    """`schema` with every local `$ref` ("#...") pointing below `base` instead of the root."""
+    if isinstance(schema, list):
+        return [_rebased(item, base) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: value if key in _LITERAL_KEYWORDS else _rebased(value, base) for key, value in schema.items()}
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#"):
+        out["$ref"] = base + ref[1:]
+    return out
+
+
+INTEGER_BOUND = 10**MAX_INTEGER_DIGITS - 1
+_LITERAL_KEYWORDS = frozenset({"enum", "const", "default", "examples", "example"})
+"""Keywords whose values are JSON instances, never schemas: left as they are."""
+
+
+def bounded_numbers(schema: Any) -> Any:
+    """`schema` with every integer bounded to `MAX_INTEGER_DIGITS` digits where it sets no
+    bound of its own, as the grammar's `integer` rule is: a small model cannot write digits
+    until max_tokens. Pure; the input is not changed."""
+    if isinstance(schema, list):
+        return [bounded_numbers(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: value if key in _LITERAL_KEYWORDS else bounded_numbers(value) for key, value in schema.items()}
+    kinds = schema.get("type")
+    if kinds == "integer" or (isinstance(kinds, list) and kinds == ["integer"]):
+        if "maximum" not in out and "exclusiveMaximum" not in out:
+            out["maximum"] = INTEGER_BOUND
+        if "minimum" not in out and "exclusiveMinimum" not in out:
+            out["minimum"] = -INTEGER_BOUND
+    return out
+
+
 __all__ = [
     "ANNOTATION_KEYWORDS",
     "BASE_RULES",
@@ -395,6 +474,9 @@ __all__ = [
     "gbnf_literal",
     "json_literal",
     "request_grammar",
+    "request_json_schema",
+    "bounded_numbers",
+    "tool_arguments_schema",
     "response_grammar",
     "tool_call_grammar",
 ]

@@ -485,14 +485,16 @@ def test_an_engine_without_embeddings_refuses_them_typed(make) -> None:
     assert (result.outcome, result.error_type) == ("failed", "EmbeddingsUnsupported")
 
 
-@pytest.mark.parametrize(("engine_name", "fields", "refused"), [
-    ("mlx", {"logprobs": True}, True),
-    ("mlx", {"logit_bias": {3: 1.0}}, True),
-    ("llama_cpp", {"logprobs": True, "logit_bias": {3: 1.0}}, False),
-    (None, {"logprobs": True}, False),  # no engine named: no guard (the engine decides)
+@pytest.mark.parametrize(("engine_name", "pipelined", "fields", "refused"), [
+    ("vllm", False, {"logprobs": True}, True),
+    ("mlx", True, {"logprobs": True}, True),  # a pipeline's last rank samples: plain sampling only
+    ("mlx", True, {"logit_bias": {3: 1.0}}, True),
+    ("mlx", False, {"logprobs": True, "logit_bias": {3: 1.0}}, False),
+    ("llama_cpp", False, {"logprobs": True, "logit_bias": {3: 1.0}}, False),
+    (None, False, {"logprobs": True}, False),  # no engine named: no guard (the engine decides)
 ])
-def test_a_feature_the_engine_lacks_is_refused_at_admission(make, engine_name, fields, refused) -> None:
-    dispatcher, sink = make(ScriptedEngine(), engine_name=engine_name)
+def test_a_feature_the_engine_lacks_is_refused_at_admission(make, engine_name, pipelined, fields, refused) -> None:
+    dispatcher, sink = make(ScriptedEngine(), engine_name=engine_name, pipelined=pipelined)
     params = request("a").model_copy(update=fields)
     if refused:
         with pytest.raises(DispatchRejected) as caught:

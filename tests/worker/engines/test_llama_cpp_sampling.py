@@ -97,3 +97,27 @@ def distinct(engine, **penalty) -> int:
 def test_penalties_move_greedy_output_the_way_their_sign_says(engine, penalty, more_varied):
     plain, penalised = distinct(engine), distinct(engine, **penalty)
     assert (penalised > plain) if more_varied else (penalised < plain), (plain, penalised)
+
+
+def test_prompt_logprobs_score_each_prompt_token_as_generation_would(engine):
+    """Echo with logprobs: every prompt token after the first is scored given the tokens
+    before it. The distribution at the last prompt position must be the one generation
+    draws its first token from when the prompt stops just before that token."""
+    _, full = engine._prompt(prompt_params(PROMPT))
+    _, head = engine._prompt(prompt_params(PROMPT.rsplit(" ", 1)[0]))
+    assert full[: len(head)] == head and len(full) == len(head) + 1  # the last word is one token
+    scored = list(engine.generate(prompt_params(PROMPT, max_tokens=2, temperature=0, logprobs=True, top_logprobs=3,
+                                                prompt_logprobs=True), threading.Event()))
+    entries = scored[0].prompt_logprobs
+    assert [e.token_id for e in entries] == full[1:]  # the BOS the engine added is not the caller's text
+    assert "".join(e.token for e in entries).strip() == PROMPT
+    assert all(e.logprob is not None and e.logprob <= 0 and len(e.top_logprobs) == 3 for e in entries)
+    assert all(t.prompt_logprobs is None for t in scored[1:])
+    step = list(engine.generate(prompt_params(PROMPT.rsplit(" ", 1)[0], max_tokens=1, temperature=0, logprobs=True,
+                                              top_logprobs=3), threading.Event()))[0]
+    assert [t.token_id for t in step.top_logprobs] == [t.token_id for t in entries[-1].top_logprobs]
+    assert [t.logprob for t in step.top_logprobs] == pytest.approx([t.logprob for t in entries[-1].top_logprobs],
+                                                                   abs=1e-3)
+    # Scoring leaves the context as generation expects it: greedy output is unchanged.
+    plain = token_ids(engine, prompt_params(PROMPT, max_tokens=2, temperature=0))
+    assert [t.token_id for t in scored] == plain

@@ -15,7 +15,7 @@ import pytest
 from skulk.shared.types.common import ChatMessage
 from skulk.shared.types.ids import InstanceId, ModelId, NodeId, RunnerId
 from skulk.shared.types.instances import Instance, ShardAssignment
-from skulk.shared.types.tasks import TextGenerationParams
+from skulk.shared.types.tasks import ResponseFormat, TextGenerationParams
 from skulk.store.cards import builtin_cards_dir, load_card
 from skulk.worker.engines.base import EngineNotLoaded, GeneratedToken, ModelLoadFailed, PromptTooLong, ShardSpec
 from skulk.worker.engines.mlx_engine import MlxEngine
@@ -352,9 +352,21 @@ def test_pipeline_group_decodes_exactly_what_one_rank_does(tiny_hf, one_rank_tok
     assert all(r.bytes_sent > 0 for r in reports)
 
 
-def test_tensor_group_decodes_exactly_what_one_rank_does(tiny_hf, one_rank_tokens) -> None:
-    reports = run_group(local_instance(CARD, 2, "Tensor"), CARD, tiny_hf, GROUP_REQUESTS, timeout_s=100)
-    assert_group_matches(reports, one_rank_tokens)
+SHAPED_REQUESTS = [
+    params("It rained again on Thursday and the", max_tokens=16, temperature=0.9, seed=4, logprobs=True,
+           top_logprobs=2, presence_penalty=1.0, logit_bias={7: 2.0},
+           response_format=ResponseFormat(type="json_object")),
+]
+"""A request rank 0 shapes (logprobs, penalty, bias, grammar): a tensor group's rank 0 computes
+the logits, so it serves these exactly as one rank does (a pipeline's last rank samples, and
+is refused them by the traits table)."""
+
+
+def test_tensor_group_decodes_exactly_what_one_rank_does(tiny_hf, engine, one_rank_tokens) -> None:
+    shaped = [ids(run(engine, request)) for request in SHAPED_REQUESTS]
+    reports = run_group(local_instance(CARD, 2, "Tensor"), CARD, tiny_hf, [*GROUP_REQUESTS, *SHAPED_REQUESTS],
+                        timeout_s=100)
+    assert_group_matches(reports, one_rank_tokens + shaped)
 
 
 def test_tensor_ranks_compute_the_unsharded_logits(tiny_hf) -> None:

@@ -231,17 +231,23 @@ def _check_tool_choice(choice: str | dict[str, Any] | None, tools: Sequence[Tool
         raise InvalidRequest(f"tool_choice names {name!r}, which is not among 'tools'.", param="tool_choice")
 
 
-def choice_count(n: int | None, stream: bool) -> int:
-    """How many choices (`n`) a request asks for, within 1..MAX_CHOICES. Several choices
-    are served without `stream` only: a stream interleaving choices is not built (yet), and
-    a streamed request that asked for several must not silently get one."""
+def choice_count(n: int | None) -> int:
+    """How many choices (`n`) a request asks for, within 1..MAX_CHOICES. Streamed, the
+    choices' chunks interleave, each carrying its `index` (`skulk.api.generation.
+    encoded_choice_events`)."""
     count = 1 if n is None else n
     if not 1 <= count <= MAX_CHOICES:
         raise InvalidRequest(f"'n' must be between 1 and {MAX_CHOICES}, got {n}.", param="n")
-    if count > 1 and stream:
-        raise InvalidRequest("Several choices (n > 1) are supported without 'stream' only.", param="n",
-                             code="unsupported_parameter")
     return count
+
+
+def summed_usage(usages: Sequence[Usage], prompts: int = 1) -> Usage:
+    """The usage of several choices of one request (`prompts` groups of equal size, one per
+    prompt): each prompt counted once, completions summed, as `merge_choices` counts."""
+    per_prompt = max(1, len(usages) // prompts)
+    prompt = sum(u.prompt_tokens for u in usages[::per_prompt])
+    completion = sum(u.completion_tokens for u in usages)
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
 
 def merge_choices(bodies: Sequence[dict[str, Any]], prompts: int = 1) -> dict[str, Any]:
@@ -311,7 +317,7 @@ def to_params(request: ChatCompletionRequest) -> TextGenerationParams:
         raise InvalidRequest("'model' must name a model.", param="model")
     if not request.messages:
         raise InvalidRequest("'messages' must contain at least one message.", param="messages")
-    choice_count(request.n, bool(request.stream))
+    choice_count(request.n)
     temperature = _in_range(request.temperature, 0.0, 2.0, "temperature")
     top_p = _in_range(request.top_p, 0.0, 1.0, "top_p")
     if request.top_k is not None and request.top_k < 0:
@@ -430,6 +436,11 @@ class ChatStreamEncoder:
     created: int
     include_usage: bool = False
     logprobs: bool = False
+    index: int = 0
+    """The choice this encoder's chunks belong to (n > 1)."""
+    one_of_several: bool = False
+    """One of several interleaved choices: `finish()` ends this choice only; the caller
+    sends the summed usage (`usage_chunk`) and `[DONE]` once every choice has finished."""
     _finish_reason: str | None = field(default=None, init=False)
     _usage: Usage | None = field(default=None, init=False)
     _tool_calls: int = field(default=0, init=False)
@@ -442,7 +453,7 @@ class ChatStreamEncoder:
             "object": "chat.completion.chunk",
             "created": self.created,
             "model": self.model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
+            "choices": [{"index": self.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
         }
         if self.include_usage:
             body["usage"] = None  # OpenAI: every chunk but the last carries a null usage
@@ -468,20 +479,36 @@ class ChatStreamEncoder:
         logprobs = {"content": [_logprob_entry(chunk)]} if self.logprobs and chunk.logprob is not None else None
         return [self._chunk(delta, logprobs=logprobs)]
 
+    @property
+    def usage(self) -> Usage:
+        """This choice's usage as reported (counted from its chunks if it never was)."""
+        return self._usage or Usage(completion_tokens=self._completion_tokens, total_tokens=self._completion_tokens)
+
+    def usage_chunk(self, usage: Usage) -> str:
+        """The final `choices: []` chunk carrying `usage` (`stream_options.include_usage`)."""
+        return sse_event({
+            "id": completion_id(self.command_id),
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [],
+            "usage": _usage(usage),
+        })
+
     def finish(self) -> list[str]:
         events = [self._chunk({}, finish_reason=_finish_reason(self._finish_reason, self._tool_calls > 0))]
+        if self.one_of_several:
+            return events
         if self.include_usage:
-            usage = self._usage or Usage(completion_tokens=self._completion_tokens, total_tokens=self._completion_tokens)
-            events.append(sse_event({
-                "id": completion_id(self.command_id),
-                "object": "chat.completion.chunk",
-                "created": self.created,
-                "model": self.model,
-                "choices": [],
-                "usage": _usage(usage),
-            }))
+            events.append(self.usage_chunk(self.usage))
         events.append(SSE_DONE)
         return events
+
+    def closing(self, encoders: Sequence[ChatStreamEncoder]) -> list[str]:
+        """After every one of several choices finished: their summed usage (when asked for)
+        and `[DONE]`."""
+        events = [self.usage_chunk(summed_usage([e.usage for e in encoders]))] if self.include_usage else []
+        return [*events, SSE_DONE]
 
 
 def collect_response(

@@ -10,7 +10,7 @@ Pure translation only: no streams, commands or cluster here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,11 +26,12 @@ from skulk.api.adapters.openai_chat import (
     MAX_CHOICES,
     _usage,
     choice_count,
+    summed_usage,
     sse_event,
 )
 from skulk.api import request_options
 from skulk.api.errors import InvalidRequest, invalid_request_from_validation
-from skulk.shared.types.chunks import TokenChunk
+from skulk.shared.types.chunks import PromptTokenLogprob, TokenChunk
 from skulk.shared.types.common import Usage
 from skulk.shared.types.tasks import TextGenerationParams
 
@@ -43,14 +44,23 @@ MAX_LEGACY_LOGPROBS = 5
 """OpenAI's bound on the legacy `logprobs` (the number of alternatives per token)."""
 
 
-def legacy_logprobs(chunks: Iterable[TokenChunk], text_offset: int = 0) -> dict[str, Any]:
+def legacy_logprobs(chunks: Iterable[TokenChunk], text_offset: int = 0,
+                    prompt: Sequence[PromptTokenLogprob] = ()) -> dict[str, Any]:
     """The legacy completions `logprobs` object for the chunks that carry a logprob:
     parallel lists of tokens, their logprobs, their alternatives (token -> logprob) and
-    each token's character offset in the completion text."""
+    each token's character offset in the completion text; after `prompt`'s scored tokens
+    when the request echoed the prompt with logprobs (the first, which nothing precedes,
+    has null logprobs, as OpenAI writes it)."""
     tokens: list[str] = []
-    logprobs: list[float] = []
-    tops: list[dict[str, float]] = []
+    logprobs: list[float | None] = []
+    tops: list[dict[str, float] | None] = []
     offsets: list[int] = []
+    for entry in prompt:
+        tokens.append(entry.token)
+        logprobs.append(entry.logprob)
+        tops.append({top.token: top.logprob for top in entry.top_logprobs} if entry.logprob is not None else None)
+        offsets.append(text_offset)
+        text_offset += len(entry.token)
     for chunk in chunks:
         if chunk.logprob is None or chunk.reasoning:
             continue
@@ -93,13 +103,10 @@ def prompts(request: CompletionRequest) -> list[str]:
     texts = [prompt] if isinstance(prompt, str) else list(prompt)
     if not texts:
         raise InvalidRequest("'prompt' must hold at least one prompt.", param="prompt")
-    n = choice_count(request.n, bool(request.stream))
+    n = choice_count(request.n)
     if len(texts) * n > MAX_CHOICES:
         raise InvalidRequest(f"{len(texts)} prompts x n={n} is more than {MAX_CHOICES} generations per request.",
                              param="prompt")
-    if len(texts) > 1 and request.stream:
-        raise InvalidRequest("Several prompts are supported without 'stream' only.", param="prompt",
-                             code="unsupported_parameter")
     return texts
 
 
@@ -111,10 +118,6 @@ def to_params(request: CompletionRequest, prompt: str | None = None) -> TextGene
     prompt = prompts(request)[0] if prompt is None else prompt
     if request.best_of is not None and request.best_of != 1:
         raise InvalidRequest(f"Only best_of=1 is supported, got best_of={request.best_of}.", param="best_of")
-    if request.echo and request.logprobs is not None:
-        raise InvalidRequest("'echo' with 'logprobs' is not supported: the engines score generated tokens, "
-                             "not the prompt's. Send one without the other.", param="echo",
-                             code="unsupported_parameter")
     if request.suffix:
         raise InvalidRequest("'suffix' (fill in the middle) needs an infill prompt format, which Skulk does not "
                              "serve; send the text before the gap as 'prompt' alone.", param="suffix",
@@ -140,6 +143,9 @@ def to_params(request: CompletionRequest, prompt: str | None = None) -> TextGene
             stop=_stops(request.stop),
             logprobs=request.logprobs is not None,
             top_logprobs=request.logprobs,
+            # Echoed with logprobs: the prompt's tokens are scored too (an engine that
+            # cannot is refused by the traits table, naming 'echo').
+            prompt_logprobs=bool(request.echo) and request.logprobs is not None,
             stream=bool(request.stream),
             frequency_penalty=request_options.penalty(request.frequency_penalty, "frequency_penalty"),
             presence_penalty=request_options.penalty(request.presence_penalty, "presence_penalty"),
@@ -154,13 +160,14 @@ def completion_id(command_id: str) -> str:
     return f"{COMPLETION_ID_PREFIX}{command_id}"
 
 
-def _body(command_id: str, model: str, created: int, text: str, finish_reason: str | None) -> dict[str, Any]:
+def _body(command_id: str, model: str, created: int, text: str, finish_reason: str | None,
+          index: int = 0) -> dict[str, Any]:
     return {
         "id": completion_id(command_id),
         "object": "text_completion",
         "created": created,
         "model": model,
-        "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}],
+        "choices": [{"text": text, "index": index, "logprobs": None, "finish_reason": finish_reason}],
     }
 
 
@@ -175,32 +182,67 @@ class CompletionStreamEncoder:
     logprobs: bool = False
     echo: str | None = None
     """The prompt, sent first when the request asked for `echo`."""
+    index: int = 0
+    """The choice this encoder's chunks belong to (several prompts, or n > 1)."""
+    one_of_several: bool = False
+    """One of several interleaved choices: its final chunk carries the finish_reason only;
+    `closing` sends the summed usage and `[DONE]` once every choice has finished."""
+    prompts: int = 1
+    """How many prompts the choices answer (their usage counts each prompt once)."""
     _finish_reason: str | None = field(default=None, init=False)
     _usage: Usage | None = field(default=None, init=False)
     _count: int = field(default=0, init=False)
     _offset: int = field(default=0, init=False)
 
     def start(self) -> list[str]:
-        if not self.echo:
-            return []
+        if not self.echo or self.logprobs:
+            return []  # echoed with logprobs: sent with the first chunk, which carries the prompt's
+        return [self._echo_event()]
+
+    def _echo_event(self, prompt: Sequence[PromptTokenLogprob] = ()) -> str:
+        assert self.echo is not None
+        body = _body(self.command_id, self.model, self.created, self.echo, None, self.index)
+        if self.logprobs:
+            body["choices"][0]["logprobs"] = legacy_logprobs([], 0, prompt)
         self._offset = len(self.echo)
-        return [sse_event(_body(self.command_id, self.model, self.created, self.echo, None))]
+        return sse_event(body)
 
     def chunk_to_sse(self, chunk: TokenChunk) -> list[str]:
+        echo_now = self.echo and self.logprobs and self._count == 0
+        events = [self._echo_event(chunk.prompt_logprobs or ())] if echo_now else []
+        return events + self._token_events(chunk)
+
+    def _token_events(self, chunk: TokenChunk) -> list[str]:
         self._count += 1
         self._finish_reason = chunk.finish_reason or self._finish_reason
         self._usage = chunk.usage or self._usage
         if not chunk.text or chunk.reasoning:
             return []
-        body = _body(self.command_id, self.model, self.created, chunk.text, None)
+        body = _body(self.command_id, self.model, self.created, chunk.text, None, self.index)
         if self.logprobs:
             body["choices"][0]["logprobs"] = legacy_logprobs([chunk], self._offset)
         self._offset += len(chunk.text)
         return [sse_event(body)]
 
+    @property
+    def usage(self) -> Usage:
+        return self._usage or Usage(completion_tokens=self._count, total_tokens=self._count)
+
     def finish(self) -> list[str]:
-        body = _body(self.command_id, self.model, self.created, "", _finish_reason(self._finish_reason, False))
-        body["usage"] = _usage(self._usage or Usage(completion_tokens=self._count, total_tokens=self._count))
+        early = [self._echo_event()] if self.echo and self.logprobs and self._count == 0 else []
+        body = _body(self.command_id, self.model, self.created, "", _finish_reason(self._finish_reason, False),
+                     self.index)
+        if self.one_of_several:
+            return [*early, sse_event(body)]
+        body["usage"] = _usage(self.usage)
+        return [*early, sse_event(body), SSE_DONE]
+
+    def closing(self, encoders: Sequence[CompletionStreamEncoder]) -> list[str]:
+        """After every one of several choices finished: a `choices: []` chunk with their
+        summed usage, and `[DONE]`."""
+        body = _body(self.command_id, self.model, self.created, "", None)
+        body["choices"] = []
+        body["usage"] = _usage(summed_usage([e.usage for e in encoders], self.prompts))
         return [sse_event(body), SSE_DONE]
 
 
@@ -223,7 +265,8 @@ def collect_completion(
         usage = chunk.usage or usage
     body = _body(command_id, model, created, (echo or "") + "".join(texts), _finish_reason(finish_reason, False))
     if logprobs:
-        body["choices"][0]["logprobs"] = legacy_logprobs(chunks)
+        prompt = (chunks[0].prompt_logprobs or []) if echo is not None and chunks else []
+        body["choices"][0]["logprobs"] = legacy_logprobs(chunks, len(echo or "") if not prompt else 0, prompt)
     body["usage"] = _usage(usage or Usage(completion_tokens=count, total_tokens=count))
     return body
 

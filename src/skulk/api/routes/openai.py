@@ -20,6 +20,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
+from urllib.parse import quote
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
@@ -39,15 +40,17 @@ from skulk.api.adapters.openai_chat import (
 )
 from skulk.api.adapters import openai_completions, openai_embeddings, openai_responses
 from skulk.api.auth import current_principal
-from skulk.api.errors import ClusterNotReady, ModelNotFound, NotFound
+from skulk.api.errors import ClusterNotReady, InvalidRequest, ModelNotFound, NotFound
 from skulk.api.generation import (
     SSE_HEADERS,
     api_context,
     collect_choices,
     collect_embedding,
     drive,
+    encoded_choice_events,
     encoded_events,
     open_output,
+    open_outputs,
     start_choices,
     start_embedding,
     start_generation,
@@ -56,6 +59,8 @@ from skulk.api.auth import presented_keys
 from skulk.api.openapi_errors import OPENAI_ERROR_RESPONSES
 from skulk.api.response_store import RESPONSE_TTL_S, ResponseStore, StoredResponse, key_scope
 from skulk.api.streams import CommandStream
+from skulk.observe.cluster_diagnostics import gather_from_peers
+from skulk.shared.types.common import ChatMessage
 from skulk.shared.types.commands import CancelCommand
 from skulk.shared.types.ids import new_id
 
@@ -92,10 +97,18 @@ async def chat_completions(request: Request, body: ChatCompletionRequest) -> Str
     context = _context(request)
     params = to_params(body)
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
-    n = choice_count(body.n, bool(body.stream))
+    n = choice_count(body.n)
     if n > 1:
         streams = await start_choices(context, params, n, max_tokens_param=param)
         created = int(time.time())
+        if body.stream:
+            # One response id for the request (the first choice's), every chunk with its index.
+            encoders = [ChatStreamEncoder(command_id=streams[0].command_id, model=body.model, created=created,
+                                          include_usage=body.include_usage, logprobs=params.logprobs, index=i,
+                                          one_of_several=True) for i in range(n)]
+            outputs = await open_outputs(request, context, streams, params)
+            return StreamingResponse(encoded_choice_events(streams, outputs, encoders, sse_error),
+                                     media_type="text/event-stream", headers=SSE_HEADERS)
         return merge_choices([
             collect_response(chunks, command_id=streams[0].command_id, model=body.model, created=created,
                              logprobs=params.logprobs)
@@ -128,12 +141,19 @@ async def completions(
     context = _context(request)
     prompts = openai_completions.prompts(body)
     params = openai_completions.to_params(body, prompts[0])
-    n = choice_count(body.n, bool(body.stream))
+    n = choice_count(body.n)
     if n > 1 or len(prompts) > 1:
         every = [openai_completions.to_params(body, prompt) for prompt in prompts]
         streams = [s for one in every for s in await start_choices(context, one, n)]
         created = int(time.time())
         echoes = [prompt if body.echo else None for prompt in prompts for _ in range(n)]
+        if body.stream:
+            encoders = [openai_completions.CompletionStreamEncoder(
+                command_id=streams[0].command_id, model=body.model, created=created, logprobs=params.logprobs,
+                echo=echo, index=i, one_of_several=True, prompts=len(prompts)) for i, echo in enumerate(echoes)]
+            outputs = await open_outputs(request, context, streams)
+            return StreamingResponse(encoded_choice_events(streams, outputs, encoders, sse_error),
+                                     media_type="text/event-stream", headers=SSE_HEADERS)
         return merge_choices([
             openai_completions.collect_completion(chunks, command_id=streams[0].command_id, model=body.model,
                                                   created=created, logprobs=params.logprobs, echo=echo)
@@ -166,13 +186,48 @@ def _scope(request: Request) -> str:
     return key_scope(next(iter(presented_keys(request.headers)), None))
 
 
-def _stored(request: Request, response_id: str, param: str = "response_id") -> StoredResponse:
-    found = _responses_kept(request).get(response_id, _scope(request), time.monotonic())
+KEY_SCOPE_HEADER = "X-Skulk-Key-Scope"
+"""What a node asking a peer for a stored response sends: the caller's key scope (a digest
+of its API key, `key_scope`), so the peer answers only what that key stored."""
+
+
+def _conversation_path(response_id: str) -> str:
+    return f"/v1/responses/{quote(response_id, safe='')}/conversation"
+
+
+async def _stored(request: Request, response_id: str, param: str = "response_id") -> StoredResponse:
+    """The stored response `response_id` of this caller's key: kept here, or by the peer
+    that answered it (asked all at once, each within the peer deadline)."""
+    scope = _scope(request)
+    found = _responses_kept(request).get(response_id, scope, time.monotonic())
+    if found is not None:
+        return found
+    context = _context(request)
+    answers = await gather_from_peers(context.get_peer_urls(), _conversation_path(response_id),
+                                      api_key=context.peer_credential, headers={KEY_SCOPE_HEADER: scope})
+    for answer in answers.values():
+        if isinstance(answer.body, dict) and isinstance(answer.body.get("response"), dict):
+            return StoredResponse(scope, time.monotonic(), answer.body["response"], tuple(
+                ChatMessage.model_validate(m) for m in answer.body.get("conversation") or ()))
+    unreachable = sorted(node for node, answer in answers.items() if answer.body is None and answer.status != 404)
+    raise NotFound(f"No stored response {response_id!r} for this API key in this cluster (responses are kept "
+                   f"{RESPONSE_TTL_S / 3600:g} h by the node that answered them"
+                   f"{'; unreachable now: ' + ', '.join(unreachable) if unreachable else ''}).", param=param,
+                   code="response_not_found")
+
+
+@router.get("/v1/responses/{response_id}/conversation", include_in_schema=False)
+async def peer_stored_response(request: Request, response_id: str) -> dict[str, Any]:
+    """A peer asking for a response this node stored (for the key scope it names), with
+    the conversation a continuation needs. Peers only: other callers get a 404."""
+    if current_principal().id not in ("peer", "anonymous-unchecked"):
+        raise NotFound("Not found.", code="not_found")
+    scope = request.headers.get(KEY_SCOPE_HEADER, "")
+    found = _responses_kept(request).get(response_id, scope, time.monotonic())
     if found is None:
-        raise NotFound(f"No stored response {response_id!r} for this API key on this node (responses are kept "
-                       f"{RESPONSE_TTL_S / 3600:g} h by the node that answered them).", param=param,
-                       code="response_not_found")
-    return found
+        raise NotFound(f"No stored response {response_id!r} for this key scope on this node.",
+                       param="response_id", code="response_not_found")
+    return {"response": found.body, "conversation": [m.model_dump(mode="json") for m in found.conversation]}
 
 
 @router.post("/v1/responses", response_model=None)
@@ -180,7 +235,7 @@ async def responses(request: Request, body: openai_responses.ResponsesRequest) -
     """The Responses API, with function tools and stored responses (`store`,
     `previous_response_id`; see `skulk.api.response_store`)."""
     context = _context(request)
-    history = _stored(request, body.previous_response_id, "previous_response_id").conversation \
+    history = (await _stored(request, body.previous_response_id, "previous_response_id")).conversation \
         if body.previous_response_id else ()
     params = openai_responses.to_params(body, history)
     stream = await start_generation(context, params, max_tokens_param="max_output_tokens",
@@ -210,15 +265,17 @@ async def responses(request: Request, body: openai_responses.ResponsesRequest) -
 
 @router.get("/v1/responses/{response_id}")
 async def get_response(request: Request, response_id: str) -> dict[str, Any]:
-    """A stored response, for the API key that created it."""
-    return _stored(request, response_id).body
+    """A stored response, for the API key that created it (whichever node stored it)."""
+    return (await _stored(request, response_id)).body
 
 
 @router.delete("/v1/responses/{response_id}")
 async def delete_response(request: Request, response_id: str) -> dict[str, Any]:
     if not _responses_kept(request).delete(response_id, _scope(request)):
-        raise NotFound(f"No stored response {response_id!r} for this API key on this node.", param="response_id",
-                       code="response_not_found")
+        await _stored(request, response_id)  # 404 unless a peer holds it
+        raise InvalidRequest(f"Stored response {response_id!r} is kept by another node of the cluster: delete it "
+                             "through the node that answered it (any node can read it).", param="response_id",
+                             code="stored_on_another_node")
     return {"id": response_id, "object": "response.deleted", "deleted": True}
 
 

@@ -38,6 +38,16 @@ class TopLogprob(WireModel):
     token_id: int | None = None
 
 
+class PromptTokenLogprob(WireModel):
+    """One prompt token, scored: its logprob given the tokens before it (None for a first
+    token that nothing precedes) and the most likely alternatives there."""
+
+    token: str
+    token_id: int
+    logprob: Logprob | None = None
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
 class TokenChunk(WireModel):
     type: Literal["TokenChunk"] = "TokenChunk"
     command_id: CommandId
@@ -53,6 +63,8 @@ class TokenChunk(WireModel):
     """On the last chunk: the request's stop string that ended it (the text omits it)."""
     prompt_tokens: int | None = None
     """On the first chunk: the prompt's length in tokens."""
+    prompt_logprobs: list[PromptTokenLogprob] | None = None
+    """On the first chunk, when the request asked (`prompt_logprobs`): the prompt scored."""
 
 
 class EmbeddingChunk(WireModel):

@@ -39,6 +39,7 @@ class Feature(StrEnum):
     LOGIT_BIAS = "logit bias"
     EMBEDDINGS = "embeddings"
     N = "several choices (n)"
+    PROMPT_LOGPROBS = "prompt logprobs (echo with logprobs)"
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,8 @@ class EngineTraits:
     `window_at_load`: it commits its whole KV window when it loads (so placement sizes the
     window to discrete VRAM), where the others grow their cache per request. `features`:
     the request features it honours; a request asking for another is refused.
+    `pipeline_features`: the features it honours when one instance is a pipeline over
+    several ranks (None: the same as `features`).
     `families`: the model families it can load at all (None: any its formats hold);
     placement never puts a model of another family on it (it would only fail at load)."""
 
@@ -60,6 +63,7 @@ class EngineTraits:
     sharded_families: frozenset[str] = frozenset()
     window_at_load: bool = False
     features: frozenset[Feature] = frozenset()
+    pipeline_features: frozenset[Feature] | None = None
 
 
 ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
@@ -71,17 +75,25 @@ ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
     "llama_server": EngineTraits(
         formats=frozenset({"gguf"}),
         window_at_load=True,
-        # Embeddings need a server started in embeddings-only mode: not served.
-        features=frozenset(Feature) - {Feature.EMBEDDINGS},
+        # Embeddings need a server started in embeddings-only mode: not served. Prompt
+        # logprobs: the server scores generated tokens only.
+        features=frozenset(Feature) - {Feature.EMBEDDINGS, Feature.PROMPT_LOGPROBS},
     ),
     "mlx": EngineTraits(
         formats=frozenset({"safetensors"}),
-        # The engine runs a model through skulk.worker.engines.mlx_family's adapters.
-        families=frozenset({"llama", "mistral", "qwen2", "qwen3"}),
+        # Any family mlx-lm loads runs on one rank (the whole mlx-lm model); a family with a
+        # layer adapter (skulk.worker.engines.mlx_family) also spans ranks.
+        families=None,
         multi_node=True,
         # The families skulk.worker.engines.mlx_family has a layer/tensor layout for.
         sharded_families=frozenset({"llama", "mistral", "qwen2", "qwen3"}),
-        features=frozenset({Feature.N}),
+        # Rank 0 shapes the logits (skulk.worker.engines.mlx_sampling.TokenChooser: logprobs,
+        # llguidance grammars, penalties, bias) where it computes them: on one rank or in a
+        # tensor group. A pipeline's last rank samples without the tokenizer or the prompt,
+        # so a pipeline serves plain sampling only. Embeddings: no MLX embedding path; the
+        # stage computes the head for the last position only, so no prompt logprobs.
+        features=frozenset(Feature) - {Feature.EMBEDDINGS, Feature.PROMPT_LOGPROBS},
+        pipeline_features=frozenset({Feature.N}),
     ),
     "mlx_audio": EngineTraits(formats=frozenset({"safetensors"})),
     # Skulk's vLLM path passes no logprobs, grammars, penalties or biases yet.
@@ -131,6 +143,8 @@ def required_features(params: TextGenerationParams) -> list[tuple[Feature, str]]
     wanted: list[tuple[Feature, str]] = []
     if params.logprobs:
         wanted.append((Feature.LOGPROBS, "logprobs"))
+    if params.prompt_logprobs:
+        wanted.append((Feature.PROMPT_LOGPROBS, "echo"))
     if params.response_format is not None:
         wanted.append((Feature.STRUCTURED_OUTPUT, "response_format"))
     if forced_tools(params.tools, params.tool_choice):
@@ -144,9 +158,24 @@ def required_features(params: TextGenerationParams) -> list[tuple[Feature, str]]
     return wanted
 
 
-def missing_features(engine: str, params: TextGenerationParams) -> list[tuple[Feature, str]]:
+def honoured_features(engine: str, *, pipelined: bool = False) -> frozenset[Feature]:
+    """The features `engine` honours, for an instance that is (`pipelined`) or is not a
+    pipeline over several ranks."""
+    traits = traits_of(engine)
+    if pipelined and traits.pipeline_features is not None:
+        return traits.pipeline_features
+    return traits.features
+
+
+def is_pipelined(sharding: str, world_size: int) -> bool:
+    """Whether an instance runs as a pipeline over several ranks."""
+    return world_size > 1 and sharding == "Pipeline"
+
+
+def missing_features(engine: str, params: TextGenerationParams, *,
+                     pipelined: bool = False) -> list[tuple[Feature, str]]:
     """The features `params` asks for that `engine` does not honour (empty: serve it)."""
-    have = traits_of(engine).features
+    have = honoured_features(engine, pipelined=pipelined)
     return [(feature, param) for feature, param in required_features(params) if feature not in have]
 
 
@@ -160,6 +189,8 @@ __all__ = [
     "ArtifactFormat",
     "EngineTraits",
     "Feature",
+    "honoured_features",
+    "is_pipelined",
     "missing_features",
     "required_features",
     "loads_family",

@@ -48,6 +48,9 @@ class TextGenerationParams(WireModel):
     tool_choice: str | dict[str, Any] | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0)
+    prompt_logprobs: bool = False
+    """Score the prompt's tokens too (legacy completions' `echo` with `logprobs`): the first
+    chunk carries each prompt token's logprob and `top_logprobs` alternatives."""
     stream: bool = False
     response_format: ResponseFormat | None = None
     frequency_penalty: FiniteFloat | None = Field(default=None, ge=-2, le=2)

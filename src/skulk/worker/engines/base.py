@@ -386,6 +386,7 @@ class Dispatcher:
         queue_capacity: int = DISPATCH_QUEUE_CAPACITY,
         name: str = "dispatch",
         engine_name: str | None = None,
+        pipelined: bool = False,
     ) -> None:
         if width < 1:
             raise ValueError(f"dispatcher width must be >= 1, got {width}")
@@ -393,6 +394,8 @@ class Dispatcher:
         self._engine_name = engine_name
         """The engine's name in the traits table; with it, a request for a feature the
         engine lacks is refused at admission (the API refuses it first; this is the guard)."""
+        self._pipelined = pipelined
+        """Whether the engine runs a pipeline over several ranks (fewer features, see the table)."""
         self._sink = sink
         self._width = width
         self._capacity = queue_capacity
@@ -531,7 +534,7 @@ class Dispatcher:
     def _unsupported(self, request: ApiRequest) -> DispatchRejected | None:
         if self._engine_name is None or not isinstance(request, TextGenerationParams):
             return None
-        for feature, param in missing_features(self._engine_name, request):
+        for feature, param in missing_features(self._engine_name, request, pipelined=self._pipelined):
             return DispatchRejected(
                 "FeatureUnsupported", f"the {self._engine_name} engine does not support {feature.value} ({param!r})")
         return None

@@ -22,7 +22,7 @@ import os
 import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,16 @@ from skulk.worker.engines.base import (
     usage_of,
 )
 from skulk.worker.engines.llama_cpp_prefix import LlamaPrefixStore
+from skulk.worker.engines.logits import (
+    GrammarRejected,
+    InvalidTokens,
+    ScoredToken,
+    Scores,
+    check_bias_ids,
+    log_softmax_at,
+    prompt_entries,
+    with_prompt_logprobs,
+)
 from skulk.worker.engines.prefix_cache import cold_budget_bytes
 from skulk.worker.engines.prompt_pieces import (
     PromptCancelled,
@@ -77,6 +87,11 @@ before the first client pays for it."""
 
 CHAT_TEMPLATE_KEY = "tokenizer.chat_template"
 
+PROMPT_SCORE_BATCH = 64
+"""Prompt positions scored per decode for `prompt_logprobs` (echo with logprobs): each asks
+llama.cpp for a whole vocabulary row of logits, so the batch bounds that buffer (64 rows of a
+150k vocabulary are 38 MB)."""
+
 POOLING_NONE = 0
 """llama.cpp's LLAMA_POOLING_TYPE_NONE: the context yields one embedding per token (every
 generative GGUF); other types pool inside llama.cpp and yield one per sequence."""
@@ -92,35 +107,11 @@ def opens_reasoning(rendered_prompt: str) -> bool:
     return rendered_prompt.rstrip().endswith(THINK_OPEN)
 
 
-@dataclass(frozen=True, slots=True)
-class ScoredToken(GeneratedToken):
-    """A sampled token with its log-probability under the model (before temperature and
-    truncation, as OpenAI reports it) and, when asked for, the most likely alternatives.
-    Only produced for requests with `logprobs`; the runner copies the two fields onto the
-    TokenChunk."""
-
-    logprob: float | None = None
-    top_logprobs: list[TopLogprob] | None = None
-
-
 class EmbeddingFailed(EngineError):
     error_type = "EmbeddingFailed"
 
 
 class InvalidDimensions(EngineError):
-    error_type = "InvalidRequest"
-
-
-class InvalidTokens(EngineError):
-    """A token-array embedding input holds an id outside this model's vocabulary."""
-
-    error_type = "InvalidRequest"
-
-
-class GrammarRejected(EngineError):
-    """The tool-call grammar could not be built or parsed by llama.cpp. The API compiles
-    the same grammar before dispatch, so this is a guard, not the caller's usual 400."""
-
     error_type = "InvalidRequest"
 
 
@@ -132,30 +123,13 @@ def check_token_ids(tokens: Sequence[int], n_vocab: int, index: int) -> None:
                                 f"(0..{n_vocab - 1})")
 
 
-def log_softmax_at(logits: np.ndarray, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:
-    """log p(token) under softmax(logits), and the `top` most likely (id, logprob), best
-    first. One pass of exp over the vocabulary; argpartition keeps top-k linear."""
-    peak = float(logits.max())
-    log_z = peak + float(np.log(np.exp(logits - peak, dtype=np.float64).sum()))
-    chosen = float(logits[token]) - log_z
-    if top <= 0:
-        return chosen, []
-    k = min(top, logits.shape[0])
-    ids = np.argpartition(logits, -k)[-k:]
-    ids = ids[np.argsort(-logits[ids], kind="stable")]
-    return chosen, [(int(i), float(logits[i]) - log_z) for i in ids]
-
-
 def logit_bias_processor(bias: dict[int, float], n_vocab: int) -> list[Callable[[Any, np.ndarray], np.ndarray]] | None:
     """llama-cpp-python logits processors adding `bias` (token id -> logit offset, as
     OpenAI's `logit_bias`), or None without a bias (the sampler chain stays native). Ids
     outside the vocabulary are refused: a bias that lands nowhere is a silent no-op."""
     if not bias:
         return None
-    for token in bias:
-        if not 0 <= token < n_vocab:
-            raise InvalidTokens(f"logit_bias names token id {token}, outside this model's vocabulary "
-                                f"(0..{n_vocab - 1})")
+    check_bias_ids(bias, n_vocab)
     ids = np.fromiter(bias.keys(), dtype=np.intp, count=len(bias))
     offsets = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
 
@@ -597,6 +571,36 @@ class LlamaCppEngine:
         llama_cpp.llama_sampler_free(probe)
         return grammar
 
+    def _score_prompt(self, llama: Any, prompt: list[int], top: int, cancelled: threading.Event) -> list[Scores] | None:
+        """Each prompt token's logprob given the tokens before it (`scores[j]` for
+        `prompt[j + 1]`), or None when `cancelled` was set. The model is run over the prompt
+        with logits for every position, `PROMPT_SCORE_BATCH` at a time (llama.cpp sizes its
+        output buffer per batch, so this works on a context loaded without `logits_all`);
+        the context is cleared before and after, so the generation that follows evaluates
+        its prompt afresh (twice the prompt's work, paid only by requests that ask)."""
+        import llama_cpp
+
+        ctx = llama._ctx.ctx
+        n_vocab = llama.n_vocab()
+        scores: list[Scores] = []
+        self._prefixes.save_hot(llama)  # the conversation held hot survives in the cold store
+        self._clear_context(llama)
+        try:
+            for start in range(0, len(prompt), PROMPT_SCORE_BATCH):
+                if cancelled.is_set():
+                    return None
+                part = prompt[start : start + PROMPT_SCORE_BATCH]
+                llama._batch.set_batch(batch=part, n_past=start, logits_all=True)
+                llama._ctx.decode(llama._batch)
+                for i in range(len(part)):
+                    if start + i + 1 >= len(prompt):
+                        break
+                    logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, i), shape=(n_vocab,))
+                    scores.append(log_softmax_at(logits, prompt[start + i + 1], top))
+        finally:
+            self._clear_context(llama)
+        return scores
+
     def _prefill(self, llama: Any, prompt: list[int], cancelled: threading.Event) -> int | None:
         """Evaluate all but the last prompt token, one batch at a time, checking `cancelled`
         between batches; None when it was set. `generate` then finds this prefix in the KV
@@ -613,6 +617,9 @@ class LlamaCppEngine:
                 return None
             llama.eval(head[start : start + llama.n_batch])
         return None if cancelled.is_set() else cached
+
+    def _token_text(self, token: int) -> str:
+        return self._require_loaded().detokenize([token]).decode("utf-8", errors="replace")
 
     def _is_end_of_generation(self, token: int) -> bool:
         import llama_cpp
@@ -645,6 +652,13 @@ class LlamaCppEngine:
         stops = StopStringFilter(request.stop)
         completion = 0
         grammar = self._grammar(llama, request)
+        scored_prompt = None
+        if request.prompt_logprobs:
+            scores = self._score_prompt(llama, prompt, request.top_logprobs or 0, cancelled)
+            if scores is None:
+                return  # cancelled while the prompt was scored
+            added_bos = bool(prompt) and prompt[0] == llama.token_bos() and self._adds_bos()
+            scored_prompt = prompt_entries(prompt, scores, self._token_text, skip_first=added_bos)
         cached = self._prefill(llama, prompt, cancelled)
         if cached is None:
             return  # cancelled while the prompt was evaluated: nothing to say
@@ -689,6 +703,8 @@ class LlamaCppEngine:
                         out = make(piece, token, None, None)
                 if first:
                     out, first = replace(out, prompt_tokens=n_prompt), False
+                    if scored_prompt is not None:
+                        out = with_prompt_logprobs(out, scored_prompt)
                 yield out
                 if out.finish_reason is not None:
                     return

@@ -16,10 +16,9 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-
-from skulk.worker.engines.mlx_sampling import Sampler
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +40,8 @@ class BatchSequence:
 
     prompt: list[int]
     max_tokens: int
-    sampler: Sampler
+    sampler: Callable[[Any], Any]
+    """The request's `Sampler`, or its `TokenChooser` when it shapes the logits."""
     out: queue.Queue = field(default_factory=queue.Queue)
     """(token, finish_reason) pairs, or an Exception that ended the loop."""
     uid: int | None = None

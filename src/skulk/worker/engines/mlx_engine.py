@@ -27,6 +27,11 @@ instead of "runner exited"; the runner then exits (`EngineBroken`). Followers ha
 and exit at once (`EXIT_GROUP_WEDGED`), as does any rank whose guarded evaluation outlives
 the eval watchdog (a peer that went silent without closing its socket).
 
+A request that asks for logprobs, logit bias, penalties or a grammar (structured output, a
+forced tool call) is sampled by a `mlx_sampling.TokenChooser` on rank 0, where the logits
+are computed on one rank and in a tensor group; a pipeline group refuses it (its last rank
+samples). A model family without a layer adapter (`mlx_family`) runs whole on one rank.
+
 This module never manages the runner's threads or queues beyond its own follower thread, and
 never reads cluster state: everything arrives in the `ShardSpec`.
 """
@@ -41,10 +46,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from skulk.shared.types.cards import backend_engine
+from skulk.shared.types.chunks import TopLogprob
 from skulk.shared.types.tasks import TextGenerationParams
 from skulk.worker.engines.base import (
     EngineBroken,
@@ -59,8 +66,9 @@ from skulk.worker.engines.base import (
     Utf8StreamDecoder,
     usage_of,
 )
+from skulk.worker.engines.logits import GrammarMatcher, ScoredToken, llguidance_tokenizer
 from skulk.worker.engines.mlx_batch import BatchLoop, BatchSequence, batch_width
-from skulk.worker.engines.mlx_family import family_of
+from skulk.worker.engines.mlx_family import adapter_for, family_of
 from skulk.worker.engines.mlx_prefix import MlxPrefixStore
 from skulk.worker.engines.mlx_group import (
     EVAL_TIMEOUT_ENV,
@@ -86,8 +94,16 @@ from skulk.worker.engines.mlx_pipeline import (
     forward_layers,
     last_logits,
     stage_role,
+    whole_model_logits,
+    whole_model_stage,
 )
-from skulk.worker.engines.mlx_sampling import Sampler, SamplingParams, resolve_sampling
+from skulk.worker.engines.mlx_sampling import (
+    Sampler,
+    SamplingParams,
+    TokenChooser,
+    resolve_sampling,
+    shaping_of,
+)
 from skulk.worker.engines.mlx_tensor import shard_layers
 from skulk.worker.engines.mlx_text import prompt_tokens, special_tokens, token_bytes_table
 from skulk.worker.engines.prefix_cache import cold_budget_bytes
@@ -138,6 +154,11 @@ class MlxEngine:
         self._in_flight = 0
         self._cache: list[Any] = []
         self._sampler: Sampler | None = None
+        self._chooser: TokenChooser | None = None
+        """Rank 0's shaped sampler for the request in flight (lockstep path), if it asked
+        for logprobs, bias, penalties or a grammar."""
+        self._vocab_size = 0
+        self._grammar_tokenizer: Any = None
         self._follower: threading.Thread | None = None
         self._closed = False
         self._width = 1
@@ -192,11 +213,16 @@ class MlxEngine:
         if not (path / "config.json").is_file():
             raise ModelLoadFailed(f"no MLX/HF model directory at {spec.model_path}")
         config = load_config(path)
-        family = family_of(str(config.get("model_type")))
-        role = stage_role(shard, spec.instance.sharding, int(config["num_hidden_layers"]))
+        # Multimodal configs keep the language model's shape in `text_config` (as cards read it).
+        text = {**config, **config["text_config"]} if isinstance(config.get("text_config"), dict) else config
+        role = stage_role(shard, spec.instance.sharding, int(text["num_hidden_layers"]))
+        # A family with a layer adapter runs as stages (any world); any other family mlx-lm
+        # loads runs whole on one rank (placement spans nodes only for adapted families).
+        family = family_of(str(config.get("model_type"))) if role.world > 1 else adapter_for(
+            str(config.get("model_type")))
         self._rank_nodes = [str(s.node_id) for s in spec.instance.shards]
         self._my_rank = role.rank
-        if role.tensor and family.tensor is None:
+        if role.tensor and family is not None and family.tensor is None:
             raise ModelLoadFailed(f"model_type {config.get('model_type')!r} has no tensor-parallel plan")
         if role.world > 1:
             # The group first: a ring that cannot form fails in seconds, before the weights load.
@@ -207,19 +233,24 @@ class MlxEngine:
             model, _ = load_model(path, lazy=True)
         except Exception as exc:
             raise ModelLoadFailed(f"mlx-lm could not load {path}: {exc}") from exc
-        parts = family.parts(model)
-        if role.tensor:
-            assert family.tensor is not None
-            shard_layers(parts.layers, family.tensor, self._group, config)
-        stage = build_stage(parts, role)
+        if family is None:
+            stage = whole_model_stage(model, role)
+        else:
+            parts = family.parts(model)
+            if role.tensor:
+                assert family.tensor is not None
+                shard_layers(parts.layers, family.tensor, self._group, config)
+            stage = build_stage(parts, role)
+            del parts
         if role.world == 1:
             self._width = batch_width(os.environ)
             if self._width > 1:
                 self._batch_model = model  # the batch generator runs the whole model (same arrays)
-        del model, parts  # unreferenced (lazy) weights of other ranks' layers are never read
+        del model  # unreferenced (lazy) weights of other ranks' layers are never read
         mx.eval(stage.parameters())
         self._stage = stage
-        self._hidden_size = int(config["hidden_size"])
+        self._hidden_size = int(text["hidden_size"])
+        self._vocab_size = int(text.get("vocab_size") or 0)
         self._activation_dtype = _activation_dtype(stage)
         self._n_ctx = min(spec.instance.context_token_limit, spec.card.context_length)
         self._model_id = str(spec.card.model_id)
@@ -305,8 +336,16 @@ class MlxEngine:
 
     def _prepare(
         self, request: TextGenerationParams, cancelled: threading.Event | None = None
-    ) -> tuple[list[int], int, SamplingParams]:
-        """Prompt ids, the most tokens this request may generate, and its sampling."""
+    ) -> tuple[list[int], int, SamplingParams, TokenChooser | None]:
+        """Prompt ids, the most tokens this request may generate, its sampling, and the
+        shaped sampler when it asks for more than plain sampling (checked first: a bad
+        logit_bias id or grammar fails before the prompt is tokenized)."""
+        stage = self._require_loaded()
+        shaping = shaping_of(request)
+        if not shaping.idle and not stage.role.computes_logits:
+            # Only a pipeline group gets here (the traits table refuses it at the API).
+            raise EngineError("logprobs, logit bias, penalties and grammars need rank 0 to compute the logits; "
+                              "this pipeline group samples on its last rank")
         prompt = self.prompt_tokens(request, cancelled)
         n_ctx = min(self._n_ctx, request.context_tokens or self._n_ctx)
         if len(prompt) >= n_ctx:
@@ -314,15 +353,26 @@ class MlxEngine:
         room = n_ctx - len(prompt)
         max_new = min(request.max_tokens, room) if request.max_tokens is not None else room
         params = resolve_sampling(request.temperature, request.top_p, request.top_k, request.seed, secrets.randbits(31))
-        return prompt, max_new, params
+        vocab = self._vocab_size or len(self._token_bytes)
+        chooser = None if shaping.idle else TokenChooser(Sampler(params), shaping, vocab, self._grammar_matcher)
+        return prompt, max_new, params, chooser
+
+    def _grammar_matcher(self, schema: str) -> GrammarMatcher:
+        """A constrained-decoding matcher for the JSON Schema text `schema`; llguidance's
+        tokenizer is built on the first grammar request and kept for the model's lifetime."""
+        if self._grammar_tokenizer is None:
+            hf = getattr(self._tokenizer, "_tokenizer", self._tokenizer)
+            self._grammar_tokenizer = llguidance_tokenizer(hf, sorted(self._eos))
+        return GrammarMatcher(self._grammar_tokenizer, schema)
 
     def _lead(self, request: TextGenerationParams, cancelled: threading.Event) -> Iterator[GeneratedToken]:
         try:
-            prompt, max_new, params = self._prepare(request, cancelled)
+            prompt, max_new, params, chooser = self._prepare(request, cancelled)
         except PromptCancelled:
             return  # the caller went away while the prompt was tokenized
         prefixes = self._prefixes
         cached = prefixes.prepare(prompt) if prefixes is not None else 0
+        self._chooser = chooser
         self._command(Header(OP_BEGIN, seed=params.seed, temperature=params.temperature,
                              top_p=params.top_p, top_k=params.top_k))
         state = {"last": None}
@@ -340,7 +390,7 @@ class MlxEngine:
             return state["last"]
 
         try:
-            yield from self._text(request, len(prompt), max_new, next_token, cancelled, cached)
+            yield from self._text(request, len(prompt), max_new, next_token, cancelled, chooser, cached)
         except Exception:
             # A step failed part-way: its KV is not trusted again. (A consumer closing the
             # stream lands between steps, where the hot tokens match the cache exactly.)
@@ -348,6 +398,7 @@ class MlxEngine:
                 prefixes.forget_hot()
             raise
         finally:
+            self._chooser = None
             # Finished, cancelled, or the client went away: the followers drop the request
             # too. A broken group has nobody left to tell (and the runner is about to exit).
             if self._broken is None:
@@ -355,11 +406,11 @@ class MlxEngine:
 
     def _batched(self, request: TextGenerationParams, cancelled: threading.Event) -> Iterator[GeneratedToken]:
         try:
-            prompt, max_new, params = self._prepare(request, cancelled)
+            prompt, max_new, params, chooser = self._prepare(request, cancelled)
         except PromptCancelled:
             return  # the caller went away while the prompt was tokenized
         assert self._batch is not None
-        sequence = self._batch.submit(BatchSequence(prompt, max_new, Sampler(params)))
+        sequence = self._batch.submit(BatchSequence(prompt, max_new, chooser or Sampler(params)))
         stall_s = seconds_from_env(os.environ, EVAL_TIMEOUT_ENV, EVAL_TIMEOUT_S)
 
         def next_token() -> int:
@@ -380,15 +431,32 @@ class MlxEngine:
         with self._count_lock:
             self._in_flight += 1
         try:
-            yield from self._text(request, len(prompt), max_new, next_token, cancelled)
+            yield from self._text(request, len(prompt), max_new, next_token, cancelled, chooser)
         finally:
             self._batch.remove(sequence)
             with self._count_lock:
                 self._in_flight -= 1
 
     def _text(self, request: TextGenerationParams, n_prompt: int, max_new: int, next_token: Callable[[], int],
-              cancelled: threading.Event, cached: int = 0) -> Iterator[GeneratedToken]:
-        """Tokens to client text: end-of-generation, stop strings, UTF-8, max_tokens, usage."""
+              cancelled: threading.Event, chooser: TokenChooser | None = None, cached: int = 0) -> Iterator[GeneratedToken]:
+        """Tokens to client text: end-of-generation, stop strings, UTF-8, max_tokens, usage,
+        and each token's logprobs when the request asked."""
+        for out in self._plain_text(request, n_prompt, max_new, next_token, cancelled, cached):
+            scores = chooser.pop_scores() if chooser is not None else None
+            if scores is None or out.token_id is None:
+                yield out
+                continue
+            chosen, best = scores
+            tops = [TopLogprob(token=self._token_text(i), logprob=lp, token_id=i) for i, lp in best]
+            plain = {f.name: getattr(out, f.name) for f in fields(GeneratedToken)}
+            yield ScoredToken(**plain, logprob=chosen, top_logprobs=tops)
+
+    def _token_text(self, token: int) -> str:
+        raw = self._token_bytes[token] if 0 <= token < len(self._token_bytes) else b""
+        return raw.decode("utf-8", errors="replace")
+
+    def _plain_text(self, request: TextGenerationParams, n_prompt: int, max_new: int, next_token: Callable[[], int],
+                    cancelled: threading.Event, cached: int = 0) -> Iterator[GeneratedToken]:
         decoder = Utf8StreamDecoder()
         stops = StopStringFilter(request.stop)
         completion = 0
@@ -529,6 +597,16 @@ class MlxEngine:
         if self._sampler is None:
             raise GroupBroken(f"rank {role.rank}: STEP outside a request")
         group = self._group
+        if stage.whole is not None:  # one rank, the whole mlx-lm model
+            assert tokens is not None
+            logits = whole_model_logits(stage, mx.array(tokens, dtype=mx.int32), self._cache)
+            if not header.sample:
+                mx.eval(logits)  # commit the KV cache of this prefill chunk
+                return None
+            sample = self._chooser if self._chooser is not None else self._sampler
+            token = sample(logits)
+            mx.eval(token)
+            return int(token.item())
         if role.embeds:
             assert tokens is not None
             hidden = embed_tokens(stage, mx.array(tokens, dtype=mx.int32))
@@ -555,8 +633,10 @@ class MlxEngine:
         token: Any = None
         if role.computes_logits and (role.rank == 0 or role.returns_token):
             # Tensor followers skip the head: rank 0's token reaches them in the next header.
-            token = self._sampler(last_logits(stage, hidden))
+            # A shaped request's chooser (rank 0 only) evaluates the logits as it samples.
+            sample = self._chooser if role.rank == 0 and self._chooser is not None else self._sampler
             with self._guard(f"rank {role.rank} sample"):
+                token = sample(last_logits(stage, hidden))
                 mx.eval(token)
             if role.returns_token:
                 with self._collective(f"rank {role.rank} token", 0):
@@ -606,6 +686,8 @@ def _activation_dtype(stage: Stage) -> Any:
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
+    if not stage.layers:
+        return mx.float32  # a whole-model stage sends no activations
     for _, value in tree_flatten(stage.layers[0].parameters()):
         if mx.issubdtype(value.dtype, mx.floating):
             return value.dtype

@@ -81,6 +81,11 @@ head_dim, so splitting heads leaves them whole; Qwen2's q/k/v biases are column-
 their weights by mlx's shard_linear."""
 
 
+def adapter_for(model_type: str) -> FamilyAdapter | None:
+    """The family's adapter, or None: a single rank then runs the whole mlx-lm model."""
+    return FAMILIES.get(model_type)
+
+
 def family_of(model_type: str) -> FamilyAdapter:
     adapter = FAMILIES.get(model_type)
     if adapter is None:
@@ -88,4 +93,4 @@ def family_of(model_type: str) -> FamilyAdapter:
     return adapter
 
 
-__all__ = ["FAMILIES", "FamilyAdapter", "ModelParts", "TensorPlan", "family_of"]
+__all__ = ["FAMILIES", "FamilyAdapter", "ModelParts", "TensorPlan", "adapter_for", "family_of"]

@@ -93,9 +93,14 @@ class Stage:
     layers: list[Any]
     norm: Any | None
     head: Any | None
+    whole: Any | None = None
+    """A single-rank instance of a family `mlx_family` has no adapter for: the whole mlx-lm
+    model, run as mlx-lm runs it (its own cache layout, sliding windows included)."""
 
     def parameters(self) -> list[Any]:
         """Every array this stage holds (to materialise them, or count their bytes)."""
+        if self.whole is not None:
+            return [self.whole.parameters()]
         modules = [m for m in (self.embed, self.norm, *self.layers) if m is not None]
         params = [m.parameters() for m in modules]
         head_owner = getattr(self.head, "__self__", self.head)  # a bound as_linear: its module
@@ -104,8 +109,10 @@ class Stage:
         return params
 
     def make_cache(self) -> list[Any]:
-        from mlx_lm.models.cache import KVCache
+        from mlx_lm.models.cache import KVCache, make_prompt_cache
 
+        if self.whole is not None:
+            return make_prompt_cache(self.whole)
         return [KVCache() for _ in self.layers]
 
 
@@ -124,6 +131,20 @@ def build_stage(parts: ModelParts, role: StageRole) -> Stage:
         norm=parts.norm if role.computes_logits else None,
         head=parts.head if role.computes_logits else None,
     )
+
+
+def whole_model_stage(model: Any, role: StageRole) -> Stage:
+    """A one-rank stage running `model` whole: how a family without a layer adapter is served
+    (every family mlx-lm loads runs on one rank; only adapted families span ranks)."""
+    if role.world != 1:
+        raise ModelLoadFailed("a model without an MLX layer adapter runs on one rank only")
+    return Stage(role=role, embed=None, layers=[], norm=None, head=None, whole=model)
+
+
+def whole_model_logits(stage: Stage, tokens: Any, cache: list[Any]) -> Any:
+    """Logits of the last position (vocab,) from the whole model over `tokens`, updating `cache`."""
+    assert stage.whole is not None
+    return stage.whole(tokens[None], cache=cache)[0, -1]
 
 
 def forward_layers(stage: Stage, hidden: Any, cache: list[Any]) -> Any:
@@ -154,6 +175,8 @@ __all__ = [
     "check_layer_range",
     "embed_tokens",
     "forward_layers",
+    "whole_model_logits",
+    "whole_model_stage",
     "last_logits",
     "stage_role",
 ]

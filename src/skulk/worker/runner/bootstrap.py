@@ -32,6 +32,7 @@ from typing import Any
 from skulk.shared.types.cards import backend_engine
 from skulk.shared.types.chunks import EmbeddingChunk, StreamPayload, StreamStarted, StreamTerminal, TokenChunk
 from skulk.shared.types.common import RunnerState
+from skulk.shared.types.engines import is_pipelined
 from skulk.shared.types.ids import RunnerId, TaskId
 from skulk.shared.types.instances import RunnerStatus
 from skulk.shared.types.tasks import ApiTask
@@ -198,7 +199,8 @@ class Runner:
                 self._set_phase("Loaded")
                 self._set_phase("WarmingUp")
             self._dispatcher = Dispatcher(engine, self, width=engine.concurrency, name=f"runner-{self._runner_id}",
-                                          engine_name=backend_engine(shard.backend))
+                                          engine_name=backend_engine(shard.backend),
+                                          pipelined=is_pipelined(spec.instance.sharding, shard.world_size))
             self._dispatcher.run_on_worker(engine.warm_up)
         except Exception:
             if self._dispatcher is not None:
@@ -425,7 +427,8 @@ def _chunk_of(command_id: str, token: GeneratedToken | GeneratedEmbedding) -> To
         return EmbeddingChunk(command_id=command_id, embeddings=token.embeddings, usage=token.usage)
     extras = {
         name: value
-        for name in ("logprob", "top_logprobs", "tool_calls", "reasoning", "stop_sequence", "prompt_tokens")
+        for name in ("logprob", "top_logprobs", "tool_calls", "reasoning", "stop_sequence", "prompt_tokens",
+                     "prompt_logprobs")
         if (value := getattr(token, name, None)) is not None
     }
     return TokenChunk(
