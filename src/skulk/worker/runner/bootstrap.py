@@ -98,6 +98,20 @@ def _vllm_engine() -> Engine:
     return VllmEngine()
 
 
+def _is_pool_donor(shard: Any) -> bool:
+    """Ranks 1..n of a multi-node llama.cpp instance lend memory (skulk.pool)."""
+    return backend_engine(shard.backend) == "llama_cpp" and shard.rank > 0
+
+
+def _pool_donor_engine() -> Engine:
+    from skulk.worker.engines.openmp import apply_wait_policy
+
+    apply_wait_policy(os.environ)  # before llama.cpp (and its OpenMP runtime) loads
+    from skulk.worker.engines.llama_pool import PoolDonorEngine
+
+    return PoolDonorEngine()
+
+
 ENGINES: Mapping[str, Callable[[], Engine]] = {
     "llama_cpp": _llama_cpp_engine,
     "llama_server": _llama_server_engine,
@@ -167,13 +181,16 @@ class Runner:
             card=self._load.card,
             model_path=self._load.model_path,
             n_threads=self._load.n_threads,
+            pool_key=bytes.fromhex(self._load.pool_key) if self._load.pool_key else None,
         )
         try:
             shard = spec.shard
-            factory = ENGINES.get(backend_engine(shard.backend))
+            factory = _pool_donor_engine if _is_pool_donor(shard) else ENGINES.get(backend_engine(shard.backend))
             if factory is None:
                 raise ValueError(f"no engine for backend {shard.backend!r} (known: {sorted(ENGINES)})")
             engine = factory()
+            if hasattr(engine, "set_fatal_handler"):
+                engine.set_fatal_handler(self.abort)
             engine.load(spec)
             self._engine = engine
             self._set_phase("Loaded")
@@ -217,6 +234,25 @@ class Runner:
                 log.warning("runner %s: generations still running at shutdown", self._runner_id)
         if self._engine is not None:
             self._engine.close()
+
+    def abort(self, error_type: str, message: str) -> None:
+        """The engine broke outside any generation's control (a pool lost a donor): end
+        every open stream with `error_type` and `message`, report Failed, exit. Never
+        returns. Runs on the engine's thread; output is written synchronously first."""
+        with self._streams_lock:
+            streams = list(self._streams.values())
+            self._streams.clear()
+        for stream in streams:
+            task = stream.task
+            with stream.lock:
+                self._frame(task, StreamTerminal(
+                    command_id=task.command_id, seq=stream.next_seq, outcome="failed",
+                    error_type=error_type, error_message=message,
+                ))
+                self._send(TaskDone(task_id=task.task_id, outcome="failed", error_message=message))
+        log.critical("runner %s: %s; exiting", self._runner_id, message)
+        self._set_phase("Failed", error=message)
+        os._exit(EXIT_ENGINE_BROKEN)
 
     # -- inbox handlers (main thread); each returns False to stop serving -------------------
 
