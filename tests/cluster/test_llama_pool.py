@@ -1,0 +1,170 @@
+"""A GGUF model pooled over llama.cpp's RPC backend across real node processes on loopback:
+greedy tokens identical to one node, State showing every rank's layers and memory, a raw
+TCP client at a donor's pool port getting nothing, and kill -9 of a donor's runner
+mid-stream ending the client's stream with a typed error naming the donor's node."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import threading
+
+import httpx
+import psutil
+import pytest
+
+from skulk.pool.layout import pool_port
+from skulk.shared.types.common import ChatMessage
+from skulk.shared.types.instances import Instance
+from skulk.shared.types.tasks import TextGenerationParams
+from tests.cluster.harness import start_linked, wait_agreed
+from tests.nodeproc import NodeProcess, wait_for
+from tests.worker.tiny_gguf import TINY_GGUF_MODEL_ID, tiny_gguf, tiny_gguf_card, tiny_instance  # noqa: F401
+
+pytestmark = pytest.mark.timeout(420)
+
+MODEL = TINY_GGUF_MODEL_ID
+PROMPT = "the the the the"
+MAX_TOKENS = 24
+READY_DEADLINE_S = 180.0
+ENV = {"SKULK_NO_ENGINE_AUTOPROVISION": "1"}
+
+
+def one_node_text(model_path) -> str:
+    """The reference: the same request on the in-process engine, one node, greedy."""
+    from skulk.worker.engines.base import ShardSpec
+    from skulk.worker.engines.llama_cpp import LlamaCppEngine
+
+    card = tiny_gguf_card()
+    instance = tiny_instance(card)
+    engine = LlamaCppEngine()
+    engine.load(ShardSpec(instance=instance, runner_id=instance.shards[0].runner_id, card=card,
+                          model_path=str(model_path), n_threads=1))
+    try:
+        params = TextGenerationParams(model_id=MODEL, messages=[ChatMessage(role="user", content=PROMPT)],
+                                      max_tokens=MAX_TOKENS, temperature=0.0)
+        return "".join(t.text for t in engine.generate(params, threading.Event()))
+    finally:
+        engine.close()
+
+
+def place_pool(node: NodeProcess, width: int) -> dict:
+    def placed():
+        response = httpx.post(node.url + "/place_instance", json={"modelId": MODEL, "minNodes": width}, timeout=10)
+        if response.status_code == 503:
+            return None
+        assert response.status_code == 200, response.text
+        preview = response.json()["preview"]
+        try:
+            wait_for(lambda: preview["instanceId"] in node.get("/state").json()["instances"], timeout_s=10,
+                     interval_s=0.25, what="the instance")
+        except TimeoutError:
+            return None
+        return preview
+
+    return wait_for(placed, timeout_s=90, interval_s=0.5, what=f"a {width}-node pool")
+
+
+def ready(node: NodeProcess, instance_id: str) -> bool:
+    state = node.get("/state").json()
+    instance = state["instances"].get(instance_id)
+    return instance is not None and all(
+        state["runners"].get(s["runnerId"], {}).get("state") == "Ready" for s in instance["shards"])
+
+
+def chat(node: NodeProcess) -> str:
+    response = httpx.post(node.url + "/v1/chat/completions", timeout=120, json={
+        "model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+    })
+    assert response.status_code == 200, response.text
+    return response.json()["choices"][0]["message"]["content"]
+
+
+def start_pool(spawn_node, width: int) -> tuple[list[NodeProcess], dict]:
+    names = [f"pool{width}-{c}" for c in "abc"[:width]]
+    nodes = start_linked(lambda name, **kw: spawn_node(name, env=ENV, **kw), names)
+    wait_agreed(nodes, members=width)
+    wait_for(lambda: len(nodes[0].get("/state").json()["nodeNetwork"]) == width, timeout_s=60, interval_s=0.25,
+             what="every node's network in State")
+    preview = place_pool(nodes[0], width)
+    try:
+        wait_for(lambda: ready(nodes[0], preview["instanceId"]), timeout_s=READY_DEADLINE_S, interval_s=0.5,
+                 what="every rank Ready")
+    except TimeoutError as exc:
+        logs = "\n".join(f"--- {n.data_dir.name}\n{n.log()[-5000:]}" for n in nodes)
+        raise AssertionError(f"{exc}\n{logs}") from None
+    return nodes, preview
+
+
+@pytest.mark.parametrize("width", [2, 3])
+def test_pooled_gguf_chats_like_one_node_and_state_shows_every_rank(spawn_node, tiny_gguf, width) -> None:
+    expected = one_node_text(tiny_gguf)
+    nodes, preview = start_pool(spawn_node, width)
+    state = nodes[0].get("/state").json()
+    instance = state["instances"][preview["instanceId"]]
+    shards = instance["shards"]
+    assert len({s["nodeId"] for s in shards}) == width
+    assert [s["backend"].split("-")[0] for s in shards] == ["llama_cpp"] * width
+    assert shards[0]["startLayer"] == 0 and shards[-1]["endLayer"] == tiny_gguf_card().num_layers
+    assert all(s["endLayer"] > s["startLayer"] for s in shards)
+    assert [s["rank"] for s in instance["capacity"]["shards"]] == list(range(width))  # every rank's memory plan
+    assert chat(nodes[1]) == expected  # through a node that is not the driver's
+
+    # Every pool port answers a stray TCP client with nothing and hangs up.
+    typed = Instance.model_validate(instance)
+    for shard in shards[1:]:
+        host = typed.ring_hosts[shard["rank"]]
+        with socket.create_connection((host, pool_port(typed, shard["rank"])), timeout=5) as sock:
+            sock.sendall(b"\x00" * 64)  # a ggml RPC HELLO-sized probe, no key
+            sock.settimeout(10)
+            assert sock.recv(1024) == b""
+
+
+def kill_donor_runner(node: NodeProcess) -> None:
+    for child in psutil.Process(node.proc.pid).children(recursive=True):
+        child.send_signal(signal.SIGKILL)
+
+
+def test_kill_9_of_a_donor_runner_mid_stream_fails_the_stream_naming_the_node(spawn_node) -> None:
+    import json
+    import time
+
+    nodes, preview = start_pool(spawn_node, 2)
+    ids = {n.get("/node_id").json()["nodeId"]: n for n in nodes}
+    ranks = {s["rank"]: s["nodeId"] for s in preview["shards"]}
+    driver, donor = ids[ranks[0]], ids[ranks[1]]
+    gate = threading.Event()
+    texts: list[str] = []
+    body = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 1800,
+            "temperature": 0, "stream": True}
+    message = None
+    with httpx.stream("POST", driver.url + "/v1/chat/completions", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[len("data: "):])
+            if "error" in event:
+                assert gate.is_set(), f"failed before the kill: {event}"
+                message = event["error"]["message"]
+                break
+            choice = event["choices"][0] if event.get("choices") else {}
+            texts.append((choice.get("delta") or {}).get("content") or "")
+            assert choice.get("finish_reason") is None, f"ended before the kill could land: {event}"
+            if not gate.is_set() and len(texts) >= 3:
+                kill_donor_runner(donor)
+                gate.set()
+    assert message is not None, "the stream ended without an error"
+    assert ranks[1] in message and "rank 1" in message, message
+    # The master re-places (a broken group: fresh instance id) and it serves again.
+    def serving_again():
+        state = driver.get("/state").json()
+        mine = [i for i in state["instances"].values() if i["modelId"] == MODEL]
+        if preview["instanceId"] in state["instances"] or len(mine) != 1:
+            return None
+        return mine[0] if ready(driver, mine[0]["instanceId"]) else None
+
+    wait_for(serving_again, timeout_s=READY_DEADLINE_S, interval_s=1.0, what="the pool re-placed and Ready")
+    assert chat(driver)
+    del time
