@@ -1,10 +1,13 @@
-"""A GGUF model pooled over llama.cpp's RPC backend across real node processes on loopback:
-greedy tokens identical to one node, State showing every rank's layers and memory, a raw
-TCP client at a donor's pool port getting nothing, and kill -9 of a donor's runner
-mid-stream ending the client's stream with a typed error naming the donor's node."""
+"""A GGUF model pooled over llama.cpp's RPC backend across 2 and 3 real node processes on
+loopback: greedy tokens identical to one node, State showing every rank's layers and memory,
+a raw TCP client at every pool port getting nothing; then kill -9 of a donor's runner (2
+nodes) or of a donor's whole node (3 nodes) mid-stream ends the client's stream with an error
+naming the lost node and rank, and the repaired placement serves the same tokens again."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import signal
 import socket
 import threading
@@ -27,6 +30,8 @@ MODEL = TINY_GGUF_MODEL_ID
 PROMPT = "the the the the"
 MAX_TOKENS = 24
 READY_DEADLINE_S = 180.0
+NODE_TIMEOUT_S = 10.0
+"""The master's prune timeout in the node-loss test (as tests/cluster/test_node_loss.py)."""
 ENV = {"SKULK_NO_ENGINE_AUTOPROVISION": "1"}
 
 
@@ -81,9 +86,9 @@ def chat(node: NodeProcess) -> str:
     return response.json()["choices"][0]["message"]["content"]
 
 
-def start_pool(spawn_node, width: int) -> tuple[list[NodeProcess], dict]:
+def start_pool(spawn_node, width: int, env: dict | None = None) -> tuple[list[NodeProcess], dict]:
     names = [f"pool{width}-{c}" for c in "abc"[:width]]
-    nodes = start_linked(lambda name, **kw: spawn_node(name, env=ENV, **kw), names)
+    nodes = start_linked(lambda name, **kw: spawn_node(name, env={**ENV, **(env or {})}, **kw), names)
     wait_agreed(nodes, members=width)
     wait_for(lambda: len(nodes[0].get("/state").json()["nodeNetwork"]) == width, timeout_s=60, interval_s=0.25,
              what="every node's network in State")
@@ -97,10 +102,9 @@ def start_pool(spawn_node, width: int) -> tuple[list[NodeProcess], dict]:
     return nodes, preview
 
 
-@pytest.mark.parametrize("width", [2, 3])
-def test_pooled_gguf_chats_like_one_node_and_state_shows_every_rank(spawn_node, tiny_gguf, width) -> None:
-    expected = one_node_text(tiny_gguf)
-    nodes, preview = start_pool(spawn_node, width)
+def check_pool(nodes: list[NodeProcess], preview: dict, expected: str, width: int) -> Instance:
+    """Tokens identical to one node, every rank's layers and memory in State, and every pool
+    port answering a stray TCP client with nothing."""
     state = nodes[0].get("/state").json()
     instance = state["instances"][preview["instanceId"]]
     shards = instance["shards"]
@@ -109,9 +113,7 @@ def test_pooled_gguf_chats_like_one_node_and_state_shows_every_rank(spawn_node, 
     assert shards[0]["startLayer"] == 0 and shards[-1]["endLayer"] == tiny_gguf_card().num_layers
     assert all(s["endLayer"] > s["startLayer"] for s in shards)
     assert [s["rank"] for s in instance["capacity"]["shards"]] == list(range(width))  # every rank's memory plan
-    assert chat(nodes[1]) == expected  # through a node that is not the driver's
-
-    # Every pool port answers a stray TCP client with nothing and hangs up.
+    assert chat(nodes[-1]) == expected
     typed = Instance.model_validate(instance)
     for shard in shards[1:]:
         host = typed.ring_hosts[shard["rank"]]
@@ -119,52 +121,91 @@ def test_pooled_gguf_chats_like_one_node_and_state_shows_every_rank(spawn_node, 
             sock.sendall(b"\x00" * 64)  # a ggml RPC HELLO-sized probe, no key
             sock.settimeout(10)
             assert sock.recv(1024) == b""
+    return typed
 
 
-def kill_donor_runner(node: NodeProcess) -> None:
-    for child in psutil.Process(node.proc.pid).children(recursive=True):
-        child.send_signal(signal.SIGKILL)
-
-
-def test_kill_9_of_a_donor_runner_mid_stream_fails_the_stream_naming_the_node(spawn_node) -> None:
-    import json
-    import time
-
-    nodes, preview = start_pool(spawn_node, 2)
-    ids = {n.get("/node_id").json()["nodeId"]: n for n in nodes}
-    ranks = {s["rank"]: s["nodeId"] for s in preview["shards"]}
-    driver, donor = ids[ranks[0]], ids[ranks[1]]
-    gate = threading.Event()
-    texts: list[str] = []
+def stream_until(api: NodeProcess, kill) -> str:
+    """Stream a long greedy chat through `api`; `kill` after three chunks; the error message."""
+    killed = threading.Event()
+    chunks = 0
     body = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 1800,
             "temperature": 0, "stream": True}
-    message = None
-    with httpx.stream("POST", driver.url + "/v1/chat/completions", json=body, timeout=60) as response:
+    with httpx.stream("POST", api.url + "/v1/chat/completions", json=body, timeout=60) as response:
         assert response.status_code == 200
         for line in response.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             event = json.loads(line[len("data: "):])
             if "error" in event:
-                assert gate.is_set(), f"failed before the kill: {event}"
-                message = event["error"]["message"]
-                break
+                assert killed.is_set(), f"failed before the kill: {event}"
+                return event["error"]["message"]
             choice = event["choices"][0] if event.get("choices") else {}
-            texts.append((choice.get("delta") or {}).get("content") or "")
             assert choice.get("finish_reason") is None, f"ended before the kill could land: {event}"
-            if not gate.is_set() and len(texts) >= 3:
-                kill_donor_runner(donor)
-                gate.set()
-    assert message is not None, "the stream ended without an error"
-    assert ranks[1] in message and "rank 1" in message, message
-    # The master re-places (a broken group: fresh instance id) and it serves again.
-    def serving_again():
-        state = driver.get("/state").json()
-        mine = [i for i in state["instances"].values() if i["modelId"] == MODEL]
-        if preview["instanceId"] in state["instances"] or len(mine) != 1:
-            return None
-        return mine[0] if ready(driver, mine[0]["instanceId"]) else None
+            chunks += 1
+            if not killed.is_set() and chunks >= 3:
+                kill()
+                killed.set()
+    raise AssertionError("the stream ended without an error")
 
-    wait_for(serving_again, timeout_s=READY_DEADLINE_S, interval_s=1.0, what="the pool re-placed and Ready")
-    assert chat(driver)
-    del time
+
+def serving_again(api: NodeProcess, old_id: str, without: str | None = None) -> dict | None:
+    state = api.get("/state").json()
+    mine = [i for i in state["instances"].values() if i["modelId"] == MODEL]
+    if old_id in state["instances"] or len(mine) != 1:
+        return None
+    if without is not None and (without in state["nodes"] or without in {s["nodeId"] for s in mine[0]["shards"]}):
+        return None
+    return mine[0] if ready(api, mine[0]["instanceId"]) else None
+
+
+def kill_runners(node: NodeProcess) -> None:
+    for child in psutil.Process(node.proc.pid).children(recursive=True):
+        child.send_signal(signal.SIGKILL)
+
+
+def kill_node(node: NodeProcess) -> None:
+    runners = psutil.Process(node.proc.pid).children(recursive=True)
+    node.proc.send_signal(signal.SIGKILL)
+    for runner in runners:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            runner.kill()
+
+
+def test_two_node_pool_then_kill_9_of_the_donor_runner(spawn_node, tiny_gguf) -> None:
+    expected = one_node_text(tiny_gguf)
+    nodes, preview = start_pool(spawn_node, 2)
+    check_pool(nodes, preview, expected, 2)
+    ids = {n.get("/node_id").json()["nodeId"]: n for n in nodes}
+    ranks = {s["rank"]: s["nodeId"] for s in preview["shards"]}
+    driver, donor = ids[ranks[0]], ids[ranks[1]]
+
+    message = stream_until(driver, lambda: kill_runners(donor))
+    assert ranks[1] in message and "rank 1" in message and "lost" in message, message
+    # A broken group: the master re-places it (fresh instance id) and it serves again.
+    wait_for(lambda: serving_again(driver, preview["instanceId"]), timeout_s=READY_DEADLINE_S, interval_s=1.0,
+             what="the pool re-placed and Ready")
+    assert chat(driver) == expected
+
+
+def test_three_node_pool_then_kill_9_of_a_donors_node(spawn_node, tiny_gguf) -> None:
+    expected = one_node_text(tiny_gguf)
+    nodes, preview = start_pool(spawn_node, 3, env={"SKULK_TEST_NODE_TIMEOUT_SECONDS": str(NODE_TIMEOUT_S)})
+    check_pool(nodes, preview, expected, 3)
+    ids = {n.get("/node_id").json()["nodeId"]: n for n in nodes}
+    master_id = nodes[0].get("/v1/cluster").json()["masterNodeId"]
+    ranks = {s["rank"]: s["nodeId"] for s in preview["shards"]}
+    victim_rank = 2 if ranks[2] != master_id else 1  # no master failover in this test
+    victim_id = ranks[victim_rank]
+    driver = ids[ranks[0]]
+
+    message = stream_until(driver, lambda: kill_node(ids[victim_id]))
+    assert victim_id in message and f"rank {victim_rank}" in message and "lost" in message, message
+    try:
+        new = wait_for(lambda: serving_again(driver, preview["instanceId"], without=victim_id),
+                       timeout_s=READY_DEADLINE_S, interval_s=1.0, what="the model re-placed on the survivors")
+    except TimeoutError as exc:
+        state = driver.get("/state").json()
+        raise AssertionError(f"{exc}\ninstances {state['instances']}\nrunners {state['runners']}\n"
+                             f"repairs {state.get('repairFailures')}") from None
+    assert victim_id not in {s["nodeId"] for s in new["shards"]}
+    assert chat(driver) == expected
