@@ -124,8 +124,8 @@ def check_pool(nodes: list[NodeProcess], preview: dict, expected: str, width: in
     return typed
 
 
-def stream_until(api: NodeProcess, kill) -> str:
-    """Stream a long greedy chat through `api`; `kill` after three chunks; the error message."""
+def stream_until(api: NodeProcess, kill) -> dict:
+    """Stream a long greedy chat through `api`; `kill` after three chunks; the error object."""
     killed = threading.Event()
     chunks = 0
     body = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 1800,
@@ -138,7 +138,7 @@ def stream_until(api: NodeProcess, kill) -> str:
             event = json.loads(line[len("data: "):])
             if "error" in event:
                 assert killed.is_set(), f"failed before the kill: {event}"
-                return event["error"]["message"]
+                return event["error"]
             choice = event["choices"][0] if event.get("choices") else {}
             assert choice.get("finish_reason") is None, f"ended before the kill could land: {event}"
             chunks += 1
@@ -179,7 +179,9 @@ def test_two_node_pool_then_kill_9_of_the_donor_runner(spawn_node, tiny_gguf) ->
     ranks = {s["rank"]: s["nodeId"] for s in preview["shards"]}
     driver, donor = ids[ranks[0]], ids[ranks[1]]
 
-    message = stream_until(driver, lambda: kill_runners(donor))
+    error = stream_until(driver, lambda: kill_runners(donor))
+    message = error["message"]
+    assert error["code"] == "PoolMemberLost", error
     assert ranks[1] in message and "rank 1" in message and "lost" in message, message
     # A broken group: the master re-places it (fresh instance id) and it serves again.
     wait_for(lambda: serving_again(driver, preview["instanceId"]), timeout_s=READY_DEADLINE_S, interval_s=1.0,
@@ -198,7 +200,9 @@ def test_three_node_pool_then_kill_9_of_a_donors_node(spawn_node, tiny_gguf) -> 
     victim_id = ranks[victim_rank]
     driver = ids[ranks[0]]
 
-    message = stream_until(driver, lambda: kill_node(ids[victim_id]))
+    error = stream_until(driver, lambda: kill_node(ids[victim_id]))
+    message = error["message"]
+    assert error["code"] == "PoolMemberLost", error
     assert victim_id in message and f"rank {victim_rank}" in message and "lost" in message, message
     try:
         new = wait_for(lambda: serving_again(driver, preview["instanceId"], without=victim_id),
