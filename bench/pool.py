@@ -9,7 +9,9 @@ Configurations (every one on this machine, loopback, the same GGUF, greedy, same
 - direct RPC: the same driver code dialling a ggml RPC server with no channel at all (the
   channel's whole cost is the difference);
 - llama.cpp RPC: llama.cpp's own setup from the same pinned source, `llama-server --rpc` to
-  `ggml-rpc-server`, timed from its streamed tokens (and its own timings).
+  `ggml-rpc-server`, timed from its streamed tokens;
+- llama-server alone: the same server without RPC, so the engine difference (C++ server loop
+  vs the in-process engine's Python token loop) reads apart from the pooling's cost.
 
 Every pooled configuration splits the layers the same way (half on each side, the output
 layer on the donor). All processes share this machine's cores, so pooled figures measure the
@@ -33,6 +35,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -97,7 +101,17 @@ def _rpc_server_direct(port_out, threads: int) -> None:
         time.sleep(3600)
 
 
-def run_engine(requests, card, path: Path, threads: int, mode: str) -> dict:
+@dataclass
+class Config:
+    """One loaded configuration: `stream(params)` yields (token id, arrival time)."""
+
+    stream: Callable
+    load_s: float
+    close: Callable[[], None]
+    note: str = ""
+
+
+def open_engine(card, path: Path, threads: int, mode: str) -> Config:
     """mode: one | pool | pool-plain | direct."""
     from skulk.worker.engines.base import ShardSpec
     from skulk.worker.engines.llama_cpp import LlamaCppEngine
@@ -109,10 +123,17 @@ def run_engine(requests, card, path: Path, threads: int, mode: str) -> dict:
     engine = LlamaCppEngine()
     engine.set_fatal_handler(lambda kind, message: (print(f"FATAL {kind}: {message}", flush=True), os._exit(9)))
     started = time.monotonic()
+
+    def close() -> None:
+        engine.close()
+        if helper is not None:
+            helper.kill()
+            helper.join(timeout=10)
+
     try:
         if mode in ("pool", "pool-plain"):
             encrypt = "0" if mode == "pool-plain" else "1"
-            os.environ["SKULK_POOL_ENCRYPT"] = encrypt
+            os.environ["SKULK_POOL_ENCRYPT"] = encrypt  # read by the driver's links at load
             helper = ctx.Process(target=_donor, args=(inst, card, str(path), threads, encrypt), daemon=True)
             helper.start()
             engine.load(ShardSpec(instance=inst, runner_id="r0", card=card, model_path=str(path),
@@ -125,13 +146,10 @@ def run_engine(requests, card, path: Path, threads: int, mode: str) -> dict:
             _load_direct(engine, inst, card, path, threads, f"127.0.0.1:{port}")
         else:
             engine.load(ShardSpec(instance=inst, runner_id="r0", card=card, model_path=str(path), n_threads=threads))
-        load_s = time.monotonic() - started
-        return {"load_s": load_s, **_measure(lambda p: _stream_engine(engine, p), requests)}
-    finally:
-        engine.close()
-        if helper is not None:
-            helper.kill()
-            helper.join(timeout=10)
+    except BaseException:
+        close()
+        raise
+    return Config(lambda p: _stream_engine(engine, p), time.monotonic() - started, close)
 
 
 def _load_direct(engine, inst, card, path, threads, endpoint) -> None:
@@ -158,75 +176,81 @@ def _stream_engine(engine, params):
     return ((t.token_id, time.monotonic()) for t in engine.generate(params, threading.Event()))
 
 
-def _measure(stream, requests) -> dict:
-    ttfts, rates, outputs = [], [], []
-    for n, params in enumerate(requests):
-        t0 = time.monotonic()
-        stamps, tokens = [], []
-        for token, at in stream(params):
-            tokens.append(token)
-            stamps.append(at)
-        if n == 0:
-            continue  # warms caches; not counted
-        outputs.append(tokens)
-        ttfts.append(stamps[0] - t0)
-        if len(stamps) > 1:
-            rates.append((len(stamps) - 1) / (stamps[-1] - stamps[0]))
-    return {"tok_s": statistics.median(rates), "ttft_ms": statistics.median(ttfts) * 1000, "tokens": outputs}
+def _one_request(stream, params) -> tuple[list[int], float, float | None]:
+    """(tokens, TTFT seconds, decode tok/s or None)."""
+    t0 = time.monotonic()
+    stamps, tokens = [], []
+    for token, at in stream(params):
+        tokens.append(token)
+        stamps.append(at)
+    rate = (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 and stamps[-1] > stamps[0] else None
+    return tokens, stamps[0] - t0, rate
 
 
-def run_llama_cpp_rpc(requests, card, path: Path, threads: int, bin_dir: Path) -> dict:
-    """llama.cpp's own setup: llama-server --rpc to ggml-rpc-server, same split."""
+def open_llama_server(card, path: Path, threads: int, bin_dir: Path, pooled: bool = True) -> Config:
+    """llama.cpp's own setup: llama-server --rpc to ggml-rpc-server, same split (or, with
+    `pooled` False, llama-server alone: the engine difference without any pooling)."""
     from tests.nodeproc import free_port
 
     rpc_port, http_port = free_port(), free_port()
     split = device_split(instance(card, 2).shards, card.num_layers)
     logs = Path(tempfile.mkdtemp(prefix="pool-bench-"))
-    server = subprocess.Popen([str(bin_dir / "ggml-rpc-server"), "-H", "127.0.0.1", "-p", str(rpc_port),
-                               "-t", str(threads)], stdout=open(logs / "rpc.log", "w"), stderr=subprocess.STDOUT)
+    server = None
+    if pooled:
+        server = subprocess.Popen([str(bin_dir / "ggml-rpc-server"), "-H", "127.0.0.1", "-p", str(rpc_port),
+                                   "-t", str(threads)], stdout=open(logs / "rpc.log", "w"),
+                                  stderr=subprocess.STDOUT)
+    rpc_args = (["--rpc", f"127.0.0.1:{rpc_port}", "-ngl", str(split.n_gpu_layers),
+                 "-ts", ",".join(str(int(x)) for x in split.tensor_split)] if pooled else ["-ngl", "0"])
     driver = None
+
+    def close() -> None:
+        for proc in (driver, server):
+            if proc is not None:
+                proc.kill()
+                proc.wait(timeout=10)
+
     try:
         time.sleep(1.0)
         started = time.monotonic()
         driver = subprocess.Popen(
-            [str(bin_dir / "llama-server"), "-m", str(path), "--rpc", f"127.0.0.1:{rpc_port}",
-             "-ngl", str(split.n_gpu_layers), "-ts", ",".join(str(int(x)) for x in split.tensor_split),
+            [str(bin_dir / "llama-server"), "-m", str(path), *rpc_args,
              "-t", str(threads), "-tb", str(threads), "-c", "2048", "-np", "1", "--host", "127.0.0.1",
              "--port", str(http_port), "--no-warmup", "-lv", "4"],
             stdout=open(logs / "server.log", "w"), stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{http_port}"
         deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
+        while True:
             try:
                 if httpx.get(url + "/health", timeout=2).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
-            if driver.poll() is not None:
+            if driver.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError((logs / "server.log").read_text()[-3000:])
             time.sleep(0.25)
-        load_s = time.monotonic() - started
-        placed = "using device RPC0" in (logs / "server.log").read_text()
+    except BaseException:
+        close()
+        raise
+    load_s = time.monotonic() - started
+    note = ""
+    if pooled:
+        note = "layers on RPC: " + str("using device RPC0" in (logs / "server.log").read_text())
 
-        def stream(params):
-            body = {"prompt": params.prompt, "n_predict": params.max_tokens, "temperature": 0, "stream": True,
-                    "cache_prompt": False, "return_tokens": True}
-            with httpx.stream("POST", url + "/completion", json=body, timeout=300) as response:
-                for line in response.iter_lines():
-                    if not line.startswith("data: "):
-                        continue
-                    event = json.loads(line[6:])
-                    for token in event.get("tokens") or []:
-                        yield token, time.monotonic()
-                    if event.get("stop"):
-                        return
+    def stream(params):
+        body = {"prompt": params.prompt, "n_predict": params.max_tokens, "temperature": 0, "stream": True,
+                "cache_prompt": False, "return_tokens": True}
+        with httpx.stream("POST", url + "/completion", json=body, timeout=300) as response:
+            for line in response.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                event = json.loads(line[6:])
+                for token in event.get("tokens") or []:
+                    yield token, time.monotonic()
+                if event.get("stop"):
+                    return
 
-        return {"load_s": load_s, "layers_on_rpc": placed, **_measure(stream, requests)}
-    finally:
-        for proc in (driver, server):
-            if proc is not None:
-                proc.kill()
-                proc.wait(timeout=10)
+    return Config(stream, load_s, close, note)
 
 
 def main() -> int:
@@ -249,25 +273,40 @@ def main() -> int:
     print(f"model {path} ({path.stat().st_size / 1e6:.0f} MB, {spec.num_layers} layers); "
           f"{args.requests} requests x {args.tokens} tokens; threads {args.threads}; "
           f"load average {os.getloadavg()[0]:.2f}", flush=True)
-    rows: dict[str, dict] = {}
-    configs = [("one node", lambda: run_engine(requests, card, path, args.threads, "one")),
-               ("skulk pool", lambda: run_engine(requests, card, path, args.threads, "pool")),
-               ("skulk pool, plain", lambda: run_engine(requests, card, path, args.threads, "pool-plain")),
-               ("direct RPC", lambda: run_engine(requests, card, path, args.threads, "direct"))]
+    openers = [("one node", lambda: open_engine(card, path, args.threads, "one")),
+               ("skulk pool", lambda: open_engine(card, path, args.threads, "pool")),
+               ("skulk pool, plain", lambda: open_engine(card, path, args.threads, "pool-plain")),
+               ("direct RPC", lambda: open_engine(card, path, args.threads, "direct"))]
     if (args.llama_bin_dir / "ggml-rpc-server").is_file() and (args.llama_bin_dir / "llama-server").is_file():
-        configs.append(("llama.cpp RPC", lambda: run_llama_cpp_rpc(requests, card, path, args.threads,
-                                                                     args.llama_bin_dir)))
+        openers.append(("llama.cpp RPC", lambda: open_llama_server(card, path, args.threads, args.llama_bin_dir)))
+        openers.append(("llama-server alone",
+                        lambda: open_llama_server(card, path, args.threads, args.llama_bin_dir, pooled=False)))
     else:
         print(f"no ggml-rpc-server/llama-server under {args.llama_bin_dir}: llama.cpp's own RPC not measured")
-    for name, run in configs:
-        try:
-            rows[name] = run()
-        except Exception as exc:  # one configuration's failure is reported, the others still run
-            print(f"{name}: FAILED: {exc}", flush=True)
-            continue
-        row = rows[name]
-        print(f"{name}: {row['tok_s']:.2f} tok/s, TTFT {row['ttft_ms']:.0f} ms, load {row['load_s']:.1f} s"
-              + (f", layers on RPC: {row['layers_on_rpc']}" if "layers_on_rpc" in row else ""), flush=True)
+    configs: dict[str, Config] = {}
+    try:
+        for name, opener in openers:
+            try:
+                configs[name] = opener()
+            except Exception as exc:  # one configuration's failure is reported, the others still run
+                print(f"{name}: FAILED to load: {exc}", flush=True)
+                continue
+            print(f"{name}: loaded in {configs[name].load_s:.1f} s {configs[name].note}", flush=True)
+            _one_request(configs[name].stream, requests[0])  # warms caches; not counted
+        # Round-robin: every configuration decodes request n before any decodes n + 1, so a
+        # shared machine's load drifts over all of them alike.
+        results: dict[str, list] = {name: [] for name in configs}
+        for params in requests[1:]:
+            for name, config in configs.items():
+                results[name].append(_one_request(config.stream, params))
+    finally:
+        for config in configs.values():
+            config.close()
+    rows = {
+        name: {"tokens": [r[0] for r in runs], "ttft_ms": statistics.median(r[1] for r in runs) * 1000,
+               "tok_s": statistics.median(r[2] for r in runs if r[2]), "load_s": configs[name].load_s}
+        for name, runs in results.items()
+    }
     base = rows.get("one node")
     if base is None:
         return 1
@@ -281,7 +320,10 @@ def main() -> int:
               f"{row['ttft_ms']:>9.0f}{row['load_s']:>8.1f}{'yes' if same else 'NO':>13}")
     if "skulk pool" in rows and "skulk pool, plain" in rows:
         cost = 1 - rows["skulk pool"]["tok_s"] / rows["skulk pool, plain"]["tok_s"]
-        print(f"encryption cost on pooled decode: {cost:+.1%} (a setting only if > 5%: SKULK_POOL_ENCRYPT)")
+        print(f"encryption cost on pooled decode: {cost:+.1%} (SKULK_POOL_ENCRYPT=0 turns it off)")
+    if "skulk pool" in rows and "direct RPC" in rows:
+        cost = 1 - rows["skulk pool"]["tok_s"] / rows["direct RPC"]["tok_s"]
+        print(f"whole channel cost on pooled decode (vs the same driver with no channel): {cost:+.1%}")
     return 0
 
 
