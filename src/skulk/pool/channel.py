@@ -150,7 +150,7 @@ def server_handshake(sock: socket.socket, key: bytes) -> tuple[bytes, bytes]:
     except (OSError, ConnectionError) as exc:
         raise ChannelRefused(f"handshake failed: {exc}") from exc
     sock.settimeout(None)
-    to_driver, from_driver = _session_keys(key, cn, sn)[1], _session_keys(key, cn, sn)[0]
+    from_driver, to_driver = _session_keys(key, cn, sn)
     return to_driver, from_driver
 
 

@@ -70,6 +70,13 @@ class PoolDriver:
 
     def connect(self) -> None:
         """Open a link per donor and wait (bounded) until every donor's gate accepts us."""
+        try:
+            self._connect()
+        except BaseException:
+            self.close()
+            raise
+
+    def _connect(self) -> None:
         key = _require_key(self._spec)
         instance = self._spec.instance
         try:
