@@ -82,8 +82,9 @@ def instance(card, world: int) -> Instance:
                     ring_hosts=["127.0.0.1"] * world if world > 1 else [])
 
 
-def _donor(inst: Instance, card, path: str, threads: int, encrypt: str) -> None:
+def _donor(inst: Instance, card, path: str, threads: int, encrypt: str, cache_dir: str = "") -> None:
     os.environ["SKULK_POOL_ENCRYPT"] = encrypt
+    os.environ["SKULK_POOL_TENSOR_CACHE_DIR"] = cache_dir
     from skulk.worker.engines.base import ShardSpec
     from skulk.worker.engines.llama_pool import PoolDonorEngine
 
@@ -111,7 +112,7 @@ class Config:
     note: str = ""
 
 
-def open_engine(card, path: Path, threads: int, mode: str) -> Config:
+def open_engine(card, path: Path, threads: int, mode: str, cache_dir: str = "") -> Config:
     """mode: one | pool | pool-plain | direct."""
     from skulk.worker.engines.base import ShardSpec
     from skulk.worker.engines.llama_cpp import LlamaCppEngine
@@ -134,7 +135,8 @@ def open_engine(card, path: Path, threads: int, mode: str) -> Config:
         if mode in ("pool", "pool-plain"):
             encrypt = "0" if mode == "pool-plain" else "1"
             os.environ["SKULK_POOL_ENCRYPT"] = encrypt  # read by the driver's links at load
-            helper = ctx.Process(target=_donor, args=(inst, card, str(path), threads, encrypt), daemon=True)
+            helper = ctx.Process(target=_donor, args=(inst, card, str(path), threads, encrypt, cache_dir),
+                                 daemon=True)
             helper.start()
             engine.load(ShardSpec(instance=inst, runner_id="r0", card=card, model_path=str(path),
                                   n_threads=threads, pool_key=KEY))
@@ -260,6 +262,8 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--prompt-words", type=int, default=48)
+    parser.add_argument("--cache-loads", action="store_true",
+                        help="also time a pool's load with the donor's RPC tensor cache, cold and warm")
     parser.add_argument("--models-dir", type=Path, default=Path(tempfile.gettempdir()) / "skulk-bench-models")
     parser.add_argument("--llama-bin-dir", type=Path,
                         default=Path.home() / ".cache/skulk/engines/0.3.36-cpu/build/bin")
@@ -321,6 +325,15 @@ def main() -> int:
     if "skulk pool" in rows and "skulk pool, plain" in rows:
         cost = 1 - rows["skulk pool"]["tok_s"] / rows["skulk pool, plain"]["tok_s"]
         print(f"encryption cost on pooled decode: {cost:+.1%} (SKULK_POOL_ENCRYPT=0 turns it off)")
+    if args.cache_loads:
+        cache = tempfile.mkdtemp(prefix="pool-tensor-cache-")
+        loads = {}
+        for label in ("cold (fills the cache)", "warm (hashes only)"):
+            config = open_engine(card, path, args.threads, "pool", cache)
+            loads[label] = config.load_s
+            config.close()
+        print(f"pool load with SKULK_POOL_TENSOR_CACHE_DIR: no cache {rows['skulk pool']['load_s']:.1f} s, "
+              + ", ".join(f"{k} {v:.1f} s" for k, v in loads.items()))
     if "skulk pool" in rows and "direct RPC" in rows:
         cost = 1 - rows["skulk pool"]["tok_s"] / rows["direct RPC"]["tok_s"]
         print(f"whole channel cost on pooled decode (vs the same driver with no channel): {cost:+.1%}")

@@ -75,18 +75,21 @@ def _wait_listening(port: int, deadline_s: float) -> bool:
     return False
 
 
-def start_server(n_threads: int) -> int:
+def start_server(n_threads: int, cache_dir: str | None = None) -> int:
     """Start a ggml RPC server on 127.0.0.1 (never another address) serving this process's
     CPU device, on a daemon thread (the C call never returns; the server ends with the
-    process). Returns its port once it accepts connections."""
+    process). Returns its port once it accepts connections. `cache_dir`: llama.cpp's RPC
+    tensor cache (weight tensors over 10 MiB are kept there by content hash, so a later load
+    of the same tensors sends only their hashes)."""
     ggml, rpc = _libs()
     cpu = ggml.ggml_backend_dev_by_type(GGML_DEVICE_TYPE_CPU)
     devices = (ctypes.c_void_p * 1)(cpu)
     for _attempt in range(3):
         port = free_loopback_port()
         endpoint = f"127.0.0.1:{port}".encode()
+        cache = cache_dir.encode() if cache_dir else None
         thread = threading.Thread(
-            target=rpc.ggml_backend_rpc_start_server, args=(endpoint, None, n_threads, 1, devices),
+            target=rpc.ggml_backend_rpc_start_server, args=(endpoint, cache, n_threads, 1, devices),
             name="ggml-rpc-server", daemon=True,
         )
         thread.start()

@@ -37,6 +37,19 @@ with the driver). Past it the driver fails to load, naming the donors it could n
 PROBE_INTERVAL_S = 0.25
 ENCRYPT_ENV = "SKULK_POOL_ENCRYPT"
 """'0' carries pool bytes authenticated but unencrypted (see README: measured cost)."""
+TENSOR_CACHE_ENV = "SKULK_POOL_TENSOR_CACHE_DIR"
+"""A directory for a donor's llama.cpp RPC tensor cache (off when unset): a re-load of the
+same model (a repair, a re-placement) then ships only hashes of its large tensors instead of
+the weights. Opt-in because nothing bounds or evicts it: it keeps a second copy of every
+donor share ever loaded."""
+
+
+def tensor_cache_dir() -> str | None:
+    path = os.environ.get(TENSOR_CACHE_ENV, "").strip()
+    if not path:
+        return None
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
 
 FatalHandler = Callable[[str, str], None]
 
@@ -169,7 +182,7 @@ class PoolDonorEngine:
         from skulk.worker.engines.llama_cpp import physical_cores
 
         try:
-            self.rpc_port = rpc.start_server(spec.n_threads or physical_cores())
+            self.rpc_port = rpc.start_server(spec.n_threads or physical_cores(), tensor_cache_dir())
             self._gate = DonorGate(host, port, channel_key(key, spec.instance, shard.rank), self.rpc_port,
                                    encrypt=encrypt_enabled())
         except (OSError, rpc.RpcUnavailable) as exc:
@@ -191,4 +204,4 @@ class PoolDonorEngine:
             self._gate.close()
 
 
-__all__ = ["DONOR_CONNECT_DEADLINE_S", "ENCRYPT_ENV", "PoolDonorEngine", "PoolDriver", "PoolMemberLost"]
+__all__ = ["DONOR_CONNECT_DEADLINE_S", "ENCRYPT_ENV", "TENSOR_CACHE_ENV", "PoolDonorEngine", "PoolDriver", "PoolMemberLost"]
