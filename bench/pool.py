@@ -29,6 +29,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -211,6 +212,7 @@ def open_llama_server(card, path: Path, threads: int, bin_dir: Path, pooled: boo
             if proc is not None:
                 proc.kill()
                 proc.wait(timeout=10)
+        shutil.rmtree(logs, ignore_errors=True)
 
     try:
         time.sleep(1.0)
@@ -328,12 +330,17 @@ def main() -> int:
     if args.cache_loads:
         cache = tempfile.mkdtemp(prefix="pool-tensor-cache-")
         loads = {}
-        for label in ("cold (fills the cache)", "warm (hashes only)"):
-            config = open_engine(card, path, args.threads, "pool", cache)
-            loads[label] = config.load_s
-            config.close()
+        try:
+            for label in ("cold (fills the cache)", "warm (hashes only)"):
+                config = open_engine(card, path, args.threads, "pool", cache)
+                loads[label] = config.load_s
+                config.close()
+            cached_mb = sum(f.stat().st_size for f in Path(cache).iterdir()) / 1e6
+        finally:
+            shutil.rmtree(cache, ignore_errors=True)
+        loads_text = ", ".join(f"{k} {v:.1f} s" for k, v in loads.items())
         print(f"pool load with SKULK_POOL_TENSOR_CACHE_DIR: no cache {rows['skulk pool']['load_s']:.1f} s, "
-              + ", ".join(f"{k} {v:.1f} s" for k, v in loads.items()))
+              f"{loads_text}; {cached_mb:.0f} MB of the donor's share cached (not re-sent when warm)")
     if "skulk pool" in rows and "direct RPC" in rows:
         cost = 1 - rows["skulk pool"]["tok_s"] / rows["direct RPC"]["tok_s"]
         print(f"whole channel cost on pooled decode (vs the same driver with no channel): {cost:+.1%}")
