@@ -112,7 +112,10 @@ def check_pool(nodes: list[NodeProcess], preview: dict, expected: str, width: in
     assert [s["backend"].split("-")[0] for s in shards] == ["llama_cpp"] * width
     assert shards[0]["startLayer"] == 0 and shards[-1]["endLayer"] == tiny_gguf_card().num_layers
     assert all(s["endLayer"] > s["startLayer"] for s in shards)
-    assert [s["rank"] for s in instance["capacity"]["shards"]] == list(range(width))  # every rank's memory plan
+    plans = instance["capacity"]["shards"]  # every rank's memory, as placement admitted it
+    assert [s["rank"] for s in plans] == list(range(width))
+    assert [s["layers"] for s in plans] == [s["endLayer"] - s["startLayer"] for s in shards]
+    assert all(s["admittedBytes"] > 0 for s in plans)
     assert chat(nodes[-1]) == expected
     typed = Instance.model_validate(instance)
     for shard in shards[1:]:

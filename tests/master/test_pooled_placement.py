@@ -57,6 +57,9 @@ CUDA = ("llama_cpp", "llama_cpp-cuda")
 def test_pooled_placements(name, resources, links, req, expected_layers, expected_backends):
     instance = place(GGUF_8B, cluster(sorted(resources), links), resources, request(GGUF_8B, **req), new_id=ids())
     assert layers(instance) == expected_layers, name
+    # State carries every rank's admitted memory (the capacity plan per rank).
+    assert [s.rank for s in instance.capacity.shards] == list(range(len(expected_layers)))
+    assert all(s.admitted_bytes > 0 for s in instance.capacity.shards)
     assert [s.backend for s in instance.shards] == expected_backends, name
     assert instance.sharding == "Pipeline"
 
