@@ -9,8 +9,10 @@ The engine warms up on the dispatcher's own thread, the thread that will decode:
 OpenMP build keeps one thread team per calling thread, and a second team (warm-up on the main
 thread, decoding on another) doubles the threads that wait at every barrier.
 
-This process must never touch the network, cluster state or the event log: it talks only to
-its parent, through the inbox queue and the outbox pipe it was given. It must never outlive its parent either (a
+This process must never touch cluster state or the event log: it talks only to its parent,
+through the inbox queue and the outbox pipe it was given. The only network it touches is its
+own group's (an MLX ring, or a llama.cpp pool's authenticated channel, `skulk.pool`): ranks
+1..n of a multi-node llama_cpp instance run the pool donor instead of the engine. It must never outlive its parent either (a
 watchdog thread exits it when the parent pid goes away).
 """
 
@@ -238,7 +240,8 @@ class Runner:
     def abort(self, error_type: str, message: str) -> None:
         """The engine broke outside any generation's control (a pool lost a donor): end
         every open stream with `error_type` and `message`, report Failed, exit. Never
-        returns. Runs on the engine's thread; output is written synchronously first."""
+        returns. Runs on whichever thread noticed (a pool channel's); every frame is
+        written synchronously before the exit."""
         with self._streams_lock:
             streams = list(self._streams.values())
             self._streams.clear()
