@@ -47,6 +47,7 @@ from skulk.observe.lost_members import LostMembers
 from skulk.observe.recorder import FlightRecorder, LogRing
 from skulk.observe.structured_logs import IngestShipper, structured_log_handlers
 from skulk.observe.traces import TraceStore, master_decision_span, run_trace_janitor
+from skulk.pool.layout import derive_pool_key
 from skulk.routing.cluster_key import ClusterKeyError, derive_peer_token, derive_wire_key, resolve_cluster_key
 from skulk.routing.constants import NETWORK_VERSION
 from skulk.routing.router import Router, RouterError
@@ -213,6 +214,7 @@ class Node:
         self._own_store: StoreAddress | None = None
         self._own_hosts: frozenset[str] = frozenset()
         self._peer_token: str | None = None
+        self._pool_key: bytes | None = None
         """This cluster's node-to-node HTTP credential (derived from the cluster key)."""
         self._access: AccessPolicy | None = None
         self._store_choice: StoreChoice | None = None
@@ -266,6 +268,7 @@ class Node:
         settings = self.settings
         key = resolve_cluster_key(settings.cluster_key, settings.paths.data_home, settings.cluster_key_file)
         self._peer_token = derive_peer_token(key)
+        self._pool_key = derive_pool_key(key)
         self._access = access_policy(settings, self._peer_token)
         return await Router.open(
             node_id=self.node_id,
@@ -345,6 +348,7 @@ class Node:
                 on_deactivate=self.staged_copies.reconcile,
                 disk_reserve_bytes=eviction_policy(settings.model_store).reserve_bytes,
                 traces=self.traces,
+                pool_key=self._pool_key,
             )
         me = SelfInfo(
             node_id=self.node_id, node_name=settings.node_name, version=__version__,

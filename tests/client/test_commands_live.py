@@ -111,7 +111,7 @@ def test_the_repl_keeps_the_conversation_and_leaves_on_exit(node, monkeypatch, c
 
 REFUSALS = [
     (("place", "no/such-model"), "unknown_model", ("404", "no/such-model")),
-    (("place", MODEL, "--nodes", "3"), "sharding_unsupported", ("400", "min_nodes=3")),
+    (("place", MODEL, "--nodes", "3"), "topology_gap", ("400", "needs 3 compatible node(s)")),
     (("place", MODEL, "--exclude", "solo"), "exclusions_removed_all", ("400", "exclude fewer")),
     (("place", MODEL, "--sharding", "Diagonal"), "invalid_request", ("Pipeline or Tensor",)),
     (("chat", "no/such-model", "-p", "hi"), "model_not_found", ("404", "place")),

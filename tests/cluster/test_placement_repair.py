@@ -115,11 +115,12 @@ async def create_on(nodes: list[NodeProcess], instance: Instance) -> None:
     raise AssertionError(f"instance {instance.instance_id} was never created\n{all_logs(nodes)[-4000:]}")
 
 
-def test_a_refused_single_node_engine_falls_back_to_the_other_node_and_serves(spawn_node):
+def test_a_refused_gguf_shard_falls_back_to_the_other_node_and_serves(spawn_node):
     refuser, healthy = start(spawn_node, [("refuser", REFUSE_ALL), ("healthy", {})])
     refuser_id, healthy_id = node_id(refuser), node_id(healthy)
     # Both nodes' resources known everywhere: one single-node preview per node.
-    wait_for(lambda: all(len(n.get(f"/instance/previews?modelId={GGUF_MODEL}").json()["previews"]) == 2
+    wait_for(lambda: all(len([p for p in n.get(f"/instance/previews?modelId={GGUF_MODEL}").json()["previews"]
+                              if len(p["nodeIds"]) == 1]) == 2
                          for n in (refuser, healthy)), timeout_s=REPAIR_DEADLINE_S, what="both nodes placeable")
     first = Instance(
         instance_id=new_id(), model_id=GGUF_MODEL, sharding="Pipeline", context_token_limit=2048,
@@ -140,8 +141,8 @@ def test_a_refused_single_node_engine_falls_back_to_the_other_node_and_serves(sp
         inst = wait_for(serving, timeout_s=120, interval_s=0.5, what="the re-placed instance serving")
     except TimeoutError as exc:
         raise AssertionError(f"{exc}\n{all_logs([refuser, healthy])[-6000:]}") from None
-    # llama.cpp serves on one node, so "one node wider" is impossible: straight to the
-    # single-node fallback, which excludes the refuser.
+    # "One node wider" is a llama.cpp pool over both nodes, which the refuser refuses again;
+    # then the single-node fallback, which excludes the refuser.
     assert [s["nodeId"] for s in inst["shards"]] == [healthy_id]
     assert inst["repairHop"] == 2 and refuser_id in inst["excludedNodes"]
     assert f"node {refuser_id} refused its shard" in all_logs([refuser, healthy])

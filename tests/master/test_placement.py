@@ -41,6 +41,8 @@ GB = 10**9
 MLX_CPU = ("mlx", "mlx-cpu")
 MLX_METAL = ("mlx", "mlx-metal")
 LLAMA_CPU = ("llama_cpp", "llama_cpp-cpu")
+GGUF_SERVED_ONLY = GGUF_8B.model_copy(update={"placement": GGUF_8B.placement.model_copy(
+    update={"compatible_backends": ["llama_server", "llama_server-cpu"], "backend_preference": []})})
 
 
 def res(node, available, backends=MLX_CPU, total=None):
@@ -361,10 +363,19 @@ def _fails(card, state, resources, req):
         ),
         (
             "a single-node engine asked for two nodes",
+            GGUF_SERVED_ONLY,
+            cluster("ab", ["a-b"]),
+            {n: res(n, 64 * GB, ("llama_server", "llama_server-cpu")) for n in "ab"},
+            request(GGUF_SERVED_ONLY, min_nodes=2),
+            ShardingUnsupported,
+            400,
+        ),
+        (
+            "a llama.cpp pool asked for tensor sharding",
             GGUF_8B,
             cluster("ab", ["a-b"]),
             {n: res(n, 64 * GB, LLAMA_CPU) for n in "ab"},
-            request(GGUF_8B, min_nodes=2),
+            request(GGUF_8B, min_nodes=2, sharding="Tensor"),
             ShardingUnsupported,
             400,
         ),
@@ -378,10 +389,10 @@ def _fails(card, state, resources, req):
             400,
         ),
         (
-            "a GGUF model too big for any node is never split",
+            "a GGUF model too big even for the whole pool",
             GGUF_8B,
             cluster("ab", ["a-b"]),
-            {n: res(n, 4 * GB, LLAMA_CPU) for n in "ab"},
+            {n: res(n, 2 * GB, LLAMA_CPU) for n in "ab"},
             request(GGUF_8B),
             MemoryShortfall,
             400,

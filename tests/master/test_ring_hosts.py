@@ -78,10 +78,12 @@ def instance(backend: str) -> Instance:
     )
 
 
-def test_only_mlx_instances_get_ring_hosts() -> None:
+def test_only_spanning_engines_get_ring_hosts() -> None:
     state = State(node_network={A: [nic("ethernet", "10.0.0.1")], B: [nic("ethernet", "10.0.0.2")]})
     assert ring_hosts_for(instance("mlx-cpu"), state) == ["10.0.0.1", "10.0.0.2"]
-    assert ring_hosts_for(instance("llama_cpp-cpu"), state) == []
+    # A llama.cpp pool: the driver dials each donor's pool channel at its host.
+    assert ring_hosts_for(instance("llama_cpp-cpu"), state) == ["10.0.0.1", "10.0.0.2"]
+    assert ring_hosts_for(instance("vllm-cuda"), state) == []
 
 
 @pytest.mark.parametrize(
@@ -90,7 +92,8 @@ def test_only_mlx_instances_get_ring_hosts() -> None:
         ({}, "mlx-cpu", []),  # no node reports networks (a bare state): nothing to wait for
         ({A: [nic("ethernet", "10.0.0.1")]}, "mlx-cpu", [B]),  # b's report is still gossiping
         ({A: [nic("ethernet", "10.0.0.1")], B: [nic("loopback", "127.0.0.1")]}, "mlx-cpu", []),  # reported, unusable
-        ({A: [nic("ethernet", "10.0.0.1")]}, "llama_cpp-cpu", []),
+        ({A: [nic("ethernet", "10.0.0.1")]}, "llama_cpp-cpu", [B]),
+        ({A: [nic("ethernet", "10.0.0.1")]}, "vllm-cuda", []),
     ],
 )
 def test_placement_waits_only_for_unreported_ring_nodes(network, backend, expected) -> None:

@@ -29,7 +29,7 @@ def params(**fields) -> TextGenerationParams:
 def test_derived_vocabularies():
     assert GGUF_ENGINES == {"llama_cpp", "llama_server"}
     assert SAFETENSORS_ONLY_ENGINES == {"mlx", "mlx_audio"}
-    assert MULTI_NODE_ENGINES == {"mlx"}
+    assert MULTI_NODE_ENGINES == {"mlx", "llama_cpp"}
     assert WINDOW_AT_LOAD_ENGINES == {"llama_cpp", "llama_server", "vllm"}
 
 
@@ -76,7 +76,8 @@ def test_is_pipelined(sharding, world, pipelined):
 
 
 @pytest.mark.parametrize(("engine", "family", "spans"), [
-    ("mlx", "llama", True), ("mlx", "qwen3", True), ("mlx", "gemma3", False), ("llama_cpp", "llama", False),
+    ("mlx", "llama", True), ("mlx", "qwen3", True), ("mlx", "gemma3", False), ("llama_cpp", "llama", True),
+    ("llama_cpp", "gemma3", True), ("llama_server", "llama", False),
 ])
 def test_shards_family(engine, family, spans):
     assert shards_family(engine, family) is spans

@@ -158,6 +158,7 @@ STREAM_ERROR_KINDS: dict[str, ErrorKind] = {
     "MasterFailover": "unavailable",
     "instance_gone": "unavailable",
     "TaskFailed": "unavailable",  # the master failed the task: its instance is gone or was never placed
+    "PoolMemberLost": "unavailable",  # a llama.cpp pool lost a donor: the instance is being re-placed
     "client_too_slow": "overloaded",
     "protocol_violation": "upstream",
     # Runner errors that are the request's fault, reported before any output went out

@@ -30,6 +30,7 @@ from skulk.capacity.planner import (
 from skulk.shared.memory_estimate import (
     NodeMemoryTotals,
     admission_context_tokens,
+    assignment_footprint,
     assignment_share,
     instance_context_token_limit,
 )
@@ -84,7 +85,8 @@ def _plan_shard(
     policy: CapacityPolicy,
 ) -> ShardCapacity:
     layers, share = assignment_share(card, shard)
-    base = dict(node_id=shard.node_id, rank=shard.rank, layers=len(layers))
+    base = dict(node_id=shard.node_id, rank=shard.rank, layers=len(layers),
+                admitted_bytes=assignment_footprint(card, shard).total_bytes)
     if device is None:
         return ShardCapacity(**base, device_kind="ram", gpu_layers=0, hot_kv_tokens=0, effective_context_tokens=0,
                              planner_effective_context_tokens=0, shortfall="no memory reading for the node")

@@ -14,7 +14,13 @@ The rules, in the order they apply:
    card's order, llama_server before in-process llama_cpp: `skulk.master.backend_choice`).
 3. Node sets are tried from `min_nodes` up to every candidate. A multi-node set needs one
    engine that can span nodes (MULTI_NODE_ENGINES) and a rank order in which consecutive
-   ranks share an edge (either kind, either direction).
+   ranks share an edge (either kind, either direction). In a multi-node set each node
+   serves with the first tag of the card's order whose engine can span nodes with this
+   family and sharding (a GGUF pool uses llama_cpp-* even where llama_server ranks first
+   for one node). Mixed compute variants are admitted in a llama.cpp pool (a CPU donor
+   under a CUDA driver): each ggml RPC server computes its layers with its own backend,
+   and the driver only ships tensors and graphs. A pooled GGUF instance is therefore the
+   automatic answer when no single node admits the model, or what `min_nodes > 1` asks.
 4. Shards: Pipeline gives each rank layers in proportion to its available memory (largest
    remainder, at least one layer each, no boundary beyond max_pipeline_split_layer);
    Tensor splits the weights evenly, only where the card supports it and the world size
@@ -37,7 +43,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from types import MappingProxyType
 from typing import ClassVar
@@ -58,17 +64,17 @@ from skulk.shared.slots import engine_slots, kv_copies
 from skulk.shared.types.base import WireModel
 from skulk.shared.types.cards import ModelCard, backend_engine
 from skulk.shared.types.commands import PlaceInstance
-from skulk.shared.types.engines import MULTI_NODE_ENGINES, loads_family, shards_family
+from skulk.shared.types.engines import MULTI_NODE_ENGINES, loads_family, shards_family, spans_with, traits_of
 from skulk.shared.types.common import Sharding
 from skulk.shared.types.ids import InstanceId, ModelId, NodeId, RunnerId
 from skulk.shared.types.instances import Instance, InstanceCapacity, ShardAssignment
 from skulk.shared.types.state import State
 from skulk.shared.types.telemetry import NodeResources
 
-"""Engines whose runners can split one model across nodes (pipeline ring, tensor). This is
-platform truth, not model truth: the in-process llama.cpp runner, llama-server, vLLM and
-mlx_audio serve single-node in this build (llama.cpp RPC pooling is a different placement
-shape with no layer ranges), so their cards only ever get single-node placements."""
+"""Engines whose runners can split one model across nodes (MULTI_NODE_ENGINES): MLX
+(pipeline ring, tensor) and the in-process llama.cpp runner (RPC memory pooling, layer
+ranges: rank 0 drives, the others lend memory). llama-server, vLLM and mlx_audio serve
+single-node in this build."""
 
 MAX_SETS_PER_SIZE = 4096
 """Bound on the node sets examined per world size (combinations in node-id order). Exact
@@ -370,6 +376,17 @@ class _Node:
     """ram_available_bytes plus any master credit."""
     slots: int = 1
     """The node's slot setting for its backend's engine (`skulk.shared.slots.engine_slots`)."""
+    span_backend: str | None = None
+    """The tag this node serves with as one rank of a multi-node set (the first tag of the
+    card's order whose engine can span nodes with the family and sharding), or None."""
+    span_rank: int = 0
+    span_slots: int = 1
+
+    def spanning(self) -> _Node | None:
+        """This node as a rank of a multi-node set, or None when it cannot be one."""
+        if self.span_backend is None:
+            return None
+        return replace(self, backend=self.span_backend, backend_rank=self.span_rank, slots=self.span_slots)
 
 
 @dataclass(frozen=True)
@@ -508,8 +525,15 @@ def _search(
             s.incompatible[node_id] = tuple(reading.backends)
             continue
         available = reading.memory.ram_available_bytes + max(credits.get(node_id, 0), 0)
-        slots = engine_slots(backend, reading.engine_slots)
-        s.compatible.append(_Node(node_id, backend, ordered.index(backend), available, slots))
+        span = next((tag for tag in ordered if tag in reading.backends
+                     and shards_family(backend_engine(tag), card.family)
+                     and spans_with(backend_engine(tag), sharding)), None)
+        s.compatible.append(_Node(
+            node_id, backend, ordered.index(backend), available,
+            slots=engine_slots(backend, reading.engine_slots),
+            span_backend=span, span_rank=ordered.index(span) if span is not None else 0,
+            span_slots=engine_slots(span, reading.engine_slots) if span is not None else 1,
+        ))
     if len(state.nodes) > 1:
         s.edge_lagging = [c.node_id for c in s.compatible if not any(e.touches(c.node_id) for e in state.edges)]
     adjacency = _adjacency(state, {c.node_id for c in s.compatible})
@@ -529,6 +553,11 @@ def _search(
 
 
 def _consider(s: _Search, combo: tuple[_Node, ...], adjacency: Mapping[NodeId, frozenset[NodeId]]) -> None:
+    if len(combo) > 1:
+        spanning = tuple(node.spanning() for node in combo)
+        if any(node is None for node in spanning):
+            return  # a node without a spanning engine for this family and sharding
+        combo = spanning  # type: ignore[assignment]
     engines = {backend_engine(node.backend) for node in combo}
     if not all(loads_family(e, s.card.family) for e in engines):
         return  # the engine cannot load this family: it would only fail at load
@@ -605,6 +634,14 @@ def _sharding_unsupported(card: ModelCard, sharding: Sharding, min_nodes: int) -
             f"min_nodes={min_nodes} but none of its multi-node engines "
             f"{sorted(card.engines & MULTI_NODE_ENGINES)} has a sharding layout for the {card.family!r} family; "
             "it serves on a single node",
+        )
+    if min_nodes > 1 and not any(spans_with(e, sharding) for e in spanning):
+        return ShardingUnsupported(
+            card.model_id,
+            sharding,
+            f"min_nodes={min_nodes} but its multi-node engines {spanning} span nodes only with "
+            f"{sorted({m for e in spanning for m in traits_of(e).span_shardings})} sharding "
+            "(a llama.cpp pool splits layers: use Pipeline)",
         )
     if sharding == "Pipeline":
         reason = _invalid_world_size(card, sharding, min_nodes)

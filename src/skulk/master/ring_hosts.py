@@ -95,10 +95,15 @@ def choose_ring_hosts(node_ids: Sequence[NodeId], state: State) -> list[str]:
 
 
 
+SPANNING_TRANSPORT_ENGINES = frozenset({"mlx", "llama_cpp"})
+"""Engines whose ranks dial each other: MLX's ring, and a llama.cpp pool, whose driver
+dials each donor's authenticated pool channel (`skulk.pool.channel`) at its host."""
+
+
 def ring_hosts_for(instance: Instance, state: State) -> list[str]:
-    """`choose_ring_hosts` for an MLX instance's ranks; [] for other engines (their
-    transport does not use the ring)."""
-    if any(backend_engine(s.backend) != "mlx" for s in instance.shards):
+    """`choose_ring_hosts` for an MLX instance's ranks or a llama.cpp pool's; [] for other
+    engines (their transport does not use the ring)."""
+    if any(backend_engine(s.backend) not in SPANNING_TRANSPORT_ENGINES for s in instance.shards):
         return []
     return choose_ring_hosts(instance.node_ids(), state)
 
@@ -112,7 +117,7 @@ def unreported_ring_nodes(instance: Instance, state: State) -> list[NodeId]:
     bare test state) has nothing to wait for."""
     if not state.node_network or len(set(instance.node_ids())) <= 1:
         return []
-    if any(backend_engine(s.backend) != "mlx" for s in instance.shards):
+    if any(backend_engine(s.backend) not in SPANNING_TRANSPORT_ENGINES for s in instance.shards):
         return []
     return sorted({n for n in instance.node_ids() if n not in state.node_network})
 

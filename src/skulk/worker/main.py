@@ -131,8 +131,11 @@ class Worker:
         on_deactivate: Callable[[], Awaitable[object]] | None = None,
         disk_reserve_bytes: int | None = None,
         traces: TraceStore | None = None,
+        pool_key: bytes | None = None,
     ) -> None:
         self._router = router
+        self._pool_key = pool_key
+        """The cluster's llama.cpp pool channel secret, handed to a pooled instance's runners."""
         self._traces = WorkerTraces(traces) if traces is not None else None
         """Spans of traced tasks on this node (None: the node keeps no traces)."""
         self._replica = replica
@@ -532,6 +535,7 @@ class Worker:
             card=action.card,
             model_path=action.model_path,
             on_report=lambda message, rid=runner_id: self._on_report(rid, message),
+            pool_key=self._pool_key,
         )
         self._supervisors[runner_id] = supervisor
         await supervisor.start()

@@ -48,7 +48,9 @@ class EngineTraits:
 
     `formats`: the artifact formats it loads. `multi_node`: whether one instance may span
     nodes on it. `sharded_families`: for a multi-node engine, the model families it has a
-    sharding layout for (others are placed on one node only, never failed at load).
+    sharding layout for (others are placed on one node only, never failed at load); None
+    means every family it loads (llama.cpp's RPC pooling splits any GGUF by layers).
+    `span_shardings`: the shardings a multi-node instance of it may use.
     `window_at_load`: it commits its whole KV window when it loads (so placement sizes the
     window to discrete VRAM), where the others grow their cache per request. `features`:
     the request features it honours; a request asking for another is refused.
@@ -60,7 +62,8 @@ class EngineTraits:
     formats: frozenset[ArtifactFormat]
     families: frozenset[str] | None = None
     multi_node: bool = False
-    sharded_families: frozenset[str] = frozenset()
+    sharded_families: frozenset[str] | None = frozenset()
+    span_shardings: frozenset[str] = frozenset({"Pipeline", "Tensor"})
     window_at_load: bool = False
     features: frozenset[Feature] = frozenset()
     pipeline_features: frozenset[Feature] | None = None
@@ -69,6 +72,11 @@ class EngineTraits:
 ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
     "llama_cpp": EngineTraits(
         formats=frozenset({"gguf"}),
+        # Pooled over llama.cpp's RPC backend (skulk.pool): rank 0 drives, the other ranks
+        # lend their memory as ggml RPC servers; layers split in contiguous ranges.
+        multi_node=True,
+        sharded_families=None,
+        span_shardings=frozenset({"Pipeline"}),
         window_at_load=True,
         features=frozenset(Feature),
     ),
@@ -130,7 +138,15 @@ def loads_family(engine: str, family: str) -> bool:
 def shards_family(engine: str, family: str) -> bool:
     """Whether `engine` can spread one instance of a `family` model over several nodes."""
     traits = traits_of(engine)
-    return traits.multi_node and family in traits.sharded_families
+    if not traits.multi_node:
+        return False
+    return traits.sharded_families is None or family in traits.sharded_families
+
+
+def spans_with(engine: str, sharding: str) -> bool:
+    """Whether a multi-node instance of `engine` may use `sharding` (llama.cpp pools by
+    layer ranges only: Pipeline)."""
+    return sharding in traits_of(engine).span_shardings
 
 
 def required_features(params: TextGenerationParams) -> list[tuple[Feature, str]]:
@@ -195,5 +211,6 @@ __all__ = [
     "required_features",
     "loads_family",
     "shards_family",
+    "spans_with",
     "traits_of",
 ]

@@ -65,6 +65,10 @@ class ShardCapacity(WireModel):
     planner_effective_context_tokens: NonNegInt
     shortfall: str | None = None
     """Why even the minimum hot context does not fit (then the token counts are 0)."""
+    admitted_bytes: NonNegInt = 0
+    """The footprint placement admitted this rank with on its node (weight share x overhead
+    + its layers' KV at the admission context + the floor): each rank's memory, in State,
+    also for every member of a llama.cpp pool."""
 
 
 class InstanceCapacity(WireModel):

@@ -56,6 +56,9 @@ class ShardSpec:
     card: ModelCard
     model_path: str
     n_threads: int | None = None
+    pool_key: bytes | None = None
+    """The cluster's pool channel secret (`skulk.pool.layout.derive_pool_key`); only a
+    pooled llama.cpp instance uses it."""
 
     @property
     def shard(self) -> ShardAssignment:

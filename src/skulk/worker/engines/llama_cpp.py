@@ -17,6 +17,7 @@ and it never reads cluster state: everything it needs arrives in the `ShardSpec`
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -215,6 +216,21 @@ class LlamaCppEngine:
         self._in_flight = 0
         self._spec: ShardSpec | None = None
         self._prefixes = LlamaPrefixStore(0)
+        self._pool: Any = None
+        """The PoolDriver when this engine drives a llama.cpp pool."""
+        self._fatal_handler: Callable[[str, str], None] | None = None
+
+    def set_fatal_handler(self, handler: Callable[[str, str], None]) -> None:
+        """`handler(error_type, message)` runs (on any thread) when the engine can never
+        serve again outside a generation (a pool lost a donor); it must not return. The
+        runner sets it to end every open stream with the error and exit."""
+        self._fatal_handler = handler
+
+    def _fatal(self, error_type: str, message: str) -> None:
+        if self._fatal_handler is not None:
+            self._fatal_handler(error_type, message)
+        log.critical("llama.cpp engine broken: %s", message)
+        os._exit(4)  # never reached with a runner's handler; never leave a half-model serving
 
     # -- protocol -------------------------------------------------------------------------
 
@@ -246,10 +262,19 @@ class LlamaCppEngine:
 
         if backend_engine(spec.shard.backend) != "llama_cpp":
             raise ModelLoadFailed(f"shard backend {spec.shard.backend!r} is not a llama_cpp backend")
-        if spec.shard.world_size != 1:
-            raise ModelLoadFailed("the in-process llama.cpp engine serves single-node instances only")
+        if spec.shard.world_size != 1 and spec.shard.rank != 0:
+            raise ModelLoadFailed("ranks 1..n of a llama.cpp pool are donors (PoolDonorEngine), not this engine")
         if not Path(spec.model_path).is_file():
             raise ModelLoadFailed(f"GGUF file not found: {spec.model_path}")
+        placing: Any = contextlib.nullcontext()
+        pooled: dict[str, Any] = {}
+        if spec.shard.world_size > 1:
+            # The driver of a pool: its model spans its own device plus one per donor.
+            from skulk.worker.engines.llama_pool import PoolDriver
+
+            self._pool = PoolDriver(spec, self._fatal)
+            self._pool.connect()
+            pooled, placing = self._pool.options(spec.card.num_layers)
         n_ctx = min(spec.instance.context_token_limit, spec.card.context_length)
         threads = spec.n_threads or physical_cores()
         options = dict(
@@ -261,14 +286,16 @@ class LlamaCppEngine:
             logits_all=False,
             verbose=False,
         )
-        llama = self._open(llama_cpp, n_ctx=n_ctx, **options)
-        trained = llama_cpp.llama_model_n_ctx_train(llama.model)  # the GGUF's own trained context
-        if 0 < trained < n_ctx:
-            # The card over-states the context: never allocate (or promise) more than trained.
-            log.info("%s: trained context %d < %d requested; reloading", spec.model_path, trained, n_ctx)
-            llama.close()
-            n_ctx = trained
+        options.update(pooled)
+        with placing:
             llama = self._open(llama_cpp, n_ctx=n_ctx, **options)
+            trained = llama_cpp.llama_model_n_ctx_train(llama.model)  # the GGUF's own trained context
+            if 0 < trained < n_ctx:
+                # The card over-states the context: never allocate (or promise) more than trained.
+                log.info("%s: trained context %d < %d requested; reloading", spec.model_path, trained, n_ctx)
+                llama.close()
+                n_ctx = trained
+                llama = self._open(llama_cpp, n_ctx=n_ctx, **options)
         self._llama = llama
         self._vocab = llama_cpp.llama_model_get_vocab(llama.model)
         # llama.cpp pads its context (to 256 tokens); the instance's limit is still the
@@ -352,8 +379,13 @@ class LlamaCppEngine:
     def close(self) -> None:
         self._prefixes.clear()
         llama, self._llama = self._llama, None
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close_pending()
         if llama is not None:
             llama.close()
+        if pool is not None:
+            pool.close()
 
     # -- prompt -------------------------------------------------------------------------
 

@@ -9,8 +9,10 @@ The engine warms up on the dispatcher's own thread, the thread that will decode:
 OpenMP build keeps one thread team per calling thread, and a second team (warm-up on the main
 thread, decoding on another) doubles the threads that wait at every barrier.
 
-This process must never touch the network, cluster state or the event log: it talks only to
-its parent, through the inbox queue and the outbox pipe it was given. It must never outlive its parent either (a
+This process must never touch cluster state or the event log: it talks only to its parent,
+through the inbox queue and the outbox pipe it was given. The only network it touches is its
+own group's (an MLX ring, or a llama.cpp pool's authenticated channel, `skulk.pool`): ranks
+1..n of a multi-node llama_cpp instance run the pool donor instead of the engine. It must never outlive its parent either (a
 watchdog thread exits it when the parent pid goes away).
 """
 
@@ -100,6 +102,20 @@ def _vllm_engine() -> Engine:
     return VllmEngine()
 
 
+def _is_pool_donor(shard: Any) -> bool:
+    """Ranks 1..n of a multi-node llama.cpp instance lend memory (skulk.pool)."""
+    return backend_engine(shard.backend) == "llama_cpp" and shard.rank > 0
+
+
+def _pool_donor_engine() -> Engine:
+    from skulk.worker.engines.openmp import apply_wait_policy
+
+    apply_wait_policy(os.environ)  # before llama.cpp (and its OpenMP runtime) loads
+    from skulk.worker.engines.llama_pool import PoolDonorEngine
+
+    return PoolDonorEngine()
+
+
 ENGINES: Mapping[str, Callable[[], Engine]] = {
     "llama_cpp": _llama_cpp_engine,
     "llama_server": _llama_server_engine,
@@ -182,16 +198,19 @@ class Runner:
             card=self._load.card,
             model_path=self._load.model_path,
             n_threads=self._load.n_threads,
+            pool_key=bytes.fromhex(self._load.pool_key) if self._load.pool_key else None,
         )
 
     def _bring_up(self, report: bool = True) -> None:
         """Load the engine, start its dispatcher, warm up (phases reported when `report`)."""
         spec = self._spec()
         shard = spec.shard
-        factory = ENGINES.get(backend_engine(shard.backend))
+        factory = _pool_donor_engine if _is_pool_donor(shard) else ENGINES.get(backend_engine(shard.backend))
         if factory is None:
             raise ValueError(f"no engine for backend {shard.backend!r} (known: {sorted(ENGINES)})")
         engine = factory()
+        if hasattr(engine, "set_fatal_handler"):
+            engine.set_fatal_handler(self.abort)
         try:
             engine.load(spec)
             self._engine = engine
@@ -274,6 +293,26 @@ class Runner:
                 log.warning("runner %s: generations still running at shutdown", self._runner_id)
         if self._engine is not None:
             self._engine.close()
+
+    def abort(self, error_type: str, message: str) -> None:
+        """The engine broke outside any generation's control (a pool lost a donor): end
+        every open stream with `error_type` and `message`, report Failed, exit. Never
+        returns. Runs on whichever thread noticed (a pool channel's); every frame is
+        written synchronously before the exit."""
+        with self._streams_lock:
+            streams = list(self._streams.values())
+            self._streams.clear()
+        for stream in streams:
+            task = stream.task
+            with stream.lock:
+                self._frame(task, StreamTerminal(
+                    command_id=task.command_id, seq=stream.next_seq, outcome="failed",
+                    error_type=error_type, error_message=message,
+                ))
+                self._send(TaskDone(task_id=task.task_id, outcome="failed", error_message=message))
+        log.critical("runner %s: %s; exiting", self._runner_id, message)
+        self._set_phase("Failed", error=message)
+        os._exit(EXIT_ENGINE_BROKEN)
 
     # -- inbox handlers (main thread); each returns False to stop serving -------------------
 

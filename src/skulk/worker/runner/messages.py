@@ -61,6 +61,9 @@ class LoadShard(WireModel):
     """Local path of the artifact: the .gguf file for llama.cpp, the model directory for MLX."""
     n_threads: int | None = Field(default=None, ge=1)
     """CPU threads for the engine; None = the node's physical core count."""
+    pool_key: str | None = Field(default=None, repr=False)
+    """Hex of the cluster's llama.cpp pool channel secret (`skulk.pool.layout`), for a
+    pooled instance's ranks. Travels only over the runner's local pipe."""
 
 
 class Generate(WireModel):

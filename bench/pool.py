@@ -1,0 +1,351 @@
+"""llama.cpp memory pooling benchmark: one GGUF, decode tok/s and TTFT, side by side in one run.
+
+Configurations (every one on this machine, loopback, the same GGUF, greedy, same prompts):
+- one node: the in-process llama.cpp engine alone (every layer local);
+- skulk pool: the same engine as a 2-rank pool (driver + a donor runner process), bytes
+  through the authenticated, encrypted pool channel (`skulk.pool.channel`);
+- skulk pool, plain: the same, channel authenticated but not encrypted (SKULK_POOL_ENCRYPT=0),
+  to measure what encryption costs;
+- direct RPC: the same driver code dialling a ggml RPC server with no channel at all (the
+  channel's whole cost is the difference);
+- llama.cpp RPC: llama.cpp's own setup from the same pinned source, `llama-server --rpc` to
+  `ggml-rpc-server`, timed from its streamed tokens;
+- llama-server alone: the same server without RPC, so the engine difference (C++ server loop
+  vs the in-process engine's Python token loop) reads apart from the pooling's cost.
+
+Every pooled configuration splits the layers the same way (half on each side, the output
+layer on the donor). All processes share this machine's cores, so pooled figures measure the
+protocol's cost, not the capacity of a second machine. Prints ratios against llama.cpp's own
+RPC (the issue's target: skulk pool >= 0.95x) and against one node.
+
+Usage: uv run python bench/pool.py [--tokens 32] [--requests 3] [--threads 1]
+  default model: the generator's BENCH_SPEC GGUF (95 M params, ~380 MB f32), written once to
+  --models-dir; --tiny uses the 5 MB test model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import httpx  # noqa: E402
+
+from skulk.pool.layout import derive_pool_key, device_split  # noqa: E402
+from skulk.shared.types.instances import Instance, ShardAssignment  # noqa: E402
+from skulk.shared.types.tasks import TextGenerationParams  # noqa: E402
+from skulk.store.cards import builtin_cards_dir, load_card  # noqa: E402
+from skulk.store.tiny_models import BENCH_SPEC, TINY_SPEC, generate_tiny_model  # noqa: E402
+
+WORDS = "the cluster by the sea holds a node that serves a model to everyone who asks".split()
+KEY = derive_pool_key("bench-cluster-key")
+
+
+def gguf_path(models_dir: Path, tiny: bool) -> tuple[Path, object]:
+    spec = TINY_SPEC if tiny else BENCH_SPEC
+    target = models_dir / ("tiny" if tiny else "bench")
+    found = sorted(target.glob("**/*.gguf"))
+    if not found:
+        print(f"writing the {'tiny' if tiny else 'bench'} model to {target} ...", flush=True)
+        generate_tiny_model(target, spec)
+        found = sorted(target.glob("**/*.gguf"))
+    return found[0], spec
+
+
+def card_for(spec):
+    return load_card(builtin_cards_dir() / "local--tiny-llama-gguf.toml").model_copy(
+        update={"num_layers": spec.num_layers, "hidden_size": spec.hidden_size})
+
+
+def instance(card, world: int) -> Instance:
+    per = [card.num_layers // world] * world
+    per[-1] += card.num_layers - sum(per)
+    shards, start = [], 0
+    for rank, count in enumerate(per):
+        shards.append(ShardAssignment(node_id=f"bench-{rank}", runner_id=f"r{rank}", rank=rank, world_size=world,
+                                      start_layer=start, end_layer=start + count, backend="llama_cpp-cpu"))
+        start += count
+    return Instance(instance_id=f"bench-pool-{os.getpid()}-{time.monotonic_ns()}", model_id=card.model_id,
+                    sharding="Pipeline", shards=shards, context_token_limit=2048,
+                    ring_hosts=["127.0.0.1"] * world if world > 1 else [])
+
+
+def _donor(inst: Instance, card, path: str, threads: int, encrypt: str, cache_dir: str = "") -> None:
+    os.environ["SKULK_POOL_ENCRYPT"] = encrypt
+    os.environ["SKULK_POOL_TENSOR_CACHE_DIR"] = cache_dir
+    from skulk.worker.engines.base import ShardSpec
+    from skulk.worker.engines.llama_pool import PoolDonorEngine
+
+    PoolDonorEngine().load(ShardSpec(instance=inst, runner_id="r1", card=card, model_path=path, n_threads=threads,
+                                     pool_key=KEY))
+    while True:
+        time.sleep(3600)
+
+
+def _rpc_server_direct(port_out, threads: int) -> None:
+    from skulk.pool import rpc
+
+    port_out.put(rpc.start_server(threads))
+    while True:
+        time.sleep(3600)
+
+
+@dataclass
+class Config:
+    """One loaded configuration: `stream(params)` yields (token id, arrival time)."""
+
+    stream: Callable
+    load_s: float
+    close: Callable[[], None]
+    note: str = ""
+
+
+def open_engine(card, path: Path, threads: int, mode: str, cache_dir: str = "") -> Config:
+    """mode: one | pool | pool-plain | direct."""
+    from skulk.worker.engines.base import ShardSpec
+    from skulk.worker.engines.llama_cpp import LlamaCppEngine
+
+    ctx = mp.get_context("spawn")
+    helper = None
+    world = 1 if mode == "one" else 2
+    inst = instance(card, world)
+    engine = LlamaCppEngine()
+    engine.set_fatal_handler(lambda kind, message: (print(f"FATAL {kind}: {message}", flush=True), os._exit(9)))
+    started = time.monotonic()
+
+    def close() -> None:
+        engine.close()
+        if helper is not None:
+            helper.kill()
+            helper.join(timeout=10)
+
+    try:
+        if mode in ("pool", "pool-plain"):
+            encrypt = "0" if mode == "pool-plain" else "1"
+            os.environ["SKULK_POOL_ENCRYPT"] = encrypt  # read by the driver's links at load
+            helper = ctx.Process(target=_donor, args=(inst, card, str(path), threads, encrypt, cache_dir),
+                                 daemon=True)
+            helper.start()
+            engine.load(ShardSpec(instance=inst, runner_id="r0", card=card, model_path=str(path),
+                                  n_threads=threads, pool_key=KEY))
+        elif mode == "direct":
+            ports = ctx.Queue()
+            helper = ctx.Process(target=_rpc_server_direct, args=(ports, threads), daemon=True)
+            helper.start()
+            port = ports.get(timeout=60)
+            _load_direct(engine, inst, card, path, threads, f"127.0.0.1:{port}")
+        else:
+            engine.load(ShardSpec(instance=inst, runner_id="r0", card=card, model_path=str(path), n_threads=threads))
+    except BaseException:
+        close()
+        raise
+    return Config(lambda p: _stream_engine(engine, p), time.monotonic() - started, close)
+
+
+def _load_direct(engine, inst, card, path, threads, endpoint) -> None:
+    """The driver's load with the channel removed: llama.cpp dials the RPC server itself."""
+    import llama_cpp
+
+    from skulk.pool import rpc
+
+    devices = rpc.add_servers([endpoint])
+    split = device_split(inst.shards, card.num_layers)
+    with rpc.model_devices(devices):
+        llama = llama_cpp.Llama(model_path=str(path), n_ctx=2048, n_threads=threads, n_threads_batch=threads,
+                                n_gpu_layers=split.n_gpu_layers, tensor_split=list(split.tensor_split),
+                                verbose=False)
+    engine._llama = llama  # the bench drives the engine's own generation loop over it
+    engine._vocab = llama_cpp.llama_model_get_vocab(llama.model)
+    engine._n_ctx = 2048
+    engine._formatter = None
+    engine._special_ids = {}
+    engine._special_pattern = None
+
+
+def _stream_engine(engine, params):
+    return ((t.token_id, time.monotonic()) for t in engine.generate(params, threading.Event()))
+
+
+def _one_request(stream, params) -> tuple[list[int], float, float | None]:
+    """(tokens, TTFT seconds, decode tok/s or None)."""
+    t0 = time.monotonic()
+    stamps, tokens = [], []
+    for token, at in stream(params):
+        tokens.append(token)
+        stamps.append(at)
+    rate = (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 and stamps[-1] > stamps[0] else None
+    return tokens, stamps[0] - t0, rate
+
+
+def open_llama_server(card, path: Path, threads: int, bin_dir: Path, pooled: bool = True) -> Config:
+    """llama.cpp's own setup: llama-server --rpc to ggml-rpc-server, same split (or, with
+    `pooled` False, llama-server alone: the engine difference without any pooling)."""
+    from tests.nodeproc import free_port
+
+    rpc_port, http_port = free_port(), free_port()
+    split = device_split(instance(card, 2).shards, card.num_layers)
+    logs = Path(tempfile.mkdtemp(prefix="pool-bench-"))
+    server = None
+    if pooled:
+        server = subprocess.Popen([str(bin_dir / "ggml-rpc-server"), "-H", "127.0.0.1", "-p", str(rpc_port),
+                                   "-t", str(threads)], stdout=open(logs / "rpc.log", "w"),
+                                  stderr=subprocess.STDOUT)
+    rpc_args = (["--rpc", f"127.0.0.1:{rpc_port}", "-ngl", str(split.n_gpu_layers),
+                 "-ts", ",".join(str(int(x)) for x in split.tensor_split)] if pooled else ["-ngl", "0"])
+    driver = None
+
+    def close() -> None:
+        for proc in (driver, server):
+            if proc is not None:
+                proc.kill()
+                proc.wait(timeout=10)
+        shutil.rmtree(logs, ignore_errors=True)
+
+    try:
+        time.sleep(1.0)
+        started = time.monotonic()
+        driver = subprocess.Popen(
+            [str(bin_dir / "llama-server"), "-m", str(path), *rpc_args,
+             "-t", str(threads), "-tb", str(threads), "-c", "2048", "-np", "1", "--host", "127.0.0.1",
+             "--port", str(http_port), "--no-warmup", "-lv", "4"],
+            stdout=open(logs / "server.log", "w"), stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{http_port}"
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if driver.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError((logs / "server.log").read_text()[-3000:])
+            time.sleep(0.25)
+    except BaseException:
+        close()
+        raise
+    load_s = time.monotonic() - started
+    note = ""
+    if pooled:
+        note = "layers on RPC: " + str("using device RPC0" in (logs / "server.log").read_text())
+
+    def stream(params):
+        body = {"prompt": params.prompt, "n_predict": params.max_tokens, "temperature": 0, "stream": True,
+                "cache_prompt": False, "return_tokens": True}
+        with httpx.stream("POST", url + "/completion", json=body, timeout=300) as response:
+            for line in response.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                event = json.loads(line[6:])
+                for token in event.get("tokens") or []:
+                    yield token, time.monotonic()
+                if event.get("stop"):
+                    return
+
+    return Config(stream, load_s, close, note)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--requests", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--prompt-words", type=int, default=48)
+    parser.add_argument("--cache-loads", action="store_true",
+                        help="also time a pool's load with the donor's RPC tensor cache, cold and warm")
+    parser.add_argument("--models-dir", type=Path, default=Path(tempfile.gettempdir()) / "skulk-bench-models")
+    parser.add_argument("--llama-bin-dir", type=Path,
+                        default=Path.home() / ".cache/skulk/engines/0.3.36-cpu/build/bin")
+    args = parser.parse_args()
+
+    path, spec = gguf_path(args.models_dir, args.tiny)
+    card = card_for(spec)
+    prompt = " ".join(WORDS[i % len(WORDS)] for i in range(args.prompt_words))
+    requests = [TextGenerationParams(model_id=card.model_id, prompt=f"{n} {prompt}", max_tokens=args.tokens,
+                                     temperature=0) for n in range(args.requests + 1)]
+    print(f"model {path} ({path.stat().st_size / 1e6:.0f} MB, {spec.num_layers} layers); "
+          f"{args.requests} requests x {args.tokens} tokens; threads {args.threads}; "
+          f"load average {os.getloadavg()[0]:.2f}", flush=True)
+    openers = [("one node", lambda: open_engine(card, path, args.threads, "one")),
+               ("skulk pool", lambda: open_engine(card, path, args.threads, "pool")),
+               ("skulk pool, plain", lambda: open_engine(card, path, args.threads, "pool-plain")),
+               ("direct RPC", lambda: open_engine(card, path, args.threads, "direct"))]
+    if (args.llama_bin_dir / "ggml-rpc-server").is_file() and (args.llama_bin_dir / "llama-server").is_file():
+        openers.append(("llama.cpp RPC", lambda: open_llama_server(card, path, args.threads, args.llama_bin_dir)))
+        openers.append(("llama-server alone",
+                        lambda: open_llama_server(card, path, args.threads, args.llama_bin_dir, pooled=False)))
+    else:
+        print(f"no ggml-rpc-server/llama-server under {args.llama_bin_dir}: llama.cpp's own RPC not measured")
+    configs: dict[str, Config] = {}
+    try:
+        for name, opener in openers:
+            try:
+                configs[name] = opener()
+            except Exception as exc:  # one configuration's failure is reported, the others still run
+                print(f"{name}: FAILED to load: {exc}", flush=True)
+                continue
+            print(f"{name}: loaded in {configs[name].load_s:.1f} s {configs[name].note}", flush=True)
+            _one_request(configs[name].stream, requests[0])  # warms caches; not counted
+        # Round-robin: every configuration decodes request n before any decodes n + 1, so a
+        # shared machine's load drifts over all of them alike.
+        results: dict[str, list] = {name: [] for name in configs}
+        for params in requests[1:]:
+            for name, config in configs.items():
+                results[name].append(_one_request(config.stream, params))
+    finally:
+        for config in configs.values():
+            config.close()
+    rows = {
+        name: {"tokens": [r[0] for r in runs], "ttft_ms": statistics.median(r[1] for r in runs) * 1000,
+               "tok_s": statistics.median(r[2] for r in runs if r[2]), "load_s": configs[name].load_s}
+        for name, runs in results.items()
+    }
+    base = rows.get("one node")
+    if base is None:
+        return 1
+    ref = rows.get("llama.cpp RPC")
+    print(f"\nload average now {os.getloadavg()[0]:.2f}")
+    print(f"{'config':<20}{'tok/s':>8}{'x llama.cpp RPC':>17}{'x one node':>12}{'TTFT ms':>9}{'load s':>8}{'same tokens':>13}")
+    for name, row in rows.items():
+        same = row["tokens"] == base["tokens"]
+        vs_ref = f"{row['tok_s'] / ref['tok_s']:.2f}" if ref else "-"
+        print(f"{name:<20}{row['tok_s']:>8.2f}{vs_ref:>17}{row['tok_s'] / base['tok_s']:>12.2f}"
+              f"{row['ttft_ms']:>9.0f}{row['load_s']:>8.1f}{'yes' if same else 'NO':>13}")
+    if "skulk pool" in rows and "skulk pool, plain" in rows:
+        cost = 1 - rows["skulk pool"]["tok_s"] / rows["skulk pool, plain"]["tok_s"]
+        print(f"encryption cost on pooled decode: {cost:+.1%} (SKULK_POOL_ENCRYPT=0 turns it off)")
+    if args.cache_loads:
+        cache = tempfile.mkdtemp(prefix="pool-tensor-cache-")
+        loads = {}
+        try:
+            for label in ("cold (fills the cache)", "warm (hashes only)"):
+                config = open_engine(card, path, args.threads, "pool", cache)
+                loads[label] = config.load_s
+                config.close()
+            cached_mb = sum(f.stat().st_size for f in Path(cache).iterdir()) / 1e6
+        finally:
+            shutil.rmtree(cache, ignore_errors=True)
+        loads_text = ", ".join(f"{k} {v:.1f} s" for k, v in loads.items())
+        print(f"pool load with SKULK_POOL_TENSOR_CACHE_DIR: no cache {rows['skulk pool']['load_s']:.1f} s, "
+              f"{loads_text}; {cached_mb:.0f} MB of the donor's share cached (not re-sent when warm)")
+    if "skulk pool" in rows and "direct RPC" in rows:
+        cost = 1 - rows["skulk pool"]["tok_s"] / rows["direct RPC"]["tok_s"]
+        print(f"whole channel cost on pooled decode (vs the same driver with no channel): {cost:+.1%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

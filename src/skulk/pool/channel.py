@@ -1,0 +1,388 @@
+"""The pool channel: ggml RPC bytes between a driver and a donor, authenticated with the
+cluster key and encrypted.
+
+ggml's RPC protocol has no authentication and executes the graphs sent to it, so a donor's
+RPC server listens on 127.0.0.1 only and the only way in from another node is its
+`DonorGate`. The driver's `DriverLink` listens on 127.0.0.1 too (llama.cpp dials it as an
+ordinary RPC endpoint) and carries each connection to the donor's gate.
+
+Handshake (K = `layout.channel_key`, bound to instance, repair hop and rank):
+
+    driver -> gate : cn (32 random bytes) | HMAC(K, "hello" | cn)
+    gate           : a wrong tag -> close, having sent nothing
+    gate -> driver : sn (32 random bytes) | HMAC(K, "gate" | cn | sn)
+    driver -> gate : HMAC(K, "driver" | cn | sn)       (proves freshness: no replay)
+
+A stray TCP client, or a node with another cluster key, gets nothing and is disconnected
+within HANDSHAKE_TIMEOUT_S. Then both sides derive one ChaCha20-Poly1305 key per direction
+(HKDF over K, salt cn | sn) and exchange frames: 4-byte big-endian length, then ciphertext
+with a 12-byte counter nonce (never reused: one key per direction per connection). A frame
+that fails authentication closes the connection.
+
+Deadlines: every handshake read has HANDSHAKE_TIMEOUT_S; the cross-node socket has TCP
+keepalive (a silent dead peer is noticed in about KEEPALIVE_IDLE_S + KEEPALIVE_COUNT x
+KEEPALIVE_INTERVAL_S). On the driver a lost donor calls `on_lost(donor, reason)` *before*
+the local socket towards llama.cpp is closed: ggml's RPC client aborts its process on a
+closed socket, so the driver must say which node was lost first (see `llama_pool`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import socket
+import struct
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+log = logging.getLogger(__name__)
+
+HANDSHAKE_TIMEOUT_S = 5.0
+DIAL_TIMEOUT_S = 5.0
+KEEPALIVE_IDLE_S = 2
+KEEPALIVE_INTERVAL_S = 1
+KEEPALIVE_COUNT = 3
+MAX_CONNECTIONS = 8
+"""Concurrent channel connections per gate or link (ggml keeps one socket per endpoint);
+more are closed at once: nothing queues without bound."""
+CHUNK_BYTES = 256 * 1024
+"""Plaintext bytes per frame; a frame claiming more is refused."""
+NONCE_BYTES = 32
+TAG_BYTES = 32
+AEAD_OVERHEAD = 16
+
+
+class ChannelRefused(Exception):
+    """The peer failed the handshake (wrong key, stray client, replay) or went silent."""
+
+
+def _mac(key: bytes, *parts: bytes) -> bytes:
+    return hmac.new(key, b"|".join(parts), hashlib.sha256).digest()
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    data = bytearray()
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError("peer closed")
+        data += chunk
+    return bytes(data)
+
+
+def _session_keys(key: bytes, cn: bytes, sn: bytes) -> tuple[bytes, bytes]:
+    material = HKDF(algorithm=hashes.SHA256(), length=64, salt=cn + sn, info=b"skulk pool frames|v1").derive(key)
+    return material[:32], material[32:]  # (driver -> gate, gate -> driver)
+
+
+def _no_delay(sock: socket.socket) -> None:
+    """ggml RPC is request/response with small messages: Nagle plus delayed ACKs would add
+    tens of milliseconds to every one (measured: 13 tok/s instead of hundreds on the tiny
+    model), so every socket of the channel sends at once."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def _keepalive(sock: socket.socket) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", KEEPALIVE_IDLE_S), ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL_S),
+                        ("TCP_KEEPCNT", KEEPALIVE_COUNT)):
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+class _Sealer:
+    def __init__(self, key: bytes) -> None:
+        self._aead = ChaCha20Poly1305(key)
+        self._counter = 0
+
+    def seal(self, data: bytes) -> bytes:
+        nonce = b"\0\0\0\0" + struct.pack(">Q", self._counter)
+        self._counter += 1
+        return self._aead.encrypt(nonce, data, None)
+
+    def open(self, data: bytes) -> bytes:
+        nonce = b"\0\0\0\0" + struct.pack(">Q", self._counter)
+        self._counter += 1
+        return self._aead.decrypt(nonce, data, None)
+
+
+def client_handshake(sock: socket.socket, key: bytes) -> tuple[bytes, bytes]:
+    """The driver's side; returns (send key, receive key) or raises ChannelRefused."""
+    sock.settimeout(HANDSHAKE_TIMEOUT_S)
+    try:
+        cn = os.urandom(NONCE_BYTES)
+        sock.sendall(cn + _mac(key, b"hello", cn))
+        reply = _recv_exact(sock, NONCE_BYTES + TAG_BYTES)
+        sn, tag = reply[:NONCE_BYTES], reply[NONCE_BYTES:]
+        if not hmac.compare_digest(tag, _mac(key, b"gate", cn, sn)):
+            raise ChannelRefused("the donor's gate did not prove the cluster key")
+        sock.sendall(_mac(key, b"driver", cn, sn))
+    except (OSError, ConnectionError) as exc:
+        raise ChannelRefused(f"handshake failed: {exc}") from exc
+    sock.settimeout(None)
+    send, receive = _session_keys(key, cn, sn)
+    return send, receive
+
+
+def server_handshake(sock: socket.socket, key: bytes) -> tuple[bytes, bytes]:
+    """The gate's side; returns (send key, receive key) or raises ChannelRefused having
+    sent nothing to a client that cannot prove the key."""
+    sock.settimeout(HANDSHAKE_TIMEOUT_S)
+    try:
+        hello = _recv_exact(sock, NONCE_BYTES + TAG_BYTES)
+        cn, tag = hello[:NONCE_BYTES], hello[NONCE_BYTES:]
+        if not hmac.compare_digest(tag, _mac(key, b"hello", cn)):
+            raise ChannelRefused("the client did not prove the cluster key")
+        sn = os.urandom(NONCE_BYTES)
+        sock.sendall(sn + _mac(key, b"gate", cn, sn))
+        proof = _recv_exact(sock, TAG_BYTES)
+        if not hmac.compare_digest(proof, _mac(key, b"driver", cn, sn)):
+            raise ChannelRefused("the client's proof is stale or wrong (a replay?)")
+    except (OSError, ConnectionError) as exc:
+        raise ChannelRefused(f"handshake failed: {exc}") from exc
+    sock.settimeout(None)
+    from_driver, to_driver = _session_keys(key, cn, sn)
+    return to_driver, from_driver
+
+
+def _pump_seal(src: socket.socket, dst: socket.socket, sealer: _Sealer) -> None:
+    """Plain bytes from `src` to sealed frames on `dst` until `src` ends."""
+    while True:
+        data = src.recv(CHUNK_BYTES)
+        if not data:
+            return
+        frame = sealer.seal(data)
+        dst.sendall(struct.pack(">I", len(frame)) + frame)
+
+
+def _pump_open(src: socket.socket, dst: socket.socket, opener: _Sealer) -> None:
+    """Sealed frames from `src` to plain bytes on `dst` until `src` ends; a forged or
+    oversized frame raises."""
+    while True:
+        try:
+            header = _recv_exact(src, 4)
+        except ConnectionError:
+            return
+        (length,) = struct.unpack(">I", header)
+        if not AEAD_OVERHEAD < length <= CHUNK_BYTES + AEAD_OVERHEAD:
+            raise ChannelRefused(f"frame of {length} bytes refused")
+        try:
+            data = opener.open(_recv_exact(src, length))
+        except InvalidTag:
+            raise ChannelRefused("a frame failed authentication") from None
+        dst.sendall(data)
+
+
+def _close(*socks: socket.socket) -> None:
+    for sock in socks:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        sock.close()
+
+
+@dataclass(frozen=True)
+class Remote:
+    """One end a DriverLink dials: the donor's gate and what to call it in errors."""
+
+    host: str
+    port: int
+    name: str
+
+
+class _Listener:
+    """A listening socket with a bounded set of connection threads; `close` ends all."""
+
+    def __init__(self, host: str, port: int, name: str) -> None:
+        self._sock = socket.create_server((host, port), backlog=MAX_CONNECTIONS, reuse_port=False)
+        self.port = self._sock.getsockname()[1]
+        self._name = name
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._open: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._accept_loop, name=f"{name}-accept", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _accept_loop(self) -> None:
+        while not self._closed.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            if not self._slots.acquire(blocking=False):
+                conn.close()
+                continue
+            _no_delay(conn)
+            self._track(conn)
+            threading.Thread(target=self._serve_slot, args=(conn,), name=f"{self._name}-conn", daemon=True).start()
+
+    def _serve_slot(self, conn: socket.socket) -> None:
+        try:
+            self.serve(conn)
+        except Exception:  # one connection's failure never ends the listener
+            log.exception("%s: connection failed", self._name)
+        finally:
+            self._untrack(conn)
+            _close(conn)
+            self._slots.release()
+
+    def serve(self, conn: socket.socket) -> None:
+        raise NotImplementedError
+
+    def _track(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._open.add(sock)
+
+    def _untrack(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._open.discard(sock)
+
+    def close(self) -> None:
+        self._closed.set()
+        _close(self._sock)
+        with self._lock:
+            socks = list(self._open)
+        _close(*socks)
+
+
+class DonorGate(_Listener):
+    """A donor's door: authenticates each connection with the channel key, then relays it
+    to the local ggml RPC server at 127.0.0.1:`rpc_port`."""
+
+    def __init__(self, host: str, port: int, key: bytes, rpc_port: int, *, encrypt: bool = True) -> None:
+        super().__init__(host, port, "pool-gate")
+        self._key = key
+        self._rpc_port = rpc_port
+        self._encrypt = encrypt
+        self.refused = 0
+        """Connections that failed the handshake (for tests and diagnostics)."""
+
+    def serve(self, conn: socket.socket) -> None:
+        try:
+            send_key, receive_key = server_handshake(conn, self._key)
+        except ChannelRefused as refusal:
+            self.refused += 1
+            log.warning("pool gate: refused a connection: %s", refusal)
+            return
+        _keepalive(conn)
+        local = socket.create_connection(("127.0.0.1", self._rpc_port), timeout=DIAL_TIMEOUT_S)
+        local.settimeout(None)
+        _no_delay(local)
+        self._track(local)
+        try:
+            _relay(conn, local, send_key, receive_key, self._encrypt)
+        finally:
+            self._untrack(local)
+            _close(local)
+
+
+def _relay(remote: socket.socket, local: socket.socket, send_key: bytes, receive_key: bytes, encrypt: bool,
+           on_remote_end: Callable[[str], None] | None = None) -> None:
+    """Relay both directions until either side ends. `on_remote_end(reason)` runs when the
+    remote side ended or failed, before the local socket is closed."""
+    ended = threading.Event()
+    reason: list[str] = []
+
+    def outbound() -> None:  # local plain -> remote
+        try:
+            if encrypt:
+                _pump_seal(local, remote, _Sealer(send_key))
+            else:
+                _plain(local, remote)
+        except Exception:
+            pass
+        finally:
+            ended.set()
+            try:
+                remote.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=outbound, name="pool-relay-out", daemon=True)
+    thread.start()
+    try:
+        if encrypt:
+            _pump_open(remote, local, _Sealer(receive_key))
+        else:
+            _plain(remote, local)
+        reason.append("the peer closed the channel")
+    except Exception as exc:
+        reason.append(f"{type(exc).__name__}: {exc}")
+    if not ended.is_set() and on_remote_end is not None:
+        on_remote_end(reason[0])  # the remote ended first: say so before llama.cpp sees a closed socket
+    _close(local, remote)
+    thread.join(timeout=DIAL_TIMEOUT_S)
+
+
+def _plain(src: socket.socket, dst: socket.socket) -> None:
+    while True:
+        data = src.recv(CHUNK_BYTES)
+        if not data:
+            return
+        dst.sendall(data)
+
+
+class DriverLink(_Listener):
+    """The driver's local end for one donor: 127.0.0.1:`port` (an ordinary ggml RPC
+    endpoint for llama.cpp); each connection is carried to the donor's gate."""
+
+    def __init__(self, remote: Remote, key: bytes, on_lost: Callable[[Remote, str], None], *,
+                 encrypt: bool = True) -> None:
+        super().__init__("127.0.0.1", 0, "pool-link")
+        self.remote = remote
+        self._key = key
+        self._on_lost = on_lost
+        self._encrypt = encrypt
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def probe(self) -> None:
+        """One authenticated connection to the gate, closed at once: raises ChannelRefused
+        (or OSError) when the donor is not reachable or does not hold the key."""
+        sock = socket.create_connection((self.remote.host, self.remote.port), timeout=DIAL_TIMEOUT_S)
+        try:
+            client_handshake(sock, self._key)
+        finally:
+            _close(sock)
+
+    def serve(self, conn: socket.socket) -> None:
+        try:
+            remote = socket.create_connection((self.remote.host, self.remote.port), timeout=DIAL_TIMEOUT_S)
+            _no_delay(remote)
+        except OSError as exc:
+            self._on_lost(self.remote, f"cannot reach its pool channel: {exc}")
+            return
+        self._track(remote)
+        try:
+            try:
+                send_key, receive_key = client_handshake(remote, self._key)
+            except ChannelRefused as refusal:
+                self._on_lost(self.remote, str(refusal))
+                return
+            _keepalive(remote)
+            _relay(remote, conn, send_key, receive_key, self._encrypt,
+                   on_remote_end=lambda why: self._on_lost(self.remote, why))
+        finally:
+            self._untrack(remote)
+            _close(remote)
+
+
+__all__ = [
+    "CHUNK_BYTES", "ChannelRefused", "DIAL_TIMEOUT_S", "DonorGate", "DriverLink", "HANDSHAKE_TIMEOUT_S",
+    "MAX_CONNECTIONS", "Remote", "client_handshake", "server_handshake",
+]

@@ -1,0 +1,149 @@
+"""The pool channel over real loopback sockets: an echo server stands in for the donor's
+ggml RPC server (the channel relays bytes; it never parses them)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+
+import pytest
+
+from skulk.pool.channel import CHUNK_BYTES, ChannelRefused, DonorGate, DriverLink, Remote
+
+KEY = b"k" * 32
+OTHER_KEY = b"x" * 32
+
+
+@pytest.fixture
+def echo_port():
+    server = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            def pump(c=conn):
+                with c:
+                    while data := c.recv(65536):
+                        c.sendall(data)
+            threading.Thread(target=pump, daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield server.getsockname()[1]
+    stop.set()
+    server.close()
+
+
+@pytest.fixture
+def gate(echo_port):
+    made: list[DonorGate] = []
+
+    def make(encrypt: bool = True) -> DonorGate:
+        g = DonorGate("127.0.0.1", 0, KEY, echo_port, encrypt=encrypt)
+        g.start()
+        made.append(g)
+        return g
+
+    yield make
+    for g in made:
+        g.close()
+
+
+def _link(gate: DonorGate, key: bytes, lost: list, encrypt: bool = True) -> DriverLink:
+    link = DriverLink(Remote("127.0.0.1", gate.port, "node n1 (rank 1)"), key,
+                      lambda remote, why: lost.append((remote.name, why)), encrypt=encrypt)
+    link.start()
+    return link
+
+
+def _round_trip(link: DriverLink, payload: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", link.port), timeout=10) as sock:
+        # Send while reading: the echo answers as it reads, so a sender that waited for the
+        # whole payload to go out first could fill every buffer on the way and stall.
+        sender = threading.Thread(target=sock.sendall, args=(payload,), daemon=True)
+        sender.start()
+        got = bytearray()
+        while len(got) < len(payload):
+            chunk = sock.recv(1 << 20)
+            assert chunk, "the channel closed early"
+            got += chunk
+        sender.join(timeout=10)
+        return bytes(got)
+
+
+@pytest.mark.parametrize("encrypt", [True, False])
+def test_right_key_relays_bytes_both_ways(gate, encrypt):
+    g = gate(encrypt)
+    lost: list = []
+    link = _link(g, KEY, lost, encrypt)
+    try:
+        link.probe()
+        payload = os.urandom(3 * CHUNK_BYTES + 123)  # several frames
+        assert _round_trip(link, payload) == payload
+        assert lost == [] and g.refused == 0
+    finally:
+        link.close()
+
+
+def test_wrong_cluster_key_cannot_join(gate):
+    g = gate()
+    lost: list = []
+    link = _link(g, OTHER_KEY, lost)
+    try:
+        with pytest.raises(ChannelRefused):
+            link.probe()
+        # Through the link, llama.cpp would see the connection end, after the loss was named.
+        with socket.create_connection(("127.0.0.1", link.port), timeout=10) as sock:
+            sock.settimeout(10)
+            assert sock.recv(16) == b""
+        assert lost and lost[0][0] == "node n1 (rank 1)"
+        assert g.refused >= 2
+    finally:
+        link.close()
+
+
+@pytest.mark.parametrize("probe", [b"", b"\x00" * 64, b"GET / HTTP/1.0\r\n\r\n" * 8])
+def test_a_stray_client_gets_nothing_and_is_disconnected(gate, probe):
+    g = gate()
+    assert stray_answer(g.port, probe) == b""
+
+
+def stray_answer(port: int, probe: bytes) -> bytes:
+    """What a client without the key reads back; a reset (the gate hung up with our bytes
+    unread) counts as nothing."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        try:
+            if probe:
+                sock.sendall(probe)
+                sock.shutdown(socket.SHUT_WR)
+            sock.settimeout(10)  # the gate's handshake deadline (5 s) ends a silent client
+            return sock.recv(1024)
+        except (ConnectionResetError, BrokenPipeError):
+            return b""
+        except OSError as exc:
+            if exc.errno == 107:  # ENOTCONN: reset before our shutdown
+                return b""
+            raise
+
+
+def test_a_lost_gate_is_named_before_the_local_socket_closes(gate):
+    g = gate()
+    events: list[str] = []
+    link = DriverLink(Remote("127.0.0.1", g.port, "node n1 (rank 1)"), KEY,
+                      lambda remote, why: events.append(f"lost {remote.name}"))
+    link.start()
+    try:
+        with socket.create_connection(("127.0.0.1", link.port), timeout=10) as sock:
+            sock.sendall(b"ping")
+            assert sock.recv(4) == b"ping"
+            g.close()  # the donor goes away mid-conversation
+            sock.settimeout(10)
+            assert sock.recv(4) == b""
+            events.append("local closed")
+        assert events == ["lost node n1 (rank 1)", "local closed"]
+    finally:
+        link.close()
