@@ -557,7 +557,7 @@ def test_a_paused_master_that_returns_follows_its_successor() -> None:
 
 
 @pytest.mark.parametrize(
-    ("members", "live_peers", "me", "decides"),
+    ("members", "candidates", "me", "decides"),
     [
         pytest.param(set(), set(), "a", True, id="no members known: a cold start decides alone"),
         pytest.param({"a", "b"}, set(), "a", True, id="two members: a survivor decides alone"),
@@ -565,13 +565,13 @@ def test_a_paused_master_that_returns_follows_its_successor() -> None:
         pytest.param({"a", "b", "c"}, set(), "a", False, id="one of three: cut off"),
         pytest.param({"a", "b", "c", "d"}, {"b"}, "a", False, id="half of four is no majority"),
         pytest.param({"a", "b", "c", "d"}, {"b", "c"}, "a", True, id="three of four"),
-        pytest.param({"a", "b", "c"}, {"x", "y"}, "a", False, id="non-members do not count"),
-        pytest.param({"b", "c", "d"}, {"b", "c"}, "a", True, id="a newcomer counts the members it sees"),
-        pytest.param({"b", "c", "d"}, {"b"}, "a", False, id="a newcomer seeing one of three"),
+        pytest.param({"a", "b", "c"}, {"x", "y"}, "a", False, id="non-member candidates do not count"),
+        pytest.param({"b", "c", "d"}, {"b", "c"}, "a", True, id="a newcomer counts member candidates"),
+        pytest.param({"b", "c", "d"}, {"b"}, "a", False, id="a newcomer with one member candidate"),
     ],
 )
-def test_quorum_table(members: set[str], live_peers: set[str], me: str, decides: bool) -> None:
-    assert has_quorum(frozenset(members), frozenset(live_peers), me) is decides
+def test_quorum_table(members: set[str], candidates: set[str], me: str, decides: bool) -> None:
+    assert has_quorum(frozenset(members), frozenset(candidates), me) is decides
 
 
 @pytest.mark.parametrize("cut_s", [5.0, 60.0])
@@ -593,6 +593,22 @@ def test_a_cut_follower_never_leads_and_rejoins_the_master_when_the_link_heals(c
     cluster.run_until(10.0 + cut_s + 30.0)
     assert settled(cluster) == ("c", "c.1")
     assert {n: node.elected for n, node in cluster.nodes.items()} == before  # no new session anywhere
+
+
+def test_a_cut_node_that_still_sees_a_peers_presence_does_not_lead() -> None:
+    """Presence behind a cut goes link by link: the master's first, another peer's seconds
+    later. A peer that merely looks present is no vote: only candidacies count."""
+    cluster = Cluster([me("a"), me("b"), me("c")])
+    cluster.set_members({"a", "b", "c"})
+    cluster.run_until(10.0)
+    cluster.cut_off.add("a")  # messages stop; a still lists b's presence for a while
+    cluster._step("a", PresenceChanged(frozenset({"b"})))
+    cluster.run_until(10.0 + 3 * CAMPAIGN_WINDOW_S)
+    assert cluster.nodes["a"].view.phase == "campaigning"
+    assert cluster.leaders() == ["c"]
+    cluster.heal("a")
+    cluster.run_until(20.0)
+    assert settled(cluster) == ("c", "c.1")
 
 
 def test_a_cut_master_is_replaced_by_the_majority_and_follows_it_when_the_link_heals() -> None:

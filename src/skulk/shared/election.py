@@ -21,7 +21,7 @@ Rules that shape it:
   pause with a higher clock. The leader answers every candidate by re-announcing, and a
   campaigning node adopts any leader it hears, so the returning node rejoins the current
   session and no stream anywhere fails.
-- A campaign decides only on a node that sees a majority of the cluster's members
+- A campaign decides only when a majority of the cluster's members campaign in it
   (`skulk.shared.election_quorum`): a node cut off by the network keeps campaigning instead
   of leading a session of its own, whose higher clock would depose the healthy master when
   the link heals.
@@ -100,7 +100,7 @@ class Me:
     commands_seen: int  # commands this node has observed
     members: frozenset[str] = frozenset()
     """The cluster's members per this node's replicated State (`State.nodes`): a campaign
-    decides only when it sees a majority of them (`skulk.shared.election_quorum`)."""
+    decides only when a majority of them campaign (`skulk.shared.election_quorum`)."""
 
 
 @dataclass(frozen=True)
@@ -256,17 +256,17 @@ def end_discovery(view: ElectionView, me: Me, now: float) -> Step | None:
 
 
 def close_campaign(view: ElectionView, me: Me, now: float) -> Step | None:
-    """The window is over: the best recorded candidate still present wins, provided this
-    node sees a majority of the cluster's members. A minority (a node cut off by the
-    network) opens another window instead and keeps campaigning at the same clock: it
-    adopts the current leader as soon as it hears it (`adopt_leader`), so healing the cut
-    changes no master."""
+    """The window is over: the best recorded candidate still present wins, provided a
+    majority of the cluster's members campaign (`has_quorum`). A minority (a node cut off
+    by the network) opens another window instead and keeps campaigning at the same clock:
+    it adopts the current leader as soon as it hears it (`adopt_leader`), so healing the
+    cut changes no master."""
     if view.phase != "campaigning" or view.campaign_deadline is None or now < view.campaign_deadline:
         return None
     assert view.my_claim is not None
-    if not has_quorum(me.members, view.live_peers, me.node_id):
-        return dataclasses.replace(view, campaign_deadline=now + CAMPAIGN_WINDOW_S), []
     eligible = [c for c in view.candidates.values() if c.node_id not in view.departed]
+    if not has_quorum(me.members, [c.node_id for c in eligible], me.node_id):
+        return dataclasses.replace(view, campaign_deadline=now + CAMPAIGN_WINDOW_S), []
     winner = max([view.my_claim, *eligible], key=rank)
     if winner.node_id == me.node_id:
         return _lead(view, now)
