@@ -78,13 +78,20 @@ class Star:
     one cable per host. `cut(i)` unplugs host i's cable (its link goes down on the switch
     side; the host keeps running and keeps its address), `heal(i)` plugs it back."""
 
-    def __init__(self, tag: str, count: int) -> None:
+    UPLINK_HOST = 254
+
+    def __init__(self, tag: str, count: int, *, uplink: bool = False) -> None:
+        self.uplink = uplink
+        """Also plug this (the test's own) namespace into the switch, at `uplink_address`, so
+        the test process reaches the hosts' addresses directly (clients, probes)."""
         self.hub = f"skulk-h{tag}"
         self.names = [f"skulk-s{i}-{tag}" for i in range(count)]
         self.third = int(tag) % 250
         self.addresses = [STAR_SUBNET.format(self.third, i + 1) for i in range(count)]
         self._switch_ports = [f"sk{tag}h{i}" for i in range(count)]
         self._host_ports = [f"sk{tag}n{i}" for i in range(count)]
+        self.uplink_address = STAR_SUBNET.format(self.third, self.UPLINK_HOST)
+        self._uplink_ports = (f"sk{tag}u", f"sk{tag}v")  # (this namespace's end, the switch's end)
 
     def _steps(self) -> list[tuple[str, ...]]:
         steps: list[tuple[str, ...]] = [
@@ -103,6 +110,16 @@ class Star:
                 ("-n", ns, "link", "set", host, "up"),
                 ("-n", ns, "link", "set", "lo", "up"),
             ]
+        if self.uplink:  # removed with the hub: deleting one end of a veth pair deletes both
+            mine, switch = self._uplink_ports
+            steps += [
+                ("link", "add", mine, "type", "veth", "peer", "name", switch),
+                ("link", "set", switch, "netns", self.hub),
+                ("-n", self.hub, "link", "set", switch, "master", "br0"),
+                ("-n", self.hub, "link", "set", switch, "up"),
+                ("addr", "add", f"{self.uplink_address}/24", "dev", mine),
+                ("link", "set", mine, "up"),
+            ]
         return steps
 
     def cut(self, index: int) -> None:
@@ -114,12 +131,12 @@ class Star:
         assert result.returncode == 0, result.stderr
 
 
-def build_star(count: int) -> tuple[Star | None, str, list[str]]:
+def build_star(count: int, *, uplink: bool = False) -> tuple[Star | None, str, list[str]]:
     """(the star, "", namespaces created) or (None, why not, namespaces created so far):
     the caller removes what was created (`remove_namespaces`) whatever happened."""
     if shutil.which("ip") is None or shutil.which("curl") is None:
         return None, "needs iproute2 and curl", []
-    star = Star(f"{os.getpid() % 10000}", count)
+    star = Star(f"{os.getpid() % 10000}", count, uplink=uplink)
     created: list[str] = []
     for ns in [star.hub, *star.names]:
         result = ip("netns", "add", ns)
