@@ -101,9 +101,16 @@ def test_seeded_network_cuts_keep_the_invariants(spawn_node, star: Star) -> None
     ledger = Ledger()
     stop = threading.Event()
 
+    began = time.monotonic()
+    timeline: list[str] = []
+
     def client() -> None:
         while not stop.is_set():
-            ledger.record(*_one_request(url, headers=entry.auth))
+            started = time.monotonic() - began
+            outcome, detail = _one_request(url, headers=entry.auth)
+            if outcome == "untyped":
+                detail = f"{detail} (sent at {started:.1f}s, ended at {time.monotonic() - began:.1f}s)"
+            ledger.record(outcome, detail)
 
     def index_monitor() -> None:
         last: dict[int, int] = {}
@@ -138,11 +145,15 @@ def test_seeded_network_cuts_keep_the_invariants(spawn_node, star: Star) -> None
             kind = next(k for k in (kind, "cut-idle", "cut-server", "cut-master") if roles[k] in (1, 2))
             victim = roles[kind]
             assert victim is not None
+            if victim == master:
+                kind = "cut-master"  # the server may be the master too
             cut = victim
             faulted_at = time.monotonic()
             star.cut(cut)
+            timeline.append(f"{faulted_at - began:.1f}s cut nc{victim} ({kind})")
             time.sleep(cut_s)  # the cut's length is the fault itself, not a synchronisation
             star.heal(cut)
+            timeline.append(f"{time.monotonic() - began:.1f}s healed nc{victim}")
             cut = None
             try:
                 after = wait_for(lambda: agreed(nodes, members=3), timeout_s=RECOVERY_DEADLINE_S, interval_s=0.5,
@@ -173,8 +184,9 @@ def test_seeded_network_cuts_keep_the_invariants(spawn_node, star: Star) -> None
           f"  unexpected master changes: {master_changes or 'none'}\n"
           f"  stateHash agreed: {final['stateHash'] if final else 'NO'}\n"
           f"  model serves: {serves()}")
+    print(f"  timeline: {timeline}")
     assert not hung, hung
-    assert not ledger.untyped, ledger.untyped[:5]
+    assert not ledger.untyped, (ledger.untyped[:5], timeline, entry.log()[-8000:])
     assert ledger.outcomes["completed"] > 0
     assert not ledger.index_regressions, ledger.index_regressions
     assert not master_changes, master_changes
