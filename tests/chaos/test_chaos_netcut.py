@@ -5,7 +5,7 @@ the test's own namespace plugged into the same switch, so two client threads str
 chats straight to the entry node's address the whole time. A seeded schedule
 (`SKULK_CHAOS_SEED`, default 4; `SKULK_CHAOS_CUTS` cuts, default 2) unplugs one node's cable
 for a drawn time (CUT_MIN_S..CUT_MAX_S), then plugs it back: the node serving the model, the
-master, or the idle third node (never the entry node: the clients go through it). The
+master, or the idle third node (never the entry node, a non-master the clients go through). The
 schedule is bounded (count, each cut's length, each recovery's deadline) and stops by
 itself. After each heal the cluster must recover: three members agreeing, the model serving.
 The run ends by checking and printing the invariants:
@@ -75,8 +75,12 @@ def test_seeded_network_cuts_keep_the_invariants(spawn_node, star: Star) -> None
         node.wait_ready()
     wait_for(lambda: agreed(nodes, members=3), timeout_s=60, interval_s=0.25, what="a 3-node cluster")
     ids = [node_id(n) for n in nodes]
-    entry = nodes[0]
-    url = f"http://{star.addresses[0]}:{API_PORT}"  # through the switch, like any client
+    # The clients' way in: a node that is not the master, so the master can be cut too.
+    first_master = ids.index(cluster(nodes[0])["masterNodeId"])
+    entry_index = next(i for i in range(3) if i != first_master)
+    entry = nodes[entry_index]
+    others = [i for i in range(3) if i != entry_index]
+    url = f"http://{star.addresses[entry_index]}:{API_PORT}"  # through the switch, like any client
 
     def post(path: str, body: dict, timeout_s: float = 60) -> httpx.Response:
         return httpx.post(url + path, json=body, headers=entry.auth, timeout=timeout_s)
@@ -93,7 +97,7 @@ def test_seeded_network_cuts_keep_the_invariants(spawn_node, star: Star) -> None
     def serves() -> bool:
         return post("/v1/chat/completions", {"model": MODEL, "messages": PROMPT, "max_tokens": 4}).status_code == 200
 
-    wait_for(lambda: post("/place_instance", {"modelId": MODEL, "minNodes": 1, "excludedNodes": [ids[0]]},
+    wait_for(lambda: post("/place_instance", {"modelId": MODEL, "minNodes": 1, "excludedNodes": [ids[entry_index]]},
                           timeout_s=10).status_code == 200, timeout_s=60, interval_s=0.5, what="the placement")
     wait_for(lambda: serving_index() is not None, timeout_s=RECOVERY_DEADLINE_S, interval_s=0.5,
              what="the model Ready")
@@ -139,10 +143,10 @@ def test_seeded_network_cuts_keep_the_invariants(spawn_node, star: Star) -> None
             before = cluster(entry)
             master = ids.index(before["masterNodeId"])
             server = serving_index()
-            idle = [i for i in (1, 2) if i not in (master, server)]
+            idle = [i for i in others if i not in (master, server)]
             roles = {"cut-server": server, "cut-master": master, "cut-idle": idle[0] if idle else None}
             # A role on the entry node (the clients' way in) or on no node: cut another role.
-            kind = next(k for k in (kind, "cut-idle", "cut-server", "cut-master") if roles[k] in (1, 2))
+            kind = next(k for k in (kind, "cut-idle", "cut-server", "cut-master") if roles[k] in others)
             victim = roles[kind]
             assert victim is not None
             if victim == master:
