@@ -633,3 +633,26 @@ def test_without_members_a_cut_node_leads_alone_and_deposes_the_master_on_heal()
     cluster.heal("a")
     cluster.run_until(30.0)
     assert settled(cluster) == ("a", "a.2")
+
+
+def test_with_members_the_survivors_of_a_master_death_still_elect_at_once() -> None:
+    """The member majority costs a real failover nothing: both survivors campaign."""
+    cluster = Cluster([me("a"), me("b"), me("c")])
+    cluster.set_members({"a", "b", "c"})
+    cluster.run_until(10.0)
+    cluster.kill("c")
+    cluster.run_until(10.0 + CAMPAIGN_WINDOW_S + TICK_S)
+    assert settled(cluster) == ("b", "b.2")
+
+
+def test_with_members_a_lone_survivor_of_three_waits_for_a_second_member() -> None:
+    cluster = Cluster([me("a"), me("b"), me("c")])
+    cluster.set_members({"a", "b", "c"})
+    cluster.run_until(10.0)
+    cluster.kill("c")
+    cluster.kill("b")
+    cluster.run_until(30.0)
+    assert cluster.leaders() == []
+    cluster.resume("b")
+    cluster.run_until(30.0 + 2 * CAMPAIGN_WINDOW_S + TICK_S)
+    assert settled(cluster)[0] in {"a", "b"}
