@@ -656,3 +656,24 @@ def test_with_members_a_lone_survivor_of_three_waits_for_a_second_member() -> No
     cluster.resume("b")
     cluster.run_until(30.0 + 2 * CAMPAIGN_WINDOW_S + TICK_S)
     assert settled(cluster)[0] in {"a", "b"}
+
+
+def test_a_candidate_that_missed_my_candidacy_is_counted_by_the_one_that_chose_it() -> None:
+    """Survivor a hears b's candidacy and, its window closed, follows b; b never heard a's
+    (lost, or b began after a stopped rebroadcasting), so b lacks the member majority. a
+    repeats its candidacy when b's rebroadcast reaches it, and b decides."""
+    lossy = True
+
+    def drop(src: str, dst: str, msg: ElectionMessage) -> bool:
+        return lossy and (src, dst, msg.kind) == ("a", "b", "candidate")
+
+    cluster = Cluster([me("a"), me("b"), me("c")], drop=drop)
+    cluster.set_members({"a", "b", "c"})
+    cluster.run_until(10.0)
+    cluster.kill("c")
+    cluster.run_until(10.0 + CAMPAIGN_WINDOW_S + TICK_S)
+    assert (cluster.nodes["a"].view.phase, cluster.nodes["a"].view.master_id) == ("following", "b")
+    assert cluster.nodes["b"].view.phase == "campaigning"  # without a's vote: no majority
+    lossy = False
+    cluster.run_until(10.0 + 3 * CAMPAIGN_WINDOW_S)
+    assert settled(cluster) == ("b", "b.2")

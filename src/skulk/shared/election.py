@@ -228,6 +228,7 @@ def _on_received(view: ElectionView, inp: Received, me: Me, now: float) -> Step:
         or settle_leader_conflict(view, msg, now)
         or join_higher_campaign(view, msg, me, now)
         or record_candidate(view, msg)
+        or support_chosen_candidate(view, msg)
         or answer_candidate(view, msg, now)
         or (view, [])
     )
@@ -270,7 +271,10 @@ def close_campaign(view: ElectionView, me: Me, now: float) -> Step | None:
     winner = max([view.my_claim, *eligible], key=rank)
     if winner.node_id == me.node_id:
         return _lead(view, now)
-    return _follow(view, winner, now)
+    followed, outputs = _follow(view, winner, now)
+    # Keep my candidacy: the winner may still be campaigning without my vote
+    # (`support_chosen_candidate`).
+    return dataclasses.replace(followed, my_claim=view.my_claim), outputs
 
 
 def rebroadcast_candidate(view: ElectionView, now: float) -> Step | None:
@@ -357,6 +361,19 @@ def record_candidate(view: ElectionView, msg: ElectionMessage) -> Step | None:
     if msg.kind != "candidate" or view.phase != "campaigning" or msg.clock != view.clock:
         return None
     return dataclasses.replace(view, candidates=_with_candidate(view.candidates, msg, view.my_claim)), []
+
+
+def support_chosen_candidate(view: ElectionView, msg: ElectionMessage) -> Step | None:
+    """Following the candidate my campaign chose, which still campaigns at my clock: it lost
+    the master later than I did and began campaigning after my window closed, so it never
+    heard my candidacy and lacks the member majority to decide (`has_quorum`). Repeat my
+    (frozen) candidacy so it counts me; without this it would campaign forever while I
+    wait for its announcement."""
+    if msg.kind != "candidate" or view.phase != "following" or msg.node_id != view.master_id:
+        return None
+    if msg.clock != view.clock or view.my_claim is None or view.my_claim.clock != view.clock:
+        return None
+    return view, [Broadcast(view.my_claim)]
 
 
 def answer_candidate(view: ElectionView, msg: ElectionMessage, now: float) -> Step | None:
