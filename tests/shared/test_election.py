@@ -566,8 +566,9 @@ def test_a_paused_master_that_returns_follows_its_successor() -> None:
         pytest.param({"a", "b", "c", "d"}, {"b"}, "a", False, id="half of four is no majority"),
         pytest.param({"a", "b", "c", "d"}, {"b", "c"}, "a", True, id="three of four"),
         pytest.param({"a", "b", "c"}, {"x", "y"}, "a", False, id="non-member candidates do not count"),
-        pytest.param({"b", "c", "d"}, {"b", "c"}, "a", True, id="a newcomer counts member candidates"),
-        pytest.param({"b", "c", "d"}, {"b"}, "a", False, id="a newcomer with one member candidate"),
+        pytest.param({"b", "c", "d"}, {"b", "c", "d"}, "a", False, id="a non-member never decides"),
+        pytest.param({"b", "c"}, {"b"}, "a", False, id="pruned: two members left, still not one of them"),
+        pytest.param({"a", "b", "c"}, {"a", "x", "y"}, "a", False, id="candidates that are not members"),
     ],
 )
 def test_quorum_table(members: set[str], candidates: set[str], me: str, decides: bool) -> None:
@@ -677,3 +678,19 @@ def test_a_candidate_that_missed_my_candidacy_is_counted_by_the_one_that_chose_i
     lossy = False
     cluster.run_until(10.0 + 3 * CAMPAIGN_WINDOW_S)
     assert settled(cluster) == ("b", "b.2")
+
+
+def test_a_cut_node_that_learns_it_was_pruned_before_hearing_the_leader_does_not_lead() -> None:
+    """On heal the master's event burst (pruning the cut node) can arrive before its
+    announcement: two members are left, and the cut node is not one of them."""
+    cluster = Cluster([me("a"), me("b"), me("c")])
+    cluster.set_members({"a", "b", "c"})
+    cluster.run_until(10.0)
+    cluster.cut("a")
+    cluster.run_until(12.0)
+    cluster.set_members({"b", "c"})  # everywhere, the cut node too (the burst arrived)
+    cluster.run_until(12.0 + 3 * CAMPAIGN_WINDOW_S)
+    assert cluster.nodes["a"].view.phase == "campaigning"
+    cluster.heal("a")
+    cluster.run_until(20.0)
+    assert settled(cluster) == ("c", "c.1")

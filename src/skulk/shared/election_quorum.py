@@ -20,7 +20,11 @@ itself. Trade-offs, by design:
 - two members: either alone may decide (from one side a cut and a death look the same);
 - a cluster that loses a majority at once (the master among them) elects no master until
   enough of those nodes come back; nodes keep serving what they already serve meanwhile;
-- a node that knows no members (a cold start, a fresh node) decides with whoever it hears.
+- a node that knows no members (a cold start, a fresh node) decides with whoever it hears;
+- a node that is not a member (pruned, or not yet joined) never decides: it adopts the
+  leader it hears. (Seen on a healed cut: the master's event burst, which prunes the cut
+  node, reached it before the master's announcement did, and with two members left it
+  would have led alone.)
 """
 
 from __future__ import annotations
@@ -30,8 +34,14 @@ from collections.abc import Iterable
 
 def has_quorum(members: frozenset[str], candidates: Iterable[str], me: str) -> bool:
     """True when this node may end its campaign (lead, or follow the winner): no members
-    known yet, a member set of at most two, or a strict majority of the members campaigning
-    (`candidates`: the nodes whose candidacy it recorded; this node counts when a member)."""
+    known yet; otherwise only as a member itself (a node the master pruned, say one cut off
+    whose link just healed and whose replica has just learnt so, follows and never decides),
+    with a member set of at most two, or a strict majority of the members campaigning
+    (`candidates`: the nodes whose candidacy it recorded, itself included)."""
+    if not members:
+        return True
+    if me not in members:
+        return False
     if len(members) <= 2:
         return True
     campaigning = len((frozenset(candidates) | {me}) & members)
