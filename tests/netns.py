@@ -68,3 +68,101 @@ def two_namespaces():
     finally:
         for ns in created:
             ip("netns", "del", ns)
+
+
+STAR_SUBNET = "198.19.{}.{}"
+
+
+class Star:
+    """Namespaces each joined by a veth pair to one bridge in a hub namespace: a switch with
+    one cable per host. `cut(i)` unplugs host i's cable (its link goes down on the switch
+    side; the host keeps running and keeps its address), `heal(i)` plugs it back."""
+
+    UPLINK_HOST = 254
+
+    def __init__(self, tag: str, count: int, *, uplink: bool = False) -> None:
+        self.uplink = uplink
+        """Also plug this (the test's own) namespace into the switch, at `uplink_address`, so
+        the test process reaches the hosts' addresses directly (clients, probes)."""
+        self.hub = f"skulk-h{tag}"
+        self.names = [f"skulk-s{i}-{tag}" for i in range(count)]
+        self.third = int(tag) % 250
+        self.addresses = [STAR_SUBNET.format(self.third, i + 1) for i in range(count)]
+        self._switch_ports = [f"sk{tag}h{i}" for i in range(count)]
+        self._host_ports = [f"sk{tag}n{i}" for i in range(count)]
+        self.uplink_address = STAR_SUBNET.format(self.third, self.UPLINK_HOST)
+        self._uplink_ports = (f"sk{tag}u", f"sk{tag}v")  # (this namespace's end, the switch's end)
+
+    def _steps(self) -> list[tuple[str, ...]]:
+        steps: list[tuple[str, ...]] = [
+            ("-n", self.hub, "link", "add", "br0", "type", "bridge"),
+            ("-n", self.hub, "link", "set", "br0", "up"),
+        ]
+        for ns, host, switch, address in zip(self.names, self._host_ports, self._switch_ports, self.addresses,
+                                             strict=True):
+            steps += [
+                ("link", "add", host, "type", "veth", "peer", "name", switch),
+                ("link", "set", host, "netns", ns),
+                ("link", "set", switch, "netns", self.hub),
+                ("-n", self.hub, "link", "set", switch, "master", "br0"),
+                ("-n", self.hub, "link", "set", switch, "up"),
+                ("-n", ns, "addr", "add", f"{address}/24", "dev", host),
+                ("-n", ns, "link", "set", host, "up"),
+                ("-n", ns, "link", "set", "lo", "up"),
+            ]
+        if self.uplink:  # removed with the hub: deleting one end of a veth pair deletes both
+            mine, switch = self._uplink_ports
+            steps += [
+                ("link", "add", mine, "type", "veth", "peer", "name", switch),
+                ("link", "set", switch, "netns", self.hub),
+                ("-n", self.hub, "link", "set", switch, "master", "br0"),
+                ("-n", self.hub, "link", "set", switch, "up"),
+                ("addr", "add", f"{self.uplink_address}/24", "dev", mine),
+                ("link", "set", mine, "up"),
+            ]
+        return steps
+
+    def cut(self, index: int) -> None:
+        result = ip("-n", self.hub, "link", "set", self._switch_ports[index], "down")
+        assert result.returncode == 0, result.stderr
+
+    def heal(self, index: int) -> None:
+        result = ip("-n", self.hub, "link", "set", self._switch_ports[index], "up")
+        assert result.returncode == 0, result.stderr
+
+
+def build_star(count: int, *, uplink: bool = False) -> tuple[Star | None, str, list[str]]:
+    """(the star, "", namespaces created) or (None, why not, namespaces created so far):
+    the caller removes what was created (`remove_namespaces`) whatever happened."""
+    if shutil.which("ip") is None or shutil.which("curl") is None:
+        return None, "needs iproute2 and curl", []
+    star = Star(f"{os.getpid() % 10000}", count, uplink=uplink)
+    created: list[str] = []
+    for ns in [star.hub, *star.names]:
+        result = ip("netns", "add", ns)
+        if result.returncode != 0:
+            return None, f"network namespaces unavailable here: {result.stderr.strip()}", created
+        created.append(ns)
+    for step in star._steps():
+        result = ip(*step)
+        if result.returncode != 0:
+            return None, f"cannot build the namespace star ({' '.join(step)}): {result.stderr.strip()}", created
+    return star, "", created
+
+
+def remove_namespaces(names: list[str]) -> None:
+    for ns in names:
+        ip("netns", "del", ns)
+
+
+@pytest.fixture
+def three_namespaces():
+    """A `Star` of three namespaces (removed at teardown); skips where namespaces cannot be
+    made (no root, no iproute2), saying why."""
+    star, why, created = build_star(3)
+    try:
+        if star is None:
+            pytest.skip(why)
+        yield star
+    finally:
+        remove_namespaces(created)

@@ -358,6 +358,7 @@ class Node:
         self.election = ElectionService(
             router,
             commands_seen=lambda: self.replica.state.last_event_applied_idx + 1,
+            members=lambda: frozenset(self.replica.state.nodes),
             on_elected=lambda elected: self._on_elected(elected, router, log_slot),
             on_demoted=self._stop_master,
         )

@@ -13,8 +13,8 @@ checking and printing the invariants:
 - every node agrees on `stateHash`;
 - the model serves again.
 
-Not covered here (each has its own test): a network cut between namespaces
-(tests/cluster/test_partition_return.py pauses a node instead), a full disk
+Not covered here (each has its own test): network cuts between namespaces
+(tests/chaos/test_chaos_netcut.py, tests/cluster/test_network_cut.py), a full disk
 (tests/test_full_disk.py). Bounded: `SKULK_CHAOS_FAULTS` faults (default 4), each recovery
 within RECOVERY_DEADLINE_S; about 2.5 minutes on a loaded 2-core machine.
 """
@@ -47,7 +47,7 @@ MODEL = "local/tiny-llama-gguf"
 PROMPT = [{"role": "user", "content": "the the the"}]
 STREAM_TOKENS = 64
 PAUSE_S = 5.0
-"""How long a SIGSTOPped node stays frozen: past the 2 s transport lease (its presence goes)."""
+"""How long a SIGSTOPped node stays frozen: past the 1 s transport lease (its presence goes)."""
 RECOVERY_DEADLINE_S = 120.0
 """Hang guard per fault: prune, re-placement and a llama.cpp load on a loaded 2-core machine."""
 CLIENT_TIMEOUT_S = 60.0
@@ -83,11 +83,12 @@ class Ledger:
                 self.typed[detail] += 1
 
 
-def _one_request(url: str) -> tuple[str, str]:
+def _one_request(url: str, headers: dict[str, str] | None = None) -> tuple[str, str]:
     """(outcome, detail) of one streamed chat: completed, typed, or untyped."""
     body = {"model": MODEL, "messages": PROMPT, "max_tokens": STREAM_TOKENS, "temperature": 0, "stream": True}
     try:
-        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=CLIENT_TIMEOUT_S) as response:
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=CLIENT_TIMEOUT_S,
+                          headers=headers) as response:
             if response.status_code != 200:
                 error = json.loads(response.read()).get("error") or {}
                 typed = isinstance(error, dict) and error.get("message") and (error.get("type") or error.get("code"))

@@ -9,10 +9,15 @@ from skulk.master.presence_loss import (
     PRESENCE_LOSS_CONFIRM_S,
     PRUNE_WINDOW_S,
     PresenceLedger,
+    detection_s,
     lost_nodes,
+    member_verdict,
     observe,
     record_prunes,
+    stall_tolerance_s,
 )
+from skulk.master.main import PRESENCE_RECHECK_MARGIN_S
+from skulk.routing.router import TRANSPORT_KEEP_ALIVES_PER_LEASE, TRANSPORT_LEASE_MS
 
 ME = "m"
 MEMBERS = ("m", "a", "b")
@@ -76,3 +81,45 @@ def test_a_flapping_node_costs_at_most_the_budget_of_fast_prunes() -> None:
             ledger = observe(ledger, ("m", "b"), frozenset({"m", "b"}), ME, now)  # pruned: no longer a member
         now += 0.25
     assert prunes == MAX_PRESENCE_PRUNES
+
+
+@pytest.mark.parametrize(
+    ("absent_for_s", "recent_prunes", "verdict"),
+    [
+        pytest.param(None, 0, "present", id="holds a proven token"),
+        pytest.param(None, MAX_PRESENCE_PRUNES, "present", id="present after flapping"),
+        pytest.param(0.0, 0, "confirming", id="just went"),
+        pytest.param(0.3, 0, "confirming", id="a reconnect's blink"),
+        pytest.param(PRESENCE_LOSS_CONFIRM_S, 0, "lost", id="past the hysteresis"),
+        pytest.param(30.0, MAX_PRESENCE_PRUNES - 1, "lost", id="within the prune budget"),
+        pytest.param(30.0, MAX_PRESENCE_PRUNES, "left_to_silence_timeout", id="flapping"),
+        pytest.param(0.3, MAX_PRESENCE_PRUNES, "confirming", id="flapping, still confirming"),
+    ],
+)
+def test_member_verdict(absent_for_s: float | None, recent_prunes: int, verdict: str) -> None:
+    assert member_verdict(absent_for_s, recent_prunes) == verdict
+
+
+def test_the_configured_timers_fit_the_fault_contract() -> None:
+    """The issue's contract: a frozen node's streams fail within 2 s, and a live node that
+    stalls for a few hundred ms is never pruned. The timers alone must leave room for
+    scheduling on a loaded machine (bench/failure_detection.py measures the real figure)."""
+    lease_s = TRANSPORT_LEASE_MS / 1000
+    earliest, latest = detection_s(lease_s, TRANSPORT_KEEP_ALIVES_PER_LEASE, PRESENCE_RECHECK_MARGIN_S)
+    assert earliest < latest <= 1.7
+    assert stall_tolerance_s(lease_s, TRANSPORT_KEEP_ALIVES_PER_LEASE) >= 0.5
+
+
+@pytest.mark.parametrize(
+    ("lease_s", "keep_alives", "margin_s", "earliest", "latest", "tolerance"),
+    [
+        (1.0, 4, 0.05, 1.35, 1.6, 0.75),
+        (2.0, 4, 0.05, 2.1, 2.6, 1.5),  # the intended timers before: over the 2 s contract
+        (10.0, 4, 0.05, 8.1, 10.6, 7.5),  # zenoh's default lease (what nodes really ran with)
+    ],
+)
+def test_detection_and_stall_tolerance_from_the_timers(
+    lease_s: float, keep_alives: int, margin_s: float, earliest: float, latest: float, tolerance: float
+) -> None:
+    assert detection_s(lease_s, keep_alives, margin_s) == pytest.approx((earliest, latest))
+    assert stall_tolerance_s(lease_s, keep_alives) == pytest.approx(tolerance)

@@ -12,7 +12,16 @@ import zenoh
 from skulk.routing.cluster_key import derive_wire_key
 from skulk.routing.constants import NETWORK_VERSION, topic_key
 from skulk.routing.presence import PresenceChange
-from skulk.routing.router import Router, RouterClosed, RouterOpenError, SubscriptionClosed, TopicMisuse
+from skulk.routing.router import (
+    TRANSPORT_KEEP_ALIVES_PER_LEASE,
+    TRANSPORT_LEASE_MS,
+    Router,
+    RouterClosed,
+    RouterOpenError,
+    SubscriptionClosed,
+    TopicMisuse,
+    build_zenoh_config,
+)
 from tests.routing.routing_testkit import (
     CHUNKS,
     PING,
@@ -354,3 +363,14 @@ async def test_nodes_sharing_one_bootstrap_peer_mesh_through_gossip(routers) -> 
     sub_c = c.subscribe(PING)
     item = await publish_until_received(b, PING, lambda n: Ping(nonce=n), sub_c)
     assert item.sender == "node-b"
+
+
+def test_the_transport_lease_survives_the_reassembly_bound() -> None:
+    """Both live under transport.link: the bound once replaced the whole block, so nodes ran
+    with zenoh's 10 s default lease and a frozen node was only noticed by its missed presence
+    challenges (4-6 s) instead of within the lease."""
+    config = zenoh.Config.from_json5(json.dumps(build_zenoh_config(
+        node_id="n", listen=[], connect=[], multicast=False, max_message_bytes=4096)))
+    assert json.loads(config.get_json("transport/link/tx/lease")) == TRANSPORT_LEASE_MS
+    assert json.loads(config.get_json("transport/link/tx/keep_alive")) == TRANSPORT_KEEP_ALIVES_PER_LEASE
+    assert json.loads(config.get_json("transport/link/rx/max_message_size")) == 4096

@@ -3,6 +3,7 @@ simulated nodes on an in-memory network with a fake clock (no event loop, no soc
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from skulk.shared.election import (
     session_id_for,
     step,
 )
+from skulk.shared.election_quorum import has_quorum
 from skulk.shared.types.election import ElectionMessage
 
 ME = Me(node_id="b", seniority=0, commands_seen=0)
@@ -297,6 +299,7 @@ class SimNode:
     sent: list[ElectionMessage] = field(default_factory=list)
     running: bool = True  # stepped and reachable
     present: bool = True  # listed by presence
+    members: frozenset[str] = frozenset()  # State.nodes as this node's replica has it
 
 
 class Cluster:
@@ -306,6 +309,7 @@ class Cluster:
     def __init__(self, mes: list[Me], drop: Drop | None = None) -> None:
         self.now = 0.0
         self.drop: Drop = drop or (lambda src, dst, msg: False)
+        self.cut_off: set[str] = set()  # running nodes on the far side of a network cut
         self.nodes: dict[str, SimNode] = {}
         self._inflight: deque[tuple[str, ElectionMessage]] = deque()
         for me in mes:
@@ -333,11 +337,31 @@ class Cluster:
         self.nodes[name].running = self.nodes[name].present = True
         self.publish_presence()
 
+    def cut(self, name: str) -> None:
+        """A network cut: the node keeps running, but it and the others lose each other's
+        messages and presence."""
+        self.cut_off.add(name)
+        self.publish_presence()
+
+    def heal(self, name: str) -> None:
+        self.cut_off.discard(name)
+        self.publish_presence()
+
+    def set_members(self, members: set[str], *, on: set[str] | None = None) -> None:
+        """What the State lists as members on `on` (default every node): only a live master
+        changes it, so a cut node keeps the list it had."""
+        for name in on if on is not None else self.nodes:
+            self.nodes[name].members = frozenset(members)
+
+    def _linked(self, a: str, b: str) -> bool:
+        return (a in self.cut_off) == (b in self.cut_off)
+
     def publish_presence(self) -> None:
         live = {n for n, node in self.nodes.items() if node.present}
         for name, node in self.nodes.items():
             if node.running:
-                self._step(name, PresenceChanged(frozenset(live - {name})))
+                seen = {n for n in live if self._linked(name, n)}
+                self._step(name, PresenceChanged(frozenset(seen - {name})))
         self._deliver()
 
     def run_until(self, t: float) -> None:
@@ -350,7 +374,7 @@ class Cluster:
 
     def _step(self, name: str, inp: object) -> None:
         node = self.nodes[name]
-        node.view, out = step(node.view, inp, node.me, self.now)
+        node.view, out = step(node.view, inp, dataclasses.replace(node.me, members=node.members), self.now)
         for o in out:
             if isinstance(o, Broadcast):
                 node.sent.append(o.message)
@@ -363,7 +387,7 @@ class Cluster:
         while self._inflight:
             src, msg = self._inflight.popleft()
             for dst, node in self.nodes.items():
-                if dst != src and node.running and not self.drop(src, dst, msg):
+                if dst != src and node.running and self._linked(src, dst) and not self.drop(src, dst, msg):
                     self._step(dst, Received(msg))
             delivered += 1
             assert delivered < 10_000, "election messages never settle"
@@ -527,3 +551,146 @@ def test_a_paused_master_that_returns_follows_its_successor() -> None:
     cluster.resume("c")  # still believes it leads session c.1
     cluster.run_until(40.0)
     assert settled(cluster) == ("b", "b.2")
+
+
+# -- a node cut off by the network (it keeps running) ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("members", "candidates", "me", "decides"),
+    [
+        pytest.param(set(), set(), "a", True, id="no members known: a cold start decides alone"),
+        pytest.param({"a", "b"}, set(), "a", True, id="two members: a survivor decides alone"),
+        pytest.param({"a", "b", "c"}, {"b"}, "a", True, id="two of three"),
+        pytest.param({"a", "b", "c"}, set(), "a", False, id="one of three: cut off"),
+        pytest.param({"a", "b", "c", "d"}, {"b"}, "a", False, id="half of four is no majority"),
+        pytest.param({"a", "b", "c", "d"}, {"b", "c"}, "a", True, id="three of four"),
+        pytest.param({"a", "b", "c"}, {"x", "y"}, "a", False, id="non-member candidates do not count"),
+        pytest.param({"b", "c", "d"}, {"b", "c", "d"}, "a", False, id="a non-member never decides"),
+        pytest.param({"b", "c"}, {"b"}, "a", False, id="pruned: two members left, still not one of them"),
+        pytest.param({"a", "b", "c"}, {"a", "x", "y"}, "a", False, id="candidates that are not members"),
+    ],
+)
+def test_quorum_table(members: set[str], candidates: set[str], me: str, decides: bool) -> None:
+    assert has_quorum(frozenset(members), frozenset(candidates), me) is decides
+
+
+@pytest.mark.parametrize("cut_s", [5.0, 60.0])
+def test_a_cut_follower_never_leads_and_rejoins_the_master_when_the_link_heals(cut_s: float) -> None:
+    cluster = Cluster([me("a"), me("b"), me("c")])
+    cluster.set_members({"a", "b", "c"})
+    cluster.run_until(10.0)
+    assert settled(cluster) == ("c", "c.1")
+    before = {n: list(node.elected) for n, node in cluster.nodes.items()}
+    cluster.cut("a")
+    cluster.run_until(12.0)
+    cluster.set_members({"b", "c"}, on={"b", "c"})  # the master prunes the lost node
+    cluster.run_until(10.0 + cut_s)
+    assert cluster.leaders() == ["c"]  # the cut node campaigns but never leads
+    assert cluster.nodes["a"].view.phase == "campaigning"
+    cluster.heal("a")
+    cluster.run_until(10.0 + cut_s + 2 * LEADER_ANNOUNCE_S)
+    assert settled(cluster) == ("c", "c.1")
+    cluster.run_until(10.0 + cut_s + 30.0)
+    assert settled(cluster) == ("c", "c.1")
+    assert {n: node.elected for n, node in cluster.nodes.items()} == before  # no new session anywhere
+
+
+def test_a_cut_node_that_still_sees_a_peers_presence_does_not_lead() -> None:
+    """Presence behind a cut goes link by link: the master's first, another peer's seconds
+    later. A peer that merely looks present is no vote: only candidacies count."""
+    cluster = Cluster([me("a"), me("b"), me("c")])
+    cluster.set_members({"a", "b", "c"})
+    cluster.run_until(10.0)
+    cluster.cut_off.add("a")  # messages stop; a still lists b's presence for a while
+    cluster._step("a", PresenceChanged(frozenset({"b"})))
+    cluster.run_until(10.0 + 3 * CAMPAIGN_WINDOW_S)
+    assert cluster.nodes["a"].view.phase == "campaigning"
+    assert cluster.leaders() == ["c"]
+    cluster.heal("a")
+    cluster.run_until(20.0)
+    assert settled(cluster) == ("c", "c.1")
+
+
+def test_a_cut_master_is_replaced_by_the_majority_and_follows_it_when_the_link_heals() -> None:
+    cluster = Cluster([me("a"), me("b"), me("c")])
+    cluster.set_members({"a", "b", "c"})
+    cluster.run_until(10.0)
+    cluster.cut("c")
+    cluster.run_until(10.0 + CAMPAIGN_WINDOW_S + TICK_S)
+    assert cluster.nodes["b"].view.session_id == cluster.nodes["a"].view.session_id == "b.2"
+    cluster.heal("c")
+    cluster.run_until(20.0)
+    assert settled(cluster) == ("b", "b.2")
+
+
+def test_without_members_a_cut_node_leads_alone_and_deposes_the_master_on_heal() -> None:
+    """What the member majority prevents: the same cut, with no members known."""
+    cluster = Cluster([me("a"), me("b"), me("c")])
+    cluster.run_until(10.0)
+    cluster.cut("a")
+    cluster.run_until(20.0)
+    assert sorted(cluster.leaders()) == ["a", "c"]
+    cluster.heal("a")
+    cluster.run_until(30.0)
+    assert settled(cluster) == ("a", "a.2")
+
+
+def test_with_members_the_survivors_of_a_master_death_still_elect_at_once() -> None:
+    """The member majority costs a real failover nothing: both survivors campaign."""
+    cluster = Cluster([me("a"), me("b"), me("c")])
+    cluster.set_members({"a", "b", "c"})
+    cluster.run_until(10.0)
+    cluster.kill("c")
+    cluster.run_until(10.0 + CAMPAIGN_WINDOW_S + TICK_S)
+    assert settled(cluster) == ("b", "b.2")
+
+
+def test_with_members_a_lone_survivor_of_three_waits_for_a_second_member() -> None:
+    cluster = Cluster([me("a"), me("b"), me("c")])
+    cluster.set_members({"a", "b", "c"})
+    cluster.run_until(10.0)
+    cluster.kill("c")
+    cluster.kill("b")
+    cluster.run_until(30.0)
+    assert cluster.leaders() == []
+    cluster.resume("b")
+    cluster.run_until(30.0 + 2 * CAMPAIGN_WINDOW_S + TICK_S)
+    assert settled(cluster)[0] in {"a", "b"}
+
+
+def test_a_candidate_that_missed_my_candidacy_is_counted_by_the_one_that_chose_it() -> None:
+    """Survivor a hears b's candidacy and, its window closed, follows b; b never heard a's
+    (lost, or b began after a stopped rebroadcasting), so b lacks the member majority. a
+    repeats its candidacy when b's rebroadcast reaches it, and b decides."""
+    lossy = True
+
+    def drop(src: str, dst: str, msg: ElectionMessage) -> bool:
+        return lossy and (src, dst, msg.kind) == ("a", "b", "candidate")
+
+    cluster = Cluster([me("a"), me("b"), me("c")], drop=drop)
+    cluster.set_members({"a", "b", "c"})
+    cluster.run_until(10.0)
+    cluster.kill("c")
+    cluster.run_until(10.0 + CAMPAIGN_WINDOW_S + TICK_S)
+    assert (cluster.nodes["a"].view.phase, cluster.nodes["a"].view.master_id) == ("following", "b")
+    assert cluster.nodes["b"].view.phase == "campaigning"  # without a's vote: no majority
+    lossy = False
+    cluster.run_until(10.0 + 3 * CAMPAIGN_WINDOW_S)
+    assert settled(cluster) == ("b", "b.2")
+
+
+def test_a_cut_node_that_learns_it_was_pruned_before_hearing_the_leader_does_not_lead() -> None:
+    """On heal the master's event burst (pruning the cut node) can arrive before its
+    announcement: two members are left, and the cut node is not one of them."""
+    cluster = Cluster([me("a"), me("b"), me("c")])
+    cluster.set_members({"a", "b", "c"})
+    cluster.run_until(10.0)
+    cluster.cut("a")
+    cluster.run_until(12.0)
+    cluster.set_members({"b", "c"})  # everywhere, the cut node too (the burst arrived)
+    cluster.run_until(12.0 + 3 * CAMPAIGN_WINDOW_S)
+    assert cluster.nodes["a"].view.phase == "campaigning"
+    cluster.heal("a")
+    cluster.run_until(20.0)
+    assert settled(cluster) == ("c", "c.1")

@@ -3,6 +3,7 @@
 Feeds it election messages, presence changes and a steady tick; publishes what it asks to
 broadcast; reports each new (master, session) to the node. Commands seen are approximated
 by events applied (`commands_seen` callable): the node with the most history wins a tie.
+`members` (the replicated State's member ids) is what a campaign needs a majority of.
 """
 
 from __future__ import annotations
@@ -28,12 +29,14 @@ class ElectionService:
         router: Router,
         *,
         commands_seen: Callable[[], int],
+        members: Callable[[], frozenset[str]] = frozenset,
         on_elected: Callable[[machine.Elected], None],
         on_demoted: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._router = router
         self._commands_seen = commands_seen
+        self._members = members
         self._on_elected = on_elected
         self._on_demoted = on_demoted
         self._clock = clock
@@ -42,7 +45,8 @@ class ElectionService:
         self.elections_seen = 0
 
     def _me(self) -> machine.Me:
-        return machine.Me(node_id=self._router.node_id, seniority=self.seniority, commands_seen=self._commands_seen())
+        return machine.Me(node_id=self._router.node_id, seniority=self.seniority, commands_seen=self._commands_seen(),
+                          members=self._members())
 
     async def _step(self, event: object) -> None:
         was_leading = machine.is_leading(self.view)

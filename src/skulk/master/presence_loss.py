@@ -18,15 +18,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Final
+from typing import Final, Literal
 
 from skulk.shared.types.ids import NodeId
 
 PRESENCE_LOSS_CONFIRM_S: Final = 0.5
 """How long a member's presence must stay gone before it is judged lost. Two zenoh
 keep-alive periods (see `routing.router.TRANSPORT_LEASE_MS`): long enough to ride out a
-token that is withdrawn and re-declared, short enough that a stream served by a dead node
-fails within about a second."""
+token that is withdrawn and re-declared (a live node whose link dropped and reconnected),
+short enough that a frozen node's streams fail within 2 s of the freeze (`detection_s`)."""
 
 PRUNE_WINDOW_S: Final = 120.0
 """The window over which presence-driven prunes of one node are counted."""
@@ -66,14 +66,49 @@ def observe(
     return PresenceLedger(absent_since=absent, pruned_at=pruned)
 
 
+MemberVerdict = Literal["present", "confirming", "lost", "left_to_silence_timeout"]
+
+
+def member_verdict(absent_for_s: float | None, recent_prunes: int) -> MemberVerdict:
+    """Is this member lost? The one decision of fast failure detection.
+
+    - present: it holds a proven presence token (`absent_for_s` is None);
+    - confirming: gone for less than PRESENCE_LOSS_CONFIRM_S (a blink, a reconnect);
+    - lost: gone past the hysteresis and within its prune budget: prune it now;
+    - left_to_silence_timeout: gone, but pruned MAX_PRESENCE_PRUNES times within
+      PRUNE_WINDOW_S already (a flapping node): only the silence timeout prunes it.
+    """
+    if absent_for_s is None:
+        return "present"
+    if absent_for_s < PRESENCE_LOSS_CONFIRM_S:
+        return "confirming"
+    return "lost" if recent_prunes < MAX_PRESENCE_PRUNES else "left_to_silence_timeout"
+
+
 def lost_nodes(ledger: PresenceLedger, now: float) -> dict[NodeId, float]:
-    """Members absent for at least PRESENCE_LOSS_CONFIRM_S and still within their prune
-    budget, mapped to how long they have been absent (seconds)."""
+    """Members whose verdict is "lost", mapped to how long they have been absent (s)."""
     return {
         node: now - since
         for node, since in sorted(ledger.absent_since.items())
-        if now - since >= PRESENCE_LOSS_CONFIRM_S and len(ledger.pruned_at.get(node, ())) < MAX_PRESENCE_PRUNES
+        if member_verdict(now - since, len(ledger.pruned_at.get(node, ()))) == "lost"
     }
+
+
+def detection_s(lease_s: float, keep_alives_per_lease: int, recheck_margin_s: float) -> tuple[float, float]:
+    """(earliest, latest) seconds from a node freezing to the master's prune, as the timers
+    add up: the peer's last keep-alive came up to one keep-alive period before the freeze,
+    the lease runs out after it, the master's plan pass stamps the absence a margin later
+    and judges it a margin after the hysteresis. Scheduling delays come on top (measured by
+    bench/failure_detection.py)."""
+    keep_alive_s = lease_s / keep_alives_per_lease
+    after_lease = 2 * recheck_margin_s + PRESENCE_LOSS_CONFIRM_S
+    return lease_s - keep_alive_s + after_lease, lease_s + after_lease
+
+
+def stall_tolerance_s(lease_s: float, keep_alives_per_lease: int) -> float:
+    """The longest a live node may stop entirely (all threads) without its link dropping:
+    its peers hear nothing for the stall plus up to one keep-alive period."""
+    return lease_s - lease_s / keep_alives_per_lease
 
 
 def record_prunes(ledger: PresenceLedger, nodes: Iterable[NodeId], now: float) -> PresenceLedger:
@@ -86,6 +121,10 @@ def record_prunes(ledger: PresenceLedger, nodes: Iterable[NodeId], now: float) -
 
 __all__ = [
     "MAX_PRESENCE_PRUNES",
+    "MemberVerdict",
+    "detection_s",
+    "member_verdict",
+    "stall_tolerance_s",
     "PRESENCE_LOSS_CONFIRM_S",
     "PRUNE_WINDOW_S",
     "PresenceLedger",

@@ -93,11 +93,22 @@ CLOSE_TIMEOUT_S: Final = 5.0
 CONNECT_RETRY: Final = {"period_init_ms": 250, "period_max_ms": 2000, "period_increase_factor": 2}
 # A peer that sends nothing (not even a keep-alive) for TRANSPORT_LEASE_MS is dropped and its
 # presence token withdrawn: that is how a frozen node (SIGSTOP, a laptop lid, a swap storm) is
-# noticed. zenoh's default is 10 s; 2 s with a keep-alive every 0.5 s lets the master fail
-# a frozen node's streams within about 2.5 s (see master/presence_loss.py). Keep-alives are
-# sent by zenoh's own threads, so a busy Python event loop does not starve them.
-TRANSPORT_LEASE_MS: Final = 2000
+# noticed. zenoh's default is 10 s; 1 s with a keep-alive every 0.25 s drops a frozen peer
+# 0.75-1 s after it froze, and the master fails its streams about 0.6 s later (hysteresis and
+# plan pass, see master/presence_loss.py): within the 2 s the fault contract asks, measured by
+# bench/failure_detection.py. A live peer keeps its link through a stall of up to ~0.75 s: the
+# keep-alives are sent by zenoh's own (Rust) threads, so a busy Python event loop or a held GIL
+# does not starve them; only the whole process stopping does. A stall longer than that drops
+# the link, and the hysteresis still spares a peer whose presence is back within 0.5 s.
+TRANSPORT_LEASE_MS: Final = 1000
 TRANSPORT_KEEP_ALIVES_PER_LEASE: Final = 4
+BLOCKED_SEND_CLOSE_US: Final = 2_000_000
+"""A reliable (congestion: block) put that cannot queue for a peer for this long closes that
+peer's transport (zenoh's `wait_before_close`, default 5 s). Measured on a network cut
+(tests/chaos/test_chaos_netcut.py): while the master's puts to a cut peer blocked, its whole
+zenoh runtime stalled, so presence challenges between it and a healthy peer went unanswered
+for 4-5 s and the healthy peer was pruned too. Two leases: a peer that takes nothing for
+that long is gone (its lease has run out twice); a live one reads within milliseconds."""
 # Declared zenoh publishers kept per router (one per key expression; node-addressed topics
 # have one per destination). The least recently used is undeclared past the bound.
 MAX_PUBLISHERS: Final = 1024
@@ -202,17 +213,26 @@ def build_zenoh_config(
     - listen: the given endpoints; none given keeps zenoh's default (all interfaces, random
       port), which multicast scouting advertises.
     - connect: bootstrap peers, retried quickly until they come up.
-    - transport lease: TRANSPORT_LEASE_MS, so a frozen peer's presence goes within seconds.
+    - transport lease: TRANSPORT_LEASE_MS, so a frozen peer's presence goes within seconds;
+      a blocked send to a peer closes its transport after BLOCKED_SEND_CLOSE_US.
     - multicast scouting on/off as asked; gossip scouting always on, so peers learn of each
       other through the peers they already know (needed with multicast off: a node that only
       knows one bootstrap peer still meshes with the rest).
     - max_message_bytes: zenoh's reassembly bound (the largest sealed message any topic admits).
     """
+    link: dict[str, Any] = {"tx": {
+        "lease": TRANSPORT_LEASE_MS, "keep_alive": TRANSPORT_KEEP_ALIVES_PER_LEASE,
+        "queue": {"congestion_control": {"block": {"wait_before_close": BLOCKED_SEND_CLOSE_US}}},
+    }}
+    if max_message_bytes is not None:
+        # zenoh refuses to reassemble anything larger (its default is 1 GiB): no peer, keyed
+        # or not, can make this node buffer a message no topic admits.
+        link["rx"] = {"max_message_size": max_message_bytes}
     config: dict[str, Any] = {
         "mode": "peer",
         "metadata": {"name": node_id},
         "connect": {"endpoints": list(connect), "retry": dict(CONNECT_RETRY)},
-        "transport": {"link": {"tx": {"lease": TRANSPORT_LEASE_MS, "keep_alive": TRANSPORT_KEEP_ALIVES_PER_LEASE}}},
+        "transport": {"link": link},
         "scouting": {
             "multicast": {"enabled": bool(multicast)},
             "gossip": {"enabled": True},
@@ -220,10 +240,6 @@ def build_zenoh_config(
     }
     if listen:
         config["listen"] = {"endpoints": list(listen)}
-    if max_message_bytes is not None:
-        # zenoh refuses to reassemble anything larger (its default is 1 GiB): no peer, keyed
-        # or not, can make this node buffer a message no topic admits.
-        config["transport"] = {"link": {"rx": {"max_message_size": max_message_bytes}}}
     return config
 
 

@@ -21,6 +21,10 @@ Rules that shape it:
   pause with a higher clock. The leader answers every candidate by re-announcing, and a
   campaigning node adopts any leader it hears, so the returning node rejoins the current
   session and no stream anywhere fails.
+- A campaign decides only when a majority of the cluster's members campaign in it
+  (`skulk.shared.election_quorum`): a node cut off by the network keeps campaigning instead
+  of leading a session of its own, whose higher clock would depose the healthy master when
+  the link heals.
 - A node freezes its own seniority and commands_seen when a campaign starts and announces
   exactly those values while it leads, so every receiver ranks it the same way at all times
   (otherwise two leaders comparing moving counters could both step down, or both stay).
@@ -43,6 +47,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
+from skulk.shared.election_quorum import has_quorum
 from skulk.shared.types.election import ElectionMessage, Rank
 from skulk.shared.types.ids import NodeId, SessionId
 
@@ -93,6 +98,9 @@ class Me:
     node_id: str
     seniority: int  # elections this node has won in its lifetime
     commands_seen: int  # commands this node has observed
+    members: frozenset[str] = frozenset()
+    """The cluster's members per this node's replicated State (`State.nodes`): a campaign
+    decides only when a majority of them campaign (`skulk.shared.election_quorum`)."""
 
 
 @dataclass(frozen=True)
@@ -220,6 +228,7 @@ def _on_received(view: ElectionView, inp: Received, me: Me, now: float) -> Step:
         or settle_leader_conflict(view, msg, now)
         or join_higher_campaign(view, msg, me, now)
         or record_candidate(view, msg)
+        or support_chosen_candidate(view, msg)
         or answer_candidate(view, msg, now)
         or (view, [])
     )
@@ -248,15 +257,24 @@ def end_discovery(view: ElectionView, me: Me, now: float) -> Step | None:
 
 
 def close_campaign(view: ElectionView, me: Me, now: float) -> Step | None:
-    """The window is over: the best recorded candidate still present wins."""
+    """The window is over: the best recorded candidate still present wins, provided a
+    majority of the cluster's members campaign (`has_quorum`). A minority (a node cut off
+    by the network) opens another window instead and keeps campaigning at the same clock:
+    it adopts the current leader as soon as it hears it (`adopt_leader`), so healing the
+    cut changes no master."""
     if view.phase != "campaigning" or view.campaign_deadline is None or now < view.campaign_deadline:
         return None
     assert view.my_claim is not None
     eligible = [c for c in view.candidates.values() if c.node_id not in view.departed]
+    if not has_quorum(me.members, [c.node_id for c in eligible], me.node_id):
+        return dataclasses.replace(view, campaign_deadline=now + CAMPAIGN_WINDOW_S), []
     winner = max([view.my_claim, *eligible], key=rank)
     if winner.node_id == me.node_id:
         return _lead(view, now)
-    return _follow(view, winner, now)
+    followed, outputs = _follow(view, winner, now)
+    # Keep my candidacy: the winner may still be campaigning without my vote
+    # (`support_chosen_candidate`).
+    return dataclasses.replace(followed, my_claim=view.my_claim), outputs
 
 
 def rebroadcast_candidate(view: ElectionView, now: float) -> Step | None:
@@ -343,6 +361,19 @@ def record_candidate(view: ElectionView, msg: ElectionMessage) -> Step | None:
     if msg.kind != "candidate" or view.phase != "campaigning" or msg.clock != view.clock:
         return None
     return dataclasses.replace(view, candidates=_with_candidate(view.candidates, msg, view.my_claim)), []
+
+
+def support_chosen_candidate(view: ElectionView, msg: ElectionMessage) -> Step | None:
+    """Following the candidate my campaign chose, which still campaigns at my clock: it lost
+    the master later than I did and began campaigning after my window closed, so it never
+    heard my candidacy and lacks the member majority to decide (`has_quorum`). Repeat my
+    (frozen) candidacy so it counts me; without this it would campaign forever while I
+    wait for its announcement."""
+    if msg.kind != "candidate" or view.phase != "following" or msg.node_id != view.master_id:
+        return None
+    if msg.clock != view.clock or view.my_claim is None or view.my_claim.clock != view.clock:
+        return None
+    return view, [Broadcast(view.my_claim)]
 
 
 def answer_candidate(view: ElectionView, msg: ElectionMessage, now: float) -> Step | None:
