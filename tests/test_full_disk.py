@@ -15,7 +15,7 @@ from tests.nodeproc import wait_for
 pytestmark = pytest.mark.timeout(180)
 
 
-def _health_reasons(node) -> dict[str, str]:  # noqa: ANN001 - NodeProcess
+def _health_reasons(node) -> dict[str, str]:
     state = node.get("/state").json()
     return {r["code"]: r["message"] for h in state.get("nodeHealth", {}).values() for r in h.get("reasons", [])}
 

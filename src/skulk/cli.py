@@ -11,7 +11,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -108,19 +108,19 @@ def _configure_logging() -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
-ApiPort = Annotated[Optional[int], typer.Option("--api-port", envvar="SKULK_API_PORT", help="HTTP port (default 52415).")]
-DataDir = Annotated[Optional[Path], typer.Option("--data-dir", envvar="SKULK_HOME", help="Root of this node's data.")]
-Listen = Annotated[Optional[str], typer.Option("--listen", envvar="SKULK_LISTEN", help="Transport endpoint(s), e.g. tcp/127.0.0.1:7447.")]
-Peers = Annotated[Optional[str], typer.Option("--bootstrap-peers", envvar="SKULK_BOOTSTRAP_PEERS", help="Comma-separated peer endpoints.")]
+ApiPort = Annotated[int | None, typer.Option("--api-port", envvar="SKULK_API_PORT", help="HTTP port (default 52415).")]
+DataDir = Annotated[Path | None, typer.Option("--data-dir", envvar="SKULK_HOME", help="Root of this node's data.")]
+Listen = Annotated[str | None, typer.Option("--listen", envvar="SKULK_LISTEN", help="Transport endpoint(s), e.g. tcp/127.0.0.1:7447.")]
+Peers = Annotated[str | None, typer.Option("--bootstrap-peers", envvar="SKULK_BOOTSTRAP_PEERS", help="Comma-separated peer endpoints.")]
 NoMulticast = Annotated[bool, typer.Option("--no-multicast", help="Disable LAN multicast scouting.")]
-ClusterKey = Annotated[Optional[str], typer.Option("--cluster-key", envvar="SKULK_CLUSTER_KEY", help="Shared cluster secret.")]
+ClusterKey = Annotated[str | None, typer.Option("--cluster-key", envvar="SKULK_CLUSTER_KEY", help="Shared cluster secret.")]
 NoWorker = Annotated[bool, typer.Option("--no-worker", help="Run without the worker.")]
 NoApi = Annotated[bool, typer.Option("--no-api", help="Run without the HTTP API.")]
-NodeName = Annotated[Optional[str], typer.Option("--node-name", help="Friendly name shown in state and dashboard.")]
-ClusterKeyFile = Annotated[Optional[Path], typer.Option(
+NodeName = Annotated[str | None, typer.Option("--node-name", help="Friendly name shown in state and dashboard.")]
+ClusterKeyFile = Annotated[Path | None, typer.Option(
     "--cluster-key-file", envvar="SKULK_CLUSTER_KEY_FILE",
     help="File holding the shared cluster secret (keeps it out of `ps`).")]
-ApiHost = Annotated[Optional[str], typer.Option("--api-host", envvar="SKULK_API_HOST", help="Address the API binds (default 0.0.0.0).")]
+ApiHost = Annotated[str | None, typer.Option("--api-host", envvar="SKULK_API_HOST", help="Address the API binds (default 0.0.0.0).")]
 
 
 KEY_ON_COMMAND_LINE_WARNING = (
@@ -357,7 +357,7 @@ def models_pull(
             columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                        TimeRemainingColumn())
             with Progress(*columns, console=console, transient=False) as progress:
-                def pull(which):  # noqa: ANN001, ANN202 - the card, or one of its companions
+                def pull(which):
                     task = progress.add_task(which.model_id, total=None)
                     return download_model(
                         which, paths.models_dir,
@@ -396,7 +396,7 @@ def models_rm(
 
 @diagnostics_app.command("capture")
 def diagnostics_capture(
-    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Archive to write (default ./skulk-capture-<time>.tar.gz).")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="Archive to write (default ./skulk-capture-<time>.tar.gz).")] = None,
     url: Annotated[str, typer.Option("--url", envvar="SKULK_URL", help="A node's API.")] = "http://localhost:52415",
 ) -> None:
     """Write one archive with every node's flight recorder, diagnostics, recent logs, config

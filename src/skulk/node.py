@@ -27,9 +27,9 @@ import uvicorn
 from skulk import __version__
 from skulk.api.access import AccessPolicy
 from skulk.api.app import ApiContext, create_app
-from skulk.api.node_access import access_policy, access_warnings, with_api_key, with_own_hosts
-from skulk.api.limits import DEFAULT_MAX_BODY_BYTES, RequestLimits
 from skulk.api.failover import failover_failures
+from skulk.api.limits import DEFAULT_MAX_BODY_BYTES, RequestLimits
+from skulk.api.node_access import access_policy, access_warnings, with_api_key, with_own_hosts
 from skulk.api.streams import CommandStreams
 from skulk.cluster.election import ElectionService
 from skulk.cluster.membership import MembershipService
@@ -41,9 +41,9 @@ from skulk.facts.derive import DerivedBackends, derive_node_backends
 from skulk.facts.network import probe_interfaces
 from skulk.facts.probe import probe_node_facts
 from skulk.master.main import EventLogSlot, Master
+from skulk.observe.lost_members import LostMembers
 from skulk.observe.node_report import redacted_config, versions
 from skulk.observe.peer_http import peer_api_urls
-from skulk.observe.lost_members import LostMembers
 from skulk.observe.recorder import FlightRecorder, LogRing
 from skulk.observe.structured_logs import IngestShipper, structured_log_handlers
 from skulk.observe.traces import TraceStore, master_decision_span, run_trace_janitor
@@ -54,28 +54,28 @@ from skulk.routing.topics import TOPICS
 from skulk.shared import election as election_machine
 from skulk.shared.membership import SelfInfo
 from skulk.shared.serving import wait_explanation
+from skulk.shared.telemetry_view import node_resources
 from skulk.shared.types.commands import Command, ForwarderCommand
 from skulk.shared.types.events import IndexedEvent
 from skulk.shared.types.ids import new_id
 from skulk.shared.types.task_inputs import TaskInput
 from skulk.shared.types.tasks import TextGeneration
-from skulk.shared.telemetry_view import node_resources
+from skulk.shared.wire_keys import to_camel_keys
 from skulk.store.cards import builtin_cards_dir, resolve_cards
 from skulk.store.companions import companions_of
 from skulk.store.config import EventLogSection, LoggingSection, ModelStoreSection, TracingSection
 from skulk.store.eviction import in_use_model_ids
 from skulk.store.intent_record import INTENT_FILE, IntentRecord
-from skulk.store.model_store import NodeStore, StoreBinding, bind_store, eviction_policy
-from skulk.store.staging import staging_root_for
-from skulk.store.superseded_logs import retention_from
-from skulk.store.store_memory import load_remembered_store, remember_store
-from skulk.store.store_host import StoreAddress, StoreAddressError, StoreChoice, advertised_store, parse_store_address
-from skulk.worker.main import Worker
-from skulk.worker.staged_copies import StagedCopyKeeper
-from skulk.shared.wire_keys import to_camel_keys
 from skulk.store.lease import Lease, LeaseHeldError
+from skulk.store.model_store import NodeStore, StoreBinding, bind_store, eviction_policy
 from skulk.store.paths import SkulkPaths, ensure_dirs
 from skulk.store.secret_file import SecretFileError
+from skulk.store.staging import staging_root_for
+from skulk.store.store_host import StoreAddress, StoreAddressError, StoreChoice, advertised_store, parse_store_address
+from skulk.store.store_memory import load_remembered_store, remember_store
+from skulk.store.superseded_logs import retention_from
+from skulk.worker.main import Worker
+from skulk.worker.staged_copies import StagedCopyKeeper
 
 logger = logging.getLogger(__name__)
 
@@ -311,7 +311,7 @@ class Node:
         self.traces = TraceStore(self.node_id, settings.node_name, settings.paths.traces_dir)
         self.replica.on_applied(self._trace_master_decision)
 
-        def cards():  # noqa: ANN202 - built-in and local custom cards, overridden by the cluster's
+        def cards():
             return {**card_set.cards, **self.replica.state.custom_cards}
 
         self.cards = cards
@@ -564,7 +564,7 @@ class Node:
             await asyncio.sleep(0.5)
         try:
             result = await self.staged_copies.reconcile()
-        except Exception:  # noqa: BLE001 - housekeeping never takes the node down
+        except Exception:
             logger.exception("startup staged-copy pass failed")
             return
         if result.removed:

@@ -10,8 +10,8 @@ import asyncio
 import httpx
 
 from skulk.api.app import ApiContext, create_app
-from skulk.shared.codec import pack
 from skulk.api.streams import CommandStreams
+from skulk.shared.codec import pack
 from skulk.shared.types.chunks import EmbeddingChunk, StreamPayload, StreamStarted, StreamTerminal, TokenChunk
 from skulk.shared.types.commands import Embed, GenerateText
 from skulk.shared.types.common import Usage

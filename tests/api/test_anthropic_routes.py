@@ -143,7 +143,7 @@ async def test_overloaded_is_an_overloaded_error():
 
 
 async def test_runner_failure_is_an_api_error():
-    app, cluster = make("fail")
+    app, _cluster = make("fail")
     async with client(app) as http:
         plain = await http.post("/v1/messages", json=BODY)
         streamed = await http.post("/v1/messages", json={**BODY, "stream": True})

@@ -28,7 +28,7 @@ class Cluster:
         self.commands: list = []
         self.connected = connected
 
-    async def submit(self, command) -> None:  # noqa: ANN001
+    async def submit(self, command) -> None:
         if not self.connected:
             raise RuntimeError("this node is not connected to a cluster")
         self.commands.append(command)

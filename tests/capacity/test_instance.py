@@ -8,7 +8,14 @@ from fractions import Fraction
 import pytest
 
 from skulk.capacity.instance import plan_instance, stamped_context_tokens
-from skulk.capacity.planner import CapacityPlan, CapacityPolicy, DeviceSnapshot, ModelMeta, ModelShapeError, plan_capacity
+from skulk.capacity.planner import (
+    CapacityPlan,
+    CapacityPolicy,
+    DeviceSnapshot,
+    ModelMeta,
+    ModelShapeError,
+    plan_capacity,
+)
 from skulk.shared.memory_estimate import NodeMemoryTotals
 from skulk.shared.types.instances import ShardAssignment
 from skulk.store.cards import builtin_cards_dir, resolve_cards

@@ -2,15 +2,17 @@ import itertools
 
 import pytest
 
+from skulk.capacity.instance import plan_instance
+from skulk.capacity.planner import DeviceSnapshot
 from skulk.master.placement import (
     ExclusionsRemovedAll,
+    FamilyUnsupported,
     MemoryShortfall,
     ModelUnknown,
     NoCompatibleBackend,
     PlacementError,
     PlacementInfoPending,
     PlacementRequest,
-    FamilyUnsupported,
     ShardingUnsupported,
     TopologyGap,
     allocate_layers,
@@ -27,8 +29,6 @@ from skulk.shared.types.commands import PlaceInstance
 from skulk.shared.types.common import Edge
 from skulk.shared.types.state import NodeInfo, State
 from skulk.shared.types.telemetry import DiskReading, MemoryReading, NodeResources
-from skulk.capacity.instance import plan_instance
-from skulk.capacity.planner import DeviceSnapshot
 from skulk.store.cards import builtin_cards_dir, resolve_cards
 
 CARDS = resolve_cards(builtin_cards_dir(), None).cards

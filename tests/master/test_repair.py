@@ -200,8 +200,7 @@ def test_refusals_that_are_refused(name, state, command, origin, code):
 
 @pytest.mark.parametrize(
     ("hop", "expected"),
-    [(0, [(1, 3, None, frozenset({"x"}))]
-      + [(2, 1, 1, frozenset({"x", "a"}))]),
+    [(0, [(1, 3, None, frozenset({"x"})), (2, 1, 1, frozenset({"x", "a"}))]),
      (1, [(2, 1, 1, frozenset({"x", "a"}))]),
      (2, [])],
 )

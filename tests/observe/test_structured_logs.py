@@ -27,7 +27,7 @@ class Collector:
         collector = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["content-length"]))
                 collector.posts += 1
                 collector.lines.extend(json.loads(line) for line in body.decode().splitlines() if line)

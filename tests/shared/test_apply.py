@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -54,7 +54,7 @@ from skulk.store.cards import builtin_cards_dir, load_card
 
 CARD = load_card(builtin_cards_dir() / "local--tiny-llama.toml")
 
-T0 = datetime(2025, 3, 1, 12, 0, tzinfo=timezone.utc)
+T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 OUTSIDER = "master-x"  # an origin that is not a member, so last_seen stays put
 M = "m"
 
@@ -214,7 +214,7 @@ def test_event_effect(event: Event, expected: Callable[[], State]) -> None:
     assert canonical_bytes(after) == canonical_bytes(expected())
     # The input is never mutated.
     assert canonical_bytes(BASE) == before_bytes
-    assert BASE == before_copy
+    assert before_copy == BASE
 
 
 # Events naming ids the state has never heard of: nothing changes but the index.

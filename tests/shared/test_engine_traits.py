@@ -27,10 +27,10 @@ def params(**fields) -> TextGenerationParams:
 
 
 def test_derived_vocabularies():
-    assert GGUF_ENGINES == {"llama_cpp", "llama_server"}
-    assert SAFETENSORS_ONLY_ENGINES == {"mlx", "mlx_audio"}
-    assert MULTI_NODE_ENGINES == {"mlx"}
-    assert WINDOW_AT_LOAD_ENGINES == {"llama_cpp", "llama_server", "vllm"}
+    assert {"llama_cpp", "llama_server"} == GGUF_ENGINES
+    assert {"mlx", "mlx_audio"} == SAFETENSORS_ONLY_ENGINES
+    assert {"mlx"} == MULTI_NODE_ENGINES
+    assert {"llama_cpp", "llama_server", "vllm"} == WINDOW_AT_LOAD_ENGINES
 
 
 @pytest.mark.parametrize(("fields", "expected"), [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any, get_args
 
 import pytest
@@ -24,12 +24,12 @@ from skulk.shared.types.chunks import (
     TopLogprob,
 )
 from skulk.shared.types.commands import (
-    AddCustomModelCard,
-    DeleteCustomModelCard,
     COMMAND_ADAPTER,
+    AddCustomModelCard,
     CancelCommand,
     CancelDownload,
     CreateInstance,
+    DeleteCustomModelCard,
     DeleteInstance,
     Embed,
     EvictStagedModel,
@@ -44,9 +44,9 @@ from skulk.shared.types.commands import (
 )
 from skulk.shared.types.common import ChatMessage, Edge, NetworkInterface, ToolCall, ToolSpec, Usage
 from skulk.shared.types.events import (
+    EVENT_ADAPTER,
     CustomModelCardAdded,
     CustomModelCardDeleted,
-    EVENT_ADAPTER,
     DownloadCompleted,
     DownloadFailed,
     DownloadOngoing,
@@ -82,7 +82,6 @@ from skulk.shared.types.state import (
     NodeInfo,
     State,
 )
-from skulk.store.cards import builtin_cards_dir, load_card
 from skulk.shared.types.tasks import (
     TASK_ADAPTER,
     CancelTask,
@@ -106,10 +105,11 @@ from skulk.shared.types.telemetry import (
     NodeHeartbeat,
     NodeResources,
 )
+from skulk.store.cards import builtin_cards_dir, load_card
 
 CARD = load_card(builtin_cards_dir() / "local--tiny-llama.toml")
 
-NOW = datetime(2025, 1, 2, 3, 4, 5, 678901, tzinfo=timezone.utc)
+NOW = datetime(2025, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
 MODEL = "local/tiny-llama"
 
 INSTANCE = Instance(
@@ -346,7 +346,7 @@ def _keys(obj: Any) -> list[str]:
 
 
 def _members(adapter: TypeAdapter[Any]) -> set[type]:
-    return set(get_args(get_args(adapter._type)[0]))  # noqa: SLF001
+    return set(get_args(get_args(adapter._type)[0]))
 
 
 @pytest.mark.parametrize(("kind", "adapter", "samples"), UNIONS, ids=[u[0] for u in UNIONS])
@@ -431,7 +431,7 @@ def test_iso_string_datetimes_decode_to_utc(text: str, expected: datetime) -> No
     wire = {"idx": 0, "origin": "n1", "indexedAt": text, "event": EVENTS[1].to_wire()}
     decoded = IndexedEvent.model_validate(wire)
     assert decoded.indexed_at == expected
-    assert decoded.indexed_at.tzinfo is timezone.utc
+    assert decoded.indexed_at.tzinfo is UTC
     info = NodeInfo.model_validate({"nodeId": "n", "nodeName": "x", "version": "v", "lastSeen": text})
     assert info.last_seen == expected
 

@@ -109,7 +109,7 @@ def write_toml(directory: Path, data: dict[str, Any], name: str | None = None) -
 def test_builtin_dir_holds_every_required_card() -> None:
     loaded = load_cards(BUILTIN_DIR)
     assert loaded.errors == ()
-    assert REQUIRED_BUILTINS <= set(loaded.cards)
+    assert set(loaded.cards) >= REQUIRED_BUILTINS
 
 
 @pytest.mark.parametrize("path", BUILTIN_FILES, ids=lambda p: p.stem)
@@ -333,7 +333,7 @@ def test_custom_card_overrides_builtin(tmp_path: Path) -> None:
     assert resolved.errors == ()
     assert resolved.cards["local/tiny-llama"] == override
     assert resolved.custom_ids == {"local/tiny-llama"}
-    assert REQUIRED_BUILTINS <= set(resolved.cards)
+    assert set(resolved.cards) >= REQUIRED_BUILTINS
 
 
 def test_broken_custom_card_is_reported_and_hides_nothing(tmp_path: Path) -> None:
@@ -346,13 +346,13 @@ def test_broken_custom_card_is_reported_and_hides_nothing(tmp_path: Path) -> Non
     # The broken override leaves the built-in in effect, and every other card still loads.
     assert resolved.cards["local/tiny-llama"] == load_cards(BUILTIN_DIR).cards["local/tiny-llama"]
     assert "someone/Custom-One" in resolved.cards
-    assert REQUIRED_BUILTINS <= set(resolved.cards)
+    assert set(resolved.cards) >= REQUIRED_BUILTINS
     assert resolved.custom_ids == {"someone/Custom-One"}
 
 
 def test_resolve_without_custom_dir() -> None:
     resolved = resolve_cards(BUILTIN_DIR, None)
-    assert resolved.custom_ids == frozenset() and REQUIRED_BUILTINS <= set(resolved.cards)
+    assert resolved.custom_ids == frozenset() and set(resolved.cards) >= REQUIRED_BUILTINS
 
 
 # --- writing ------------------------------------------------------------------------------

@@ -150,7 +150,7 @@ def test_concurrent_downloads_cannot_spend_the_same_free_bytes(mock_hub, tmp_pat
 
     outcomes: dict[str, object] = {}
 
-    def pull(card) -> None:  # noqa: ANN001
+    def pull(card) -> None:
         try:
             outcomes[card.model_id] = download_model(card, tmp_path, policy=FAST, reserve_bytes=0, free_bytes=free)
         except DownloadFailed as exc:

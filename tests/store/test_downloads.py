@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import threading
 
 import pytest
@@ -11,13 +12,13 @@ from skulk.store.downloads import (
     MARKER_FILE_NAME,
     DownloadFailed,
     HubSource,
-    RetryPolicy,
     ProgressGate,
+    RetryPolicy,
     backoff_delay_s,
-    gate_progress,
     classify_error,
     download_model,
     downloaded_models,
+    gate_progress,
     local_artifact,
     read_marker,
     remove_model,
@@ -55,7 +56,7 @@ def test_pull_mlx_repo_selects_model_files_and_reports_progress(mock_hub, tmp_pa
     repo_files = mock_hub.repos[TINY_MLX_REPO].commits[mock_hub.repos[TINY_MLX_REPO].main]
     total = sum(len(repo_files[name]) for name in MLX_FILES)
     assert progress[-1] == (total, total)
-    assert all(b[0] >= a[0] for a, b in zip(progress, progress[1:])), "progress went backwards"
+    assert all(b[0] >= a[0] for a, b in itertools.pairwise(progress)), "progress went backwards"
     assert len(progress) > 2
     marker = read_marker(path)
     assert marker is not None and marker.revision == mock_hub.repos[TINY_MLX_REPO].main and not marker.pinned
@@ -258,7 +259,7 @@ def _http_error(status: int, error_code: str | None = None):
                                 request=httpx2.Request("GET", "https://hub.test/api/models/a/b"))
     try:
         hf_raise_for_status(response)
-    except Exception as exc:  # noqa: BLE001 - the typed error huggingface_hub raises
+    except Exception as exc:
         return exc
     raise AssertionError("no error raised")
 

@@ -4,6 +4,7 @@ attempt's id, gated like every download."""
 
 from __future__ import annotations
 
+import itertools
 import os
 
 from skulk.shared.types.events import DownloadCompleted, DownloadPending
@@ -36,7 +37,7 @@ def test_remote_staging_reports_progress_with_resumed_bytes_credited(tmp_path):
     total = manifest.total_bytes
     assert samples[0] == (half, total)  # what the interrupted attempt left counts from the start
     assert samples[-1] == (total, total)
-    assert all(b[0] >= a[0] for a, b in zip(samples, samples[1:])), "progress went backwards"
+    assert all(b[0] >= a[0] for a, b in itertools.pairwise(samples)), "progress went backwards"
     assert {t for _d, t in samples} == {total} and len(samples) > 3
 
 

@@ -102,7 +102,7 @@ class GatedDownload:
         self.finished = threading.Event()
         self.fail = fail
 
-    def __call__(self, card, models_dir, *, on_progress=None, cancel=None):  # noqa: ANN001
+    def __call__(self, card, models_dir, *, on_progress=None, cancel=None):
         self.calls += 1
         if on_progress is not None:
             on_progress(3, 10)
@@ -116,7 +116,7 @@ class GatedDownload:
             self.finished.set()
 
 
-def settled(fetcher: StoreFetcher, card, root: Path, timeout_s: float = 10.0):  # noqa: ANN001
+def settled(fetcher: StoreFetcher, card, root: Path, timeout_s: float = 10.0):
     """The fetcher's answer once its job has ended: the fake download signals `finished`
     just before the fetcher's thread records the outcome, so poll (with a deadline)."""
     import time

@@ -25,7 +25,7 @@ class FakeRouter:
     def __init__(self) -> None:
         self.published: list[object] = []
 
-    async def publish(self, _topic, message, *, to_node=None) -> None:  # noqa: ANN001
+    async def publish(self, _topic, message, *, to_node=None) -> None:
         self.published.append(message)
 
 
@@ -33,7 +33,7 @@ class FakeReplica:
     def __init__(self) -> None:
         self.state = State()
 
-    def on_applied(self, _callback) -> None:  # noqa: ANN001
+    def on_applied(self, _callback) -> None:
         return None
 
 
@@ -41,7 +41,7 @@ class FakeProducer:
     def __init__(self) -> None:
         self.events: list[object] = []
 
-    def submit(self, event) -> int:  # noqa: ANN001
+    def submit(self, event) -> int:
         self.events.append(event)
         return len(self.events) - 1
 
@@ -101,7 +101,7 @@ async def test_a_copy_on_disk_is_reported_completed_once(mock_hub, tmp_path):
 
 async def test_failed_download_emits_failed_with_reason_and_fails_the_artifact(mock_hub, tmp_path):
     card = hub_card("mock-org/missing")
-    worker, producer, _replica, router = _worker(tmp_path, {card.model_id: card})  # no telemetry sink
+    worker, producer, _replica, _router = _worker(tmp_path, {card.model_id: card})  # no telemetry sink
 
     await worker._resolve(card.model_id)
 

@@ -454,7 +454,6 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 __all__ = [
-    "FeatureUnsupported",
     "ANTHROPIC_STATUS",
     "NATIVE_V1_PREFIXES",
     "OPENAI_STATUS",
@@ -463,6 +462,7 @@ __all__ = [
     "ApiError",
     "ClusterNotReady",
     "ErrorKind",
+    "FeatureUnsupported",
     "InvalidRequest",
     "ModelNotFound",
     "ModelNotServing",

@@ -18,8 +18,8 @@ from skulk.api.access import AccessPolicy, own_hosts
 from skulk.store.secret_file import load_or_create_secret
 
 if TYPE_CHECKING:
-    from skulk.shared.types.common import NetworkInterface
     from skulk.node import NodeSettings
+    from skulk.shared.types.common import NetworkInterface
     from skulk.store.paths import SkulkPaths
 
 

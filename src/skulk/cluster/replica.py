@@ -169,7 +169,7 @@ class StateReplica:
         global_events = self._router.subscribe(TOPICS.global_events)
         sync_replies = self._router.subscribe(TOPICS.state_sync)  # node-addressed: ours only
 
-        async def pump(subscription, handler) -> None:  # noqa: ANN001
+        async def pump(subscription, handler) -> None:
             async for received in subscription:
                 await handler(received)
 

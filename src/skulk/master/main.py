@@ -418,7 +418,7 @@ class Master:
         sync_requests = self._router.subscribe(TOPICS.sync_requests)
         presence_changes = self._router.watch_presence() if self._presence is not None else None
 
-        async def pump(subscription) -> None:  # noqa: ANN001
+        async def pump(subscription) -> None:
             async for received in subscription:
                 message = received.message
                 if isinstance(message, LocalEvent) and message.origin != received.sender:

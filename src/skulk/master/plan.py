@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from skulk.master.presence_loss import PRESENCE_LOSS_CONFIRM_S
 from skulk.master.repair import (
     RepairInputs,
     broken_group_failures,
@@ -36,7 +37,6 @@ from skulk.master.repair import (
     repair_failed_download,
     replace_after_node_loss,
 )
-from skulk.master.presence_loss import PRESENCE_LOSS_CONFIRM_S
 from skulk.shared.telemetry_view import HEARTBEAT_WARN_S, NODE_TIMEOUT_S, NodeFreshness
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.common import TERMINAL_TASK_STATUSES

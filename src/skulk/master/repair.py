@@ -45,8 +45,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from skulk.master.placement import PlacementError, PlacementRequest, place
-from skulk.shared.serving import SERVING_RUNNER_STATES
 from skulk.shared.memory_estimate import assignment_footprint
+from skulk.shared.serving import SERVING_RUNNER_STATES
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.commands import RefuseInstancePlacement
 from skulk.shared.types.common import TERMINAL_TASK_STATUSES

@@ -145,7 +145,7 @@ class IngestShipper(logging.Handler):
             self._queue.put_nowait(self.format(record))
         except queue.Full:
             self.dropped += 1
-        except Exception:  # noqa: BLE001 - logging must never raise into the caller
+        except Exception:
             self.handleError(record)
 
     def _take_batch(self) -> list[str]:

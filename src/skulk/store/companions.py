@@ -101,7 +101,7 @@ def ensure_companions(
     for spec in companion_download_specs(card):
         try:
             resolved[spec.repo_id] = resolve(companion_card(card, spec))
-        except Exception as exc:  # noqa: BLE001 - every failure is either raised typed or logged
+        except Exception as exc:
             reason = exc.reason if isinstance(exc, ArtifactUnavailable) else f"{type(exc).__name__}: {exc}"
             if spec.required:
                 kind = exc.kind if isinstance(exc, DownloadFailed) else "error"

@@ -439,7 +439,7 @@ class _Attempts:
                 return op()
             except DownloadFailed:
                 raise
-            except Exception as exc:  # noqa: BLE001 - classified below, never swallowed
+            except Exception as exc:
                 retryable, kind, reason = classify_error(exc)
                 if not retryable:
                     raise DownloadFailed(self.model_id, f"{what}: {reason}", kind) from exc
@@ -709,19 +709,19 @@ def downloaded_models(models_dir: Path) -> dict[str, list[DownloadMarker]]:
 
 __all__ = [
     "MARKER_FILE_NAME",
+    "PROGRESS_INTERVAL_S",
     "VOLUME_LOCK_FILE",
     "DownloadFailed",
     "DownloadMarker",
     "HubSource",
     "ProgressCallback",
-    "RetryPolicy",
-    "PROGRESS_INTERVAL_S",
     "ProgressGate",
+    "RetryPolicy",
     "backoff_delay_s",
-    "gate_progress",
     "classify_error",
     "download_model",
     "downloaded_models",
+    "gate_progress",
     "local_artifact",
     "local_size_bytes",
     "model_dir_for",

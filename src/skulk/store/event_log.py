@@ -249,7 +249,7 @@ def _scan_live(path: Path) -> _LiveScan:
     """Find the complete, decodable, idx-increasing prefix of the live file."""
     scan = _LiveScan()
     try:
-        fh = open(path, "rb")
+        fh = open(path, "rb")  # noqa: SIM115 -- the scan owns the handle and closes it
     except FileNotFoundError:
         return scan
     with fh:
@@ -683,11 +683,11 @@ class DiskEventLog:
                 for archive in self._archives:
                     if archive.last_idx < start_idx or (end_idx is not None and archive.first_idx >= end_idx):
                         continue
-                    fh = open(archive.path, "rb")
+                    fh = open(archive.path, "rb")  # noqa: SIM115 -- owned by the _Source, closed with the reader
                     read = zstandard.ZstdDecompressor().stream_reader(fh).read
                     sources.append(_Source(archive.path, fh, _FrameReader(read), archive.last_idx))
                 if self._live_bytes and (end_idx is None or self._live_first is None or self._live_first < end_idx):
-                    fh = open(self._live_path, "rb")
+                    fh = open(self._live_path, "rb")  # noqa: SIM115 -- owned by the _Source, closed with the reader
                     sources.append(_Source(self._live_path, fh, _FrameReader(fh.read, self._live_bytes), None))
             except OSError as exc:
                 for source in sources:

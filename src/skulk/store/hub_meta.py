@@ -59,12 +59,12 @@ def _api(hub: HubSource):  # -> huggingface_hub.HfApi
     return HfApi(endpoint=hub.endpoint, token=hub.token)
 
 
-def _call(what: str, op):  # noqa: ANN001, ANN202 - a thunk and its result
+def _call(what: str, op):
     try:
         return op()
     except HubError:
         raise
-    except Exception as exc:  # noqa: BLE001 - classified, never swallowed
+    except Exception as exc:
         _retryable, kind, reason = classify_error(exc)
         raise HubError(what, reason, kind) from exc
 

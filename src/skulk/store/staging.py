@@ -747,11 +747,11 @@ def stage_from_remote(
 
 __all__ = [
     "LAST_USED_FILE",
-    "ProgressCallback",
     "STAGING_DIR_NAME",
     "CanonicalPathRefused",
     "Manifest",
     "ManifestFile",
+    "ProgressCallback",
     "RemovalResult",
     "RetryPolicy",
     "StagedEntry",

@@ -143,7 +143,7 @@ class StoreFetcher:
             self.download(card, canonical_root, on_progress=progress, cancel=self.cancel, **disk)
         except DownloadFailed as exc:
             failure = exc
-        except Exception as exc:  # noqa: BLE001 - every failure must reach the pollers
+        except Exception as exc:
             logger.exception("store: fetching %s failed", card.model_id)
             failure = DownloadFailed(card.model_id, f"{type(exc).__name__}: {exc}", "error")
         if failure is not None:

@@ -108,10 +108,10 @@ def _is_self(address: StoreAddress, own: StoreAddress, own_hosts: frozenset[str]
 
 __all__ = [
     "StoreAddress",
-    "advertised_store",
     "StoreAddressError",
     "StoreChoice",
     "StoreSource",
+    "advertised_store",
     "choose_store",
     "parse_store_address",
 ]

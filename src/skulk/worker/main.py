@@ -24,11 +24,11 @@ import psutil
 
 from skulk.cluster.producer import EventProducer
 from skulk.cluster.replica import StateReplica
+from skulk.observe.traces import TraceStore, WorkerTraces
 from skulk.routing.router import Router, RouterError
 from skulk.routing.topics import TOPICS
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.chunks import DataFrame, StreamTerminal
-from skulk.observe.traces import TraceStore, WorkerTraces
 from skulk.shared.types.commands import ForwarderCommand, RefuseInstancePlacement
 from skulk.shared.types.events import (
     DownloadCompleted,
@@ -45,6 +45,7 @@ from skulk.shared.types.task_inputs import TaskInput
 from skulk.shared.types.tasks import TextGeneration
 from skulk.shared.types.telemetry import DownloadProgress, TelemetryReading
 from skulk.shared.wire_keys import to_camel_keys
+from skulk.store.companions import companion_repo_ids, companions_of, ensure_companions
 from skulk.store.downloads import (
     DownloadFailed,
     ProgressCallback,
@@ -54,7 +55,6 @@ from skulk.store.downloads import (
     local_artifact,
     local_size_bytes,
 )
-from skulk.store.companions import companion_repo_ids, companions_of, ensure_companions
 from skulk.store.eviction import in_use_model_ids
 from skulk.store.model_store import StoreBinding
 from skulk.store.staging import StagingFailed, mark_used
@@ -316,7 +316,7 @@ class Worker:
             self._artifact_failures[model_id] = str(exc)
             if isinstance(exc, DownloadFailed) and exc.kind in RETRYABLE_DOWNLOAD_FAILURES:
                 self._spawn_background(self._forget_failure_later(model_id, str(exc)))
-        except Exception as exc:  # noqa: BLE001 - any failure must surface as a reason
+        except Exception as exc:
             logger.exception("resolving model %s failed", model_id)
             self._artifact_failures[model_id] = f"{type(exc).__name__}: {exc}"
         finally:
@@ -496,7 +496,7 @@ class Worker:
         """After an instance's runner stops on this node: the staged-copy recency pass."""
         try:
             await self._on_deactivate()  # type: ignore[misc]
-        except Exception:  # noqa: BLE001 - housekeeping must never take the worker down
+        except Exception:
             logger.exception("staged-copy pass after deactivating instance %s failed",
                              supervisor.instance.instance_id)
 

@@ -54,10 +54,7 @@ def local_instance(
     instance_id: str = "instance-mlx",
 ) -> Instance:
     """A `world`-rank instance on one node; ranks on loopback at `ports` (fresh if None)."""
-    if sharding == "Tensor":
-        ranges = [(0, card.num_layers)] * world
-    else:
-        ranges = layer_split(card.num_layers, world)
+    ranges = [(0, card.num_layers)] * world if sharding == "Tensor" else layer_split(card.num_layers, world)
     ports = list(ports) if ports is not None else free_ports(world)
     return Instance(
         instance_id=InstanceId(instance_id),

@@ -55,7 +55,7 @@ NAMES = frozenset(t.name for t in TOOLS)
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_gguf):  # noqa: F811
+def engine(tiny_gguf):
     engine = load_engine(tiny_gguf)
     engine.warm_up()
     yield engine

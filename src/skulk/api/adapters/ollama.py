@@ -32,8 +32,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from skulk.api.adapters.openai_chat import Tool  # Ollama's tool definition is OpenAI's shape
 from skulk.api import request_options
+from skulk.api.adapters.openai_chat import Tool  # Ollama's tool definition is OpenAI's shape
 from skulk.api.errors import ApiError, InvalidRequest, invalid_request_from_validation, ollama_error_body
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.chunks import TokenChunk
@@ -531,17 +531,17 @@ __all__ = [
     "CONTEXT_HEADER",
     "OLLAMA_VERSION",
     "OPTION_PARAMS",
-    "check_keep_alive",
-    "clamp_context",
     "ChatRequest",
-    "GenerateRequest",
     "EmbedRequest",
+    "GenerateRequest",
     "LegacyEmbeddingsRequest",
     "OllamaEncoder",
     "Options",
     "ShowRequest",
     "Timing",
     "chat_params",
+    "check_keep_alive",
+    "clamp_context",
     "collect",
     "details",
     "digest",

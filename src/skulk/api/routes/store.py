@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse
@@ -44,6 +44,9 @@ from skulk.store.eviction import in_use_model_ids
 from skulk.store.model_store import NodeStore, find_registered, registered, registered_file
 from skulk.store.staging import Manifest, manifest_from_marker, partial_bytes, remove_staged, scan_staged
 from skulk.store.store_fetch import FetchStatus, StoreFetcher
+
+if TYPE_CHECKING:  # the context's module imports these routes
+    from skulk.api.app import ApiContext
 
 router = APIRouter()
 
@@ -204,7 +207,7 @@ class FetchBody(BaseModel):
     pinned to another revision)."""
 
 
-def _fetch_card(context: Any, model_id: str, body: FetchBody | None) -> ModelCard | None:
+def _fetch_card(context: ApiContext, model_id: str, body: FetchBody | None) -> ModelCard | None:
     own = context.get_cards().get(model_id)
     revision = body.revision if body is not None else None
     if own is not None and (body is None or own.source_revision == revision):
@@ -255,7 +258,7 @@ async def fetch_store_model(request: Request, model_id: str, body: FetchBody | N
 # ---------------------------------------------------------------------------------------
 
 
-def _known_anywhere(context: Any, store: StoreContext, model_id: str) -> bool:
+def _known_anywhere(context: ApiContext, store: StoreContext, model_id: str) -> bool:
     state = context.get_state()
     if any(isinstance(per.get(model_id), DownloadStatusCompleted) for per in state.downloads.values()):
         return True
@@ -275,7 +278,7 @@ async def delete_model(request: Request, model_id: str) -> dict[str, Any]:
     # Broadcast first: when no master takes it, nothing has changed yet and a retry is safe.
     try:
         await context.submit_command(command)
-    except Exception as exc:  # noqa: BLE001 - any failure to hand the command over
+    except Exception as exc:
         raise ClusterNotReady(f"The eviction could not be broadcast, nothing was deleted: {exc}") from exc
     removed = await asyncio.to_thread(remove_model, root, model_id)
     return {"modelId": model_id, "commandId": command.command_id, "removedCanonical": [p.name for p in removed],

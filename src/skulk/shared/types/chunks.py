@@ -9,12 +9,12 @@ State, so they may be large and frequent, but they are still strict wire models.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field, TypeAdapter, model_validator
 
 from skulk.shared.types.base import WireModel
-from skulk.shared.types.common import FiniteFloat, FinishReason, NonNegInt, ToolCall, Usage
+from skulk.shared.types.common import FinishReason, FiniteFloat, NonNegInt, ToolCall, Usage
 from skulk.shared.types.ids import CommandId, RunnerId
 
 LOGPROB_FLOOR = -9999.0
@@ -70,7 +70,7 @@ class ErrorChunk(WireModel):
 
 
 Chunk = Annotated[
-    Union[TokenChunk, EmbeddingChunk, ErrorChunk],
+    TokenChunk | EmbeddingChunk | ErrorChunk,
     Field(discriminator="type"),
 ]
 CHUNK_ADAPTER: TypeAdapter[Chunk] = TypeAdapter(Chunk)
@@ -117,7 +117,7 @@ class StreamTerminal(WireModel):
 
 
 DataFrame = Annotated[
-    Union[StreamStarted, StreamPayload, StreamTerminal],
+    StreamStarted | StreamPayload | StreamTerminal,
     Field(discriminator="type"),
 ]
 DATA_FRAME_ADAPTER: TypeAdapter[DataFrame] = TypeAdapter(DataFrame)

@@ -91,7 +91,7 @@ ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
 """Every runner engine a backend tag may name (the part before the first '-')."""
 
 
-def engines_where(predicate) -> frozenset[str]:  # noqa: ANN001 - Callable[[EngineTraits], bool]
+def engines_where(predicate) -> frozenset[str]:
     return frozenset(name for name, traits in ENGINE_TRAITS.items() if predicate(traits))
 
 
@@ -160,9 +160,9 @@ __all__ = [
     "ArtifactFormat",
     "EngineTraits",
     "Feature",
+    "loads_family",
     "missing_features",
     "required_features",
-    "loads_family",
     "shards_family",
     "traits_of",
 ]

@@ -9,7 +9,7 @@ here may be derived from a clock or randomness at apply time.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SerializerFunctionWrapHandler, TypeAdapter, model_serializer
 
@@ -244,33 +244,7 @@ class CustomModelCardDeleted(_EventBase):
 
 
 Event = Annotated[
-    Union[
-        NodeJoined,
-        NodeLeft,
-        NodeTimedOut,
-        NodeNetworkUpdated,
-        TopologyEdgeCreated,
-        TopologyEdgeDeleted,
-        InstanceCreated,
-        InstanceDeleted,
-        InstancePlacementRefused,
-        InstanceRepairAbandoned,
-        RunnerStatusUpdated,
-        RunnerDeleted,
-        TaskCreated,
-        TaskAcknowledged,
-        TaskStatusUpdated,
-        TaskFailed,
-        TaskDeleted,
-        DownloadPending,
-        DownloadOngoing,
-        DownloadCompleted,
-        DownloadFailed,
-        TracingStateChanged,
-        StagedModelEvicted,
-        CustomModelCardAdded,
-        CustomModelCardDeleted,
-    ],
+    NodeJoined | NodeLeft | NodeTimedOut | NodeNetworkUpdated | TopologyEdgeCreated | TopologyEdgeDeleted | InstanceCreated | InstanceDeleted | InstancePlacementRefused | InstanceRepairAbandoned | RunnerStatusUpdated | RunnerDeleted | TaskCreated | TaskAcknowledged | TaskStatusUpdated | TaskFailed | TaskDeleted | DownloadPending | DownloadOngoing | DownloadCompleted | DownloadFailed | TracingStateChanged | StagedModelEvicted | CustomModelCardAdded | CustomModelCardDeleted,
     Field(discriminator="type"),
 ]
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)

@@ -7,7 +7,7 @@ live in State, so everything here must be deterministic data, never handles or c
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, TypeAdapter, model_validator
 
@@ -156,17 +156,7 @@ ApiTask = TextGeneration | Embedding
 """Tasks that answer a caller's command; they own a data-plane stream."""
 
 Task = Annotated[
-    Union[
-        TextGeneration,
-        Embedding,
-        CreateRunner,
-        DownloadModel,
-        ConnectToGroup,
-        LoadModel,
-        StartWarmup,
-        Shutdown,
-        CancelTask,
-    ],
+    TextGeneration | Embedding | CreateRunner | DownloadModel | ConnectToGroup | LoadModel | StartWarmup | Shutdown | CancelTask,
     Field(discriminator="type"),
 ]
 TASK_ADAPTER: TypeAdapter[Task] = TypeAdapter(Task)
@@ -174,7 +164,6 @@ TASK_ADAPTER: TypeAdapter[Task] = TypeAdapter(Task)
 __all__ = [
     "TASK_ADAPTER",
     "ApiTask",
-    "ResponseFormat",
     "CancelTask",
     "ConnectToGroup",
     "CreateRunner",
@@ -182,6 +171,7 @@ __all__ = [
     "Embedding",
     "EmbeddingParams",
     "LoadModel",
+    "ResponseFormat",
     "Shutdown",
     "StartWarmup",
     "Task",

@@ -589,7 +589,7 @@ class LlamaCppEngine:
         The longest prefix already cached is kept, as `generate` itself would."""
         head = prompt[:-1]
         cached = 0
-        for seen, wanted in zip(llama._input_ids, head):
+        for seen, wanted in zip(llama._input_ids, head, strict=False):
             if seen != wanted:
                 break
             cached += 1
@@ -687,26 +687,26 @@ class LlamaCppEngine:
 
 
 __all__ = [
-    "POOLING_NONE",
-    "THINK_OPEN",
-    "opens_reasoning",
-    "EmbeddingFailed",
-    "GrammarRejected",
-    "InvalidTokens",
-    "check_token_ids",
-    "InvalidDimensions",
-    "ScoredToken",
-    "log_softmax_at",
-    "logit_bias_processor",
-    "normalise",
     "DEFAULT_MIN_P",
     "DEFAULT_TEMPERATURE",
     "DEFAULT_TOP_K",
     "DEFAULT_TOP_P",
     "FLASH_ATTN_ENV",
+    "POOLING_NONE",
+    "THINK_OPEN",
+    "EmbeddingFailed",
+    "GrammarRejected",
+    "InvalidDimensions",
+    "InvalidTokens",
     "LlamaCppEngine",
+    "ScoredToken",
+    "check_token_ids",
     "flash_attn_enabled",
     "gpu_layers_for",
-    "planned_gpu_layers",
+    "log_softmax_at",
+    "logit_bias_processor",
+    "normalise",
+    "opens_reasoning",
     "physical_cores",
+    "planned_gpu_layers",
 ]

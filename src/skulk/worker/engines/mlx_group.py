@@ -30,10 +30,10 @@ import tempfile
 import threading
 import time
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from skulk.shared.types.instances import Instance
 from skulk.worker.engines.base import ModelLoadFailed
@@ -445,8 +445,8 @@ __all__ = [
     "Header",
     "derived_port_block",
     "form_group",
-    "rendezvous",
     "hostfile_json",
+    "rendezvous",
     "ring_addresses",
     "seconds_from_env",
 ]

@@ -36,8 +36,8 @@ from skulk.shared.types.ids import RunnerId, TaskId
 from skulk.shared.types.instances import RunnerStatus
 from skulk.shared.types.tasks import ApiTask
 from skulk.worker.engines.base import (
-    DispatchRejected,
     Dispatcher,
+    DispatchRejected,
     Engine,
     GeneratedEmbedding,
     GeneratedToken,
@@ -212,9 +212,8 @@ class Runner:
 
     def shutdown(self) -> None:
         self._set_phase("ShuttingDown")
-        if self._dispatcher is not None:
-            if not self._dispatcher.close():
-                log.warning("runner %s: generations still running at shutdown", self._runner_id)
+        if self._dispatcher is not None and not self._dispatcher.close():
+            log.warning("runner %s: generations still running at shutdown", self._runner_id)
         if self._engine is not None:
             self._engine.close()
 

@@ -32,7 +32,7 @@ the way out, Failed (with a reason) when loading fails.
 from __future__ import annotations
 
 import pickle
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, TypeAdapter
 
@@ -68,7 +68,7 @@ class Generate(WireModel):
     EmbeddingChunk frame)."""
 
     type: Literal["Generate"] = "Generate"
-    task: Annotated[Union[TextGeneration, Embedding], Field(discriminator="type")]
+    task: Annotated[TextGeneration | Embedding, Field(discriminator="type")]
 
 
 class Cancel(WireModel):
@@ -85,7 +85,7 @@ class ShutdownRunner(WireModel):
 
 
 ToRunner = Annotated[
-    Union[LoadShard, Generate, Cancel, ShutdownRunner],
+    LoadShard | Generate | Cancel | ShutdownRunner,
     Field(discriminator="type"),
 ]
 TO_RUNNER_ADAPTER: TypeAdapter[ToRunner] = TypeAdapter(ToRunner)
@@ -136,7 +136,7 @@ class TraceSpans(WireModel):
 
 
 FromRunner = Annotated[
-    Union[StatusChanged, TaskAccepted, Frame, TaskDone, TraceSpans],
+    StatusChanged | TaskAccepted | Frame | TaskDone | TraceSpans,
     Field(discriminator="type"),
 ]
 FROM_RUNNER_ADAPTER: TypeAdapter[FromRunner] = TypeAdapter(FromRunner)

@@ -556,7 +556,7 @@ class RunnerSupervisor:
         assert self._exit_handled is not None
         try:
             await asyncio.wait_for(self._exit_handled.wait(), max(timeout_s, 0.0))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return self._exit_handled.is_set()
         return True
 

@@ -32,7 +32,7 @@ def test_bad_slot_setting_is_refused_typed(setting, says):
 
 def test_argv_sizes_the_cache_per_slot_and_listens_on_loopback():
     argv = ServerLaunch(Path("/bin/ls"), Path("/m.gguf"), 4000, 8, 512, 2, 0, True).argv()
-    flags = dict(zip(argv[1::2], argv[2::2]))
+    flags = dict(zip(argv[1::2], argv[2::2], strict=True))
     assert argv[0] == "/bin/ls"
     assert flags["--host"] == "127.0.0.1" and flags["--port"] == "4000"
     assert flags["--parallel"] == "8" and flags["--ctx-size"] == str(8 * 512)

@@ -65,7 +65,7 @@ def engine_env(binary, slots=SLOTS, **extra) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_gguf):  # noqa: F811
+def engine(tiny_gguf):
     engine = LlamaServerEngine(engine_env(require_llama_server()))
     engine.load(spec_for(tiny_gguf))
     engine.warm_up()
@@ -205,7 +205,7 @@ def test_a_forced_tool_call_is_sampled_under_the_grammar(engine):
 # -- starts that fail: typed, explained, nothing left running ---------------------------------
 
 
-def failed_load(tiny_gguf, env, **kwargs) -> ModelLoadFailed:  # noqa: F811
+def failed_load(tiny_gguf, env, **kwargs) -> ModelLoadFailed:
     before = {p.pid for p in servers_left()}  # the module's serving engine may be up
     engine = LlamaServerEngine(env, **kwargs)
     with pytest.raises(ModelLoadFailed) as caught:
@@ -216,17 +216,17 @@ def failed_load(tiny_gguf, env, **kwargs) -> ModelLoadFailed:  # noqa: F811
 
 
 @pytest.mark.parametrize("slots", ["0", "-1", "many", "65"])
-def test_a_bad_slot_setting_is_typed_and_starts_nothing(tiny_gguf, slots):  # noqa: F811
+def test_a_bad_slot_setting_is_typed_and_starts_nothing(tiny_gguf, slots):
     error = failed_load(tiny_gguf, engine_env(require_llama_server(), slots=slots))
     assert isinstance(error, InvalidSlotCount) and "SKULK_LLAMA_SERVER_PARALLEL" in str(error)
 
 
-def test_a_missing_binary_is_typed(tiny_gguf, tmp_path):  # noqa: F811
+def test_a_missing_binary_is_typed(tiny_gguf, tmp_path):
     error = failed_load(tiny_gguf, engine_env(tmp_path / "nope"))
     assert isinstance(error, ServerBinaryMissing) and "skulk engines install" in str(error)
 
 
-def test_a_broken_binary_is_typed_with_its_output(tiny_gguf, tmp_path):  # noqa: F811
+def test_a_broken_binary_is_typed_with_its_output(tiny_gguf, tmp_path):
     broken = tmp_path / "llama-server"
     broken.write_text("#!/bin/sh\necho 'error while loading shared libraries: libggml.so' >&2\nexit 127\n")
     broken.chmod(stat.S_IRWXU)
@@ -234,7 +234,7 @@ def test_a_broken_binary_is_typed_with_its_output(tiny_gguf, tmp_path):  # noqa:
     assert isinstance(error, ServerStartFailed) and "libggml.so" in str(error) and "127" in str(error)
 
 
-def test_a_taken_port_is_typed(tiny_gguf):  # noqa: F811
+def test_a_taken_port_is_typed(tiny_gguf):
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
@@ -244,7 +244,7 @@ def test_a_taken_port_is_typed(tiny_gguf):  # noqa: F811
     assert error.error_type == "EnginePortTaken"
 
 
-def test_prompts_are_tokenized_here_so_control_tokens_in_content_stay_text(engine, tiny_gguf):  # noqa: F811
+def test_prompts_are_tokenized_here_so_control_tokens_in_content_stay_text(engine, tiny_gguf):
     """The server gets token ids from the in-process prompt machinery: a user message that
     forges a turn counts as text there too (llama-server's own tokenizer would parse it)."""
     from skulk.worker.engines.llama_cpp import LlamaCppEngine

@@ -204,7 +204,7 @@ class LlamaServerEngine(ServedEngineShell):
         if not cancelled.is_set():
             raise EngineError("llama-server ended the stream without a final event")
 
-    def _call(self, send):  # noqa: ANN001, ANN202 - a zero-argument request
+    def _call(self, send):
         try:
             return send()
         except httpx.HTTPError as exc:

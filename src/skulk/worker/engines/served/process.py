@@ -98,7 +98,7 @@ class ServerProcess:
             raise ServerBinaryMissing(f"llama-server binary not found at {binary}; run `skulk engines install`")
         if not os.access(binary, os.X_OK):
             raise ServerBinaryMissing(f"{binary} is not executable (chmod +x, or rebuild with `skulk engines install`)")
-        self._log = tempfile.NamedTemporaryFile(prefix="skulk-llama-server-", suffix=".log", delete=False)
+        self._log = tempfile.NamedTemporaryFile(prefix="skulk-llama-server-", suffix=".log", delete=False)  # noqa: SIM115 -- lives as long as the server; closed in close()
         try:
             self._process = subprocess.Popen(
                 list(argv), stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
@@ -167,9 +167,9 @@ class ServerProcess:
 
 
 __all__ = [
-    "ServedEngineShell",
     "HEALTH_DEADLINE_S",
     "STOP_GRACE_S",
+    "ServedEngineShell",
     "ServerBinaryMissing",
     "ServerGone",
     "ServerPortTaken",
