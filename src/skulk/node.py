@@ -31,6 +31,7 @@ from skulk.api.failover import failover_failures
 from skulk.api.limits import DEFAULT_MAX_BODY_BYTES, RequestLimits
 from skulk.api.node_access import access_policy, access_warnings, with_api_key, with_own_hosts
 from skulk.api.streams import CommandStreams
+from skulk.api.task_stream_ends import stream_end_for
 from skulk.cluster.election import ElectionService
 from skulk.cluster.membership import MembershipService
 from skulk.cluster.producer import EventProducer
@@ -58,8 +59,8 @@ from skulk.shared.telemetry_view import node_resources
 from skulk.shared.types.commands import Command, ForwarderCommand
 from skulk.shared.types.events import IndexedEvent
 from skulk.shared.types.ids import new_id
+from skulk.shared.types.stream_errors import StreamErrorType
 from skulk.shared.types.task_inputs import TaskInput
-from skulk.shared.types.tasks import TextGeneration
 from skulk.shared.wire_keys import to_camel_keys
 from skulk.store.cards import builtin_cards_dir, resolve_cards
 from skulk.store.companions import companions_of
@@ -418,7 +419,7 @@ class Node:
             # End only the streams the change affects (skulk.api.failover); the rest run on.
             affected = failover_failures(self.replica.state, self.streams.open_command_ids(), self.presence.alive(),
                                          elected.session_id)
-            self.streams.fail_failover("MasterFailover", affected)
+            self.streams.fail_failover(StreamErrorType.MASTER_FAILOVER, affected)
         if self._master is not None and (not elected.i_am_master or self._master.session_id != elected.session_id):
             self._stop_master()
         if elected.i_am_master and self._master_task is None:
@@ -451,15 +452,9 @@ class Node:
 
     def _fail_streams_of_failed_tasks(self, indexed: IndexedEvent) -> None:
         """A task this node's API owns failed or was cancelled in the cluster: end its stream."""
-        task_id = getattr(indexed.event, "task_id", None) or getattr(getattr(indexed.event, "task", None), "task_id", None)
-        task = self.replica.state.tasks.get(task_id) if task_id else None
-        if not isinstance(task, TextGeneration) or task.owner_node_id != self.node_id:
-            return
-        if task.status == "Failed":
-            self.streams.fail(task.command_id, "TaskFailed", task.error_message or "the task failed")
-        elif task.status == "Cancelled":
-            self.streams.fail(task.command_id, "TaskCancelled", task.error_message or "the task was cancelled",
-                              outcome="cancelled")
+        end = stream_end_for(self.replica.state, indexed.event, self.node_id)
+        if end is not None:
+            self.streams.fail(end.command_id, end.error_type, end.message, outcome=end.outcome)
 
     async def _receive_output(self, router: Router) -> None:
         async for received in router.subscribe(TOPICS.data):

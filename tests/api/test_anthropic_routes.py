@@ -136,7 +136,7 @@ async def test_overloaded_is_an_overloaded_error():
         first = asyncio.create_task(http.post("/v1/messages", json=BODY))
         await until(lambda: cluster.streams.stats()["openStreams"] == 1)
         second = await http.post("/v1/messages", json=BODY)
-        cluster.streams.fail_all("master_failover", "test over")
+        cluster.streams.fail_all("MasterFailover", "test over")
         await first
     assert_anthropic_error(second, 529, "overloaded_error")
     assert second.headers["retry-after"] == "1"

@@ -164,7 +164,7 @@ CASES: list[tuple[str, Event, Callable[[], State]]] = [
      lambda: _expect(tasks={**BASE.tasks, "t1": _task(PENDING, status="Cancelled", error_message="operator")})),
     ("task-status-terminal-is-sticky", TaskStatusUpdated(event_id="e", task_id="t2", status="Running"), lambda: _expect()),
     ("task-failed", TaskFailed(event_id="e", task_id="t1", error_type="NodeLost", error_message="n2 timed out"),
-     lambda: _expect(tasks={**BASE.tasks, "t1": _task(PENDING, status="Failed", error_message="n2 timed out")})),
+     lambda: _expect(tasks={**BASE.tasks, "t1": _task(PENDING, status="Failed", error_type="NodeLost", error_message="n2 timed out")})),
     ("task-failed-after-complete", TaskFailed(event_id="e", task_id="t2", error_type="x", error_message="y"), lambda: _expect()),
     ("task-deleted", TaskDeleted(event_id="e", task_id="t2"), lambda: _expect(tasks={"t1": PENDING})),
     ("download-pending", DownloadPending(event_id="e", node_id="n2", model_id="other", attempt_id="a4"),

@@ -33,6 +33,7 @@ from skulk.api.state_feed import StateFeed
 from skulk.api.streams import CommandStreams
 from skulk.observe.metrics import NodeCollector, ServingMetrics, new_registry
 from skulk.observe.traces import TraceStore
+from skulk.shared.serving import serving
 from skulk.shared.telemetry_view import TelemetryView
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.commands import Command
@@ -127,11 +128,8 @@ def find_placed_instance(state: State, model_id: str) -> Instance | None:
     """An instance of `model_id` in `state`, preferring one whose runners all serve; the
     master makes the final choice when it creates the task."""
     candidates = sorted((i for i in state.instances.values() if i.model_id == model_id), key=lambda i: i.instance_id)
-    serving = [
-        i for i in candidates
-        if all((s := state.runners.get(r)) is not None and s.state in ("Ready", "Running") for r in i.runner_ids())
-    ]
-    return (serving or candidates or [None])[0]
+    serving_now = [i for i in candidates if serving(state, i)]
+    return (serving_now or candidates or [None])[0]
 
 
 def create_app(context: ApiContext) -> FastAPI:

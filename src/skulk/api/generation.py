@@ -43,6 +43,7 @@ from skulk.shared.types.common import Usage
 from skulk.shared.types.engines import Feature, missing_features, traits_of
 from skulk.shared.types.ids import new_id
 from skulk.shared.types.instances import Instance
+from skulk.shared.types.stream_errors import StreamErrorType
 from skulk.shared.types.task_inputs import TaskInput, redacted_embedding_params, redacted_generation_params
 from skulk.shared.types.tasks import EmbeddingParams, TextGenerationParams
 
@@ -115,7 +116,7 @@ async def _follow(
         async for chunk in stream:
             if not isinstance(chunk, kind):
                 # Skipped; the stream now ends with the violation once what is queued is read.
-                context.streams.fail(stream.command_id, "protocol_violation",
+                context.streams.fail(stream.command_id, StreamErrorType.PROTOCOL_VIOLATION,
                                      f"A {kind.__name__} stream carried a {chunk.type}.")
                 continue
             yield chunk
@@ -214,10 +215,10 @@ async def collect_embedding(
         async for chunk in output:
             chunks.append(chunk)
     if not chunks:
-        raise StreamFailed("protocol_violation", "The embedding stream ended without embeddings.", origin="api")
+        raise StreamFailed(StreamErrorType.PROTOCOL_VIOLATION, "The embedding stream ended without embeddings.", origin="api")
     returned = sum(len(c.embeddings) for c in chunks)
     if expected is not None and returned != expected:
-        raise StreamFailed("protocol_violation",
+        raise StreamFailed(StreamErrorType.PROTOCOL_VIOLATION,
                            f"The runner returned {returned} embeddings for {expected} inputs.", origin="api")
     if len(chunks) == 1:
         return chunks[0]

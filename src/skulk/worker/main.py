@@ -27,6 +27,7 @@ from skulk.cluster.replica import StateReplica
 from skulk.observe.traces import TraceStore, WorkerTraces
 from skulk.routing.router import Router, RouterError
 from skulk.routing.topics import TOPICS
+from skulk.shared.serving import runner_serving
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.chunks import DataFrame, StreamTerminal
 from skulk.shared.types.commands import ForwarderCommand, RefuseInstancePlacement
@@ -542,7 +543,7 @@ class Worker:
         if self._submitted_status.get(runner_id) == status:
             return
         self._submitted_status[runner_id] = status
-        if status.state in ("Ready", "Running"):
+        if runner_serving(status):
             self._was_serving.add(runner_id)
         self._producer.submit(RunnerStatusUpdated(event_id=new_id(), runner_id=runner_id, status=status))
 

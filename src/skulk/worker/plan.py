@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from skulk.shared.memory_estimate import assignment_footprint
+from skulk.shared.serving import runner_serving
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.common import TERMINAL_TASK_STATUSES
 from skulk.shared.types.ids import CommandId, InstanceId, ModelId, NodeId, RunnerId, TaskId
@@ -24,9 +25,6 @@ MEMORY_FIT_TOLERANCE = 0.10
 footprint already includes overhead, a full KV reservation and a floor, and live readings
 jitter against the gossiped figure the master admitted on (seed: a 2 % miss once refused a
 24B model that ran fine)."""
-
-SERVING_STATES = frozenset({"Ready", "Running"})
-
 
 @dataclass(frozen=True)
 class LocalRunner:
@@ -205,7 +203,7 @@ def dispatch_pending_tasks(view: WorkerView) -> WorkerAction | None:
             continue
         first = instance.shards[0]
         runner = view.runners.get(first.runner_id)
-        if first.node_id == view.node_id and runner is not None and runner.status.state in SERVING_STATES:
+        if first.node_id == view.node_id and runner is not None and runner_serving(runner.status):
             return DispatchTask(first.runner_id, task)
     return None
 

@@ -33,7 +33,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, ValidationError
 
-from skulk.api.errors import ApiError, ClusterNotReady, NotFound, openai_error_response
+from skulk.api.errors import ApiError, ClusterNotReady, NotFound
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.commands import EvictStagedModel
 from skulk.shared.types.ids import new_id
@@ -77,10 +77,6 @@ class StoreNotConfigured(ApiError):
 
     def __init__(self) -> None:
         super().__init__("The model store is not configured on this node.")
-
-
-def _fail(error: ApiError) -> JSONResponse:
-    return openai_error_response(error)
 
 
 def _store(request: Request) -> StoreContext:
@@ -136,10 +132,7 @@ def _local_storage(store: StoreContext, in_use: frozenset[str]) -> dict[str, Any
 @router.get("/store/storage")
 async def storage(request: Request) -> Any:
     context = request.app.state.skulk
-    try:
-        store = _store(request)
-    except ApiError as exc:
-        return _fail(exc)
+    store = _store(request)
     in_use = in_use_model_ids(context.get_state(), context.node_id, companions_of(context.get_cards))
     local = await asyncio.to_thread(_local_storage, store, in_use)
     nodes = [{"nodeId": context.node_id, "nodeName": context.node_name, **local}]
@@ -161,36 +154,26 @@ async def storage(request: Request) -> Any:
 
 @router.get("/store/models")
 async def list_store_models(request: Request) -> Any:
-    try:
-        root = _canonical(_store(request))
-    except ApiError as exc:
-        return _fail(exc)
+    root = _canonical(_store(request))
     markers = await asyncio.to_thread(registered, root)
     return {"models": [manifest_from_marker(m).to_json() for m in markers]}
 
 
 @router.get("/store/models/{model_id:path}")
 async def get_store_model(request: Request, model_id: str, revision: str | None = None) -> Any:
-    try:
-        root = _canonical(_store(request))
-    except ApiError as exc:
-        return _fail(exc)
+    root = _canonical(_store(request))
     marker = await asyncio.to_thread(find_registered, root, model_id, revision)
     if marker is None:
-        return _fail(StoreModelNotFound(model_id, revision))
+        raise StoreModelNotFound(model_id, revision)
     return manifest_from_marker(marker).to_json()
 
 
 @router.get("/store/artifacts/{dir_name}/{file_path:path}")
 async def get_artifact(request: Request, dir_name: str, file_path: str) -> Any:
-    try:
-        root = _canonical(_store(request))
-    except ApiError as exc:
-        return _fail(exc)
+    root = _canonical(_store(request))
     path = await asyncio.to_thread(registered_file, root, dir_name, file_path)
     if path is None:
-        return _fail(NotFound(f"The model store has no registered file {dir_name}/{file_path}.",
-                              code="store_file_not_found"))
+        raise NotFound(f"The model store has no registered file {dir_name}/{file_path}.", code="store_file_not_found")
     # Starlette answers Range requests (206 + Content-Range) and streams in bounded chunks.
     return FileResponse(path, media_type="application/octet-stream")
 
@@ -246,10 +229,7 @@ async def fetch_step(request: Request, model_id: str, body: FetchBody | None = N
 
 @router.post("/store/models/{model_id:path}/fetch")
 async def fetch_store_model(request: Request, model_id: str, body: FetchBody | None = None) -> Any:
-    try:
-        status = await fetch_step(request, model_id, body)
-    except ApiError as exc:
-        return _fail(exc)
+    status = await fetch_step(request, model_id, body)
     return JSONResponse(status.to_json(), status_code=status.http_status)
 
 
@@ -287,19 +267,13 @@ async def delete_model(request: Request, model_id: str) -> dict[str, Any]:
 
 @router.delete("/store/models/{model_id:path}")
 async def delete_store_model(request: Request, model_id: str) -> Any:
-    try:
-        return await delete_model(request, model_id)
-    except ApiError as exc:
-        return _fail(exc)
+    return await delete_model(request, model_id)
 
 
 @router.post("/store/purge-staging")
 async def purge_staging(request: Request) -> Any:
     context = request.app.state.skulk
-    try:
-        store = _store(request)
-    except ApiError as exc:
-        return _fail(exc)
+    store = _store(request)
     in_use = in_use_model_ids(context.get_state(), context.node_id, companions_of(context.get_cards))
     result = await asyncio.to_thread(remove_staged, store.staging_root, in_use, store.canonical_root)
     return {"nodeId": context.node_id, "removed": list(result.removed), "keptInUse": list(result.kept_in_use),

@@ -16,6 +16,7 @@ from pydantic import BeforeValidator, Field, TypeAdapter, model_validator
 from skulk.shared.types.base import WireModel
 from skulk.shared.types.common import FinishReason, FiniteFloat, NonNegInt, ToolCall, Usage
 from skulk.shared.types.ids import CommandId, RunnerId
+from skulk.shared.types.stream_errors import StreamErrorType
 
 LOGPROB_FLOOR = -9999.0
 """Engines report log(0) as -inf, which JSON cannot carry; it is clamped to this floor
@@ -106,7 +107,7 @@ class StreamTerminal(WireModel):
     command_id: CommandId
     seq: NonNegInt
     outcome: StreamOutcome
-    error_type: str | None = None
+    error_type: StreamErrorType | str | None = None
     error_message: str | None = None
 
     @model_validator(mode="after")

@@ -34,6 +34,7 @@ from skulk.shared.types.ids import (
     TaskId,
 )
 from skulk.shared.types.instances import Instance, RunnerStatus
+from skulk.shared.types.stream_errors import StreamErrorType
 from skulk.shared.types.tasks import Task
 
 NonNegFloat = Annotated[FiniteFloat, Field(ge=0)]
@@ -168,7 +169,7 @@ class TaskFailed(_EventBase):
 
     type: Literal["TaskFailed"] = "TaskFailed"
     task_id: TaskId
-    error_type: str
+    error_type: StreamErrorType | str
     error_message: str
 
 

@@ -14,6 +14,7 @@ from pydantic import Field, TypeAdapter, model_validator
 from skulk.shared.types.base import WireModel
 from skulk.shared.types.common import ChatMessage, FiniteFloat, TaskStatus, ToolSpec
 from skulk.shared.types.ids import CommandId, InstanceId, ModelId, NodeId, RunnerId, TaskId
+from skulk.shared.types.stream_errors import StreamErrorType
 
 
 class ResponseFormat(WireModel):
@@ -97,6 +98,9 @@ class _TaskBase(WireModel):
     task_id: TaskId
     instance_id: InstanceId
     status: TaskStatus = "Pending"
+    error_type: StreamErrorType | str | None = None
+    """Why the master failed the task (TaskFailed's error type), so the owning API node can
+    tell its client node loss from a refused placement; None while the task is not failed."""
     error_message: str | None = None
 
 

@@ -32,6 +32,7 @@ from skulk.shared.tool_grammar import SchemaNotSupported, request_grammar
 from skulk.shared.types.cards import backend_engine
 from skulk.shared.types.chunks import TopLogprob
 from skulk.shared.types.common import FinishReason, Usage
+from skulk.shared.types.stream_errors import StreamErrorType
 from skulk.shared.types.tasks import TextGenerationParams
 from skulk.worker.engines.base import (
     ChatTemplateMissing,
@@ -102,24 +103,24 @@ class ScoredToken(GeneratedToken):
 
 
 class EmbeddingFailed(EngineError):
-    error_type = "EmbeddingFailed"
+    error_type = StreamErrorType.EMBEDDING_FAILED
 
 
 class InvalidDimensions(EngineError):
-    error_type = "InvalidRequest"
+    error_type = StreamErrorType.INVALID_REQUEST
 
 
 class InvalidTokens(EngineError):
     """A token-array embedding input holds an id outside this model's vocabulary."""
 
-    error_type = "InvalidRequest"
+    error_type = StreamErrorType.INVALID_REQUEST
 
 
 class GrammarRejected(EngineError):
     """The tool-call grammar could not be built or parsed by llama.cpp. The API compiles
     the same grammar before dispatch, so this is a guard, not the caller's usual 400."""
 
-    error_type = "InvalidRequest"
+    error_type = StreamErrorType.INVALID_REQUEST
 
 
 def check_token_ids(tokens: Sequence[int], n_vocab: int, index: int) -> None:

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from skulk.shared.types.cards import backend_engine
+from skulk.shared.types.stream_errors import StreamErrorType
 from skulk.shared.types.tasks import TextGenerationParams
 from skulk.worker.engines.base import (
     EngineBroken,
@@ -113,7 +114,7 @@ SHUTDOWN_BROADCAST_TIMEOUT_S = 5.0
 class GroupBroken(EngineBroken):
     """The group lost a rank (or fell out of step): this rank can never run a step again."""
 
-    error_type = "GroupBroken"
+    error_type = StreamErrorType.GROUP_BROKEN
 
 
 class MlxEngine:

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from skulk.shared.types.instances import Instance
+from skulk.shared.types.stream_errors import StreamErrorType
 from skulk.worker.engines.base import ModelLoadFailed
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ MAX_RING_WORLD = 16
 class GroupFormationFailed(ModelLoadFailed):
     """The ring did not connect (deadline, refused bind, or no usable addresses)."""
 
-    error_type = "GroupFormationFailed"
+    error_type = StreamErrorType.GROUP_FORMATION_FAILED
 
 
 # ---------------------------------------------------------------------------------------

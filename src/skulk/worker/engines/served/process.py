@@ -29,6 +29,7 @@ from pathlib import Path
 
 import httpx
 
+from skulk.shared.types.stream_errors import StreamErrorType
 from skulk.worker.engines.base import EngineError, EngineNotLoaded, GeneratedToken, ModelLoadFailed
 
 HEALTH_DEADLINE_S = 300.0
@@ -47,21 +48,21 @@ _PORT_TAKEN_MARKERS = ("couldn't bind", "address already in use", "failed to bin
 
 
 class ServerBinaryMissing(ModelLoadFailed):
-    error_type = "EngineBinaryMissing"
+    error_type = StreamErrorType.ENGINE_BINARY_MISSING
 
 
 class ServerPortTaken(ModelLoadFailed):
-    error_type = "EnginePortTaken"
+    error_type = StreamErrorType.ENGINE_PORT_TAKEN
 
 
 class ServerStartFailed(ModelLoadFailed):
-    error_type = "EngineStartFailed"
+    error_type = StreamErrorType.ENGINE_START_FAILED
 
 
 class ServerGone(EngineError):
     """The server died while serving; the runner cannot serve again."""
 
-    error_type = "EngineBroken"
+    error_type = StreamErrorType.ENGINE_BROKEN
 
 
 def free_loopback_port() -> int:
