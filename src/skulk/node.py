@@ -68,7 +68,7 @@ from skulk.store.config import EventLogSection, LoggingSection, ModelStoreSectio
 from skulk.store.eviction import in_use_model_ids
 from skulk.store.intent_record import INTENT_FILE, IntentRecord
 from skulk.store.lease import Lease, LeaseHeldError
-from skulk.store.model_store import NodeStore, StoreBinding, bind_store, eviction_policy
+from skulk.store.model_store import NodeStore, StoreBinding, bind_store, binding_change, eviction_policy
 from skulk.store.paths import SkulkPaths, ensure_dirs
 from skulk.store.secret_file import SecretFileError
 from skulk.store.staging import staging_root_for
@@ -534,16 +534,13 @@ class Node:
             remembered=self._remembered_store,
         )
         choice = binding.choice if binding is not None else None
-        if choice is not None and choice.source == "master" and choice.address != self._store_written:
-            self._store_written = choice.address
-            remember_store(self.settings.paths.data_home, choice.address)
-        if choice != self._store_choice:
+        change = binding_change(choice, self._store_choice, self._store_written)
+        if change.remember is not None:
+            self._store_written = change.remember
+            remember_store(self.settings.paths.data_home, change.remember)
+        if change.announce is not None:
             self._store_choice = choice
-            if choice is None:
-                logger.info("model store: none (no API and no store to follow); downloads go straight to the hub")
-            else:
-                logger.info("model store: %s (%s)%s", choice.address.base_url, choice.source,
-                            "; this node hosts it" if choice.is_self else "")
+            logger.info("%s", change.announce)
         return binding
 
     def _current_store(self) -> NodeStore | None:

@@ -107,6 +107,33 @@ def bind_store(
     return StoreBinding(node_store(paths, section, hosts_store=choice.is_self), choice)
 
 
+@dataclass(frozen=True)
+class BindingChange:
+    """What a fresh store choice asks of the node's shell, decided purely."""
+
+    remember: StoreAddress | None = None
+    """Persist this address (`store_host.remember_store`): the master named a store other
+    than the one last written, and a restart should find it before a master speaks."""
+    announce: str | None = None
+    """Log this line: the choice differs from the last one the node used."""
+
+
+def binding_change(choice: StoreChoice | None, last: StoreChoice | None,
+                   last_written: StoreAddress | None) -> BindingChange:
+    """The effects of re-binding to `choice` after `last` (what the node used) and
+    `last_written` (what it last persisted). Pure: the node applies the answer."""
+    remember = choice.address if choice is not None and choice.source == "master" and choice.address != last_written \
+        else None
+    announce = None
+    if choice != last:
+        if choice is None:
+            announce = "model store: none (no API and no store to follow); downloads go straight to the hub"
+        else:
+            announce = (f"model store: {choice.address.base_url} ({choice.source})"
+                        + ("; this node hosts it" if choice.is_self else ""))
+    return BindingChange(remember, announce)
+
+
 # ---------------------------------------------------------------------------------------
 # What the store has registered (read side, used by the store routes and local staging)
 # ---------------------------------------------------------------------------------------
@@ -181,9 +208,11 @@ def stage_model(
 
 
 __all__ = [
+    "BindingChange",
     "NodeStore",
     "StoreBinding",
     "bind_store",
+    "binding_change",
     "disk_total_bytes",
     "eviction_policy",
     "find_registered",
