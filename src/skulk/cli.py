@@ -294,13 +294,14 @@ def models_list(data_dir: DataDir = None) -> None:
 
     paths = _paths(data_dir)
     card_set = resolve_cards(builtin_cards_dir(), paths.custom_cards_dir)
+    from skulk.artifacts.plan import Route, route_for
     from skulk.store.downloads import local_artifact
 
     table = Table("model", "family", "layers", "context", "size", "engines", "source", "downloaded")
     for model_id in sorted(card_set.cards):
         card = card_set.cards[model_id]
         origin = "custom" if model_id in card_set.custom_ids else "built-in"
-        if card.source != "huggingface":
+        if route_for(card, store_bound=False) is not Route.HUB:
             downloaded = "local"  # generated on first use, or read in place
         else:
             downloaded = "yes" if local_artifact(card, paths.models_dir) is not None else "no"
@@ -329,10 +330,10 @@ def models_pull(
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
+    from skulk.artifacts.plan import Route, route_for
+    from skulk.artifacts.resolve import pull_model
+    from skulk.store.artifact_errors import ArtifactUnavailable
     from skulk.store.cards import builtin_cards_dir, resolve_cards
-    from skulk.store.companions import ensure_companions
-    from skulk.store.downloads import download_model
-    from skulk.store.tiny_models import ArtifactUnavailable, ensure_local_model
 
     _configure_logging()
     for noisy in ("huggingface_hub", "httpx2"):  # one line per request; our bar and errors say it
@@ -349,30 +350,24 @@ def models_pull(
         raise typer.Exit(ExitCode.USAGE) from None
     reserve_bytes = int(store_section.disk_reserve_gb * 1024**3)
     console = Console(stderr=True)
-    companions: dict = {}
     try:
-        if card.source != "huggingface":
-            path = ensure_local_model(card, paths.models_dir)
+        if route_for(card, store_bound=False) is not Route.HUB:
+            pulled = pull_model(card, paths.models_dir)
         else:
             columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                        TimeRemainingColumn())
             with Progress(*columns, console=console, transient=False) as progress:
-                def pull(which):
+                def bar(which):
                     task = progress.add_task(which.model_id, total=None)
-                    return download_model(
-                        which, paths.models_dir,
-                        on_progress=lambda done, total: progress.update(task, completed=done, total=total),
-                        reserve_bytes=reserve_bytes,
-                    )
+                    return lambda done, total: progress.update(task, completed=done, total=total)
 
-                path = pull(card)
                 # Companion repos too, as the worker does: a required one failing fails the pull.
-                companions = ensure_companions(card, pull)
+                pulled = pull_model(card, paths.models_dir, progress_for=bar, reserve_bytes=reserve_bytes)
     except ArtifactUnavailable as exc:  # DownloadFailed included: the reason is the message
         typer.echo(f"skulk: {exc}", err=True)
         raise typer.Exit(ExitCode.FAILURE) from None
-    typer.echo(f"{model_id}: {path}")
-    for repo_id, companion_path in companions.items():
+    typer.echo(f"{model_id}: {pulled.path}")
+    for repo_id, companion_path in pulled.companions.items():
         typer.echo(f"{model_id} companion {repo_id}: {companion_path}")
 
 

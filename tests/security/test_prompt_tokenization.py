@@ -43,8 +43,8 @@ def gguf_engine(tiny_gguf):
 
 @pytest.fixture(scope="module")
 def mlx_engine(tmp_path_factory):
+    from skulk.artifacts.resolve import ensure_local_model
     from skulk.store.cards import builtin_cards_dir, load_card
-    from skulk.store.tiny_models import ensure_local_model
     from skulk.worker.engines.mlx_engine import MlxEngine
     from tests.worker.engines.test_mlx_engine import local_instance, spec_for
 

@@ -8,6 +8,8 @@ import threading
 
 import pytest
 
+from skulk.artifacts.resolve import ensure_local_model
+from skulk.store.artifact_errors import ArtifactUnavailable
 from skulk.store.downloads import (
     MARKER_FILE_NAME,
     DownloadFailed,
@@ -23,7 +25,6 @@ from skulk.store.downloads import (
     read_marker,
     remove_model,
 )
-from skulk.store.tiny_models import ArtifactUnavailable, ensure_local_model
 from tests.mockhub import (
     GGUF_FILE,
     HUB_TOKEN,

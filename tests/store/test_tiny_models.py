@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import skulk.store.tiny_models as tiny_models
+from skulk.artifacts.resolve import ensure_local_model
 from skulk.shared.types.cards import ModelCard
 from skulk.store.cards import builtin_cards_dir, load_card, load_cards
 from skulk.store.tiny_models import (
@@ -29,7 +30,6 @@ from skulk.store.tiny_models import (
     ArtifactUnavailable,
     TinyArtifacts,
     corpus_path,
-    ensure_local_model,
     generate_tiny_model,
     spec_hash,
 )
@@ -318,7 +318,8 @@ def counting(out_dir, spec):
     return real(out_dir, spec)
 tm.generate_tiny_model = counting
 card = load_card(builtin_cards_dir() / sys.argv[3])
-print(tm.ensure_local_model(card, models_dir))
+from skulk.artifacts.resolve import ensure_local_model
+print(ensure_local_model(card, models_dir))
 """
 
 

@@ -48,7 +48,7 @@ async def test_a_missing_required_companion_fails_the_model_naming_it(mock_hub, 
     assert isinstance(pending, DownloadPending) and isinstance(failed, DownloadFailed)
     assert failed.attempt_id == pending.attempt_id and MISSING in failed.error_message
     assert card.model_id not in worker.stats()["artifacts"]
-    assert MISSING in worker._artifact_failures[card.model_id]
+    assert MISSING in worker._artifact_failures[card.model_id].reason
 
 
 async def test_a_missing_best_effort_companion_is_skipped(mock_hub, tmp_path, caplog):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
+from skulk.artifacts.plan import FailureCooldown
 from skulk.shared.types.events import DownloadCompleted, DownloadFailed, DownloadPending
 from skulk.shared.types.state import DownloadStatusCompleted, State
 from skulk.shared.types.telemetry import DownloadProgress
@@ -114,11 +115,9 @@ async def test_failed_download_emits_failed_with_reason_and_fails_the_artifact(m
 
 
 async def test_a_passing_download_failure_is_forgotten_after_a_cool_down(mock_hub, tmp_path, monkeypatch):
-    import skulk.worker.main as worker_main
-
-    monkeypatch.setattr(worker_main, "DOWNLOAD_FAILURE_COOLDOWN_S", 0.05)
     card = hub_card(TINY_GGUF_REPO, gguf_file=GGUF_FILE)
     worker, producer, _replica, _ = _worker(tmp_path, {card.model_id: card}, [])
+    worker.failure_cooldown = FailureCooldown(cooldown_s=0.05)
     worker._download_cancel.set()  # as at shutdown: a passing failure
     await worker._resolve(card.model_id)
     assert "cancelled" in worker.stats()["artifactFailures"][card.model_id]

@@ -63,7 +63,7 @@ def prompt_params(prompt: str, **kwargs) -> TextGenerationParams:
 @pytest.fixture(scope="session")
 def tiny_gguf(tmp_path_factory) -> Path:
     """Path of the generated tiny GGUF (generated once per test session)."""
-    from skulk.store.tiny_models import ensure_local_model
+    from skulk.artifacts.resolve import ensure_local_model
 
     path = ensure_local_model(tiny_gguf_card(), tmp_path_factory.mktemp("models"))
     assert path.suffix == ".gguf" and path.is_file(), path

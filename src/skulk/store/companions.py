@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Literal
 
 from skulk.shared.types.cards import ModelCard
+from skulk.store.artifact_errors import ArtifactUnavailable
 from skulk.store.downloads import DownloadFailed
-from skulk.store.tiny_models import ArtifactUnavailable
 
 logger = logging.getLogger(__name__)
 

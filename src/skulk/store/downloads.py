@@ -55,11 +55,11 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from skulk.shared.types.cards import ModelCard
+from skulk.store.artifact_errors import ArtifactUnavailable
 from skulk.store.disk_admission import admit, disk_free_bytes, reserve_bytes_from_env
 from skulk.store.file_lock import LockFailure, exclusive_file_lock
 from skulk.store.hub_files import RepoFile, SelectionError, select_files, total_size_bytes
 from skulk.store.paths import hub_model_dir_name
-from skulk.store.tiny_models import ArtifactUnavailable
 
 logger = logging.getLogger(__name__)
 

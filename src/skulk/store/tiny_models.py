@@ -19,8 +19,8 @@ random model's stream arrives token by token rather than in bursts of partial ch
 The price: other characters (non-ASCII, control codes) have no token and both engines
 drop them on input.
 
-`ensure_local_model` is the one place that maps a card to a path on disk. Only Hugging Face
-cards touch the network, through `skulk.store.downloads`.
+`ensure_generated` produces a local-generated card's files; which source a card's files come
+from is decided in one place, `skulk.artifacts.plan.route_for`.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import shutil
 import sys
 import tempfile
 import zlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
@@ -44,6 +44,7 @@ from typing import Literal
 import numpy as np
 
 from skulk.shared.types.cards import ModelCard
+from skulk.store.artifact_errors import ArtifactUnavailable
 from skulk.store.cards import builtin_cards_dir
 from skulk.store.file_lock import exclusive_file_lock
 
@@ -223,18 +224,6 @@ class TinyArtifacts:
     hf_size_bytes: int
     gguf_size_bytes: int
     spec_hash: str
-
-
-class ArtifactUnavailable(Exception):
-    """A card's artifact cannot be produced on this node: which model, and why."""
-
-    def __init__(self, model_id: str, reason: str) -> None:
-        self.model_id = model_id
-        self.reason = reason
-        super().__init__(model_id, reason)  # args that rebuild it (pickling across processes)
-
-    def __str__(self) -> str:
-        return f"model {self.model_id} is unavailable: {self.reason}"
 
 
 # ---------------------------------------------------------------------------------------
@@ -670,7 +659,10 @@ def _generate_in_place(models_dir: Path, model_id: str, generated: GeneratedMode
         raise
 
 
-def _ensure_generated(card: ModelCard, models_dir: Path) -> Path:
+def ensure_generated(card: ModelCard, models_dir: Path) -> Path:
+    """A local-generated card's files under `models_dir`: generated on first use, reused
+    after, regenerated when the generator's spec hash changes; safe for concurrent callers
+    on one machine. The path an engine loads: the HF folder (MLX) or the .gguf (llama.cpp)."""
     generated = LOCAL_GENERATED_MODELS.get(card.model_id)
     if generated is None:
         raise ArtifactUnavailable(
@@ -691,33 +683,6 @@ def _ensure_generated(card: ModelCard, models_dir: Path) -> Path:
             if not _marker_matches(target, expected_hash):
                 _generate_in_place(models_dir, card.model_id, generated, expected_hash)
     return target / GGUF_FILE_NAME if card.is_gguf else target / HF_DIR_NAME
-
-
-def ensure_local_model(
-    card: ModelCard, models_dir: Path, *, on_progress: Callable[[int, int], None] | None = None
-) -> Path:
-    """The path an engine loads for `card`: an HF folder (MLX) or a .gguf file (llama.cpp).
-
-    - local-generated: generated under `models_dir` on first use, reused after, regenerated
-      when the generator's spec hash changes; safe for concurrent callers on one machine.
-    - local-path: card.local_path (joined with gguf_file when set); it must exist.
-    - huggingface: downloaded into `models_dir` through `skulk.store.downloads` (HF_ENDPOINT
-      and HF_TOKEN honoured), reused when a complete copy is there; `on_progress(done,
-      total)` sees the bytes. Failures raise `DownloadFailed`, an ArtifactUnavailable.
-    """
-    if card.source == "local-generated":
-        return _ensure_generated(card, models_dir)
-    if card.source == "local-path":
-        assert card.local_path is not None  # the card validator requires it for local-path
-        path = Path(card.local_path)
-        if card.gguf_file is not None:
-            path = path / card.gguf_file
-        if not path.exists():
-            raise ArtifactUnavailable(card.model_id, f"{path} does not exist on this node")
-        return path
-    from skulk.store.downloads import download_model  # imports this module: import late
-
-    return download_model(card, models_dir, on_progress=on_progress)
 
 
 # ---------------------------------------------------------------------------------------
@@ -772,7 +737,7 @@ __all__ = [
     "TinyArtifacts",
     "TinySpec",
     "corpus_path",
-    "ensure_local_model",
+    "ensure_generated",
     "generate_tiny_model",
     "main",
     "spec_hash",

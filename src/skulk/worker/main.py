@@ -22,6 +22,18 @@ from pathlib import Path
 
 import psutil
 
+from skulk.artifacts.plan import (
+    ArtifactFailure,
+    FailDownload,
+    FailureCooldown,
+    Route,
+    after_staging_failure,
+    live_failures,
+    route_for,
+    staged_dir,
+    staging_failure_reason,
+)
+from skulk.artifacts.resolve import resolve_local_path
 from skulk.cluster.producer import EventProducer
 from skulk.cluster.replica import StateReplica
 from skulk.observe.traces import TraceStore, WorkerTraces
@@ -46,6 +58,7 @@ from skulk.shared.types.task_inputs import TaskInput
 from skulk.shared.types.tasks import TextGeneration
 from skulk.shared.types.telemetry import DownloadProgress, TelemetryReading
 from skulk.shared.wire_keys import to_camel_keys
+from skulk.store.artifact_errors import ArtifactUnavailable
 from skulk.store.companions import companion_repo_ids, companions_of, ensure_companions
 from skulk.store.downloads import (
     DownloadFailed,
@@ -60,7 +73,7 @@ from skulk.store.eviction import in_use_model_ids
 from skulk.store.model_store import StoreBinding
 from skulk.store.staging import StagingFailed, mark_used
 from skulk.store.store_fetch import stage_card
-from skulk.store.tiny_models import ArtifactUnavailable, ensure_local_model
+from skulk.store.tiny_models import ensure_generated
 from skulk.worker import plan as worker_plan
 from skulk.worker.runner.breaker import CrashBreaker
 from skulk.worker.runner.messages import Frame, StatusChanged, TaskAccepted, TaskDone, TraceSpans
@@ -94,23 +107,6 @@ def live_ram_available_bytes() -> int:
     forced = os.environ.get(TEST_RAM_AVAILABLE_ENV)
     return int(forced) if forced else psutil.virtual_memory().available
 
-
-DOWNLOAD_FAILURE_COOLDOWN_S = 60.0
-"""How long a transient download failure keeps failing this node's runners of that model
-before the next placement may try the download again (bounds retry traffic to the hub)."""
-RETRYABLE_DOWNLOAD_FAILURES = frozenset({"transient", "deadline", "cancelled", "disk"})
-"""DownloadFailed kinds that can clear on their own; 404 and 401/403 need an operator."""
-
-_STAGING_FAILURE_KINDS = {
-    "not_found": "not_found", "disk": "disk", "deadline": "deadline", "cancelled": "cancelled",
-    "transfer": "transient", "size_mismatch": "transient", "unreachable": "transient", "invalid": "error",
-}
-"""A failed store staging as a download failure kind (what the retry cool-down reads)."""
-
-
-def staging_as_download_failure(exc: StagingFailed) -> DownloadFailed:
-    return DownloadFailed(exc.model_id, f"staging from the model store failed: {exc.reason}",
-                          _STAGING_FAILURE_KINDS.get(exc.kind, "error"))  # type: ignore[arg-type]
 
 _OUTCOME_STATUS = {"completed": "Complete", "failed": "Failed", "cancelled": "Cancelled"}
 
@@ -161,7 +157,10 @@ class Worker:
         self._companion_artifacts: dict[str, dict[str, str]] = {}
         """Model id -> its resolved companion repos' paths (repo id -> path), for the engines
         that load them (a drafter, split vision weights) and for diagnostics."""
-        self._artifact_failures: dict[str, str] = {}
+        self._artifact_failures: dict[str, ArtifactFailure] = {}
+        """Models whose files this node could not get, why, and until when (a passing
+        failure is forgotten at its `retry_at`: `artifacts.plan.FailureCooldown`)."""
+        self.failure_cooldown = FailureCooldown()
         self._resolving: set[str] = set()
         self._dispatched: set[str] = set()
         self._done_unconfirmed: frozenset[str] = frozenset()
@@ -213,7 +212,7 @@ class Worker:
             cards=self._cards(),
             runners=runners,
             artifacts=dict(self._artifacts),
-            artifact_failures=dict(self._artifact_failures),
+            artifact_failures=self._failures_now(),
             resolving=frozenset(self._resolving),
             dispatched=frozenset(self._dispatched) | self._done_unconfirmed,
             given_up=frozenset(self._given_up),
@@ -308,33 +307,36 @@ class Worker:
         try:
             if card is None:
                 raise ArtifactUnavailable(model_id, "no model card")
-            if card.source == "huggingface":
-                path = await self._download(card)
+            binding = self._store() if self._store is not None else None
+            route = route_for(card, store_bound=binding is not None)
+            if route is Route.GENERATE:
+                path = await asyncio.to_thread(ensure_generated, card, self._models_dir)
+            elif route is Route.LOCAL_PATH:
+                path = await asyncio.to_thread(resolve_local_path, card)
             else:
-                path = await asyncio.to_thread(ensure_local_model, card, self._models_dir)
+                path = await self._download(card, binding)
             self._artifacts[model_id] = str(path)
         except ArtifactUnavailable as exc:
-            self._artifact_failures[model_id] = str(exc)
-            if isinstance(exc, DownloadFailed) and exc.kind in RETRYABLE_DOWNLOAD_FAILURES:
-                self._spawn_background(self._forget_failure_later(model_id, str(exc)))
+            # A passing failure (network, hub outage, shutdown) is forgotten at its retry
+            # time, so the next placement on this node downloads again instead of failing at
+            # once on a stale reason. The runner that failed stays failed; the master's
+            # recovery re-places its instance.
+            kind = exc.kind if isinstance(exc, DownloadFailed) else None
+            self._artifact_failures[model_id] = ArtifactFailure(
+                str(exc), self.failure_cooldown.retry_at(kind, self._clock()))
         except Exception as exc:
             logger.exception("resolving model %s failed", model_id)
-            self._artifact_failures[model_id] = f"{type(exc).__name__}: {exc}"
+            self._artifact_failures[model_id] = ArtifactFailure(f"{type(exc).__name__}: {exc}")
         finally:
             self._resolving.discard(model_id)
             self.wake()
 
-    async def _forget_failure_later(self, model_id: str, failure: str) -> None:
-        """A download that failed for a passing reason (network, hub outage, shutdown) may
-        succeed later: after a cool-down the failure is forgotten, so the next placement on
-        this node downloads again instead of failing at once on a stale reason. The runner
-        that failed stays failed; the master's recovery re-places its instance."""
-        await asyncio.sleep(DOWNLOAD_FAILURE_COOLDOWN_S)
-        if self._artifact_failures.get(model_id) == failure:
-            del self._artifact_failures[model_id]
-            self.wake()
+    def _failures_now(self) -> dict[ModelId, str]:
+        """The artifact failures that still hold (expired ones are dropped for good)."""
+        self._artifact_failures = live_failures(self._artifact_failures, self._clock())
+        return {ModelId(model_id): failure.reason for model_id, failure in self._artifact_failures.items()}
 
-    async def _download(self, card: ModelCard) -> Path:
+    async def _download(self, card: ModelCard, binding: StoreBinding | None) -> Path:
         """Obtain a hub card's artifact, telling the cluster: DownloadPending, throttled
         DownloadProgress telemetry, then DownloadCompleted or DownloadFailed (with the reason)
         under one attempt id. A copy already on disk is reported completed once, unless State
@@ -347,7 +349,6 @@ class Worker:
         The card's companion repos (`companions.companion_download_specs`) resolve through the
         same path, on the fresh and the already-on-disk path alike, before the model is
         reported completed: a required one's failure fails the download, naming it."""
-        binding = self._store() if self._store is not None else None
         if binding is None:
             def direct(companion: ModelCard) -> Path:
                 return self._download_direct(companion, None)[0]  # a copy on disk is reused as is
@@ -360,7 +361,7 @@ class Worker:
 
         def staged_locally(which: ModelCard) -> Path | None:
             found = local_artifact(which, root)
-            staged = _staged_dir(found, root) if found is not None else None
+            staged = staged_dir(found, root) if found is not None else None
             if staged is not None:
                 mark_used(staged)
             return found
@@ -396,8 +397,9 @@ class Worker:
             path = stage_card(binding, card, in_use_model_ids=in_use, api_key=self._store_api_key,
                               on_progress=on_progress, cancel=self._download_cancel)
         except StagingFailed as exc:
-            if exc.kind != "unreachable":
-                raise staging_as_download_failure(exc) from exc
+            decision = after_staging_failure(exc.kind)
+            if isinstance(decision, FailDownload):
+                raise DownloadFailed(exc.model_id, staging_failure_reason(exc.reason), decision.kind) from exc
             if card.model_id not in self._fallback_logged:
                 self._fallback_logged.add(card.model_id)
                 logger.error(
@@ -506,7 +508,7 @@ class Worker:
         binding = self._store() if self._store is not None else None
         if binding is None:
             return
-        staged = _staged_dir(Path(model_path), binding.store.staging_root)
+        staged = staged_dir(Path(model_path), binding.store.staging_root)
         if staged is not None:
             with contextlib.suppress(OSError):
                 mark_used(staged)
@@ -521,7 +523,7 @@ class Worker:
             return
         binding = self._store() if self._store is not None else None
         path = self._artifacts.get(model_id)
-        if path is not None and (binding is None or _staged_dir(Path(path), binding.store.staging_root) is not None):
+        if path is not None and (binding is None or staged_dir(Path(path), binding.store.staging_root) is not None):
             del self._artifacts[model_id]
 
     async def _spawn_runner(self, action: worker_plan.SpawnRunner) -> None:
@@ -658,7 +660,7 @@ class Worker:
             "runners": {rid: to_camel_keys(dataclasses.asdict(sup.stats())) for rid, sup in self._supervisors.items()},
             "artifacts": dict(self._artifacts),
             "companionArtifacts": {m: dict(c) for m, c in self._companion_artifacts.items()},
-            "artifactFailures": dict(self._artifact_failures),
+            "artifactFailures": self._failures_now(),
             "dispatched": len(self._dispatched),
             "taskInputs": self.task_inputs.stats(),
             "givenUp": sorted(self._given_up),
@@ -669,12 +671,4 @@ class Worker:
             "runnerFailures": self.runner_failures,
         }
 
-
-def _staged_dir(path: Path, staging_root: Path) -> Path | None:
-    """The staged copy directory `path` lies in (or is), or None when it is not staged."""
-    try:
-        relative = Path(path).relative_to(staging_root)
-    except ValueError:
-        return None
-    return staging_root / relative.parts[0] if relative.parts else None
 

@@ -67,7 +67,7 @@ GROUP_REQUESTS = [
 
 @pytest.fixture(scope="session")
 def tiny_hf(tmp_path_factory) -> Path:
-    from skulk.store.tiny_models import ensure_local_model
+    from skulk.artifacts.resolve import ensure_local_model
 
     path = ensure_local_model(CARD, tmp_path_factory.mktemp("mlx-models"))
     assert (path / "config.json").is_file(), path

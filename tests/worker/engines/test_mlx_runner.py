@@ -42,7 +42,7 @@ def token_ids(reports: Reports, t: TextGeneration) -> list[int]:
 
 @pytest.fixture(scope="module")
 def tiny_hf(tmp_path_factory):
-    from skulk.store.tiny_models import ensure_local_model
+    from skulk.artifacts.resolve import ensure_local_model
 
     return ensure_local_model(CARD, tmp_path_factory.mktemp("mlx-runner-models"))
 
