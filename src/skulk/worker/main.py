@@ -591,16 +591,12 @@ class Worker:
         self.runner_failures += 1
         now = self._clock()
         self._breaker = self._breaker.record(instance_id, now)
-        if len(supervisor.instance.shards) > 1 and status.served:
-            # A lone restarted rank can never rejoin a group that formed without it: leave it
-            # Failed, and the master re-places the whole group under a fresh id.
+        verdict = worker_plan.after_runner_failure(len(supervisor.instance.shards), bool(status.served),
+                                                   self._breaker.should_give_up(instance_id, now))
+        if isinstance(verdict, worker_plan.GiveUpRunner):
             self._given_up.add(runner_id)
-            logger.error("runner %s of multi-rank instance %s failed after serving (%s); not restarting it, "
-                         "the group is re-placed", runner_id, instance_id, status.error_message)
-        elif self._breaker.should_give_up(instance_id, now):
-            self._given_up.add(runner_id)
-            logger.error("runner %s of instance %s keeps failing (%s); giving up", runner_id, instance_id,
-                         status.error_message)
+            logger.error("runner %s of instance %s %s (%s); not restarting it", runner_id, instance_id,
+                         verdict.reason, status.error_message)
         else:
             logger.warning("runner %s failed (%s); it will be restarted", runner_id, status.error_message)
         self._spawn_background(supervisor.shutdown(timeout_s=1.0))

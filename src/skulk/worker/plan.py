@@ -208,6 +208,32 @@ def dispatch_pending_tasks(view: WorkerView) -> WorkerAction | None:
     return None
 
 
+@dataclass(frozen=True)
+class RestartRunner:
+    """A failed runner is restarted by the next planning pass (its shard is still placed)."""
+
+
+@dataclass(frozen=True)
+class GiveUpRunner:
+    """A failed runner stays Failed; the master re-places its instance. `reason` for the log."""
+
+    reason: str
+
+
+def after_runner_failure(world_size: int, served: bool, breaker_tripped: bool) -> RestartRunner | GiveUpRunner:
+    """Restart a failed runner, or give up on it.
+
+    A rank of a multi-rank group that failed after serving is never restarted: a lone
+    restarted rank can never rejoin a group that formed without it, so the master re-places
+    the whole group under a fresh id. Otherwise the crash breaker decides (a runner that keeps
+    failing is left failed)."""
+    if world_size > 1 and served:
+        return GiveUpRunner("failed after serving in a multi-rank group; the group is re-placed")
+    if breaker_tripped:
+        return GiveUpRunner("keeps failing")
+    return RestartRunner()
+
+
 def plan(view: WorkerView) -> WorkerAction | None:
     return (
         stop_orphaned_runners(view)
