@@ -21,8 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from skulk.shared.health import DEFAULT_RESERVE_BYTES, GIB
 from skulk.store.config import DISK_RESERVE_ENV
-from skulk.store.eviction import DEFAULT_RESERVE_BYTES, GIB
 
 
 @dataclass(frozen=True)

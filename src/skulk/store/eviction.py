@@ -22,16 +22,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from skulk.shared.health import DEFAULT_RESERVE_BYTES, GIB
 from skulk.shared.types.state import State
-
-GIB = 1024**3
 
 DEFAULT_KEEP_RECENT_BYTES = 40 * GIB
 """Warm-cache grace budget (`staging_keep_recent_gb`): enough for a few mid-size models, so
 swapping between them does not re-transfer, small next to a model host's disk."""
-DEFAULT_RESERVE_BYTES = 10 * GIB
-"""Free space the safety pass always leaves (`disk_reserve_gb`): the OS, logs and swap need
-room, and a full disk fails in ways far worse than a refused staging."""
+# DEFAULT_RESERVE_BYTES (from shared.health, one figure for the cluster): free space the
+# safety pass always leaves (`disk_reserve_gb`): the OS, logs and swap need room, and a full
+# disk fails in ways far worse than a refused staging.
 
 
 @dataclass(frozen=True)
