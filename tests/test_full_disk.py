@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from skulk.store.lease import read_lease
+from skulk.datadir.lease import read_lease
 from tests.fulldisk import fill, small_disk
 from tests.nodeproc import wait_for
 

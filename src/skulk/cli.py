@@ -18,11 +18,11 @@ import typer
 from skulk import __version__
 from skulk.api.auth import API_KEY_ENV
 from skulk.cli_engines import engines_app
+from skulk.datadir.config import ConfigError, SkulkConfig, load_config, with_env_overrides
+from skulk.datadir.paths import SkulkPaths, resolve_paths
 from skulk.node import ExitCode, NodeSettings, default_node_name, run_node
 from skulk.provision.llama_build import engines_dir
 from skulk.provision.node_engine import export_managed_llama_server
-from skulk.store.config import ConfigError, SkulkConfig, load_config, with_env_overrides
-from skulk.store.paths import SkulkPaths, resolve_paths
 
 app = typer.Typer(
     help="Skulk: join machines into one cluster that serves language models.",
@@ -199,7 +199,7 @@ def api_key(data_dir: DataDir = None) -> None:
     Clients on other machines send it as `Authorization: Bearer KEY`; clients on the node's
     own machine need none unless api.require_key_on_loopback is set."""
     from skulk.api.node_access import load_or_create_api_key
-    from skulk.store.secret_file import SecretFileError
+    from skulk.datadir.secret_file import SecretFileError
 
     paths = _paths(data_dir)
     try:
@@ -290,12 +290,12 @@ def models_list(data_dir: DataDir = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from skulk.store.cards import builtin_cards_dir, resolve_cards
+    from skulk.models.cards import builtin_cards_dir, resolve_cards
 
     paths = _paths(data_dir)
     card_set = resolve_cards(builtin_cards_dir(), paths.custom_cards_dir)
     from skulk.artifacts.plan import Route, route_for
-    from skulk.store.downloads import local_artifact
+    from skulk.models.downloads import local_artifact
 
     table = Table("model", "family", "layers", "context", "size", "engines", "source", "downloaded")
     for model_id in sorted(card_set.cards):
@@ -332,8 +332,8 @@ def models_pull(
 
     from skulk.artifacts.plan import Route, route_for
     from skulk.artifacts.resolve import pull_model
-    from skulk.store.artifact_errors import ArtifactUnavailable
-    from skulk.store.cards import builtin_cards_dir, resolve_cards
+    from skulk.models.artifact_errors import ArtifactUnavailable
+    from skulk.models.cards import builtin_cards_dir, resolve_cards
 
     _configure_logging()
     for noisy in ("huggingface_hub", "httpx2"):  # one line per request; our bar and errors say it
@@ -378,7 +378,7 @@ def models_rm(
 ) -> None:
     """Delete a model's downloaded weights from this node (every revision). The card stays;
     the next use downloads again. Exits 1 when there was nothing to delete."""
-    from skulk.store.downloads import remove_model
+    from skulk.models.downloads import remove_model
 
     paths = _paths(data_dir)
     removed = remove_model(paths.models_dir, model_id)

@@ -13,8 +13,8 @@ from typing import Annotated
 
 import typer
 
+from skulk.datadir.paths import resolve_paths
 from skulk.provision.llama_build import LLAMA_BACKENDS, BuildPlan, EngineBuildError, build_cache_root, engines_dir
-from skulk.store.paths import resolve_paths
 
 engines_app = typer.Typer(help="Managed engine binaries (llama.cpp's llama-server).", no_args_is_help=True)
 

@@ -38,10 +38,23 @@ from skulk.cluster.producer import EventProducer
 from skulk.cluster.replica import StateReplica
 from skulk.cluster.task_inputs import TaskInputRelay
 from skulk.cluster.telemetry import TelemetryService
+from skulk.datadir.config import EventLogSection, LoggingSection, ModelStoreSection, TracingSection
+from skulk.datadir.intent_record import INTENT_FILE, IntentRecord
+from skulk.datadir.lease import Lease, LeaseHeldError
+from skulk.datadir.paths import SkulkPaths, ensure_dirs
+from skulk.datadir.secret_file import SecretFileError
+from skulk.datadir.superseded_logs import retention_from
 from skulk.facts.derive import DerivedBackends, derive_node_backends
 from skulk.facts.network import probe_interfaces
 from skulk.facts.probe import probe_node_facts
 from skulk.master.main import EventLogSlot, Master
+from skulk.model_store.eviction import in_use_model_ids
+from skulk.model_store.host import StoreAddress, StoreAddressError, StoreChoice, advertised_store, parse_store_address
+from skulk.model_store.memory import load_remembered_store, remember_store
+from skulk.model_store.node_store import NodeStore, StoreBinding, bind_store, binding_change, eviction_policy
+from skulk.model_store.staging import staging_root_for
+from skulk.models.cards import builtin_cards_dir, resolve_cards
+from skulk.models.companions import companions_of
 from skulk.observe.lost_members import LostMembers
 from skulk.observe.node_report import redacted_config, versions
 from skulk.observe.peer_http import peer_api_urls
@@ -62,19 +75,6 @@ from skulk.shared.types.ids import new_id
 from skulk.shared.types.stream_errors import StreamErrorType
 from skulk.shared.types.task_inputs import TaskInput
 from skulk.shared.wire_keys import to_camel_keys
-from skulk.store.cards import builtin_cards_dir, resolve_cards
-from skulk.store.companions import companions_of
-from skulk.store.config import EventLogSection, LoggingSection, ModelStoreSection, TracingSection
-from skulk.store.eviction import in_use_model_ids
-from skulk.store.intent_record import INTENT_FILE, IntentRecord
-from skulk.store.lease import Lease, LeaseHeldError
-from skulk.store.model_store import NodeStore, StoreBinding, bind_store, binding_change, eviction_policy
-from skulk.store.paths import SkulkPaths, ensure_dirs
-from skulk.store.secret_file import SecretFileError
-from skulk.store.staging import staging_root_for
-from skulk.store.store_host import StoreAddress, StoreAddressError, StoreChoice, advertised_store, parse_store_address
-from skulk.store.store_memory import load_remembered_store, remember_store
-from skulk.store.superseded_logs import retention_from
 from skulk.worker.main import Worker
 from skulk.worker.staged_copies import StagedCopyKeeper
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 
 from skulk.api.app import ApiContext, create_app
+from skulk.models.tiny_models import TINY_SPEC
 from skulk.shared.types.commands import AddCustomModelCard, DeleteCustomModelCard
 from skulk.shared.types.state import State
-from skulk.store.tiny_models import TINY_SPEC
 from tests.mockhub import (
     GGUF_FILE,
     PRIVATE_REPO,

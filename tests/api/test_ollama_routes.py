@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from skulk.api.streams import CommandStreams
+from skulk.models.cards import builtin_cards_dir, load_card
 from skulk.shared.types.commands import CancelCommand, GenerateText, TaskFinished
-from skulk.store.cards import builtin_cards_dir, load_card
 from tests.api.test_openai_routes import MODEL, AsgiCall, client, make, until
 
 CARD = load_card(builtin_cards_dir() / "local--tiny-llama.toml")

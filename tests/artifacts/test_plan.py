@@ -18,8 +18,8 @@ from skulk.artifacts.plan import (
     route_for,
     staged_dir,
 )
+from skulk.models.cards import builtin_cards_dir, load_card
 from skulk.shared.types.cards import ModelCard
-from skulk.store.cards import builtin_cards_dir, load_card
 from tests.mockhub import hub_card
 
 GENERATED = load_card(builtin_cards_dir() / "local--tiny-llama-gguf.toml")

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from skulk.datadir.config import ConfigError, parse_config
 from skulk.observe.structured_logs import IngestShipper, log_fields, request_ids
-from skulk.store.config import ConfigError, parse_config
 from tests.nodeproc import free_port, wait_for
 
 

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from skulk.models.cards import builtin_cards_dir, load_card
 from skulk.shared.apply import EVENT_TYPES, EventOutOfOrder, apply, apply_all, state_hash
 from skulk.shared.codec import canonical_bytes
 from skulk.shared.types.common import Edge, NetworkInterface
@@ -50,7 +51,6 @@ from skulk.shared.types.state import (
     State,
 )
 from skulk.shared.types.tasks import CreateRunner, Embedding, EmbeddingParams
-from skulk.store.cards import builtin_cards_dir, load_card
 
 CARD = load_card(builtin_cards_dir() / "local--tiny-llama.toml")
 

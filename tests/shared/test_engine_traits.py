@@ -65,7 +65,7 @@ def test_shards_family(engine, family, spans):
 
 
 def test_the_mlx_row_matches_the_mlx_family_adapters():
-    from skulk.worker.engines.mlx_family import FAMILIES
+    from skulk.worker.engines.mlx.family import FAMILIES
 
     assert ENGINE_TRAITS["mlx"].sharded_families == frozenset(FAMILIES)
 
@@ -80,6 +80,6 @@ def test_loads_family(engine, family, loads):
 
 
 def test_the_mlx_families_are_those_it_has_adapters_for():
-    from skulk.worker.engines.mlx_family import FAMILIES
+    from skulk.worker.engines.mlx.family import FAMILIES
 
     assert ENGINE_TRAITS["mlx"].families == frozenset(FAMILIES)

@@ -10,6 +10,7 @@ from typing import Any, get_args
 import pytest
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from skulk.models.cards import builtin_cards_dir, load_card
 from skulk.shared.codec import DecodeError, canonical_bytes, pack, round_trip, unpack
 from skulk.shared.types.chunks import (
     CHUNK_ADAPTER,
@@ -105,7 +106,6 @@ from skulk.shared.types.telemetry import (
     NodeHeartbeat,
     NodeResources,
 )
-from skulk.store.cards import builtin_cards_dir, load_card
 
 CARD = load_card(builtin_cards_dir() / "local--tiny-llama.toml")
 

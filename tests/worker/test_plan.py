@@ -3,12 +3,12 @@
 import pytest
 
 import skulk.worker.plan as worker_plan_module
+from skulk.models.cards import builtin_cards_dir, load_card
 from skulk.shared.memory_estimate import assignment_footprint
 from skulk.shared.types.common import ChatMessage
 from skulk.shared.types.instances import Instance, RunnerStatus, ShardAssignment
 from skulk.shared.types.state import State
 from skulk.shared.types.tasks import TextGeneration, TextGenerationParams
-from skulk.store.cards import builtin_cards_dir, load_card
 from skulk.worker.plan import (
     CancelRunnerTask,
     DispatchTask,

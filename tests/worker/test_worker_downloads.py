@@ -149,8 +149,8 @@ def _store_worker(tmp_path, cards, binding, telemetry: list | None = None):
 
 
 def _self_binding(tmp_path):
-    from skulk.store.model_store import NodeStore, StoreBinding
-    from skulk.store.store_host import StoreAddress, StoreChoice
+    from skulk.model_store.host import StoreAddress, StoreChoice
+    from skulk.model_store.node_store import NodeStore, StoreBinding
 
     store = NodeStore(staging_root=tmp_path / "staging", canonical_root=tmp_path / "models",
                       free_bytes=lambda _p: 10**15)
@@ -188,9 +188,9 @@ async def test_an_unreachable_store_falls_back_to_a_direct_download_and_says_so_
     import functools
 
     import skulk.worker.main as worker_main
-    from skulk.store.model_store import NodeStore, StoreBinding
-    from skulk.store.staging import RetryPolicy
-    from skulk.store.store_host import StoreAddress, StoreChoice
+    from skulk.model_store.host import StoreAddress, StoreChoice
+    from skulk.model_store.node_store import NodeStore, StoreBinding
+    from skulk.model_store.staging import RetryPolicy
     from tests.nodeproc import free_port
 
     monkeypatch.setattr(worker_main, "stage_card", functools.partial(

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from skulk.models.cards import builtin_cards_dir, load_card
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.ids import CommandId, InstanceId, ModelId, NodeId, RunnerId, TaskId
 from skulk.shared.types.instances import Instance, ShardAssignment
 from skulk.shared.types.tasks import TextGeneration, TextGenerationParams
-from skulk.store.cards import builtin_cards_dir, load_card
 
 TINY_GGUF_MODEL_ID = "local/tiny-llama-gguf"
 NODE = NodeId("node-test")

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from skulk.models.downloads import FailureKind as DownloadFailureKind
 from skulk.shared.types.cards import ModelCard
-from skulk.store.downloads import FailureKind as DownloadFailureKind
 
 
 class Route(StrEnum):

@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from skulk.artifacts.plan import Route, local_path_of, route_for
+from skulk.models.artifact_errors import ArtifactUnavailable
+from skulk.models.companions import ensure_companions
+from skulk.models.downloads import ProgressCallback, download_model
+from skulk.models.tiny_models import ensure_generated
 from skulk.shared.types.cards import ModelCard
-from skulk.store.artifact_errors import ArtifactUnavailable
-from skulk.store.companions import ensure_companions
-from skulk.store.downloads import ProgressCallback, download_model
-from skulk.store.tiny_models import ensure_generated
 
 
 def resolve_local_path(card: ModelCard) -> Path:

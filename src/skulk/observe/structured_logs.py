@@ -29,7 +29,7 @@ from typing import Any, TextIO
 
 import httpx
 
-from skulk.store.config import LoggingSection
+from skulk.datadir.config import LoggingSection
 
 INGEST_QUEUE_LINES = 10_000
 """Lines waiting to be shipped; past this, new lines are dropped (counted), never waited for."""

@@ -36,6 +36,22 @@ from skulk.artifacts.plan import (
 from skulk.artifacts.resolve import resolve_local_path
 from skulk.cluster.producer import EventProducer
 from skulk.cluster.replica import StateReplica
+from skulk.model_store.eviction import in_use_model_ids
+from skulk.model_store.fetch import stage_card
+from skulk.model_store.node_store import StoreBinding
+from skulk.model_store.staging import StagingFailed, mark_used
+from skulk.models.artifact_errors import ArtifactUnavailable
+from skulk.models.companions import companion_repo_ids, companions_of, ensure_companions
+from skulk.models.downloads import (
+    DownloadFailed,
+    ProgressCallback,
+    ProgressGate,
+    download_model,
+    gate_progress,
+    local_artifact,
+    local_size_bytes,
+)
+from skulk.models.tiny_models import ensure_generated
 from skulk.observe.traces import TraceStore, WorkerTraces
 from skulk.routing.router import Router, RouterError
 from skulk.routing.topics import TOPICS
@@ -58,22 +74,6 @@ from skulk.shared.types.task_inputs import TaskInput
 from skulk.shared.types.tasks import TextGeneration
 from skulk.shared.types.telemetry import DownloadProgress, TelemetryReading
 from skulk.shared.wire_keys import to_camel_keys
-from skulk.store.artifact_errors import ArtifactUnavailable
-from skulk.store.companions import companion_repo_ids, companions_of, ensure_companions
-from skulk.store.downloads import (
-    DownloadFailed,
-    ProgressCallback,
-    ProgressGate,
-    download_model,
-    gate_progress,
-    local_artifact,
-    local_size_bytes,
-)
-from skulk.store.eviction import in_use_model_ids
-from skulk.store.model_store import StoreBinding
-from skulk.store.staging import StagingFailed, mark_used
-from skulk.store.store_fetch import stage_card
-from skulk.store.tiny_models import ensure_generated
 from skulk.worker import plan as worker_plan
 from skulk.worker.runner.breaker import CrashBreaker
 from skulk.worker.runner.messages import Frame, StatusChanged, TaskAccepted, TaskDone, TraceSpans

@@ -17,7 +17,7 @@ from skulk.worker.engines.base import (
     PromptTooLong,
     ShardSpec,
 )
-from skulk.worker.engines.llama_cpp import (
+from skulk.worker.engines.llama_cpp.engine import (
     FLASH_ATTN_ENV,
     LlamaCppEngine,
     flash_attn_enabled,

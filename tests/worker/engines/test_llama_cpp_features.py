@@ -13,7 +13,7 @@ from skulk.shared.types.common import ChatMessage, ToolCall, ToolSpec
 from skulk.shared.types.ids import ModelId
 from skulk.shared.types.tasks import TextGenerationParams
 from skulk.worker.engines.base import GeneratedToken, PromptTooLong
-from skulk.worker.engines.llama_cpp import (
+from skulk.worker.engines.llama_cpp.engine import (
     InvalidDimensions,
     ScoredToken,
     log_softmax_at,
@@ -171,7 +171,7 @@ def test_tools_and_tool_turns_render_through_the_chat_template(engine):
     [("...<|Assistant|><think>\n", True), ("<|assistant|>\n", False), ("<think>x</think>\n", False), ("", False)],
 )
 def test_opens_reasoning(rendered, opens):
-    from skulk.worker.engines.llama_cpp import opens_reasoning
+    from skulk.worker.engines.llama_cpp.engine import opens_reasoning
 
     assert opens_reasoning(rendered) is opens
 

@@ -13,7 +13,7 @@ import jsonschema_rs
 import pytest
 
 from skulk.shared.types.tasks import ResponseFormat
-from skulk.worker.engines.llama_cpp import GrammarRejected, InvalidTokens, logit_bias_processor
+from skulk.worker.engines.llama_cpp.engine import GrammarRejected, InvalidTokens, logit_bias_processor
 from tests.worker.engines.test_llama_cpp import PROMPT, load_engine
 from tests.worker.tiny_gguf import LONG_PROMPT, prompt_params, tiny_gguf  # noqa: F401
 

@@ -12,10 +12,10 @@ import time
 import pytest
 import pytest_asyncio
 
+from skulk.models.cards import builtin_cards_dir, load_card
 from skulk.shared.types.chunks import StreamPayload
 from skulk.shared.types.tasks import TextGeneration
-from skulk.store.cards import builtin_cards_dir, load_card
-from skulk.worker.engines.mlx_group import EVAL_TIMEOUT_ENV, EXIT_GROUP_WEDGED
+from skulk.worker.engines.mlx.group import EVAL_TIMEOUT_ENV, EXIT_GROUP_WEDGED
 from skulk.worker.runner.supervisor import RunnerSupervisor
 from tests.worker.engines.mlx_ranks import NODE, local_instance
 from tests.worker.runner.test_supervisor import Reports

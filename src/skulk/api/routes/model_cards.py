@@ -31,11 +31,8 @@ from pydantic.alias_generators import to_camel
 
 from skulk.api.errors import ApiError, ClusterNotReady, Conflict, InvalidRequest, NotFound
 from skulk.api.local_paths import allowed_local_path
-from skulk.shared.types.cards import LOCAL_MODEL_PREFIX, ModelCard, is_model_id
-from skulk.shared.types.commands import AddCustomModelCard, DeleteCustomModelCard
-from skulk.shared.types.ids import new_id
-from skulk.store import hub_meta
-from skulk.store.card_builder import (
+from skulk.models import hub_meta
+from skulk.models.card_builder import (
     GGUF_HEADER_LIMIT_BYTES,
     MAX_INSPECTED_REPOS,
     CardBuildError,
@@ -48,8 +45,8 @@ from skulk.store.card_builder import (
     match_basename,
     parse_gguf_metadata,
 )
-from skulk.store.downloads import HubSource
-from skulk.store.hub_files import (
+from skulk.models.downloads import HubSource
+from skulk.models.hub_files import (
     CONFIG_FILE,
     RepoFile,
     SelectionError,
@@ -61,6 +58,9 @@ from skulk.store.hub_files import (
     shard_info,
     total_size_bytes,
 )
+from skulk.shared.types.cards import LOCAL_MODEL_PREFIX, ModelCard, is_model_id
+from skulk.shared.types.commands import AddCustomModelCard, DeleteCustomModelCard
+from skulk.shared.types.ids import new_id
 
 router = APIRouter()
 

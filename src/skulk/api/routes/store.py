@@ -12,7 +12,7 @@ staging, deleting a model cluster-wide, purging staged copies.
 - `POST /store/models/{modelId}/fetch` (body `{revision?, card?}`): the store host fetches
   a model it lacks from Hugging Face into its canonical dir, once however many nodes ask;
   answers 200 with the manifest once registered, 202 with progress while fetching, 502 with
-  the hub's reason when the fetch failed (`skulk.store.store_fetch`). A staging node polls it.
+  the hub's reason when the fetch failed (`skulk.model_store.fetch`). A staging node polls it.
 - `DELETE /store/models/{modelId}`: submits EvictStagedModel (every node drops its staged
   copy) and removes the canonical copy.
 - `POST /store/purge-staging`: deletes this node's idle staged copies; the canonical copy
@@ -20,7 +20,7 @@ staging, deleting a model cluster-wide, purging staged copies.
 
 Errors are `ApiError`s rendered in the OpenAI error shape. The API key middleware covers
 these routes like every other. Disk work runs in a worker thread, never on the event loop.
-This module never decides eviction (`skulk.store.eviction` does) nor assembles copies.
+This module never decides eviction (`skulk.model_store.eviction` does) nor assembles copies.
 """
 
 from __future__ import annotations
@@ -34,16 +34,16 @@ from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, ValidationError
 
 from skulk.api.errors import ApiError, ClusterNotReady, NotFound
+from skulk.model_store.eviction import in_use_model_ids
+from skulk.model_store.fetch import FetchStatus, StoreFetcher
+from skulk.model_store.node_store import NodeStore, find_registered, registered, registered_file
+from skulk.model_store.staging import Manifest, manifest_from_marker, partial_bytes, remove_staged, scan_staged
+from skulk.models.companions import companions_of
+from skulk.models.downloads import downloaded_models, remove_model
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.commands import EvictStagedModel
 from skulk.shared.types.ids import new_id
 from skulk.shared.types.state import DownloadStatusCompleted
-from skulk.store.companions import companions_of
-from skulk.store.downloads import downloaded_models, remove_model
-from skulk.store.eviction import in_use_model_ids
-from skulk.store.model_store import NodeStore, find_registered, registered, registered_file
-from skulk.store.staging import Manifest, manifest_from_marker, partial_bytes, remove_staged, scan_staged
-from skulk.store.store_fetch import FetchStatus, StoreFetcher
 
 if TYPE_CHECKING:  # the context's module imports these routes
     from skulk.api.app import ApiContext
@@ -52,7 +52,7 @@ router = APIRouter()
 
 
 StoreContext = NodeStore
-"""What the store routes need from the node (`skulk.store.model_store.node_store`)."""
+"""What the store routes need from the node (`skulk.model_store.node_store.node_store`)."""
 
 
 class NoStoreHere(NotFound):

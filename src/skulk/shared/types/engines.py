@@ -76,10 +76,10 @@ ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
     ),
     "mlx": EngineTraits(
         formats=frozenset({"safetensors"}),
-        # The engine runs a model through skulk.worker.engines.mlx_family's adapters.
+        # The engine runs a model through skulk.worker.engines.mlx.family's adapters.
         families=frozenset({"llama", "mistral", "qwen2", "qwen3"}),
         multi_node=True,
-        # The families skulk.worker.engines.mlx_family has a layer/tensor layout for.
+        # The families skulk.worker.engines.mlx.family has a layer/tensor layout for.
         sharded_families=frozenset({"llama", "mistral", "qwen2", "qwen3"}),
         features=frozenset({Feature.N}),
     ),

@@ -81,7 +81,7 @@ def _llama_cpp_engine() -> Engine:
     from skulk.worker.engines.openmp import apply_wait_policy
 
     apply_wait_policy(os.environ)  # before llama.cpp (and its OpenMP runtime) loads
-    from skulk.worker.engines.llama_cpp import LlamaCppEngine
+    from skulk.worker.engines.llama_cpp.engine import LlamaCppEngine
 
     return LlamaCppEngine()
 
@@ -102,7 +102,7 @@ ENGINES: Mapping[str, Callable[[], Engine]] = {
     "llama_cpp": _llama_cpp_engine,
     "llama_server": _llama_server_engine,
     "vllm": _vllm_engine,
-    "mlx": lambda: __import__("skulk.worker.engines.mlx_engine", fromlist=["MlxEngine"]).MlxEngine(),  # lazy import
+    "mlx": lambda: __import__("skulk.worker.engines.mlx.engine", fromlist=["MlxEngine"]).MlxEngine(),  # lazy import
 }
 """Engine constructors keyed by the shard's backend engine ('llama_cpp-cuda' -> 'llama_cpp')."""
 

@@ -18,7 +18,13 @@ from skulk.shared.types.common import FinishReason, Usage
 from skulk.shared.types.stream_errors import StreamErrorType
 from skulk.shared.types.tasks import TextGenerationParams
 from skulk.worker.engines.base import EngineError, GeneratedToken, ModelLoadFailed, usage_of
-from skulk.worker.engines.llama_cpp import DEFAULT_MIN_P, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, ScoredToken
+from skulk.worker.engines.llama_cpp.engine import (
+    DEFAULT_MIN_P,
+    DEFAULT_TEMPERATURE,
+    DEFAULT_TOP_K,
+    DEFAULT_TOP_P,
+    ScoredToken,
+)
 
 SLOTS_ENV = "SKULK_LLAMA_SERVER_PARALLEL"
 """Node setting: how many requests one llama-server instance decodes at once (its slots)."""

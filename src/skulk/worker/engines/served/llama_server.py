@@ -42,7 +42,7 @@ from skulk.worker.engines.base import (
     PromptTooLong,
     ShardSpec,
 )
-from skulk.worker.engines.llama_cpp import (
+from skulk.worker.engines.llama_cpp.engine import (
     THINK_OPEN,
     GrammarRejected,
     LlamaCppEngine,
