@@ -11,13 +11,12 @@ disk) is logged once and retried at the next change: the node keeps serving.
 from __future__ import annotations
 
 import logging
-import os
-import tempfile
 from pathlib import Path
 from typing import Final
 
 from pydantic import ValidationError
 
+from skulk.datadir.atomic_file import write_atomic
 from skulk.shared.intent import ClusterIntent, fold_intent
 from skulk.shared.types.events import IndexedEvent
 from skulk.shared.types.instances import Instance
@@ -46,16 +45,7 @@ def load_intent(path: Path) -> ClusterIntent:
 def save_intent(path: Path, intent: ClusterIntent) -> None:
     """Replace the record atomically: readers see the old file or the new one."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(intent.model_dump_json(by_alias=True))
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, intent.model_dump_json(by_alias=True))
 
 
 class IntentRecord:

@@ -13,13 +13,11 @@ node then bootstraps as a fresh install does. Writes are atomic (temp file + ren
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
-import tempfile
 from pathlib import Path
 
+from skulk.datadir.atomic_file import write_atomic
 from skulk.model_store.host import StoreAddress
 
 logger = logging.getLogger(__name__)
@@ -51,15 +49,7 @@ def remember_store(data_home: Path, address: StoreAddress) -> None:
     path = Path(data_home) / STORE_MEMORY_FILE
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                json.dump({"host": address.host, "port": address.port, "scheme": address.scheme}, handle)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        write_atomic(path, json.dumps({"host": address.host, "port": address.port, "scheme": address.scheme}))
     except OSError as exc:
         logger.warning("could not remember the model store in %s: %s", path, exc)
 

@@ -35,7 +35,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -46,6 +45,7 @@ from urllib.parse import quote
 
 import httpx
 
+from skulk.datadir.atomic_file import write_atomic
 from skulk.datadir.file_lock import LockFailure, exclusive_file_lock
 from skulk.datadir.paths import hub_model_dir_name
 from skulk.model_store.eviction import EvictionPlan, EvictionPolicy, StagedCopy, plan_eviction
@@ -415,12 +415,7 @@ def link_or_copy(src: Path, dst: Path) -> Literal["link", "copy"]:
 def _write_marker(model_dir: Path, manifest: Manifest) -> None:
     marker = DownloadMarker(manifest.model_id, manifest.revision, manifest.pinned,
                             {f.path: f.size_bytes for f in manifest.files})
-    fd, tmp = tempfile.mkstemp(dir=model_dir, prefix=f".{MARKER_FILE_NAME}.", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump(marker.to_json(), handle, indent=2, sort_keys=True)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, model_dir / MARKER_FILE_NAME)
+    write_atomic(model_dir / MARKER_FILE_NAME, json.dumps(marker.to_json(), indent=2, sort_keys=True))
 
 
 def _finish(partial: Path, target: Path, manifest: Manifest, now_s: float | None) -> None:

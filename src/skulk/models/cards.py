@@ -11,9 +11,7 @@ This module only reads and writes card files; it never decides placement or down
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,6 +22,7 @@ from pydantic import ValidationError
 from pydantic.alias_generators import to_snake
 
 import skulk
+from skulk.datadir.atomic_file import write_atomic
 from skulk.shared.types.cards import ModelCard, is_model_id
 from skulk.shared.types.ids import ModelId
 
@@ -267,16 +266,7 @@ def write_custom_card(custom_dir: Path, card: ModelCard) -> Path:
     if parse_card(target, tomllib.loads(text)) != card:
         raise RuntimeError(f"model card writer is not faithful for {card.model_id}")
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp_name, target)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
+    write_atomic(target, text, newline="\n")
     return target
 
 

@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+from skulk.datadir.atomic_file import write_atomic
 from skulk.datadir.file_lock import LockFailure, exclusive_file_lock
 from skulk.datadir.paths import hub_model_dir_name
 from skulk.models.artifact_errors import ArtifactUnavailable
@@ -344,16 +345,7 @@ def read_marker(model_dir: Path) -> DownloadMarker | None:
 
 
 def _write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(data, handle, indent=2, sort_keys=True)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, json.dumps(data, indent=2, sort_keys=True))
 
 
 def model_dir_for(card: ModelCard, models_dir: Path) -> Path:

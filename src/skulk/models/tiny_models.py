@@ -37,7 +37,7 @@ import sys
 import tempfile
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -193,19 +193,14 @@ TINY_SPEC = TinySpec(
 parameters, ~5 MB per format). float32 in both formats: MLX on CPU and llama.cpp then both
 compute in f32 and agree token for token."""
 
-BENCH_SPEC = TinySpec(
+BENCH_SPEC = replace(
+    TINY_SPEC,
     num_layers=8,
     hidden_size=1024,
     intermediate_size=2816,
     num_attention_heads=16,
     num_key_value_heads=8,
     head_dim=64,
-    vocab_size=512,
-    context_length=2048,
-    rope_theta=10000.0,
-    rms_norm_eps=1e-5,
-    seed=0,
-    dtype="float32",
 )
 """The benchmark model: the same architecture (Llama, GQA 2:1, same tokenizer and init) at
 95 M parameters, ~380 MB of f32 weights per format, so each decoded token streams enough
