@@ -55,8 +55,8 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from skulk.store.cards import builtin_cards_dir, load_card  # noqa: E402
-from skulk.store.tiny_models import ensure_local_model  # noqa: E402
+from skulk.models.cards import builtin_cards_dir, load_card  # noqa: E402
+from skulk.artifacts.resolve import ensure_local_model  # noqa: E402
 from skulk.worker.engines.served.launch import ServerLaunch, completion_body, server_env  # noqa: E402
 from skulk.worker.engines.served.process import ServerProcess, free_loopback_port  # noqa: E402
 from skulk.worker.runner.messages import Frame, StatusChanged, TaskDone  # noqa: E402

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import msgpack
 
-from skulk.store.event_log import DiskEventLog
+from skulk.datadir.event_log import DiskEventLog
 
 EVENT_KINDS = ("InstanceCreated", "RunnerStatusUpdated", "NodeGatheredInfo", "TaskCreated", "ChunkGenerated")
 MODELS = ("local/tiny-llama", "local/tiny-llama-gguf", "mlx-community/Qwen3-8B-4bit")

@@ -47,8 +47,8 @@ import httpx  # noqa: E402
 from skulk.pool.layout import derive_pool_key, device_split  # noqa: E402
 from skulk.shared.types.instances import Instance, ShardAssignment  # noqa: E402
 from skulk.shared.types.tasks import TextGenerationParams  # noqa: E402
-from skulk.store.cards import builtin_cards_dir, load_card  # noqa: E402
-from skulk.store.tiny_models import BENCH_SPEC, TINY_SPEC, generate_tiny_model  # noqa: E402
+from skulk.models.cards import builtin_cards_dir, load_card  # noqa: E402
+from skulk.models.tiny_models import BENCH_SPEC, TINY_SPEC, generate_tiny_model  # noqa: E402
 
 WORDS = "the cluster by the sea holds a node that serves a model to everyone who asks".split()
 KEY = derive_pool_key("bench-cluster-key")
@@ -87,7 +87,7 @@ def _donor(inst: Instance, card, path: str, threads: int, encrypt: str, cache_di
     os.environ["SKULK_POOL_ENCRYPT"] = encrypt
     os.environ["SKULK_POOL_TENSOR_CACHE_DIR"] = cache_dir
     from skulk.worker.engines.base import ShardSpec
-    from skulk.worker.engines.llama_pool import PoolDonorEngine
+    from skulk.worker.engines.llama_cpp.pool import PoolDonorEngine
 
     PoolDonorEngine().load(ShardSpec(instance=inst, runner_id="r1", card=card, model_path=path, n_threads=threads,
                                      pool_key=KEY))
@@ -116,7 +116,7 @@ class Config:
 def open_engine(card, path: Path, threads: int, mode: str, cache_dir: str = "") -> Config:
     """mode: one | pool | pool-plain | direct."""
     from skulk.worker.engines.base import ShardSpec
-    from skulk.worker.engines.llama_cpp import LlamaCppEngine
+    from skulk.worker.engines.llama_cpp.engine import LlamaCppEngine
 
     ctx = mp.get_context("spawn")
     helper = None

@@ -21,10 +21,10 @@ from pathlib import Path
 from skulk.shared.types.common import ChatMessage
 from skulk.shared.types.instances import Instance, ShardAssignment
 from skulk.shared.types.tasks import TextGenerationParams
-from skulk.store.cards import builtin_cards_dir, load_card
-from skulk.store.tiny_models import ensure_local_model
+from skulk.models.cards import builtin_cards_dir, load_card
+from skulk.artifacts.resolve import ensure_local_model
 from skulk.worker.engines.base import ShardSpec
-from skulk.worker.engines.llama_cpp import LlamaCppEngine
+from skulk.worker.engines.llama_cpp.engine import LlamaCppEngine
 
 UNBOUNDED_CONTEXT = 10**9
 """Measure the full tokenization, not the engine's stop at the context."""

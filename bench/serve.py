@@ -52,7 +52,7 @@ quiet machine, and it degrades gently beside neighbours (17 tok/s where the engi
 the same footing, the serving path the only difference. The default measures each as shipped.
 
 Thread count: Skulk's worker has no thread setting; its runner gives llama.cpp
-`physical_cores()` threads (skulk.worker.engines.llama_cpp). T defaults to that same
+`physical_cores()` threads (skulk.worker.engines.llama_cpp.engine). T defaults to that same
 number; another --threads applies to (a), (b) and (d) only, and the run says so.
 
 The model is generated once into --model-dir (default ~/.cache/skulk-bench/<spec hash>) and
@@ -98,7 +98,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from skulk.api.auth import API_KEY_ENV  # noqa: E402
-from skulk.store.tiny_models import (  # noqa: E402
+from skulk.models.tiny_models import (  # noqa: E402
     BENCH_SPEC,
     GGUF_FILE_NAME,
     TINY_SPEC,
@@ -106,7 +106,7 @@ from skulk.store.tiny_models import (  # noqa: E402
     generate_tiny_model,
     spec_hash,
 )
-from skulk.worker.engines.llama_cpp import physical_cores  # noqa: E402
+from skulk.worker.engines.llama_cpp.engine import physical_cores  # noqa: E402
 from tests.cluster.harness import wait_agreed  # noqa: E402
 from tests.nodeproc import NodeProcess, free_port  # noqa: E402
 

@@ -64,7 +64,7 @@ from serve import (  # noqa: E402
     wait_answering,
 )
 
-from skulk.worker.engines.llama_cpp import physical_cores  # noqa: E402
+from skulk.worker.engines.llama_cpp.engine import physical_cores  # noqa: E402
 from tests.cluster.harness import wait_agreed  # noqa: E402
 from tests.llama_server_kit import find_llama_server  # noqa: E402
 from tests.nodeproc import free_port  # noqa: E402

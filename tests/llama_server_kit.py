@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from skulk.datadir.paths import resolve_paths
 from skulk.provision.llama_binary import choose_install, installed_engines, probe_version
 from skulk.provision.llama_build import SERVER_BINARY, build_cache_root, engines_dir
-from skulk.store.paths import resolve_paths
 
 HOW_TO_GET_ONE = "no llama-server binary: run `uv run skulk engines install --backend cpu` (or set SKULK_LLAMA_SERVER_BIN)"
 

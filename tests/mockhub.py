@@ -179,10 +179,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- routes ------------------------------------------------------------------------------
 
-    def do_HEAD(self) -> None:  # noqa: N802 - http.server's naming
+    def do_HEAD(self) -> None:
         self._route()
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         self._route()
 
     def _route(self) -> None:
@@ -318,7 +318,7 @@ GGUF_FILE = "tiny-llama-Q4_K_M.gguf"
 @pytest.fixture(scope="session")
 def tiny_artifacts(tmp_path_factory):
     """The generated tiny model (HF folder + GGUF), written once per test session."""
-    from skulk.store.tiny_models import TINY_SPEC, generate_tiny_model
+    from skulk.models.tiny_models import TINY_SPEC, generate_tiny_model
 
     return generate_tiny_model(tmp_path_factory.mktemp("tiny-model"), TINY_SPEC)
 
@@ -360,8 +360,8 @@ def mock_hub(tiny_artifacts, monkeypatch):
 
 def hub_card(model_id: str, *, gguf_file: str | None = None, revision: str | None = None):
     """A huggingface card of the tiny model's shape for `model_id` (GGUF when gguf_file)."""
+    from skulk.models.tiny_models import TINY_SPEC
     from skulk.shared.types.cards import ModelCard
-    from skulk.store.tiny_models import TINY_SPEC
 
     backends = ["llama_cpp", "llama_cpp-cpu"] if gguf_file else ["mlx", "mlx-cpu"]
     return ModelCard.model_validate({

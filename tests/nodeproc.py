@@ -32,7 +32,7 @@ def wait_for(condition: Callable[[], object], *, timeout_s: float, interval_s: f
             value = condition()
             if value:
                 return value
-        except Exception as exc:  # noqa: BLE001 - polling tolerates transient failures
+        except Exception as exc:
             last_error = exc
         time.sleep(interval_s)
     raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}; last error: {last_error!r}")

@@ -8,14 +8,14 @@ import json
 
 import pytest
 
-from skulk.store.lease import read_lease
+from skulk.datadir.lease import read_lease
 from tests.fulldisk import fill, small_disk
 from tests.nodeproc import wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
 
-def _health_reasons(node) -> dict[str, str]:  # noqa: ANN001 - NodeProcess
+def _health_reasons(node) -> dict[str, str]:
     state = node.get("/state").json()
     return {r["code"]: r["message"] for h in state.get("nodeHealth", {}).values() for r in h.get("reasons", [])}
 

@@ -7,7 +7,7 @@ import time
 import httpx
 import pytest
 
-from skulk.store.lease import read_lease
+from skulk.datadir.lease import read_lease
 from tests.nodeproc import wait_for
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from skulk.datadir.paths import SkulkPaths
 from skulk.node import NodeSettings, settings_wire
-from skulk.store.paths import SkulkPaths
 
 PATHS = SkulkPaths(data_home=Path("/d"), models_dir=Path("/d/models"), cache_home=Path("/c"),
                    custom_cards_dir=Path("/d/cards"))

@@ -11,18 +11,18 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from skulk import __version__
 from skulk.api.auth import API_KEY_ENV
 from skulk.cli_engines import engines_app
+from skulk.datadir.config import ConfigError, SkulkConfig, load_config, with_env_overrides
+from skulk.datadir.paths import SkulkPaths, resolve_paths
 from skulk.node import ExitCode, NodeSettings, default_node_name, run_node
 from skulk.provision.llama_build import engines_dir
 from skulk.provision.node_engine import export_managed_llama_server
-from skulk.store.config import ConfigError, SkulkConfig, load_config, with_env_overrides
-from skulk.store.paths import SkulkPaths, resolve_paths
 
 app = typer.Typer(
     help="Skulk: join machines into one cluster that serves language models.",
@@ -108,19 +108,19 @@ def _configure_logging() -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
-ApiPort = Annotated[Optional[int], typer.Option("--api-port", envvar="SKULK_API_PORT", help="HTTP port (default 52415).")]
-DataDir = Annotated[Optional[Path], typer.Option("--data-dir", envvar="SKULK_HOME", help="Root of this node's data.")]
-Listen = Annotated[Optional[str], typer.Option("--listen", envvar="SKULK_LISTEN", help="Transport endpoint(s), e.g. tcp/127.0.0.1:7447.")]
-Peers = Annotated[Optional[str], typer.Option("--bootstrap-peers", envvar="SKULK_BOOTSTRAP_PEERS", help="Comma-separated peer endpoints.")]
+ApiPort = Annotated[int | None, typer.Option("--api-port", envvar="SKULK_API_PORT", help="HTTP port (default 52415).")]
+DataDir = Annotated[Path | None, typer.Option("--data-dir", envvar="SKULK_HOME", help="Root of this node's data.")]
+Listen = Annotated[str | None, typer.Option("--listen", envvar="SKULK_LISTEN", help="Transport endpoint(s), e.g. tcp/127.0.0.1:7447.")]
+Peers = Annotated[str | None, typer.Option("--bootstrap-peers", envvar="SKULK_BOOTSTRAP_PEERS", help="Comma-separated peer endpoints.")]
 NoMulticast = Annotated[bool, typer.Option("--no-multicast", help="Disable LAN multicast scouting.")]
-ClusterKey = Annotated[Optional[str], typer.Option("--cluster-key", envvar="SKULK_CLUSTER_KEY", help="Shared cluster secret.")]
+ClusterKey = Annotated[str | None, typer.Option("--cluster-key", envvar="SKULK_CLUSTER_KEY", help="Shared cluster secret.")]
 NoWorker = Annotated[bool, typer.Option("--no-worker", help="Run without the worker.")]
 NoApi = Annotated[bool, typer.Option("--no-api", help="Run without the HTTP API.")]
-NodeName = Annotated[Optional[str], typer.Option("--node-name", help="Friendly name shown in state and dashboard.")]
-ClusterKeyFile = Annotated[Optional[Path], typer.Option(
+NodeName = Annotated[str | None, typer.Option("--node-name", help="Friendly name shown in state and dashboard.")]
+ClusterKeyFile = Annotated[Path | None, typer.Option(
     "--cluster-key-file", envvar="SKULK_CLUSTER_KEY_FILE",
     help="File holding the shared cluster secret (keeps it out of `ps`).")]
-ApiHost = Annotated[Optional[str], typer.Option("--api-host", envvar="SKULK_API_HOST", help="Address the API binds (default 0.0.0.0).")]
+ApiHost = Annotated[str | None, typer.Option("--api-host", envvar="SKULK_API_HOST", help="Address the API binds (default 0.0.0.0).")]
 
 
 KEY_ON_COMMAND_LINE_WARNING = (
@@ -199,7 +199,7 @@ def api_key(data_dir: DataDir = None) -> None:
     Clients on other machines send it as `Authorization: Bearer KEY`; clients on the node's
     own machine need none unless api.require_key_on_loopback is set."""
     from skulk.api.node_access import load_or_create_api_key
-    from skulk.store.secret_file import SecretFileError
+    from skulk.datadir.secret_file import SecretFileError
 
     paths = _paths(data_dir)
     try:
@@ -290,17 +290,18 @@ def models_list(data_dir: DataDir = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from skulk.store.cards import builtin_cards_dir, resolve_cards
+    from skulk.models.cards import builtin_cards_dir, resolve_cards
 
     paths = _paths(data_dir)
     card_set = resolve_cards(builtin_cards_dir(), paths.custom_cards_dir)
-    from skulk.store.downloads import local_artifact
+    from skulk.artifacts.plan import Route, route_for
+    from skulk.models.downloads import local_artifact
 
     table = Table("model", "family", "layers", "context", "size", "engines", "source", "downloaded")
     for model_id in sorted(card_set.cards):
         card = card_set.cards[model_id]
         origin = "custom" if model_id in card_set.custom_ids else "built-in"
-        if card.source != "huggingface":
+        if route_for(card, store_bound=False) is not Route.HUB:
             downloaded = "local"  # generated on first use, or read in place
         else:
             downloaded = "yes" if local_artifact(card, paths.models_dir) is not None else "no"
@@ -329,10 +330,10 @@ def models_pull(
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
-    from skulk.store.cards import builtin_cards_dir, resolve_cards
-    from skulk.store.companions import ensure_companions
-    from skulk.store.downloads import download_model
-    from skulk.store.tiny_models import ArtifactUnavailable, ensure_local_model
+    from skulk.artifacts.plan import Route, route_for
+    from skulk.artifacts.resolve import pull_model
+    from skulk.models.artifact_errors import ArtifactUnavailable
+    from skulk.models.cards import builtin_cards_dir, resolve_cards
 
     _configure_logging()
     for noisy in ("huggingface_hub", "httpx2"):  # one line per request; our bar and errors say it
@@ -349,30 +350,24 @@ def models_pull(
         raise typer.Exit(ExitCode.USAGE) from None
     reserve_bytes = int(store_section.disk_reserve_gb * 1024**3)
     console = Console(stderr=True)
-    companions: dict = {}
     try:
-        if card.source != "huggingface":
-            path = ensure_local_model(card, paths.models_dir)
+        if route_for(card, store_bound=False) is not Route.HUB:
+            pulled = pull_model(card, paths.models_dir)
         else:
             columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                        TimeRemainingColumn())
             with Progress(*columns, console=console, transient=False) as progress:
-                def pull(which):  # noqa: ANN001, ANN202 - the card, or one of its companions
+                def bar(which):
                     task = progress.add_task(which.model_id, total=None)
-                    return download_model(
-                        which, paths.models_dir,
-                        on_progress=lambda done, total: progress.update(task, completed=done, total=total),
-                        reserve_bytes=reserve_bytes,
-                    )
+                    return lambda done, total: progress.update(task, completed=done, total=total)
 
-                path = pull(card)
                 # Companion repos too, as the worker does: a required one failing fails the pull.
-                companions = ensure_companions(card, pull)
+                pulled = pull_model(card, paths.models_dir, progress_for=bar, reserve_bytes=reserve_bytes)
     except ArtifactUnavailable as exc:  # DownloadFailed included: the reason is the message
         typer.echo(f"skulk: {exc}", err=True)
         raise typer.Exit(ExitCode.FAILURE) from None
-    typer.echo(f"{model_id}: {path}")
-    for repo_id, companion_path in companions.items():
+    typer.echo(f"{model_id}: {pulled.path}")
+    for repo_id, companion_path in pulled.companions.items():
         typer.echo(f"{model_id} companion {repo_id}: {companion_path}")
 
 
@@ -383,7 +378,7 @@ def models_rm(
 ) -> None:
     """Delete a model's downloaded weights from this node (every revision). The card stays;
     the next use downloads again. Exits 1 when there was nothing to delete."""
-    from skulk.store.downloads import remove_model
+    from skulk.models.downloads import remove_model
 
     paths = _paths(data_dir)
     removed = remove_model(paths.models_dir, model_id)
@@ -396,7 +391,7 @@ def models_rm(
 
 @diagnostics_app.command("capture")
 def diagnostics_capture(
-    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Archive to write (default ./skulk-capture-<time>.tar.gz).")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="Archive to write (default ./skulk-capture-<time>.tar.gz).")] = None,
     url: Annotated[str, typer.Option("--url", envvar="SKULK_URL", help="A node's API.")] = "http://localhost:52415",
 ) -> None:
     """Write one archive with every node's flight recorder, diagnostics, recent logs, config

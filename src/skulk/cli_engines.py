@@ -9,19 +9,19 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
+from skulk.datadir.paths import resolve_paths
 from skulk.provision.llama_build import LLAMA_BACKENDS, BuildPlan, EngineBuildError, build_cache_root, engines_dir
-from skulk.store.paths import resolve_paths
 
 engines_app = typer.Typer(help="Managed engine binaries (llama.cpp's llama-server).", no_args_is_help=True)
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 
-DataDir = Annotated[Optional[Path], typer.Option("--data-dir", envvar="SKULK_HOME", help="Root of this node's data.")]
+DataDir = Annotated[Path | None, typer.Option("--data-dir", envvar="SKULK_HOME", help="Root of this node's data.")]
 
 
 def _engines_dir(data_dir: Path | None) -> Path:
@@ -30,7 +30,7 @@ def _engines_dir(data_dir: Path | None) -> Path:
 
 @engines_app.command("install")
 def engines_install(
-    backend: Annotated[Optional[str], typer.Option(
+    backend: Annotated[str | None, typer.Option(
         "--backend", help="cpu, cuda, vulkan or metal (default: detected from this machine's GPU).")] = None,
     jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Parallel compile jobs.")] = max(1, (os.cpu_count() or 2)),
     data_dir: DataDir = None,

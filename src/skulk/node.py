@@ -27,23 +27,37 @@ import uvicorn
 from skulk import __version__
 from skulk.api.access import AccessPolicy
 from skulk.api.app import ApiContext, create_app
-from skulk.api.node_access import access_policy, access_warnings, with_api_key, with_own_hosts
-from skulk.api.limits import DEFAULT_MAX_BODY_BYTES, RequestLimits
 from skulk.api.failover import failover_failures
+from skulk.api.limits import DEFAULT_MAX_BODY_BYTES, RequestLimits
+from skulk.api.node_access import access_policy, access_warnings, with_api_key, with_own_hosts
 from skulk.api.streams import CommandStreams
+from skulk.api.task_stream_ends import stream_end_for
 from skulk.cluster.election import ElectionService
 from skulk.cluster.membership import MembershipService
 from skulk.cluster.producer import EventProducer
 from skulk.cluster.replica import StateReplica
 from skulk.cluster.task_inputs import TaskInputRelay
 from skulk.cluster.telemetry import TelemetryService
+from skulk.datadir.config import EventLogSection, LoggingSection, ModelStoreSection, TracingSection
+from skulk.datadir.intent_record import INTENT_FILE, IntentRecord
+from skulk.datadir.lease import Lease, LeaseHeldError
+from skulk.datadir.paths import SkulkPaths, ensure_dirs
+from skulk.datadir.secret_file import SecretFileError
+from skulk.datadir.superseded_logs import retention_from
 from skulk.facts.derive import DerivedBackends, derive_node_backends
 from skulk.facts.network import probe_interfaces
 from skulk.facts.probe import probe_node_facts
 from skulk.master.main import EventLogSlot, Master
+from skulk.model_store.eviction import in_use_model_ids
+from skulk.model_store.host import StoreAddress, StoreAddressError, StoreChoice, advertised_store, parse_store_address
+from skulk.model_store.memory import load_remembered_store, remember_store
+from skulk.model_store.node_store import NodeStore, StoreBinding, bind_store, binding_change, eviction_policy
+from skulk.model_store.staging import staging_root_for
+from skulk.models.cards import builtin_cards_dir, resolve_cards
+from skulk.models.companions import companions_of
+from skulk.observe.lost_members import LostMembers
 from skulk.observe.node_report import redacted_config, versions
 from skulk.observe.peer_http import peer_api_urls
-from skulk.observe.lost_members import LostMembers
 from skulk.observe.recorder import FlightRecorder, LogRing
 from skulk.observe.structured_logs import IngestShipper, structured_log_handlers
 from skulk.observe.traces import TraceStore, master_decision_span, run_trace_janitor
@@ -55,28 +69,15 @@ from skulk.routing.topics import TOPICS
 from skulk.shared import election as election_machine
 from skulk.shared.membership import SelfInfo
 from skulk.shared.serving import wait_explanation
+from skulk.shared.telemetry_view import node_resources
 from skulk.shared.types.commands import Command, ForwarderCommand
 from skulk.shared.types.events import IndexedEvent
 from skulk.shared.types.ids import new_id
+from skulk.shared.types.stream_errors import StreamErrorType
 from skulk.shared.types.task_inputs import TaskInput
-from skulk.shared.types.tasks import TextGeneration
-from skulk.shared.telemetry_view import node_resources
-from skulk.store.cards import builtin_cards_dir, resolve_cards
-from skulk.store.companions import companions_of
-from skulk.store.config import EventLogSection, LoggingSection, ModelStoreSection, TracingSection
-from skulk.store.eviction import in_use_model_ids
-from skulk.store.intent_record import INTENT_FILE, IntentRecord
-from skulk.store.model_store import NodeStore, StoreBinding, bind_store, eviction_policy
-from skulk.store.staging import staging_root_for
-from skulk.store.superseded_logs import retention_from
-from skulk.store.store_memory import load_remembered_store, remember_store
-from skulk.store.store_host import StoreAddress, StoreAddressError, StoreChoice, advertised_store, parse_store_address
+from skulk.shared.wire_keys import to_camel_keys
 from skulk.worker.main import Worker
 from skulk.worker.staged_copies import StagedCopyKeeper
-from skulk.shared.wire_keys import to_camel_keys
-from skulk.store.lease import Lease, LeaseHeldError
-from skulk.store.paths import SkulkPaths, ensure_dirs
-from skulk.store.secret_file import SecretFileError
 
 logger = logging.getLogger(__name__)
 
@@ -314,7 +315,7 @@ class Node:
         self.traces = TraceStore(self.node_id, settings.node_name, settings.paths.traces_dir)
         self.replica.on_applied(self._trace_master_decision)
 
-        def cards():  # noqa: ANN202 - built-in and local custom cards, overridden by the cluster's
+        def cards():
             return {**card_set.cards, **self.replica.state.custom_cards}
 
         self.cards = cards
@@ -424,7 +425,7 @@ class Node:
             # End only the streams the change affects (skulk.api.failover); the rest run on.
             affected = failover_failures(self.replica.state, self.streams.open_command_ids(), self.presence.alive(),
                                          elected.session_id)
-            self.streams.fail_failover("MasterFailover", affected)
+            self.streams.fail_failover(StreamErrorType.MASTER_FAILOVER, affected)
         if self._master is not None and (not elected.i_am_master or self._master.session_id != elected.session_id):
             self._stop_master()
         if elected.i_am_master and self._master_task is None:
@@ -457,15 +458,9 @@ class Node:
 
     def _fail_streams_of_failed_tasks(self, indexed: IndexedEvent) -> None:
         """A task this node's API owns failed or was cancelled in the cluster: end its stream."""
-        task_id = getattr(indexed.event, "task_id", None) or getattr(getattr(indexed.event, "task", None), "task_id", None)
-        task = self.replica.state.tasks.get(task_id) if task_id else None
-        if not isinstance(task, TextGeneration) or task.owner_node_id != self.node_id:
-            return
-        if task.status == "Failed":
-            self.streams.fail(task.command_id, "TaskFailed", task.error_message or "the task failed")
-        elif task.status == "Cancelled":
-            self.streams.fail(task.command_id, "TaskCancelled", task.error_message or "the task was cancelled",
-                              outcome="cancelled")
+        end = stream_end_for(self.replica.state, indexed.event, self.node_id)
+        if end is not None:
+            self.streams.fail(end.command_id, end.error_type, end.message, outcome=end.outcome)
 
     async def _receive_output(self, router: Router) -> None:
         async for received in router.subscribe(TOPICS.data):
@@ -545,16 +540,13 @@ class Node:
             remembered=self._remembered_store,
         )
         choice = binding.choice if binding is not None else None
-        if choice is not None and choice.source == "master" and choice.address != self._store_written:
-            self._store_written = choice.address
-            remember_store(self.settings.paths.data_home, choice.address)
-        if choice != self._store_choice:
+        change = binding_change(choice, self._store_choice, self._store_written)
+        if change.remember is not None:
+            self._store_written = change.remember
+            remember_store(self.settings.paths.data_home, change.remember)
+        if change.announce is not None:
             self._store_choice = choice
-            if choice is None:
-                logger.info("model store: none (no API and no store to follow); downloads go straight to the hub")
-            else:
-                logger.info("model store: %s (%s)%s", choice.address.base_url, choice.source,
-                            "; this node hosts it" if choice.is_self else "")
+            logger.info("%s", change.announce)
         return binding
 
     def _current_store(self) -> NodeStore | None:
@@ -570,7 +562,7 @@ class Node:
             await asyncio.sleep(0.5)
         try:
             result = await self.staged_copies.reconcile()
-        except Exception:  # noqa: BLE001 - housekeeping never takes the node down
+        except Exception:
             logger.exception("startup staged-copy pass failed")
             return
         if result.removed:

@@ -10,8 +10,8 @@ import asyncio
 import httpx
 
 from skulk.api.app import ApiContext, create_app
-from skulk.shared.codec import pack
 from skulk.api.streams import CommandStreams
+from skulk.shared.codec import pack
 from skulk.shared.types.chunks import (
     EmbeddingChunk,
     PromptTokenLogprob,

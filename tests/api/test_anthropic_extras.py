@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-from skulk.shared.types.commands import GenerateText
 from skulk.shared.types.instances import Instance, RunnerStatus, ShardAssignment
 from skulk.shared.types.state import State
 from tests.api.scripted_cluster import USAGE, scripted_app

@@ -136,14 +136,14 @@ async def test_overloaded_is_an_overloaded_error():
         first = asyncio.create_task(http.post("/v1/messages", json=BODY))
         await until(lambda: cluster.streams.stats()["openStreams"] == 1)
         second = await http.post("/v1/messages", json=BODY)
-        cluster.streams.fail_all("master_failover", "test over")
+        cluster.streams.fail_all("MasterFailover", "test over")
         await first
     assert_anthropic_error(second, 529, "overloaded_error")
     assert second.headers["retry-after"] == "1"
 
 
 async def test_runner_failure_is_an_api_error():
-    app, cluster = make("fail")
+    app, _cluster = make("fail")
     async with client(app) as http:
         plain = await http.post("/v1/messages", json=BODY)
         streamed = await http.post("/v1/messages", json={**BODY, "stream": True})

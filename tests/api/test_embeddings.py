@@ -114,7 +114,7 @@ async def test_unplaced_model_is_404_in_openai_shape():
     [("InvalidRequest", 400), ("ContextLengthExceeded", 400), ("EmbeddingFailed", 500)],
 )
 async def test_runner_failures_keep_the_openai_shape(error_type, status):
-    app, cluster = scripted_app(fail=(error_type, "it went wrong"))
+    app, _cluster = scripted_app(fail=(error_type, "it went wrong"))
     with pytest.raises(openai.APIStatusError) as caught:
         await openai_sdk(app).embeddings.create(model=MODEL, input="x", encoding_format="float")
     assert caught.value.status_code == status
@@ -137,7 +137,7 @@ async def test_a_runner_answering_too_few_vectors_is_not_a_short_success():
 
 
 async def test_ollama_embed_and_legacy_embeddings():
-    app, cluster = scripted_app(vectors=VECTORS)
+    app, _cluster = scripted_app(vectors=VECTORS)
     reply = await ollama_sdk(app).embed(model=MODEL, input=["one", "two"])
     assert reply.embeddings == VECTORS
     assert reply.prompt_eval_count == 2

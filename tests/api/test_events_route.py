@@ -17,7 +17,7 @@ from skulk.shared.types.state import NodeInfo, State
 STATE = State(nodes={"a": NodeInfo(node_id="a", node_name="alpha", version="0")})
 
 
-def context(**fields) -> ApiContext:  # noqa: ANN003
+def context(**fields) -> ApiContext:
     return ApiContext(node_id="a", node_name="alpha", get_state=lambda: STATE, **fields)
 
 

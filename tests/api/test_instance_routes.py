@@ -9,9 +9,9 @@ from fastapi.testclient import TestClient
 
 from skulk.api.app import ApiContext, create_app
 from skulk.master.placement import PlacementRequest, place
+from skulk.models.cards import builtin_cards_dir, resolve_cards
 from skulk.shared.types.state import NodeInfo, RepairFailure, State
 from skulk.shared.types.telemetry import DiskReading, MemoryReading, NodeResources
-from skulk.store.cards import builtin_cards_dir, resolve_cards
 
 CARDS = resolve_cards(builtin_cards_dir(), None).cards
 MODEL = "mlx-community/Llama-3.2-1B-Instruct-4bit"

@@ -7,9 +7,9 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 
 from skulk.api.app import ApiContext, create_app
+from skulk.models.tiny_models import TINY_SPEC
 from skulk.shared.types.commands import AddCustomModelCard, DeleteCustomModelCard
 from skulk.shared.types.state import State
-from skulk.store.tiny_models import TINY_SPEC
 from tests.mockhub import (
     GGUF_FILE,
     PRIVATE_REPO,
@@ -28,7 +28,7 @@ class Cluster:
         self.commands: list = []
         self.connected = connected
 
-    async def submit(self, command) -> None:  # noqa: ANN001
+    async def submit(self, command) -> None:
         if not self.connected:
             raise RuntimeError("this node is not connected to a cluster")
         self.commands.append(command)

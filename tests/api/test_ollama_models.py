@@ -14,10 +14,10 @@ import pytest
 from skulk.api.adapters.ollama import CONTEXT_HEADER, clamp_context, keep_alive_seconds
 from skulk.api.app import ApiContext, create_app
 from skulk.api.errors import InvalidRequest
+from skulk.model_store.node_store import NodeStore
 from skulk.shared.types.commands import EvictStagedModel
 from skulk.shared.types.state import State
 from skulk.shared.types.tasks import TextGenerationParams
-from skulk.store.model_store import NodeStore
 from tests.api.scripted_cluster import asgi_http, scripted_app
 from tests.api.test_openai_routes import MODEL
 from tests.api.test_tools_sdk import ollama_sdk

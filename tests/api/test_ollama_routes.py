@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from skulk.api.streams import CommandStreams
-from skulk.store.cards import builtin_cards_dir, load_card
+from skulk.models.cards import builtin_cards_dir, load_card
 from skulk.shared.types.commands import CancelCommand, GenerateText, TaskFinished
 from tests.api.test_openai_routes import MODEL, AsgiCall, client, make, until
 
@@ -129,7 +129,7 @@ async def test_overloaded_is_a_503():
         first = asyncio.create_task(http.post("/ollama/api/chat", json={**CHAT, "stream": False}))
         await until(lambda: cluster.streams.stats()["openStreams"] == 1)
         second = await http.post("/ollama/api/chat", json=CHAT)
-        cluster.streams.fail_all("master_failover", "test over")
+        cluster.streams.fail_all("MasterFailover", "test over")
         await first
     assert_ollama_error(second, 503)
 

@@ -346,7 +346,8 @@ def test_param_from_loc(loc, param):
 @pytest.mark.parametrize(
     ("path", "shape"),
     [("/v1/chat/completions", "openai"), ("/v1/models", "openai"), ("/v1/unknown", "openai"),
-     ("/v1/cluster", "native"), ("/v1/diagnostics/node", "native"), ("/state", "native"), ("/v1", "native")],
+     ("/v1/cluster", "native"), ("/v1/diagnostics/node", "native"), ("/state", "native"), ("/v1", "native"),
+     ("/store/models/a/b", "openai"), ("/store/storage", "openai"), ("/storefront", "native")],
 )
 def test_wire_shape_by_path(path, shape):
     assert wire_shape_for(path) == shape
@@ -358,8 +359,9 @@ def test_wire_shape_by_path(path, shape):
         (ModelNotFound("a/b"), 404, "model_not_found"),
         (Overloaded("full"), 503, "overloaded"),
         (StreamFailed("idle_timeout", "x", origin="api"), 504, "idle_timeout"),
-        (StreamFailed("master_failover", "x", origin="api"), 503, "master_failover"),
         (StreamFailed("MasterFailover", "x", origin="api"), 503, "MasterFailover"),
+        (StreamFailed("NodeLost", "x", origin="api"), 503, "NodeLost"),
+        (StreamFailed("PlacementRefused", "x", origin="api"), 503, "PlacementRefused"),
         (StreamFailed("TaskFailed", "x", origin="api"), 503, "TaskFailed"),
         (StreamFailed("TaskCancelled", "x", outcome="cancelled", origin="api"), 499, "TaskCancelled"),
         (StreamFailed("protocol_violation", "x", origin="api"), 502, "protocol_violation"),

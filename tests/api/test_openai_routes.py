@@ -248,7 +248,7 @@ async def test_overloaded_is_a_503_with_retry_after():
         first = asyncio.create_task(http.post("/v1/chat/completions", json=CHAT))
         await until(lambda: cluster.streams.stats()["openStreams"] == 1)
         second = await http.post("/v1/chat/completions", json=CHAT)
-        cluster.streams.fail_all("master_failover", "test over")
+        cluster.streams.fail_all("MasterFailover", "test over")
         await first
     assert_openai_error(second, 503, code="overloaded")
     assert second.headers["retry-after"] == "1"
@@ -279,12 +279,12 @@ async def test_failover_ends_streaming_requests_with_an_error_event():
     async with client(app) as http:
         pending = asyncio.create_task(http.post("/v1/chat/completions", json={**CHAT, "stream": True}))
         await until(lambda: cluster.commands and cluster.streams.stats()["deliveredFrames"] == 3)
-        assert cluster.streams.fail_all("master_failover", "the master changed; resend the request") == 1
+        assert cluster.streams.fail_all("MasterFailover", "the master changed; resend the request") == 1
         response = await asyncio.wait_for(pending, timeout=3)
     events = sse(response.text)
     assert events[-1] == "[DONE]"
     assert events[-2]["error"] == {"message": "the master changed; resend the request", "type": "server_error",
-                                   "param": None, "code": "master_failover"}
+                                   "param": None, "code": "MasterFailover"}
     await until(lambda: len(cluster.of(CancelCommand)) == 1)  # this side ended it: tell the cluster
     assert cluster.of(TaskFinished) == []
 

@@ -12,7 +12,6 @@ import openai
 import pytest
 
 from skulk.api.response_store import ResponseStore, StoredResponse, key_scope
-from skulk.shared.types.commands import GenerateText
 from skulk.shared.types.common import ChatMessage
 from tests.api.scripted_cluster import scripted_app
 from tests.api.test_openai_routes import MODEL

@@ -13,7 +13,7 @@ from skulk.shared.types.events import IndexedEvent, InstanceDeleted, NodeTimedOu
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def indexed(idx: int, event) -> IndexedEvent:  # noqa: ANN001
+def indexed(idx: int, event) -> IndexedEvent:
     return IndexedEvent(idx=idx, origin="master", indexed_at=NOW, event=event)
 
 

@@ -7,8 +7,8 @@ import time
 from fastapi.testclient import TestClient
 
 from skulk.api.app import ApiContext, create_app
+from skulk.model_store.node_store import NodeStore
 from skulk.shared.types.state import State
-from skulk.store.model_store import NodeStore
 from tests.mockhub import (
     GGUF_FILE,
     TINY_GGUF_REPO,

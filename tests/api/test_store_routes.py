@@ -12,13 +12,8 @@ from fastapi.testclient import TestClient
 from skulk.api.app import ApiContext, create_app
 from skulk.api.routes.store import StoreContext
 from skulk.master.placement import PlacementRequest, place
-from skulk.shared.types.commands import EvictStagedModel
-from skulk.shared.types.state import NodeInfo, State
-from skulk.shared.types.telemetry import DiskReading, MemoryReading, NodeResources
-from skulk.store.cards import builtin_cards_dir, resolve_cards
-from skulk.store.downloads import read_marker
-from skulk.store.eviction import EvictionPolicy
-from skulk.store.staging import (
+from skulk.model_store.eviction import EvictionPolicy
+from skulk.model_store.staging import (
     RetryPolicy,
     StagingFailed,
     StagingOptions,
@@ -27,8 +22,13 @@ from skulk.store.staging import (
     stage_from_local,
     stage_from_remote,
 )
+from skulk.models.cards import builtin_cards_dir, resolve_cards
+from skulk.models.downloads import read_marker
+from skulk.shared.types.commands import EvictStagedModel
+from skulk.shared.types.state import NodeInfo, State
+from skulk.shared.types.telemetry import DiskReading, MemoryReading, NodeResources
 from tests.api.live_server import live_server
-from tests.store.test_staging import MODEL, REV_A, REV_B, make_canonical
+from tests.model_store.test_staging import MODEL, REV_A, REV_B, make_canonical
 
 GB = 10**9
 FREE = 500 * GB

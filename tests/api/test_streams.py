@@ -246,12 +246,12 @@ async def test_fail_all_ends_every_open_stream_at_once():
     streams.deliver(started("a"))
     waiting = [asyncio.create_task(drain(s)) for s in (a, b)]
     await asyncio.sleep(0)  # both consumers are now waiting
-    assert streams.fail_all("master_failover", "the master changed") == 2
+    assert streams.fail_all("MasterFailover", "the master changed") == 2
     results = await asyncio.wait_for(asyncio.gather(*waiting), timeout=2)
-    assert [failure.error_type for _, failure in results] == ["master_failover", "master_failover"]
+    assert [failure.error_type for _, failure in results] == ["MasterFailover", "MasterFailover"]
     assert all(failure.origin == "api" and failure.kind == "unavailable" for _, failure in results)
     assert streams.stats()["openStreams"] == 0 and streams.stats()["failedByFailover"] == 2
-    assert streams.fail_all("master_failover", "again") == 0
+    assert streams.fail_all("MasterFailover", "again") == 0
 
 
 async def test_close_while_open_frees_the_slot_and_asks_for_a_cancel():
@@ -281,12 +281,12 @@ async def test_close_after_the_terminal_needs_no_cancel():
 async def test_fail_and_cancel_end_open_streams_only():
     streams = CommandStreams()
     failed, cancelled = streams.open("a"), streams.open("b")
-    assert streams.fail("a", "instance_gone", "the instance was deleted") is True
-    assert streams.fail("a", "instance_gone", "again") is False
+    assert streams.fail("a", "InstanceGone", "the instance was deleted") is True
+    assert streams.fail("a", "InstanceGone", "again") is False
     assert streams.cancel("b") is True
     assert streams.cancel("zzz") is False
     _, failure = await drain(failed)
-    assert (failure.error_type, failure.origin, failure.kind) == ("instance_gone", "api", "unavailable")
+    assert (failure.error_type, failure.origin, failure.kind) == ("InstanceGone", "api", "unavailable")
     _, failure = await drain(cancelled)
     assert (failure.outcome, failure.origin) == ("cancelled", "client")
     assert streams.stats()["failed"] == 1 and streams.stats()["cancelled"] == 1

@@ -8,10 +8,17 @@ from fractions import Fraction
 import pytest
 
 from skulk.capacity.instance import plan_instance, stamped_context_tokens
-from skulk.capacity.planner import CapacityPlan, CapacityPolicy, DeviceSnapshot, ModelMeta, ModelShapeError, plan_capacity
+from skulk.capacity.planner import (
+    CapacityPlan,
+    CapacityPolicy,
+    DeviceSnapshot,
+    ModelMeta,
+    ModelShapeError,
+    plan_capacity,
+)
+from skulk.models.cards import builtin_cards_dir, resolve_cards
 from skulk.shared.memory_estimate import NodeMemoryTotals
 from skulk.shared.types.instances import ShardAssignment
-from skulk.store.cards import builtin_cards_dir, resolve_cards
 
 MiB, GiB = 1024**2, 1024**3
 NO_SLACK = CapacityPolicy(reserve_bytes=0, headroom_fraction=0.0, min_hot_context_tokens=1024)

@@ -20,8 +20,8 @@ from skulk.capacity.planner import (
     plan_capacity,
     usable_bytes,
 )
+from skulk.models.cards import builtin_cards_dir, load_card
 from skulk.shared import memory_estimate
-from skulk.store.cards import builtin_cards_dir, load_card
 
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
 
@@ -265,7 +265,7 @@ def test_non_periodic_layout_is_rejected() -> None:
 
 
 def test_model_meta_from_gguf_header(tmp_path) -> None:
-    from skulk.store.tiny_models import TINY_SPEC, generate_tiny_model
+    from skulk.models.tiny_models import TINY_SPEC, generate_tiny_model
 
     artifacts = generate_tiny_model(tmp_path, TINY_SPEC)
     meta = model_meta_from_gguf(artifacts.gguf_path)

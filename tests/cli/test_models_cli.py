@@ -5,7 +5,7 @@ from __future__ import annotations
 from typer.testing import CliRunner
 
 from skulk.cli import app
-from skulk.store.cards import write_custom_card
+from skulk.models.cards import write_custom_card
 from tests.mockhub import (
     GGUF_FILE,
     TINY_GGUF_REPO,

@@ -1,8 +1,8 @@
 from pathlib import Path
 
 from skulk.cli import RunFlags, resolve_settings
-from skulk.store.config import parse_config
-from skulk.store.paths import resolve_paths
+from skulk.datadir.config import parse_config
+from skulk.datadir.paths import resolve_paths
 
 PATHS = resolve_paths({"SKULK_HOME": "/h"}, "linux", Path("/home/x"))
 

@@ -45,7 +45,7 @@ def wait_serving(node: NodeProcess) -> None:
 
 
 @pytest.fixture
-def node(spawn_node, mock_hub):  # noqa: F811 - the hub fixture: the node inherits HF_ENDPOINT
+def node(spawn_node, mock_hub):
     (solo,) = start_linked(spawn_node, ["solo"])
     wait_agreed([solo], members=1)
     wait_for(lambda: solo.get("/state").json()["nodeResources"], timeout_s=30, what="resources")

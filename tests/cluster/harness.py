@@ -59,7 +59,7 @@ def wait_agreed(nodes: list[NodeProcess], *, members: int | None = None, timeout
         for n in nodes:
             try:
                 views.append(cluster(n))
-            except Exception as err:  # noqa: BLE001 - diagnostics only
+            except Exception as err:
                 views.append(repr(err))
         logs = "\n".join(f"--- {n.data_dir.name} ---\n{n.log()[-4000:]}" for n in nodes)
         raise AssertionError(f"{exc}\nviews: {views}\n{logs}") from None

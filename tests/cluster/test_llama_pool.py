@@ -38,7 +38,7 @@ ENV = {"SKULK_NO_ENGINE_AUTOPROVISION": "1"}
 def one_node_text(model_path) -> str:
     """The reference: the same request on the in-process engine, one node, greedy."""
     from skulk.worker.engines.base import ShardSpec
-    from skulk.worker.engines.llama_cpp import LlamaCppEngine
+    from skulk.worker.engines.llama_cpp.engine import LlamaCppEngine
 
     card = tiny_gguf_card()
     instance = tiny_instance(card)

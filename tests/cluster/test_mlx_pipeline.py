@@ -20,11 +20,11 @@ MESSAGES = [{"role": "user", "content": "What is a node?"}]
 
 
 def one_rank_text(tmp_path) -> str:
+    from skulk.artifacts.resolve import ensure_local_model
+    from skulk.models.cards import builtin_cards_dir, load_card
     from skulk.shared.types.tasks import TextGenerationParams
-    from skulk.store.cards import builtin_cards_dir, load_card
-    from skulk.store.tiny_models import ensure_local_model
     from skulk.worker.engines.base import ShardSpec
-    from skulk.worker.engines.mlx_engine import MlxEngine
+    from skulk.worker.engines.mlx.engine import MlxEngine
     from tests.worker.engines.mlx_ranks import local_instance
 
     card = load_card(builtin_cards_dir() / "local--tiny-llama.toml")

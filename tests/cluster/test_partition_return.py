@@ -68,7 +68,7 @@ def test_a_paused_node_returns_without_deposing_the_master_or_failing_other_stre
     master_id = before["masterNodeId"]
     master = ids[master_id]
     others = [n for n in ids if n != master_id]
-    server_id, paused_id = others
+    _server_id, paused_id = others
     paused = ids[paused_id]
 
     def placed() -> dict | None:

@@ -18,7 +18,6 @@ from skulk.cluster.commander import Commander
 from skulk.shared.types.commands import CreateInstance
 from skulk.shared.types.ids import new_id
 from skulk.shared.types.instances import Instance, ShardAssignment
-
 from tests.cluster.harness import node_id, wait_agreed
 from tests.nodeproc import NodeProcess, free_port, wait_for
 

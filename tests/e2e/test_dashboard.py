@@ -16,7 +16,7 @@ from tests.mockhub import TINY_GGUF_REPO, mock_hub, tiny_artifacts  # noqa: F401
 from tests.nodeproc import wait_for
 
 pytest.importorskip("playwright")
-from playwright.sync_api import expect  # noqa: E402 - after the skip
+from playwright.sync_api import expect
 
 MODEL = "local/tiny-llama-gguf"
 KEY = "s3cret-key"
@@ -45,7 +45,7 @@ def send(page, text: str, max_tokens: int) -> object:
     return answers.nth(index)  # this answer, not whichever is last later
 
 
-def test_dashboard_drives_a_two_node_cluster(spawn_node, mock_hub):  # noqa: F811 - nodes inherit HF_ENDPOINT
+def test_dashboard_drives_a_two_node_cluster(spawn_node, mock_hub):
     nodes = start_linked(spawn_node, ["alpha", "beta"])
     wait_agreed(nodes, members=2)
     alpha, beta = nodes

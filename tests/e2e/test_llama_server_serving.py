@@ -8,7 +8,6 @@ from __future__ import annotations
 import signal
 import threading
 
-import openai
 import psutil
 import pytest
 

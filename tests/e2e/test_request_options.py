@@ -87,7 +87,7 @@ def test_structured_output_through_every_sdk(serving_node):
 def token_of(text: str) -> int:
     """The id of the one token `text` is in the tiny models' vocabulary (their tokenizer is
     trained deterministically, so this matches the GGUF the node generated)."""
-    from skulk.store.tiny_models import TINY_SPEC, train_tokenizer
+    from skulk.models.tiny_models import TINY_SPEC, train_tokenizer
 
     (token,) = train_tokenizer(TINY_SPEC).encode(text, add_special_tokens=False).ids
     return token
@@ -166,7 +166,7 @@ def test_sampling_options_n_cors_and_errors_before_the_stream(serving_node):
 
 def token_of_text_prefix(text: str) -> int:
     """The id of the first token of `text` as the tiny tokenizer splits it."""
-    from skulk.store.tiny_models import TINY_SPEC, train_tokenizer
+    from skulk.models.tiny_models import TINY_SPEC, train_tokenizer
 
     return train_tokenizer(TINY_SPEC).encode(text, add_special_tokens=False).ids[0]
 

@@ -71,7 +71,7 @@ def test_a_session_decodes_like_plain_completions_snapshots_restores_and_is_fenc
 
     assert post(node, f"/v1/sessions/{sid}/prefill", {"text": " The sea"}).status_code == 200
     transcript += " The sea"
-    text, done = streamed(node, sid)
+    text, _done = streamed(node, sid)
     assert text == completion(node, transcript)
     transcript += text
     # The plain completion of the same transcript ran in between; the session's next call

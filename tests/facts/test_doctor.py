@@ -12,6 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from skulk.cli import app
+from skulk.datadir.lease import LeaseRecord
+from skulk.datadir.paths import resolve_paths
 from skulk.facts.derive import DerivedBackends, derive_node_backends
 from skulk.facts.doctor import (
     CHECKS,
@@ -36,8 +38,6 @@ from skulk.facts.doctor import (
 )
 from skulk.shared.types.node_facts import EngineBinary, GpuFact, NodeFacts
 from skulk.shared.types.telemetry import CapabilityConflict
-from skulk.store.lease import LeaseRecord
-from skulk.store.paths import resolve_paths
 
 GiB = 1024**3
 CPU_FACTS = NodeFacts(os="linux", machine="x86_64", importable={"llama_cpp": True, "mlx": True, "mlx_lm": True})

@@ -1,7 +1,7 @@
 import pytest
 
 from skulk.master.backend_choice import serving_order
-from skulk.store.cards import builtin_cards_dir, load_card
+from skulk.models.cards import builtin_cards_dir, load_card
 
 
 def card_with(compatible, preference=()):

@@ -2,24 +2,30 @@ import itertools
 
 import pytest
 
-from skulk.master.commands import DecisionContext, Refusal, decide
-from skulk.master.commands import UNPLACED_INSTANCE, ready_instance_for
+from skulk.master.commands import UNPLACED_INSTANCE, DecisionContext, Refusal, decide, ready_instance_for
 from skulk.shared.types.commands import (
+    CancelCommand,
     CreateInstance,
     DeleteInstance,
     EvictStagedModel,
+    GenerateText,
     PlaceInstance,
     SetTracingEnabled,
+    TaskFinished,
 )
-from skulk.shared.types.events import InstanceCreated, InstanceDeleted, StagedModelEvicted, TaskStatusUpdated, TracingStateChanged
-from skulk.shared.types.instances import Instance, ShardAssignment
-from skulk.shared.types.state import NodeInfo, State
-from skulk.shared.types.commands import CancelCommand, GenerateText, TaskFinished
 from skulk.shared.types.common import ChatMessage
-from skulk.shared.types.events import TaskCreated, TaskDeleted
-from skulk.shared.types.instances import RunnerStatus
-from skulk.shared.types.tasks import TextGeneration, TextGenerationParams
-from skulk.shared.types.tasks import Embedding, EmbeddingParams
+from skulk.shared.types.events import (
+    InstanceCreated,
+    InstanceDeleted,
+    StagedModelEvicted,
+    TaskCreated,
+    TaskDeleted,
+    TaskStatusUpdated,
+    TracingStateChanged,
+)
+from skulk.shared.types.instances import Instance, RunnerStatus, ShardAssignment
+from skulk.shared.types.state import NodeInfo, State
+from skulk.shared.types.tasks import Embedding, EmbeddingParams, TextGeneration, TextGenerationParams
 
 INSTANCE = Instance(
     instance_id="i1", model_id="local/tiny-llama", sharding="Pipeline",

@@ -2,6 +2,8 @@ import itertools
 
 import pytest
 
+from skulk.capacity.instance import plan_instance
+from skulk.capacity.planner import DeviceSnapshot
 from skulk.master.placement import (
     ExclusionsRemovedAll,
     MemoryShortfall,
@@ -16,6 +18,7 @@ from skulk.master.placement import (
     place,
     preview,
 )
+from skulk.models.cards import builtin_cards_dir, resolve_cards
 from skulk.shared.memory_estimate import (
     NodeMemoryTotals,
     admission_context_tokens,
@@ -26,9 +29,6 @@ from skulk.shared.types.commands import PlaceInstance
 from skulk.shared.types.common import Edge
 from skulk.shared.types.state import NodeInfo, State
 from skulk.shared.types.telemetry import DiskReading, MemoryReading, NodeResources
-from skulk.capacity.instance import plan_instance
-from skulk.capacity.planner import DeviceSnapshot
-from skulk.store.cards import builtin_cards_dir, resolve_cards
 
 CARDS = resolve_cards(builtin_cards_dir(), None).cards
 LLAMA_1B = CARDS["mlx-community/Llama-3.2-1B-Instruct-4bit"]  # 16 layers, ~1.60 GB footprint whole

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from skulk.master.main import PRESENCE_RECHECK_MARGIN_S
 from skulk.master.presence_loss import (
     MAX_PRESENCE_PRUNES,
     PRESENCE_LOSS_CONFIRM_S,
@@ -16,7 +17,6 @@ from skulk.master.presence_loss import (
     record_prunes,
     stall_tolerance_s,
 )
-from skulk.master.main import PRESENCE_RECHECK_MARGIN_S
 from skulk.routing.router import TRANSPORT_KEEP_ALIVES_PER_LEASE, TRANSPORT_LEASE_MS
 
 ME = "m"

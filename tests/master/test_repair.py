@@ -16,6 +16,7 @@ from skulk.master.repair import (
     record_deletion,
     refusal_attempts,
 )
+from skulk.models.cards import builtin_cards_dir, resolve_cards
 from skulk.shared.apply import apply_all
 from skulk.shared.memory_estimate import assignment_footprint
 from skulk.shared.types.commands import RefuseInstancePlacement
@@ -33,7 +34,6 @@ from skulk.shared.types.instances import MAX_REPAIR_HOP, Instance, RunnerStatus,
 from skulk.shared.types.state import DownloadStatusFailed, DownloadStatusPending, NodeInfo, State
 from skulk.shared.types.tasks import TextGeneration, TextGenerationParams
 from skulk.shared.types.telemetry import DiskReading, MemoryReading, NodeResources
-from skulk.store.cards import builtin_cards_dir, resolve_cards
 
 CARDS = resolve_cards(builtin_cards_dir(), None).cards
 MLX = CARDS["mlx-community/Llama-3.2-1B-Instruct-4bit"]  # 16 layers, ~1.6 GB whole
@@ -200,8 +200,7 @@ def test_refusals_that_are_refused(name, state, command, origin, code):
 
 @pytest.mark.parametrize(
     ("hop", "expected"),
-    [(0, [(1, 3, None, frozenset({"x"}))]
-      + [(2, 1, 1, frozenset({"x", "a"}))]),
+    [(0, [(1, 3, None, frozenset({"x"})), (2, 1, 1, frozenset({"x", "a"}))]),
      (1, [(2, 1, 1, frozenset({"x", "a"}))]),
      (2, [])],
 )

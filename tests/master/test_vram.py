@@ -8,12 +8,12 @@ import pytest
 
 from skulk.facts.nvml import NvmlDevice, gpu_readings
 from skulk.master.placement import PlacementRequest, place
+from skulk.models.cards import builtin_cards_dir, resolve_cards
 from skulk.shared.memory_estimate import admission_context_tokens
 from skulk.shared.types.state import NodeInfo, State
 from skulk.shared.types.telemetry import DiskReading, MemoryReading, NodeResources
-from skulk.store.cards import builtin_cards_dir, resolve_cards
 from skulk.worker.engines.base import ShardSpec
-from skulk.worker.engines.llama_cpp import planned_gpu_layers
+from skulk.worker.engines.llama_cpp.engine import planned_gpu_layers
 
 GB = 10**9
 GGUF_8B = resolve_cards(builtin_cards_dir(), None).cards["bartowski/Meta-Llama-3.1-8B-Instruct-GGUF"]

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from skulk.datadir.paths import resolve_paths
 from skulk.node import NodeSettings
 from skulk.observe.capture import capture_files, write_archive
 from skulk.observe.cluster_diagnostics import PeerAnswer, cluster_report, cluster_timeline, version_report
 from skulk.observe.node_report import REDACTED, redacted_config
 from skulk.observe.peer_http import peer_api_urls, peer_headers
 from skulk.shared.types.state import NodeInfo, State
-from skulk.store.paths import resolve_paths
 
 
 def state_of(*nodes: tuple[str, str, str | None]) -> State:

@@ -42,6 +42,7 @@ RUNNERS = {"worker": {"runnerFailures": 2, "runners": {
     (RUNNERS, "skulk_runner_failures_total", {}, 2),
     ({"replica": {"bufferedEvents": 7, "applied": 40}}, "skulk_event_apply_pending", {}, 7),
     ({"replica": {"bufferedEvents": 7, "applied": 40}}, "skulk_events_applied_total", {}, 40),
+    ({"replica": {"listenerErrors": 3}}, "skulk_replica_listener_errors_total", {}, 3),
     ({"master": {"indexed": 12}}, "skulk_master_events_indexed_total", {}, 12),
     ({"transport": {"rejected": {"bad_tag": 5, "replay": 1}}}, "skulk_transport_rejects_total", {"reason": "bad_tag"}, 5),
     ({"transport": {"topics": {"data": {"dropped": 9}}}}, "skulk_transport_queue_dropped_total", {"topic": "data"}, 9),

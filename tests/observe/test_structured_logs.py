@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from skulk.datadir.config import ConfigError, parse_config
 from skulk.observe.structured_logs import IngestShipper, log_fields, request_ids
-from skulk.store.config import ConfigError, parse_config
 from tests.nodeproc import free_port, wait_for
 
 
@@ -27,7 +27,7 @@ class Collector:
         collector = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["content-length"]))
                 collector.posts += 1
                 collector.lines.extend(json.loads(line) for line in body.decode().splitlines() if line)

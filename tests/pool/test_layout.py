@@ -5,8 +5,16 @@ from __future__ import annotations
 import pytest
 
 from skulk.pool.layout import (
-    MAX_POOL_WORLD, POOL_PORT_BASE, POOL_PORT_SPAN, PoolLayoutError, channel_key, derive_pool_key, device_split,
-    donor_host, donors, pool_port,
+    MAX_POOL_WORLD,
+    POOL_PORT_BASE,
+    POOL_PORT_SPAN,
+    PoolLayoutError,
+    channel_key,
+    derive_pool_key,
+    device_split,
+    donor_host,
+    donors,
+    pool_port,
 )
 from skulk.shared.types.instances import Instance, ShardAssignment
 

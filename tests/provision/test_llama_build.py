@@ -41,22 +41,22 @@ LOCK = '''
 [[package]]
 name = "llama-cpp-python"
 version = "0.3.35"
-sdist = { url = "https://x/old.tar.gz", hash = "sha256:%s", size = 1 }
+sdist = {{ url = "https://x/old.tar.gz", hash = "sha256:{}", size = 1 }}
 
 [[package]]
 name = "llama-cpp-python"
 version = "0.3.36"
-source = { registry = "https://pypi.org/simple" }
+source = {{ registry = "https://pypi.org/simple" }}
 dependencies = [
-    { name = "numpy" },
+    {{ name = "numpy" }},
 ]
-sdist = { url = "https://x/llama_cpp_python-0.3.36.tar.gz", hash = "sha256:%s", size = 76589250 }
+sdist = {{ url = "https://x/llama_cpp_python-0.3.36.tar.gz", hash = "sha256:{}", size = 76589250 }}
 
 [[package]]
 name = "numpy"
 version = "0.3.36"
-sdist = { url = "https://x/numpy.tar.gz", hash = "sha256:%s", size = 2 }
-''' % ("1" * 64, "2" * 64, "3" * 64)
+sdist = {{ url = "https://x/numpy.tar.gz", hash = "sha256:{}", size = 2 }}
+'''.format("1" * 64, "2" * 64, "3" * 64)
 
 
 @pytest.mark.parametrize(

@@ -141,7 +141,7 @@ def test_a_live_node_that_misses_one_challenge_stays_alive():
     (challenge,), _ = verifier.tick(0.0, nonce)
     prove(verifier, challenge, 0.0)
     verifier.changes()
-    (missed,), _ = verifier.tick(REPROOF_INTERVAL_S, nonce)
+    (_missed,), _ = verifier.tick(REPROOF_INTERVAL_S, nonce)
     (again,), failed = verifier.tick(REPROOF_INTERVAL_S + PROOF_TIMEOUT_S, nonce)
     assert failed == [] and prove(verifier, again, REPROOF_INTERVAL_S + PROOF_TIMEOUT_S + 0.1)
     assert verifier.changes() == [] and verifier.alive() == {"node-a"}

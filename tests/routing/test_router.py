@@ -269,7 +269,7 @@ async def test_own_messages_are_delivered_locally(routers) -> None:
 
 
 async def test_close_is_idempotent_ends_subscriptions_and_refuses_use(routers) -> None:
-    a, b, _ = await pair(routers)
+    a, _b, _ = await pair(routers)
     sub = a.subscribe(PONG)
     watch = a.watch_presence()
     consumer = asyncio.create_task(sub.get())
@@ -295,7 +295,7 @@ async def test_close_is_idempotent_ends_subscriptions_and_refuses_use(routers) -
 
 
 async def test_diagnostics_shape(routers) -> None:
-    a, b, _ = await pair(routers)
+    a, _b, _ = await pair(routers)
     a.subscribe(PING, maxsize=5)
     a.subscribe(PING, maxsize=7)
     a.subscribe(READINGS)

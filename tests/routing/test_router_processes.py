@@ -43,7 +43,7 @@ def spawn_peer(tmp_path):
     processes: list[subprocess.Popen] = []
 
     def spawn(node_id: str, connect: str, cluster_key: str) -> subprocess.Popen:
-        log_file = open(tmp_path / f"{node_id}.log", "wb")  # a file, not a pipe: a chatty child never blocks
+        log_file = open(tmp_path / f"{node_id}.log", "wb")  # noqa: SIM115 -- a file, not a pipe: a chatty child never blocks
         process = subprocess.Popen(
             [sys.executable, "-m", "tests.routing.routing_peer", "--node-id", node_id,
              "--connect", connect, "--cluster-key", cluster_key],

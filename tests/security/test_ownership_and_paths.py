@@ -15,7 +15,7 @@ import httpx
 from skulk.api.access import AccessPolicy
 from skulk.api.app import ApiContext, create_app
 from skulk.api.streams import CommandStreams
-from skulk.store.cards import builtin_cards_dir, load_card
+from skulk.models.cards import builtin_cards_dir, load_card
 from tests.api.test_model_cards_routes import Cluster as CardCluster
 from tests.api.test_openai_routes import CHAT, STATE, FakeCluster, until
 from tests.mockhub import tiny_artifacts  # noqa: F401 - fixture

@@ -22,8 +22,8 @@ import httpx
 import pytest
 
 from skulk.api.limits import DEFAULT_MAX_BODY_BYTES, MAX_MESSAGES, RequestLimits
+from skulk.datadir.config import ConfigError, SkulkConfig, parse_config, with_env_overrides
 from skulk.shared.types.commands import GenerateText
-from skulk.store.config import ConfigError, SkulkConfig, parse_config, with_env_overrides
 from tests.api.live_server import live_server
 from tests.api.scripted_cluster import scripted_app
 from tests.api.test_openai_routes import INSTANCE, MODEL

@@ -37,13 +37,13 @@ def body_routes() -> list[tuple[str, str]]:
 ROUTES = body_routes()
 
 BAD_BODIES = {
-    "surrogate in a value": '{"model": "%s", "messages": [{"role": "user", "content": "a\\ud800b"}]}' % MODEL,
+    "surrogate in a value": f'{{"model": "{MODEL}", "messages": [{{"role": "user", "content": "a\\ud800b"}}]}}',
     "surrogate in a model id": '{"model": "m\\udfff", "modelId": "m\\udfff", "messages": [{"role": "user", "content": "a"}]}',
     "surrogate in a path": '{"path": "/tmp/\\ud800.gguf", "modelId": "x"}',
-    "surrogate in a key": '{"model": "%s", "\\ud800": 1}' % MODEL,
-    "NaN": '{"model": "%s", "temperature": NaN, "messages": [{"role": "user", "content": "a"}]}' % MODEL,
-    "Infinity": '{"model": "%s", "top_p": -Infinity, "messages": [{"role": "user", "content": "a"}]}' % MODEL,
-    "past float range": '{"model": "%s", "temperature": 1e999, "messages": [{"role": "user", "content": "a"}]}' % MODEL,
+    "surrogate in a key": f'{{"model": "{MODEL}", "\\ud800": 1}}',
+    "NaN": f'{{"model": "{MODEL}", "temperature": NaN, "messages": [{{"role": "user", "content": "a"}}]}}',
+    "Infinity": f'{{"model": "{MODEL}", "top_p": -Infinity, "messages": [{{"role": "user", "content": "a"}}]}}',
+    "past float range": f'{{"model": "{MODEL}", "temperature": 1e999, "messages": [{{"role": "user", "content": "a"}}]}}',
 }
 
 

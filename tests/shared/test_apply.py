@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from skulk.models.cards import builtin_cards_dir, load_card
 from skulk.shared.apply import EVENT_TYPES, EventOutOfOrder, apply, apply_all, state_hash
 from skulk.shared.codec import canonical_bytes
 from skulk.shared.types.common import Edge, NetworkInterface
@@ -50,11 +51,10 @@ from skulk.shared.types.state import (
     State,
 )
 from skulk.shared.types.tasks import CreateRunner, Embedding, EmbeddingParams
-from skulk.store.cards import builtin_cards_dir, load_card
 
 CARD = load_card(builtin_cards_dir() / "local--tiny-llama.toml")
 
-T0 = datetime(2025, 3, 1, 12, 0, tzinfo=timezone.utc)
+T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 OUTSIDER = "master-x"  # an origin that is not a member, so last_seen stays put
 M = "m"
 
@@ -164,7 +164,7 @@ CASES: list[tuple[str, Event, Callable[[], State]]] = [
      lambda: _expect(tasks={**BASE.tasks, "t1": _task(PENDING, status="Cancelled", error_message="operator")})),
     ("task-status-terminal-is-sticky", TaskStatusUpdated(event_id="e", task_id="t2", status="Running"), lambda: _expect()),
     ("task-failed", TaskFailed(event_id="e", task_id="t1", error_type="NodeLost", error_message="n2 timed out"),
-     lambda: _expect(tasks={**BASE.tasks, "t1": _task(PENDING, status="Failed", error_message="n2 timed out")})),
+     lambda: _expect(tasks={**BASE.tasks, "t1": _task(PENDING, status="Failed", error_type="NodeLost", error_message="n2 timed out")})),
     ("task-failed-after-complete", TaskFailed(event_id="e", task_id="t2", error_type="x", error_message="y"), lambda: _expect()),
     ("task-deleted", TaskDeleted(event_id="e", task_id="t2"), lambda: _expect(tasks={"t1": PENDING})),
     ("download-pending", DownloadPending(event_id="e", node_id="n2", model_id="other", attempt_id="a4"),
@@ -214,7 +214,7 @@ def test_event_effect(event: Event, expected: Callable[[], State]) -> None:
     assert canonical_bytes(after) == canonical_bytes(expected())
     # The input is never mutated.
     assert canonical_bytes(BASE) == before_bytes
-    assert BASE == before_copy
+    assert before_copy == BASE
 
 
 # Events naming ids the state has never heard of: nothing changes but the index.

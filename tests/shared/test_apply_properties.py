@@ -7,7 +7,7 @@ unknown-id no-ops.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -78,7 +78,7 @@ age = st.floats(min_value=0, max_value=1e6, allow_nan=False)
 moment = st.datetimes(
     min_value=datetime(2000, 1, 1),
     max_value=datetime(2100, 1, 1),
-    timezones=st.sampled_from([timezone.utc, timezone(timedelta(hours=5, minutes=30))]),
+    timezones=st.sampled_from([UTC, timezone(timedelta(hours=5, minutes=30))]),
 )
 
 

@@ -27,10 +27,10 @@ def params(**fields) -> TextGenerationParams:
 
 
 def test_derived_vocabularies():
-    assert GGUF_ENGINES == {"llama_cpp", "llama_server"}
-    assert SAFETENSORS_ONLY_ENGINES == {"mlx", "mlx_audio"}
-    assert MULTI_NODE_ENGINES == {"mlx", "llama_cpp"}
-    assert WINDOW_AT_LOAD_ENGINES == {"llama_cpp", "llama_server", "vllm"}
+    assert {"llama_cpp", "llama_server"} == GGUF_ENGINES
+    assert {"mlx", "mlx_audio"} == SAFETENSORS_ONLY_ENGINES
+    assert {"mlx", "llama_cpp"} == MULTI_NODE_ENGINES
+    assert {"llama_cpp", "llama_server", "vllm"} == WINDOW_AT_LOAD_ENGINES
 
 
 @pytest.mark.parametrize(("fields", "expected"), [
@@ -84,7 +84,7 @@ def test_shards_family(engine, family, spans):
 
 
 def test_the_mlx_row_matches_the_mlx_family_adapters():
-    from skulk.worker.engines.mlx_family import FAMILIES
+    from skulk.worker.engines.mlx.family import FAMILIES
 
     assert ENGINE_TRAITS["mlx"].sharded_families == frozenset(FAMILIES)
 

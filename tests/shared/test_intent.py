@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from skulk.models.cards import builtin_cards_dir, resolve_cards
 from skulk.shared.intent import (
     OPERATOR_DELETE_REASON,
     ClusterIntent,
@@ -23,7 +24,6 @@ from skulk.shared.types.events import (
 )
 from skulk.shared.types.instances import Instance, ShardAssignment
 from skulk.shared.types.state import NodeInfo, State
-from skulk.store.cards import builtin_cards_dir, resolve_cards
 
 CARD = next(iter(resolve_cards(builtin_cards_dir(), None).cards.values()))
 CUSTOM = CARD.model_copy(update={"model_id": "acme/custom"})

@@ -3,8 +3,7 @@ import itertools
 import pytest
 
 from skulk.shared.membership import MembershipView, SelfInfo, plan_membership
-from skulk.shared.types.common import Edge
-from skulk.shared.types.common import NetworkInterface
+from skulk.shared.types.common import Edge, NetworkInterface
 from skulk.shared.types.events import NodeJoined, NodeNetworkUpdated, TopologyEdgeCreated, TopologyEdgeDeleted
 from skulk.shared.types.state import NodeInfo, State
 

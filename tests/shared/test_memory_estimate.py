@@ -3,6 +3,7 @@ from fractions import Fraction
 
 import pytest
 
+from skulk.models.cards import builtin_cards_dir, resolve_cards
 from skulk.shared.memory_estimate import (
     ADMISSION_CONTEXT_FLOOR_TOKENS,
     FLAT_FLOOR_BYTES,
@@ -17,7 +18,6 @@ from skulk.shared.memory_estimate import (
     shard_footprint_bytes,
 )
 from skulk.shared.types.instances import Instance, ShardAssignment
-from skulk.store.cards import builtin_cards_dir, resolve_cards
 
 CARDS = resolve_cards(builtin_cards_dir(), None).cards
 TINY = CARDS["local/tiny-llama"]

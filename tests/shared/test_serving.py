@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from skulk.shared.serving import model_serving
+from skulk.shared.serving import model_serving, runner_serving, serving
 from skulk.shared.types.instances import Instance, RunnerStatus, ShardAssignment
 from skulk.shared.types.state import State
 
@@ -74,3 +74,26 @@ def test_a_waiting_request_is_explained_by_its_runners_states() -> None:
     assert wait_explanation(state, "c1") == "runner r1 on node node-r1 is Loading"
     assert wait_explanation(state.model_copy(update={"runners": {}}), "c1") == "runner r1 on node node-r1 is not started yet"
     assert "never logged" in wait_explanation(state, "other")
+
+
+@pytest.mark.parametrize(
+    ("runners", "expected"),
+    [
+        ({"r1": ("Ready", None), "r2": ("Running", None)}, True),
+        ({"r1": ("Ready", None)}, False),  # a rank that never reported is not serving
+        ({"r1": ("Ready", None), "r2": ("Loading", None)}, False),
+        ({"r1": ("Ready", None), "r2": ("Failed", "x")}, False),
+        ({"r1": ("ShuttingDown", None), "r2": ("Ready", None)}, False),
+    ],
+)
+def test_serving_needs_every_runner_serving(runners, expected) -> None:
+    state = _state({"i1": ["r1", "r2"]}, runners)
+    assert serving(state, state.instances["i1"]) is expected
+
+
+@pytest.mark.parametrize(("status", "expected"), [
+    (None, False), (RunnerStatus(state="Ready"), True), (RunnerStatus(state="Running"), True),
+    (RunnerStatus(state="WarmingUp"), False), (RunnerStatus(state="Failed"), False),
+])
+def test_runner_serving(status, expected) -> None:
+    assert runner_serving(status) is expected

@@ -3,7 +3,8 @@ functions over hand-built data: no event loop, no clock."""
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+import itertools
+from datetime import UTC, datetime
 
 import pytest
 
@@ -27,7 +28,7 @@ from skulk.shared.sync import (
 )
 from skulk.shared.types.events import IndexedEvent, NodeLeft
 
-T0 = datetime(2025, 3, 1, 12, 0, tzinfo=timezone.utc)
+T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 
 
 def ev(idx: int) -> IndexedEvent:
@@ -231,7 +232,7 @@ def test_multiple_nodes_are_interleaved_each_at_its_own_pace() -> None:
     for t, (node, _, _) in sent:
         per_node.setdefault(node, []).append(t)
     for times in per_node.values():
-        assert all(b - a >= REPLAY_BURST_INTERVAL_S - 1e-9 for a, b in zip(times, times[1:]))
+        assert all(b - a >= REPLAY_BURST_INTERVAL_S - 1e-9 for a, b in itertools.pairwise(times))
 
 
 def test_tracked_nodes_are_bounded_oldest_dropped() -> None:

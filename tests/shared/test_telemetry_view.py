@@ -3,7 +3,7 @@ download progress, and the three-signal freshness every liveness decision reads.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -34,7 +34,7 @@ from skulk.shared.types.telemetry import (
     NodeResources,
 )
 
-T0 = datetime(2025, 3, 1, 12, 0, tzinfo=timezone.utc)
+T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 
 
 def _res(node: str, version: str = "1") -> NodeResources:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import math
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any, get_args
 
 import pytest
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from skulk.models.cards import builtin_cards_dir, load_card
 from skulk.shared.codec import DecodeError, canonical_bytes, pack, round_trip, unpack
 from skulk.shared.types.chunks import (
     CHUNK_ADAPTER,
@@ -24,12 +25,12 @@ from skulk.shared.types.chunks import (
     TopLogprob,
 )
 from skulk.shared.types.commands import (
-    AddCustomModelCard,
-    DeleteCustomModelCard,
     COMMAND_ADAPTER,
+    AddCustomModelCard,
     CancelCommand,
     CancelDownload,
     CreateInstance,
+    DeleteCustomModelCard,
     DeleteInstance,
     Embed,
     EvictStagedModel,
@@ -44,9 +45,9 @@ from skulk.shared.types.commands import (
 )
 from skulk.shared.types.common import ChatMessage, Edge, NetworkInterface, ToolCall, ToolSpec, Usage
 from skulk.shared.types.events import (
+    EVENT_ADAPTER,
     CustomModelCardAdded,
     CustomModelCardDeleted,
-    EVENT_ADAPTER,
     DownloadCompleted,
     DownloadFailed,
     DownloadOngoing,
@@ -82,7 +83,6 @@ from skulk.shared.types.state import (
     NodeInfo,
     State,
 )
-from skulk.store.cards import builtin_cards_dir, load_card
 from skulk.shared.types.tasks import (
     TASK_ADAPTER,
     CancelTask,
@@ -109,7 +109,7 @@ from skulk.shared.types.telemetry import (
 
 CARD = load_card(builtin_cards_dir() / "local--tiny-llama.toml")
 
-NOW = datetime(2025, 1, 2, 3, 4, 5, 678901, tzinfo=timezone.utc)
+NOW = datetime(2025, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
 MODEL = "local/tiny-llama"
 
 INSTANCE = Instance(
@@ -346,7 +346,7 @@ def _keys(obj: Any) -> list[str]:
 
 
 def _members(adapter: TypeAdapter[Any]) -> set[type]:
-    return set(get_args(get_args(adapter._type)[0]))  # noqa: SLF001
+    return set(get_args(get_args(adapter._type)[0]))
 
 
 @pytest.mark.parametrize(("kind", "adapter", "samples"), UNIONS, ids=[u[0] for u in UNIONS])
@@ -431,7 +431,7 @@ def test_iso_string_datetimes_decode_to_utc(text: str, expected: datetime) -> No
     wire = {"idx": 0, "origin": "n1", "indexedAt": text, "event": EVENTS[1].to_wire()}
     decoded = IndexedEvent.model_validate(wire)
     assert decoded.indexed_at == expected
-    assert decoded.indexed_at.tzinfo is timezone.utc
+    assert decoded.indexed_at.tzinfo is UTC
     info = NodeInfo.model_validate({"nodeId": "n", "nodeName": "x", "version": "v", "lastSeen": text})
     assert info.last_seen == expected
 

@@ -2,12 +2,13 @@
 
 import pytest
 
+import skulk.worker.plan as worker_plan_module
+from skulk.models.cards import builtin_cards_dir, load_card
 from skulk.shared.memory_estimate import assignment_footprint
 from skulk.shared.types.common import ChatMessage
 from skulk.shared.types.instances import Instance, RunnerStatus, ShardAssignment
 from skulk.shared.types.state import State
 from skulk.shared.types.tasks import TextGeneration, TextGenerationParams
-from skulk.store.cards import builtin_cards_dir, load_card
 from skulk.worker.plan import (
     CancelRunnerTask,
     DispatchTask,
@@ -144,3 +145,20 @@ def test_embedding_tasks_dispatch_to_rank_zero_like_generations():
 def test_a_finished_task_counts_as_dispatched_until_state_shows_it_terminal(status, in_state, expected):
     state = State(tasks={"t1": TASK.model_copy(update={"status": status})} if in_state else {})
     assert still_unconfirmed(frozenset({"t1"}), state) == expected
+
+
+@pytest.mark.parametrize(
+    ("world_size", "served", "breaker_tripped", "verdict"),
+    [
+        (1, False, False, worker_plan_module.RestartRunner()),
+        (1, True, False, worker_plan_module.RestartRunner()),  # a lone runner may come back after serving
+        (1, False, True, worker_plan_module.GiveUpRunner("keeps failing")),
+        (2, False, False, worker_plan_module.RestartRunner()),  # a rank that never served may still join
+        (2, True, False, worker_plan_module.GiveUpRunner(
+            "failed after serving in a multi-rank group; the group is re-placed")),
+        (2, True, True, worker_plan_module.GiveUpRunner(
+            "failed after serving in a multi-rank group; the group is re-placed")),
+    ],
+)
+def test_after_runner_failure(world_size, served, breaker_tripped, verdict) -> None:  # type: ignore[no-untyped-def]
+    assert worker_plan_module.after_runner_failure(world_size, served, breaker_tripped) == verdict

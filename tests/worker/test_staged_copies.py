@@ -6,12 +6,12 @@ from datetime import UTC, datetime
 
 import pytest
 
+from skulk.model_store.eviction import EvictionPolicy
+from skulk.model_store.staging import StagingOptions, scan_staged, stage_from_local
+from skulk.models.downloads import read_marker
 from skulk.shared.types.events import IndexedEvent, StagedModelEvicted, TracingStateChanged
-from skulk.store.downloads import read_marker
-from skulk.store.eviction import EvictionPolicy
-from skulk.store.staging import StagingOptions, scan_staged, stage_from_local
 from skulk.worker.staged_copies import StagedCopyKeeper, eviction_applies
-from tests.store.test_staging import make_canonical
+from tests.model_store.test_staging import make_canonical
 
 EVICT_ALL = StagedModelEvicted(event_id="e1", model_id="acme/a")
 

@@ -3,9 +3,9 @@ served as the companion, on the fresh path, the already-on-disk path and store s
 
 from __future__ import annotations
 
+from skulk.models.downloads import MARKER_FILE_NAME, download_model
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.events import DownloadCompleted, DownloadFailed, DownloadPending
-from skulk.store.downloads import MARKER_FILE_NAME, download_model
 from tests.mockhub import (
     GGUF_FILE,
     TINY_GGUF_REPO,
@@ -48,7 +48,7 @@ async def test_a_missing_required_companion_fails_the_model_naming_it(mock_hub, 
     assert isinstance(pending, DownloadPending) and isinstance(failed, DownloadFailed)
     assert failed.attempt_id == pending.attempt_id and MISSING in failed.error_message
     assert card.model_id not in worker.stats()["artifacts"]
-    assert MISSING in worker._artifact_failures[card.model_id]
+    assert MISSING in worker._artifact_failures[card.model_id].reason
 
 
 async def test_a_missing_best_effort_companion_is_skipped(mock_hub, tmp_path, caplog):
@@ -107,7 +107,7 @@ async def test_a_remote_store_fetches_and_stages_companions_too(mock_hub, tmp_pa
 
     import skulk.worker.main as worker_main
     from tests.api.live_server import live_server
-    from tests.store.test_store_fetch import FAST, remote_binding, store_host_app
+    from tests.model_store.test_store_fetch import FAST, remote_binding, store_host_app
 
     monkeypatch.setattr(worker_main, "stage_card", functools.partial(worker_main.stage_card, retry=FAST,
                                                                      fetch_poll_s=0.05))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
+from skulk.artifacts.plan import FailureCooldown
 from skulk.shared.types.events import DownloadCompleted, DownloadFailed, DownloadPending
 from skulk.shared.types.state import DownloadStatusCompleted, State
 from skulk.shared.types.telemetry import DownloadProgress
@@ -25,7 +26,7 @@ class FakeRouter:
     def __init__(self) -> None:
         self.published: list[object] = []
 
-    async def publish(self, _topic, message, *, to_node=None) -> None:  # noqa: ANN001
+    async def publish(self, _topic, message, *, to_node=None) -> None:
         self.published.append(message)
 
 
@@ -33,7 +34,7 @@ class FakeReplica:
     def __init__(self) -> None:
         self.state = State()
 
-    def on_applied(self, _callback) -> None:  # noqa: ANN001
+    def on_applied(self, _callback) -> None:
         return None
 
 
@@ -41,7 +42,7 @@ class FakeProducer:
     def __init__(self) -> None:
         self.events: list[object] = []
 
-    def submit(self, event) -> int:  # noqa: ANN001
+    def submit(self, event) -> int:
         self.events.append(event)
         return len(self.events) - 1
 
@@ -101,7 +102,7 @@ async def test_a_copy_on_disk_is_reported_completed_once(mock_hub, tmp_path):
 
 async def test_failed_download_emits_failed_with_reason_and_fails_the_artifact(mock_hub, tmp_path):
     card = hub_card("mock-org/missing")
-    worker, producer, _replica, router = _worker(tmp_path, {card.model_id: card})  # no telemetry sink
+    worker, producer, _replica, _router = _worker(tmp_path, {card.model_id: card})  # no telemetry sink
 
     await worker._resolve(card.model_id)
 
@@ -114,11 +115,9 @@ async def test_failed_download_emits_failed_with_reason_and_fails_the_artifact(m
 
 
 async def test_a_passing_download_failure_is_forgotten_after_a_cool_down(mock_hub, tmp_path, monkeypatch):
-    import skulk.worker.main as worker_main
-
-    monkeypatch.setattr(worker_main, "DOWNLOAD_FAILURE_COOLDOWN_S", 0.05)
     card = hub_card(TINY_GGUF_REPO, gguf_file=GGUF_FILE)
     worker, producer, _replica, _ = _worker(tmp_path, {card.model_id: card}, [])
+    worker.failure_cooldown = FailureCooldown(cooldown_s=0.05)
     worker._download_cancel.set()  # as at shutdown: a passing failure
     await worker._resolve(card.model_id)
     assert "cancelled" in worker.stats()["artifactFailures"][card.model_id]
@@ -150,8 +149,8 @@ def _store_worker(tmp_path, cards, binding, telemetry: list | None = None):
 
 
 def _self_binding(tmp_path):
-    from skulk.store.model_store import NodeStore, StoreBinding
-    from skulk.store.store_host import StoreAddress, StoreChoice
+    from skulk.model_store.host import StoreAddress, StoreChoice
+    from skulk.model_store.node_store import NodeStore, StoreBinding
 
     store = NodeStore(staging_root=tmp_path / "staging", canonical_root=tmp_path / "models",
                       free_bytes=lambda _p: 10**15)
@@ -189,9 +188,9 @@ async def test_an_unreachable_store_falls_back_to_a_direct_download_and_says_so_
     import functools
 
     import skulk.worker.main as worker_main
-    from skulk.store.model_store import NodeStore, StoreBinding
-    from skulk.store.staging import RetryPolicy
-    from skulk.store.store_host import StoreAddress, StoreChoice
+    from skulk.model_store.host import StoreAddress, StoreChoice
+    from skulk.model_store.node_store import NodeStore, StoreBinding
+    from skulk.model_store.staging import RetryPolicy
     from tests.nodeproc import free_port
 
     monkeypatch.setattr(worker_main, "stage_card", functools.partial(

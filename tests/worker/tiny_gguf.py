@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from skulk.models.cards import builtin_cards_dir, load_card
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.ids import CommandId, InstanceId, ModelId, NodeId, RunnerId, TaskId
 from skulk.shared.types.instances import Instance, ShardAssignment
 from skulk.shared.types.tasks import TextGeneration, TextGenerationParams
-from skulk.store.cards import builtin_cards_dir, load_card
 
 TINY_GGUF_MODEL_ID = "local/tiny-llama-gguf"
 NODE = NodeId("node-test")
@@ -65,7 +65,7 @@ def prompt_params(prompt: str, **kwargs) -> TextGenerationParams:
 @pytest.fixture(scope="session")
 def tiny_gguf(tmp_path_factory) -> Path:
     """Path of the generated tiny GGUF (generated once per test session)."""
-    from skulk.store.tiny_models import ensure_local_model
+    from skulk.artifacts.resolve import ensure_local_model
 
     path = ensure_local_model(tiny_gguf_card(), tmp_path_factory.mktemp("models"))
     assert path.suffix == ".gguf" and path.is_file(), path

@@ -18,30 +18,30 @@ from skulk import __version__
 from skulk.api.access import AccessPolicy
 from skulk.api.auth import AccessMiddleware
 from skulk.api.body_guard import BodyGuard
-from skulk.api.errors import install_error_handlers
-from skulk.api.limits import RequestLimits
-from skulk.api.request_metrics import RequestMetricsMiddleware
-from skulk.api.routes import control, dashboard, diagnostics, events, instances, model_cards, traces
-from skulk.api.routes import anthropic as anthropic_routes
-from skulk.api.routes import ollama as ollama_routes
-from skulk.api.routes import ollama_models
-from skulk.api.routes import openai as openai_routes
-from skulk.api.routes import store as store_routes
-from skulk.api.routes import sessions as sessions_routes
 from skulk.api.cors import install_cors
+from skulk.api.errors import install_error_handlers
 from skulk.api.json_body import OllamaJsonBodies
+from skulk.api.limits import RequestLimits
 from skulk.api.openapi_errors import drop_validation_422
+from skulk.api.request_metrics import RequestMetricsMiddleware
+from skulk.api.routes import anthropic as anthropic_routes
+from skulk.api.routes import control, dashboard, diagnostics, events, instances, model_cards, ollama_models, traces
+from skulk.api.routes import ollama as ollama_routes
+from skulk.api.routes import openai as openai_routes
+from skulk.api.routes import sessions as sessions_routes
+from skulk.api.routes import store as store_routes
 from skulk.api.state_feed import StateFeed
 from skulk.api.streams import CommandStreams
 from skulk.observe.metrics import NodeCollector, ServingMetrics, new_registry
 from skulk.observe.traces import TraceStore
+from skulk.shared.serving import serving
 from skulk.shared.telemetry_view import TelemetryView
-from skulk.shared.types.commands import Command
 from skulk.shared.types.cards import ModelCard
+from skulk.shared.types.commands import Command
 from skulk.shared.types.instances import Instance
-from skulk.shared.types.telemetry import NodeResources
 from skulk.shared.types.state import State
 from skulk.shared.types.task_inputs import TaskInput
+from skulk.shared.types.telemetry import NodeResources
 
 
 async def _no_cluster(_command: Command) -> None:
@@ -132,11 +132,8 @@ def find_placed_instance(state: State, model_id: str) -> Instance | None:
     """An instance of `model_id` in `state`, preferring one whose runners all serve; the
     master makes the final choice when it creates the task."""
     candidates = sorted((i for i in state.instances.values() if i.model_id == model_id), key=lambda i: i.instance_id)
-    serving = [
-        i for i in candidates
-        if all((s := state.runners.get(r)) is not None and s.state in ("Ready", "Running") for r in i.runner_ids())
-    ]
-    return (serving or candidates or [None])[0]
+    serving_now = [i for i in candidates if serving(state, i)]
+    return (serving_now or candidates or [None])[0]
 
 
 def create_app(context: ApiContext) -> FastAPI:

@@ -118,9 +118,9 @@ class AccessMiddleware:
 
 __all__ = [
     "API_KEY_ENV",
-    "AccessMiddleware",
     "OPEN_PATHS",
     "OPEN_PATH_PREFIXES",
+    "AccessMiddleware",
     "check_api_key",
     "current_principal",
     "is_open_path",

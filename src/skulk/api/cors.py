@@ -3,7 +3,7 @@
 Like Ollama, a node answers web pages served from the same machine by default: any scheme
 of `localhost`, `127.0.0.1`, `[::1]` or `0.0.0.0`, on any port. Other origins (a web UI on
 another machine of the LAN, say) are allowed only when listed in `api.cors_origins` of
-`skulk.yaml` or `SKULK_CORS_ORIGINS` (comma-separated, read by `skulk.store.config`); `*`
+`skulk.yaml` or `SKULK_CORS_ORIGINS` (comma-separated, read by `skulk.datadir.config`); `*`
 allows every origin.
 
 Starlette's maintained `CORSMiddleware` does the protocol. It must wrap everything else

@@ -25,6 +25,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from skulk.shared.types.stream_errors import StreamErrorType
+
 logger = logging.getLogger(__name__)
 
 ErrorKind = Literal[
@@ -150,28 +152,33 @@ class PeerUnreachable(ApiError):
 
 
 STREAM_ERROR_KINDS: dict[str, ErrorKind] = {
-    "cancelled": "cancelled",
-    "client_closed": "cancelled",
-    "idle_timeout": "timeout",
-    "first_frame_timeout": "timeout",
-    "master_failover": "unavailable",
-    "MasterFailover": "unavailable",
-    "instance_gone": "unavailable",
-    "TaskFailed": "unavailable",  # the master failed the task: its instance is gone or was never placed
-    "PoolMemberLost": "unavailable",  # a llama.cpp pool lost a donor: the instance is being re-placed
-    "client_too_slow": "overloaded",
-    "protocol_violation": "upstream",
+    StreamErrorType.CANCELLED: "cancelled",
+    StreamErrorType.CLIENT_CLOSED: "cancelled",
+    StreamErrorType.IDLE_TIMEOUT: "timeout",
+    StreamErrorType.FIRST_FRAME_TIMEOUT: "timeout",
+    StreamErrorType.MASTER_FAILOVER: "unavailable",
+    # The master failed the task: its instance is gone, lost a node, was refused or never
+    # placed. The type says which; all are "try again", none is the request's fault.
+    StreamErrorType.TASK_FAILED: "unavailable",
+    StreamErrorType.INSTANCE_GONE: "unavailable",
+    StreamErrorType.NODE_LOST: "unavailable",
+    StreamErrorType.PLACEMENT_REFUSED: "unavailable",
+    StreamErrorType.DOWNLOAD_FAILED: "unavailable",
+    StreamErrorType.GROUP_BROKEN: "unavailable",
+    StreamErrorType.CLIENT_TOO_SLOW: "overloaded",
+    StreamErrorType.POOL_MEMBER_LOST: "unavailable",  # a llama.cpp pool lost a donor: the instance is being re-placed
+    StreamErrorType.PROTOCOL_VIOLATION: "upstream",
     # Runner errors that are the request's fault, reported before any output went out
     # (embeddings answer only once everything is computed): the caller gets a 4xx.
-    "ContextLengthExceeded": "invalid_request",
-    "InvalidRequest": "invalid_request",
+    StreamErrorType.CONTEXT_LENGTH_EXCEEDED: "invalid_request",
+    StreamErrorType.INVALID_REQUEST: "invalid_request",
 }
 """Kinds of the stream error types this API produces itself; a runner's own error types (an
 engine crash, an out-of-memory) are `internal` unless listed here."""
 
 
 STREAM_ERROR_CODES: dict[str, str] = {
-    "ContextLengthExceeded": "context_length_exceeded",
+    StreamErrorType.CONTEXT_LENGTH_EXCEEDED: "context_length_exceeded",
 }
 """Runner error types whose error `code` a client matches on, as OpenAI spells it (LiteLLM
 maps `context_length_exceeded` to its ContextWindowExceededError); others keep their type."""
@@ -183,7 +190,7 @@ class StreamFailed(ApiError):
 
     def __init__(
         self,
-        error_type: str,
+        error_type: StreamErrorType | str,
         message: str,
         *,
         outcome: Literal["failed", "cancelled"] = "failed",
@@ -300,6 +307,9 @@ _SHAPES: tuple[tuple[str, WireShape], ...] = (
     ("/v1/", "openai"),
     ("/v1/messages", "anthropic"),
     ("/ollama", "ollama"),
+    # The model store's routes answer in the OpenAI shape (`{"error": {...code}}`), which is
+    # what `skulk models pull` and the store fetcher on other nodes parse.
+    ("/store/", "openai"),
 )
 """Path prefix -> wire shape; longest matching prefix wins."""
 
@@ -455,7 +465,6 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 __all__ = [
-    "FeatureUnsupported",
     "ANTHROPIC_STATUS",
     "NATIVE_V1_PREFIXES",
     "OPENAI_STATUS",
@@ -464,6 +473,7 @@ __all__ = [
     "ApiError",
     "ClusterNotReady",
     "ErrorKind",
+    "FeatureUnsupported",
     "InvalidRequest",
     "ModelNotFound",
     "ModelNotServing",

@@ -16,7 +16,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import aclosing
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fastapi import Request
 
@@ -32,19 +32,23 @@ from skulk.api.errors import (
 from skulk.api.limits import context_error, embedding_limits_error, generation_limits_error
 from skulk.api.output import OutputShaper
 from skulk.api.streams import CommandStream
-from skulk.shared.codec import pack
 from skulk.observe.structured_logs import bind_request_ids
 from skulk.observe.traces import RequestTrace
+from skulk.shared.codec import pack
 from skulk.shared.serving import model_serving
+from skulk.shared.types.cards import backend_engine
 from skulk.shared.types.chunks import EmbeddingChunk, TokenChunk
 from skulk.shared.types.commands import CancelCommand, Command, Embed, GenerateText, TaskFinished
-from skulk.shared.types.cards import backend_engine
 from skulk.shared.types.common import Usage
 from skulk.shared.types.engines import Feature, is_pipelined, missing_features, traits_of
 from skulk.shared.types.ids import new_id
 from skulk.shared.types.instances import Instance
+from skulk.shared.types.stream_errors import StreamErrorType
 from skulk.shared.types.task_inputs import TaskInput, redacted_embedding_params, redacted_generation_params
 from skulk.shared.types.tasks import EmbeddingParams, TextGenerationParams
+
+if TYPE_CHECKING:  # the context's module imports these routes
+    from skulk.api.app import ApiContext
 
 logger = logging.getLogger(__name__)
 
@@ -55,11 +59,11 @@ _background: set[asyncio.Task[None]] = set()
 """Commands sent after a request ended, held until sent (the loop keeps only weak refs)."""
 
 
-def api_context(request: Request):  # noqa: ANN201 - ApiContext (import cycle otherwise)
+def api_context(request: Request):
     return request.app.state.skulk
 
 
-def send_later(context: Any, command: Command) -> None:
+def send_later(context: ApiContext, command: Command) -> None:
     """Submit `command` without waiting. Used where the request is ending (or already
     cancelled), so an await could be cancelled before the command leaves."""
 
@@ -82,15 +86,15 @@ def _subject(command: Command) -> str:
     return getattr(command, "cancelled_command_id", None) or getattr(command, "finished_command_id", command.command_id)
 
 
-def cancel_later(context: Any, command_id: str) -> None:
+def cancel_later(context: ApiContext, command_id: str) -> None:
     send_later(context, CancelCommand(command_id=new_id(), cancelled_command_id=command_id))
 
 
-def finished_later(context: Any, command_id: str) -> None:
+def finished_later(context: ApiContext, command_id: str) -> None:
     send_later(context, TaskFinished(command_id=new_id(), finished_command_id=command_id))
 
 
-async def _close_on_disconnect(request: Request, context: Any, stream: CommandStream) -> None:
+async def _close_on_disconnect(request: Request, context: ApiContext, stream: CommandStream) -> None:
     """Wait for the client to go away; then close its stream and cancel the command."""
     while True:
         message = await request.receive()
@@ -102,7 +106,7 @@ async def _close_on_disconnect(request: Request, context: Any, stream: CommandSt
 
 
 async def _follow(
-    request: Request, context: Any, stream: CommandStream, kind: type[Any]
+    request: Request, context: ApiContext, stream: CommandStream, kind: type[Any]
 ) -> AsyncIterator[Any]:
     """The chunks of `stream` (all of type `kind`) until it ends, telling the cluster how it
     ended: TaskFinished after the runner's terminal, CancelCommand when this node or the
@@ -112,7 +116,7 @@ async def _follow(
         async for chunk in stream:
             if not isinstance(chunk, kind):
                 # Skipped; the stream now ends with the violation once what is queued is read.
-                context.streams.fail(stream.command_id, "protocol_violation",
+                context.streams.fail(stream.command_id, StreamErrorType.PROTOCOL_VIOLATION,
                                      f"A {kind.__name__} stream carried a {chunk.type}.")
                 continue
             yield chunk
@@ -130,7 +134,7 @@ async def _follow(
 
 
 async def drive(
-    request: Request, context: Any, stream: CommandStream, params: TextGenerationParams | None = None
+    request: Request, context: ApiContext, stream: CommandStream, params: TextGenerationParams | None = None
 ) -> AsyncIterator[TokenChunk]:
     """The token chunks of `stream` until it ends (see `_follow`). Callers wrap it in
     `contextlib.aclosing` so that leaving early cancels the command.
@@ -151,7 +155,7 @@ async def drive(
 
 
 async def open_output(
-    request: Request, context: Any, stream: CommandStream, params: TextGenerationParams | None = None
+    request: Request, context: ApiContext, stream: CommandStream, params: TextGenerationParams | None = None
 ) -> AsyncIterator[TokenChunk]:
     """`drive(...)` with its first chunk already awaited, for a streamed response: a failure
     before any output (a prompt longer than the context, a runner that refused the request,
@@ -179,7 +183,7 @@ async def open_output(
 
 
 async def open_outputs(
-    request: Request, context: Any, streams: list[CommandStream], params: TextGenerationParams | None = None
+    request: Request, context: ApiContext, streams: list[CommandStream], params: TextGenerationParams | None = None
 ) -> list[AsyncIterator[TokenChunk]]:
     """`open_output` for each of several choices: any failure before the first chunk of any
     of them raises here (the route answers an HTTP error before the response starts), after
@@ -255,7 +259,7 @@ async def encoded_choice_events(
         yield event
 
 
-async def start_embedding(context: Any, params: EmbeddingParams) -> CommandStream:
+async def start_embedding(context: ApiContext, params: EmbeddingParams) -> CommandStream:
     """Check the model is placed (404) and there is a master (503), open the command's
     stream and submit `Embed`. The caller then reads it with `collect_embedding`."""
     check_wire_ints(params)
@@ -278,7 +282,7 @@ async def start_embedding(context: Any, params: EmbeddingParams) -> CommandStrea
 
 
 async def collect_embedding(
-    request: Request, context: Any, stream: CommandStream, expected: int | None = None
+    request: Request, context: ApiContext, stream: CommandStream, expected: int | None = None
 ) -> EmbeddingChunk:
     """The one embedding chunk of a completed stream (several are concatenated in order).
     With `expected`, a count of vectors other than one per input is a protocol violation
@@ -288,10 +292,10 @@ async def collect_embedding(
         async for chunk in output:
             chunks.append(chunk)
     if not chunks:
-        raise StreamFailed("protocol_violation", "The embedding stream ended without embeddings.", origin="api")
+        raise StreamFailed(StreamErrorType.PROTOCOL_VIOLATION, "The embedding stream ended without embeddings.", origin="api")
     returned = sum(len(c.embeddings) for c in chunks)
     if expected is not None and returned != expected:
-        raise StreamFailed("protocol_violation",
+        raise StreamFailed(StreamErrorType.PROTOCOL_VIOLATION,
                            f"The runner returned {returned} embeddings for {expected} inputs.", origin="api")
     if len(chunks) == 1:
         return chunks[0]
@@ -308,7 +312,7 @@ def _call_id_factory(command_id: str) -> Callable[[int], str]:
     return lambda index: f"call_{command_id}_{index}"
 
 
-def hold_input(context: Any, stream: CommandStream, item: TaskInput) -> None:
+def hold_input(context: ApiContext, stream: CommandStream, item: TaskInput) -> None:
     """Hand the request's full params to the relay, after checking that the cluster's framing
     can carry them (it packs them when the serving node is another one): a value it cannot
     carry is the caller's 400 now, not a request lost on the way."""
@@ -320,7 +324,7 @@ def hold_input(context: Any, stream: CommandStream, item: TaskInput) -> None:
     context.hold_input(item)
 
 
-async def submit(context: Any, stream: CommandStream, command: Command) -> None:
+async def submit(context: ApiContext, stream: CommandStream, command: Command) -> None:
     """Submit `command`; when the master cannot be reached, free `stream` and raise 503."""
     try:
         await context.submit_command(command)
@@ -352,7 +356,7 @@ def check_wire_ints(params: TextGenerationParams | EmbeddingParams) -> None:
             raise InvalidRequest(f"'{name}' is out of range: {value}.", param=name)
 
 
-def refuse_if_not_serving(context: Any, model_id: str) -> None:
+def refuse_if_not_serving(context: ApiContext, model_id: str) -> None:
     """`ModelNotServing` (503, now) when every placed instance of the model has a runner
     down; a model still loading is waited for (the master binds the request to it)."""
     verdict = model_serving(context.get_state(), model_id)
@@ -373,7 +377,7 @@ def check_features(instance: Instance, params: TextGenerationParams,
                                  param=(param_names or {}).get(param, param))
 
 
-def bind_instance(context: Any, params: TextGenerationParams, *, max_tokens_param: str = "max_tokens",
+def bind_instance(context: ApiContext, params: TextGenerationParams, *, max_tokens_param: str = "max_tokens",
                   param_names: Mapping[str, str] | None = None) -> Instance:
     """The placed instance `params` will run on, after the checks every wire format shares:
     the model is placed (404 naming the fix otherwise), its engine honours every feature
@@ -404,7 +408,7 @@ def bind_instance(context: Any, params: TextGenerationParams, *, max_tokens_para
 
 
 async def start_generation(
-    context: Any, params: TextGenerationParams, *, max_tokens_param: str = "max_tokens",
+    context: ApiContext, params: TextGenerationParams, *, max_tokens_param: str = "max_tokens",
     param_names: Mapping[str, str] | None = None,
 ) -> CommandStream:
     """Bind `params` (see `bind_instance`), open its stream and submit `GenerateText`. The
@@ -416,7 +420,7 @@ async def start_generation(
     return await _submit_generation(context, params, command_id, trace)
 
 
-async def _submit_generation(context: Any, params: TextGenerationParams, command_id: str,
+async def _submit_generation(context: ApiContext, params: TextGenerationParams, command_id: str,
                              trace: RequestTrace | None) -> CommandStream:
     """Open a stream for a bound request and submit its `GenerateText`."""
     stream = context.streams.open(command_id, params.model_id, requested_by=current_principal().id)
@@ -433,7 +437,7 @@ async def _submit_generation(context: Any, params: TextGenerationParams, command
     return stream
 
 
-def begin_trace(context: Any, command_id: str, model_id: str) -> RequestTrace | None:
+def begin_trace(context: ApiContext, command_id: str, model_id: str) -> RequestTrace | None:
     """A trace for this request when tracing is on cluster-wide (the replicated flag), else
     None: the whole cost of tracing when it is off is this check."""
     store = getattr(context, "traces", None)
@@ -451,7 +455,7 @@ def choice_params(params: TextGenerationParams, n: int) -> list[TextGenerationPa
 
 
 async def start_choices(
-    context: Any, params: TextGenerationParams, n: int, *, max_tokens_param: str = "max_tokens",
+    context: ApiContext, params: TextGenerationParams, n: int, *, max_tokens_param: str = "max_tokens",
     param_names: Mapping[str, str] | None = None,
 ) -> list[CommandStream]:
     """`start_generation` for each of `n` choices (see `choice_params`), bound once. When a
@@ -472,7 +476,7 @@ async def start_choices(
 
 
 async def collect_choices(
-    request: Request, context: Any, streams: list[CommandStream], params: TextGenerationParams
+    request: Request, context: ApiContext, streams: list[CommandStream], params: TextGenerationParams
 ) -> list[list[TokenChunk]]:
     """The shaped chunks of every choice, driven side by side; the first failure fails the
     request (and leaving cancels the other choices, through `drive`)."""
@@ -493,24 +497,22 @@ __all__ = [
     "SSE_HEADERS",
     "api_context",
     "bind_instance",
-    "refuse_if_not_serving",
-
-
+    "cancel_later",
     "check_features",
     "check_wire_ints",
     "choice_params",
     "collect_choices",
-    "cancel_later",
     "collect_embedding",
     "drive",
     "encoded_choice_events",
-    "interleaved",
-    "open_outputs",
     "finished_later",
+    "interleaved",
     "open_output",
+    "open_outputs",
+    "refuse_if_not_serving",
     "send_later",
-    "start_embedding",
     "start_choices",
+    "start_embedding",
     "start_generation",
     "submit",
 ]
@@ -532,7 +534,7 @@ class ChoiceEncoder(StreamEncoder, Protocol):
 
 async def encoded_events(
     request: Request,
-    context: Any,
+    context: ApiContext,
     stream: CommandStream,
     encoder: StreamEncoder,
     on_failure: Callable[[StreamFailed], Iterable[str]],

@@ -92,7 +92,7 @@ def body_size_error(size_bytes: int | None, limit_bytes: int) -> PayloadTooLarge
     )
 
 
-def declared_length(raw: bytes | None) -> int | None | ApiError:
+def declared_length(raw: bytes | None) -> int | ApiError | None:
     """A Content-Length header as a number (None: absent), or the error for a malformed one."""
     if raw is None:
         return None
@@ -246,11 +246,11 @@ __all__ = [
     "MAX_BYTES_PER_TOKEN",
     "MAX_EMBEDDING_INPUTS",
     "MAX_JSON_DEPTH",
+    "MAX_MAX_BODY_BYTES",
     "MAX_MESSAGES",
     "MAX_STOP_SEQUENCES",
     "MAX_TEXT_CHARS",
     "MAX_TOOLS",
-    "MAX_MAX_BODY_BYTES",
     "MIN_MAX_BODY_BYTES",
     "RequestLimits",
     "body_size_error",

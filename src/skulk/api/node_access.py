@@ -15,12 +15,12 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from skulk.api.access import AccessPolicy, own_hosts
-from skulk.store.secret_file import load_or_create_secret
+from skulk.datadir.secret_file import load_or_create_secret
 
 if TYPE_CHECKING:
-    from skulk.shared.types.common import NetworkInterface
+    from skulk.datadir.paths import SkulkPaths
     from skulk.node import NodeSettings
-    from skulk.store.paths import SkulkPaths
+    from skulk.shared.types.common import NetworkInterface
 
 
 def load_or_create_api_key(paths: SkulkPaths) -> str:

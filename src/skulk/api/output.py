@@ -62,10 +62,7 @@ class OutputShaper:
         calls = [ToolCall(id=self._new_call_id(i), name=c.name, arguments=c.arguments) for i, c in enumerate(parsed.calls)]
         usage = next((c.usage for c in reversed(held) if c.usage is not None), last.usage)
         prompt_tokens = next((c.prompt_tokens for c in held if c.prompt_tokens is not None), None)
-        return out + [TokenChunk(
-            command_id=last.command_id, text=parsed.content, tool_calls=calls, finish_reason="tool_calls", usage=usage,
-            prompt_tokens=prompt_tokens,
-        )]
+        return [*out, TokenChunk(command_id=last.command_id, text=parsed.content, tool_calls=calls, finish_reason="tool_calls", usage=usage, prompt_tokens=prompt_tokens)]
 
     def _split(self, chunk: TokenChunk) -> list[TokenChunk]:
         if self._splitter is None or not chunk.text or self._splitter.settled:

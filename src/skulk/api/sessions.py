@@ -3,7 +3,7 @@
 A session is the text a client has committed so far (its *transcript*) bound to one
 placed instance. Every call that touches the model sends the whole transcript as the
 request's raw prompt through the ordinary generation path (task, relayed task input,
-rank-0 runner), and the engine's prefix cache (`skulk.worker.engines.prefix_cache`) finds
+rank-0 runner), and the engine's prefix cache (`skulk.shared.prefix_cache`) finds
 the session's KV by its tokens, hot in the context or restored from the cold store. So
 a session can never decode on wrong KV: the KV re-used is whatever matches the tokens
 sent, and a runner that lost it (restart, eviction) simply evaluates them again.

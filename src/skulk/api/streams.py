@@ -36,6 +36,7 @@ from skulk.shared.types.chunks import (
     StreamTerminal,
     TokenChunk,
 )
+from skulk.shared.types.stream_errors import StreamErrorType
 
 logger = logging.getLogger(__name__)
 
@@ -155,7 +156,7 @@ class CommandStream:
         was still open, so the caller should cancel the command in the cluster."""
         self._chunks.clear()
         return self._owner._end(
-            self, StreamFailed("client_closed", "the client closed the request", outcome="cancelled", origin="client")
+            self, StreamFailed(StreamErrorType.CLIENT_CLOSED, "the client closed the request", outcome="cancelled", origin="client")
         )
 
     def __aiter__(self) -> CommandStream:
@@ -309,7 +310,7 @@ class CommandStreams:
             if isinstance(frame, StreamTerminal) and frame.error_message:
                 detail = f" (the runner said: {frame.outcome}: {frame.error_message})"
             self._end(stream, StreamFailed(
-                "protocol_violation", f"The runner broke the output protocol: {problem}{detail}.", origin="api"
+                StreamErrorType.PROTOCOL_VIOLATION, f"The runner broke the output protocol: {problem}{detail}.", origin="api"
             ))
             return
         self._counters["deliveredFrames"] += 1
@@ -334,7 +335,7 @@ class CommandStreams:
             self._counters["overflows"] += 1
             logger.warning("command %s: client read too slowly (%d chunks queued)", stream.command_id, stream.queued)
             self._end(stream, StreamFailed(
-                "client_too_slow", f"The client fell {stream.queued} chunks behind the runner.", origin="api"
+                StreamErrorType.CLIENT_TOO_SLOW, f"The client fell {stream.queued} chunks behind the runner.", origin="api"
             ))
             return
         stream._push(chunk)
@@ -360,7 +361,7 @@ class CommandStreams:
         if frame.outcome == "cancelled":
             return StreamFailed("cancelled", frame.error_message or "The request was cancelled.", outcome="cancelled")
         if frame.outcome == "failed":
-            error_type = frame.error_type or (error.error_type if error else "runner_failed")
+            error_type = frame.error_type or (error.error_type if error else StreamErrorType.RUNNER_FAILED)
             message = frame.error_message or (error.message if error else f"The runner failed ({error_type}).")
             return StreamFailed(error_type, message)
         if error is not None:
@@ -371,7 +372,7 @@ class CommandStreams:
     # -- ends decided here --
 
     def fail(
-        self, command_id: str, error_type: str, message: str, *, outcome: Literal["failed", "cancelled"] = "failed"
+        self, command_id: str, error_type: StreamErrorType | str, message: str, *, outcome: Literal["failed", "cancelled"] = "failed"
     ) -> bool:
         """End `command_id`'s stream with a typed failure decided by this node (for example
         the cluster reported its task failed). True when the stream was open."""
@@ -391,7 +392,7 @@ class CommandStreams:
     def open_command_ids(self) -> list[str]:
         return list(self._open)
 
-    def fail_failover(self, error_type: str, messages: dict[str, str]) -> int:
+    def fail_failover(self, error_type: StreamErrorType, messages: dict[str, str]) -> int:
         """End the streams a change of master affects (`skulk.api.failover`), each with its
         own message; the others continue. Returns how many ended."""
         ended = 0
@@ -404,7 +405,7 @@ class CommandStreams:
             logger.warning("master changed: ended %d of %d open command streams", ended, ended + len(self._open))
         return ended
 
-    def fail_all(self, error_type: str, message: str) -> int:
+    def fail_all(self, error_type: StreamErrorType, message: str) -> int:
         """End every open stream at once (a master failover: the new session cannot carry
         the old session's tasks). Returns how many ended."""
         ended = 0
@@ -425,7 +426,7 @@ class CommandStreams:
                 self._counters["expiredFirstFrame"] += 1
                 why = self._explain_wait(stream.command_id)
                 failure = StreamFailed(
-                    "first_frame_timeout",
+                    StreamErrorType.FIRST_FRAME_TIMEOUT,
                     f"No runner started this request within {self.first_frame_deadline_s:g} s"
                     + (f": {why}." if why else "."),
                     origin="api",
@@ -433,7 +434,7 @@ class CommandStreams:
             elif now - stream.last_frame_at >= self.idle_lease_s:
                 self._counters["expiredIdle"] += 1
                 failure = StreamFailed(
-                    "idle_timeout", f"No output from the runner for {self.idle_lease_s:g} s.", origin="api"
+                    StreamErrorType.IDLE_TIMEOUT, f"No output from the runner for {self.idle_lease_s:g} s.", origin="api"
                 )
             else:
                 continue
@@ -459,7 +460,7 @@ class CommandStreams:
             self._recently_ended.popitem(last=False)
         if isinstance(end, _Completed):
             outcome = "completed"
-        elif end.origin == "client" and end.error_type == "client_closed":
+        elif end.origin == "client" and end.error_type == StreamErrorType.CLIENT_CLOSED:
             outcome = "client_closed"
         elif end.outcome == "cancelled":
             outcome = "cancelled"

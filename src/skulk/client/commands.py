@@ -9,7 +9,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -80,7 +80,7 @@ def place(
     model: Annotated[str, typer.Argument(help="Model id, e.g. local/tiny-llama-gguf (see `skulk models list`).")],
     nodes: Annotated[int, typer.Option("--nodes", min=1, help="Least number of nodes to spread it over.")] = 1,
     sharding: Annotated[str, typer.Option("--sharding", help="Pipeline or Tensor.")] = "Pipeline",
-    exclude: Annotated[Optional[list[str]], typer.Option("--exclude", help="Node (id, name or id prefix) to leave out; repeatable.")] = None,
+    exclude: Annotated[list[str] | None, typer.Option("--exclude", help="Node (id, name or id prefix) to leave out; repeatable.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the placement; place nothing.")] = False,
     url: Url = DEFAULT_URL,
 ) -> None:
@@ -152,9 +152,9 @@ def _answer(client: NodeClient, model: str, messages: list[dict], max_tokens: in
 
 def chat(
     model: Annotated[str, typer.Argument(help="A placed model's id (see `skulk ps`).")],
-    prompt: Annotated[Optional[str], typer.Option("-p", "--prompt", help="Ask once and exit (stdin is read when it is not a terminal).")] = None,
-    max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", min=1, help="Cap on each answer's tokens.")] = None,
-    temperature: Annotated[Optional[float], typer.Option("--temperature", min=0.0, help="Sampling temperature.")] = None,
+    prompt: Annotated[str | None, typer.Option("-p", "--prompt", help="Ask once and exit (stdin is read when it is not a terminal).")] = None,
+    max_tokens: Annotated[int | None, typer.Option("--max-tokens", min=1, help="Cap on each answer's tokens.")] = None,
+    temperature: Annotated[float | None, typer.Option("--temperature", min=0.0, help="Sampling temperature.")] = None,
     url: Url = DEFAULT_URL,
 ) -> None:
     """Chat with a placed model: streamed answers; an interactive REPL without -p (/exit or Ctrl-D
@@ -215,8 +215,8 @@ def models_search(
 
 def models_add(
     source: Annotated[str, typer.Argument(help="A Hugging Face repo (owner/name) or a local model path the node can read.")],
-    gguf_file: Annotated[Optional[str], typer.Option("--gguf-file", help="Which GGUF file of the repo.")] = None,
-    revision: Annotated[Optional[str], typer.Option("--revision", help="Pin a repo revision.")] = None,
+    gguf_file: Annotated[str | None, typer.Option("--gguf-file", help="Which GGUF file of the repo.")] = None,
+    revision: Annotated[str | None, typer.Option("--revision", help="Pin a repo revision.")] = None,
     url: Url = DEFAULT_URL,
 ) -> None:
     """Add a custom model card to the cluster, built from the repo's (or file's) metadata."""

@@ -33,7 +33,7 @@ FAILED_ADDRESS_RETRY_S = 60.0
 LEAVE_CONFIRM_DEADLINE_S = 1.5
 
 
-def probe_candidates(state, me: str) -> dict[str, list[str]]:  # noqa: ANN001 - State
+def probe_candidates(state, me: str) -> dict[str, list[str]]:
     """Peer -> API base URLs to try: each of its interface addresses on its API port."""
     candidates: dict[str, list[str]] = {}
     for peer, info in state.nodes.items():

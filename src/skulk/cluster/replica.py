@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 
 from skulk.routing.router import Received, Router, RouterError
@@ -29,6 +29,11 @@ SNAPSHOT_RETRY_S = 2.0
 """A follower that asked for a snapshot and heard nothing asks again after this long."""
 
 TICK_S = 0.25
+
+
+def listener_name(listener: Callable[..., object]) -> str:
+    """A stable name for a listener in logs and counters (`Node._fail_streams_of_failed_tasks`)."""
+    return getattr(listener, "__qualname__", None) or type(listener).__qualname__
 
 
 class StateReplica:
@@ -48,6 +53,10 @@ class StateReplica:
         self.ignored_foreign = 0
         self.snapshots_adopted = 0
         self.applied = 0
+        self.listener_errors: Counter[str] = Counter()
+        """Exceptions raised by listeners, by listener name. A listener's bug is logged and
+        counted here; it never stops the replica (the event is already applied and the other
+        listeners, the master's logging among them, must still see it)."""
 
     @property
     def node_id(self) -> str:
@@ -76,7 +85,16 @@ class StateReplica:
 
     def _notify_synced(self) -> None:
         for listener in self._session_listeners:
-            listener()
+            self._call_isolated(listener)
+
+    def _call_isolated(self, listener: Callable[..., None], *args: object) -> None:
+        try:
+            listener(*args)
+        except Exception:
+            name = listener_name(listener)
+            self.listener_errors[name] += 1
+            logger.exception("replica listener %s failed (%d so far); the replica carries on",
+                             name, self.listener_errors[name])
 
     # -- applying --------------------------------------------------------------------------
 
@@ -91,7 +109,7 @@ class StateReplica:
             return
         self.applied += 1
         for listener in self._listeners:
-            listener(event)
+            self._call_isolated(listener, event)
 
     def _apply_run(self, events: list[IndexedEvent]) -> None:
         for event in events:
@@ -169,7 +187,7 @@ class StateReplica:
         global_events = self._router.subscribe(TOPICS.global_events)
         sync_replies = self._router.subscribe(TOPICS.state_sync)  # node-addressed: ours only
 
-        async def pump(subscription, handler) -> None:  # noqa: ANN001
+        async def pump(subscription, handler) -> None:
             async for received in subscription:
                 await handler(received)
 
@@ -194,4 +212,6 @@ class StateReplica:
             "ignoredForeign": self.ignored_foreign,
             "bufferedEvents": len(self._buffer.pending),
             "bufferDropped": self._buffer.dropped,
+            "listenerErrors": sum(self.listener_errors.values()),
+            "listenerErrorsBy": dict(self.listener_errors),
         }

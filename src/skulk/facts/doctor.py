@@ -26,10 +26,10 @@ from typing import Any, Literal
 
 from skulk.dashboard import DASHBOARD_DIR_ENV, INDEX_NAME
 from skulk.dashboard import dashboard_dir as resolve_dashboard_dir
+from skulk.datadir.lease import Held, LeaseRecord, lease_decision, pid_alive, read_lease
+from skulk.datadir.paths import SkulkPaths
 from skulk.facts.derive import DerivedBackends, derive_node_backends
 from skulk.shared.types.node_facts import NodeFacts
-from skulk.store.lease import Held, LeaseRecord, lease_decision, pid_alive, read_lease
-from skulk.store.paths import SkulkPaths
 
 Status = Literal["ok", "warn", "error"]
 
@@ -424,8 +424,8 @@ def gather_doctor_inputs(
 def apply_fixes(results: Sequence[CheckResult], paths: SkulkPaths) -> list[str]:
     """Apply each distinct safe fix named by a non-OK verdict, once. Idempotent. Returns
     the fix ids applied."""
+    from skulk.datadir.paths import ensure_dirs
     from skulk.routing.cluster_key import load_or_create_cluster_key
-    from skulk.store.paths import ensure_dirs
 
     wanted = [r.verdict.fix for r in results if r.verdict.status != "ok" and r.verdict.fix is not None]
     applied: list[str] = []

@@ -67,15 +67,15 @@ def read_nvml() -> list[NvmlDevice] | None:
         devices = []
         for index in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            memory = _try(lambda: pynvml.nvmlDeviceGetMemoryInfo(handle))
+            memory = _try(lambda handle=handle: pynvml.nvmlDeviceGetMemoryInfo(handle))
             devices.append(NvmlDevice(
                 index=index,
-                name=_try(lambda: pynvml.nvmlDeviceGetName(handle)) or f"NVIDIA GPU {index}",
+                name=_try(lambda handle=handle: pynvml.nvmlDeviceGetName(handle)) or f"NVIDIA GPU {index}",
                 memory_total=None if memory is None else int(memory.total),
                 memory_free=None if memory is None else int(memory.free),
-                utilization_gpu=_try(lambda: int(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)),
-                temperature_c=_try(lambda: int(pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU))),
-                power_mw=_try(lambda: int(pynvml.nvmlDeviceGetPowerUsage(handle))),
+                utilization_gpu=_try(lambda handle=handle: int(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)),
+                temperature_c=_try(lambda handle=handle: int(pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU))),
+                power_mw=_try(lambda handle=handle: int(pynvml.nvmlDeviceGetPowerUsage(handle))),
             ))
         return devices
     except Exception as exc:
@@ -88,7 +88,7 @@ def read_nvml() -> list[NvmlDevice] | None:
             pass
 
 
-def _try(call):  # noqa: ANN001, ANN202 - one NVML query; a device may not support it
+def _try(call):
     try:
         return call()
     except Exception:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from skulk.master.placement import PlacementError, PlacementRequest, place
 from skulk.master.repair import RepairInputs, repair_refused
+from skulk.shared.serving import model_serving
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.commands import (
     AddCustomModelCard,
@@ -25,15 +26,14 @@ from skulk.shared.types.commands import (
     CreateInstance,
     DeleteCustomModelCard,
     DeleteInstance,
-    EvictStagedModel,
     Embed,
+    EvictStagedModel,
     GenerateText,
     PlaceInstance,
     RefuseInstancePlacement,
     SetTracingEnabled,
     TaskFinished,
 )
-from skulk.shared.serving import model_serving
 from skulk.shared.types.common import TERMINAL_TASK_STATUSES
 from skulk.shared.types.events import (
     CustomModelCardAdded,
@@ -50,8 +50,8 @@ from skulk.shared.types.events import (
 from skulk.shared.types.ids import NodeId
 from skulk.shared.types.instances import Instance
 from skulk.shared.types.state import State
-from skulk.shared.types.telemetry import NodeResources
 from skulk.shared.types.tasks import Embedding, TextGeneration
+from skulk.shared.types.telemetry import NodeResources
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from skulk.cluster.replica import StateReplica
+from skulk.datadir.event_log import DiskEventLog
+from skulk.datadir.superseded_logs import Retention, prune_superseded, superseded_name
 from skulk.master import indexer as ix
 from skulk.master.commands import DecisionContext, Refusal, decide
 from skulk.master.plan import MasterView, heartbeat_warnings, plan, track_broken_groups, track_zombies
@@ -53,8 +55,6 @@ from skulk.shared.types.ids import InstanceId, new_id
 from skulk.shared.types.state import State
 from skulk.shared.types.sync import EventBurst, GlobalEvent, SnapshotOffer, SyncRequest
 from skulk.shared.wire_keys import to_camel_keys
-from skulk.store.event_log import DiskEventLog
-from skulk.store.superseded_logs import Retention, prune_superseded, superseded_name
 
 logger = logging.getLogger(__name__)
 
@@ -418,7 +418,7 @@ class Master:
         sync_requests = self._router.subscribe(TOPICS.sync_requests)
         presence_changes = self._router.watch_presence() if self._presence is not None else None
 
-        async def pump(subscription) -> None:  # noqa: ANN001
+        async def pump(subscription) -> None:
             async for received in subscription:
                 message = received.message
                 if isinstance(message, LocalEvent) and message.origin != received.sender:

@@ -50,8 +50,8 @@ from typing import ClassVar
 
 from skulk.capacity.instance import plan_instance, stamped_context_tokens
 from skulk.master.backend_choice import serving_order
-from skulk.master.vram import discrete_vram_bytes, shard_device
 from skulk.master.ring_hosts import ring_hosts_for
+from skulk.master.vram import discrete_vram_bytes, shard_device
 from skulk.shared.memory_estimate import (
     Footprint,
     NodeMemoryTotals,
@@ -64,8 +64,8 @@ from skulk.shared.slots import engine_slots, kv_copies
 from skulk.shared.types.base import WireModel
 from skulk.shared.types.cards import ModelCard, backend_engine
 from skulk.shared.types.commands import PlaceInstance
-from skulk.shared.types.engines import MULTI_NODE_ENGINES, loads_family, shards_family, spans_with, traits_of
 from skulk.shared.types.common import Sharding
+from skulk.shared.types.engines import MULTI_NODE_ENGINES, loads_family, shards_family, spans_with, traits_of
 from skulk.shared.types.ids import InstanceId, ModelId, NodeId, RunnerId
 from skulk.shared.types.instances import Instance, InstanceCapacity, ShardAssignment
 from skulk.shared.types.state import State
@@ -870,9 +870,9 @@ def _to_preview(card: ModelCard, resources: Mapping[NodeId, NodeResources], opti
 __all__ = [
     "MAX_PATH_STEPS",
     "MAX_SETS_PER_SIZE",
-    "FamilyUnsupported",
     "MULTI_NODE_ENGINES",
     "ExclusionsRemovedAll",
+    "FamilyUnsupported",
     "MemoryShortfall",
     "ModelUnknown",
     "NoCompatibleBackend",

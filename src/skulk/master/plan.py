@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from skulk.master.presence_loss import PRESENCE_LOSS_CONFIRM_S
 from skulk.master.repair import (
     RepairInputs,
     broken_group_failures,
@@ -36,13 +37,13 @@ from skulk.master.repair import (
     repair_failed_download,
     replace_after_node_loss,
 )
-from skulk.master.presence_loss import PRESENCE_LOSS_CONFIRM_S
 from skulk.shared.telemetry_view import HEARTBEAT_WARN_S, NODE_TIMEOUT_S, NodeFreshness
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.common import TERMINAL_TASK_STATUSES
 from skulk.shared.types.events import Event, InstanceDeleted, NodeTimedOut, TaskFailed
 from skulk.shared.types.ids import EventId, InstanceId, NodeId, TaskId
 from skulk.shared.types.state import State
+from skulk.shared.types.stream_errors import StreamErrorType
 from skulk.shared.types.tasks import Task
 from skulk.shared.types.telemetry import NodeResources
 
@@ -51,8 +52,8 @@ ZOMBIE_TASK_GRACE_S = 5.0
 fails it. A short grace lets a task whose instance was just deleted finish its own
 teardown (a Shutdown completing, a Cancelled status landing) before it is reaped."""
 
-NODE_LOST = "NodeLost"
-INSTANCE_GONE = "InstanceGone"
+NODE_LOST = StreamErrorType.NODE_LOST
+INSTANCE_GONE = StreamErrorType.INSTANCE_GONE
 
 IdFactory = Callable[[], str]
 
@@ -99,7 +100,7 @@ def _instances_on(state: State, node_id: NodeId) -> list[InstanceId]:
     return [i for i, inst in state.instances.items() if node_id in inst.node_ids()]
 
 
-def _fail(task: Task, error_type: str, message: str, new_id: IdFactory) -> TaskFailed:
+def _fail(task: Task, error_type: StreamErrorType, message: str, new_id: IdFactory) -> TaskFailed:
     return TaskFailed(
         event_id=EventId(new_id()), task_id=task.task_id, error_type=error_type, error_message=message
     )

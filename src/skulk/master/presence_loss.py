@@ -121,14 +121,14 @@ def record_prunes(ledger: PresenceLedger, nodes: Iterable[NodeId], now: float) -
 
 __all__ = [
     "MAX_PRESENCE_PRUNES",
-    "MemberVerdict",
-    "detection_s",
-    "member_verdict",
-    "stall_tolerance_s",
     "PRESENCE_LOSS_CONFIRM_S",
     "PRUNE_WINDOW_S",
+    "MemberVerdict",
     "PresenceLedger",
+    "detection_s",
     "lost_nodes",
+    "member_verdict",
     "observe",
     "record_prunes",
+    "stall_tolerance_s",
 ]

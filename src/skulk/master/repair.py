@@ -45,8 +45,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from skulk.master.placement import PlacementError, PlacementRequest, place
-from skulk.shared.serving import SERVING_RUNNER_STATES
 from skulk.shared.memory_estimate import assignment_footprint
+from skulk.shared.serving import serving
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.commands import RefuseInstancePlacement
 from skulk.shared.types.common import TERMINAL_TASK_STATUSES
@@ -62,6 +62,7 @@ from skulk.shared.types.events import (
 from skulk.shared.types.ids import EventId, InstanceId, ModelId, NodeId
 from skulk.shared.types.instances import MAX_REPAIR_HOP, Instance
 from skulk.shared.types.state import DownloadStatusFailed, State
+from skulk.shared.types.stream_errors import StreamErrorType
 from skulk.shared.types.telemetry import NodeResources
 
 CREDIT_GRACE_S = 15.0
@@ -74,9 +75,9 @@ MEMORY_HOLDING_RUNNER_STATES = frozenset({"Loading", "Loaded", "WarmingUp", "Rea
 a refused or never-started rank holds nothing, and crediting it would hand the refusing
 node memory it does not have."""
 
-PLACEMENT_REFUSED = "PlacementRefused"
-DOWNLOAD_FAILED = "DownloadFailed"
-GROUP_BROKEN = "GroupBroken"
+PLACEMENT_REFUSED = StreamErrorType.PLACEMENT_REFUSED
+DOWNLOAD_FAILED = StreamErrorType.DOWNLOAD_FAILED
+GROUP_BROKEN = StreamErrorType.GROUP_BROKEN
 """`error_type` of the TaskFailed events a repair emits."""
 
 
@@ -144,7 +145,7 @@ def active_credits(credits: Iterable[DeletionCredit], now: float) -> dict[NodeId
 # -- teardown ---------------------------------------------------------------------------------
 
 
-def teardown(state: State, instance: Instance, error_type: str, message: str, new_id: NewId) -> list[Event]:
+def teardown(state: State, instance: Instance, error_type: StreamErrorType, message: str, new_id: NewId) -> list[Event]:
     """TaskFailed for every open task of the instance (State's task order), then its
     InstanceDeleted: the owning API fails each stream before the instance disappears."""
     failed: list[Event] = [
@@ -250,10 +251,6 @@ def repair_refused(state: State, instance: Instance, command: RefuseInstancePlac
 # -- a failed download --------------------------------------------------------------------------
 
 
-def is_serving(state: State, instance: Instance) -> bool:
-    return all((s := state.runners.get(r)) is not None and s.state in SERVING_RUNNER_STATES for r in instance.runner_ids())
-
-
 def failed_downloads(state: State, instance: Instance) -> dict[NodeId, str]:
     """Hosting nodes whose download of the instance's model failed terminally, with why."""
     failed: dict[NodeId, str] = {}
@@ -271,7 +268,7 @@ def repair_failed_download(state: State, inputs: RepairInputs) -> list[Event] | 
     instance needs it."""
     new_id = inputs.new_id
     for _, instance in sorted(state.instances.items()):
-        if is_serving(state, instance):
+        if serving(state, instance):
             continue
         failed = failed_downloads(state, instance)
         if not failed:
@@ -432,7 +429,6 @@ __all__ = [
     "broken_group_failures",
     "failed_downloads",
     "held_footprints",
-    "is_serving",
     "merge_credits",
     "node_loss_attempts",
     "record_deletion",

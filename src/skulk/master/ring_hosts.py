@@ -2,7 +2,7 @@
 
 Placement stamps these on `Instance.ring_hosts` so every rank reads the same answer from the
 instance instead of guessing. Hosts only: the runners derive ports from the instance id (see
-`skulk.worker.engines.mlx_group.ring_addresses`), so a re-placement is also a fresh port.
+`skulk.worker.engines.mlx.group.ring_addresses`), so a re-placement is also a fresh port.
 
 For rank r the candidates are the addresses at which other members of the instance have
 already reached r's node (probed topology edges), else r's own interface addresses, ranked

@@ -17,7 +17,7 @@ VRAM_COMPUTES: frozenset[str] = frozenset({"cuda", "rocm", "vulkan"})
 """Computes whose weights and KV live in discrete VRAM (Metal shares system memory)."""
 
 
-def _vram_gpus(backend: str, reading: NodeResources):  # noqa: ANN202
+def _vram_gpus(backend: str, reading: NodeResources):
     compute = backend.partition("-")[2]
     return reading.gpus if compute in VRAM_COMPUTES else []
 

@@ -181,7 +181,11 @@ def _events(diag: Mapping[str, Any], state: State) -> Iterable[Metric]:
     pending.add_metric([], _get(diag, "replica", "bufferedEvents", default=0) or 0)
     applied = CounterMetricFamily("skulk_events_applied", "Events this node applied since it started.")
     applied.add_metric([], _get(diag, "replica", "applied", default=0) or 0)
-    families = [index, pending, applied]
+    listener_errors = CounterMetricFamily(
+        "skulk_replica_listener_errors", "Exceptions raised by State listeners after an event applied (logged, "
+        "isolated: the node carries on). Non-zero means a bug.")
+    listener_errors.add_metric([], _get(diag, "replica", "listenerErrors", default=0) or 0)
+    families = [index, pending, applied, listener_errors]
     indexed = _get(diag, "master", "indexed")
     if indexed is not None:
         counter = CounterMetricFamily("skulk_master_events_indexed", "Events indexed while this node is master.")

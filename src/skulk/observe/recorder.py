@@ -117,7 +117,7 @@ class LogRing(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             self._lines.append(self.format(record)[:LOG_LINE_MAX_CHARS])
-        except Exception:  # noqa: BLE001 - a log line that cannot be formatted is not worth a crash
+        except Exception:
             self.handleError(record)
 
     def lines(self) -> list[str]:

@@ -29,7 +29,7 @@ from typing import Any, TextIO
 
 import httpx
 
-from skulk.store.config import LoggingSection
+from skulk.datadir.config import LoggingSection
 
 INGEST_QUEUE_LINES = 10_000
 """Lines waiting to be shipped; past this, new lines are dropped (counted), never waited for."""
@@ -145,7 +145,7 @@ class IngestShipper(logging.Handler):
             self._queue.put_nowait(self.format(record))
         except queue.Full:
             self.dropped += 1
-        except Exception:  # noqa: BLE001 - logging must never raise into the caller
+        except Exception:
             self.handleError(record)
 
     def _take_batch(self) -> list[str]:

@@ -233,7 +233,7 @@ async def run_trace_janitor(traces_dir: Path, retention_days: int) -> None:
             removed = await asyncio.to_thread(prune_trace_files, traces_dir, retention_days)
             if removed:
                 logger.info("trace janitor removed %d saved traces older than %d days", len(removed), retention_days)
-        except Exception:  # noqa: BLE001 - housekeeping never takes the node down
+        except Exception:
             logger.exception("trace janitor sweep failed")
         await asyncio.sleep(JANITOR_INTERVAL_S)
 

@@ -383,6 +383,14 @@ class DriverLink(_Listener):
 
 
 __all__ = [
-    "CHUNK_BYTES", "ChannelRefused", "DIAL_TIMEOUT_S", "DonorGate", "DriverLink", "HANDSHAKE_TIMEOUT_S",
-    "MAX_CONNECTIONS", "Remote", "client_handshake", "server_handshake",
+    "CHUNK_BYTES",
+    "DIAL_TIMEOUT_S",
+    "HANDSHAKE_TIMEOUT_S",
+    "MAX_CONNECTIONS",
+    "ChannelRefused",
+    "DonorGate",
+    "DriverLink",
+    "Remote",
+    "client_handshake",
+    "server_handshake",
 ]

@@ -131,6 +131,18 @@ def channel_key(pool_key: bytes, instance: Instance, rank: int) -> bytes:
 
 
 __all__ = [
-    "DeviceSplit", "Donor", "LOOPBACK_HOST", "MAX_POOL_WORLD", "POOL_PORT_BASE", "POOL_PORT_SPAN", "PoolLayoutError",
-    "channel_key", "derive_pool_key", "device_split", "donor_host", "donors", "is_pooled", "pool_port",
+    "LOOPBACK_HOST",
+    "MAX_POOL_WORLD",
+    "POOL_PORT_BASE",
+    "POOL_PORT_SPAN",
+    "DeviceSplit",
+    "Donor",
+    "PoolLayoutError",
+    "channel_key",
+    "derive_pool_key",
+    "device_split",
+    "donor_host",
+    "donors",
+    "is_pooled",
+    "pool_port",
 ]

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import skulk
+from skulk.provision.llama_binary import probe_version
 from skulk.provision.llama_build import (
     BUILD_TARGETS,
     MANIFEST_NAME,
@@ -35,7 +36,6 @@ from skulk.provision.llama_build import (
     sdist_pin_from_lock,
     sdist_pin_from_registry,
 )
-from skulk.provision.llama_binary import probe_version
 
 Progress = Callable[[str, int, int | None], None]
 """(step, done, total): 'download' in bytes, 'build' in build steps."""
@@ -170,7 +170,7 @@ def compile_engine(plan: BuildPlan, jobs: int, progress: Progress, log_path: Pat
             raise EngineBuildError(f"the build finished without {plan.built_binary(name)}; see {log_path}")
 
 
-def _run_logged(command: list[str], log, on_line: Callable[[str], object], step: str) -> None:  # noqa: ANN001
+def _run_logged(command: list[str], log, on_line: Callable[[str], object], step: str) -> None:
     tail: deque[str] = deque(maxlen=BUILD_LOG_TAIL_LINES)
     log.write("$ " + " ".join(command) + "\n")
     process = subprocess.Popen(

@@ -19,7 +19,7 @@ from typing import Final
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from skulk.store.secret_file import GENERATED_SECRET_BYTES, SecretFileError, load_or_create_secret, read_secret_file
+from skulk.datadir.secret_file import GENERATED_SECRET_BYTES, SecretFileError, load_or_create_secret, read_secret_file
 
 log = logging.getLogger(__name__)
 

@@ -26,8 +26,8 @@ import base64
 import hashlib
 import hmac
 import threading
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Final, NamedTuple
 
 from cryptography.hazmat.primitives import hashes

@@ -62,7 +62,11 @@ from skulk.routing.constants import (
 from skulk.routing.envelope import MAX_ENVELOPE_OVERHEAD_BYTES, EnvelopeRejected, Opener, Sealer
 from skulk.routing.presence import (
     MAC_BYTES as PROOF_MAC_BYTES,
+)
+from skulk.routing.presence import (
     NONCE_BYTES as PROOF_NONCE_BYTES,
+)
+from skulk.routing.presence import (
     PROOF_TIMEOUT_S,
     Challenge,
     PresenceChange,

@@ -204,7 +204,7 @@ class _Topics:
         except KeyError:
             raise AttributeError(name) from None
 
-    def __iter__(self):  # noqa: ANN204
+    def __iter__(self):
         return iter(self._get().values())
 
 

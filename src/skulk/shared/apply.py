@@ -220,7 +220,8 @@ def _task_status_updated(state: State, e: TaskStatusUpdated) -> State:
 def _task_failed(state: State, e: TaskFailed) -> State:
     if not _is_open(state, e.task_id):
         return state
-    return _set_task_fields(state, e.task_id, status="Failed", error_message=e.error_message)
+    return _set_task_fields(state, e.task_id, status="Failed", error_type=e.error_type,
+                           error_message=e.error_message)
 
 
 def _task_deleted(state: State, e: TaskDeleted) -> State:

@@ -2,7 +2,7 @@
 
 State forgets everything on a whole-cluster restart (every node starts with an empty replica
 and a new node id). The intent survives it: every node folds the events it applies into a
-`ClusterIntent` (`fold_intent`) and keeps it on disk (`skulk.store.intent_record`); the first
+`ClusterIntent` (`fold_intent`) and keeps it on disk (`skulk.datadir.intent_record`); the first
 master of a cold start restores it (`restore_events`): custom cards at once, then each
 placement by capacity on the nodes that came back, keeping the operator's exclusions by
 node *name* (ids change on restart).

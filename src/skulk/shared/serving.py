@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from skulk.shared.types.instances import Instance
+from skulk.shared.types.instances import Instance, RunnerStatus
 from skulk.shared.types.state import State
 
 SERVING_RUNNER_STATES: Final = frozenset({"Ready", "Running"})
@@ -72,28 +72,33 @@ def _first_down(state: State, instance: Instance) -> RunnerDown | None:
     return None
 
 
-def _serves(state: State, instance: Instance) -> bool:
-    return all(
-        (status := state.runners.get(r)) is not None and status.state in SERVING_RUNNER_STATES
-        for r in instance.runner_ids()
-    )
+def runner_serving(status: RunnerStatus | None) -> bool:
+    """Does a runner with this status take requests? (None: not reported yet, so no.)"""
+    return status is not None and status.state in SERVING_RUNNER_STATES
+
+
+def serving(state: State, instance: Instance) -> bool:
+    """Is `instance` serving: has every one of its runners reported a serving state? The one
+    answer the API (which instance to prefer), the master (which to bind a task to, whether a
+    failed download still matters) and this module's verdicts all use."""
+    return all(runner_serving(state.runners.get(r)) for r in instance.runner_ids())
 
 
 def model_serving(state: State, model_id: str) -> ModelServing:
     """Classify every placed instance of `model_id`: serving, loading, or down."""
-    serving: list[Instance] = []
+    serving_now: list[Instance] = []
     loading: list[Instance] = []
     down: list[RunnerDown] = []
     for instance in sorted(state.instances.values(), key=lambda i: i.instance_id):
         if instance.model_id != model_id:
             continue
-        if _serves(state, instance):
-            serving.append(instance)
+        if serving(state, instance):
+            serving_now.append(instance)
         elif (broken := _first_down(state, instance)) is not None:
             down.append(broken)
         else:
             loading.append(instance)
-    return ModelServing(model_id, tuple(serving), tuple(loading), tuple(down))
+    return ModelServing(model_id, tuple(serving_now), tuple(loading), tuple(down))
 
 
 def wait_explanation(state: State, command_id: str) -> str | None:
@@ -116,4 +121,13 @@ def wait_explanation(state: State, command_id: str) -> str | None:
     return "; ".join(parts)
 
 
-__all__ = ["DOWN_RUNNER_STATES", "SERVING_RUNNER_STATES", "ModelServing", "RunnerDown", "model_serving", "wait_explanation"]
+__all__ = [
+    "DOWN_RUNNER_STATES",
+    "SERVING_RUNNER_STATES",
+    "ModelServing",
+    "RunnerDown",
+    "model_serving",
+    "runner_serving",
+    "serving",
+    "wait_explanation",
+]

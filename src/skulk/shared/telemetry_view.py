@@ -294,10 +294,10 @@ def live_download_progress(
 
 __all__ = [
     "HEARTBEAT_WARN_S",
-    "DownloadTiming",
     "MAX_RETIRED_ATTEMPTS",
     "MAX_TELEMETRY_KEYS",
     "NODE_TIMEOUT_S",
+    "DownloadTiming",
     "NodeFreshness",
     "NodeTelemetry",
     "TelemetryKey",

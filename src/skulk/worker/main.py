@@ -22,13 +22,42 @@ from pathlib import Path
 
 import psutil
 
+from skulk.artifacts.plan import (
+    ArtifactFailure,
+    FailDownload,
+    FailureCooldown,
+    Route,
+    after_staging_failure,
+    live_failures,
+    route_for,
+    staged_dir,
+    staging_failure_reason,
+)
+from skulk.artifacts.resolve import resolve_local_path
 from skulk.cluster.producer import EventProducer
 from skulk.cluster.replica import StateReplica
+from skulk.model_store.eviction import in_use_model_ids
+from skulk.model_store.fetch import stage_card
+from skulk.model_store.node_store import StoreBinding
+from skulk.model_store.staging import StagingFailed, mark_used
+from skulk.models.artifact_errors import ArtifactUnavailable
+from skulk.models.companions import companion_repo_ids, companions_of, ensure_companions
+from skulk.models.downloads import (
+    DownloadFailed,
+    ProgressCallback,
+    ProgressGate,
+    download_model,
+    gate_progress,
+    local_artifact,
+    local_size_bytes,
+)
+from skulk.models.tiny_models import ensure_generated
+from skulk.observe.traces import TraceStore, WorkerTraces
 from skulk.routing.router import Router, RouterError
 from skulk.routing.topics import TOPICS
+from skulk.shared.serving import runner_serving
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.chunks import DataFrame, StreamTerminal
-from skulk.observe.traces import TraceStore, WorkerTraces
 from skulk.shared.types.commands import ForwarderCommand, RefuseInstancePlacement
 from skulk.shared.types.events import (
     DownloadCompleted,
@@ -45,21 +74,6 @@ from skulk.shared.types.task_inputs import TaskInput
 from skulk.shared.types.tasks import TextGeneration
 from skulk.shared.types.telemetry import DownloadProgress, TelemetryReading
 from skulk.shared.wire_keys import to_camel_keys
-from skulk.store.downloads import (
-    DownloadFailed,
-    ProgressCallback,
-    ProgressGate,
-    download_model,
-    gate_progress,
-    local_artifact,
-    local_size_bytes,
-)
-from skulk.store.companions import companion_repo_ids, companions_of, ensure_companions
-from skulk.store.eviction import in_use_model_ids
-from skulk.store.model_store import StoreBinding
-from skulk.store.staging import StagingFailed, mark_used
-from skulk.store.store_fetch import stage_card
-from skulk.store.tiny_models import ArtifactUnavailable, ensure_local_model
 from skulk.worker import plan as worker_plan
 from skulk.worker.runner.breaker import CrashBreaker
 from skulk.worker.runner.messages import Frame, StatusChanged, TaskAccepted, TaskDone, TraceSpans
@@ -93,23 +107,6 @@ def live_ram_available_bytes() -> int:
     forced = os.environ.get(TEST_RAM_AVAILABLE_ENV)
     return int(forced) if forced else psutil.virtual_memory().available
 
-
-DOWNLOAD_FAILURE_COOLDOWN_S = 60.0
-"""How long a transient download failure keeps failing this node's runners of that model
-before the next placement may try the download again (bounds retry traffic to the hub)."""
-RETRYABLE_DOWNLOAD_FAILURES = frozenset({"transient", "deadline", "cancelled", "disk"})
-"""DownloadFailed kinds that can clear on their own; 404 and 401/403 need an operator."""
-
-_STAGING_FAILURE_KINDS = {
-    "not_found": "not_found", "disk": "disk", "deadline": "deadline", "cancelled": "cancelled",
-    "transfer": "transient", "size_mismatch": "transient", "unreachable": "transient", "invalid": "error",
-}
-"""A failed store staging as a download failure kind (what the retry cool-down reads)."""
-
-
-def staging_as_download_failure(exc: StagingFailed) -> DownloadFailed:
-    return DownloadFailed(exc.model_id, f"staging from the model store failed: {exc.reason}",
-                          _STAGING_FAILURE_KINDS.get(exc.kind, "error"))  # type: ignore[arg-type]
 
 _OUTCOME_STATUS = {"completed": "Complete", "failed": "Failed", "cancelled": "Cancelled"}
 
@@ -163,7 +160,10 @@ class Worker:
         self._companion_artifacts: dict[str, dict[str, str]] = {}
         """Model id -> its resolved companion repos' paths (repo id -> path), for the engines
         that load them (a drafter, split vision weights) and for diagnostics."""
-        self._artifact_failures: dict[str, str] = {}
+        self._artifact_failures: dict[str, ArtifactFailure] = {}
+        """Models whose files this node could not get, why, and until when (a passing
+        failure is forgotten at its `retry_at`: `artifacts.plan.FailureCooldown`)."""
+        self.failure_cooldown = FailureCooldown()
         self._resolving: set[str] = set()
         self._dispatched: set[str] = set()
         self._done_unconfirmed: frozenset[str] = frozenset()
@@ -215,7 +215,7 @@ class Worker:
             cards=self._cards(),
             runners=runners,
             artifacts=dict(self._artifacts),
-            artifact_failures=dict(self._artifact_failures),
+            artifact_failures=self._failures_now(),
             resolving=frozenset(self._resolving),
             dispatched=frozenset(self._dispatched) | self._done_unconfirmed,
             given_up=frozenset(self._given_up),
@@ -310,33 +310,36 @@ class Worker:
         try:
             if card is None:
                 raise ArtifactUnavailable(model_id, "no model card")
-            if card.source == "huggingface":
-                path = await self._download(card)
+            binding = self._store() if self._store is not None else None
+            route = route_for(card, store_bound=binding is not None)
+            if route is Route.GENERATE:
+                path = await asyncio.to_thread(ensure_generated, card, self._models_dir)
+            elif route is Route.LOCAL_PATH:
+                path = await asyncio.to_thread(resolve_local_path, card)
             else:
-                path = await asyncio.to_thread(ensure_local_model, card, self._models_dir)
+                path = await self._download(card, binding)
             self._artifacts[model_id] = str(path)
         except ArtifactUnavailable as exc:
-            self._artifact_failures[model_id] = str(exc)
-            if isinstance(exc, DownloadFailed) and exc.kind in RETRYABLE_DOWNLOAD_FAILURES:
-                self._spawn_background(self._forget_failure_later(model_id, str(exc)))
-        except Exception as exc:  # noqa: BLE001 - any failure must surface as a reason
+            # A passing failure (network, hub outage, shutdown) is forgotten at its retry
+            # time, so the next placement on this node downloads again instead of failing at
+            # once on a stale reason. The runner that failed stays failed; the master's
+            # recovery re-places its instance.
+            kind = exc.kind if isinstance(exc, DownloadFailed) else None
+            self._artifact_failures[model_id] = ArtifactFailure(
+                str(exc), self.failure_cooldown.retry_at(kind, self._clock()))
+        except Exception as exc:
             logger.exception("resolving model %s failed", model_id)
-            self._artifact_failures[model_id] = f"{type(exc).__name__}: {exc}"
+            self._artifact_failures[model_id] = ArtifactFailure(f"{type(exc).__name__}: {exc}")
         finally:
             self._resolving.discard(model_id)
             self.wake()
 
-    async def _forget_failure_later(self, model_id: str, failure: str) -> None:
-        """A download that failed for a passing reason (network, hub outage, shutdown) may
-        succeed later: after a cool-down the failure is forgotten, so the next placement on
-        this node downloads again instead of failing at once on a stale reason. The runner
-        that failed stays failed; the master's recovery re-places its instance."""
-        await asyncio.sleep(DOWNLOAD_FAILURE_COOLDOWN_S)
-        if self._artifact_failures.get(model_id) == failure:
-            del self._artifact_failures[model_id]
-            self.wake()
+    def _failures_now(self) -> dict[ModelId, str]:
+        """The artifact failures that still hold (expired ones are dropped for good)."""
+        self._artifact_failures = live_failures(self._artifact_failures, self._clock())
+        return {ModelId(model_id): failure.reason for model_id, failure in self._artifact_failures.items()}
 
-    async def _download(self, card: ModelCard) -> Path:
+    async def _download(self, card: ModelCard, binding: StoreBinding | None) -> Path:
         """Obtain a hub card's artifact, telling the cluster: DownloadPending, throttled
         DownloadProgress telemetry, then DownloadCompleted or DownloadFailed (with the reason)
         under one attempt id. A copy already on disk is reported completed once, unless State
@@ -349,7 +352,6 @@ class Worker:
         The card's companion repos (`companions.companion_download_specs`) resolve through the
         same path, on the fresh and the already-on-disk path alike, before the model is
         reported completed: a required one's failure fails the download, naming it."""
-        binding = self._store() if self._store is not None else None
         if binding is None:
             def direct(companion: ModelCard) -> Path:
                 return self._download_direct(companion, None)[0]  # a copy on disk is reused as is
@@ -362,7 +364,7 @@ class Worker:
 
         def staged_locally(which: ModelCard) -> Path | None:
             found = local_artifact(which, root)
-            staged = _staged_dir(found, root) if found is not None else None
+            staged = staged_dir(found, root) if found is not None else None
             if staged is not None:
                 mark_used(staged)
             return found
@@ -398,8 +400,9 @@ class Worker:
             path = stage_card(binding, card, in_use_model_ids=in_use, api_key=self._store_api_key,
                               on_progress=on_progress, cancel=self._download_cancel)
         except StagingFailed as exc:
-            if exc.kind != "unreachable":
-                raise staging_as_download_failure(exc) from exc
+            decision = after_staging_failure(exc.kind)
+            if isinstance(decision, FailDownload):
+                raise DownloadFailed(exc.model_id, staging_failure_reason(exc.reason), decision.kind) from exc
             if card.model_id not in self._fallback_logged:
                 self._fallback_logged.add(card.model_id)
                 logger.error(
@@ -499,7 +502,7 @@ class Worker:
         """After an instance's runner stops on this node: the staged-copy recency pass."""
         try:
             await self._on_deactivate()  # type: ignore[misc]
-        except Exception:  # noqa: BLE001 - housekeeping must never take the worker down
+        except Exception:
             logger.exception("staged-copy pass after deactivating instance %s failed",
                              supervisor.instance.instance_id)
 
@@ -508,7 +511,7 @@ class Worker:
         binding = self._store() if self._store is not None else None
         if binding is None:
             return
-        staged = _staged_dir(Path(model_path), binding.store.staging_root)
+        staged = staged_dir(Path(model_path), binding.store.staging_root)
         if staged is not None:
             with contextlib.suppress(OSError):
                 mark_used(staged)
@@ -523,7 +526,7 @@ class Worker:
             return
         binding = self._store() if self._store is not None else None
         path = self._artifacts.get(model_id)
-        if path is not None and (binding is None or _staged_dir(Path(path), binding.store.staging_root) is not None):
+        if path is not None and (binding is None or staged_dir(Path(path), binding.store.staging_root) is not None):
             del self._artifacts[model_id]
 
     async def _spawn_runner(self, action: worker_plan.SpawnRunner) -> None:
@@ -546,7 +549,7 @@ class Worker:
         if self._submitted_status.get(runner_id) == status:
             return
         self._submitted_status[runner_id] = status
-        if status.state in ("Ready", "Running"):
+        if runner_serving(status):
             self._was_serving.add(runner_id)
         self._producer.submit(RunnerStatusUpdated(event_id=new_id(), runner_id=runner_id, status=status))
 
@@ -592,16 +595,12 @@ class Worker:
         self.runner_failures += 1
         now = self._clock()
         self._breaker = self._breaker.record(instance_id, now)
-        if len(supervisor.instance.shards) > 1 and status.served:
-            # A lone restarted rank can never rejoin a group that formed without it: leave it
-            # Failed, and the master re-places the whole group under a fresh id.
+        verdict = worker_plan.after_runner_failure(len(supervisor.instance.shards), bool(status.served),
+                                                   self._breaker.should_give_up(instance_id, now))
+        if isinstance(verdict, worker_plan.GiveUpRunner):
             self._given_up.add(runner_id)
-            logger.error("runner %s of multi-rank instance %s failed after serving (%s); not restarting it, "
-                         "the group is re-placed", runner_id, instance_id, status.error_message)
-        elif self._breaker.should_give_up(instance_id, now):
-            self._given_up.add(runner_id)
-            logger.error("runner %s of instance %s keeps failing (%s); giving up", runner_id, instance_id,
-                         status.error_message)
+            logger.error("runner %s of instance %s %s (%s); not restarting it", runner_id, instance_id,
+                         verdict.reason, status.error_message)
         else:
             logger.warning("runner %s failed (%s); it will be restarted", runner_id, status.error_message)
         self._spawn_background(supervisor.shutdown(timeout_s=1.0))
@@ -661,7 +660,7 @@ class Worker:
             "runners": {rid: to_camel_keys(dataclasses.asdict(sup.stats())) for rid, sup in self._supervisors.items()},
             "artifacts": dict(self._artifacts),
             "companionArtifacts": {m: dict(c) for m, c in self._companion_artifacts.items()},
-            "artifactFailures": dict(self._artifact_failures),
+            "artifactFailures": self._failures_now(),
             "dispatched": len(self._dispatched),
             "taskInputs": self.task_inputs.stats(),
             "givenUp": sorted(self._given_up),
@@ -672,12 +671,4 @@ class Worker:
             "runnerFailures": self.runner_failures,
         }
 
-
-def _staged_dir(path: Path, staging_root: Path) -> Path | None:
-    """The staged copy directory `path` lies in (or is), or None when it is not staged."""
-    try:
-        relative = Path(path).relative_to(staging_root)
-    except ValueError:
-        return None
-    return staging_root / relative.parts[0] if relative.parts else None
 

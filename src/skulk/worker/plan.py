@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from skulk.shared.memory_estimate import assignment_footprint
+from skulk.shared.serving import runner_serving
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.common import TERMINAL_TASK_STATUSES
 from skulk.shared.types.ids import CommandId, InstanceId, ModelId, NodeId, RunnerId, TaskId
@@ -24,9 +25,6 @@ MEMORY_FIT_TOLERANCE = 0.10
 footprint already includes overhead, a full KV reservation and a floor, and live readings
 jitter against the gossiped figure the master admitted on (seed: a 2 % miss once refused a
 24B model that ran fine)."""
-
-SERVING_STATES = frozenset({"Ready", "Running"})
-
 
 @dataclass(frozen=True)
 class LocalRunner:
@@ -205,9 +203,35 @@ def dispatch_pending_tasks(view: WorkerView) -> WorkerAction | None:
             continue
         first = instance.shards[0]
         runner = view.runners.get(first.runner_id)
-        if first.node_id == view.node_id and runner is not None and runner.status.state in SERVING_STATES:
+        if first.node_id == view.node_id and runner is not None and runner_serving(runner.status):
             return DispatchTask(first.runner_id, task)
     return None
+
+
+@dataclass(frozen=True)
+class RestartRunner:
+    """A failed runner is restarted by the next planning pass (its shard is still placed)."""
+
+
+@dataclass(frozen=True)
+class GiveUpRunner:
+    """A failed runner stays Failed; the master re-places its instance. `reason` for the log."""
+
+    reason: str
+
+
+def after_runner_failure(world_size: int, served: bool, breaker_tripped: bool) -> RestartRunner | GiveUpRunner:
+    """Restart a failed runner, or give up on it.
+
+    A rank of a multi-rank group that failed after serving is never restarted: a lone
+    restarted rank can never rejoin a group that formed without it, so the master re-places
+    the whole group under a fresh id. Otherwise the crash breaker decides (a runner that keeps
+    failing is left failed)."""
+    if world_size > 1 and served:
+        return GiveUpRunner("failed after serving in a multi-rank group; the group is re-placed")
+    if breaker_tripped:
+        return GiveUpRunner("keeps failing")
+    return RestartRunner()
 
 
 def plan(view: WorkerView) -> WorkerAction | None:

@@ -21,9 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from skulk.model_store.eviction import EvictionPolicy
+from skulk.model_store.staging import RemovalResult, apply_recency, remove_staged
 from skulk.shared.types.events import IndexedEvent, StagedModelEvicted
-from skulk.store.eviction import EvictionPolicy
-from skulk.store.staging import RemovalResult, apply_recency, remove_staged
 
 logger = logging.getLogger(__name__)
 

@@ -54,10 +54,7 @@ def local_instance(
     instance_id: str = "instance-mlx",
 ) -> Instance:
     """A `world`-rank instance on one node; ranks on loopback at `ports` (fresh if None)."""
-    if sharding == "Tensor":
-        ranges = [(0, card.num_layers)] * world
-    else:
-        ranges = layer_split(card.num_layers, world)
+    ranges = [(0, card.num_layers)] * world if sharding == "Tensor" else layer_split(card.num_layers, world)
     ports = list(ports) if ports is not None else free_ports(world)
     return Instance(
         instance_id=InstanceId(instance_id),
@@ -93,7 +90,7 @@ def rank_main(instance_json: str, rank: int, card_json: str, model_path: str,
 
     os.environ.update(env)
     from skulk.worker.engines.base import ShardSpec
-    from skulk.worker.engines.mlx_engine import MlxEngine
+    from skulk.worker.engines.mlx.engine import MlxEngine
 
     instance = Instance.model_validate_json(instance_json)
     card = ModelCard.model_validate_json(card_json)
@@ -182,10 +179,10 @@ def tensor_logits_main(instance_json: str, rank: int, model_path: str, tokens: l
         import mlx.core as mx
         from mlx_lm.utils import load_config, load_model
 
-        from skulk.worker.engines.mlx_family import family_of
-        from skulk.worker.engines.mlx_group import form_group, ring_addresses
-        from skulk.worker.engines.mlx_pipeline import build_stage, embed_tokens, forward_layers, last_logits, stage_role
-        from skulk.worker.engines.mlx_tensor import shard_layers
+        from skulk.worker.engines.mlx.family import family_of
+        from skulk.worker.engines.mlx.group import form_group, ring_addresses
+        from skulk.worker.engines.mlx.pipeline import build_stage, embed_tokens, forward_layers, last_logits, stage_role
+        from skulk.worker.engines.mlx.tensor import shard_layers
 
         instance = Instance.model_validate_json(instance_json)
         path = Path(model_path)

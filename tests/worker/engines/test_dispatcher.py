@@ -13,8 +13,8 @@ import pytest
 
 from skulk.shared.types.tasks import EmbeddingParams, TextGenerationParams
 from skulk.worker.engines.base import (
-    DispatchRejected,
     Dispatcher,
+    DispatchRejected,
     EngineBroken,
     EngineError,
     GeneratedEmbedding,
@@ -314,7 +314,7 @@ def test_a_finished_id_can_be_submitted_again(make) -> None:
 
 def test_duplicate_and_over_capacity_requests_are_refused(make) -> None:
     engine = ScriptedEngine(gated=True)
-    dispatcher, sink = make(engine, queue_capacity=1)
+    dispatcher, _sink = make(engine, queue_capacity=1)
     dispatcher.submit("a", request("a"))
     wait_until(lambda: engine.started == ["a"])
     dispatcher.submit("b", request("b"))
@@ -434,7 +434,7 @@ def test_run_on_worker_reraises_and_the_dispatcher_still_serves(make) -> None:
 
 def test_run_on_worker_has_a_deadline_and_close_releases_a_waiting_call(make) -> None:
     engine = ScriptedEngine(gated=True)
-    dispatcher, sink = make(engine)
+    dispatcher, _sink = make(engine)
     dispatcher.submit("a", request("a", 3))
     wait_until(lambda: engine.started == ["a"])  # the only worker is busy, held mid-stream
     with pytest.raises(TimeoutError):
@@ -446,7 +446,7 @@ def test_run_on_worker_has_a_deadline_and_close_releases_a_waiting_call(make) ->
         try:
             dispatcher.run_on_worker(lambda: None, timeout_s=WAIT_S)
             outcome["error"] = None
-        except BaseException as exc:  # noqa: BLE001 - recorded for the assertion
+        except BaseException as exc:
             outcome["error"] = exc
 
     waiter = threading.Thread(target=call)

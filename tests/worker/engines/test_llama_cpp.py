@@ -17,7 +17,7 @@ from skulk.worker.engines.base import (
     PromptTooLong,
     ShardSpec,
 )
-from skulk.worker.engines.llama_cpp import (
+from skulk.worker.engines.llama_cpp.engine import (
     FLASH_ATTN_ENV,
     LlamaCppEngine,
     flash_attn_enabled,
@@ -55,7 +55,7 @@ def load_engine(gguf_path, *, context_token_limit: int = 2048) -> LlamaCppEngine
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_gguf):  # noqa: F811
+def engine(tiny_gguf):
     engine = load_engine(tiny_gguf)
     engine.warm_up()
     yield engine
@@ -178,7 +178,7 @@ def test_chat_messages_use_the_gguf_chat_template(engine) -> None:
     assert chat[-1].usage is not None and chat[-1].usage.prompt_tokens == len(tokens)
 
 
-def test_context_exhaustion_ends_with_length_and_long_prompts_are_refused(tiny_gguf) -> None:  # noqa: F811
+def test_context_exhaustion_ends_with_length_and_long_prompts_are_refused(tiny_gguf) -> None:
     small = load_engine(tiny_gguf, context_token_limit=32)
     try:
         assert small.context_tokens == 32
@@ -197,7 +197,7 @@ def test_context_exhaustion_ends_with_length_and_long_prompts_are_refused(tiny_g
         small.close()
 
 
-def test_context_is_capped_by_the_models_trained_context(tiny_gguf) -> None:  # noqa: F811
+def test_context_is_capped_by_the_models_trained_context(tiny_gguf) -> None:
     big = load_engine(tiny_gguf, context_token_limit=100_000)
     try:
         assert big.context_tokens == tiny_gguf_card().context_length == 2048

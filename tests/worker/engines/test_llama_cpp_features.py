@@ -11,14 +11,14 @@ import pytest
 
 from skulk.shared.types.common import ChatMessage, ToolCall, ToolSpec
 from skulk.shared.types.ids import ModelId
+from skulk.shared.types.tasks import TextGenerationParams
 from skulk.worker.engines.base import GeneratedToken, PromptTooLong
-from skulk.worker.engines.llama_cpp import (
+from skulk.worker.engines.llama_cpp.engine import (
     InvalidDimensions,
     ScoredToken,
     log_softmax_at,
     normalise,
 )
-from skulk.shared.types.tasks import TextGenerationParams
 from tests.worker.engines.test_llama_cpp import PROMPT, load_engine
 from tests.worker.tiny_gguf import TINY_GGUF_MODEL_ID, prompt_params, tiny_gguf  # noqa: F401
 
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_gguf):  # noqa: F811
+def engine(tiny_gguf):
     engine = load_engine(tiny_gguf)
     engine.warm_up()
     yield engine
@@ -171,7 +171,7 @@ def test_tools_and_tool_turns_render_through_the_chat_template(engine):
     [("...<|Assistant|><think>\n", True), ("<|assistant|>\n", False), ("<think>x</think>\n", False), ("", False)],
 )
 def test_opens_reasoning(rendered, opens):
-    from skulk.worker.engines.llama_cpp import opens_reasoning
+    from skulk.worker.engines.llama_cpp.engine import opens_reasoning
 
     assert opens_reasoning(rendered) is opens
 

@@ -17,7 +17,7 @@ from skulk.shared.types.common import ChatMessage, ToolSpec
 from skulk.shared.types.ids import ModelId
 from skulk.shared.types.tasks import TextGenerationParams
 from skulk.worker.engines.base import GeneratedToken
-from skulk.worker.engines.llama_cpp import GrammarRejected, InvalidTokens, check_token_ids
+from skulk.worker.engines.llama_cpp.engine import GrammarRejected, InvalidTokens, check_token_ids
 from tests.worker.engines.test_llama_cpp import load_engine
 from tests.worker.tiny_gguf import TINY_GGUF_MODEL_ID, tiny_gguf  # noqa: F401
 
@@ -55,7 +55,7 @@ NAMES = frozenset(t.name for t in TOOLS)
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_gguf):  # noqa: F811
+def engine(tiny_gguf):
     engine = load_engine(tiny_gguf)
     engine.warm_up()
     yield engine
@@ -159,7 +159,7 @@ def test_token_ids_outside_the_vocabulary_are_refused(engine):
 
 
 def test_a_grammar_llama_cpp_cannot_parse_fails_the_request_not_the_process(engine, monkeypatch):
-    import skulk.worker.engines.llama_cpp as module
+    import skulk.worker.engines.llama_cpp.engine as module
 
     monkeypatch.setattr(module, "request_grammar", lambda tools, choice, response_format: 'root ::= "{" undefined-rule')
     with pytest.raises(GrammarRejected):

@@ -8,12 +8,12 @@ import threading
 
 import pytest
 
+from skulk.shared.prefix_cache import COLD_BUDGET_ENV
 from skulk.shared.types.common import ChatMessage
 from skulk.shared.types.ids import ModelId
 from skulk.shared.types.tasks import TextGenerationParams
 from skulk.worker.engines.base import GeneratedToken
-from skulk.worker.engines.llama_cpp import LlamaCppEngine
-from skulk.worker.engines.prefix_cache import COLD_BUDGET_ENV
+from skulk.worker.engines.llama_cpp.engine import LlamaCppEngine
 from tests.worker.engines.test_llama_cpp import load_engine
 from tests.worker.tiny_gguf import TINY_GGUF_MODEL_ID, tiny_gguf  # noqa: F401  (fixture)
 
@@ -46,7 +46,7 @@ def fresh(engine: LlamaCppEngine, params: TextGenerationParams) -> list[Generate
 
 
 @pytest.fixture(scope="module")
-def engines(tiny_gguf, monkeypatch_module):  # noqa: F811
+def engines(tiny_gguf, monkeypatch_module):
     monkeypatch_module.setenv(COLD_BUDGET_ENV, "64")
     cached = load_engine(tiny_gguf)
     monkeypatch_module.setenv(COLD_BUDGET_ENV, "0")
@@ -88,7 +88,7 @@ def test_interleaved_conversations_match_fresh_requests_and_hit_the_cache(engine
     assert 0 < stats.cold_bytes <= 64 * 1024 * 1024
 
 
-def test_a_cold_store_over_budget_evicts_and_stays_correct(tiny_gguf, monkeypatch) -> None:  # noqa: F811
+def test_a_cold_store_over_budget_evicts_and_stays_correct(tiny_gguf, monkeypatch) -> None:
     # A budget for about one conversation: entries are evicted, answers stay exact.
     probe = load_engine(tiny_gguf)
     try:

@@ -13,7 +13,7 @@ import jsonschema_rs
 import pytest
 
 from skulk.shared.types.tasks import ResponseFormat
-from skulk.worker.engines.llama_cpp import GrammarRejected, InvalidTokens, logit_bias_processor
+from skulk.worker.engines.llama_cpp.engine import GrammarRejected, InvalidTokens, logit_bias_processor
 from tests.worker.engines.test_llama_cpp import PROMPT, load_engine
 from tests.worker.tiny_gguf import LONG_PROMPT, prompt_params, tiny_gguf  # noqa: F401
 
@@ -26,7 +26,7 @@ PERSON = {"type": "object", "properties": {
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_gguf):  # noqa: F811
+def engine(tiny_gguf):
     engine = load_engine(tiny_gguf)
     engine.warm_up()
     yield engine
@@ -113,8 +113,9 @@ def test_prompt_logprobs_score_each_prompt_token_as_generation_would(engine):
     assert "".join(e.token for e in entries).strip() == PROMPT
     assert all(e.logprob is not None and e.logprob <= 0 and len(e.top_logprobs) == 3 for e in entries)
     assert all(t.prompt_logprobs is None for t in scored[1:])
-    step = list(engine.generate(prompt_params(PROMPT.rsplit(" ", 1)[0], max_tokens=1, temperature=0, logprobs=True,
-                                              top_logprobs=3), threading.Event()))[0]
+    steps = list(engine.generate(prompt_params(PROMPT.rsplit(" ", 1)[0], max_tokens=1, temperature=0,
+                                               logprobs=True, top_logprobs=3), threading.Event()))
+    step = steps[0]
     assert [t.token_id for t in step.top_logprobs] == [t.token_id for t in entries[-1].top_logprobs]
     assert [t.logprob for t in step.top_logprobs] == pytest.approx([t.logprob for t in entries[-1].top_logprobs],
                                                                    abs=1e-3)

@@ -2,7 +2,7 @@
 groups of real rank processes on loopback, all decoding exactly the tokens one rank does.
 
 The reference is mlx-lm's own `generate_step` on the unsharded model, which
-tests/store/test_tiny_models.py holds equal to llama.cpp's greedy tokens."""
+tests/models/test_tiny_models.py holds equal to llama.cpp's greedy tokens."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from skulk.models.cards import builtin_cards_dir, load_card
 from skulk.shared.types.common import ChatMessage
 from skulk.shared.types.ids import InstanceId, ModelId, NodeId, RunnerId
 from skulk.shared.types.instances import Instance, ShardAssignment
 from skulk.shared.types.tasks import ResponseFormat, TextGenerationParams
-from skulk.store.cards import builtin_cards_dir, load_card
 from skulk.worker.engines.base import EngineNotLoaded, GeneratedToken, ModelLoadFailed, PromptTooLong, ShardSpec
-from skulk.worker.engines.mlx_engine import MlxEngine
-from skulk.worker.engines.mlx_group import (
+from skulk.worker.engines.mlx.engine import MlxEngine
+from skulk.worker.engines.mlx.group import (
     GROUP_CONNECT_DEADLINE_ENV,
     LOOPBACK_HOST,
     MAX_RING_WORLD,
@@ -33,10 +33,10 @@ from skulk.worker.engines.mlx_group import (
     ring_addresses,
     seconds_from_env,
 )
-from skulk.worker.engines.mlx_pipeline import StageRole, check_layer_range, stage_role
-from skulk.worker.engines.mlx_sampling import DEFAULT_TEMPERATURE, resolve_sampling
-from skulk.worker.engines.mlx_tensor import tensor_split_error
-from skulk.worker.engines.mlx_text import byte_level_alphabet
+from skulk.worker.engines.mlx.pipeline import StageRole, check_layer_range, stage_role
+from skulk.worker.engines.mlx.sampling import DEFAULT_TEMPERATURE, resolve_sampling
+from skulk.worker.engines.mlx.tensor import tensor_split_error
+from skulk.worker.engines.mlx.text import byte_level_alphabet
 from tests.worker.engines.mlx_ranks import local_instance, run_group, run_tensor_logits
 
 pytestmark = pytest.mark.timeout(120)
@@ -67,7 +67,7 @@ GROUP_REQUESTS = [
 
 @pytest.fixture(scope="session")
 def tiny_hf(tmp_path_factory) -> Path:
-    from skulk.store.tiny_models import ensure_local_model
+    from skulk.artifacts.resolve import ensure_local_model
 
     path = ensure_local_model(CARD, tmp_path_factory.mktemp("mlx-models"))
     assert (path / "config.json").is_file(), path
@@ -399,7 +399,7 @@ def test_a_group_that_cannot_form_fails_within_its_deadline(tiny_hf) -> None:
 
 @pytest.fixture(scope="module")
 def batched(tiny_hf):
-    from skulk.worker.engines.mlx_batch import BATCH_WIDTH_ENV
+    from skulk.worker.engines.mlx.batch import BATCH_WIDTH_ENV
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(BATCH_WIDTH_ENV, "4")
@@ -462,7 +462,7 @@ def test_a_cancelled_batched_request_leaves_the_others_running(batched, referenc
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_rendezvous_completes_when_every_neighbour_is_up(world) -> None:
-    from skulk.worker.engines.mlx_group import rendezvous
+    from skulk.worker.engines.mlx.group import rendezvous
     from tests.worker.engines.mlx_ranks import free_ports
 
     addresses = [f"127.0.0.1:{p}" for p in free_ports(world)]
@@ -491,7 +491,7 @@ def test_rendezvous_completes_when_every_neighbour_is_up(world) -> None:
 
 
 def test_rendezvous_names_the_missing_neighbour_at_its_deadline() -> None:
-    from skulk.worker.engines.mlx_group import rendezvous
+    from skulk.worker.engines.mlx.group import rendezvous
     from tests.worker.engines.mlx_ranks import free_ports
 
     addresses = [f"127.0.0.1:{p}" for p in free_ports(3)]
@@ -502,7 +502,7 @@ def test_rendezvous_names_the_missing_neighbour_at_its_deadline() -> None:
 
 
 def test_rendezvous_ignores_a_peer_of_another_instance() -> None:
-    from skulk.worker.engines.mlx_group import rendezvous
+    from skulk.worker.engines.mlx.group import rendezvous
     from tests.worker.engines.mlx_ranks import free_ports
 
     addresses = [f"127.0.0.1:{p}" for p in free_ports(2)]

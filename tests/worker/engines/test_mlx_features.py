@@ -17,8 +17,8 @@ import pytest
 from skulk.shared.types.tasks import ResponseFormat, TextGenerationParams, ToolSpec
 from skulk.worker.engines.base import EngineError
 from skulk.worker.engines.logits import GrammarRejected, InvalidTokens, apply_penalties, log_softmax_at
-from skulk.worker.engines.mlx_engine import MlxEngine
-from skulk.worker.engines.mlx_sampling import Shaping, shaping_of
+from skulk.worker.engines.mlx.engine import MlxEngine
+from skulk.worker.engines.mlx.sampling import Shaping, shaping_of
 from tests.worker.engines.mlx_ranks import local_instance
 from tests.worker.engines.test_mlx_engine import CARD, MODEL, spec_for, tiny_hf  # noqa: F401
 
@@ -39,7 +39,7 @@ def params(prompt: str = PROMPT, **kwargs) -> TextGenerationParams:
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_hf):  # noqa: F811
+def engine(tiny_hf):
     engine = MlxEngine()
     engine.load(spec_for(local_instance(CARD, 1), tiny_hf))
     engine.warm_up()
@@ -200,8 +200,8 @@ def test_a_pipeline_rank_zero_refuses_shaping_it_cannot_do(engine) -> None:
 
 
 @pytest.fixture(scope="module")
-def batched(tiny_hf):  # noqa: F811
-    from skulk.worker.engines.mlx_batch import BATCH_WIDTH_ENV
+def batched(tiny_hf):
+    from skulk.worker.engines.mlx.batch import BATCH_WIDTH_ENV
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(BATCH_WIDTH_ENV, "2")
@@ -234,7 +234,7 @@ family `mlx_family` has no layer adapter for."""
 
 
 @pytest.fixture(scope="module", params=["gemma3_text", "gemma3"])
-def tiny_gemma(request, tiny_hf, tmp_path_factory):  # noqa: F811
+def tiny_gemma(request, tiny_hf, tmp_path_factory):
     """The text model, and the multimodal config layout (the language model's shape in
     `text_config`, as the bundled gemma-3 card's model has it)."""
     import shutil

@@ -8,10 +8,10 @@ import threading
 
 import pytest
 
+from skulk.shared.prefix_cache import COLD_BUDGET_ENV
 from skulk.shared.types.common import ChatMessage
 from skulk.shared.types.tasks import TextGenerationParams
-from skulk.worker.engines.mlx_engine import MlxEngine
-from skulk.worker.engines.prefix_cache import COLD_BUDGET_ENV
+from skulk.worker.engines.mlx.engine import MlxEngine
 from tests.worker.engines.mlx_ranks import local_instance
 from tests.worker.engines.test_llama_cpp_prefix import FOLLOW_UPS, OPENERS
 from tests.worker.engines.test_mlx_engine import CARD, MODEL, spec_for, tiny_hf  # noqa: F401  (fixture)
@@ -32,7 +32,7 @@ def run(engine: MlxEngine, messages: list[ChatMessage]):
     return list(engine.generate(params, threading.Event()))
 
 
-def test_interleaved_conversations_match_fresh_requests_and_hit_the_cache(tiny_hf) -> None:  # noqa: F811
+def test_interleaved_conversations_match_fresh_requests_and_hit_the_cache(tiny_hf) -> None:
     cached = load(tiny_hf, "64")
     baseline = load(tiny_hf, "0")
     try:

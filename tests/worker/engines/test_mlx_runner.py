@@ -12,10 +12,10 @@ import time
 import pytest
 import pytest_asyncio
 
+from skulk.models.cards import builtin_cards_dir, load_card
 from skulk.shared.types.chunks import StreamPayload
 from skulk.shared.types.tasks import TextGeneration
-from skulk.store.cards import builtin_cards_dir, load_card
-from skulk.worker.engines.mlx_group import EVAL_TIMEOUT_ENV, EXIT_GROUP_WEDGED
+from skulk.worker.engines.mlx.group import EVAL_TIMEOUT_ENV, EXIT_GROUP_WEDGED
 from skulk.worker.runner.supervisor import RunnerSupervisor
 from tests.worker.engines.mlx_ranks import NODE, local_instance
 from tests.worker.runner.test_supervisor import Reports
@@ -42,7 +42,7 @@ def token_ids(reports: Reports, t: TextGeneration) -> list[int]:
 
 @pytest.fixture(scope="module")
 def tiny_hf(tmp_path_factory):
-    from skulk.store.tiny_models import ensure_local_model
+    from skulk.artifacts.resolve import ensure_local_model
 
     return ensure_local_model(CARD, tmp_path_factory.mktemp("mlx-runner-models"))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from skulk.worker.engines.prefix_cache import (
+from skulk.shared.prefix_cache import (
     COLD_BUDGET_ENV,
     DEFAULT_COLD_BUDGET_BYTES,
     CachedPrefix,

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from skulk.shared.residency import KeepAliveInvalid, idle_ttl, parse_keep_alive, unload_due
 from skulk.worker.runner.messages import StatusChanged
-from skulk.worker.runner.residency import KeepAliveInvalid, idle_ttl, parse_keep_alive, unload_due
 from skulk.worker.runner.supervisor import RunnerSupervisor
 from tests.worker.runner.test_supervisor import READY_TIMEOUT_S, Reports
 from tests.worker.tiny_gguf import (
@@ -50,7 +50,7 @@ def residency(reports: Reports) -> list[bool]:
     return [m.resident for m in reports.messages if isinstance(m, StatusChanged) and m.status.state == "Ready"]
 
 
-async def test_an_idle_runner_unloads_and_the_next_request_reloads_and_waits(tiny_gguf) -> None:  # noqa: F811
+async def test_an_idle_runner_unloads_and_the_next_request_reloads_and_waits(tiny_gguf) -> None:
     card = tiny_gguf_card()
     instance = tiny_instance(card).model_copy(update={"idle_ttl_s": 0.3})
     reports = Reports()

@@ -39,7 +39,7 @@ def llama_servers_under(pid: int) -> list[psutil.Process]:
 
 
 @pytest_asyncio.fixture
-async def served_runner(tiny_gguf, monkeypatch):  # noqa: F811
+async def served_runner(tiny_gguf, monkeypatch):
     monkeypatch.setenv("SKULK_LLAMA_SERVER_BIN", str(require_llama_server()))
     card = tiny_gguf_card()
     reports = Reports()

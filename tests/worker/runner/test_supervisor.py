@@ -72,7 +72,7 @@ class Reports:
             self._changed.clear()
             try:
                 await asyncio.wait_for(self._changed.wait(), remaining)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     def statuses(self) -> list[tuple[str, int]]:
@@ -103,7 +103,7 @@ class Reports:
 
 
 @pytest_asyncio.fixture
-async def spawn(tiny_gguf):  # noqa: F811
+async def spawn(tiny_gguf):
     """Start supervised runners; every one is shut down (or killed) at teardown."""
     started: list[RunnerSupervisor] = []
 

@@ -410,13 +410,7 @@ class MessageStreamEncoder:
         reason, sequence = stop_reason(self._finish_reason, self._matched, self.stop_sequences)
         if self._tool_calls:
             reason, sequence = "tool_use", None
-        return events + [
-            sse_event("message_delta", {
-                "type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                "usage": _usage(self._usage, self._count, self._input_tokens),
-            }),
-            sse_event("message_stop", {"type": "message_stop"}),
-        ]
+        return [*events, sse_event("message_delta", {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence}, "usage": _usage(self._usage, self._count, self._input_tokens)}), sse_event("message_stop", {"type": "message_stop"})]
 
 
 def collect_message(
@@ -463,11 +457,11 @@ __all__ = [
     "MESSAGE_ID_PREFIX",
     "ContentBlock",
     "CountTokensRequest",
-    "count_params",
     "InputMessage",
     "MessageStreamEncoder",
     "MessagesRequest",
     "collect_message",
+    "count_params",
     "message_id",
     "sse_error",
     "sse_event",

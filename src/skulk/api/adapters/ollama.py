@@ -32,10 +32,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from skulk.api.adapters.openai_chat import Tool  # Ollama's tool definition is OpenAI's shape
 from skulk.api import request_options
+from skulk.api.adapters.openai_chat import Tool  # Ollama's tool definition is OpenAI's shape
 from skulk.api.errors import ApiError, InvalidRequest, invalid_request_from_validation, ollama_error_body
-from skulk.worker.runner.residency import KeepAliveInvalid, parse_keep_alive
+from skulk.shared.residency import KeepAliveInvalid, parse_keep_alive
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.chunks import TokenChunk
 from skulk.shared.types.common import ChatMessage, ToolCall, ToolSpec, Usage
@@ -216,7 +216,7 @@ def clamp_context(params: TextGenerationParams, instance_tokens: int) -> tuple[T
 
 def keep_alive_seconds(value: Any) -> float | None:
     """Ollama's `keep_alive` as the runner's idle TTL from this request on
-    (`skulk.worker.runner.residency`): seconds, 0 to unload as soon as idle, -1 never; a
+    (`skulk.shared.residency`): seconds, 0 to unload as soon as idle, -1 never; a
     value that is no duration is a 400 naming it."""
     try:
         return parse_keep_alive(value)
@@ -527,17 +527,16 @@ __all__ = [
     "CONTEXT_HEADER",
     "OLLAMA_VERSION",
     "OPTION_PARAMS",
-    "keep_alive_seconds",
-    "clamp_context",
     "ChatRequest",
-    "GenerateRequest",
     "EmbedRequest",
+    "GenerateRequest",
     "LegacyEmbeddingsRequest",
     "OllamaEncoder",
     "Options",
     "ShowRequest",
     "Timing",
     "chat_params",
+    "clamp_context",
     "collect",
     "details",
     "digest",
@@ -545,6 +544,7 @@ __all__ = [
     "embed_params",
     "embed_response",
     "generate_params",
+    "keep_alive_seconds",
     "load_response",
     "ndjson",
     "ndjson_error",

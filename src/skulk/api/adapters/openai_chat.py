@@ -24,8 +24,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from skulk.api.errors import ApiError, InvalidRequest, invalid_request_from_validation, openai_error_body
 from skulk.api import request_options
+from skulk.api.errors import ApiError, InvalidRequest, invalid_request_from_validation, openai_error_body
 from skulk.api.tool_calls import check_enforceable
 from skulk.shared.types.chunks import TokenChunk
 from skulk.shared.types.common import ChatMessage, ToolCall, ToolSpec, Usage
@@ -609,8 +609,8 @@ __all__ = [
     "completion_id",
     "model_entry",
     "model_list",
-    "served_by",
     "parse_request",
+    "served_by",
     "sse_error",
     "sse_event",
     "to_params",

@@ -16,20 +16,20 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from skulk.api import request_options
 from skulk.api.adapters.openai_chat import (
+    MAX_CHOICES,
     MIN_TOP_P,
     SSE_DONE,
     _finish_reason,
     _in_range,
     _Lenient,
     _stops,
-    MAX_CHOICES,
     _usage,
     choice_count,
-    summed_usage,
     sse_event,
+    summed_usage,
 )
-from skulk.api import request_options
 from skulk.api.errors import InvalidRequest, invalid_request_from_validation
 from skulk.shared.types.chunks import PromptTokenLogprob, TokenChunk
 from skulk.shared.types.common import Usage
@@ -275,11 +275,11 @@ __all__ = [
     "COMPLETION_ID_PREFIX",
     "DEFAULT_MAX_TOKENS",
     "MAX_LEGACY_LOGPROBS",
-    "legacy_logprobs",
     "CompletionRequest",
-    "prompts",
     "CompletionStreamEncoder",
     "collect_completion",
     "completion_id",
+    "legacy_logprobs",
+    "prompts",
     "to_params",
 ]

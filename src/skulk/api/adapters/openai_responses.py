@@ -25,11 +25,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from skulk.api.adapters.openai_chat import MIN_TOP_P, _in_range, _Lenient
 from skulk.api import request_options
+from skulk.api.adapters.openai_chat import MIN_TOP_P, _in_range, _Lenient
 from skulk.api.errors import ApiError, InvalidRequest, invalid_request_from_validation
-from skulk.shared.types.chunks import TokenChunk
 from skulk.api.tool_calls import check_enforceable
+from skulk.shared.types.chunks import TokenChunk
 from skulk.shared.types.common import ChatMessage, ToolCall, ToolSpec, Usage
 from skulk.shared.types.tasks import TextGenerationParams
 

@@ -25,9 +25,8 @@ from skulk.api.adapters.anthropic import (
     sse_error,
     to_params,
 )
-from skulk.api.openapi_errors import ANTHROPIC_ERROR_RESPONSES
 from skulk.api.generation import SSE_HEADERS, api_context, drive, encoded_events, open_output, start_generation
-
+from skulk.api.openapi_errors import ANTHROPIC_ERROR_RESPONSES
 
 router = APIRouter(responses=ANTHROPIC_ERROR_RESPONSES)
 

@@ -22,7 +22,7 @@ ALIVE_HEARTBEAT_AGE_S = 10.0
 (the master warns at the same gap and prunes at 30 s)."""
 
 
-def _context(request: Request):  # noqa: ANN202 - ApiContext (import cycle otherwise)
+def _context(request: Request):
     return request.app.state.skulk
 
 
@@ -38,7 +38,7 @@ def get_state(request: Request) -> dict[str, Any]:
     return state_body(_context(request))
 
 
-def state_body(context) -> dict[str, Any]:  # noqa: ANN001 - ApiContext (import cycle otherwise)
+def state_body(context) -> dict[str, Any]:
     """The body of `GET /state` (also the `state` of every `/v1/events` snapshot)."""
     state = context.get_state()
     telemetry = context.get_telemetry()
@@ -57,7 +57,7 @@ def get_cluster(request: Request) -> dict[str, Any]:
     return cluster_body(_context(request))
 
 
-def cluster_body(context) -> dict[str, Any]:  # noqa: ANN001 - ApiContext (import cycle otherwise)
+def cluster_body(context) -> dict[str, Any]:
     """The body of `GET /v1/cluster` (also the `cluster` of every `/v1/events` snapshot)."""
     state = context.get_state()
     telemetry = context.get_telemetry()

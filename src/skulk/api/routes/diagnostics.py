@@ -3,18 +3,27 @@ gathered from every member (`/v1/diagnostics/cluster`), and Prometheus metrics."
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request, Response
 
 from skulk.api.errors import NotFound, PeerUnreachable
-from skulk.observe.cluster_diagnostics import NODE_REPORT_PATH, PeerAnswer, cluster_report, cluster_timeline, gather_from_peers
+from skulk.observe.cluster_diagnostics import (
+    NODE_REPORT_PATH,
+    PeerAnswer,
+    cluster_report,
+    cluster_timeline,
+    gather_from_peers,
+)
 from skulk.observe.metrics import CONTENT_TYPE, exposition
+
+if TYPE_CHECKING:  # the context's module imports these routes
+    from skulk.api.app import ApiContext
 
 router = APIRouter()
 
 
-def _own_report(context: Any) -> dict[str, Any]:
+def _own_report(context: ApiContext) -> dict[str, Any]:
     return {"nodeId": context.node_id, "nodeName": context.node_name, **context.get_diagnostics(),
             "eventStreams": context.state_feed.stats()}
 

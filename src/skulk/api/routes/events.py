@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
@@ -23,6 +23,9 @@ from fastapi.responses import StreamingResponse
 from skulk.api.errors import ApiError, Overloaded
 from skulk.api.routes.control import cluster_body, state_body
 from skulk.api.state_feed import StateFeed, TooManySubscribers
+
+if TYPE_CHECKING:  # the context's module imports these routes
+    from skulk.api.app import ApiContext
 
 router = APIRouter()
 
@@ -42,7 +45,7 @@ class NodeStopping(ApiError):
     default_code = "node_stopping"
 
 
-def snapshot(context: Any) -> dict[str, Any]:  # ApiContext (import cycle otherwise)
+def snapshot(context: ApiContext) -> dict[str, Any]:
     """What one `snapshot` frame carries."""
     feed: StateFeed = context.state_feed
     return {"cluster": cluster_body(context), "state": state_body(context), "events": feed.recent_wire()}
@@ -54,7 +57,7 @@ def sse_frame(event: str, data: str, event_id: int | None = None) -> bytes:
     return f"{head}event: {event}\ndata: {data}\n\n".encode()
 
 
-async def _frames(context: Any) -> AsyncIterator[bytes]:
+async def _frames(context: ApiContext) -> AsyncIterator[bytes]:
     feed: StateFeed = context.state_feed
     try:
         yield b"retry: 2000\n\n"

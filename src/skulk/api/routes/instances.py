@@ -78,7 +78,7 @@ async def place_instance(request: Request, body: PlaceInstanceBody) -> Any:
 
 
 @router.get("/instance/previews")
-def instance_previews(request: Request, modelId: str) -> Any:  # noqa: N803 - wire name
+def instance_previews(request: Request, modelId: str) -> Any:
     context = request.app.state.skulk
     card = context.get_cards().get(modelId)
     if card is None:

@@ -31,11 +31,8 @@ from pydantic.alias_generators import to_camel
 
 from skulk.api.errors import ApiError, ClusterNotReady, Conflict, InvalidRequest, NotFound
 from skulk.api.local_paths import allowed_local_path
-from skulk.shared.types.cards import LOCAL_MODEL_PREFIX, ModelCard, is_model_id
-from skulk.shared.types.commands import AddCustomModelCard, DeleteCustomModelCard
-from skulk.shared.types.ids import new_id
-from skulk.store import hub_meta
-from skulk.store.card_builder import (
+from skulk.models import hub_meta
+from skulk.models.card_builder import (
     GGUF_HEADER_LIMIT_BYTES,
     MAX_INSPECTED_REPOS,
     CardBuildError,
@@ -48,8 +45,8 @@ from skulk.store.card_builder import (
     match_basename,
     parse_gguf_metadata,
 )
-from skulk.store.downloads import HubSource
-from skulk.store.hub_files import (
+from skulk.models.downloads import HubSource
+from skulk.models.hub_files import (
     CONFIG_FILE,
     RepoFile,
     SelectionError,
@@ -61,6 +58,9 @@ from skulk.store.hub_files import (
     shard_info,
     total_size_bytes,
 )
+from skulk.shared.types.cards import LOCAL_MODEL_PREFIX, ModelCard, is_model_id
+from skulk.shared.types.commands import AddCustomModelCard, DeleteCustomModelCard
+from skulk.shared.types.ids import new_id
 
 router = APIRouter()
 
@@ -96,7 +96,7 @@ def _from_hub_error(exc: hub_meta.HubError) -> ApiError:
     return HubUnavailable(str(exc))
 
 
-async def _off_loop(fn, deadline_s: float):  # noqa: ANN001, ANN202 - a blocking thunk, its result
+async def _off_loop(fn, deadline_s: float):
     try:
         return await asyncio.wait_for(asyncio.to_thread(fn), deadline_s)
     except TimeoutError:
@@ -178,7 +178,7 @@ class AddModelBody(BaseModel):
     """Replace a card that already has this id (built-in or custom); without it that is a 409."""
 
 
-def _gguf_meta(read, source: str) -> dict[str, Any]:  # noqa: ANN001 - read(n) -> first n bytes
+def _gguf_meta(read, source: str) -> dict[str, Any]:
     for size in hub_meta.growing_prefixes(GGUF_HEADER_LIMIT_BYTES):
         data = read(size)
         try:
@@ -211,7 +211,7 @@ def _local_files(directory: Path) -> list[RepoFile]:
     return [RepoFile(p.name, p.stat().st_size) for p in sorted(directory.iterdir()) if p.is_file()]
 
 
-def _read_file_prefix(path: Path):  # noqa: ANN202 - read(n) -> bytes
+def _read_file_prefix(path: Path):
     def read(size: int) -> bytes:
         with path.open("rb") as handle:
             return handle.read(size)
@@ -249,10 +249,10 @@ def _card_from_path(body: AddModelBody, roots: tuple[Path, ...]) -> ModelCard:
                          "for a GGUF model give the path of the .gguf file itself", param="path")
 
 
-async def _submit(request: Request, command) -> None:  # noqa: ANN001
+async def _submit(request: Request, command) -> None:
     try:
         await request.app.state.skulk.submit_command(command)
-    except Exception as exc:  # noqa: BLE001 - the router's or a missing cluster's error
+    except Exception as exc:
         raise ClusterNotReady(f"the card could not reach the master: {exc}") from exc
 
 

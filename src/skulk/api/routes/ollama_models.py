@@ -30,7 +30,7 @@ from skulk.api.errors import ApiError, InvalidRequest, StreamFailed, ollama_erro
 from skulk.api.generation import SSE_HEADERS
 from skulk.api.openapi_errors import OLLAMA_ERROR_RESPONSES
 from skulk.api.routes.store import delete_model, fetch_step
-from skulk.store.store_fetch import FETCH_DEADLINE_S, FetchStatus
+from skulk.model_store.fetch import FETCH_DEADLINE_S, FetchStatus
 
 router = APIRouter(prefix="/ollama", responses=OLLAMA_ERROR_RESPONSES)
 

@@ -19,27 +19,27 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
+from skulk.api.adapters import openai_completions, openai_embeddings, openai_responses
 from skulk.api.adapters.openai_chat import (
     ChatCompletionRequest,
     ChatStreamEncoder,
     choice_count,
     collect_response,
     command_id_from,
-    model_entry,
     merge_choices,
+    model_entry,
     model_list,
     served_by,
     sse_error,
     to_params,
 )
-from skulk.api.adapters import openai_completions, openai_embeddings, openai_responses
-from skulk.api.auth import current_principal
+from skulk.api.auth import current_principal, presented_keys
 from skulk.api.errors import ClusterNotReady, InvalidRequest, ModelNotFound, NotFound
 from skulk.api.generation import (
     SSE_HEADERS,
@@ -55,14 +55,16 @@ from skulk.api.generation import (
     start_embedding,
     start_generation,
 )
-from skulk.api.auth import presented_keys
 from skulk.api.openapi_errors import OPENAI_ERROR_RESPONSES
 from skulk.api.response_store import RESPONSE_TTL_S, ResponseStore, StoredResponse, key_scope
 from skulk.api.streams import CommandStream
 from skulk.observe.cluster_diagnostics import gather_from_peers
-from skulk.shared.types.common import ChatMessage
 from skulk.shared.types.commands import CancelCommand
+from skulk.shared.types.common import ChatMessage
 from skulk.shared.types.ids import new_id
+
+if TYPE_CHECKING:  # the context's module imports these routes
+    from skulk.api.app import ApiContext
 
 logger = logging.getLogger(__name__)
 
@@ -290,7 +292,7 @@ async def embeddings(request: Request, body: openai_embeddings.EmbeddingRequest)
                                                 encoding_format=body.encoding_format)
 
 
-def _sse(request: Request, context: Any, stream: CommandStream, encoder: Any,
+def _sse(request: Request, context: ApiContext, stream: CommandStream, encoder: Any,
          params: Any = None, output: AsyncIterator[Any] | None = None) -> AsyncIterator[str]:
     return encoded_events(request, context, stream, encoder, sse_error, params, output)
 

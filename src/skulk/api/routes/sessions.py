@@ -35,10 +35,10 @@ from skulk.api.sessions import (
     snapshot_document,
     valid_session_id,
 )
+from skulk.shared.prefix_cache import cold_budget_bytes
 from skulk.shared.types.common import Usage
 from skulk.shared.types.ids import ModelId
 from skulk.shared.types.tasks import TextGenerationParams
-from skulk.worker.engines.prefix_cache import cold_budget_bytes
 
 router = APIRouter()
 

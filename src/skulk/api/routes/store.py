@@ -12,7 +12,7 @@ staging, deleting a model cluster-wide, purging staged copies.
 - `POST /store/models/{modelId}/fetch` (body `{revision?, card?}`): the store host fetches
   a model it lacks from Hugging Face into its canonical dir, once however many nodes ask;
   answers 200 with the manifest once registered, 202 with progress while fetching, 502 with
-  the hub's reason when the fetch failed (`skulk.store.store_fetch`). A staging node polls it.
+  the hub's reason when the fetch failed (`skulk.model_store.fetch`). A staging node polls it.
 - `DELETE /store/models/{modelId}`: submits EvictStagedModel (every node drops its staged
   copy) and removes the canonical copy.
 - `POST /store/purge-staging`: deletes this node's idle staged copies; the canonical copy
@@ -20,36 +20,39 @@ staging, deleting a model cluster-wide, purging staged copies.
 
 Errors are `ApiError`s rendered in the OpenAI error shape. The API key middleware covers
 these routes like every other. Disk work runs in a worker thread, never on the event loop.
-This module never decides eviction (`skulk.store.eviction` does) nor assembles copies.
+This module never decides eviction (`skulk.model_store.eviction` does) nor assembles copies.
 """
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, ValidationError
 
-from skulk.api.errors import ApiError, ClusterNotReady, NotFound, openai_error_response
+from skulk.api.errors import ApiError, ClusterNotReady, NotFound
+from skulk.model_store.eviction import in_use_model_ids
+from skulk.model_store.fetch import FetchStatus, StoreFetcher
+from skulk.model_store.node_store import NodeStore, find_registered, registered, registered_file
+from skulk.model_store.staging import Manifest, manifest_from_marker, partial_bytes, remove_staged, scan_staged
+from skulk.models.companions import companions_of
+from skulk.models.downloads import downloaded_models, remove_model
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.commands import EvictStagedModel
 from skulk.shared.types.ids import new_id
 from skulk.shared.types.state import DownloadStatusCompleted
-from skulk.store.companions import companions_of
-from skulk.store.downloads import downloaded_models, remove_model
-from skulk.store.eviction import in_use_model_ids
-from skulk.store.model_store import NodeStore, find_registered, registered, registered_file
-from skulk.store.staging import Manifest, manifest_from_marker, partial_bytes, remove_staged, scan_staged
-from skulk.store.store_fetch import FetchStatus, StoreFetcher
+
+if TYPE_CHECKING:  # the context's module imports these routes
+    from skulk.api.app import ApiContext
 
 router = APIRouter()
 
 
 StoreContext = NodeStore
-"""What the store routes need from the node (`skulk.store.model_store.node_store`)."""
+"""What the store routes need from the node (`skulk.model_store.node_store.node_store`)."""
 
 
 class NoStoreHere(NotFound):
@@ -74,10 +77,6 @@ class StoreNotConfigured(ApiError):
 
     def __init__(self) -> None:
         super().__init__("The model store is not configured on this node.")
-
-
-def _fail(error: ApiError) -> JSONResponse:
-    return openai_error_response(error)
 
 
 def _store(request: Request) -> StoreContext:
@@ -133,10 +132,7 @@ def _local_storage(store: StoreContext, in_use: frozenset[str]) -> dict[str, Any
 @router.get("/store/storage")
 async def storage(request: Request) -> Any:
     context = request.app.state.skulk
-    try:
-        store = _store(request)
-    except ApiError as exc:
-        return _fail(exc)
+    store = _store(request)
     in_use = in_use_model_ids(context.get_state(), context.node_id, companions_of(context.get_cards))
     local = await asyncio.to_thread(_local_storage, store, in_use)
     nodes = [{"nodeId": context.node_id, "nodeName": context.node_name, **local}]
@@ -158,36 +154,26 @@ async def storage(request: Request) -> Any:
 
 @router.get("/store/models")
 async def list_store_models(request: Request) -> Any:
-    try:
-        root = _canonical(_store(request))
-    except ApiError as exc:
-        return _fail(exc)
+    root = _canonical(_store(request))
     markers = await asyncio.to_thread(registered, root)
     return {"models": [manifest_from_marker(m).to_json() for m in markers]}
 
 
 @router.get("/store/models/{model_id:path}")
 async def get_store_model(request: Request, model_id: str, revision: str | None = None) -> Any:
-    try:
-        root = _canonical(_store(request))
-    except ApiError as exc:
-        return _fail(exc)
+    root = _canonical(_store(request))
     marker = await asyncio.to_thread(find_registered, root, model_id, revision)
     if marker is None:
-        return _fail(StoreModelNotFound(model_id, revision))
+        raise StoreModelNotFound(model_id, revision)
     return manifest_from_marker(marker).to_json()
 
 
 @router.get("/store/artifacts/{dir_name}/{file_path:path}")
 async def get_artifact(request: Request, dir_name: str, file_path: str) -> Any:
-    try:
-        root = _canonical(_store(request))
-    except ApiError as exc:
-        return _fail(exc)
+    root = _canonical(_store(request))
     path = await asyncio.to_thread(registered_file, root, dir_name, file_path)
     if path is None:
-        return _fail(NotFound(f"The model store has no registered file {dir_name}/{file_path}.",
-                              code="store_file_not_found"))
+        raise NotFound(f"The model store has no registered file {dir_name}/{file_path}.", code="store_file_not_found")
     # Starlette answers Range requests (206 + Content-Range) and streams in bounded chunks.
     return FileResponse(path, media_type="application/octet-stream")
 
@@ -204,7 +190,7 @@ class FetchBody(BaseModel):
     pinned to another revision)."""
 
 
-def _fetch_card(context: Any, model_id: str, body: FetchBody | None) -> ModelCard | None:
+def _fetch_card(context: ApiContext, model_id: str, body: FetchBody | None) -> ModelCard | None:
     own = context.get_cards().get(model_id)
     revision = body.revision if body is not None else None
     if own is not None and (body is None or own.source_revision == revision):
@@ -243,10 +229,7 @@ async def fetch_step(request: Request, model_id: str, body: FetchBody | None = N
 
 @router.post("/store/models/{model_id:path}/fetch")
 async def fetch_store_model(request: Request, model_id: str, body: FetchBody | None = None) -> Any:
-    try:
-        status = await fetch_step(request, model_id, body)
-    except ApiError as exc:
-        return _fail(exc)
+    status = await fetch_step(request, model_id, body)
     return JSONResponse(status.to_json(), status_code=status.http_status)
 
 
@@ -255,7 +238,7 @@ async def fetch_store_model(request: Request, model_id: str, body: FetchBody | N
 # ---------------------------------------------------------------------------------------
 
 
-def _known_anywhere(context: Any, store: StoreContext, model_id: str) -> bool:
+def _known_anywhere(context: ApiContext, store: StoreContext, model_id: str) -> bool:
     state = context.get_state()
     if any(isinstance(per.get(model_id), DownloadStatusCompleted) for per in state.downloads.values()):
         return True
@@ -275,7 +258,7 @@ async def delete_model(request: Request, model_id: str) -> dict[str, Any]:
     # Broadcast first: when no master takes it, nothing has changed yet and a retry is safe.
     try:
         await context.submit_command(command)
-    except Exception as exc:  # noqa: BLE001 - any failure to hand the command over
+    except Exception as exc:
         raise ClusterNotReady(f"The eviction could not be broadcast, nothing was deleted: {exc}") from exc
     removed = await asyncio.to_thread(remove_model, root, model_id)
     return {"modelId": model_id, "commandId": command.command_id, "removedCanonical": [p.name for p in removed],
@@ -284,19 +267,13 @@ async def delete_model(request: Request, model_id: str) -> dict[str, Any]:
 
 @router.delete("/store/models/{model_id:path}")
 async def delete_store_model(request: Request, model_id: str) -> Any:
-    try:
-        return await delete_model(request, model_id)
-    except ApiError as exc:
-        return _fail(exc)
+    return await delete_model(request, model_id)
 
 
 @router.post("/store/purge-staging")
 async def purge_staging(request: Request) -> Any:
     context = request.app.state.skulk
-    try:
-        store = _store(request)
-    except ApiError as exc:
-        return _fail(exc)
+    store = _store(request)
     in_use = in_use_model_ids(context.get_state(), context.node_id, companions_of(context.get_cards))
     result = await asyncio.to_thread(remove_staged, store.staging_root, in_use, store.canonical_root)
     return {"nodeId": context.node_id, "removed": list(result.removed), "keptInUse": list(result.kept_in_use),

@@ -7,7 +7,7 @@ gathers from its peers (`skulk.observe.peer_http`)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from fastapi import APIRouter, Request
 
@@ -15,12 +15,15 @@ from skulk.api.errors import NotFound
 from skulk.observe.cluster_diagnostics import gather_from_peers
 from skulk.observe.traces import chrome_trace, merge_listings, valid_trace_id
 
+if TYPE_CHECKING:  # the context's module imports these routes
+    from skulk.api.app import ApiContext
+
 router = APIRouter()
 
 Scope = Literal["cluster", "local"]
 
 
-def _store(context: Any):  # noqa: ANN202 - TraceStore
+def _store(context: ApiContext):
     store = getattr(context, "traces", None)
     if store is None:
         raise NotFound("This node keeps no traces.", code="trace_not_found")

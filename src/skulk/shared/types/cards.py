@@ -5,7 +5,7 @@ pattern, size), the artifacts it is made of (Hugging Face repo, GGUF file, revis
 local path) and which engines can run those artifacts. It must never encode a gap in our own
 implementation (that lives in code-level capability tables) nor compute costs (the capacity
 planner owns KV arithmetic, placement owns memory fits). Cards arrive as snake_case TOML
-(`skulk.store.cards` loads them) and travel on the wire as camelCase like every `WireModel`.
+(`skulk.models.cards` loads them) and travel on the wire as camelCase like every `WireModel`.
 
 Every validator raises a `card_field` error naming the offending field, so the loader can
 tell a user exactly which key of which file to fix.
@@ -254,7 +254,7 @@ class ModelCard(WireModel):
     named gguf_file for GGUF (not the repo, which holds every quant)."""
 
     # Companion repos: artifacts no instance names but a runner of this model loads. Each is
-    # optional (None = none); `skulk.store.companions.companion_download_specs` is the one
+    # optional (None = none); `skulk.models.companions.companion_download_specs` is the one
     # place that turns them into downloads and says which are required.
     mtp_sidecar_repo: CardModelId | None = None
     """Hub repo of separately shipped multi-token-prediction heads (best-effort: without it

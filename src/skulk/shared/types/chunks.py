@@ -9,13 +9,14 @@ State, so they may be large and frequent, but they are still strict wire models.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field, TypeAdapter, model_validator
 
 from skulk.shared.types.base import WireModel
-from skulk.shared.types.common import FiniteFloat, FinishReason, NonNegInt, ToolCall, Usage
+from skulk.shared.types.common import FinishReason, FiniteFloat, NonNegInt, ToolCall, Usage
 from skulk.shared.types.ids import CommandId, RunnerId
+from skulk.shared.types.stream_errors import StreamErrorType
 
 LOGPROB_FLOOR = -9999.0
 """Engines report log(0) as -inf, which JSON cannot carry; it is clamped to this floor
@@ -82,7 +83,7 @@ class ErrorChunk(WireModel):
 
 
 Chunk = Annotated[
-    Union[TokenChunk, EmbeddingChunk, ErrorChunk],
+    TokenChunk | EmbeddingChunk | ErrorChunk,
     Field(discriminator="type"),
 ]
 CHUNK_ADAPTER: TypeAdapter[Chunk] = TypeAdapter(Chunk)
@@ -118,7 +119,7 @@ class StreamTerminal(WireModel):
     command_id: CommandId
     seq: NonNegInt
     outcome: StreamOutcome
-    error_type: str | None = None
+    error_type: StreamErrorType | str | None = None
     error_message: str | None = None
 
     @model_validator(mode="after")
@@ -129,7 +130,7 @@ class StreamTerminal(WireModel):
 
 
 DataFrame = Annotated[
-    Union[StreamStarted, StreamPayload, StreamTerminal],
+    StreamStarted | StreamPayload | StreamTerminal,
     Field(discriminator="type"),
 ]
 DATA_FRAME_ADAPTER: TypeAdapter[DataFrame] = TypeAdapter(DataFrame)

@@ -8,7 +8,7 @@ it as the id of their data-plane stream.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import Field, TypeAdapter
 
@@ -128,23 +128,7 @@ class DeleteCustomModelCard(_CommandBase):
 
 
 Command = Annotated[
-    Union[
-        PlaceInstance,
-        CreateInstance,
-        AddCustomModelCard,
-        DeleteCustomModelCard,
-        DeleteInstance,
-        GenerateText,
-        Embed,
-        TaskFinished,
-        CancelCommand,
-        SetTracingEnabled,
-        RefuseInstancePlacement,
-        EvictStagedModel,
-        RequestEventLog,
-        StartDownload,
-        CancelDownload,
-    ],
+    PlaceInstance | CreateInstance | AddCustomModelCard | DeleteCustomModelCard | DeleteInstance | GenerateText | Embed | TaskFinished | CancelCommand | SetTracingEnabled | RefuseInstancePlacement | EvictStagedModel | RequestEventLog | StartDownload | CancelDownload,
     Field(discriminator="type"),
 ]
 COMMAND_ADAPTER: TypeAdapter[Command] = TypeAdapter(Command)
@@ -159,13 +143,13 @@ class ForwarderCommand(WireModel):
 
 
 __all__ = [
-    "AddCustomModelCard",
-    "DeleteCustomModelCard",
     "COMMAND_ADAPTER",
+    "AddCustomModelCard",
     "CancelCommand",
     "CancelDownload",
     "Command",
     "CreateInstance",
+    "DeleteCustomModelCard",
     "DeleteInstance",
     "Embed",
     "EvictStagedModel",

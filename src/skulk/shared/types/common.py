@@ -8,7 +8,7 @@ This module holds only types and their invariants; it must never do I/O or read 
 from __future__ import annotations
 
 import math
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, AwareDatetime, Field, model_validator
@@ -20,7 +20,7 @@ from skulk.shared.types.ids import NodeId
 def _as_utc(value: datetime) -> datetime:
     # Normalising every tz to `timezone.utc` makes the ISO form (and so canonical bytes and
     # state hashes) identical however the producer spelled the offset.
-    return value.astimezone(timezone.utc)
+    return value.astimezone(UTC)
 
 
 UtcDatetime = Annotated[AwareDatetime, AfterValidator(_as_utc)]
@@ -142,8 +142,8 @@ __all__ = [
     "ChatMessage",
     "Edge",
     "EdgeKind",
-    "FiniteFloat",
     "FinishReason",
+    "FiniteFloat",
     "InterfaceKind",
     "NetworkInterface",
     "NonNegInt",

@@ -90,12 +90,12 @@ ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
     "mlx": EngineTraits(
         formats=frozenset({"safetensors"}),
         # Any family mlx-lm loads runs on one rank (the whole mlx-lm model); a family with a
-        # layer adapter (skulk.worker.engines.mlx_family) also spans ranks.
+        # layer adapter (skulk.worker.engines.mlx.family) also spans ranks.
         families=None,
         multi_node=True,
-        # The families skulk.worker.engines.mlx_family has a layer/tensor layout for.
+        # The families skulk.worker.engines.mlx.family has a layer/tensor layout for.
         sharded_families=frozenset({"llama", "mistral", "qwen2", "qwen3"}),
-        # Rank 0 shapes the logits (skulk.worker.engines.mlx_sampling.TokenChooser: logprobs,
+        # Rank 0 shapes the logits (skulk.worker.engines.mlx.sampling.TokenChooser: logprobs,
         # llguidance grammars, penalties, bias) where it computes them: on one rank or in a
         # tensor group. A pipeline's last rank samples without the tokenizer or the prompt,
         # so a pipeline serves plain sampling only. Embeddings: no MLX embedding path; the
@@ -111,7 +111,7 @@ ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
 """Every runner engine a backend tag may name (the part before the first '-')."""
 
 
-def engines_where(predicate) -> frozenset[str]:  # noqa: ANN001 - Callable[[EngineTraits], bool]
+def engines_where(predicate) -> frozenset[str]:
     return frozenset(name for name, traits in ENGINE_TRAITS.items() if predicate(traits))
 
 
@@ -207,9 +207,9 @@ __all__ = [
     "Feature",
     "honoured_features",
     "is_pipelined",
+    "loads_family",
     "missing_features",
     "required_features",
-    "loads_family",
     "shards_family",
     "spans_with",
     "traits_of",

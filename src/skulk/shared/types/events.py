@@ -9,7 +9,7 @@ here may be derived from a clock or randomness at apply time.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SerializerFunctionWrapHandler, TypeAdapter, model_serializer
 
@@ -34,6 +34,7 @@ from skulk.shared.types.ids import (
     TaskId,
 )
 from skulk.shared.types.instances import Instance, RunnerStatus
+from skulk.shared.types.stream_errors import StreamErrorType
 from skulk.shared.types.tasks import Task
 
 NonNegFloat = Annotated[FiniteFloat, Field(ge=0)]
@@ -168,7 +169,7 @@ class TaskFailed(_EventBase):
 
     type: Literal["TaskFailed"] = "TaskFailed"
     task_id: TaskId
-    error_type: str
+    error_type: StreamErrorType | str
     error_message: str
 
 
@@ -244,33 +245,7 @@ class CustomModelCardDeleted(_EventBase):
 
 
 Event = Annotated[
-    Union[
-        NodeJoined,
-        NodeLeft,
-        NodeTimedOut,
-        NodeNetworkUpdated,
-        TopologyEdgeCreated,
-        TopologyEdgeDeleted,
-        InstanceCreated,
-        InstanceDeleted,
-        InstancePlacementRefused,
-        InstanceRepairAbandoned,
-        RunnerStatusUpdated,
-        RunnerDeleted,
-        TaskCreated,
-        TaskAcknowledged,
-        TaskStatusUpdated,
-        TaskFailed,
-        TaskDeleted,
-        DownloadPending,
-        DownloadOngoing,
-        DownloadCompleted,
-        DownloadFailed,
-        TracingStateChanged,
-        StagedModelEvicted,
-        CustomModelCardAdded,
-        CustomModelCardDeleted,
-    ],
+    NodeJoined | NodeLeft | NodeTimedOut | NodeNetworkUpdated | TopologyEdgeCreated | TopologyEdgeDeleted | InstanceCreated | InstanceDeleted | InstancePlacementRefused | InstanceRepairAbandoned | RunnerStatusUpdated | RunnerDeleted | TaskCreated | TaskAcknowledged | TaskStatusUpdated | TaskFailed | TaskDeleted | DownloadPending | DownloadOngoing | DownloadCompleted | DownloadFailed | TracingStateChanged | StagedModelEvicted | CustomModelCardAdded | CustomModelCardDeleted,
     Field(discriminator="type"),
 ]
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)

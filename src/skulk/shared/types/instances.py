@@ -84,7 +84,7 @@ class InstanceCapacity(WireModel):
     shards: list[ShardCapacity] = Field(default_factory=list)
     cold_budget_bytes: NonNegInt = 0
     """Host-RAM bytes per runner for cold KV prefixes the policy planned (0: the node's
-    setting or default applies, `skulk.worker.engines.prefix_cache.cold_budget_bytes`)."""
+    setting or default applies, `skulk.shared.prefix_cache.cold_budget_bytes`)."""
 
 
 class Instance(WireModel):
@@ -102,7 +102,7 @@ class Instance(WireModel):
     from); None for instances placed without it."""
     idle_ttl_s: float | None = Field(default=None, gt=0)
     """Seconds a runner of this instance may sit idle before it unloads its model (it
-    reloads on the next request); None: it stays loaded (`skulk.worker.runner.residency`)."""
+    reloads on the next request); None: it stays loaded (`skulk.shared.residency`)."""
 
     @model_validator(mode="after")
     def _ranks_in_order(self) -> Instance:

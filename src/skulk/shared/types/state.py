@@ -8,7 +8,7 @@ liveness.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import Field, TypeAdapter, field_validator
 
@@ -52,7 +52,7 @@ class DownloadStatusFailed(WireModel):
 
 
 DownloadStatus = Annotated[
-    Union[DownloadStatusPending, DownloadStatusCompleted, DownloadStatusFailed],
+    DownloadStatusPending | DownloadStatusCompleted | DownloadStatusFailed,
     Field(discriminator="type"),
 ]
 DOWNLOAD_STATUS_ADAPTER: TypeAdapter[DownloadStatus] = TypeAdapter(DownloadStatus)

@@ -8,7 +8,7 @@ session so a follower never mixes two sessions' histories.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import Field, TypeAdapter
 
@@ -44,7 +44,7 @@ class EventBurst(WireModel):
     events: list[IndexedEvent]
 
 
-SyncReply = Annotated[Union[SnapshotOffer, EventBurst], Field(discriminator="type")]
+SyncReply = Annotated[SnapshotOffer | EventBurst, Field(discriminator="type")]
 SYNC_REPLY_ADAPTER: TypeAdapter[SyncReply] = TypeAdapter(SyncReply)
 
 

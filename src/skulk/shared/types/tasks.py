@@ -7,13 +7,14 @@ live in State, so everything here must be deterministic data, never handles or c
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, TypeAdapter, model_validator
 
 from skulk.shared.types.base import WireModel
 from skulk.shared.types.common import ChatMessage, FiniteFloat, TaskStatus, ToolSpec
 from skulk.shared.types.ids import CommandId, InstanceId, ModelId, NodeId, RunnerId, TaskId
+from skulk.shared.types.stream_errors import StreamErrorType
 
 
 class ResponseFormat(WireModel):
@@ -65,7 +66,7 @@ class TextGenerationParams(WireModel):
     keep_alive_s: FiniteFloat | None = Field(default=None, ge=-1)
     """How long the runner stays loaded once idle after this request (Ollama's
     `keep_alive`; -1: never unload), overriding the placement's `idleTtl` from now on
-    (`skulk.worker.runner.residency`)."""
+    (`skulk.shared.residency`)."""
     count_only: bool = False
     """Count the prompt's tokens and generate nothing (Anthropic's count_tokens): the answer
     is one empty chunk whose usage holds the count."""
@@ -104,6 +105,9 @@ class _TaskBase(WireModel):
     task_id: TaskId
     instance_id: InstanceId
     status: TaskStatus = "Pending"
+    error_type: StreamErrorType | str | None = None
+    """Why the master failed the task (TaskFailed's error type), so the owning API node can
+    tell its client node loss from a refused placement; None while the task is not failed."""
     error_message: str | None = None
 
 
@@ -163,17 +167,7 @@ ApiTask = TextGeneration | Embedding
 """Tasks that answer a caller's command; they own a data-plane stream."""
 
 Task = Annotated[
-    Union[
-        TextGeneration,
-        Embedding,
-        CreateRunner,
-        DownloadModel,
-        ConnectToGroup,
-        LoadModel,
-        StartWarmup,
-        Shutdown,
-        CancelTask,
-    ],
+    TextGeneration | Embedding | CreateRunner | DownloadModel | ConnectToGroup | LoadModel | StartWarmup | Shutdown | CancelTask,
     Field(discriminator="type"),
 ]
 TASK_ADAPTER: TypeAdapter[Task] = TypeAdapter(Task)
@@ -181,7 +175,6 @@ TASK_ADAPTER: TypeAdapter[Task] = TypeAdapter(Task)
 __all__ = [
     "TASK_ADAPTER",
     "ApiTask",
-    "ResponseFormat",
     "CancelTask",
     "ConnectToGroup",
     "CreateRunner",
@@ -189,6 +182,7 @@ __all__ = [
     "Embedding",
     "EmbeddingParams",
     "LoadModel",
+    "ResponseFormat",
     "Shutdown",
     "StartWarmup",
     "Task",

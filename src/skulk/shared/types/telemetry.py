@@ -8,7 +8,7 @@ their own receipt time for liveness; no reading carries a sender clock that is t
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import Field, TypeAdapter
 
@@ -95,7 +95,7 @@ class DownloadProgress(WireModel):
 
 
 TelemetryReading = Annotated[
-    Union[NodeHeartbeat, NodeResources, DownloadProgress],
+    NodeHeartbeat | NodeResources | DownloadProgress,
     Field(discriminator="type"),
 ]
 TELEMETRY_ADAPTER: TypeAdapter[TelemetryReading] = TypeAdapter(TelemetryReading)

@@ -26,6 +26,7 @@ from skulk.shared.types.common import ChatMessage, FinishReason, Usage
 from skulk.shared.types.engines import missing_features
 from skulk.shared.types.ids import RunnerId
 from skulk.shared.types.instances import Instance, ShardAssignment
+from skulk.shared.types.stream_errors import StreamErrorType
 from skulk.shared.types.tasks import EmbeddingParams, TextGenerationParams
 
 log = logging.getLogger(__name__)
@@ -144,7 +145,7 @@ def usage_of(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0)
 class EngineError(Exception):
     """A failure an engine can explain; `error_type` is what the client's stream carries."""
 
-    error_type: ClassVar[str] = "EngineError"
+    error_type: ClassVar[str] = StreamErrorType.ENGINE_ERROR
 
 
 class EngineBroken(EngineError):
@@ -153,33 +154,33 @@ class EngineBroken(EngineError):
     client learns what broke; then the runner exits, so the worker sees a dead runner rather
     than a live one that fails every later request."""
 
-    error_type = "EngineBroken"
+    error_type = StreamErrorType.ENGINE_BROKEN
 
 
 class EngineNotLoaded(EngineError):
-    error_type = "EngineNotLoaded"
+    error_type = StreamErrorType.ENGINE_NOT_LOADED
 
 
 class EngineBusy(EngineError):
     """More concurrent generations than the engine's width (a dispatcher bug if seen)."""
 
-    error_type = "EngineBusy"
+    error_type = StreamErrorType.ENGINE_BUSY
 
 
 class ModelLoadFailed(EngineError):
-    error_type = "ModelLoadFailed"
+    error_type = StreamErrorType.MODEL_LOAD_FAILED
 
 
 class ChatTemplateMissing(EngineError):
-    error_type = "ChatTemplateMissing"
+    error_type = StreamErrorType.CHAT_TEMPLATE_MISSING
 
 
 class EmbeddingsUnsupported(EngineError):
-    error_type = "EmbeddingsUnsupported"
+    error_type = StreamErrorType.EMBEDDINGS_UNSUPPORTED
 
 
 class PromptTooLong(EngineError):
-    error_type = "ContextLengthExceeded"
+    error_type = StreamErrorType.CONTEXT_LENGTH_EXCEEDED
 
     def __init__(self, prompt_tokens: int, context_tokens: int) -> None:
         self.prompt_tokens = prompt_tokens
@@ -479,7 +480,7 @@ class Dispatcher:
         self._finish_unstarted(job, GenerationResult(outcome="cancelled", finish_reason="cancelled"))
         return True
 
-    def close(self, timeout_s: float = DISPATCH_CLOSE_TIMEOUT_S, *, error_type: str = "RunnerShutdown",
+    def close(self, timeout_s: float = DISPATCH_CLOSE_TIMEOUT_S, *, error_type: str = StreamErrorType.RUNNER_SHUTDOWN,
               message: str = "the runner is shutting down") -> bool:
         """Refuse new work; end every job in flight as failed with `error_type`. Returns
         True when every worker thread exited within `timeout_s`."""
@@ -620,7 +621,7 @@ class Dispatcher:
         if job.cancelled.is_set():
             return GenerationResult(outcome="cancelled", finish_reason="cancelled")
         return GenerationResult(
-            outcome="failed", finish_reason="error", error_type="EngineError",
+            outcome="failed", finish_reason="error", error_type=StreamErrorType.ENGINE_ERROR,
             error_message="the engine ended the stream without a finish reason",
         )
 
@@ -669,24 +670,23 @@ class Dispatcher:
 
 
 __all__ = [
-    "chat_message_dict",
     "DISPATCH_CLOSE_TIMEOUT_S",
     "DISPATCH_QUEUE_CAPACITY",
     "WORKER_CALL_TIMEOUT_S",
+    "ApiRequest",
     "ChatTemplateMissing",
     "DispatchRejected",
     "DispatchSink",
     "DispatchStats",
     "Dispatcher",
-    "Engine",
     "EmbeddingEngine",
     "EmbeddingsUnsupported",
+    "Engine",
     "EngineBroken",
     "EngineBusy",
-    "GeneratedEmbedding",
-    "ApiRequest",
     "EngineError",
     "EngineNotLoaded",
+    "GeneratedEmbedding",
     "GeneratedToken",
     "GenerationOutcome",
     "GenerationResult",
@@ -695,5 +695,6 @@ __all__ = [
     "ShardSpec",
     "StopStringFilter",
     "Utf8StreamDecoder",
+    "chat_message_dict",
     "usage_of",
 ]

@@ -31,6 +31,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.queues import Queue as MpQueue
 from typing import Any
 
+from skulk.shared.residency import idle_ttl, unload_due
 from skulk.shared.types.cards import backend_engine
 from skulk.shared.types.chunks import EmbeddingChunk, StreamPayload, StreamStarted, StreamTerminal, TokenChunk
 from skulk.shared.types.common import RunnerState
@@ -39,8 +40,8 @@ from skulk.shared.types.ids import RunnerId, TaskId
 from skulk.shared.types.instances import RunnerStatus
 from skulk.shared.types.tasks import ApiTask
 from skulk.worker.engines.base import (
-    DispatchRejected,
     Dispatcher,
+    DispatchRejected,
     Engine,
     GeneratedEmbedding,
     GeneratedToken,
@@ -60,7 +61,6 @@ from skulk.worker.runner.messages import (
     pack,
     pack_token,
 )
-from skulk.worker.runner.residency import idle_ttl, unload_due
 from skulk.worker.runner.spans import RunnerSpans
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ def _llama_cpp_engine() -> Engine:
     from skulk.worker.engines.openmp import apply_wait_policy
 
     apply_wait_policy(os.environ)  # before llama.cpp (and its OpenMP runtime) loads
-    from skulk.worker.engines.llama_cpp import LlamaCppEngine
+    from skulk.worker.engines.llama_cpp.engine import LlamaCppEngine
 
     return LlamaCppEngine()
 
@@ -111,7 +111,7 @@ def _pool_donor_engine() -> Engine:
     from skulk.worker.engines.openmp import apply_wait_policy
 
     apply_wait_policy(os.environ)  # before llama.cpp (and its OpenMP runtime) loads
-    from skulk.worker.engines.llama_pool import PoolDonorEngine
+    from skulk.worker.engines.llama_cpp.pool import PoolDonorEngine
 
     return PoolDonorEngine()
 
@@ -120,7 +120,7 @@ ENGINES: Mapping[str, Callable[[], Engine]] = {
     "llama_cpp": _llama_cpp_engine,
     "llama_server": _llama_server_engine,
     "vllm": _vllm_engine,
-    "mlx": lambda: __import__("skulk.worker.engines.mlx_engine", fromlist=["MlxEngine"]).MlxEngine(),  # lazy import
+    "mlx": lambda: __import__("skulk.worker.engines.mlx.engine", fromlist=["MlxEngine"]).MlxEngine(),  # lazy import
 }
 """Engine constructors keyed by the shard's backend engine ('llama_cpp-cuda' -> 'llama_cpp')."""
 
@@ -229,7 +229,7 @@ class Runner:
             engine.close()
             raise
 
-    # -- residency (skulk.worker.runner.residency) -------------------------------------------
+    # -- residency (skulk.shared.residency) -------------------------------------------
 
     def _check_idle(self) -> None:
         """Unload the model once idle past the TTL in force; the runner stays Ready."""
@@ -288,9 +288,8 @@ class Runner:
 
     def shutdown(self) -> None:
         self._set_phase("ShuttingDown")
-        if self._dispatcher is not None:
-            if not self._dispatcher.close():
-                log.warning("runner %s: generations still running at shutdown", self._runner_id)
+        if self._dispatcher is not None and not self._dispatcher.close():
+            log.warning("runner %s: generations still running at shutdown", self._runner_id)
         if self._engine is not None:
             self._engine.close()
 

@@ -32,7 +32,7 @@ the way out, Failed (with a reason) when loading fails.
 from __future__ import annotations
 
 import pickle
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, TypeAdapter
 
@@ -71,7 +71,7 @@ class Generate(WireModel):
     EmbeddingChunk frame)."""
 
     type: Literal["Generate"] = "Generate"
-    task: Annotated[Union[TextGeneration, Embedding], Field(discriminator="type")]
+    task: Annotated[TextGeneration | Embedding, Field(discriminator="type")]
 
 
 class Cancel(WireModel):
@@ -88,7 +88,7 @@ class ShutdownRunner(WireModel):
 
 
 ToRunner = Annotated[
-    Union[LoadShard, Generate, Cancel, ShutdownRunner],
+    LoadShard | Generate | Cancel | ShutdownRunner,
     Field(discriminator="type"),
 ]
 TO_RUNNER_ADAPTER: TypeAdapter[ToRunner] = TypeAdapter(ToRunner)
@@ -105,7 +105,7 @@ class StatusChanged(WireModel):
     """Tasks admitted and not yet done (queued plus running) when the status was taken."""
     resident: bool = True
     """The model is loaded; False while a Ready runner has unloaded it for being idle past
-    its TTL (`skulk.worker.runner.residency`): the next request reloads it first."""
+    its TTL (`skulk.shared.residency`): the next request reloads it first."""
 
 
 class TaskAccepted(WireModel):
@@ -142,7 +142,7 @@ class TraceSpans(WireModel):
 
 
 FromRunner = Annotated[
-    Union[StatusChanged, TaskAccepted, Frame, TaskDone, TraceSpans],
+    StatusChanged | TaskAccepted | Frame | TaskDone | TraceSpans,
     Field(discriminator="type"),
 ]
 FROM_RUNNER_ADAPTER: TypeAdapter[FromRunner] = TypeAdapter(FromRunner)

@@ -44,6 +44,7 @@ from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.chunks import StreamPayload, StreamStarted, StreamTerminal
 from skulk.shared.types.ids import CommandId, RunnerId, TaskId
 from skulk.shared.types.instances import Instance, RunnerStatus
+from skulk.shared.types.stream_errors import StreamErrorType
 from skulk.shared.types.tasks import ApiTask
 from skulk.worker.runner.bootstrap import runner_main
 from skulk.worker.runner.messages import (
@@ -99,10 +100,10 @@ _LONG_SIZE = struct.Struct("!Q")
 CANCEL_RETRY_S = 0.05
 """Retry interval for a Cancel that found the inbox full (it must not be lost)."""
 
-CRASH_ERROR_TYPE = "RunnerCrashed"
-SHUTDOWN_ERROR_TYPE = "RunnerShutdown"
-UNAVAILABLE_ERROR_TYPE = "RunnerUnavailable"
-BUSY_ERROR_TYPE = "RunnerBusy"
+CRASH_ERROR_TYPE = StreamErrorType.RUNNER_CRASHED
+SHUTDOWN_ERROR_TYPE = StreamErrorType.RUNNER_SHUTDOWN
+UNAVAILABLE_ERROR_TYPE = StreamErrorType.RUNNER_UNAVAILABLE
+BUSY_ERROR_TYPE = StreamErrorType.RUNNER_BUSY
 
 ReportCallback = Callable[[FromRunner], None]
 
@@ -558,7 +559,7 @@ class RunnerSupervisor:
         assert self._exit_handled is not None
         try:
             await asyncio.wait_for(self._exit_handled.wait(), max(timeout_s, 0.0))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return self._exit_handled.is_set()
         return True
 

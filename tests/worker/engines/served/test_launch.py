@@ -9,8 +9,8 @@ from skulk.worker.engines.served.launch import (
     InvalidSlotCount,
     ServedRequestRejected,
     ServerLaunch,
-    completion_body,
     assigned_slots,
+    completion_body,
     server_env,
     tokens_of_event,
 )
@@ -34,7 +34,7 @@ def test_assigned_slots_beyond_the_engine_bound_are_refused_typed(engine, slots,
 
 def test_argv_sizes_the_cache_per_slot_and_listens_on_loopback():
     argv = ServerLaunch(Path("/bin/ls"), Path("/m.gguf"), 4000, 8, 512, 2, 0, True).argv()
-    flags = dict(zip(argv[1::2], argv[2::2]))
+    flags = dict(zip(argv[1::2], argv[2::2], strict=True))
     assert argv[0] == "/bin/ls"
     assert flags["--host"] == "127.0.0.1" and flags["--port"] == "4000"
     assert flags["--parallel"] == "8" and flags["--ctx-size"] == str(8 * 512)
@@ -44,7 +44,7 @@ def test_argv_sizes_the_cache_per_slot_and_listens_on_loopback():
 
 def test_argv_gives_the_cold_budget_to_llama_servers_prompt_cache():
     argv = ServerLaunch(Path("/bin/ls"), Path("/m.gguf"), 4000, 1, 512, 2, 0, True, cache_ram_mib=256).argv()
-    assert dict(zip(argv[1::2], argv[2::2]))["--cache-ram"] == "256"
+    assert dict(zip(argv[1::2], argv[2::2], strict=True))["--cache-ram"] == "256"
 
 
 def test_the_final_event_reports_prompt_tokens_reused_from_the_slot_cache():

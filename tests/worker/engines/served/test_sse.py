@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 import pytest
 
@@ -14,12 +15,12 @@ from skulk.worker.engines.served.sse import TRANSPORT_ERRORS, LoopbackStreams
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    connections: list[int] = []
+    connections: ClassVar[list[int]] = []
 
     def log_message(self, *args) -> None:  # quiet
         pass
 
-    def do_POST(self) -> None:  # noqa: N802 - stdlib name
+    def do_POST(self) -> None:
         length = int(self.headers["Content-Length"])
         body = self.rfile.read(length)
         self.connections.append(self.client_address[1])

@@ -26,7 +26,7 @@ from skulk.worker.engines.served.vllm import (
 
 def test_argv_caps_the_context_and_listens_on_loopback():
     argv = vllm_argv("/venv/bin/vllm", "/m", 9000, 8, 262_144)
-    flags = dict(zip(argv[3::2], argv[4::2]))
+    flags = dict(zip(argv[3::2], argv[4::2], strict=True))
     assert argv[:3] == ["/venv/bin/vllm", "serve", "/m"]
     assert flags["--host"] == "127.0.0.1" and flags["--max-num-seqs"] == "8"
     assert flags["--max-model-len"] == str(VLLM_CONTEXT_CAP_TOKENS)
@@ -70,8 +70,8 @@ def test_tokens_of_chunk(chunk, tokens):
 def test_without_a_cuda_gpu_load_is_refused_typed(tmp_path):
     if collect_gpus():
         pytest.skip("a CUDA GPU is visible here: the refusal path cannot be shown")
-    from tests.worker.tiny_gguf import tiny_gguf_card, tiny_instance
     from skulk.worker.engines.base import ShardSpec
+    from tests.worker.tiny_gguf import tiny_gguf_card, tiny_instance
 
     card = tiny_gguf_card()
     spec = ShardSpec(instance=tiny_instance(card, backend="vllm-cuda"), runner_id=tiny_instance(card).shards[0].runner_id,
@@ -85,8 +85,8 @@ def test_without_a_cuda_gpu_load_is_refused_typed(tmp_path):
                            "SKULK_VLLM_TEST_MODEL (a small HF model dir); bench/gpu/check.sh runs this on a GPU machine")
 def test_vllm_streams_concurrently_on_a_gpu():
     model = os.environ["SKULK_VLLM_TEST_MODEL"]
-    from tests.worker.tiny_gguf import tiny_gguf_card, tiny_instance
     from skulk.worker.engines.base import ShardSpec
+    from tests.worker.tiny_gguf import tiny_gguf_card, tiny_instance
 
     card = tiny_gguf_card()
     instance = tiny_instance(card, backend="vllm-cuda", context_token_limit=1024, slots=4)

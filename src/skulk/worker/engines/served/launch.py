@@ -17,9 +17,16 @@ from typing import Any
 from skulk.shared.slots import MAX_SLOTS, SLOT_SETTING_ENV
 from skulk.shared.types.chunks import TopLogprob
 from skulk.shared.types.common import FinishReason, Usage
+from skulk.shared.types.stream_errors import StreamErrorType
 from skulk.shared.types.tasks import TextGenerationParams
 from skulk.worker.engines.base import EngineError, GeneratedToken, ModelLoadFailed, usage_of
-from skulk.worker.engines.llama_cpp import DEFAULT_MIN_P, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, ScoredToken
+from skulk.worker.engines.llama_cpp.engine import (
+    DEFAULT_MIN_P,
+    DEFAULT_TEMPERATURE,
+    DEFAULT_TOP_K,
+    DEFAULT_TOP_P,
+    ScoredToken,
+)
 
 MAX_TOP_LOGPROBS = 20
 """OpenAI's own bound on top_logprobs; llama-server's n_probs is capped the same way."""
@@ -33,13 +40,13 @@ never change how the server it launches behaves, so these never reach it."""
 
 
 class InvalidSlotCount(ModelLoadFailed):
-    error_type = "InvalidSlotCount"
+    error_type = StreamErrorType.INVALID_SLOT_COUNT
 
 
 class ServedRequestRejected(EngineError):
     """A request field this served engine cannot honour."""
 
-    error_type = "InvalidRequest"
+    error_type = StreamErrorType.INVALID_REQUEST
 
 
 def assigned_slots(engine: str, slots: int) -> int:

@@ -33,6 +33,7 @@ from typing import Any
 
 import httpx
 
+from skulk.shared.prefix_cache import cold_budget_bytes
 from skulk.shared.tool_grammar import SchemaNotSupported, request_grammar
 from skulk.shared.types.cards import backend_engine
 from skulk.shared.types.node_facts import ENGINE_BINARY_ENV
@@ -46,7 +47,7 @@ from skulk.worker.engines.base import (
     PromptTooLong,
     ShardSpec,
 )
-from skulk.worker.engines.llama_cpp import (
+from skulk.worker.engines.llama_cpp.engine import (
     THINK_OPEN,
     GrammarRejected,
     LlamaCppEngine,
@@ -55,7 +56,6 @@ from skulk.worker.engines.llama_cpp import (
     physical_cores,
     planned_gpu_layers,
 )
-from skulk.worker.engines.prefix_cache import cold_budget_bytes
 from skulk.worker.engines.served.launch import (
     HOST,
     ServerLaunch,
@@ -64,13 +64,13 @@ from skulk.worker.engines.served.launch import (
     server_env,
     tokens_of_event,
 )
-from skulk.worker.engines.served.sse import TRANSPORT_ERRORS, LoopbackStreams
 from skulk.worker.engines.served.process import (
     ServedEngineShell,
     ServerPortTaken,
     ServerProcess,
     free_loopback_port,
 )
+from skulk.worker.engines.served.sse import TRANSPORT_ERRORS, LoopbackStreams
 
 log = logging.getLogger(__name__)
 
@@ -233,7 +233,7 @@ class LlamaServerEngine(ServedEngineShell):
         if not cancelled.is_set():
             raise EngineError("llama-server ended the stream without a final event")
 
-    def _call(self, send):  # noqa: ANN001, ANN202 - a zero-argument request
+    def _call(self, send):
         try:
             return send()
         except httpx.HTTPError as exc:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import httpx
 
+from skulk.shared.types.stream_errors import StreamErrorType
 from skulk.worker.engines.base import EngineError, EngineNotLoaded, GeneratedToken, ModelLoadFailed
 
 HEALTH_DEADLINE_S = 300.0
@@ -47,21 +48,21 @@ _PORT_TAKEN_MARKERS = ("couldn't bind", "address already in use", "failed to bin
 
 
 class ServerBinaryMissing(ModelLoadFailed):
-    error_type = "EngineBinaryMissing"
+    error_type = StreamErrorType.ENGINE_BINARY_MISSING
 
 
 class ServerPortTaken(ModelLoadFailed):
-    error_type = "EnginePortTaken"
+    error_type = StreamErrorType.ENGINE_PORT_TAKEN
 
 
 class ServerStartFailed(ModelLoadFailed):
-    error_type = "EngineStartFailed"
+    error_type = StreamErrorType.ENGINE_START_FAILED
 
 
 class ServerGone(EngineError):
     """The server died while serving; the runner cannot serve again."""
 
-    error_type = "EngineBroken"
+    error_type = StreamErrorType.ENGINE_BROKEN
 
 
 def free_loopback_port() -> int:
@@ -98,7 +99,7 @@ class ServerProcess:
             raise ServerBinaryMissing(f"llama-server binary not found at {binary}; run `skulk engines install`")
         if not os.access(binary, os.X_OK):
             raise ServerBinaryMissing(f"{binary} is not executable (chmod +x, or rebuild with `skulk engines install`)")
-        self._log = tempfile.NamedTemporaryFile(prefix="skulk-llama-server-", suffix=".log", delete=False)
+        self._log = tempfile.NamedTemporaryFile(prefix="skulk-llama-server-", suffix=".log", delete=False)  # noqa: SIM115 -- lives as long as the server; closed in close()
         try:
             self._process = subprocess.Popen(
                 list(argv), stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
@@ -167,9 +168,9 @@ class ServerProcess:
 
 
 __all__ = [
-    "ServedEngineShell",
     "HEALTH_DEADLINE_S",
     "STOP_GRACE_S",
+    "ServedEngineShell",
     "ServerBinaryMissing",
     "ServerGone",
     "ServerPortTaken",

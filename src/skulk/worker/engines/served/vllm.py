@@ -30,6 +30,7 @@ import httpx
 from skulk.shared.memory_estimate import VLLM_CONTEXT_CAP_TOKENS
 from skulk.shared.types.cards import backend_engine
 from skulk.shared.types.node_facts import ENGINE_BINARY_ENV
+from skulk.shared.types.stream_errors import StreamErrorType
 from skulk.shared.types.tasks import TextGenerationParams
 from skulk.worker.engines.base import (
     EngineError,
@@ -53,7 +54,7 @@ FINISH_REASONS = {"stop": "stop", "length": "length"}
 
 
 class VllmUnavailable(ModelLoadFailed):
-    error_type = "EngineUnavailable"
+    error_type = StreamErrorType.ENGINE_UNAVAILABLE
 
 
 def vllm_argv(binary: str, model: str, port: int, seqs: int, context_tokens: int) -> list[str]:

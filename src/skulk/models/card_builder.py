@@ -1,0 +1,321 @@
+"""Building a model card from what a repository (or a local directory) says about itself.
+
+Model discovery (`GET /models/search`, `POST /models/add`) turns a Hugging Face repo or a
+local path into a custom card. The facts come from two places: a safetensors model's
+config.json (-> an MLX card) and a GGUF file's own metadata header (-> a llama.cpp card:
+mlx-lm cannot load GGUF, so a GGUF repo never gets an MLX card). This module holds the pure
+part: parsing a GGUF header from bytes, mapping either source onto a `ModelCard`, and the
+helpers of the filename-shaped search fallback. It never does I/O; the routes fetch bytes.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from collections.abc import Mapping, Sequence
+from pathlib import PurePosixPath
+from typing import Any
+
+from pydantic import ValidationError
+
+from skulk.models.hub_files import RepoFile, is_gguf, quant_of
+from skulk.shared.types.cards import ModelCard
+
+FAMILIES: Mapping[str, str] = {
+    "llama": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "mistral": "mistral",
+    "gemma2": "gemma2",
+    "gemma3": "gemma3",
+    "gemma3_text": "gemma3",
+    "phi3": "phi3",
+}
+"""config.json `model_type` / GGUF `general.architecture` -> card family. Anything else has
+no family adapter in this build and is refused by name rather than guessed."""
+
+WINDOW_PATTERNS: Mapping[str, int] = {"gemma2": 2, "gemma3": 6}
+"""Global/windowed interleave period of families whose configs may omit it."""
+
+MLX_BACKENDS = ("mlx", "mlx-cpu", "mlx-metal")
+MLX_PREFERENCE = ("mlx-metal", "mlx-cpu", "mlx")
+GGUF_BACKENDS = ("llama_cpp", "llama_cpp-cuda", "llama_cpp-rocm", "llama_cpp-metal", "llama_cpp-vulkan", "llama_cpp-cpu")
+GGUF_PREFERENCE = ("llama_cpp-cuda", "llama_cpp-rocm", "llama_cpp-metal", "llama_cpp-vulkan", "llama_cpp-cpu", "llama_cpp")
+"""The same engine lists the built-in cards use (resources/model_cards)."""
+
+GGUF_HEADER_LIMIT_BYTES = 32 * 1024 * 1024
+"""Most bytes read to parse a GGUF header. The metadata sits before the tensors but holds
+the whole tokenizer (a 150k-token vocabulary with merges is ~10 MB); a header that does not
+fit is refused rather than read without bound."""
+
+
+class CardBuildError(Exception):
+    """The source cannot become a card: which source, and why (for a 4xx answer)."""
+
+    def __init__(self, source: str, reason: str) -> None:
+        self.source = source
+        self.reason = reason
+        super().__init__(source, reason)
+
+    def __str__(self) -> str:
+        return f"{self.source}: {self.reason}"
+
+
+class GgufTruncated(CardBuildError):
+    """The bytes ended inside the header: read more (up to GGUF_HEADER_LIMIT_BYTES)."""
+
+
+# ---------------------------------------------------------------------------------------
+# GGUF header
+# ---------------------------------------------------------------------------------------
+
+_SCALARS: Mapping[int, str] = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q",
+                               11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+
+
+class _Reader:
+    def __init__(self, data: bytes, source: str) -> None:
+        self.data, self.pos, self.source = data, 0, source
+
+    def take(self, n: int) -> bytes:
+        if self.pos + n > len(self.data):
+            raise GgufTruncated(self.source, f"the GGUF header continues past {len(self.data)} bytes")
+        chunk = self.data[self.pos:self.pos + n]
+        self.pos += n
+        return chunk
+
+    def unpack(self, fmt: str) -> Any:
+        return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
+
+    def string(self) -> str:
+        return self.take(self.unpack("<Q")).decode("utf-8", errors="replace")
+
+    def value(self, kind: int) -> Any:
+        if kind in _SCALARS:
+            return self.unpack(_SCALARS[kind])
+        if kind == _STRING:
+            return self.string()
+        if kind == _ARRAY:
+            element, count = self.unpack("<I"), self.unpack("<Q")
+            # Only the length is kept: arrays are token lists and scores, megabytes of them.
+            for _ in range(count):
+                self.value(element)
+            return count
+        raise CardBuildError(self.source, f"unknown GGUF value type {kind}")
+
+
+def parse_gguf_metadata(data: bytes, source: str = "gguf") -> dict[str, Any]:
+    """The key/value metadata of a GGUF file from its first bytes. Array values are replaced
+    by their length. Raises GgufTruncated when `data` ends inside the header."""
+    reader = _Reader(data, source)
+    if reader.take(4) != b"GGUF":
+        raise CardBuildError(source, "not a GGUF file (bad magic)")
+    version = reader.unpack("<I")
+    if version < 2:
+        raise CardBuildError(source, f"GGUF version {version} is too old (need 2 or later)")
+    reader.unpack("<Q")  # tensor count
+    count = reader.unpack("<Q")
+    meta: dict[str, Any] = {}
+    for _ in range(count):
+        key = reader.string()
+        meta[key] = reader.value(reader.unpack("<I"))
+    return meta
+
+
+# ---------------------------------------------------------------------------------------
+# Cards
+# ---------------------------------------------------------------------------------------
+
+
+def _family(source: str, architecture: str | None) -> str:
+    family = FAMILIES.get(architecture or "")
+    if family is None:
+        raise CardBuildError(
+            source, f"architecture {architecture!r} is not supported (supported: {', '.join(sorted(FAMILIES))})"
+        )
+    return family
+
+
+def _validated(source: str, data: Mapping[str, Any]) -> ModelCard:
+    try:
+        return ModelCard.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        raise CardBuildError(source, f"the metadata does not make a valid card: {first['msg']}") from None
+
+
+def _int(source: str, data: Mapping[str, Any], *keys: str, default: int | None = None) -> int:
+    for key in keys:
+        value = data.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    if default is not None:
+        return default
+    raise CardBuildError(source, f"the metadata has no {' / '.join(keys)}")
+
+
+def _quantization_from_config(config: Mapping[str, Any]) -> str:
+    quant = config.get("quantization") or config.get("quantization_config")
+    if isinstance(quant, Mapping) and isinstance(quant.get("bits"), int):
+        return f"{quant['bits']}bit"
+    dtype = str(config.get("torch_dtype") or config.get("dtype") or "")
+    return {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}.get(dtype, dtype or "unknown")
+
+
+def _identity(model_id: str, name: str | None, source: str, revision: str | None, local_path: str | None) -> dict:
+    return {
+        "model_id": model_id,
+        "name": name or model_id.split("/", 1)[-1],
+        "source": source,
+        "source_revision": revision,
+        "local_path": local_path,
+        "tasks": ["TextGeneration"],
+        "capabilities": ["text"],
+    }
+
+
+def card_from_config(
+    model_id: str,
+    config: Mapping[str, Any],
+    storage_size_bytes: int,
+    *,
+    revision: str | None = None,
+    local_path: str | None = None,
+    name: str | None = None,
+) -> ModelCard:
+    """An MLX card from a safetensors model's config.json. Multimodal configs keep the
+    language model's shape in `text_config`, which wins over the top level."""
+    text = config.get("text_config")
+    merged = {**config, **text} if isinstance(text, Mapping) else dict(config)
+    family = _family(model_id, merged.get("model_type") or config.get("model_type"))
+    heads = _int(model_id, merged, "num_attention_heads")
+    hidden = _int(model_id, merged, "hidden_size")
+    window = merged.get("sliding_window")
+    if merged.get("use_sliding_window") is False or not isinstance(window, int) or window <= 0:
+        window = None
+    pattern = merged.get("sliding_window_pattern") or (WINDOW_PATTERNS.get(family) if window else None)
+    return _validated(model_id, {
+        **_identity(model_id, name, "local-path" if local_path else "huggingface", revision, local_path),
+        "family": family,
+        "quantization": _quantization_from_config(config),
+        "storage_size_bytes": max(1, storage_size_bytes),
+        "num_layers": _int(model_id, merged, "num_hidden_layers"),
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_key_value_heads": _int(model_id, merged, "num_key_value_heads", default=heads),
+        "head_dim": _int(model_id, merged, "head_dim", default=hidden // heads),
+        "vocab_size": _int(model_id, merged, "vocab_size"),
+        "context_length": _int(model_id, merged, "max_position_embeddings"),
+        "sliding_window": window,
+        "sliding_window_pattern": pattern if window else None,
+        "placement": {"compatible_backends": list(MLX_BACKENDS), "backend_preference": list(MLX_PREFERENCE)},
+    })
+
+
+def card_from_gguf(
+    model_id: str,
+    meta: Mapping[str, Any],
+    gguf_file: str,
+    storage_size_bytes: int,
+    *,
+    revision: str | None = None,
+    local_path: str | None = None,
+    name: str | None = None,
+) -> ModelCard:
+    """A llama.cpp card from a GGUF file's metadata; `gguf_file` is pinned on the card (the
+    first shard of a split file)."""
+    arch = meta.get("general.architecture")
+    family = _family(model_id, arch if isinstance(arch, str) else None)
+    prefixed = {k.removeprefix(f"{arch}."): v for k, v in meta.items()}
+    heads = _int(model_id, prefixed, "attention.head_count")
+    hidden = _int(model_id, prefixed, "embedding_length")
+    window = prefixed.get("attention.sliding_window")
+    window = window if isinstance(window, int) and window > 0 else None
+    return _validated(model_id, {
+        **_identity(model_id, name, "local-path" if local_path else "huggingface", revision, local_path),
+        "family": family,
+        "gguf_file": gguf_file,
+        "quantization": quant_of(gguf_file) or "gguf",
+        "storage_size_bytes": max(1, storage_size_bytes),
+        "num_layers": _int(model_id, prefixed, "block_count"),
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_key_value_heads": _int(model_id, prefixed, "attention.head_count_kv", default=heads),
+        "head_dim": _int(model_id, prefixed, "attention.key_length", default=hidden // heads),
+        "vocab_size": _int(model_id, prefixed, "vocab_size", "tokenizer.ggml.tokens"),
+        "context_length": _int(model_id, prefixed, "context_length"),
+        "sliding_window": window,
+        "sliding_window_pattern": WINDOW_PATTERNS.get(family) if window else None,
+        "placement": {"compatible_backends": list(GGUF_BACKENDS), "backend_preference": list(GGUF_PREFERENCE)},
+    })
+
+
+_SLUG_RE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def local_model_id(name: str) -> str:
+    """'local/<name>' for a local path's file or directory name, as a valid card id."""
+    slug = _SLUG_RE.sub("-", name).strip("-._")
+    while "--" in slug or ".." in slug:
+        slug = slug.replace("--", "-").replace("..", ".")
+    return f"local/{slug or 'model'}"
+
+
+# ---------------------------------------------------------------------------------------
+# Search fallback for filename-shaped queries
+# ---------------------------------------------------------------------------------------
+
+MAX_PREFIX_STEPS = 4
+"""Broadening steps of the filename fallback (each is one hub search)."""
+MAX_INSPECTED_REPOS = 12
+"""Repositories whose file listing the fallback reads, in all: bounds its hub requests."""
+
+
+def is_filename_query(query: str) -> bool:
+    return is_gguf(query.strip())
+
+
+def broadening_prefixes(query: str, steps: int = MAX_PREFIX_STEPS) -> tuple[str, ...]:
+    """Search terms for a GGUF file name, narrowest first: the name without '.gguf' and
+    shard suffix, then with trailing '-'/'.'/'_' separated parts dropped one at a time
+    ('Model-7B-Q4_K_M.gguf' -> 'Model-7B-Q4_K_M', 'Model-7B-Q4_K', ...), at most `steps`,
+    never shorter than 3 characters (a search for 'a' matches the whole hub)."""
+    name = PurePosixPath(query.strip()).name
+    stem = re.sub(r"-\d{5}-of-\d{5}\.gguf$", "", name, flags=re.IGNORECASE)
+    stem = re.sub(r"\.gguf$", "", stem, flags=re.IGNORECASE)
+    out: list[str] = []
+    current = stem
+    while current and len(out) < steps:
+        if len(current) >= 3 and current not in out:
+            out.append(current)
+        cut = max(current.rfind("-"), current.rfind("."), current.rfind("_"))
+        if cut <= 0:
+            break
+        current = current[:cut]
+    return tuple(out)
+
+
+def match_basename(files: Sequence[RepoFile], query: str) -> str | None:
+    """The repo-relative path whose basename is exactly the queried file name (shortest
+    path first when several folders hold it)."""
+    wanted = PurePosixPath(query.strip()).name
+    hits = sorted((f.path for f in files if PurePosixPath(f.path).name == wanted), key=lambda p: (p.count("/"), p))
+    return hits[0] if hits else None
+
+
+__all__ = [
+    "FAMILIES",
+    "GGUF_HEADER_LIMIT_BYTES",
+    "MAX_INSPECTED_REPOS",
+    "MAX_PREFIX_STEPS",
+    "CardBuildError",
+    "GgufTruncated",
+    "broadening_prefixes",
+    "card_from_config",
+    "card_from_gguf",
+    "is_filename_query",
+    "local_model_id",
+    "match_basename",
+    "parse_gguf_metadata",
+]

@@ -1,0 +1,743 @@
+"""The project's generated models, and resolving a card to the file an engine loads.
+
+No hub is reachable in tests and demos, so the project makes its own model: a small
+Llama-architecture network with random weights and a BPE tokenizer trained on the bundled
+`resources/tiny_corpus.txt`, written twice from the same arrays:
+
+- `hf/`: config.json, tokenizer.json, tokenizer_config.json (with a Llama-3 chat template),
+  special_tokens_map.json, generation_config.json and model.safetensors, for `mlx_lm.load`;
+- `model.gguf`: the same weights and tokenizer for `llama_cpp.Llama`.
+
+Both engines decode the same greedy tokens from it (tests/models/test_tiny_models.py holds
+them to that). Generation is deterministic: the same spec gives the same bytes on every run
+and machine, because weights come from counter-based PCG64 streams turned into floats by
+exact integer arithmetic (not numpy's distribution samplers, whose streams may change
+between numpy releases), and every file is written in a fixed order with no timestamps.
+
+The tokenizer's alphabet is ASCII only: every token decodes to valid UTF-8 on its own, so a
+random model's stream arrives token by token rather than in bursts of partial characters.
+The price: other characters (non-ASCII, control codes) have no token and both engines
+drop them on input.
+
+`ensure_generated` produces a local-generated card's files; which source a card's files come
+from is decided in one place, `skulk.artifacts.plan.route_for`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import sys
+import tempfile
+import zlib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from skulk.datadir.file_lock import exclusive_file_lock
+from skulk.models.artifact_errors import ArtifactUnavailable
+from skulk.models.cards import builtin_cards_dir
+from skulk.shared.types.cards import ModelCard
+
+logger = logging.getLogger(__name__)
+
+GENERATOR_VERSION = 1
+"""Bump when the generator's output changes for an unchanged spec (init scheme, file set,
+tokenizer settings): it is part of the spec hash, so existing model dirs are regenerated."""
+
+CORPUS_FILE_NAME = "tiny_corpus.txt"
+HF_DIR_NAME = "hf"
+GGUF_FILE_NAME = "model.gguf"
+MARKER_FILE_NAME = "skulk-generated.json"
+"""Written last into a completed model directory; carries the spec hash it was made for."""
+
+GENERATION_LOCK_TIMEOUT_S = 600.0
+"""Longest a caller waits for another process generating the same model. Generating the
+tiny model takes about a second; the benchmark model, written through the CLI, never takes
+this lock. A holder that stalls this long is stuck, and the caller fails loudly."""
+LOCK_POLL_INTERVAL_S = 0.05
+
+Dtype = Literal["float32", "float16"]
+
+# ---------------------------------------------------------------------------------------
+# Tokenizer: special tokens and chat template (Llama 3 instruct style).
+# ---------------------------------------------------------------------------------------
+
+BOS_TOKEN = "<|begin_of_text|>"
+END_OF_TEXT_TOKEN = "<|end_of_text|>"
+START_HEADER_TOKEN = "<|start_header_id|>"
+END_HEADER_TOKEN = "<|end_header_id|>"
+EOT_TOKEN = "<|eot_id|>"
+EOS_TOKEN = EOT_TOKEN
+"""The tokenizer's eos: a chat turn ends with <|eot_id|>, as in Llama 3 instruct models.
+Generation stops on either <|eot_id|> or <|end_of_text|> (config.json lists both; llama.cpp
+recognises both by name as end-of-generation tokens)."""
+
+ALPHABET_BYTES: tuple[int, ...] = (0x09, 0x0A, 0x0D, *range(0x20, 0x7F))
+"""The tokenizer's base alphabet: printable ASCII, tab, newline and carriage return. Every
+token is a string of these, so each decodes to valid UTF-8 alone, and a random model never
+emits NULs or terminal escapes. Any other character has no token: both engines drop it."""
+
+SPECIAL_TOKENS: tuple[str, ...] = (BOS_TOKEN, END_OF_TEXT_TOKEN, START_HEADER_TOKEN, END_HEADER_TOKEN, EOT_TOKEN)
+"""Ids 0..4, in this order; the trained BPE vocabulary follows them. The model never
+generates them: their lm_head rows are zero, so their logit is 0 while the best ordinary
+token's is ~+20. A random model would otherwise end turns or emit <|begin_of_text|> at
+arbitrary points; this one always runs to max_tokens (or a stop string), which tests count
+on. They are still recognised in input (chat templates) and stop generation if forced."""
+
+CHAT_TEMPLATE = (
+    "{% set loop_messages = messages %}{% for message in loop_messages %}"
+    "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'"
+    "+ message['content'] | trim + '<|eot_id|>' %}"
+    "{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}"
+    "{{ content }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+)
+"""Meta's Llama 3 instruct template, character for character: llama-cpp-python recognises
+it as its built-in 'llama-3' format and llama.cpp's own template detection does too."""
+
+# ---------------------------------------------------------------------------------------
+# Weight initialisation: uniform noise; a linear layer's std is its gain / sqrt(fan_in).
+# ---------------------------------------------------------------------------------------
+
+EMBED_STD = 1.0
+"""Token embeddings at unit scale (only ratios matter: every block reads an RMS-normalised
+residual)."""
+HIDDEN_GAIN = 1.0
+"""Gain of q/k/v/gate/up, whose inputs are RMS-normalised: unit-variance activations."""
+RESIDUAL_GAIN = 0.5
+"""Gain of o_proj and down_proj. Measured on TINY_SPEC: at 1.0 errors grow through the
+layers (greedy parity margin halves) and some prompts fall into one-token loops; at 0.35 the
+embedding dominates and loops again; 0.5 gives varied output and the smallest disagreement."""
+LOGIT_STD = 8.0
+"""Standard deviation of the output logits (lm_head gain over the unit-RMS final norm):
+decisive distributions, so sampling at ordinary temperatures stays close to greedy. What
+keeps the engines' greedy tokens equal is the ratio of their numerical disagreement to the
+gap between the top two logits, which this scale does not change: f32 weights, f32 compute
+and RESIDUAL_GAIN keep that ratio near 1e-6 (see tests/models/test_tiny_models.py)."""
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    """Shape and numerics of a generated Llama model. Everything here feeds the spec hash."""
+
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    context_length: int
+    rope_theta: float
+    rms_norm_eps: float
+    seed: int
+    dtype: Dtype
+
+    def __post_init__(self) -> None:
+        for name in (
+            "num_layers",
+            "hidden_size",
+            "intermediate_size",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "vocab_size",
+            "context_length",
+        ):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"TinySpec.{name} must be positive, got {getattr(self, name)}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("TinySpec.num_attention_heads must be a multiple of num_key_value_heads")
+        if self.head_dim % 2:
+            raise ValueError("TinySpec.head_dim must be even (rotary embeddings rotate pairs)")
+        if self.vocab_size <= len(SPECIAL_TOKENS) + len(ALPHABET_BYTES):
+            raise ValueError(
+                f"TinySpec.vocab_size must exceed {len(SPECIAL_TOKENS) + len(ALPHABET_BYTES)} (specials + alphabet)"
+            )
+        if self.dtype not in ("float32", "float16"):
+            raise ValueError(f"TinySpec.dtype must be 'float32' or 'float16', got {self.dtype!r}")
+
+    @property
+    def parameter_count(self) -> int:
+        attention = self.hidden_size * self.head_dim * (2 * self.num_attention_heads + 2 * self.num_key_value_heads)
+        mlp = 3 * self.hidden_size * self.intermediate_size
+        per_layer = attention + mlp + 2 * self.hidden_size
+        return self.num_layers * per_layer + 2 * self.vocab_size * self.hidden_size + self.hidden_size
+
+
+TINY_SPEC = TinySpec(
+    num_layers=6,
+    hidden_size=128,
+    intermediate_size=384,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    vocab_size=512,
+    context_length=2048,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-5,
+    seed=0,
+    dtype="float32",
+)
+"""The shape of the built-in cards local/tiny-llama and local/tiny-llama-gguf (1.3 M
+parameters, ~5 MB per format). float32 in both formats: MLX on CPU and llama.cpp then both
+compute in f32 and agree token for token."""
+
+BENCH_SPEC = replace(
+    TINY_SPEC,
+    num_layers=8,
+    hidden_size=1024,
+    intermediate_size=2816,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=64,
+)
+"""The benchmark model: the same architecture (Llama, GQA 2:1, same tokenizer and init) at
+95 M parameters, ~380 MB of f32 weights per format, so each decoded token streams enough
+memory that timings measure the engines, not per-token overhead. f32 rather than f16: MLX's
+CPU backend has no fast f16 path (measured on a 2-core box: MLX 2.3 tok/s at f16 vs 3.3 at
+f32; llama.cpp 4.8 tok/s at f32), and f32 keeps the two engines' greedy tokens equal here
+too. Write it with `python -m skulk.models.tiny_models OUT_DIR --bench` (about 10 s)."""
+
+
+@dataclass(frozen=True)
+class TinyArtifacts:
+    """What `generate_tiny_model` wrote."""
+
+    hf_dir: Path
+    gguf_path: Path
+    hf_size_bytes: int
+    gguf_size_bytes: int
+    spec_hash: str
+
+
+# ---------------------------------------------------------------------------------------
+# Corpus and spec identity
+# ---------------------------------------------------------------------------------------
+
+
+def corpus_path() -> Path:
+    """The bundled tokenizer corpus (beside the built-in cards, in a checkout or a wheel)."""
+    return builtin_cards_dir().parent / CORPUS_FILE_NAME
+
+
+def _read_corpus() -> str:
+    data = corpus_path().read_bytes()
+    strays = sorted(set(data) - set(ALPHABET_BYTES))
+    if strays:
+        raise ValueError(f"{corpus_path()} holds bytes outside the tokenizer's alphabet: {strays[:10]}")
+    return data.decode("ascii")
+
+
+def spec_hash(spec: TinySpec) -> str:
+    """Identity of a generated model: the spec, the generator version and the corpus. A
+    model directory whose marker carries another hash is stale and is regenerated."""
+    identity = {
+        "generator_version": GENERATOR_VERSION,
+        "spec": asdict(spec),
+        "corpus_sha256": hashlib.sha256(corpus_path().read_bytes()).hexdigest(),
+    }
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------
+# Tokenizer
+# ---------------------------------------------------------------------------------------
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte-level alphabet: each byte maps to one printable character. Both
+    `tokenizers`' ByteLevel and llama.cpp's 'gpt2' vocab type spell tokens in it."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), 256)]
+    mapping = {b: chr(b) for b in printable}
+    shifted = 0
+    for b in range(256):
+        if b not in mapping:
+            mapping[b] = chr(256 + shifted)
+            shifted += 1
+    return mapping
+
+
+def train_tokenizer(spec: TinySpec):  # -> tokenizers.Tokenizer (imported lazily)
+    """A byte-level BPE tokenizer with exactly spec.vocab_size tokens: the special tokens,
+    the alphabet (ALPHABET_BYTES), then merges learned from the corpus. Deterministic: the
+    tests compare the files written by two processes."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    byte_chars = _bytes_to_unicode()
+    tokenizer = Tokenizer(models.BPE())
+    # GPT-2's split regex, the same one llama.cpp applies for pre-tokenizer type 'gpt-2'.
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=spec.vocab_size,
+        min_frequency=0,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=[byte_chars[b] for b in ALPHABET_BYTES],
+        limit_alphabet=len(ALPHABET_BYTES),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator([_read_corpus()], trainer)
+    if tokenizer.get_vocab_size() != spec.vocab_size:
+        raise ValueError(
+            f"the corpus yields {tokenizer.get_vocab_size()} tokens, not vocab_size {spec.vocab_size}: "
+            f"lower vocab_size or extend {corpus_path()}"
+        )
+    bos_id = tokenizer.token_to_id(BOS_TOKEN)
+    tokenizer.post_processor = processors.Sequence(
+        [
+            processors.ByteLevel(trim_offsets=False),
+            processors.TemplateProcessing(
+                single=f"{BOS_TOKEN}:0 $A:0",
+                pair=f"{BOS_TOKEN}:0 $A:0 {BOS_TOKEN}:1 $B:1",
+                special_tokens=[(BOS_TOKEN, bos_id)],
+            ),
+        ]
+    )
+    return tokenizer
+
+
+# ---------------------------------------------------------------------------------------
+# Weights
+# ---------------------------------------------------------------------------------------
+
+
+def _uniform(seed: int, name: str, shape: tuple[int, ...], std: float) -> np.ndarray:
+    """float32 uniform noise of standard deviation `std`, from a PCG64 stream keyed by
+    (seed, tensor name). Raw 64-bit outputs -> top 24 bits -> [-1, 1) is exact integer
+    and power-of-two arithmetic, so the bytes do not depend on the platform or numpy's
+    sampler implementations."""
+    count = math.prod(shape)
+    stream = np.random.PCG64(np.random.SeedSequence([seed, zlib.crc32(name.encode())]))
+    top_bits = (stream.random_raw(count) >> np.uint64(40)).astype(np.float32)
+    unit = top_bits * np.float32(2.0**-23) - np.float32(1.0)
+    # Uniform on [-a, a) has standard deviation a / sqrt(3).
+    return (unit * np.float32(std * math.sqrt(3.0))).reshape(shape)
+
+
+def _hf_weights(spec: TinySpec, silent_token_ids: Sequence[int]) -> dict[str, np.ndarray]:
+    """HF Llama tensors (out_features, in_features), float32, in a fixed order. The
+    lm_head rows of `silent_token_ids` are zero (see SPECIAL_TOKENS)."""
+    h, hd, inter = spec.hidden_size, spec.head_dim, spec.intermediate_size
+    q_out, kv_out = spec.num_attention_heads * hd, spec.num_key_value_heads * hd
+    weights: dict[str, np.ndarray] = {}
+
+    def linear(name: str, out_features: int, in_features: int, gain: float) -> None:
+        weights[name] = _uniform(spec.seed, name, (out_features, in_features), gain / math.sqrt(in_features))
+
+    embed = "model.embed_tokens.weight"
+    weights[embed] = _uniform(spec.seed, embed, (spec.vocab_size, h), EMBED_STD)
+    for i in range(spec.num_layers):
+        p = f"model.layers.{i}"
+        weights[f"{p}.input_layernorm.weight"] = np.ones(h, dtype=np.float32)
+        linear(f"{p}.self_attn.q_proj.weight", q_out, h, HIDDEN_GAIN)
+        linear(f"{p}.self_attn.k_proj.weight", kv_out, h, HIDDEN_GAIN)
+        linear(f"{p}.self_attn.v_proj.weight", kv_out, h, HIDDEN_GAIN)
+        linear(f"{p}.self_attn.o_proj.weight", h, q_out, RESIDUAL_GAIN)
+        weights[f"{p}.post_attention_layernorm.weight"] = np.ones(h, dtype=np.float32)
+        linear(f"{p}.mlp.gate_proj.weight", inter, h, HIDDEN_GAIN)
+        linear(f"{p}.mlp.up_proj.weight", inter, h, HIDDEN_GAIN)
+        linear(f"{p}.mlp.down_proj.weight", h, inter, RESIDUAL_GAIN)
+    weights["model.norm.weight"] = np.ones(h, dtype=np.float32)
+    linear("lm_head.weight", spec.vocab_size, h, LOGIT_STD)
+    weights["lm_head.weight"][list(silent_token_ids)] = 0.0
+    return weights
+
+
+_GGUF_LAYER_NAMES: Mapping[str, str] = {
+    "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+_GGUF_GLOBAL_NAMES: Mapping[str, str] = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+
+
+def _gguf_name(hf_name: str) -> str:
+    if hf_name in _GGUF_GLOBAL_NAMES:
+        return _GGUF_GLOBAL_NAMES[hf_name]
+    _, _, index, rest = hf_name.split(".", 3)  # model.layers.<i>.<module>.weight
+    return f"blk.{index}.{_GGUF_LAYER_NAMES[rest.removesuffix('.weight')]}.weight"
+
+
+def _rope_pairs_adjacent(weight: np.ndarray, n_heads: int) -> np.ndarray:
+    """Reorder a q/k projection's output rows per head from HF's rotate-half layout (MLX's
+    non-traditional RoPE pairs dim i with i + d/2) to the interleaved layout llama.cpp's
+    llama arch rotates (dims 2i and 2i + 1). Same permutation as llama.cpp's converter."""
+    out_features = weight.shape[0]
+    return (
+        weight.reshape(n_heads, 2, out_features // n_heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Writers
+# ---------------------------------------------------------------------------------------
+
+
+def _write_json(path: Path, data: object) -> None:
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+
+def _write_hf(hf_dir: Path, spec: TinySpec, tokenizer, weights: Mapping[str, np.ndarray]) -> None:
+    from safetensors.numpy import save_file
+
+    hf_dir.mkdir(parents=True)
+    ids = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
+    eos_ids = [ids[END_OF_TEXT_TOKEN], ids[EOT_TOKEN]]
+    _write_json(
+        hf_dir / "config.json",
+        {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_size": spec.hidden_size,
+            "intermediate_size": spec.intermediate_size,
+            "num_hidden_layers": spec.num_layers,
+            "num_attention_heads": spec.num_attention_heads,
+            "num_key_value_heads": spec.num_key_value_heads,
+            "head_dim": spec.head_dim,
+            "vocab_size": spec.vocab_size,
+            "max_position_embeddings": spec.context_length,
+            "rope_theta": spec.rope_theta,
+            "rope_scaling": None,
+            "rms_norm_eps": spec.rms_norm_eps,
+            "hidden_act": "silu",
+            "attention_bias": False,
+            "mlp_bias": False,
+            "tie_word_embeddings": False,
+            "bos_token_id": ids[BOS_TOKEN],
+            "eos_token_id": eos_ids,
+            "torch_dtype": spec.dtype,
+        },
+    )
+    (hf_dir / "tokenizer.json").write_text(tokenizer.to_str(pretty=True) + "\n", encoding="utf-8")
+    _write_json(
+        hf_dir / "tokenizer_config.json",
+        {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": BOS_TOKEN,
+            "eos_token": EOS_TOKEN,
+            "add_bos_token": True,
+            "add_eos_token": False,
+            "clean_up_tokenization_spaces": False,
+            "model_max_length": spec.context_length,
+            "model_input_names": ["input_ids", "attention_mask"],
+            "added_tokens_decoder": {
+                str(ids[token]): {
+                    "content": token,
+                    "lstrip": False,
+                    "normalized": False,
+                    "rstrip": False,
+                    "single_word": False,
+                    "special": True,
+                }
+                for token in SPECIAL_TOKENS
+            },
+            "chat_template": CHAT_TEMPLATE,
+        },
+    )
+    _write_json(hf_dir / "special_tokens_map.json", {"bos_token": BOS_TOKEN, "eos_token": EOS_TOKEN})
+    _write_json(
+        hf_dir / "generation_config.json",
+        {"bos_token_id": ids[BOS_TOKEN], "eos_token_id": eos_ids, "do_sample": False},
+    )
+    dtype = np.dtype(spec.dtype)
+    save_file(
+        {name: np.ascontiguousarray(w.astype(dtype)) for name, w in weights.items()},
+        str(hf_dir / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
+    # safetensors writes through a private temp file (mode 0600); nodes sharing a models
+    # dir may run as other users, and every other file here is created 0644 (umask aside).
+    os.chmod(hf_dir / "model.safetensors", 0o644)
+
+
+def _write_gguf(path: Path, spec: TinySpec, tokenizer, weights: Mapping[str, np.ndarray]) -> None:
+    import gguf
+
+    vocab = sorted(tokenizer.get_vocab(with_added_tokens=True).items(), key=lambda item: item[1])
+    if [i for _, i in vocab] != list(range(spec.vocab_size)):
+        raise RuntimeError("tokenizer ids are not contiguous")
+    merges = json.loads(tokenizer.to_str())["model"]["merges"]
+    ids = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
+
+    writer = gguf.GGUFWriter(str(path), arch="llama")
+    writer.add_name("Skulk tiny llama (generated)")
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32 if spec.dtype == "float32" else gguf.LlamaFileType.MOSTLY_F16)
+    writer.add_vocab_size(spec.vocab_size)
+    writer.add_context_length(spec.context_length)
+    writer.add_embedding_length(spec.hidden_size)
+    writer.add_block_count(spec.num_layers)
+    writer.add_feed_forward_length(spec.intermediate_size)
+    writer.add_head_count(spec.num_attention_heads)
+    writer.add_head_count_kv(spec.num_key_value_heads)
+    writer.add_key_length(spec.head_dim)
+    writer.add_value_length(spec.head_dim)
+    writer.add_rope_dimension_count(spec.head_dim)
+    writer.add_rope_freq_base(spec.rope_theta)
+    writer.add_layer_norm_rms_eps(spec.rms_norm_eps)
+
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt-2")  # the GPT-2 split regex, as the ByteLevel pre-tokenizer uses
+    writer.add_token_list([token for token, _ in vocab])
+    writer.add_token_types(
+        [gguf.TokenType.CONTROL if token in SPECIAL_TOKENS else gguf.TokenType.NORMAL for token, _ in vocab]
+    )
+    writer.add_token_merges([f"{left} {right}" for left, right in merges])
+    writer.add_bos_token_id(ids[BOS_TOKEN])
+    writer.add_eos_token_id(ids[EOS_TOKEN])
+    writer.add_eot_token_id(ids[EOT_TOKEN])
+    writer.add_add_bos_token(True)
+    writer.add_add_eos_token(False)
+    writer.add_chat_template(CHAT_TEMPLATE)
+
+    dtype = np.dtype(spec.dtype)
+    for name, weight in weights.items():
+        if name.endswith("q_proj.weight"):
+            weight = _rope_pairs_adjacent(weight, spec.num_attention_heads)
+        elif name.endswith("k_proj.weight"):
+            weight = _rope_pairs_adjacent(weight, spec.num_key_value_heads)
+        # Norm vectors stay f32 in an f16 file, as llama.cpp's converter writes them.
+        stored = weight if weight.ndim == 1 else weight.astype(dtype)
+        writer.add_tensor(_gguf_name(name), np.ascontiguousarray(stored))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def _tree_size_bytes(directory: Path) -> int:
+    return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
+
+
+def generate_tiny_model(out_dir: Path, spec: TinySpec) -> TinyArtifacts:
+    """Write the HF folder `out_dir/hf/` and the GGUF file `out_dir/model.gguf` for `spec`.
+    `out_dir` may exist but must not already hold either artifact. Deterministic: the same
+    spec (and corpus) gives byte-identical files."""
+    out_dir = Path(out_dir)
+    hf_dir, gguf_path = out_dir / HF_DIR_NAME, out_dir / GGUF_FILE_NAME
+    for existing in (hf_dir, gguf_path):
+        if existing.exists():
+            raise FileExistsError(f"{existing} already exists; generate into an empty directory")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = train_tokenizer(spec)
+    weights = _hf_weights(spec, [tokenizer.token_to_id(token) for token in SPECIAL_TOKENS])
+    _write_hf(hf_dir, spec, tokenizer, weights)
+    _write_gguf(gguf_path, spec, tokenizer, weights)
+    return TinyArtifacts(
+        hf_dir=hf_dir,
+        gguf_path=gguf_path,
+        hf_size_bytes=_tree_size_bytes(hf_dir),
+        gguf_size_bytes=gguf_path.stat().st_size,
+        spec_hash=spec_hash(spec),
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Resolving cards to artifacts
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GeneratedModel:
+    """Where a local-generated card's artifacts live under the models dir, and their spec."""
+
+    dir_name: str
+    spec: TinySpec
+
+
+LOCAL_GENERATED_MODELS: Mapping[str, GeneratedModel] = {
+    "local/tiny-llama": GeneratedModel("local--tiny-llama", TINY_SPEC),
+    "local/tiny-llama-gguf": GeneratedModel("local--tiny-llama", TINY_SPEC),
+}
+"""Generated cards by model id. Both tiny cards share one directory: the HF card resolves to
+its hf/ folder, the GGUF card (the one with a llama.cpp backend) to its model.gguf."""
+
+
+def _shape_mismatches(card: ModelCard, spec: TinySpec) -> list[str]:
+    pairs = {
+        "num_layers": spec.num_layers,
+        "hidden_size": spec.hidden_size,
+        "num_attention_heads": spec.num_attention_heads,
+        "num_key_value_heads": spec.num_key_value_heads,
+        "head_dim": spec.head_dim,
+        "vocab_size": spec.vocab_size,
+        "context_length": spec.context_length,
+    }
+    return [
+        f"{field}={getattr(card, field)} (generator: {value})"
+        for field, value in pairs.items()
+        if getattr(card, field) != value
+    ]
+
+
+def _marker_matches(model_dir: Path, expected_hash: str) -> bool:
+    try:
+        marker = json.loads((model_dir / MARKER_FILE_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return (
+        isinstance(marker, dict)
+        and marker.get("spec_hash") == expected_hash
+        and (model_dir / HF_DIR_NAME).is_dir()
+        and (model_dir / GGUF_FILE_NAME).is_file()
+    )
+
+
+@contextlib.contextmanager
+def _exclusive_lock(lock_path: Path, model_id: str, timeout_s: float) -> Iterator[None]:
+    """`file_lock.exclusive_file_lock` failing as this model's ArtifactUnavailable."""
+    with exclusive_file_lock(lock_path, timeout_s, lambda _kind, message: ArtifactUnavailable(model_id, message),
+                             poll_s=LOCK_POLL_INTERVAL_S):
+        yield
+
+
+def _remove_leftovers(models_dir: Path, dir_name: str) -> None:
+    """Partial and stale directories of dead generators (only a lock holder calls this)."""
+    for pattern in (f".{dir_name}.partial-*", f".{dir_name}.stale-*"):
+        for leftover in models_dir.glob(pattern):
+            if leftover.is_dir():
+                shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _fsync_tree(directory: Path) -> None:
+    for path in sorted(directory.rglob("*")):
+        if path.is_file():
+            with path.open("rb") as handle:
+                os.fsync(handle.fileno())
+
+
+def _generate_in_place(models_dir: Path, model_id: str, generated: GeneratedModel, expected_hash: str) -> None:
+    """Generate into a partial directory beside the target and rename it into place. The
+    caller holds the lock."""
+    target = models_dir / generated.dir_name
+    _remove_leftovers(models_dir, generated.dir_name)
+    partial = Path(tempfile.mkdtemp(dir=models_dir, prefix=f".{generated.dir_name}.partial-"))
+    try:
+        logger.info("generating %s (spec %s) into %s", model_id, expected_hash[:12], target)
+        generate_tiny_model(partial, generated.spec)
+        _write_json(
+            partial / MARKER_FILE_NAME,
+            {"spec_hash": expected_hash, "generator_version": GENERATOR_VERSION, "spec": asdict(generated.spec)},
+        )
+        _fsync_tree(partial)
+        if target.exists():
+            # A directory cannot be renamed over a non-empty one: move the stale one aside.
+            # An engine still reading the stale model loses it; it was the wrong model anyway.
+            stale = Path(tempfile.mkdtemp(dir=models_dir, prefix=f".{generated.dir_name}.stale-"))
+            os.replace(target, stale / "old")
+            os.replace(partial, target)
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            os.replace(partial, target)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+
+
+def ensure_generated(card: ModelCard, models_dir: Path) -> Path:
+    """A local-generated card's files under `models_dir`: generated on first use, reused
+    after, regenerated when the generator's spec hash changes; safe for concurrent callers
+    on one machine. The path an engine loads: the HF folder (MLX) or the .gguf (llama.cpp)."""
+    generated = LOCAL_GENERATED_MODELS.get(card.model_id)
+    if generated is None:
+        raise ArtifactUnavailable(
+            card.model_id, f"no generator for this id (generated models: {sorted(LOCAL_GENERATED_MODELS)})"
+        )
+    mismatches = _shape_mismatches(card, generated.spec)
+    if mismatches:
+        raise ArtifactUnavailable(
+            card.model_id, "the card's shape differs from what the generator makes: " + ", ".join(mismatches)
+        )
+    models_dir = Path(models_dir)
+    target = models_dir / generated.dir_name
+    expected_hash = spec_hash(generated.spec)
+    if not _marker_matches(target, expected_hash):
+        models_dir.mkdir(parents=True, exist_ok=True)
+        with _exclusive_lock(models_dir / f"{generated.dir_name}.lock", card.model_id, GENERATION_LOCK_TIMEOUT_S):
+            # Another node sharing this models dir may have finished while we waited.
+            if not _marker_matches(target, expected_hash):
+                _generate_in_place(models_dir, card.model_id, generated, expected_hash)
+    return target / GGUF_FILE_NAME if card.is_gguf else target / HF_DIR_NAME
+
+
+# ---------------------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m skulk.models.tiny_models OUT_DIR [--bench]`: write a model, print a summary."""
+    parser = argparse.ArgumentParser(
+        prog="python -m skulk.models.tiny_models",
+        description="Write the project's generated Llama model (HF folder + GGUF) deterministically.",
+    )
+    parser.add_argument("out_dir", type=Path, help="directory to write hf/ and model.gguf into")
+    parser.add_argument(
+        "--bench", action="store_true", help="write the benchmark-sized model (BENCH_SPEC) instead of TINY_SPEC"
+    )
+    args = parser.parse_args(argv)
+    spec = BENCH_SPEC if args.bench else TINY_SPEC
+    try:
+        artifacts = generate_tiny_model(args.out_dir, spec)
+    except (FileExistsError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    summary = {
+        "hf_dir": str(artifacts.hf_dir),
+        "gguf_path": str(artifacts.gguf_path),
+        "hf_size_bytes": artifacts.hf_size_bytes,
+        "gguf_size_bytes": artifacts.gguf_size_bytes,
+        "parameter_count": spec.parameter_count,
+        "spec_hash": artifacts.spec_hash,
+    }
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+__all__ = [
+    "BENCH_SPEC",
+    "BOS_TOKEN",
+    "CHAT_TEMPLATE",
+    "END_OF_TEXT_TOKEN",
+    "EOS_TOKEN",
+    "EOT_TOKEN",
+    "GGUF_FILE_NAME",
+    "HF_DIR_NAME",
+    "LOCAL_GENERATED_MODELS",
+    "MARKER_FILE_NAME",
+    "SPECIAL_TOKENS",
+    "TINY_SPEC",
+    "ArtifactUnavailable",
+    "GeneratedModel",
+    "TinyArtifacts",
+    "TinySpec",
+    "corpus_path",
+    "ensure_generated",
+    "generate_tiny_model",
+    "main",
+    "spec_hash",
+    "train_tokenizer",
+]
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""The in-process llama.cpp engine (llama-cpp-python): `engine.LlamaCppEngine`."""

@@ -1,0 +1,771 @@
+"""In-process llama.cpp engine: one GGUF model, one generation at a time.
+
+It renders chat messages with the GGUF's own embedded chat template (or takes a raw prompt),
+tokenizes, and decodes with llama-cpp-python's low-level `Llama.generate` token loop. It
+deliberately avoids `create_completion` / `create_chat_completion`: their per-token Python
+bookkeeping (logprob arrays, repeated detokenization of the whole tail, stop scanning over
+bytes) costs more than a small model's forward pass. Stop strings, UTF-8 reassembly and
+usage counting use the shared helpers in `engines.base`, so every engine streams alike.
+
+A request whose `tool_choice` forces a call ("required", or one named function) is sampled
+under a GBNF grammar (`skulk.shared.tool_grammar`) so that its output is a call the API
+parses; every other request is sampled exactly as before, with no grammar.
+
+This module never manages threads, queues or processes (the dispatcher and the runner do),
+and it never reads cluster state: everything it needs arrives in the `ShardSpec`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from skulk.shared.prefix_cache import cold_budget_bytes
+from skulk.shared.tool_grammar import SchemaNotSupported, request_grammar
+from skulk.shared.types.cards import backend_engine
+from skulk.shared.types.chunks import TopLogprob
+from skulk.shared.types.common import FinishReason, Usage
+from skulk.shared.types.stream_errors import StreamErrorType
+from skulk.shared.types.tasks import TextGenerationParams
+from skulk.worker.engines.base import (
+    ChatTemplateMissing,
+    EngineBusy,
+    EngineError,
+    EngineNotLoaded,
+    GeneratedToken,
+    ModelLoadFailed,
+    PromptTooLong,
+    ShardSpec,
+    StopStringFilter,
+    Utf8StreamDecoder,
+    chat_message_dict,
+    usage_of,
+)
+from skulk.worker.engines.llama_cpp.prefix import LlamaPrefixStore
+from skulk.worker.engines.logits import (
+    GrammarRejected,
+    InvalidTokens,
+    ScoredToken,
+    Scores,
+    check_bias_ids,
+    log_softmax_at,
+    prompt_entries,
+    with_prompt_logprobs,
+)
+from skulk.worker.engines.prompt_pieces import (
+    PromptCancelled,
+    PromptOverContext,
+    Segment,
+    prompt_pieces,
+    render_segments,
+    special_token_pattern,
+    tokenize_pieces,
+)
+
+log = logging.getLogger(__name__)
+
+FLASH_ATTN_ENV = "SKULK_LLAMA_CPP_FLASH_ATTN"
+"""Node-wide Flash Attention switch: '0' turns it off; anything else (or unset) leaves it on.
+A card's `runtime.flash_attn` pin overrides it for that model."""
+
+# llama.cpp's own sampling defaults, used when a request leaves a knob unset.
+DEFAULT_TEMPERATURE = 0.8
+DEFAULT_TOP_P = 0.95
+DEFAULT_TOP_K = 40
+DEFAULT_MIN_P = 0.05
+
+WARM_UP_PROMPT = b"Hello"
+"""A few tokens through the whole graph: pages the weights in and builds the compute graph
+before the first client pays for it."""
+
+CHAT_TEMPLATE_KEY = "tokenizer.chat_template"
+
+PROMPT_SCORE_BATCH = 64
+"""Prompt positions scored per decode for `prompt_logprobs` (echo with logprobs): each asks
+llama.cpp for a whole vocabulary row of logits, so the batch bounds that buffer (64 rows of a
+150k vocabulary are 38 MB)."""
+
+POOLING_NONE = 0
+"""llama.cpp's LLAMA_POOLING_TYPE_NONE: the context yields one embedding per token (every
+generative GGUF); other types pool inside llama.cpp and yield one per sequence."""
+
+
+THINK_OPEN = "<think>"
+"""The tag reasoning models open their reasoning with. The API separates it from the
+answer; the engine only has to say when the chat template, not the model, wrote it."""
+
+
+def opens_reasoning(rendered_prompt: str) -> bool:
+    """True when a rendered chat prompt ends inside an opened think block."""
+    return rendered_prompt.rstrip().endswith(THINK_OPEN)
+
+
+class EmbeddingFailed(EngineError):
+    error_type = StreamErrorType.EMBEDDING_FAILED
+
+
+class InvalidDimensions(EngineError):
+    error_type = StreamErrorType.INVALID_REQUEST
+
+
+def check_token_ids(tokens: Sequence[int], n_vocab: int, index: int) -> None:
+    """`InvalidTokens` naming the first id of input `index` outside [0, n_vocab)."""
+    for token in tokens:
+        if not 0 <= token < n_vocab:
+            raise InvalidTokens(f"input[{index}] holds token id {token}, outside this model's vocabulary "
+                                f"(0..{n_vocab - 1})")
+
+
+def logit_bias_processor(bias: dict[int, float], n_vocab: int) -> list[Callable[[Any, np.ndarray], np.ndarray]] | None:
+    """llama-cpp-python logits processors adding `bias` (token id -> logit offset, as
+    OpenAI's `logit_bias`), or None without a bias (the sampler chain stays native). Ids
+    outside the vocabulary are refused: a bias that lands nowhere is a silent no-op."""
+    if not bias:
+        return None
+    check_bias_ids(bias, n_vocab)
+    ids = np.fromiter(bias.keys(), dtype=np.intp, count=len(bias))
+    offsets = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
+
+    def add_bias(_input_ids: Any, logits: np.ndarray) -> np.ndarray:
+        # The custom sampler runs first in llama.cpp's chain, over every token in id order.
+        logits[ids] += offsets
+        return logits
+
+    return [add_bias]
+
+
+def normalise(vector: np.ndarray, dimensions: int | None = None) -> list[float]:
+    """`vector` cut to its first `dimensions` (as OpenAI's `dimensions` does) and scaled to
+    unit L2 length; a zero vector stays zero rather than becoming NaN."""
+    if dimensions is not None:
+        if dimensions > vector.shape[0]:
+            raise InvalidDimensions(f"dimensions is {dimensions}, but this model's embeddings have {vector.shape[0]}")
+        vector = vector[:dimensions]
+    norm = float(np.linalg.norm(vector))
+    return (vector / norm if norm > 0 else vector).tolist()
+
+
+def control_tokens(llama_cpp: Any, vocab: Any) -> dict[str, int]:
+    """Text -> id of the vocabulary's control tokens: the ones llama.cpp parses only when
+    asked to parse special tokens ('<|eot_id|>', '<|start_header_id|>'). Only a chat
+    template's own text is searched for them (see `prompt_pieces`)."""
+    found: dict[str, int] = {}
+    for token in range(llama_cpp.llama_vocab_n_tokens(vocab)):
+        if llama_cpp.llama_vocab_get_attr(vocab, token) & llama_cpp.LLAMA_TOKEN_ATTR_CONTROL:
+            text = (llama_cpp.llama_vocab_get_text(vocab, token) or b"").decode("utf-8", errors="replace")
+            if text:
+                found.setdefault(text, token)
+    return found
+
+
+def flash_attn_enabled(card_pin: bool | None, env: dict[str, str] | os._Environ[str]) -> bool:
+    """The card's explicit pin wins; otherwise the node setting; otherwise on."""
+    if card_pin is not None:
+        return card_pin
+    return env.get(FLASH_ATTN_ENV, "1").strip() != "0"
+
+
+def physical_cores() -> int:
+    try:
+        import psutil
+
+        cores = psutil.cpu_count(logical=False)
+    except Exception:  # psutil may not know on exotic platforms
+        cores = None
+    return max(1, cores or os.cpu_count() or 1)
+
+
+def gpu_layers_for(backend_tag: str) -> int:
+    """Offload every layer unless the placement chose the CPU build ('llama_cpp-cpu'); a
+    CPU-only llama.cpp build ignores the request, so -1 is safe everywhere else."""
+    compute = backend_tag.split("-", 1)[1] if "-" in backend_tag else None
+    return 0 if compute == "cpu" else -1
+
+
+def planned_gpu_layers(spec: ShardSpec) -> int:
+    """n_gpu_layers for this shard: the capacity planner's count when it planned the shard
+    on VRAM (layers that did not fit were shed to RAM), else `gpu_layers_for` its backend."""
+    capacity = spec.instance.capacity
+    if capacity is not None:
+        shard = spec.shard
+        planned = next((s for s in capacity.shards if s.rank == shard.rank and s.node_id == shard.node_id), None)
+        if planned is not None and planned.device_kind == "vram" and planned.shortfall is None:
+            return planned.gpu_layers
+    return gpu_layers_for(spec.shard.backend)
+
+
+class LlamaCppEngine:
+    """`Engine` over llama_cpp.Llama. Width 1: llama.cpp's context is not re-entrant."""
+
+    def __init__(self) -> None:
+        self._llama: Any = None
+        self._vocab: Any = None
+        self._formatter: Any = None
+        self._special_ids: dict[str, int] = {}
+        self._special_pattern: re.Pattern[str] | None = None
+        self._n_ctx = 0
+        self._busy = threading.Lock()
+        self._in_flight = 0
+        self._spec: ShardSpec | None = None
+        self._prefixes = LlamaPrefixStore(0)
+        self._pool: Any = None
+        """The PoolDriver when this engine drives a llama.cpp pool."""
+        self._fatal_handler: Callable[[str, str], None] | None = None
+
+    def set_fatal_handler(self, handler: Callable[[str, str], None]) -> None:
+        """`handler(error_type, message)` runs (on any thread) when the engine can never
+        serve again outside a generation (a pool lost a donor); it must not return. The
+        runner sets it to end every open stream with the error and exit."""
+        self._fatal_handler = handler
+
+    def _fatal(self, error_type: str, message: str) -> None:
+        if self._fatal_handler is not None:
+            self._fatal_handler(error_type, message)
+        log.critical("llama.cpp engine broken: %s", message)
+        os._exit(4)  # never reached with a runner's handler; never leave a half-model serving
+
+    # -- protocol -------------------------------------------------------------------------
+
+    @property
+    def concurrency(self) -> int:
+        return 1
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    @property
+    def context_tokens(self) -> int:
+        """The loaded context size (0 before load)."""
+        return self._n_ctx
+
+    @property
+    def llama(self) -> Any:
+        """The underlying llama_cpp.Llama (for diagnostics and tests)."""
+        return self._require_loaded()
+
+    @property
+    def prefixes(self) -> LlamaPrefixStore:
+        """The cold prefix store (its `stats` say how much KV was re-used)."""
+        return self._prefixes
+
+    def load(self, spec: ShardSpec) -> None:
+        import llama_cpp
+
+        if backend_engine(spec.shard.backend) != "llama_cpp":
+            raise ModelLoadFailed(f"shard backend {spec.shard.backend!r} is not a llama_cpp backend")
+        if spec.shard.world_size != 1 and spec.shard.rank != 0:
+            raise ModelLoadFailed("ranks 1..n of a llama.cpp pool are donors (PoolDonorEngine), not this engine")
+        if not Path(spec.model_path).is_file():
+            raise ModelLoadFailed(f"GGUF file not found: {spec.model_path}")
+        placing: Any = contextlib.nullcontext()
+        pooled: dict[str, Any] = {}
+        if spec.shard.world_size > 1:
+            # The driver of a pool: its model spans its own device plus one per donor.
+            from skulk.worker.engines.llama_cpp.pool import PoolDriver
+
+            self._pool = PoolDriver(spec, self._fatal)
+            self._pool.connect()
+            pooled, placing = self._pool.options(spec.card.num_layers)
+        n_ctx = min(spec.instance.context_token_limit, spec.card.context_length)
+        threads = spec.n_threads or physical_cores()
+        options = dict(
+            model_path=spec.model_path,
+            n_threads=threads,
+            n_threads_batch=threads,
+            n_gpu_layers=planned_gpu_layers(spec),
+            flash_attn=flash_attn_enabled(spec.card.runtime.flash_attn, os.environ),
+            logits_all=False,
+            verbose=False,
+        )
+        options.update(pooled)
+        with placing:
+            llama = self._open(llama_cpp, n_ctx=n_ctx, **options)
+            trained = llama_cpp.llama_model_n_ctx_train(llama.model)  # the GGUF's own trained context
+            if 0 < trained < n_ctx:
+                # The card over-states the context: never allocate (or promise) more than trained.
+                log.info("%s: trained context %d < %d requested; reloading", spec.model_path, trained, n_ctx)
+                llama.close()
+                n_ctx = trained
+                llama = self._open(llama_cpp, n_ctx=n_ctx, **options)
+        self._llama = llama
+        self._vocab = llama_cpp.llama_model_get_vocab(llama.model)
+        # llama.cpp pads its context (to 256 tokens); the instance's limit is still the
+        # promise every rank keeps, so the engine enforces the smaller of the two.
+        self._n_ctx = min(llama.n_ctx(), n_ctx)
+        self._formatter = self._chat_formatter(llama)
+        self._special_ids = control_tokens(llama_cpp, self._vocab)
+        self._special_pattern = special_token_pattern(self._special_ids)
+        self._spec = spec
+        capacity = spec.instance.capacity
+        planned = capacity.cold_budget_bytes if capacity is not None else None
+        try:
+            budget = cold_budget_bytes(planned, os.environ)
+        except ValueError as exc:
+            raise ModelLoadFailed(str(exc)) from exc
+        self._prefixes = LlamaPrefixStore(budget)
+        log.info(
+            "loaded %s: n_ctx=%d threads=%d flash_attn=%s", spec.model_path, self._n_ctx, threads, options["flash_attn"]
+        )
+
+    def load_tokenizer(self, model_path: str, n_ctx: int) -> None:
+        """Only the GGUF's vocabulary and chat template (no weights): the prompt machinery
+        (`prompt_and_tokens`) for an engine that generates elsewhere, so a llama-server
+        sees exactly the tokens this engine would feed (caller text never parsed as special
+        tokens), tokenized in linear time."""
+        import llama_cpp
+
+        llama = self._open(llama_cpp, model_path=model_path, vocab_only=True, verbose=False)
+        self._llama = llama
+        self._vocab = llama_cpp.llama_model_get_vocab(llama.model)
+        self._n_ctx = n_ctx
+        self._formatter = self._chat_formatter(llama)
+        self._special_ids = control_tokens(llama_cpp, self._vocab)
+        self._special_pattern = special_token_pattern(self._special_ids)
+
+    def warm_up(self) -> None:
+        llama = self._require_loaded()
+        tokens = llama.tokenize(WARM_UP_PROMPT, add_bos=self._adds_bos(), special=False)
+        generator = llama.generate(tokens, temp=0.0, reset=True)
+        try:
+            next(generator, None)
+        finally:
+            generator.close()
+        llama.reset()
+
+    def generate(self, request: TextGenerationParams, cancelled: threading.Event) -> Iterator[GeneratedToken]:
+        llama = self._require_loaded()
+        if not self._busy.acquire(blocking=False):
+            raise EngineBusy("llama.cpp runs one generation at a time")
+        try:
+            self._in_flight = 1
+            yield from self._generate(llama, request, cancelled)
+        finally:
+            self._in_flight = 0
+            self._busy.release()
+
+    def embed(
+        self, inputs: Sequence[str] | Sequence[Sequence[int]], dimensions: int | None = None
+    ) -> tuple[list[list[float]], int]:
+        """One unit-length vector per input (mean of the last layer's per-token embeddings,
+        or llama.cpp's own pooling where the GGUF declares one), and the tokens consumed.
+        An input is text, or a list of token ids embedded as given (no BOS added), each
+        checked against the vocabulary (`InvalidTokens`).
+
+        It borrows the generation context: embeddings are switched on, each input decoded
+        from position 0 with outputs for every token, then switched off and the KV cache
+        cleared, so the next generation re-evaluates its prompt (no stale prefix reuse).
+        Runs under the same lock as `generate`: the context is never shared."""
+        llama = self._require_loaded()
+        if not self._busy.acquire(blocking=False):
+            raise EngineBusy("llama.cpp runs one request at a time")
+        try:
+            self._in_flight = 1
+            token_lists = [self._embedding_tokens(llama, item, index) for index, item in enumerate(inputs)]
+            vectors = [normalise(self._embed_tokens(llama, tokens), dimensions) for tokens in token_lists]
+            return vectors, sum(len(tokens) for tokens in token_lists)
+        finally:
+            self._in_flight = 0
+            self._busy.release()
+
+    def close(self) -> None:
+        self._prefixes.clear()
+        llama, self._llama = self._llama, None
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close_pending()
+        if llama is not None:
+            llama.close()
+        if pool is not None:
+            pool.close()
+
+    # -- prompt -------------------------------------------------------------------------
+
+    def prompt_tokens(self, request: TextGenerationParams, cancelled: threading.Event | None = None) -> list[int]:
+        """The exact tokens the model sees for `request`: the raw prompt, or the messages
+        rendered with the GGUF's chat template. Special-token text the template wrote
+        ('<|eot_id|>') becomes the special token; the same text in caller content stays
+        text (see `prompt_pieces`). BOS is added once, only if the model wants one and the
+        prompt does not already start with it (templates usually write it themselves).
+
+        Cost is linear in the prompt's length; it stops early with `PromptTooLong` once the
+        context is reached and with `PromptCancelled` once `cancelled` is set."""
+        return self._prompt(request, cancelled)[1]
+
+    def prompt_and_tokens(
+        self, request: TextGenerationParams, cancelled: threading.Event | None = None
+    ) -> tuple[str, list[int]]:
+        """The rendered prompt text and its tokens (see `prompt_tokens`)."""
+        return self._prompt(request, cancelled)
+
+    def _prompt(self, request: TextGenerationParams, cancelled: threading.Event | None = None) -> tuple[str, list[int]]:
+        """The rendered prompt text and its tokens."""
+        llama = self._require_loaded()
+        if request.prompt is not None:
+            text, segments = request.prompt, [Segment(request.prompt, True)]
+        else:
+            text, segments = self._chat_segments(request)
+        pieces = prompt_pieces(segments, self._special_pattern, self._special_ids)
+        bos = llama.token_bos()
+        add_bos = self._adds_bos() and bos >= 0 and not (pieces and pieces[0] == bos)
+        limit = self._n_ctx - int(add_bos)
+        try:
+            tokens = tokenize_pieces(pieces, self._encode_text, limit=limit, cancelled=cancelled)
+        except PromptOverContext as over:
+            raise PromptTooLong(over.tokens_so_far + int(add_bos), self._n_ctx) from None
+        if add_bos:
+            tokens.insert(0, bos)
+        return text, tokens
+
+    def _encode_text(self, text: str) -> list[int]:
+        """Tokens of plain text, special-token text included as text. Calls llama.cpp
+        directly with a buffer sized to the text (a text never has more tokens than bytes),
+        where llama-cpp-python's wrapper allocates a context-sized one per call."""
+        import llama_cpp
+
+        data = text.encode("utf-8")
+        capacity = len(data) + 1
+        buffer = (llama_cpp.llama_token * capacity)()
+        count = llama_cpp.llama_tokenize(self._vocab, data, len(data), buffer, capacity, False, False)
+        if count < 0:  # never expected; llama.cpp says how many it needs
+            capacity = -count
+            buffer = (llama_cpp.llama_token * capacity)()
+            count = llama_cpp.llama_tokenize(self._vocab, data, len(data), buffer, capacity, False, False)
+        return buffer[:count]
+
+    def render_chat(self, request: TextGenerationParams) -> str:
+        """The messages as the GGUF's chat template writes them."""
+        messages, tools = self._chat_inputs(request)
+        return self._render(messages, tools)
+
+    def _chat_segments(self, request: TextGenerationParams) -> tuple[str, list[Segment]]:
+        messages, tools = self._chat_inputs(request)
+        return render_segments(self._render, messages, tools)
+
+    def _chat_inputs(self, request: TextGenerationParams) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+        if self._formatter is None:
+            raise ChatTemplateMissing(
+                "this GGUF has no tokenizer.chat_template; send a raw `prompt` instead of `messages`"
+            )
+        tools = [
+            {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
+            for t in request.tools
+        ] or None
+        return [chat_message_dict(m) for m in request.messages], tools
+
+    def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+        return self._formatter(messages=messages, tools=tools).prompt
+
+    # -- internals ----------------------------------------------------------------------
+
+    @staticmethod
+    def _open(llama_cpp: Any, **kwargs: Any) -> Any:
+        try:
+            return llama_cpp.Llama(**kwargs)
+        except Exception as exc:  # llama.cpp reports load failures as ValueError/RuntimeError
+            raise ModelLoadFailed(f"llama.cpp could not load {kwargs.get('model_path')}: {exc}") from exc
+
+    @staticmethod
+    def _chat_formatter(llama: Any) -> Any:
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        template = llama.metadata.get(CHAT_TEMPLATE_KEY)
+        if not template:
+            return None
+
+        def token_text(token_id: int) -> str:
+            if token_id < 0:
+                return ""
+            return llama.detokenize([token_id], special=True).decode("utf-8", errors="ignore")
+
+        return Jinja2ChatFormatter(
+            template=template,
+            eos_token=token_text(llama.token_eos()),
+            bos_token=token_text(llama.token_bos()),
+            add_generation_prompt=True,
+        )
+
+    def _adds_bos(self) -> bool:
+        import llama_cpp
+
+        return bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
+
+    def _embedding_tokens(self, llama: Any, item: str | Sequence[int], index: int) -> list[int]:
+        if isinstance(item, str):
+            tokens = llama.tokenize(item.encode("utf-8"), add_bos=self._adds_bos(), special=False)
+        else:
+            tokens = list(item)
+            check_token_ids(tokens, llama.n_vocab(), index)
+        if not tokens:
+            raise EmbeddingFailed("an input produced no tokens; embeddings need non-empty text")
+        if len(tokens) > self._n_ctx:
+            raise PromptTooLong(len(tokens), self._n_ctx)
+        return tokens
+
+    def _embed_tokens(self, llama: Any, tokens: list[int]) -> np.ndarray:
+        import llama_cpp
+
+        ctx = llama._ctx.ctx
+        n_embd = llama_cpp.llama_model_n_embd(llama.model)
+        pooled = llama_cpp.llama_pooling_type(ctx) != POOLING_NONE
+        if pooled and len(tokens) > llama.n_batch:
+            raise PromptTooLong(len(tokens), llama.n_batch)  # a pooled sequence must fit one batch
+        self._prefixes.save_hot(llama)  # the conversation in the context survives the embedding
+        llama_cpp.llama_set_embeddings(ctx, True)
+        try:
+            self._clear_context(llama)
+            total = np.zeros(n_embd, dtype=np.float64)
+            for start in range(0, len(tokens), llama.n_batch):
+                part = tokens[start : start + llama.n_batch]
+                llama._batch.set_batch(batch=part, n_past=start, logits_all=True)
+                llama._ctx.decode(llama._batch)
+                if pooled:
+                    continue
+                rows = np.empty((len(part), n_embd), dtype=np.float32)
+                for i in range(len(part)):
+                    pointer = llama_cpp.llama_get_embeddings_ith(ctx, i)
+                    if not pointer:
+                        raise EmbeddingFailed("llama.cpp returned no embedding for a token")
+                    rows[i] = np.ctypeslib.as_array(pointer, shape=(n_embd,))
+                total += rows.sum(axis=0, dtype=np.float64)
+            if pooled:
+                pointer = llama_cpp.llama_get_embeddings_seq(ctx, 0)
+                if not pointer:
+                    raise EmbeddingFailed("llama.cpp returned no pooled embedding")
+                return np.ctypeslib.as_array(pointer, shape=(n_embd,)).astype(np.float64)
+            return total / len(tokens)
+        finally:
+            llama_cpp.llama_set_embeddings(ctx, False)
+            self._clear_context(llama)
+
+    @staticmethod
+    def _clear_context(llama: Any) -> None:
+        import llama_cpp
+
+        memory = llama_cpp.llama_get_memory(llama._ctx.ctx)
+        if memory is not None:
+            llama_cpp.llama_memory_clear(memory, True)
+        llama.reset()  # n_tokens = 0: the next generate finds no cached prefix to reuse
+
+    def _token_maker(
+        self, llama: Any, request: TextGenerationParams
+    ) -> Callable[[str, int, FinishReason | None, Usage | None], GeneratedToken]:
+        """How the loop builds each output token: plain `GeneratedToken` unless the request
+        asked for logprobs, so the common path does no extra work per token."""
+        if not request.logprobs:
+            return GeneratedToken
+        import llama_cpp
+
+        ctx = llama._ctx.ctx
+        n_vocab = llama.n_vocab()
+        top = request.top_logprobs or 0
+
+        def scored(text: str, token: int, finish: FinishReason | None = None, usage: Usage | None = None) -> ScoredToken:
+            # The generator is suspended at its yield: the context still holds the logits
+            # this token was sampled from (the next decode happens when we ask for more).
+            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(n_vocab,))
+            chosen, best = log_softmax_at(logits, token, top)
+            tops = [
+                TopLogprob(token=llama.detokenize([i]).decode("utf-8", errors="replace"), logprob=lp, token_id=i)
+                for i, lp in best
+            ]
+            return ScoredToken(text, token, finish, usage, logprob=chosen, top_logprobs=tops)
+
+        return scored
+
+    def _grammar(self, llama: Any, request: TextGenerationParams) -> Any:
+        """The llama.cpp grammar forcing a tool call or a response format, or None (the
+        common case: sampling is unconstrained)."""
+        try:
+            text = request_grammar(request.tools, request.tool_choice, request.response_format)
+        except SchemaNotSupported as exc:
+            raise GrammarRejected(str(exc)) from exc
+        if text is None:
+            return None
+        import llama_cpp
+        from llama_cpp.llama_grammar import LlamaGrammar
+
+        grammar = LlamaGrammar.from_string(text, verbose=False)
+        # llama-cpp-python adds the grammar sampler without checking it parsed (a NULL
+        # sampler crashes the chain), so parse it once here and fail the request instead.
+        probe = llama_cpp.llama_sampler_init_grammar(
+            self._vocab, grammar._grammar.encode("utf-8"), grammar._root.encode("utf-8"))
+        if not probe:
+            raise GrammarRejected("llama.cpp could not parse the request's grammar")
+        llama_cpp.llama_sampler_free(probe)
+        return grammar
+
+    def _score_prompt(self, llama: Any, prompt: list[int], top: int, cancelled: threading.Event) -> list[Scores] | None:
+        """Each prompt token's logprob given the tokens before it (`scores[j]` for
+        `prompt[j + 1]`), or None when `cancelled` was set. The model is run over the prompt
+        with logits for every position, `PROMPT_SCORE_BATCH` at a time (llama.cpp sizes its
+        output buffer per batch, so this works on a context loaded without `logits_all`);
+        the context is cleared before and after, so the generation that follows evaluates
+        its prompt afresh (twice the prompt's work, paid only by requests that ask)."""
+        import llama_cpp
+
+        ctx = llama._ctx.ctx
+        n_vocab = llama.n_vocab()
+        scores: list[Scores] = []
+        self._prefixes.save_hot(llama)  # the conversation held hot survives in the cold store
+        self._clear_context(llama)
+        try:
+            for start in range(0, len(prompt), PROMPT_SCORE_BATCH):
+                if cancelled.is_set():
+                    return None
+                part = prompt[start : start + PROMPT_SCORE_BATCH]
+                llama._batch.set_batch(batch=part, n_past=start, logits_all=True)
+                llama._ctx.decode(llama._batch)
+                for i in range(len(part)):
+                    if start + i + 1 >= len(prompt):
+                        break
+                    logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, i), shape=(n_vocab,))
+                    scores.append(log_softmax_at(logits, prompt[start + i + 1], top))
+        finally:
+            self._clear_context(llama)
+        return scores
+
+    def _prefill(self, llama: Any, prompt: list[int], cancelled: threading.Event) -> int | None:
+        """Evaluate all but the last prompt token, one batch at a time, checking `cancelled`
+        between batches; None when it was set. `generate` then finds this prefix in the KV
+        cache and evaluates only the last token, so a long prompt's evaluation (minutes on a
+        CPU) stops within one batch of the client going away instead of running to the end.
+
+        It starts from the longest prefix of the prompt already cached: the context's own
+        or one restored from the cold store (`LlamaPrefixStore`), and returns how many
+        prompt tokens that saved (the usage's `cached_tokens`)."""
+        head = prompt[:-1]
+        cached = self._prefixes.prepare(llama, prompt)
+        for start in range(cached, len(head), llama.n_batch):
+            if cancelled.is_set():
+                return None
+            llama.eval(head[start : start + llama.n_batch])
+        return None if cancelled.is_set() else cached
+
+    def _token_text(self, token: int) -> str:
+        return self._require_loaded().detokenize([token]).decode("utf-8", errors="replace")
+
+    def _is_end_of_generation(self, token: int) -> bool:
+        import llama_cpp
+
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    def _require_loaded(self) -> Any:
+        if self._llama is None:
+            raise EngineNotLoaded("no model is loaded")
+        return self._llama
+
+    def _generate(
+        self, llama: Any, request: TextGenerationParams, cancelled: threading.Event
+    ) -> Iterator[GeneratedToken]:
+        try:
+            text, prompt = self._prompt(request, cancelled)
+        except PromptCancelled:
+            return  # the caller went away while the prompt was tokenized: nothing to say
+        n_prompt = len(prompt)
+        n_ctx = min(self._n_ctx, request.context_tokens or self._n_ctx)
+        if n_prompt >= n_ctx:
+            raise PromptTooLong(n_prompt, n_ctx)
+        room = n_ctx - n_prompt
+        max_new = min(request.max_tokens, room) if request.max_tokens is not None else room
+
+        temperature = DEFAULT_TEMPERATURE if request.temperature is None else request.temperature
+        # LLAMA_DEFAULT_SEED asks llama.cpp for a fresh random seed; masks keep it uint32.
+        llama.set_seed(0xFFFFFFFF if request.seed is None else request.seed & 0xFFFFFFFF)
+        decoder = Utf8StreamDecoder()
+        stops = StopStringFilter(request.stop)
+        completion = 0
+        grammar = self._grammar(llama, request)
+        scored_prompt = None
+        if request.prompt_logprobs:
+            scores = self._score_prompt(llama, prompt, request.top_logprobs or 0, cancelled)
+            if scores is None:
+                return  # cancelled while the prompt was scored
+            added_bos = bool(prompt) and prompt[0] == llama.token_bos() and self._adds_bos()
+            scored_prompt = prompt_entries(prompt, scores, self._token_text, skip_first=added_bos)
+        cached = self._prefill(llama, prompt, cancelled)
+        if cached is None:
+            return  # cancelled while the prompt was evaluated: nothing to say
+
+        generator = llama.generate(
+            prompt,
+            temp=temperature,
+            top_p=DEFAULT_TOP_P if request.top_p is None else request.top_p,
+            top_k=DEFAULT_TOP_K if request.top_k is None else request.top_k,
+            min_p=DEFAULT_MIN_P,
+            repeat_penalty=1.0 if request.repeat_penalty is None else request.repeat_penalty,
+            frequency_penalty=request.frequency_penalty or 0.0,
+            presence_penalty=request.presence_penalty or 0.0,
+            reset=True,  # keeps the longest common prefix of the KV cache, re-evaluates the rest
+            grammar=grammar,
+            logits_processor=logit_bias_processor(request.logit_bias, llama.n_vocab()),
+        )
+        make = self._token_maker(llama, request)
+        first = True
+        try:
+            if request.prompt is None and opens_reasoning(text) and grammar is None:
+                # The template opened the think block itself (DeepSeek-R1 style), so the
+                # model's output starts inside it: say so, as if the model had written it.
+                # Not under a tool-call grammar: the output is then the call, never thought.
+                yield GeneratedToken(THINK_OPEN, prompt_tokens=n_prompt)
+                first = False
+            for token in generator:
+                if cancelled.is_set():
+                    return
+                completion += 1
+                if self._is_end_of_generation(token):
+                    out = make(stops.flush(), token, "stop", usage_of(n_prompt, completion, cached))
+                else:
+                    piece, matched = stops.push(decoder.decode(llama.detokenize([token])))
+                    if matched:
+                        out = replace(make(piece, token, "stop", usage_of(n_prompt, completion, cached)),
+                                      stop_sequence=stops.matched)
+                    elif completion >= max_new:
+                        # max_tokens reached, or the context is full: either way "length".
+                        out = make(piece + stops.flush(), token, "length", usage_of(n_prompt, completion, cached))
+                    else:
+                        out = make(piece, token, None, None)
+                if first:
+                    out, first = replace(out, prompt_tokens=n_prompt), False
+                    if scored_prompt is not None:
+                        out = with_prompt_logprobs(out, scored_prompt)
+                yield out
+                if out.finish_reason is not None:
+                    return
+        finally:
+            generator.close()
+
+
+__all__ = [
+    "DEFAULT_MIN_P",
+    "DEFAULT_TEMPERATURE",
+    "DEFAULT_TOP_K",
+    "DEFAULT_TOP_P",
+    "FLASH_ATTN_ENV",
+    "POOLING_NONE",
+    "THINK_OPEN",
+    "EmbeddingFailed",
+    "GrammarRejected",
+    "InvalidDimensions",
+    "InvalidTokens",
+    "LlamaCppEngine",
+    "ScoredToken",
+    "check_token_ids",
+    "flash_attn_enabled",
+    "gpu_layers_for",
+    "log_softmax_at",
+    "logit_bias_processor",
+    "normalise",
+    "opens_reasoning",
+    "physical_cores",
+    "planned_gpu_layers",
+]

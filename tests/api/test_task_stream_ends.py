@@ -1,0 +1,63 @@
+"""Which owned stream a cluster task event ends, and with which error type (pure table)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from skulk.api.errors import StreamFailed
+from skulk.api.task_stream_ends import StreamEnd, stream_end_for
+from skulk.shared.apply import apply
+from skulk.shared.types.events import IndexedEvent, TaskAcknowledged, TaskFailed, TaskStatusUpdated
+from skulk.shared.types.state import State
+from skulk.shared.types.stream_errors import StreamErrorType
+from skulk.shared.types.tasks import Embedding, EmbeddingParams, TextGeneration, TextGenerationParams
+
+MINE = TextGeneration(task_id="t1", instance_id="i1", command_id="c1", owner_node_id="me",
+                      params=TextGenerationParams(model_id="m", prompt="x"))
+THEIRS = MINE.model_copy(update={"task_id": "t2", "command_id": "c2", "owner_node_id": "other"})
+EMBED = Embedding(task_id="t3", instance_id="i1", command_id="c3", owner_node_id="me",
+                  params=EmbeddingParams(model_id="m", inputs=["x"]))
+BEFORE = State(tasks={"t1": MINE, "t2": THEIRS, "t3": EMBED})
+
+
+def _after(event) -> State:  # type: ignore[no-untyped-def]
+    """The state the node's listener sees: the event already applied by the real reducer."""
+    return apply(BEFORE, IndexedEvent(idx=0, origin="master", indexed_at=datetime.now(UTC), event=event))
+
+
+CASES = [
+    ("node-lost-keeps-its-type", TaskFailed(event_id="e", task_id="t1", error_type="NodeLost", error_message="n2 left"),
+     StreamEnd("c1", StreamErrorType.NODE_LOST, "n2 left")),
+    ("placement-refused-keeps-its-type",
+     TaskFailed(event_id="e", task_id="t1", error_type=StreamErrorType.PLACEMENT_REFUSED, error_message="no memory"),
+     StreamEnd("c1", StreamErrorType.PLACEMENT_REFUSED, "no memory")),
+    ("failed-by-status-has-the-generic-type", TaskStatusUpdated(event_id="e", task_id="t1", status="Failed"),
+     StreamEnd("c1", StreamErrorType.TASK_FAILED, "the task failed")),
+    ("cancelled", TaskStatusUpdated(event_id="e", task_id="t1", status="Cancelled", error_message="operator"),
+     StreamEnd("c1", StreamErrorType.TASK_CANCELLED, "operator", outcome="cancelled")),
+    ("another-nodes-stream", TaskFailed(event_id="e", task_id="t2", error_type="NodeLost", error_message="x"), None),
+    ("not-a-generation", TaskFailed(event_id="e", task_id="t3", error_type="NodeLost", error_message="x"), None),
+    ("still-running", TaskAcknowledged(event_id="e", task_id="t1"), None),
+    ("unknown-task", TaskFailed(event_id="e", task_id="zz", error_type="NodeLost", error_message="x"), None),
+]
+
+
+@pytest.mark.parametrize(("name", "event", "expected"), CASES, ids=[c[0] for c in CASES])
+def test_stream_end_for(name, event, expected) -> None:  # type: ignore[no-untyped-def]
+    assert stream_end_for(_after(event), event, "me") == expected
+
+
+@pytest.mark.parametrize("error_type", [StreamErrorType.NODE_LOST, StreamErrorType.PLACEMENT_REFUSED,
+                                        StreamErrorType.DOWNLOAD_FAILED, StreamErrorType.GROUP_BROKEN,
+                                        StreamErrorType.INSTANCE_GONE, StreamErrorType.TASK_FAILED])
+def test_every_master_failure_is_a_retryable_unavailable_with_its_own_code(error_type) -> None:  # type: ignore[no-untyped-def]
+    failure = StreamFailed(error_type, "m")
+    assert (failure.kind, failure.code) == ("unavailable", str(error_type))
+
+
+def test_the_enum_values_are_the_wire_spellings() -> None:
+    assert StreamErrorType.NODE_LOST == "NodeLost"
+    assert TaskFailed(event_id="e", task_id="t", error_type="NodeLost", error_message="m").model_dump(mode="json")[
+        "error_type"] == "NodeLost"

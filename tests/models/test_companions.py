@@ -1,0 +1,166 @@
+"""Companion repos: the card fields, the one enumeration (`companion_download_specs`), the
+required/best-effort policy, and eviction counting companions of live runners as in use."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from skulk.model_store.eviction import in_use_model_ids
+from skulk.model_store.staging import StagingOptions, remove_staged, stage_from_local
+from skulk.models.companions import (
+    CompanionSpec,
+    companion_card,
+    companion_download_specs,
+    companion_repo_ids,
+    companions_of,
+    ensure_companions,
+)
+from skulk.models.downloads import DownloadFailed
+from skulk.shared.types.cards import ModelCard
+from skulk.shared.types.state import State
+from tests.mockhub import GGUF_FILE, TINY_GGUF_REPO, hub_card
+from tests.worker.tiny_gguf import NODE, tiny_instance
+
+VISION, SIDECAR, ASSISTANT, DRAFT = "acme/vision", "acme/mtp", "acme/assistant", "acme/draft-GGUF"
+
+
+def card_with(**companions) -> ModelCard:
+    base = hub_card(TINY_GGUF_REPO, gguf_file=GGUF_FILE)
+    return ModelCard.model_validate({**base.model_dump(by_alias=False), **companions})
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({}, ()),
+        ({"vision_weights_repo": VISION}, (CompanionSpec("vision", VISION, None, True),)),
+        ({"vision_weights_repo": VISION, "vision_weights_file": "mmproj-f16.gguf"},
+         (CompanionSpec("vision", VISION, "mmproj-f16.gguf", True),)),
+        ({"mtp_sidecar_repo": SIDECAR}, (CompanionSpec("mtp_sidecar", SIDECAR, None, False),)),
+        ({"assistant_model_repo": ASSISTANT}, (CompanionSpec("assistant", ASSISTANT, None, False),)),
+        ({"served_spec_draft_repo": DRAFT, "served_spec_draft_file": "d-Q4_0.gguf"},
+         (CompanionSpec("served_draft", DRAFT, "d-Q4_0.gguf", False),)),
+        # Required first, whatever the declaration order.
+        ({"assistant_model_repo": ASSISTANT, "vision_weights_repo": VISION},
+         (CompanionSpec("vision", VISION, None, True), CompanionSpec("assistant", ASSISTANT, None, False))),
+    ],
+)
+def test_companion_download_specs(fields, expected):
+    card = card_with(**fields)
+    assert companion_download_specs(card) == expected
+    assert companion_repo_ids(card) == frozenset(s.repo_id for s in expected)
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"served_spec_draft_file": "d.gguf"}, "served_spec_draft_file"),  # a file without its repo
+        ({"vision_weights_file": "mmproj.gguf"}, "vision_weights_file"),
+        ({"served_spec_draft_repo": DRAFT}, "served_spec_draft_file"),  # a draft repo must name its GGUF
+        ({"assistant_model_repo": TINY_GGUF_REPO}, "assistant_model_repo"),  # its own repo
+        ({"mtp_sidecar_repo": "local/x"}, "mtp_sidecar_repo"),
+        ({"vision_weights_repo": "not a repo"}, "vision_weights_repo"),
+    ],
+)
+def test_inconsistent_companion_fields_name_the_field(fields, field):
+    with pytest.raises(ValidationError) as caught:
+        card_with(**fields)
+    named = {(e.get("ctx") or {}).get("field") for e in caught.value.errors()}
+    named |= {".".join(str(part) for part in e["loc"]) for e in caught.value.errors()}
+    assert field in named, caught.value.errors()
+
+
+def test_cards_without_companions_stay_valid_and_round_trip():
+    base = hub_card(TINY_GGUF_REPO, gguf_file=GGUF_FILE)
+    wire = base.to_wire()
+    old_wire = {k: v for k, v in wire.items() if k not in {"mtpSidecarRepo", "assistantModelRepo",
+                                                            "servedSpecDraftRepo", "servedSpecDraftFile",
+                                                            "visionWeightsRepo", "visionWeightsFile"}}
+    assert ModelCard.model_validate(old_wire) == base  # what an older node sent still parses
+    with_one = card_with(vision_weights_repo=VISION)
+    assert ModelCard.model_validate(with_one.to_wire()) == with_one
+
+
+@pytest.mark.parametrize(
+    ("spec", "fmt"),
+    [(CompanionSpec("vision", VISION, None, True), "safetensors"),
+     (CompanionSpec("served_draft", DRAFT, "d-Q4_0.gguf", False), "gguf")],
+)
+def test_companion_card_describes_the_companions_artifact(spec, fmt):
+    pinned = card_with(source_revision="a" * 40, vision_weights_repo=VISION)
+    companion = companion_card(pinned, spec)
+    assert (companion.model_id, companion.artifact_format, companion.gguf_file) == (spec.repo_id, fmt, spec.gguf_file)
+    assert companion.source_revision is None and companion_download_specs(companion) == ()
+
+
+# -- the policy ---------------------------------------------------------------------------------
+
+
+def resolver(missing: set[str]):
+    calls: list[str] = []
+
+    def resolve(companion: ModelCard) -> Path:
+        calls.append(companion.model_id)
+        if companion.model_id in missing:
+            raise DownloadFailed(companion.model_id, "the repository does not exist on the hub (404)", "not_found")
+        return Path("/models") / companion.model_id
+
+    return resolve, calls
+
+
+def test_every_companion_is_resolved():
+    card = card_with(vision_weights_repo=VISION, assistant_model_repo=ASSISTANT)
+    resolve, calls = resolver(set())
+    assert ensure_companions(card, resolve) == {VISION: Path("/models") / VISION,
+                                               ASSISTANT: Path("/models") / ASSISTANT}
+    assert calls == [VISION, ASSISTANT]
+
+
+def test_a_missing_required_companion_fails_loudly_naming_it():
+    card = card_with(vision_weights_repo=VISION, assistant_model_repo=ASSISTANT)
+    resolve, calls = resolver({VISION})
+    with pytest.raises(DownloadFailed) as caught:
+        ensure_companions(card, resolve)
+    assert caught.value.model_id == card.model_id and caught.value.kind == "not_found"
+    assert VISION in caught.value.reason and "required" in caught.value.reason
+    assert calls == [VISION]  # required first: nothing best-effort was fetched for a doomed model
+
+
+def test_a_missing_best_effort_companion_is_logged_and_skipped(caplog):
+    card = card_with(assistant_model_repo=ASSISTANT, mtp_sidecar_repo=SIDECAR)
+    resolve, _calls = resolver({ASSISTANT})
+    with caplog.at_level(logging.WARNING):
+        assert ensure_companions(card, resolve) == {SIDECAR: Path("/models") / SIDECAR}
+    assert any(ASSISTANT in r.getMessage() and "best-effort" in r.getMessage() for r in caplog.records)
+
+
+# -- eviction: companions of live runners are in use ---------------------------------------------
+
+
+def test_companions_of_live_runners_are_in_use():
+    card = card_with(served_spec_draft_repo=DRAFT, served_spec_draft_file="d-Q4_0.gguf")
+    instance = tiny_instance(card)
+    state = State(instances={instance.instance_id: instance})
+    cards = {card.model_id: card}
+    assert in_use_model_ids(state, NODE, companions_of(lambda: cards)) == {card.model_id, DRAFT}
+    assert in_use_model_ids(state, "another-node", companions_of(lambda: cards)) == frozenset()
+
+
+def test_a_live_runners_companion_copy_survives_a_purge(tmp_path):
+    from tests.model_store.test_staging import make_canonical
+
+    models, staging = tmp_path / "models", tmp_path / "staging"
+    for model_id in (TINY_GGUF_REPO, DRAFT, "acme/idle"):
+        m = make_canonical(models, model_id)
+        stage_from_local(models / m.dir_name, m, staging, StagingOptions(free_bytes=lambda _p: 10**15))
+    card = card_with(served_spec_draft_repo=DRAFT, served_spec_draft_file="d-Q4_0.gguf")
+    instance = tiny_instance(card)
+    in_use = in_use_model_ids(State(instances={instance.instance_id: instance}), NODE,
+                              companions_of(lambda: {card.model_id: card}))
+    result = remove_staged(staging, in_use, models)
+    assert result.removed == ("acme--idle",)
+    assert sorted(result.kept_in_use) == sorted(["acme--draft-GGUF", "mock-org--tiny-llama-GGUF"])

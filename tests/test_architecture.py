@@ -1,0 +1,99 @@
+"""Every `skulk` import obeys the package table in docs/ARCHITECTURE.md.
+
+A package may import only the packages listed for it (imports under `if TYPE_CHECKING:`
+do not count: they cost nothing at run time and cannot form a cycle). A new edge is a
+design decision: add it here and to ARCHITECTURE.md's table in the same change.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parent.parent / "src" / "skulk"
+
+SHARED = {"shared", "shared.types"}
+ALLOWED: dict[str, set[str]] = {
+    "shared.types": {"shared"},
+    "shared": {"shared.types"},
+    "routing": SHARED | {"datadir"},
+    "datadir": SHARED | {"api"},  # api.limits' body-size bounds in config.py: a known wart
+    "models": SHARED | {"datadir"},
+    "model_store": SHARED | {"datadir", "models"},
+    "artifacts": SHARED | {"models"},
+    "facts": SHARED | {"datadir", "routing", "provision", "dashboard"},
+    "capacity": SHARED,
+    "provision": SHARED,
+    "observe": SHARED | {"datadir"},
+    "cluster": SHARED | {"routing", "facts"},
+    "master": SHARED | {"capacity", "cluster", "routing", "datadir"},
+    "pool": SHARED,
+    "worker.engines": SHARED | {"facts", "pool"},
+    "worker": SHARED | {"cluster", "routing", "observe", "models", "model_store", "artifacts", "worker.engines"},
+    "api.adapters": SHARED | {"api"},
+    "api": SHARED | {"datadir", "observe", "api.routes"},
+    "api.routes": SHARED | {"api", "api.adapters", "observe", "master", "models", "model_store", "dashboard"},
+    "client": {"api"},
+    "dashboard": set(),
+}
+"""Package -> the packages it may import. `node`, `cli`, `cli_engines` and `__main__` are
+the composition roots and may import anything."""
+
+ROOTS = {"node", "cli", "cli_engines", "__main__"}
+
+
+def package_of(module: str) -> str:
+    parts = module.split(".")[1:]  # drop "skulk"
+    if not parts:
+        return ""
+    if parts[0] == "worker" and parts[1:2] == ["engines"]:
+        return "worker.engines"
+    if parts[0] == "api" and len(parts) > 1 and parts[1] in ("adapters", "routes"):
+        return f"api.{parts[1]}"
+    if parts[0] == "shared" and parts[1:2] == ["types"]:
+        return "shared.types"
+    return parts[0]
+
+
+def _runtime_imports(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, module) of every skulk import outside `if TYPE_CHECKING:` blocks."""
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.body:
+                skipped.update(id(n) for n in ast.walk(child))
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("skulk") and node.level == 0:
+            found.append((node.lineno, node.module))
+        elif isinstance(node, ast.Import):
+            found.extend((node.lineno, a.name) for a in node.names if a.name.startswith("skulk"))
+    return found
+
+
+def _modules() -> list[Path]:
+    return sorted(SRC.rglob("*.py"))
+
+
+def test_every_package_is_in_the_table() -> None:
+    packages = {package_of("skulk." + ".".join(p.relative_to(SRC).with_suffix("").parts)) for p in _modules()}
+    unknown = {p for p in packages if p not in ALLOWED and p not in ROOTS and p != "__init__"}
+    assert not unknown, f"packages missing from the ARCHITECTURE.md table and ALLOWED: {sorted(unknown)}"
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(SRC)))
+def test_imports_follow_the_table(path: Path) -> None:
+    source = package_of("skulk." + ".".join(path.relative_to(SRC).with_suffix("").parts))
+    if source in ROOTS or source == "__init__":
+        return
+    allowed = ALLOWED[source] | {source}
+    bad = [
+        f"line {line}: {module} ({package_of(module)})"
+        for line, module in _runtime_imports(ast.parse(path.read_text(encoding="utf-8")))
+        if package_of(module) not in allowed and package_of(module) != ""
+    ]
+    assert not bad, f"{source} may not import these (docs/ARCHITECTURE.md): {bad}"
