@@ -7,8 +7,8 @@ import pytest
 from skulk.pool.layout import derive_pool_key
 from skulk.shared.types.instances import Instance, ShardAssignment
 from skulk.worker.engines.base import ModelLoadFailed, ShardSpec
-from skulk.worker.engines.llama_cpp.engine import LlamaCppEngine
 from skulk.worker.engines.llama_cpp import pool as llama_pool
+from skulk.worker.engines.llama_cpp.engine import LlamaCppEngine
 from tests.worker.tiny_gguf import tiny_gguf, tiny_gguf_card  # noqa: F401
 
 
