@@ -19,7 +19,9 @@ from tests.nodeproc import wait_for
 pytestmark = pytest.mark.timeout(300)
 
 STREAMS = 8
-TOKENS = 100
+TOKENS = 400
+"""Long enough that on a fast machine too every stream's request is in before the first
+one finishes (the requests leave together, released by one barrier)."""
 
 
 def llama_servers_of(node) -> list[psutil.Process]:
@@ -54,9 +56,13 @@ def test_eight_sdk_streams_progress_together_on_one_instance(spawn_node):
     lock = threading.Lock()
     failures: list[BaseException] = []
 
+    clients = [client(node) for _ in range(STREAMS)]  # built up front: building one is slow
+    go = threading.Barrier(STREAMS, timeout=60)
+
     def stream(index: int) -> None:
         try:
-            chunks = client(node).chat.completions.create(
+            go.wait()
+            chunks = clients[index].chat.completions.create(
                 model=MODEL, messages=[{"role": "user", "content": f"Story {index}"}], max_tokens=TOKENS,
                 temperature=0, stream=True)
             first = True

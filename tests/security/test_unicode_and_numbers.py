@@ -53,7 +53,8 @@ def shape_of(path: str, payload) -> str:
         return payload["error"]["message"]
     if path.startswith("/ollama") or path.startswith("/api/"):
         return payload["error"]
-    if path.startswith("/v1/") and not path.startswith(("/v1/cluster", "/v1/diagnostics", "/v1/tracing")):
+    openai_shaped = path.startswith("/store/")  # /store answers in the OpenAI shape (issue 13)
+    if openai_shaped or (path.startswith("/v1/") and not path.startswith(("/v1/cluster", "/v1/diagnostics", "/v1/tracing"))):
         assert payload["error"]["type"] == "invalid_request_error"
         return payload["error"]["message"]
     assert payload["errorKind"] == "invalid_request"
