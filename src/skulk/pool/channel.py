@@ -291,10 +291,22 @@ class DonorGate(_Listener):
 
 def _relay(remote: socket.socket, local: socket.socket, send_key: bytes, receive_key: bytes, encrypt: bool,
            on_remote_end: Callable[[str], None] | None = None) -> None:
-    """Relay both directions until either side ends. `on_remote_end(reason)` runs when the
-    remote side ended or failed, before the local socket is closed."""
-    ended = threading.Event()
-    reason: list[str] = []
+    """Relay both directions until either side ends. `on_remote_end(reason)` runs (once)
+    when the remote side ended or failed, before the local socket is closed: whichever
+    direction notices first, a read that sees the peer's end or a send to the peer that
+    fails (a dead donor is often first seen by the driver's next send). Only a local end
+    (llama.cpp closed its socket: a normal teardown) calls nothing."""
+    local_closed = threading.Event()
+    told = threading.Lock()
+    reported: list[str] = []
+
+    def remote_ended(why: str) -> None:
+        with told:
+            if reported or local_closed.is_set():
+                return
+            reported.append(why)
+        if on_remote_end is not None:
+            on_remote_end(why)  # before llama.cpp sees a closed socket
 
     def outbound() -> None:  # local plain -> remote
         try:
@@ -302,10 +314,10 @@ def _relay(remote: socket.socket, local: socket.socket, send_key: bytes, receive
                 _pump_seal(local, remote, _Sealer(send_key))
             else:
                 _plain(local, remote)
-        except Exception:
-            pass
+            local_closed.set()
+        except Exception as exc:  # the send to the peer failed
+            remote_ended(f"sending to the peer failed: {type(exc).__name__}: {exc}")
         finally:
-            ended.set()
             try:
                 remote.shutdown(socket.SHUT_WR)
             except OSError:
@@ -318,11 +330,10 @@ def _relay(remote: socket.socket, local: socket.socket, send_key: bytes, receive
             _pump_open(remote, local, _Sealer(receive_key))
         else:
             _plain(remote, local)
-        reason.append("the peer closed the channel")
+        why = "the peer closed the channel"
     except Exception as exc:
-        reason.append(f"{type(exc).__name__}: {exc}")
-    if not ended.is_set() and on_remote_end is not None:
-        on_remote_end(reason[0])  # the remote ended first: say so before llama.cpp sees a closed socket
+        why = f"{type(exc).__name__}: {exc}"
+    remote_ended(why)
     _close(local, remote)
     thread.join(timeout=DIAL_TIMEOUT_S)
 
