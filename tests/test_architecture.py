@@ -34,7 +34,7 @@ ALLOWED: dict[str, set[str]] = {
     "worker": SHARED | {"cluster", "routing", "observe", "models", "model_store", "artifacts", "worker.engines"},
     "api.adapters": SHARED | {"api"},
     "api": SHARED | {"datadir", "observe", "api.routes"},
-    "api.routes": SHARED | {"api", "api.adapters", "observe", "master", "models", "model_store", "dashboard"},
+    "api.routes": SHARED | {"api", "api.adapters", "observe", "master", "models", "model_store", "dashboard", "datadir"},
     "client": {"api"},
     "dashboard": set(),
 }

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from pathlib import Path
@@ -35,6 +34,7 @@ from skulk.api.sessions import (
     snapshot_document,
     valid_session_id,
 )
+from skulk.datadir.atomic_file import write_atomic
 from skulk.shared.prefix_cache import cold_budget_bytes
 from skulk.shared.types.common import Usage
 from skulk.shared.types.ids import ModelId
@@ -245,7 +245,8 @@ async def snapshot(request: Request, session_id: str) -> dict[str, Any]:
     directory = _snapshot_dir(request)
     stored = False
     if directory is not None:
-        _write_atomically(directory / f"{session.session_id}.json", json.dumps(document))
+        directory.mkdir(parents=True, exist_ok=True)
+        write_atomic(directory / f"{session.session_id}.json", json.dumps(document))
         stored = True
     return {**document, "stored": stored}
 
@@ -302,14 +303,6 @@ def _usage(usage: Usage | None) -> dict[str, int] | None:
 
 def _sse(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload)}\n\n"
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as handle:
-        handle.write(text)
-        temporary = Path(handle.name)
-    temporary.replace(path)
 
 
 __all__ = ["router"]
