@@ -37,7 +37,8 @@ pytestmark = pytest.mark.timeout(300)
 SLOTS = 8
 CONTEXT_PER_SLOT = 512
 STREAM_TOKENS = 120
-"""Long enough that every slot's first token comes well before any slot's last."""
+"""Long enough to be mid-stream when a test acts; the tests hold streams with gates, never
+rely on this being slow."""
 DEADLINE_S = 120.0
 
 
@@ -128,11 +129,19 @@ def test_eight_streams_all_make_progress_at_once(engine):
     sink = Recorder()
     dispatcher = Dispatcher(engine, sink, width=engine.concurrency)
     ids = [f"r{i}" for i in range(SLOTS)]
+    all_started = threading.Event()
+    # Each stream holds after its first token until all eight have one: a server that served
+    # them one at a time would never give the eighth its first token (the wait below fails),
+    # and a fast machine cannot finish one stream before the last request is in.
+    sink.gates.update({request_id: (1, all_started) for request_id in ids})
     try:
         for request_id in ids:
             dispatcher.submit(request_id, long_request())
+        sink.wait(lambda s: all(s.tokens(r) for r in ids))
+        all_started.set()
         sink.wait(lambda s: all(s.result(r) is not None for r in ids))
     finally:
+        all_started.set()
         dispatcher.close()
     order = [(kind, rid) for kind, rid, _ in sink.events]
     first_finish = next(i for i, (kind, _) in enumerate(order) if kind == "finish")
