@@ -32,6 +32,7 @@ from skulk.api.limits import DEFAULT_MAX_BODY_BYTES, RequestLimits
 from skulk.api.node_access import access_policy, access_warnings, with_api_key, with_own_hosts
 from skulk.api.streams import CommandStreams
 from skulk.api.task_stream_ends import stream_end_for
+from skulk.cluster.command_resend import CommandResender
 from skulk.cluster.election import ElectionService
 from skulk.cluster.membership import MembershipService
 from skulk.cluster.producer import EventProducer
@@ -331,6 +332,7 @@ class Node:
         self.lost_members = LostMembers()
         self.replica.on_applied(self.lost_members.observe)
         self.task_inputs = TaskInputRelay(send=lambda node_id, item: self._send_input(router, node_id, item))
+        self.command_resender = CommandResender(send=lambda command: self._publish_command(router, command))
         self.replica.on_applied(lambda indexed: self.task_inputs.on_event(indexed, self.replica.state))
         self.intent = IntentRecord(settings.paths.data_home / INTENT_FILE)  # restored by a cold-start master
         self.replica.on_applied(lambda indexed: self.intent.observe(indexed, self.replica.state))
@@ -490,11 +492,23 @@ class Node:
 
         self._spawn_housekeeping(publish(), f"task-input-{item.command_id}")
 
+    def _publish_command(self, router: Router, command: Command) -> None:
+        """Publish a command again (`CommandResender`): in the background, a failure logged."""
+
+        async def publish() -> None:
+            try:
+                await router.publish(TOPICS.commands, ForwarderCommand(origin=self.node_id, command=command))
+            except RouterError as exc:
+                logger.warning("command %s could not be published again: %s", command.command_id, exc)
+
+        self._spawn_housekeeping(publish(), f"command-resend-{command.command_id}")
+
     async def _expire_streams(self) -> None:
         while True:
             await asyncio.sleep(1.0)
             self.streams.expire()
             self.task_inputs.flush(self.replica.state)
+            self.command_resender.tick(self.replica.state, self.streams.open_command_ids())
 
     def _stop_master(self) -> None:
         if self._master_task is not None:
@@ -591,6 +605,7 @@ class Node:
             "membership": self.membership.stats(),
             "streams": self.streams.stats(),
             "taskInputs": self.task_inputs.stats(),
+            "commandResends": self.command_resender.stats(),
             "worker": self.worker.stats() if self.worker else None,
             "master": self._master.stats() if self._master else None,
             "modelStore": self._store_stats(),
@@ -613,6 +628,7 @@ class Node:
     def _make_api_server(self, router: Router, log_slot: EventLogSlot, lease: Lease) -> _Server:
         async def submit(command: Command) -> None:
             await router.publish(TOPICS.commands, ForwarderCommand(origin=self.node_id, command=command))
+            self.command_resender.published(command)  # published again until its task is logged
 
         context = ApiContext(
             node_id=self.node_id,

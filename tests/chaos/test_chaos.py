@@ -66,6 +66,20 @@ class Node:
 
 
 @dataclass
+class Phase:
+    """The step the run is in, as the client threads read it: which fault is current and
+    when it was injected (monotonic), so every outcome can say where it happened."""
+
+    step: int = -1
+    kind: str = "warm-up"
+    faulted_at: float | None = None
+
+    def label(self, now: float) -> str:
+        since = f", {now - self.faulted_at:.1f}s after the fault" if self.faulted_at is not None else ""
+        return f"step {self.step} {self.kind}{since}"
+
+
+@dataclass
 class Ledger:
     outcomes: Counter = field(default_factory=Counter)
     untyped: list[str] = field(default_factory=list)
@@ -73,12 +87,15 @@ class Ledger:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     typed: Counter = field(default_factory=Counter)
+    by_step: dict[str, Counter] = field(default_factory=dict)
+    """Outcomes (and typed codes) per step the request started in: where each kind came from."""
 
-    def record(self, outcome: str, detail: str = "") -> None:
+    def record(self, outcome: str, detail: str = "", *, step: str = "", context: str = "") -> None:
         with self.lock:
             self.outcomes[outcome] += 1
+            self.by_step.setdefault(step, Counter())[f"{outcome}:{detail}" if outcome == "typed" else outcome] += 1
             if outcome == "untyped":
-                self.untyped.append(detail)
+                self.untyped.append(f"{detail} [{context}]" if context else detail)
             elif outcome == "typed":
                 self.typed[detail] += 1
 
@@ -106,6 +123,35 @@ def _one_request(url: str, headers: dict[str, str] | None = None) -> tuple[str, 
             return "untyped", "the stream ended without a finish reason or an error"
     except (httpx.HTTPError, ValueError) as exc:
         return "untyped", repr(exc)
+
+
+def _open_commands(node: NodeProcess) -> str:
+    """The entry node's streams still open now, oldest first, each with its age and what
+    /state says of its task (status, instance, serving node, runner state): taken the
+    moment a client gives up, it names the command that hung and where it stood."""
+    try:
+        records = node.get("/v1/diagnostics/node").json()["flightRecorder"]["records"]
+        state = node.get("/state").json()
+    except (httpx.HTTPError, ValueError, KeyError) as exc:
+        return f"open commands unknown: {exc!r}"
+    opened = {r["command_id"]: r["at"] for r in records if r.get("kind") == "request" and r.get("phase") == "opened"}
+    for r in records:
+        if r.get("kind") == "request" and r.get("phase") == "ended":
+            opened.pop(r["command_id"], None)
+    tasks = {t.get("commandId"): t for t in state.get("tasks", {}).values()}
+    described = []
+    for command_id, at in sorted(opened.items(), key=lambda item: item[1]):
+        task = tasks.get(command_id)
+        if task is None:
+            described.append(f"{command_id} open {time.time() - at:.0f}s, no task in /state")
+            continue
+        instance = state.get("instances", {}).get(task.get("instanceId"), {})
+        shard = (instance.get("shards") or [{}])[0]
+        runner = state.get("runners", {}).get(shard.get("runnerId"), {})
+        described.append(f"{command_id} open {time.time() - at:.0f}s, task {task.get('taskId')} "
+                         f"{task.get('status')} on instance {task.get('instanceId')} node {shard.get('nodeId')} "
+                         f"runner {runner.get('state')}")
+    return "open commands: " + ("; ".join(described) or "none")
 
 
 def _runner_pids(node: NodeProcess) -> list[psutil.Process]:
@@ -165,10 +211,19 @@ def test_chaos_schedule_keeps_the_invariants(spawn_node, tmp_path: Path) -> None
     ledger = Ledger()
     stop = threading.Event()
 
+    phase = Phase()
+    began = time.monotonic()
+
     def client() -> None:
         while not stop.is_set():
+            started, at_start = time.monotonic(), phase.label(time.monotonic())
             outcome, detail = _one_request(entry.url)
-            ledger.record(outcome, detail)
+            context = ""
+            if outcome == "untyped":
+                now = time.monotonic()
+                context = (f"started at t={started - began:.1f}s in {at_start}; gave up after {now - started:.1f}s "
+                           f"in {phase.label(now)}; {_open_commands(entry)}")
+            ledger.record(outcome, detail, step=f"{phase.step} {phase.kind}", context=context)
 
     def index_monitor() -> None:
         last: dict[tuple[str, int], int] = {}
@@ -202,6 +257,7 @@ def test_chaos_schedule_keeps_the_invariants(spawn_node, tmp_path: Path) -> None
                 victim_name = next(n for n in nodes if n not in (entry_name, server if kind == "kill9-master" else None))
             victim = nodes[victim_name]
             faulted_at = time.monotonic()
+            phase.step, phase.kind, phase.faulted_at = step, kind, faulted_at
             if kind == "kill9-runner":
                 runners = _runner_pids(nodes[server].process) if server else []
                 for runner in runners:
@@ -236,7 +292,8 @@ def test_chaos_schedule_keeps_the_invariants(spawn_node, tmp_path: Path) -> None
                                        json={"model": MODEL, "messages": PROMPT, "max_tokens": 4})
                     logs += f"\nchat: {reply.status_code} {reply.text[:500]}"
                 raise AssertionError(f"step {step} {kind}: {exc}\n{logs}") from None
-            timings.append(f"step {step}: {kind} ({detail}): recovered in {time.monotonic() - faulted_at:.1f}s")
+            timings.append(f"step {step}: {kind} ({detail}) at t={faulted_at - began:.1f}s: recovered in "
+                           f"{time.monotonic() - faulted_at:.1f}s")
             print(timings[-1])
     finally:
         stop.set()
@@ -247,15 +304,20 @@ def test_chaos_schedule_keeps_the_invariants(spawn_node, tmp_path: Path) -> None
             thread.join(timeout=CLIENT_TIMEOUT_S + 10)
     hung = [t.name for t in threads if t.is_alive()]
     final = agreed(live(), members=3)
-    print(f"invariants (seed {SEED}):\n"
-          f"  requests: {dict(ledger.outcomes)}; typed errors by code: {dict(ledger.typed)}; "
-          f"untyped: {len(ledger.untyped)}; hung clients: {hung}\n"
-          f"  index regressions: {ledger.index_regressions or 'none'}\n"
-          f"  stateHash agreed: {final['stateHash'] if final else 'NO'}\n"
-          f"  model serves: {serves()}")
-    assert not hung, hung
-    assert not ledger.untyped, ledger.untyped[:5]
+    per_step = "\n".join(f"    {step}: {dict(counts)}" for step, counts in ledger.by_step.items())
+    report = (f"invariants (seed {SEED}, schedule {schedule}):\n"
+              f"  requests: {dict(ledger.outcomes)}; typed errors by code: {dict(ledger.typed)}; "
+              f"untyped: {len(ledger.untyped)}; hung clients: {hung}\n"
+              f"  by the step a request started in:\n{per_step}\n"
+              f"  steps:\n" + "".join(f"    {t}\n" for t in timings) +
+              f"  index regressions: {ledger.index_regressions or 'none'}\n"
+              f"  stateHash agreed: {final['stateHash'] if final else 'NO'}\n"
+              f"  model serves: {serves()}")
+    print(report)
+    # CI shows the assertion and a short tail: each message carries the whole report.
+    assert not hung, f"{hung}\n{report}"
+    assert not ledger.untyped, "\n".join(["untyped outcomes:", *ledger.untyped[:5], report])
     assert ledger.outcomes["completed"] > 0
-    assert not ledger.index_regressions, ledger.index_regressions
-    assert final is not None
+    assert not ledger.index_regressions, report
+    assert final is not None, report
     assert serves()

@@ -149,3 +149,25 @@ def test_a_request_never_binds_to_an_instance_whose_runner_is_down(runner, bound
     if bound == UNPLACED_INSTANCE:  # born failed at once, naming the runner, its state and reason
         assert event.task.status == "Failed"
         assert f"runner r1 on node n1 is {runner}" in event.task.error_message
+
+
+@pytest.mark.parametrize(
+    ("existing", "expected"),
+    [
+        ({}, ["TaskCreated"]),  # the first copy binds
+        ({"t5": "Pending"}, []),  # a resent copy that crossed the original binds nothing
+        ({"t5": "Running"}, []),
+        ({"t5": "Failed"}, []),  # born failed (unplaced): the owner already has its answer
+    ],
+)
+def test_a_command_is_bound_once_however_often_it_is_published(existing, expected):
+    tasks = {t: TextGeneration(owner_node_id="n1", task_id=t, instance_id="i1", command_id="g1", params=PARAMS,
+                               status=status) for t, status in existing.items()}
+    state = SERVING.model_copy(update={"tasks": tasks})
+    assert kinds(decide(state, GenerateText(command_id="g1", params=PARAMS), ids())) == expected
+    from skulk.shared.types.commands import Embed
+
+    embedding = Embedding(owner_node_id="n1", task_id="t6", instance_id="i1", command_id="e1",
+                          params=EmbeddingParams(model_id="local/tiny-llama", inputs=["x"]))
+    with_embedding = SERVING.model_copy(update={"tasks": {"t6": embedding}})
+    assert decide(with_embedding, Embed(command_id="e1", params=embedding.params), ids()) == []

@@ -137,7 +137,11 @@ def unplaced_message(state: State, model_id: str) -> str:
 
 def _bind(state: State, command: GenerateText | Embed, ctx: DecisionContext, task_type: type) -> Decision:
     """An API request becomes a task on the least busy serving instance of its model, or a
-    task born failed that names the fix (and an abandoned repair, when that is the cause)."""
+    task born failed that names the fix (and an abandoned repair, when that is the cause).
+    A command that already has its task is bound once only: the API publishes a command again
+    until its task is logged (`skulk.cluster.command_resend`), so a copy may cross the original."""
+    if _tasks_of_command(state, command.command_id):
+        return []
     instance = ready_instance_for(state, command.params.model_id)
     task = task_type(
         task_id=ctx.new_id(),

@@ -40,7 +40,7 @@ from skulk.shared.intent import ClusterIntent, PlacementIntent, restore_cards
 from skulk.shared.sync import due_bursts, next_due_at, replay_scheduler, request
 from skulk.shared.telemetry_view import NODE_TIMEOUT_S, TelemetryView, freshness, node_resources
 from skulk.shared.types.cards import ModelCard
-from skulk.shared.types.commands import ForwarderCommand
+from skulk.shared.types.commands import ForwarderCommand, GenerateText
 from skulk.shared.types.events import (
     Event,
     IndexedEvent,
@@ -87,6 +87,27 @@ def node_timeout_s(env: Mapping[str, str] = os.environ) -> float:
         raise ValueError(f"{TEST_NODE_TIMEOUT_ENV}={raw!r} is not a number of seconds") from None
     if value <= 0:
         raise ValueError(f"{TEST_NODE_TIMEOUT_ENV}={raw!r} must be positive")
+    return value
+
+
+TEST_DROP_GENERATIONS_ENV = "SKULK_TEST_MASTER_DROPS_GENERATIONS"
+"""Test-only knob: when set (a count, >= 0), the master ignores that many of the first
+GenerateText commands it receives, as if they had been published while it was not
+listening yet (a new master whose command subscription is not up). A real-process test
+makes the lost-command race deterministic with it. Never set it in production."""
+
+
+def dropped_generations(env: Mapping[str, str] = os.environ) -> int:
+    """How many first GenerateText commands the master ignores: 0, or the test knob."""
+    raw = env.get(TEST_DROP_GENERATIONS_ENV)
+    if not raw:
+        return 0
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{TEST_DROP_GENERATIONS_ENV}={raw!r} is not a count") from None
+    if value < 0:
+        raise ValueError(f"{TEST_DROP_GENERATIONS_ENV}={raw!r} must not be negative")
     return value
 
 
@@ -179,6 +200,7 @@ class Master:
         self.session_id = session_id
         self._clock = clock
         self._node_timeout_s = node_timeout_s()
+        self._generations_to_drop = dropped_generations()
         self._indexer: ix.Indexer | None = None
         self._tail: deque[IndexedEvent] = deque(maxlen=RETAINED_TAIL_EVENTS)
         self._snapshot: tuple[int, State] = (-1, State())
@@ -274,6 +296,10 @@ class Master:
         await self._commit(indexed)
 
     async def _on_command(self, forwarded: ForwarderCommand) -> None:
+        if self._generations_to_drop and isinstance(forwarded.command, GenerateText):
+            self._generations_to_drop -= 1  # the test knob: this one was "never received"
+            logger.warning("test knob %s: ignoring command %s", TEST_DROP_GENERATIONS_ENV, forwarded.command.command_id)
+            return
         state = self._replica.state
         context = DecisionContext(
             new_id=new_id,

@@ -1,0 +1,107 @@
+"""The API side of never losing a request's command: publish it again until its task is logged.
+
+An API node publishes `GenerateText` / `Embed` on the COMMANDS topic once, and pub/sub keeps
+no history. A command published while no master listens is gone: the old master just died
+and this node has not noticed yet, or (the chaos suite's CI hang) this node already follows
+a new master whose command subscription is not up yet. Clients that got `MasterFailover`
+retry at once and land in exactly that window; their requests then waited for the
+two-minute first-frame deadline with no byte sent, far past any client's timeout.
+
+So every generation or embedding command stays tracked while its stream is open and no task
+for it is in State, and is published again every COMMAND_RESEND_S. The master binds a command
+at most once (`skulk.master.commands` ignores a command whose task it already has), so a
+copy that crosses the original is harmless. Tracking ends when the task appears in State,
+or when the stream ends (its first-frame deadline bounds the resends).
+
+`resend_plan` is the pure decision; `CommandResender` holds the commands (bounded) and calls
+`send(command)` for each resend.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from skulk.shared.types.commands import Command, Embed, GenerateText
+from skulk.shared.types.state import State
+
+logger = logging.getLogger(__name__)
+
+COMMAND_RESEND_S = 2.0
+"""How long a command may go without its task appearing in State before it is published
+again. A master logs a command within milliseconds; this only fires when one was lost."""
+
+MAX_TRACKED_COMMANDS = 512
+"""Commands tracked per API node (twice its open-stream bound); past it the oldest goes, and
+its request falls back on its first-frame deadline."""
+
+
+@dataclass(frozen=True)
+class ResendPlan:
+    resend: tuple[str, ...] = ()
+    """Commands to publish again now (their task is still not logged)."""
+    forget: tuple[str, ...] = ()
+    """Commands no longer tracked: their task is logged, or their stream ended."""
+
+
+def logged_commands(state: State) -> frozenset[str]:
+    """The command ids that have a task in State."""
+    return frozenset(command for task in state.tasks.values() if (command := getattr(task, "command_id", None)))
+
+
+def resend_plan(
+    sent_at: Mapping[str, float], logged: frozenset[str], open_streams: frozenset[str], now: float,
+    interval_s: float = COMMAND_RESEND_S,
+) -> ResendPlan:
+    """Which tracked commands (command id -> when last published) to publish again and which
+    to stop tracking: a logged command, or one whose stream is no longer open, is forgotten;
+    any other published at least `interval_s` ago is resent."""
+    forget = tuple(c for c in sent_at if c in logged or c not in open_streams)
+    resend = tuple(c for c, at in sent_at.items() if c not in forget and now - at >= interval_s)
+    return ResendPlan(resend=resend, forget=forget)
+
+
+class CommandResender:
+    def __init__(self, send: Callable[[Command], None], clock: Callable[[], float] = time.monotonic) -> None:
+        self._send = send
+        self._clock = clock
+        self._tracked: OrderedDict[str, tuple[GenerateText | Embed, float]] = OrderedDict()
+        self.resent = 0
+        self.dropped = 0
+
+    def published(self, command: Command) -> None:
+        """`command` was just published: track it if it opens a stream (generation, embedding)."""
+        if not isinstance(command, (GenerateText, Embed)):
+            return
+        if command.command_id not in self._tracked and len(self._tracked) >= MAX_TRACKED_COMMANDS:
+            self._tracked.popitem(last=False)
+            self.dropped += 1
+        self._tracked[command.command_id] = (command, self._clock())
+
+    def tick(self, state: State, open_streams: Iterable[str]) -> None:
+        """Forget what is settled and publish again what is still missing from State."""
+        if not self._tracked:
+            return
+        now = self._clock()
+        plan = resend_plan({c: at for c, (_, at) in self._tracked.items()}, logged_commands(state),
+                           frozenset(open_streams), now)
+        for command_id in plan.forget:
+            self._tracked.pop(command_id, None)
+        for command_id in plan.resend:
+            command, _ = self._tracked[command_id]
+            self._tracked[command_id] = (command, now)
+            self.resent += 1
+            logger.warning("command %s (%s) has no task in the cluster's log yet; publishing it again",
+                           command_id, command.type)
+            self._send(command)
+
+    def stats(self) -> dict[str, int]:
+        return {"tracked": len(self._tracked), "capacity": MAX_TRACKED_COMMANDS, "resent": self.resent,
+                "dropped": self.dropped}
+
+
+__all__ = ["COMMAND_RESEND_S", "MAX_TRACKED_COMMANDS", "CommandResender", "ResendPlan", "logged_commands",
+           "resend_plan"]

@@ -1,0 +1,68 @@
+"""A request's command is published again until its task is logged (`skulk.cluster.command_resend`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from skulk.cluster.command_resend import COMMAND_RESEND_S, CommandResender, ResendPlan, logged_commands, resend_plan
+from skulk.shared.types.commands import GenerateText, PlaceInstance
+from skulk.shared.types.common import ChatMessage
+from skulk.shared.types.state import State
+from skulk.shared.types.tasks import TextGeneration, TextGenerationParams
+
+PARAMS = TextGenerationParams(model_id="m", messages=[ChatMessage(role="user", content="hi")])
+
+
+def _task(command_id: str) -> TextGeneration:
+    return TextGeneration(owner_node_id="n1", task_id=f"t-{command_id}", instance_id="i1", command_id=command_id,
+                          params=PARAMS)
+
+
+@pytest.mark.parametrize(
+    ("sent_at", "logged", "open_streams", "now", "expected"),
+    [
+        ({}, set(), set(), 10.0, ResendPlan()),
+        # published just now: give the master its moment
+        ({"c": 9.0}, set(), {"c"}, 10.0, ResendPlan()),
+        # still no task after the interval: publish again
+        ({"c": 10.0 - COMMAND_RESEND_S}, set(), {"c"}, 10.0, ResendPlan(resend=("c",))),
+        # its task is logged: settled, whatever the time
+        ({"c": 0.0}, {"c"}, {"c"}, 10.0, ResendPlan(forget=("c",))),
+        # its stream ended (deadline, client gone, failover): never published again
+        ({"c": 0.0}, set(), set(), 10.0, ResendPlan(forget=("c",))),
+        # several at once, each on its own
+        ({"a": 0.0, "b": 9.5, "c": 0.0, "d": 0.0}, {"c"}, {"a", "b", "c"}, 10.0,
+         ResendPlan(resend=("a",), forget=("c", "d"))),
+    ],
+)
+def test_resend_plan(sent_at, logged, open_streams, now, expected):
+    assert resend_plan(sent_at, frozenset(logged), frozenset(open_streams), now) == expected
+
+
+def test_logged_commands_are_those_with_a_task():
+    assert logged_commands(State(tasks={"t-a": _task("a")})) == {"a"}
+    assert logged_commands(State()) == frozenset()
+
+
+def test_the_resender_publishes_a_lost_command_until_its_task_appears():
+    now = [0.0]
+    sent = []
+    resender = CommandResender(send=sent.append, clock=lambda: now[0])
+    command = GenerateText(command_id="g1", params=PARAMS)
+    resender.published(command)
+    resender.published(PlaceInstance(command_id="p1", model_id="m"))  # opens no stream: not tracked
+    assert resender.stats()["tracked"] == 1
+    resender.tick(State(), ["g1"])
+    assert sent == []
+    now[0] = COMMAND_RESEND_S
+    resender.tick(State(), ["g1"])
+    now[0] = COMMAND_RESEND_S * 1.5  # the interval runs from the last copy, not the first
+    resender.tick(State(), ["g1"])
+    assert sent == [command]
+    now[0] = COMMAND_RESEND_S * 2
+    resender.tick(State(), ["g1"])
+    assert sent == [command, command]
+    now[0] = COMMAND_RESEND_S * 10
+    resender.tick(State(tasks={"t-g1": _task("g1")}), ["g1"])  # logged at last
+    assert sent == [command, command]
+    assert resender.stats() == {"tracked": 0, "capacity": 512, "resent": 2, "dropped": 0}
