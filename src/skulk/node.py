@@ -31,7 +31,7 @@ from skulk.api.failover import failover_failures
 from skulk.api.limits import DEFAULT_MAX_BODY_BYTES, RequestLimits
 from skulk.api.node_access import access_policy, access_warnings, with_api_key, with_own_hosts
 from skulk.api.streams import CommandStreams
-from skulk.api.task_stream_ends import stream_end_for
+from skulk.api.task_stream_ends import stream_end_for, stream_ends_in
 from skulk.cluster.command_resend import CommandResender
 from skulk.cluster.election import ElectionService
 from skulk.cluster.membership import MembershipService
@@ -329,6 +329,7 @@ class Node:
             disk_reserve_bytes=eviction_policy(settings.model_store).reserve_bytes,
         )
         self.replica.on_applied(self._fail_streams_of_failed_tasks)
+        self.replica.on_synced(self._fail_streams_failed_in_snapshot)
         self.lost_members = LostMembers()
         self.replica.on_applied(self.lost_members.observe)
         self.task_inputs = TaskInputRelay(send=lambda node_id, item: self._send_input(router, node_id, item))
@@ -464,6 +465,11 @@ class Node:
         if end is not None:
             self.streams.fail(end.command_id, end.error_type, end.message, outcome=end.outcome)
 
+    def _fail_streams_failed_in_snapshot(self) -> None:
+        """A snapshot was adopted: end the streams whose task it already shows failed."""
+        for end in stream_ends_in(self.replica.state, self.streams.open_command_ids(), self.node_id):
+            self.streams.fail(end.command_id, end.error_type, end.message, outcome=end.outcome)
+
     async def _receive_output(self, router: Router) -> None:
         async for received in router.subscribe(TOPICS.data):
             self.streams.deliver(received.message)
@@ -508,7 +514,7 @@ class Node:
             await asyncio.sleep(1.0)
             self.streams.expire()
             self.task_inputs.flush(self.replica.state)
-            self.command_resender.tick(self.replica.state, self.streams.open_command_ids())
+            self.command_resender.tick(self.replica.state, self.streams.waiting_command_ids())
 
     def _stop_master(self) -> None:
         if self._master_task is not None:

@@ -319,3 +319,14 @@ def test_a_first_frame_timeout_says_what_the_request_was_waiting_for():
     with pytest.raises(StreamFailed) as failure:
         stream.__anext__().send(None)
     assert failure.value.message == "No runner started this request within 5 s: runner r1 of c1 is Loading."
+
+
+def test_waiting_streams_are_those_without_a_first_frame():
+    streams = CommandStreams()
+    streams.open("a")
+    streams.open("b")
+    streams.open("c")
+    streams.deliver(started("b"))
+    streams.fail("c", "NodeLost", "gone")
+    assert streams.waiting_command_ids() == ["a"]
+    assert sorted(streams.open_command_ids()) == ["a", "b"]

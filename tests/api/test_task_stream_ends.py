@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pytest
 
 from skulk.api.errors import StreamFailed
-from skulk.api.task_stream_ends import StreamEnd, stream_end_for
+from skulk.api.task_stream_ends import StreamEnd, stream_end_for, stream_ends_in
 from skulk.shared.apply import apply
 from skulk.shared.types.events import IndexedEvent, TaskAcknowledged, TaskFailed, TaskStatusUpdated
 from skulk.shared.types.state import State
@@ -61,3 +61,28 @@ def test_the_enum_values_are_the_wire_spellings() -> None:
     assert StreamErrorType.NODE_LOST == "NodeLost"
     assert TaskFailed(event_id="e", task_id="t", error_type="NodeLost", error_message="m").model_dump(mode="json")[
         "error_type"] == "NodeLost"
+
+
+def _with(task_id: str, **fields) -> State:  # type: ignore[no-untyped-def]
+    return BEFORE.model_copy(update={"tasks": {**BEFORE.tasks, task_id: BEFORE.tasks[task_id].model_copy(update=fields)}})
+
+
+@pytest.mark.parametrize(
+    ("state", "open_commands", "expected"),
+    [
+        # a snapshot that already shows my open stream's task failed ends it, type kept
+        (_with("t1", status="Failed", error_type="NodeLost", error_message="n2 left"), ["c1"],
+         [StreamEnd("c1", StreamErrorType.NODE_LOST, "n2 left")]),
+        (_with("t1", status="Cancelled"), ["c1"],
+         [StreamEnd("c1", StreamErrorType.TASK_CANCELLED, "the task was cancelled", outcome="cancelled")]),
+        # still running, or complete (the runner's terminal ends it): nothing
+        (_with("t1", status="Running"), ["c1"], []),
+        (_with("t1", status="Complete"), ["c1"], []),
+        # a stream that is no longer open, another node's task, an embedding: nothing
+        (_with("t1", status="Failed"), [], []),
+        (_with("t2", status="Failed"), ["c2"], []),
+        (_with("t3", status="Failed"), ["c3"], []),
+    ],
+)
+def test_stream_ends_in_a_snapshot(state, open_commands, expected):
+    assert stream_ends_in(state, open_commands, "me") == expected

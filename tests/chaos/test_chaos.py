@@ -304,6 +304,8 @@ def test_chaos_schedule_keeps_the_invariants(spawn_node, tmp_path: Path) -> None
             thread.join(timeout=CLIENT_TIMEOUT_S + 10)
     hung = [t.name for t in threads if t.is_alive()]
     final = agreed(live(), members=3)
+    with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
+        timings.append(f"entry's command resends: {entry.get('/v1/diagnostics/node').json()['commandResends']}")
     per_step = "\n".join(f"    {step}: {dict(counts)}" for step, counts in ledger.by_step.items())
     report = (f"invariants (seed {SEED}, schedule {schedule}):\n"
               f"  requests: {dict(ledger.outcomes)}; typed errors by code: {dict(ledger.typed)}; "

@@ -19,24 +19,26 @@ def _task(command_id: str) -> TextGeneration:
 
 
 @pytest.mark.parametrize(
-    ("sent_at", "logged", "open_streams", "now", "expected"),
+    ("sent_at", "logged", "waiting", "now", "expected"),
     [
         ({}, set(), set(), 10.0, ResendPlan()),
         # published just now: give the master its moment
         ({"c": 9.0}, set(), {"c"}, 10.0, ResendPlan()),
         # still no task after the interval: publish again
         ({"c": 10.0 - COMMAND_RESEND_S}, set(), {"c"}, 10.0, ResendPlan(resend=("c",))),
-        # its task is logged: settled, whatever the time
-        ({"c": 0.0}, {"c"}, {"c"}, 10.0, ResendPlan(forget=("c",))),
-        # its stream ended (deadline, client gone, failover): never published again
+        # its task is logged: not sent, but kept while the stream waits (a new master's
+        # snapshot may lack the task)
+        ({"c": 0.0}, {"c"}, {"c"}, 10.0, ResendPlan()),
+        # its stream started (a runner took it) or ended: never published again
         ({"c": 0.0}, set(), set(), 10.0, ResendPlan(forget=("c",))),
+        ({"c": 0.0}, {"c"}, set(), 10.0, ResendPlan(forget=("c",))),
         # several at once, each on its own
         ({"a": 0.0, "b": 9.5, "c": 0.0, "d": 0.0}, {"c"}, {"a", "b", "c"}, 10.0,
-         ResendPlan(resend=("a",), forget=("c", "d"))),
+         ResendPlan(resend=("a",), forget=("d",))),
     ],
 )
-def test_resend_plan(sent_at, logged, open_streams, now, expected):
-    assert resend_plan(sent_at, frozenset(logged), frozenset(open_streams), now) == expected
+def test_resend_plan(sent_at, logged, waiting, now, expected):
+    assert resend_plan(sent_at, frozenset(logged), frozenset(waiting), now) == expected
 
 
 def test_logged_commands_are_those_with_a_task():
@@ -65,4 +67,8 @@ def test_the_resender_publishes_a_lost_command_until_its_task_appears():
     now[0] = COMMAND_RESEND_S * 10
     resender.tick(State(tasks={"t-g1": _task("g1")}), ["g1"])  # logged at last
     assert sent == [command, command]
-    assert resender.stats() == {"tracked": 0, "capacity": 512, "resent": 2, "dropped": 0}
+    now[0] = COMMAND_RESEND_S * 20
+    resender.tick(State(), ["g1"])  # a new master's snapshot without the task: sent again
+    assert sent == [command, command, command]
+    resender.tick(State(), [])  # the stream started
+    assert resender.stats() == {"tracked": 0, "capacity": 512, "resent": 3, "dropped": 0}

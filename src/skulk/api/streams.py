@@ -392,6 +392,10 @@ class CommandStreams:
     def open_command_ids(self) -> list[str]:
         return list(self._open)
 
+    def waiting_command_ids(self) -> list[str]:
+        """Open streams with no StreamStarted yet: no runner has taken their command."""
+        return [command_id for command_id, stream in self._open.items() if stream.next_seq is None]
+
     def fail_failover(self, error_type: StreamErrorType, messages: dict[str, str]) -> int:
         """End the streams a change of master affects (`skulk.api.failover`), each with its
         own message; the others continue. Returns how many ended."""

@@ -9,6 +9,7 @@ only applies the answer (`CommandStreams.fail`).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -44,6 +45,10 @@ def stream_end_for(state: State, event: Event, node_id: str) -> StreamEnd | None
     only Failed and Cancelled end it (Complete is ended by the runner's own terminal)."""
     task_id = event_task_id(event)
     task = state.tasks.get(TaskId(task_id)) if task_id else None
+    return _end_of(task, node_id)
+
+
+def _end_of(task: object, node_id: str) -> StreamEnd | None:
     if not isinstance(task, TextGeneration) or task.owner_node_id != node_id:
         return None
     if task.status == "Failed":
@@ -55,4 +60,16 @@ def stream_end_for(state: State, event: Event, node_id: str) -> StreamEnd | None
     return None
 
 
-__all__ = ["StreamEnd", "event_task_id", "stream_end_for"]
+def stream_ends_in(state: State, open_commands: Iterable[str], node_id: str) -> list[StreamEnd]:
+    """The ends `state` implies for the open streams `open_commands` of `node_id`: each whose
+    task is Failed or Cancelled there. For a snapshot the replica adopted wholesale (a new
+    master session, a replica that fell out of order): the events inside it reach no
+    listener, so a TaskFailed the new master indexed before this node synced would otherwise
+    leave its stream waiting for the first-frame deadline or the idle lease."""
+    wanted = frozenset(open_commands)
+    ends = [end for task in state.tasks.values()
+            if getattr(task, "command_id", None) in wanted and (end := _end_of(task, node_id)) is not None]
+    return sorted(ends, key=lambda end: end.command_id)
+
+
+__all__ = ["StreamEnd", "event_task_id", "stream_end_for", "stream_ends_in"]

@@ -7,11 +7,13 @@ a new master whose command subscription is not up yet. Clients that got `MasterF
 retry at once and land in exactly that window; their requests then waited for the
 two-minute first-frame deadline with no byte sent, far past any client's timeout.
 
-So every generation or embedding command stays tracked while its stream is open and no task
-for it is in State, and is published again every COMMAND_RESEND_S. The master binds a command
-at most once (`skulk.master.commands` ignores a command whose task it already has), so a
-copy that crosses the original is harmless. Tracking ends when the task appears in State,
-or when the stream ends (its first-frame deadline bounds the resends).
+So every generation or embedding command stays tracked while its stream waits for its first
+frame, and is published again every COMMAND_RESEND_S while no task for it is in State. The
+master binds a command at most once (`skulk.master.commands` ignores a command whose task it
+already has), so a copy that crosses the original is harmless. A command whose task is
+logged stays tracked until its stream starts: a new master seeded from a replica that had
+not seen the task (its snapshot lacks it) gets the command again. Tracking ends when the
+stream starts or ends (its first-frame deadline bounds the resends).
 
 `resend_plan` is the pure decision; `CommandResender` holds the commands (bounded) and calls
 `send(command)` for each resend.
@@ -44,7 +46,7 @@ class ResendPlan:
     resend: tuple[str, ...] = ()
     """Commands to publish again now (their task is still not logged)."""
     forget: tuple[str, ...] = ()
-    """Commands no longer tracked: their task is logged, or their stream ended."""
+    """Commands no longer tracked: their stream started (a runner took it) or ended."""
 
 
 def logged_commands(state: State) -> frozenset[str]:
@@ -53,14 +55,16 @@ def logged_commands(state: State) -> frozenset[str]:
 
 
 def resend_plan(
-    sent_at: Mapping[str, float], logged: frozenset[str], open_streams: frozenset[str], now: float,
+    sent_at: Mapping[str, float], logged: frozenset[str], waiting: frozenset[str], now: float,
     interval_s: float = COMMAND_RESEND_S,
 ) -> ResendPlan:
     """Which tracked commands (command id -> when last published) to publish again and which
-    to stop tracking: a logged command, or one whose stream is no longer open, is forgotten;
-    any other published at least `interval_s` ago is resent."""
-    forget = tuple(c for c in sent_at if c in logged or c not in open_streams)
-    resend = tuple(c for c, at in sent_at.items() if c not in forget and now - at >= interval_s)
+    to stop tracking. `waiting`: the streams still open with no first frame. A command whose
+    stream no longer waits is forgotten; one with no task in State (`logged`) that was
+    published at least `interval_s` ago is resent; a logged one is kept, unsent."""
+    forget = tuple(c for c in sent_at if c not in waiting)
+    resend = tuple(c for c, at in sent_at.items()
+                   if c in waiting and c not in logged and now - at >= interval_s)
     return ResendPlan(resend=resend, forget=forget)
 
 
@@ -81,13 +85,14 @@ class CommandResender:
             self.dropped += 1
         self._tracked[command.command_id] = (command, self._clock())
 
-    def tick(self, state: State, open_streams: Iterable[str]) -> None:
-        """Forget what is settled and publish again what is still missing from State."""
+    def tick(self, state: State, waiting: Iterable[str]) -> None:
+        """Forget what is settled and publish again what is still missing from State.
+        `waiting`: the open streams with no first frame yet."""
         if not self._tracked:
             return
         now = self._clock()
         plan = resend_plan({c: at for c, (_, at) in self._tracked.items()}, logged_commands(state),
-                           frozenset(open_streams), now)
+                           frozenset(waiting), now)
         for command_id in plan.forget:
             self._tracked.pop(command_id, None)
         for command_id in plan.resend:
