@@ -2,7 +2,9 @@
 
 Faults are drawn (seeded, `SKULK_CHAOS_SEED`, default 4: each kind once) from: kill -9 of the serving node,
 SIGSTOP then SIGCONT of it, kill -9 of the master, kill -9 of the serving runner. A killed
-node is restarted on its data dir, as an operator's supervisor would. Two client threads
+node is restarted on its data dir, as an operator's supervisor would. A runner killed a third
+time on one instance trips the worker's crash breaker: the model must then be refused typed
+(`model_not_serving`), and the test re-places it as an operator would. Two client threads
 stream short chats through the entry node (never a victim) the whole time. After each fault
 the cluster must recover: three members agreeing, the model serving again. The run ends by
 checking and printing the invariants:
@@ -12,6 +14,11 @@ checking and printing the invariants:
 - no index reused: every node's `lastEventIdx` never went backwards while it lived;
 - every node agrees on `stateHash`;
 - the model serves again.
+
+For each untyped outcome the failure names the step and fault current when the request
+started and when it was given up, the elapsed time, and the entry node's open streams with
+their tasks as /state shows them (the hung command); the step timings and outcomes per step
+come with it, in the assertion message itself (CI shows little more).
 
 Not covered here (each has its own test): network cuts between namespaces
 (tests/chaos/test_chaos_netcut.py, tests/cluster/test_network_cut.py), a full disk
@@ -36,6 +43,7 @@ import httpx
 import psutil
 import pytest
 
+from skulk.worker.runner.breaker import CRASH_BREAKER_MAX_CRASHES
 from tests.cluster.harness import agreed, cluster, node_id
 from tests.nodeproc import NodeProcess, free_port, wait_for
 
@@ -205,6 +213,18 @@ def test_chaos_schedule_keeps_the_invariants(spawn_node, tmp_path: Path) -> None
         body = {"modelId": MODEL, "minNodes": 1, "excludedNodes": [node_id(entry)]}
         return httpx.post(entry.url + "/place_instance", json=body, timeout=10).status_code == 200
 
+    def model_instance_id() -> str | None:
+        return next((i for i, inst in entry.get("/state").json()["instances"].items() if inst["modelId"] == MODEL),
+                    None)
+
+    def refused_as_not_serving() -> bool:
+        reply = httpx.post(entry.url + "/v1/chat/completions", timeout=60,
+                           json={"model": MODEL, "messages": PROMPT, "max_tokens": 4})
+        return reply.status_code == 503 and reply.json()["error"]["code"] == "model_not_serving"
+
+    runner_kills: Counter[str] = Counter()
+    """Runner kills per instance: the third within the breaker's window makes the worker give up."""
+
     wait_for(placed, timeout_s=60, interval_s=0.5, what="the placement")
     wait_for(serving_node, timeout_s=RECOVERY_DEADLINE_S, interval_s=0.5, what="the model Ready")
 
@@ -259,11 +279,23 @@ def test_chaos_schedule_keeps_the_invariants(spawn_node, tmp_path: Path) -> None
             faulted_at = time.monotonic()
             phase.step, phase.kind, phase.faulted_at = step, kind, faulted_at
             if kind == "kill9-runner":
+                instance_id = model_instance_id()
                 runners = _runner_pids(nodes[server].process) if server else []
                 for runner in runners:
                     with contextlib.suppress(psutil.NoSuchProcess):
                         runner.kill()
                 detail = f"runner(s) {[r.pid for r in runners]} on {server}"
+                runner_kills[instance_id] += 1 if runners and instance_id else 0
+                if instance_id and runner_kills[instance_id] >= CRASH_BREAKER_MAX_CRASHES:
+                    # By design the worker gives up on a runner that keeps crashing (the crash
+                    # breaker) and the model is refused, typed, until an operator re-places it.
+                    wait_for(refused_as_not_serving, timeout_s=RECOVERY_DEADLINE_S, interval_s=0.5,
+                             what="the typed model_not_serving refusal after the crash breaker tripped")
+                    httpx.delete(f"{entry.url}/instance/{instance_id}", timeout=10).raise_for_status()
+                    wait_for(lambda: model_instance_id() is None, timeout_s=60, interval_s=0.5,
+                             what="the given-up instance deleted")
+                    wait_for(placed, timeout_s=60, interval_s=0.5, what="the placement again")
+                    detail += "; the crash breaker tripped: refused typed, then re-placed as an operator would"
             elif kind == "sigstop-server":
                 victim.process.signal(signal.SIGSTOP)
                 time.sleep(PAUSE_S)  # the freeze is the fault itself, not a synchronisation
