@@ -333,7 +333,7 @@ class Node:
         self.lost_members = LostMembers()
         self.replica.on_applied(self.lost_members.observe)
         self.task_inputs = TaskInputRelay(send=lambda node_id, item: self._send_input(router, node_id, item))
-        self.command_resender = CommandResender(send=lambda command: self._publish_command(router, command))
+        self.command_resender = CommandResender()
         self.replica.on_applied(lambda indexed: self.task_inputs.on_event(indexed, self.replica.state))
         self.intent = IntentRecord(settings.paths.data_home / INTENT_FILE)  # restored by a cold-start master
         self.replica.on_applied(lambda indexed: self.intent.observe(indexed, self.replica.state))
@@ -381,6 +381,7 @@ class Node:
             asyncio.create_task(self._receive_output(router), name="data-receive"),
             asyncio.create_task(self._receive_task_inputs(router), name="task-input-receive"),
             asyncio.create_task(self._expire_streams(), name="stream-expiry"),
+            asyncio.create_task(self._resend_commands(router), name="command-resend"),
         ]
         if self.worker is not None:
             tasks.append(asyncio.create_task(self.worker.run(), name="worker"))
@@ -498,23 +499,22 @@ class Node:
 
         self._spawn_housekeeping(publish(), f"task-input-{item.command_id}")
 
-    def _publish_command(self, router: Router, command: Command) -> None:
-        """Publish a command again (`CommandResender`): in the background, a failure logged."""
-
-        async def publish() -> None:
-            try:
-                await router.publish(TOPICS.commands, ForwarderCommand(origin=self.node_id, command=command))
-            except RouterError as exc:
-                logger.warning("command %s could not be published again: %s", command.command_id, exc)
-
-        self._spawn_housekeeping(publish(), f"command-resend-{command.command_id}")
-
     async def _expire_streams(self) -> None:
         while True:
             await asyncio.sleep(1.0)
             self.streams.expire()
             self.task_inputs.flush(self.replica.state)
-            self.command_resender.tick(self.replica.state, self.streams.waiting_command_ids())
+
+    async def _resend_commands(self, router: Router) -> None:
+        """Publish again the commands whose task is not logged yet (`CommandResender`), in
+        order and awaited (a congested publish delays the next resend, not stream expiry)."""
+        while True:
+            await asyncio.sleep(1.0)
+            for command in self.command_resender.tick(self.replica.state, self.streams.waiting_command_ids()):
+                try:
+                    await router.publish(TOPICS.commands, ForwarderCommand(origin=self.node_id, command=command))
+                except RouterError as exc:
+                    logger.warning("command %s could not be published again: %s", command.command_id, exc)
 
     def _stop_master(self) -> None:
         if self._master_task is not None:

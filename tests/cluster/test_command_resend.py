@@ -49,26 +49,26 @@ def test_logged_commands_are_those_with_a_task():
 def test_the_resender_publishes_a_lost_command_until_its_task_appears():
     now = [0.0]
     sent = []
-    resender = CommandResender(send=sent.append, clock=lambda: now[0])
+    resender = CommandResender(clock=lambda: now[0])
     command = GenerateText(command_id="g1", params=PARAMS)
     resender.published(command)
     resender.published(PlaceInstance(command_id="p1", model_id="m"))  # opens no stream: not tracked
     assert resender.stats()["tracked"] == 1
-    resender.tick(State(), ["g1"])
+    sent += resender.tick(State(), ["g1"])
     assert sent == []
     now[0] = COMMAND_RESEND_S
-    resender.tick(State(), ["g1"])
+    sent += resender.tick(State(), ["g1"])
     now[0] = COMMAND_RESEND_S * 1.5  # the interval runs from the last copy, not the first
-    resender.tick(State(), ["g1"])
+    sent += resender.tick(State(), ["g1"])
     assert sent == [command]
     now[0] = COMMAND_RESEND_S * 2
-    resender.tick(State(), ["g1"])
+    sent += resender.tick(State(), ["g1"])
     assert sent == [command, command]
     now[0] = COMMAND_RESEND_S * 10
-    resender.tick(State(tasks={"t-g1": _task("g1")}), ["g1"])  # logged at last
+    sent += resender.tick(State(tasks={"t-g1": _task("g1")}), ["g1"])  # logged at last
     assert sent == [command, command]
     now[0] = COMMAND_RESEND_S * 20
-    resender.tick(State(), ["g1"])  # a new master's snapshot without the task: sent again
+    sent += resender.tick(State(), ["g1"])  # a new master's snapshot without the task: sent again
     assert sent == [command, command, command]
-    resender.tick(State(), [])  # the stream started
+    sent += resender.tick(State(), [])  # the stream started
     assert resender.stats() == {"tracked": 0, "capacity": 512, "resent": 3, "dropped": 0}

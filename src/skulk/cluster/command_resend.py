@@ -15,8 +15,9 @@ logged stays tracked until its stream starts: a new master seeded from a replica
 not seen the task (its snapshot lacks it) gets the command again. Tracking ends when the
 stream starts or ends (its first-frame deadline bounds the resends).
 
-`resend_plan` is the pure decision; `CommandResender` holds the commands (bounded) and calls
-`send(command)` for each resend.
+`resend_plan` is the pure decision; `CommandResender` holds the commands (bounded) and
+returns those to publish again; the node's shell publishes them in order, awaited, on its
+one-second housekeeping tick.
 """
 
 from __future__ import annotations
@@ -69,8 +70,7 @@ def resend_plan(
 
 
 class CommandResender:
-    def __init__(self, send: Callable[[Command], None], clock: Callable[[], float] = time.monotonic) -> None:
-        self._send = send
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._tracked: OrderedDict[str, tuple[GenerateText | Embed, float]] = OrderedDict()
         self.resent = 0
@@ -85,23 +85,25 @@ class CommandResender:
             self.dropped += 1
         self._tracked[command.command_id] = (command, self._clock())
 
-    def tick(self, state: State, waiting: Iterable[str]) -> None:
-        """Forget what is settled and publish again what is still missing from State.
-        `waiting`: the open streams with no first frame yet."""
+    def tick(self, state: State, waiting: Iterable[str]) -> list[GenerateText | Embed]:
+        """Forget what is settled; the commands to publish again now (still missing from
+        State). `waiting`: the open streams with no first frame yet."""
         if not self._tracked:
-            return
+            return []
         now = self._clock()
         plan = resend_plan({c: at for c, (_, at) in self._tracked.items()}, logged_commands(state),
                            frozenset(waiting), now)
         for command_id in plan.forget:
             self._tracked.pop(command_id, None)
+        resend = []
         for command_id in plan.resend:
             command, _ = self._tracked[command_id]
             self._tracked[command_id] = (command, now)
             self.resent += 1
             logger.warning("command %s (%s) has no task in the cluster's log yet; publishing it again",
                            command_id, command.type)
-            self._send(command)
+            resend.append(command)
+        return resend
 
     def stats(self) -> dict[str, int]:
         return {"tracked": len(self._tracked), "capacity": MAX_TRACKED_COMMANDS, "resent": self.resent,
