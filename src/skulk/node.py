@@ -73,7 +73,7 @@ from skulk.shared.serving import wait_explanation
 from skulk.shared.telemetry_view import node_resources
 from skulk.shared.types.commands import Command, ForwarderCommand
 from skulk.shared.types.events import IndexedEvent
-from skulk.shared.types.ids import new_id
+from skulk.shared.types.ids import NodeId, new_id
 from skulk.shared.types.stream_errors import StreamErrorType
 from skulk.shared.types.task_inputs import TaskInput
 from skulk.shared.wire_keys import to_camel_keys
@@ -510,9 +510,10 @@ class Node:
         order and awaited (a congested publish delays the next resend, not stream expiry)."""
         while True:
             await asyncio.sleep(1.0)
+            origin = NodeId(self.node_id)
             for command in self.command_resender.tick(self.replica.state, self.streams.waiting_command_ids()):
                 try:
-                    await router.publish(TOPICS.commands, ForwarderCommand(origin=self.node_id, command=command))
+                    await router.publish(TOPICS.commands, ForwarderCommand(origin=origin, command=command))
                 except RouterError as exc:
                     logger.warning("command %s could not be published again: %s", command.command_id, exc)
 
