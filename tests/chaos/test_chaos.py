@@ -236,14 +236,14 @@ def test_chaos_schedule_keeps_the_invariants(spawn_node, tmp_path: Path) -> None
 
     def client() -> None:
         while not stop.is_set():
-            started, at_start = time.monotonic(), phase.label(time.monotonic())
+            started, at_start, step_at_start = time.monotonic(), phase.label(time.monotonic()), f"{phase.step} {phase.kind}"
             outcome, detail = _one_request(entry.url)
             context = ""
             if outcome == "untyped":
                 now = time.monotonic()
                 context = (f"started at t={started - began:.1f}s in {at_start}; gave up after {now - started:.1f}s "
                            f"in {phase.label(now)}; {_open_commands(entry)}")
-            ledger.record(outcome, detail, step=f"{phase.step} {phase.kind}", context=context)
+            ledger.record(outcome, detail, step=step_at_start, context=context)
 
     def index_monitor() -> None:
         last: dict[tuple[str, int], int] = {}
