@@ -150,9 +150,9 @@ def test_everything_that_reads_engine_facts_reads_this_table():
     assert all(dict(spec.vendor_computes) == dict(ENGINE_TRAITS[spec.engine].vendor_computes)
                and spec.cpu_floor == ENGINE_TRAITS[spec.engine].cpu_floor for spec in FACT_SPECS)
     assert dict(SERVED_TWIN) == {"llama_cpp": "llama_server"}
-    assert SPANNING_TRANSPORT_ENGINES == {"mlx", "llama_cpp"}
+    assert {"mlx", "llama_cpp"} == SPANNING_TRANSPORT_ENGINES
     assert set(SLOT_SETTING_ENV) == set(DEFAULT_SLOTS) == set(MAX_SLOTS) == SERVED_ENGINES == set(ENGINE_BINARY_ENV)
-    assert PER_SLOT_KV_ENGINES == {"llama_server"}
+    assert {"llama_server"} == PER_SLOT_KV_ENGINES
     assert set(PROBED_MODULES) == {"llama_cpp", "mlx", "mlx_lm", "mlx_audio"}
     # Every engine a worker can construct is one the table describes.
     assert set(CONSTRUCTORS) <= KNOWN_ENGINES
