@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from skulk.shared.telemetry_view import TelemetryView
+from skulk.shared.types.ids import NodeId
 from skulk.shared.types.state import State
 
 
@@ -49,10 +50,11 @@ def master_api_endpoint(master_id: str | None, state: State, telemetry: Telemetr
     """The elected master's advertised API endpoint (its store address), once known."""
     if master_id is None:
         return None
-    info = state.nodes.get(master_id)
+    node = NodeId(master_id)  # the replica keeps the elected id as a plain string
+    info = state.nodes.get(node)
     if info is not None and info.api_endpoint:
         return info.api_endpoint
-    reading = telemetry.nodes.get(master_id)
+    reading = telemetry.nodes.get(node)
     resources = getattr(reading, "resources", None)
     return getattr(resources, "api_endpoint", None)
 

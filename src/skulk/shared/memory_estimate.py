@@ -248,8 +248,10 @@ def instance_context_token_limit(
     """
     floor = admission_context_tokens(card)
     ceiling = card.context_length
-    for cap in {context_cap(backend_engine(s.backend)) for s in shards} - {None}:
-        ceiling = min(ceiling, cap)
+    for shard in shards:
+        cap = context_cap(backend_engine(shard.backend))
+        if cap is not None:
+            ceiling = min(ceiling, cap)
     limit = ceiling
     for node_id, node_shards in _by_node(shards).items():
         totals = node_totals.get(node_id)

@@ -16,7 +16,7 @@ each with the parameter that asked. Data and pure functions only; no engine libr
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
@@ -189,14 +189,16 @@ ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
 """Every runner engine a backend tag may name (the part before the first '-')."""
 
 
-def engines_where(predicate) -> frozenset[str]:
+def engines_where(predicate: Callable[[EngineTraits], bool]) -> frozenset[str]:
     return frozenset(name for name, traits in ENGINE_TRAITS.items() if predicate(traits))
 
 
 KNOWN_ENGINES: frozenset[str] = frozenset(ENGINE_TRAITS)
-GGUF_ENGINES: frozenset[str] = engines_where(lambda t: t.formats == {"gguf"})
+_ONLY_GGUF: frozenset[ArtifactFormat] = frozenset({"gguf"})
+_ONLY_SAFETENSORS: frozenset[ArtifactFormat] = frozenset({"safetensors"})
+GGUF_ENGINES: frozenset[str] = engines_where(lambda t: t.formats == _ONLY_GGUF)
 """Engines that load only GGUF files: a card listing one of them describes a GGUF artifact."""
-SAFETENSORS_ONLY_ENGINES: frozenset[str] = engines_where(lambda t: t.formats == {"safetensors"})
+SAFETENSORS_ONLY_ENGINES: frozenset[str] = engines_where(lambda t: t.formats == _ONLY_SAFETENSORS)
 """Engines that cannot load GGUF at all (mlx-lm reads HF safetensors directories)."""
 MULTI_NODE_ENGINES: frozenset[str] = engines_where(lambda t: t.multi_node)
 WINDOW_AT_LOAD_ENGINES: frozenset[str] = engines_where(lambda t: t.window_at_load)
