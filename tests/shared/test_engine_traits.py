@@ -129,6 +129,7 @@ def test_every_row_is_coherent(engine):
     if traits.served_twin is not None:
         twin = ENGINE_TRAITS[traits.served_twin]
         assert twin.served and twin.slots is not None and twin.formats == traits.formats
+    assert not traits.managed_build or traits.served, "only a served engine has a binary to build"
     if traits.apple_only:
         assert set(traits.vendor_computes) == {"apple"} and not traits.cpu_floor
     assert set(traits.vendor_computes) <= {"nvidia", "amd", "apple"}  # Intel is never inferred

@@ -100,16 +100,12 @@ _BUILD_REPORTS: Mapping[str, Callable[[NodeFacts], bool | None]] = {
 }
 """Engines whose build reports its own GPU offload (how each is read from the facts)."""
 
-_MANAGED_BUILDS: frozenset[str] = frozenset({"llama_server"})
-"""Served engines `skulk engines install` can provide."""
-
-
 def _spec(engine: str, traits: EngineTraits) -> EngineSpec:
     """An engine's availability rule from its traits: its packages import (in-process) or
     its binary answers (served), on Apple Silicon where the engine needs it."""
     if traits.binary_env is not None:
         loads = _binary(engine)
-        managed = " (or a managed build: `skulk engines install`)" if engine in _MANAGED_BUILDS else ""
+        managed = " (or a managed build: `skulk engines install`)" if traits.managed_build else ""
         requirement = f"{traits.binary_env}{managed} points at a usable binary that answers --version"
     else:
         loads = _modules(*traits.modules)

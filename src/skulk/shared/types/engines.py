@@ -75,7 +75,8 @@ class EngineTraits:
     placement never puts a model of another family on it (it would only fail at load).
 
     How it runs and where it can: `binary_env`: a served engine (the runner launches a
-    server process) names its binary with this node setting; None: in-process, loaded by
+    server process) names its binary with this node setting (`managed_build`: `skulk engines
+    install` can provide it, and says its compute); None: in-process, loaded by
     `modules` (the Python packages that must import). `apple_only`: it serves only on Apple
     Silicon. `vendor_computes`: the compute a visible GPU of each vendor gives it (Intel is
     never inferred: an integrated GPU is no serving accelerator). `cpu_floor`: it can serve
@@ -97,6 +98,7 @@ class EngineTraits:
     features: frozenset[Feature] = frozenset()
     pipeline_features: frozenset[Feature] | None = None
     binary_env: str | None = None
+    managed_build: bool = False
     modules: tuple[str, ...] = ()
     apple_only: bool = False
     vendor_computes: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
@@ -146,6 +148,7 @@ ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
         # logprobs: the server scores generated tokens only.
         features=frozenset(Feature) - {Feature.EMBEDDINGS, Feature.PROMPT_LOGPROBS},
         binary_env="SKULK_LLAMA_SERVER_BIN",
+        managed_build=True,
         vendor_computes=_GGUF_COMPUTES,
         # Four slots let four clients decode together while a small model's KV for 4 x its
         # context still fits beside the weights; above 64 the per-slot context and the
