@@ -19,7 +19,7 @@ ALLOWED: dict[str, set[str]] = {
     "shared.types": {"shared"},
     "shared": {"shared.types"},
     "routing": SHARED | {"datadir"},
-    "datadir": SHARED | {"api"},  # api.limits' body-size bounds in config.py: a known wart
+    "datadir": SHARED,
     "models": SHARED | {"datadir"},
     "model_store": SHARED | {"datadir", "models"},
     "artifacts": SHARED | {"models"},

@@ -34,6 +34,7 @@ from skulk.api.streams import CommandStreams
 from skulk.api.task_stream_ends import stream_end_for, stream_ends_in
 from skulk.cluster.command_resend import CommandResender
 from skulk.cluster.election import ElectionService
+from skulk.cluster.master_role import master_api_endpoint, master_role_change
 from skulk.cluster.membership import MembershipService
 from skulk.cluster.producer import EventProducer
 from skulk.cluster.replica import StateReplica
@@ -425,14 +426,16 @@ class Node:
                              i_am_master=elected.i_am_master)
         self.replica.adopt_session(elected.master_id, elected.session_id, elected.i_am_master)
         self.store_binding()  # re-run the store choice for the new master (logs a change)
-        if previous_session is not None and previous_session != elected.session_id:
+        running = self._master.session_id if self._master is not None and self._master_task is not None else None
+        change = master_role_change(previous_session, elected.session_id, elected.i_am_master, running)
+        if change.fail_failover_streams:
             # End only the streams the change affects (skulk.api.failover); the rest run on.
             affected = failover_failures(self.replica.state, self.streams.open_command_ids(), self.presence.alive(),
                                          elected.session_id)
             self.streams.fail_failover(StreamErrorType.MASTER_FAILOVER, affected)
-        if self._master is not None and (not elected.i_am_master or self._master.session_id != elected.session_id):
+        if change.stop_master:
             self._stop_master()
-        if elected.i_am_master and self._master_task is None:
+        if change.start_master:
             self._master = Master(
                 router, self.replica, log_slot, lambda: self.telemetry.view, session_id=elected.session_id,
                 cards=self.cards, presence=self.presence.alive, intent=lambda: self.intent.intent,
@@ -536,15 +539,7 @@ class Node:
 
     def _master_api_endpoint(self) -> str | None:
         """The elected master's advertised API endpoint (its store address), once known."""
-        master_id = self.replica.master_id
-        if master_id is None:
-            return None
-        info = self.replica.state.nodes.get(master_id)
-        if info is not None and info.api_endpoint:
-            return info.api_endpoint
-        telemetry = self.telemetry.view.nodes.get(master_id)
-        resources = getattr(telemetry, "resources", None)
-        return getattr(resources, "api_endpoint", None)
+        return master_api_endpoint(self.replica.master_id, self.replica.state, self.telemetry.view)
 
     def store_binding(self) -> StoreBinding | None:
         """The store this node uses now: the pure `bind_store` re-run on what the node knows

@@ -102,3 +102,75 @@ def test_mlx_loads_every_family_on_one_rank():
     """Any family mlx-lm loads runs whole on one rank (tests/worker/engines/test_mlx_features.py
     runs a tiny Gemma 3); only families with an adapter span ranks."""
     assert ENGINE_TRAITS["mlx"].families is None
+
+
+# -- the table's invariants: facts that must hold together for every row --------------------
+
+
+@pytest.mark.parametrize("engine", sorted(ENGINE_TRAITS))
+def test_every_row_is_coherent(engine):
+    """A row the rest of the code could misread is caught here, not at a node's load time."""
+    traits = ENGINE_TRAITS[engine]
+    assert traits.formats, "an engine loads some format"
+    # Served or in-process, never both, never neither: the facts probe reads one of them.
+    assert traits.served != bool(traits.modules)
+    # Only a served engine runs several requests at once; its bounds hold together.
+    if traits.slots is not None:
+        assert traits.served
+        assert 1 <= traits.slots.default <= traits.slots.maximum
+    # Spanning facts only on engines that span.
+    if not traits.multi_node:
+        assert not traits.ranks_dial and not traits.pool_donors and traits.sharded_families == frozenset()
+    else:
+        assert traits.ranks_dial, "the ranks of a spanning instance reach each other"
+    if traits.pipeline_features is not None:
+        assert traits.pipeline_features <= traits.features
+    # A served twin reads the same artifacts and decodes many at once.
+    if traits.served_twin is not None:
+        twin = ENGINE_TRAITS[traits.served_twin]
+        assert twin.served and twin.slots is not None and twin.formats == traits.formats
+    assert not traits.managed_build or traits.served, "only a served engine has a binary to build"
+    if traits.apple_only:
+        assert set(traits.vendor_computes) == {"apple"} and not traits.cpu_floor
+    assert set(traits.vendor_computes) <= {"nvidia", "amd", "apple"}  # Intel is never inferred
+    if traits.context_cap_tokens is not None:
+        assert traits.context_cap_tokens > 0
+
+
+def test_everything_that_reads_engine_facts_reads_this_table():
+    """The other places that once held their own copy now derive from ENGINE_TRAITS."""
+    from skulk.facts.derive import ENGINES as FACT_SPECS
+    from skulk.master.backend_choice import SERVED_TWIN
+    from skulk.master.ring_hosts import SPANNING_TRANSPORT_ENGINES
+    from skulk.shared.slots import DEFAULT_SLOTS, MAX_SLOTS, PER_SLOT_KV_ENGINES, SLOT_SETTING_ENV
+    from skulk.shared.types.engines import KNOWN_ENGINES, SERVED_ENGINES
+    from skulk.shared.types.node_facts import ENGINE_BINARY_ENV, PROBED_MODULES
+    from skulk.worker.runner.bootstrap import ENGINES as CONSTRUCTORS
+
+    assert [spec.engine for spec in FACT_SPECS] == list(ENGINE_TRAITS)
+    assert all(dict(spec.vendor_computes) == dict(ENGINE_TRAITS[spec.engine].vendor_computes)
+               and spec.cpu_floor == ENGINE_TRAITS[spec.engine].cpu_floor for spec in FACT_SPECS)
+    assert dict(SERVED_TWIN) == {"llama_cpp": "llama_server"}
+    assert {"mlx", "llama_cpp"} == SPANNING_TRANSPORT_ENGINES
+    assert set(SLOT_SETTING_ENV) == set(DEFAULT_SLOTS) == set(MAX_SLOTS) == SERVED_ENGINES == set(ENGINE_BINARY_ENV)
+    assert {"llama_server"} == PER_SLOT_KV_ENGINES
+    assert set(PROBED_MODULES) == {"llama_cpp", "mlx", "mlx_lm", "mlx_audio"}
+    # Every engine a worker can construct is one the table describes.
+    assert set(CONSTRUCTORS) <= KNOWN_ENGINES
+
+
+@pytest.mark.parametrize(("engine", "rank", "donor"), [
+    ("llama_cpp", 0, False), ("llama_cpp", 1, True), ("llama_cpp", 3, True),
+    ("mlx", 1, False), ("llama_server", 1, False), ("no_such_engine", 1, False),
+])
+def test_is_pool_donor(engine, rank, donor):
+    from skulk.shared.types.engines import is_pool_donor
+
+    assert is_pool_donor(engine, rank) is donor
+
+
+@pytest.mark.parametrize(("engine", "cap"), [("vllm", 32768), ("llama_cpp", None), ("mlx", None), ("no_such", None)])
+def test_context_cap(engine, cap):
+    from skulk.shared.types.engines import context_cap
+
+    assert context_cap(engine) == cap

@@ -16,12 +16,13 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from fastapi import Request
 
 from skulk.api.auth import current_principal
 from skulk.api.errors import (
+    ApiError,
     ClusterNotReady,
     FeatureUnsupported,
     InvalidRequest,
@@ -51,6 +52,8 @@ if TYPE_CHECKING:  # the context's module imports these routes
     from skulk.api.app import ApiContext
 
 logger = logging.getLogger(__name__)
+
+P = TypeVar("P", TextGenerationParams, EmbeddingParams)
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 """Keep proxies from buffering a streamed response (SSE or NDJSON)."""
@@ -259,15 +262,22 @@ async def encoded_choice_events(
         yield event
 
 
-async def start_embedding(context: ApiContext, params: EmbeddingParams) -> CommandStream:
-    """Check the model is placed (404) and there is a master (503), open the command's
-    stream and submit `Embed`. The caller then reads it with `collect_embedding`."""
+def _placed_instance(context: ApiContext, params: P, limits_error: Callable[[P], ApiError | None]) -> Instance:
+    """The first checks every request passes, in order: integers fit the wire, the request
+    is within its limits, and its model is placed (404 naming the fix otherwise)."""
     check_wire_ints(params)
-    if (too_much := embedding_limits_error(params)) is not None:
+    if (too_much := limits_error(params)) is not None:
         raise too_much
     instance = context.find_instance(params.model_id)
     if instance is None:
         raise ModelNotFound(params.model_id)
+    return instance
+
+
+async def start_embedding(context: ApiContext, params: EmbeddingParams) -> CommandStream:
+    """Check the model is placed (404) and there is a master (503), open the command's
+    stream and submit `Embed`. The caller then reads it with `collect_embedding`."""
+    instance = _placed_instance(context, params, embedding_limits_error)
     engine = backend_engine(instance.shards[0].backend)
     if Feature.EMBEDDINGS not in traits_of(engine).features:
         raise FeatureUnsupported(Feature.EMBEDDINGS.value, engine, params.model_id, param="model")
@@ -386,12 +396,7 @@ def bind_instance(context: ApiContext, params: TextGenerationParams, *, max_toke
     `skulk.api.limits` (messages, text, a lower bound of its prompt against the context: 400
     before any runner queues it), some instance of it serves or is loading (503 naming the
     down runners otherwise), and there is a master (503)."""
-    check_wire_ints(params)
-    if (too_much := generation_limits_error(params)) is not None:
-        raise too_much
-    instance = context.find_instance(params.model_id)
-    if instance is None:
-        raise ModelNotFound(params.model_id)
+    instance = _placed_instance(context, params, generation_limits_error)
     check_features(instance, params, param_names)
     if (too_long := context_error(params, instance.context_token_limit)) is not None:
         raise too_long

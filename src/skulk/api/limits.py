@@ -7,7 +7,8 @@ generation or embedding request is bounded in messages, text and a cheap lower b
 prompt tokens against the instance's context (`generation_limits_error`,
 `embedding_limits_error`) before anything is queued on a runner.
 
-Every bound is a named constant, documented once here. This module decides; it never reads
+Every bound is a named constant, documented once here (the body-size bounds in
+`skulk.shared.body_limits`, which the node's config validates against too; re-exported). This module decides; it never reads
 a socket or the clock (the body guard and the generation path are its shells).
 """
 
@@ -20,21 +21,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from skulk.api.errors import ApiError, InvalidRequest, PayloadTooLarge
+from skulk.shared.body_limits import DEFAULT_MAX_BODY_BYTES, MAX_MAX_BODY_BYTES, MIN_MAX_BODY_BYTES
 from skulk.shared.types.tasks import EmbeddingParams, TextGenerationParams
-
-DEFAULT_MAX_BODY_BYTES: Final = 8 * 1024 * 1024
-"""Default request body limit (8 MiB; `api.max_body_bytes` in skulk.yaml, env
-`SKULK_API_MAX_BODY_BYTES`). The API carries text only (no images): a full 1M-token context
-is about 4 MB of text, so 8 MiB holds the largest context we serve with room for JSON
-escaping, while a 50 MB body (25 s and ~4 GB of memory to refuse before) is refused from its
-Content-Length without reading a byte."""
-
-MIN_MAX_BODY_BYTES: Final = 64 * 1024
-"""The smallest limit an operator may set: below it, ordinary chats would be refused."""
-
-MAX_MAX_BODY_BYTES: Final = 32 * 1024 * 1024
-"""The largest limit an operator may set: a request travels to the master as one control
-message, and the transport admits control messages up to 64 MiB (routing/topics.py)."""
 
 MAX_MESSAGES: Final = 8192
 """Messages in one chat request. Every message costs a few template tokens (role headers),

@@ -13,7 +13,7 @@ table's job, read by `skulk.api.generation.bind_instance`. Pure: no streams, no 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pydantic import ValidationError
@@ -63,25 +63,26 @@ def _bad_type(value: Any, param: str, allowed: str) -> InvalidRequest:
 def openai_response_format(value: Any, param: str = "response_format") -> ResponseFormat | None:
     """Chat Completions' `response_format`: `{"type": "text"}` (or absent) leaves output
     free; `json_object`; `json_schema` with `{"json_schema": {"name", "schema", "strict"}}`."""
-    if value is None:
-        return None
-    kind = value.get("type") if isinstance(value, Mapping) else None
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return ResponseFormat(type="json_object")
-    if kind == "json_schema":
+    def schema(value: Mapping[str, Any]) -> ResponseFormat:
         spec = value.get("json_schema")
         if not isinstance(spec, Mapping):
             raise InvalidRequest("A json_schema response format needs a 'json_schema' object.",
                                  param=f"{param}.json_schema")
         return _schema_format(spec.get("name"), spec.get("schema"), f"{param}.json_schema")
-    raise _bad_type(value, f"{param}.type", "'text', 'json_object' or 'json_schema'")
+
+    return _format_of(value, param, schema)
 
 
 def responses_text_format(value: Any, param: str = "text.format") -> ResponseFormat | None:
     """The Responses API's `text.format`: like `response_format`, with the json_schema's
     `name`, `schema` and `strict` at the top level."""
+    return _format_of(value, param, lambda value: _schema_format(value.get("name"), value.get("schema"), param))
+
+
+def _format_of(value: Any, param: str,
+               schema: Callable[[Mapping[str, Any]], ResponseFormat]) -> ResponseFormat | None:
+    """The output format both APIs spell alike: absent or `text` leaves output free,
+    `json_object`, or `json_schema` (where each API keeps the schema is `schema`'s part)."""
     if value is None:
         return None
     kind = value.get("type") if isinstance(value, Mapping) else None
@@ -90,7 +91,7 @@ def responses_text_format(value: Any, param: str = "text.format") -> ResponseFor
     if kind == "json_object":
         return ResponseFormat(type="json_object")
     if kind == "json_schema":
-        return _schema_format(value.get("name"), value.get("schema"), param)
+        return schema(value)
     raise _bad_type(value, f"{param}.type", "'text', 'json_object' or 'json_schema'")
 
 

@@ -37,7 +37,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, Literal
 
-from skulk.shared.types.cards import ModelCard
+from skulk.shared.types.cards import ModelCard, windowed_layer
 
 KV_DTYPE_BYTES_F16 = 2
 """Bytes per cached K or V element at f16/bf16, the engines' default cache dtype."""
@@ -95,13 +95,7 @@ class ModelMeta:
 
     def is_windowed_layer(self, layer_index: int) -> bool:
         """Whether layer `layer_index` (0-based) uses the sliding window (card rule)."""
-        if not 0 <= layer_index < self.num_layers:
-            raise IndexError(f"layer {layer_index} out of range for {self.num_layers} layers")
-        if self.sliding_window is None:
-            return False
-        if self.sliding_window_pattern is None:
-            return True
-        return (layer_index + 1) % self.sliding_window_pattern != 0
+        return windowed_layer(layer_index, self.num_layers, self.sliding_window, self.sliding_window_pattern)
 
 
 # -- reading shapes ---------------------------------------------------------------------------

@@ -26,9 +26,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
 from skulk.shared.slots import SlotSettingError, node_slot_settings
 from skulk.shared.types.cards import KNOWN_COMPUTES
+from skulk.shared.types.engines import ENGINE_TRAITS, EngineTraits
 from skulk.shared.types.node_facts import ENGINE_BINARY_ENV, GpuVendor, NodeFacts
 from skulk.shared.types.telemetry import CapabilityConflict
 
@@ -92,45 +94,34 @@ def _managed_build_offloads(facts: NodeFacts, engine: str) -> bool | None:
     return binary.backend != CPU
 
 
-_GGUF_COMPUTES: Mapping[GpuVendor, str] = {"nvidia": "cuda", "amd": "vulkan", "apple": "metal"}
-"""AMD maps to Vulkan, the lane the managed builds and the AMD guide use; a ROCm/HIP build
-is declared (SKULK_LLAMA_CPP_BACKENDS=rocm)."""
+_BUILD_REPORTS: Mapping[str, Callable[[NodeFacts], bool | None]] = {
+    "llama_cpp": lambda facts: facts.llama_cpp_gpu_offload,
+    "llama_server": lambda facts: _managed_build_offloads(facts, "llama_server"),
+}
+"""Engines whose build reports its own GPU offload (how each is read from the facts)."""
 
-ENGINES: tuple[EngineSpec, ...] = (
-    EngineSpec(
-        "llama_cpp",
-        _modules("llama_cpp"),
-        "the llama_cpp package imports",
-        _GGUF_COMPUTES,
-        build_report=lambda facts: facts.llama_cpp_gpu_offload,
-    ),
-    EngineSpec(
-        "llama_server",
-        _binary("llama_server"),
-        f"{ENGINE_BINARY_ENV['llama_server']} (or a managed build: `skulk engines install`) is a binary "
-        "that answers --version",
-        _GGUF_COMPUTES,
-        build_report=lambda facts: _managed_build_offloads(facts, "llama_server"),
-    ),
-    # MLX needs mlx-lm for its model implementations; on Linux mlx[cpu] serves on CPU.
-    EngineSpec("mlx", _modules("mlx", "mlx_lm"), "the mlx and mlx_lm packages import", {"apple": "metal"}),
-    # Speech runs only where the upstream package serves it: Apple Silicon.
-    EngineSpec(
-        "mlx_audio",
-        lambda facts: _modules("mlx", "mlx_audio")(facts) and facts.is_apple_silicon(),
-        "mlx and mlx_audio import on Apple Silicon",
-        {"apple": "metal"},
-        cpu_floor=False,
-    ),
-    # vLLM is GPU-only: no CPU floor.
-    EngineSpec(
-        "vllm",
-        _binary("vllm"),
-        f"{ENGINE_BINARY_ENV['vllm']} points at a usable binary",
-        {"nvidia": "cuda", "amd": "rocm"},
-        cpu_floor=False,
-    ),
-)
+def _spec(engine: str, traits: EngineTraits) -> EngineSpec:
+    """An engine's availability rule from its traits: its packages import (in-process) or
+    its binary answers (served), on Apple Silicon where the engine needs it."""
+    if traits.binary_env is not None:
+        loads = _binary(engine)
+        managed = " (or a managed build: `skulk engines install`)" if traits.managed_build else ""
+        requirement = f"{traits.binary_env}{managed} points at a usable binary that answers --version"
+    else:
+        loads = _modules(*traits.modules)
+        noun = "package imports" if len(traits.modules) == 1 else "packages import"
+        requirement = f"the {' and '.join(traits.modules)} {noun}"
+    if traits.apple_only:
+        available = lambda facts, loads=loads: loads(facts) and facts.is_apple_silicon()  # noqa: E731
+        requirement += " on Apple Silicon"
+    else:
+        available = loads
+    return EngineSpec(engine, available, requirement, cast(Mapping[GpuVendor, str], traits.vendor_computes),
+                      cpu_floor=traits.cpu_floor, build_report=_BUILD_REPORTS.get(engine, lambda facts: None))
+
+
+ENGINES: tuple[EngineSpec, ...] = tuple(_spec(name, traits) for name, traits in ENGINE_TRAITS.items())
+"""Every engine, in tag order, from the engine traits table (`skulk.shared.types.engines`)."""
 
 
 @dataclass(frozen=True)
@@ -337,10 +328,11 @@ def _gpu_remediation(vendor: GpuVendor, detected_by: str) -> str:
     if vendor == "nvidia" and not _gpu_has_driver(vendor, detected_by):
         return "install the NVIDIA proprietary driver (no /dev/nvidia* device node is present)"
     lane = {"nvidia": "CUDA", "amd": "Vulkan (or ROCm)", "apple": "Metal"}[vendor]
+    compute = ENGINE_TRAITS["llama_server"].vendor_computes[vendor]
     return (
-        f"run `skulk engines install --backend {_GGUF_COMPUTES[vendor]}` (a {lane} llama-server), install a "
+        f"run `skulk engines install --backend {compute}` (a {lane} llama-server), install a "
         f"{lane} build of llama-cpp-python or point SKULK_LLAMA_SERVER_BIN at a {lane} llama-server; if the installed build already supports it, declare it with "
-        f"SKULK_LLAMA_CPP_BACKENDS (e.g. '{_GGUF_COMPUTES[vendor]}')"
+        f"SKULK_LLAMA_CPP_BACKENDS (e.g. '{compute}')"
     )
 
 

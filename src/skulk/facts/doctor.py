@@ -180,54 +180,50 @@ def check_capability_conflicts(inputs: DoctorInputs) -> list[Verdict]:
     ]
 
 
-def check_data_dir(inputs: DoctorInputs) -> list[Verdict]:
-    """The data dir exists and is writable."""
-    state = inputs.data_home
+def _dir_verdicts(state: PathState, what: str, *, unwritable: tuple[str, str], missing: tuple[str, str, str]) -> list[Verdict]:
+    """One directory's verdict: an error when it is not writable, a warning (fixable by
+    `skulk doctor --fix`) when it does not exist yet, else ok. `unwritable`: the
+    consequence and the remediation's alternative; `missing`: its wording, consequence and
+    remediation."""
     if not state.writable:
+        consequence, alternative = unwritable
         return [
             Verdict(
                 "error",
-                f"data dir {state.path} is not writable",
-                consequence="the node cannot take its lease, write its event log or keep a cluster key; it will not start",
-                remediation=f"fix ownership (`chown -R $USER {state.path}`) or pass another --data-dir",
+                f"{what} {state.path} is not writable",
+                consequence=consequence,
+                remediation=f"fix ownership (`chown -R $USER {state.path}`) or {alternative}",
             )
         ]
     if not state.exists:
+        wording, consequence, remediation = missing
         return [
-            Verdict(
-                "warn",
-                f"data dir {state.path} does not exist yet",
-                consequence="nothing is lost: the first start creates it",
-                remediation="run `skulk doctor --fix` (or start the node once)",
-                fix=FIX_STORAGE,
-            )
+            Verdict("warn", f"{what} {state.path} {wording}", consequence=consequence, remediation=remediation,
+                    fix=FIX_STORAGE)
         ]
-    return [ok(f"data dir {state.path} exists and is writable")]
+    return [ok(f"{what} {state.path} exists and is writable")]
+
+
+def check_data_dir(inputs: DoctorInputs) -> list[Verdict]:
+    """The data dir exists and is writable."""
+    return _dir_verdicts(
+        inputs.data_home, "data dir",
+        unwritable=("the node cannot take its lease, write its event log or keep a cluster key; it will not start",
+                    "pass another --data-dir"),
+        missing=("does not exist yet", "nothing is lost: the first start creates it",
+                 "run `skulk doctor --fix` (or start the node once)"),
+    )
 
 
 def check_models_dir(inputs: DoctorInputs) -> list[Verdict]:
     """The models dir exists and is writable."""
-    state = inputs.models_dir
-    if not state.writable:
-        return [
-            Verdict(
-                "error",
-                f"models dir {state.path} is not writable",
-                consequence="model downloads fail; only models already on disk can be served",
-                remediation=f"fix ownership (`chown -R $USER {state.path}`) or set SKULK_MODELS_DIR to a writable path",
-            )
-        ]
-    if not state.exists:
-        return [
-            Verdict(
-                "warn",
-                f"models dir {state.path} does not exist",
-                consequence="no model is stored on this node yet; downloads create it",
-                remediation="run `skulk doctor --fix` to create it now",
-                fix=FIX_STORAGE,
-            )
-        ]
-    return [ok(f"models dir {state.path} exists and is writable")]
+    return _dir_verdicts(
+        inputs.models_dir, "models dir",
+        unwritable=("model downloads fail; only models already on disk can be served",
+                    "set SKULK_MODELS_DIR to a writable path"),
+        missing=("does not exist", "no model is stored on this node yet; downloads create it",
+                 "run `skulk doctor --fix` to create it now"),
+    )
 
 
 def check_storage_headroom(inputs: DoctorInputs) -> list[Verdict]:

@@ -26,6 +26,7 @@ from typing import TypeVar
 
 from skulk.provision.llama_binary import probe_version
 from skulk.provision.node_engine import MANAGED_BACKEND_ENV
+from skulk.shared.types.engines import traits_of
 from skulk.shared.types.node_facts import (
     ENGINE_BINARY_ENV,
     PROBED_MODULES,
@@ -213,7 +214,7 @@ def _engine_binaries(env: Mapping[str, str]) -> dict[str, EngineBinary]:
             path = os.path.expanduser(value.strip())
             version = probe_version(shutil.which(path, path=env.get("PATH")) or path if os.sep not in path else path)
             state = "usable" if version is not None else "broken"
-        backend = env.get(MANAGED_BACKEND_ENV) or None if engine == "llama_server" else None
+        backend = env.get(MANAGED_BACKEND_ENV) or None if traits_of(engine).managed_build else None
         binaries[engine] = EngineBinary(path=value, state=state, version=version, backend=backend)
     return binaries
 

@@ -15,9 +15,7 @@ no `skulk engines install`), which then never advertises it. Pure; no I/O.
 from __future__ import annotations
 
 from skulk.shared.types.cards import ModelCard
-
-SERVED_TWIN = {"llama_cpp": "llama_server"}
-"""In-process engine -> the served engine that reads the same artifacts, many at a time."""
+from skulk.shared.types.engines import SERVED_TWIN  # in-process engine -> its served twin
 
 
 def _twin(tag: str) -> str | None:

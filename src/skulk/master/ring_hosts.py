@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 from skulk.shared.types.cards import backend_engine
 from skulk.shared.types.common import NetworkInterface
+from skulk.shared.types.engines import RING_ENGINES
 from skulk.shared.types.ids import NodeId
 from skulk.shared.types.instances import Instance
 from skulk.shared.types.state import State
@@ -95,9 +96,8 @@ def choose_ring_hosts(node_ids: Sequence[NodeId], state: State) -> list[str]:
 
 
 
-SPANNING_TRANSPORT_ENGINES = frozenset({"mlx", "llama_cpp"})
-"""Engines whose ranks dial each other: MLX's ring, and a llama.cpp pool, whose driver
-dials each donor's authenticated pool channel (`skulk.pool.channel`) at its host."""
+SPANNING_TRANSPORT_ENGINES = RING_ENGINES
+"""Engines whose ranks dial each other (the `ranks_dial` engine trait)."""
 
 
 def ring_hosts_for(instance: Instance, state: State) -> list[str]:

@@ -68,7 +68,7 @@ DEFAULT_MAX_PAYLOAD_BYTES: Final[Mapping[Plane, int]] = {
 """Largest payload (before sealing) a topic admits when its entry does not say. Bigger
 samples are refused on arrival, before they are copied, decrypted or buffered, and counted
 as "oversize". Control carries commands with a whole prompt (the API's body limit, at most
-`skulk.api.limits.MAX_MAX_BODY_BYTES`, fits with room for framing); data carries embedding
+`skulk.shared.body_limits.MAX_MAX_BODY_BYTES`, fits with room for framing); data carries embedding
 answers (2048 inputs of 8192 dimensions is ~150 MB of msgpack floats)."""
 
 

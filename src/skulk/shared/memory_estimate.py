@@ -32,7 +32,7 @@ from fractions import Fraction
 
 from skulk.shared.slots import kv_copies as slot_kv_copies
 from skulk.shared.types.cards import ModelCard, backend_engine
-from skulk.shared.types.engines import WINDOW_AT_LOAD_ENGINES
+from skulk.shared.types.engines import VLLM_CONTEXT_CAP_TOKENS, WINDOW_AT_LOAD_ENGINES, context_cap
 from skulk.shared.types.ids import NodeId
 from skulk.shared.types.instances import Instance, ShardAssignment
 
@@ -57,9 +57,6 @@ LOAD_TIME_WINDOW_ENGINES: frozenset[str] = WINDOW_AT_LOAD_ENGINES
 They get a window above the floor only where it lands in discrete GPU VRAM; MLX grows its KV
 cache lazily per request."""
 
-VLLM_CONTEXT_CAP_TOKENS = 32768
-"""vLLM commits and optimises its entire declared window at start, so a 262k card would take
-over an hour to bring up; its placements are capped here until vLLM-aware admission lands."""
 
 _OVERHEAD = Fraction(ENGINE_OVERHEAD_FACTOR).limit_denominator(1000)  # 23/20, exactly
 
@@ -244,15 +241,17 @@ def instance_context_token_limit(
     at load (LOAD_TIME_WINDOW_ENGINES) the node's discrete VRAM; the node's tokens are the
     most whose KV cache (for its layers, windowed layers capped) fits the pool after its
     weight share x ENGINE_OVERHEAD_FACTOR and FLAT_FLOOR_BYTES. The limit is the minimum
-    over nodes, capped at card.context_length (and VLLM_CONTEXT_CAP_TOKENS for vLLM), and
+    over nodes, capped at card.context_length (and the engine's `context_cap_tokens` trait: VLLM_CONTEXT_CAP_TOKENS for vLLM), and
     never below the admission floor. It clamps to the floor when the fit is uncomputable
     (a node without totals) or when a load-time-window engine has no discrete VRAM (CPU,
     Apple unified memory, AMD APUs: their load-time window competes with live memory).
     """
     floor = admission_context_tokens(card)
     ceiling = card.context_length
-    if any(backend_engine(s.backend) == "vllm" for s in shards):
-        ceiling = min(ceiling, VLLM_CONTEXT_CAP_TOKENS)
+    for shard in shards:
+        cap = context_cap(backend_engine(shard.backend))
+        if cap is not None:
+            ceiling = min(ceiling, cap)
     limit = ceiling
     for node_id, node_shards in _by_node(shards).items():
         totals = node_totals.get(node_id)

@@ -18,23 +18,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from skulk.shared.types.cards import backend_engine
+from skulk.shared.types.engines import SLOTTED_ENGINES
 
-SLOT_SETTING_ENV: Mapping[str, str] = {
-    "llama_server": "SKULK_LLAMA_SERVER_PARALLEL",
-    "vllm": "SKULK_VLLM_MAX_CONCURRENT_REQUESTS",
-}
-"""Node setting per served engine: its slot count."""
+SLOT_SETTING_ENV: Mapping[str, str] = {name: t.setting_env for name, t in SLOTTED_ENGINES.items()}
+"""Node setting per served engine: its slot count (the engine traits table's `slots`)."""
 
-DEFAULT_SLOTS: Mapping[str, int] = {"llama_server": 4, "vllm": 16}
-"""Slots when nothing is configured. Four llama-server slots let four clients decode
-together while a small model's KV for 4 x its context still fits beside the weights; vLLM
-pages its cache, so more sequences cost no more memory."""
+DEFAULT_SLOTS: Mapping[str, int] = {name: t.default for name, t in SLOTTED_ENGINES.items()}
+"""Slots when nothing is configured (why each: `skulk.shared.types.engines.ENGINE_TRAITS`)."""
 
-MAX_SLOTS: Mapping[str, int] = {"llama_server": 64, "vllm": 256}
-"""Above these a setting is refused as a typo: llama-server's per-slot context and the
-dispatcher's thread count stop making sense."""
+MAX_SLOTS: Mapping[str, int] = {name: t.maximum for name, t in SLOTTED_ENGINES.items()}
+"""Above these a setting is refused as a typo."""
 
-PER_SLOT_KV_ENGINES: frozenset[str] = frozenset({"llama_server"})
+PER_SLOT_KV_ENGINES: frozenset[str] = frozenset(name for name, t in SLOTTED_ENGINES.items() if t.kv_per_slot)
 """Engines that reserve a whole context of KV cache for every slot."""
 
 MAX_ANY_SLOTS = max(MAX_SLOTS.values())

@@ -78,18 +78,13 @@ from skulk.worker import plan as worker_plan
 from skulk.worker.runner.breaker import CrashBreaker
 from skulk.worker.runner.messages import Frame, StatusChanged, TaskAccepted, TaskDone, TraceSpans
 from skulk.worker.runner.supervisor import RunnerSupervisor
+from skulk.worker.shell_rules import refusal_wait_s, refuse_again, status_to_report, task_status_of
 from skulk.worker.staged_copies import eviction_applies
 from skulk.worker.task_inputs import TaskInputStore
 
 logger = logging.getLogger(__name__)
 
 PASS_INTERVAL_S = 0.25
-REFUSAL_RETRY_S = 1.0
-"""Pause before re-sending a RefuseInstancePlacement that could not be published (no master
-reachable): bounds the retry rate while the cluster elects one."""
-REFUSAL_RESEND_S = 10.0
-"""How long a published refusal may go unanswered (its instance still in State) before it is
-sent again: the master acts on one within a plan tick, so this only fires when it was lost."""
 MAX_ACTIONS_PER_PASS = 64
 EGRESS_CAPACITY = 4096
 """Frames waiting to go to remote owning APIs; beyond it a frame is dropped and counted
@@ -106,9 +101,6 @@ def live_ram_available_bytes() -> int:
     """Free memory for the pre-spawn guard: psutil's reading, or the test knob."""
     forced = os.environ.get(TEST_RAM_AVAILABLE_ENV)
     return int(forced) if forced else psutil.virtual_memory().available
-
-
-_OUTCOME_STATUS = {"completed": "Complete", "failed": "Failed", "cancelled": "Cancelled"}
 
 
 class Worker:
@@ -296,12 +288,12 @@ class Worker:
         try:
             await self._router.publish(TOPICS.commands, ForwarderCommand(origin=self.node_id, command=command))
             self.refusals_sent += 1
-            wait_s = REFUSAL_RESEND_S
+            published = True
         except RouterError as exc:
             logger.warning("refusal of instance %s could not reach the master (%s); will retry", action.instance_id, exc)
-            wait_s = REFUSAL_RETRY_S
-        await asyncio.sleep(wait_s)
-        if action.instance_id in self._replica.state.instances:
+            published = False
+        await asyncio.sleep(refusal_wait_s(published))
+        if refuse_again(action.instance_id, self._replica.state.instances):
             self._reported_failed.discard(action.runner_id)
             self.wake()
 
@@ -566,9 +558,7 @@ class Worker:
                 self._traces.runner_spans(message.command_id, message.spans)
             return
         if isinstance(message, StatusChanged):
-            status = message.status
-            if status.state == "Failed" and runner_id in self._was_serving:
-                status = status.model_copy(update={"served": True})
+            status = status_to_report(message.status, runner_id in self._was_serving)
             self._report_status(runner_id, status)
             if status.state == "Failed":
                 self._runner_failed(runner_id, status)
@@ -582,7 +572,7 @@ class Worker:
             self._task_runner.pop(message.task_id, None)
             self._forget_input(message.task_id)
             self._producer.submit(TaskStatusUpdated(
-                event_id=new_id(), task_id=message.task_id, status=_OUTCOME_STATUS[message.outcome],
+                event_id=new_id(), task_id=message.task_id, status=task_status_of(message.outcome),
                 error_message=message.error_message,
             ))
         self.wake()

@@ -63,6 +63,21 @@ def backend_engine(tag: str) -> str:
     return tag.split("-", 1)[0]
 
 
+def windowed_layer(layer_index: int, num_layers: int, sliding_window: int | None,
+                   sliding_window_pattern: int | None) -> bool:
+    """Whether layer `layer_index` (0-based) of a model with this attention layout uses the
+    sliding window: none without a window, every layer without a pattern, else all but every
+    `sliding_window_pattern`-th (which is global). The one copy of the rule that cards and
+    the capacity planner's model shapes both apply."""
+    if not 0 <= layer_index < num_layers:
+        raise IndexError(f"layer {layer_index} out of range for {num_layers} layers")
+    if sliding_window is None:
+        return False
+    if sliding_window_pattern is None:
+        return True
+    return (layer_index + 1) % sliding_window_pattern != 0
+
+
 def is_model_id(value: str) -> bool:
     """'owner/name' as Hugging Face spells repo ids. Hugging Face forbids '--' and '..' in
     them; relying on that keeps the card file name ('/' -> '--') unambiguous and reversible."""
@@ -323,13 +338,7 @@ class ModelCard(WireModel):
 
     def is_windowed_layer(self, layer_index: int) -> bool:
         """Whether layer `layer_index` (0-based) uses the sliding window (see class docstring)."""
-        if not 0 <= layer_index < self.num_layers:
-            raise IndexError(f"layer {layer_index} out of range for {self.num_layers} layers")
-        if self.sliding_window is None:
-            return False
-        if self.sliding_window_pattern is None:
-            return True
-        return (layer_index + 1) % self.sliding_window_pattern != 0
+        return windowed_layer(layer_index, self.num_layers, self.sliding_window, self.sliding_window_pattern)
 
     # -- cross-field rules, each naming the field to fix ----------------------------------
 
@@ -470,4 +479,5 @@ __all__ = [
     "backend_engine",
     "card_field_error",
     "is_model_id",
+    "windowed_layer",
 ]

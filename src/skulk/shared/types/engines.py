@@ -16,8 +16,8 @@ each with the parameter that asked. Data and pure functions only; no engine libr
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Literal
@@ -43,6 +43,21 @@ class Feature(StrEnum):
 
 
 @dataclass(frozen=True)
+class SlotTraits:
+    """A served engine's slots: how many requests one server decodes at once.
+
+    `setting_env`: the node setting an operator sets the count with. `default`: the count
+    when unset. `maximum`: above it a setting is refused as a typo. `kv_per_slot`: every
+    slot reserves a whole context of KV cache (llama-server with `--no-kv-unified`), where
+    a paged engine (vLLM) shares one context's pool between its sequences."""
+
+    setting_env: str
+    default: int
+    maximum: int
+    kv_per_slot: bool = False
+
+
+@dataclass(frozen=True)
 class EngineTraits:
     """One engine's facts.
 
@@ -57,7 +72,22 @@ class EngineTraits:
     `pipeline_features`: the features it honours when one instance is a pipeline over
     several ranks (None: the same as `features`).
     `families`: the model families it can load at all (None: any its formats hold);
-    placement never puts a model of another family on it (it would only fail at load)."""
+    placement never puts a model of another family on it (it would only fail at load).
+
+    How it runs and where it can: `binary_env`: a served engine (the runner launches a
+    server process) names its binary with this node setting (`managed_build`: `skulk engines
+    install` can provide it, and says its compute); None: in-process, loaded by
+    `modules` (the Python packages that must import). `apple_only`: it serves only on Apple
+    Silicon. `vendor_computes`: the compute a visible GPU of each vendor gives it (Intel is
+    never inferred: an integrated GPU is no serving accelerator). `cpu_floor`: it can serve
+    on CPU when no GPU compute applies. `slots`: a served engine's concurrent requests
+    (None: one at a time, in-process). `ranks_dial`: its ranks dial each other's hosts
+    (MLX's ring, a llama.cpp pool's channel), so placement hands out ring hosts.
+    `pool_donors`: ranks after 0 lend their memory to rank 0 (llama.cpp's RPC pool) rather
+    than run the engine. `served_twin`: the served engine that reads the same artifacts,
+    many requests at a time (placement tries it first unless the card ranks it).
+    `context_cap_tokens`: the most context one instance of it serves, whatever the card
+    says (None: the card's)."""
 
     formats: frozenset[ArtifactFormat]
     families: frozenset[str] | None = None
@@ -67,7 +97,33 @@ class EngineTraits:
     window_at_load: bool = False
     features: frozenset[Feature] = frozenset()
     pipeline_features: frozenset[Feature] | None = None
+    binary_env: str | None = None
+    managed_build: bool = False
+    modules: tuple[str, ...] = ()
+    apple_only: bool = False
+    vendor_computes: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    cpu_floor: bool = True
+    slots: SlotTraits | None = None
+    ranks_dial: bool = False
+    pool_donors: bool = False
+    served_twin: str | None = None
+    context_cap_tokens: int | None = None
 
+    @property
+    def served(self) -> bool:
+        """Whether the runner serves through a separate server process."""
+        return self.binary_env is not None
+
+
+_GGUF_COMPUTES: Mapping[str, str] = MappingProxyType({"nvidia": "cuda", "amd": "vulkan", "apple": "metal"})
+"""AMD maps to Vulkan, the lane the managed builds and the AMD guide use; a ROCm/HIP build
+is declared (SKULK_LLAMA_CPP_BACKENDS=rocm)."""
+
+_APPLE_COMPUTES: Mapping[str, str] = MappingProxyType({"apple": "metal"})
+
+VLLM_CONTEXT_CAP_TOKENS = 32768
+"""vLLM commits and optimises its entire declared window at start, so a 262k card would take
+over an hour to bring up; its placements are capped here until vLLM-aware admission lands."""
 
 ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
     "llama_cpp": EngineTraits(
@@ -79,6 +135,11 @@ ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
         span_shardings=frozenset({"Pipeline"}),
         window_at_load=True,
         features=frozenset(Feature),
+        modules=("llama_cpp",),
+        vendor_computes=_GGUF_COMPUTES,
+        ranks_dial=True,
+        pool_donors=True,
+        served_twin="llama_server",
     ),
     "llama_server": EngineTraits(
         formats=frozenset({"gguf"}),
@@ -86,6 +147,13 @@ ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
         # Embeddings need a server started in embeddings-only mode: not served. Prompt
         # logprobs: the server scores generated tokens only.
         features=frozenset(Feature) - {Feature.EMBEDDINGS, Feature.PROMPT_LOGPROBS},
+        binary_env="SKULK_LLAMA_SERVER_BIN",
+        managed_build=True,
+        vendor_computes=_GGUF_COMPUTES,
+        # Four slots let four clients decode together while a small model's KV for 4 x its
+        # context still fits beside the weights; above 64 the per-slot context and the
+        # dispatcher's thread count stop making sense.
+        slots=SlotTraits("SKULK_LLAMA_SERVER_PARALLEL", default=4, maximum=64, kv_per_slot=True),
     ),
     "mlx": EngineTraits(
         formats=frozenset({"safetensors"}),
@@ -102,31 +170,72 @@ ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
         # stage computes the head for the last position only, so no prompt logprobs.
         features=frozenset(Feature) - {Feature.EMBEDDINGS, Feature.PROMPT_LOGPROBS},
         pipeline_features=frozenset({Feature.N}),
+        # MLX needs mlx-lm for its model implementations; on Linux mlx[cpu] serves on CPU.
+        modules=("mlx", "mlx_lm"),
+        vendor_computes=_APPLE_COMPUTES,
+        ranks_dial=True,
     ),
-    "mlx_audio": EngineTraits(formats=frozenset({"safetensors"})),
-    # Skulk's vLLM path passes no logprobs, grammars, penalties or biases yet.
+    # Speech runs only where the upstream package serves it: Apple Silicon.
+    "mlx_audio": EngineTraits(formats=frozenset({"safetensors"}), modules=("mlx", "mlx_audio"),
+                              apple_only=True, vendor_computes=_APPLE_COMPUTES, cpu_floor=False),
+    # Skulk's vLLM path passes no logprobs, grammars, penalties or biases yet. GPU-only: no
+    # CPU floor. It pages one shared KV pool between its sequences, so more sequences cost
+    # no more memory.
     "vllm": EngineTraits(formats=frozenset({"safetensors", "gguf"}), window_at_load=True,
-                         features=frozenset({Feature.N})),
+                         features=frozenset({Feature.N}),
+                         binary_env="SKULK_VLLM_BIN",
+                         vendor_computes=MappingProxyType({"nvidia": "cuda", "amd": "rocm"}),
+                         cpu_floor=False,
+                         slots=SlotTraits("SKULK_VLLM_MAX_CONCURRENT_REQUESTS", default=16, maximum=256),
+                         context_cap_tokens=VLLM_CONTEXT_CAP_TOKENS),
 })
 """Every runner engine a backend tag may name (the part before the first '-')."""
 
 
-def engines_where(predicate) -> frozenset[str]:
+def engines_where(predicate: Callable[[EngineTraits], bool]) -> frozenset[str]:
     return frozenset(name for name, traits in ENGINE_TRAITS.items() if predicate(traits))
 
 
 KNOWN_ENGINES: frozenset[str] = frozenset(ENGINE_TRAITS)
-GGUF_ENGINES: frozenset[str] = engines_where(lambda t: t.formats == {"gguf"})
+_ONLY_GGUF: frozenset[ArtifactFormat] = frozenset({"gguf"})
+_ONLY_SAFETENSORS: frozenset[ArtifactFormat] = frozenset({"safetensors"})
+GGUF_ENGINES: frozenset[str] = engines_where(lambda t: t.formats == _ONLY_GGUF)
 """Engines that load only GGUF files: a card listing one of them describes a GGUF artifact."""
-SAFETENSORS_ONLY_ENGINES: frozenset[str] = engines_where(lambda t: t.formats == {"safetensors"})
+SAFETENSORS_ONLY_ENGINES: frozenset[str] = engines_where(lambda t: t.formats == _ONLY_SAFETENSORS)
 """Engines that cannot load GGUF at all (mlx-lm reads HF safetensors directories)."""
 MULTI_NODE_ENGINES: frozenset[str] = engines_where(lambda t: t.multi_node)
 WINDOW_AT_LOAD_ENGINES: frozenset[str] = engines_where(lambda t: t.window_at_load)
+SERVED_ENGINES: frozenset[str] = engines_where(lambda t: t.served)
+"""Engines the runner serves through a separate server process."""
+RING_ENGINES: frozenset[str] = engines_where(lambda t: t.ranks_dial)
+"""Engines whose ranks dial each other: MLX's ring, and a llama.cpp pool, whose driver
+dials each donor's authenticated pool channel (`skulk.pool.channel`) at its host."""
+ENGINE_BINARY_ENV: Mapping[str, str] = MappingProxyType(
+    {name: t.binary_env for name, t in ENGINE_TRAITS.items() if t.binary_env is not None})
+"""Served engines and the node setting an operator (or provisioning) points at their binary."""
+SLOTTED_ENGINES: Mapping[str, SlotTraits] = MappingProxyType(
+    {name: t.slots for name, t in ENGINE_TRAITS.items() if t.slots is not None})
+"""Served engines that decode several requests at once, with their slot facts."""
+SERVED_TWIN: Mapping[str, str] = MappingProxyType(
+    {name: t.served_twin for name, t in ENGINE_TRAITS.items() if t.served_twin is not None})
+"""In-process engine -> the served engine that reads the same artifacts, many at a time."""
+PROBED_MODULES: tuple[str, ...] = tuple(dict.fromkeys(m for t in ENGINE_TRAITS.values() for m in t.modules))
+"""Python packages whose importability decides which in-process engines a node can run."""
 
 
 def traits_of(engine: str) -> EngineTraits:
     """The traits of `engine` (a bare engine name); an unknown one has none of the features."""
     return ENGINE_TRAITS.get(engine, EngineTraits(formats=frozenset()))
+
+
+def is_pool_donor(engine: str, rank: int) -> bool:
+    """Whether rank `rank` of an instance on `engine` lends memory rather than runs it."""
+    return rank > 0 and traits_of(engine).pool_donors
+
+
+def context_cap(engine: str) -> int | None:
+    """The most context an instance on `engine` serves whatever its card says (None: no cap)."""
+    return traits_of(engine).context_cap_tokens
 
 
 def loads_family(engine: str, family: str) -> bool:
@@ -196,17 +305,27 @@ def missing_features(engine: str, params: TextGenerationParams, *,
 
 
 __all__ = [
+    "ENGINE_BINARY_ENV",
     "ENGINE_TRAITS",
     "GGUF_ENGINES",
     "KNOWN_ENGINES",
     "MULTI_NODE_ENGINES",
+    "PROBED_MODULES",
+    "RING_ENGINES",
     "SAFETENSORS_ONLY_ENGINES",
+    "SERVED_ENGINES",
+    "SERVED_TWIN",
+    "SLOTTED_ENGINES",
+    "VLLM_CONTEXT_CAP_TOKENS",
     "WINDOW_AT_LOAD_ENGINES",
     "ArtifactFormat",
     "EngineTraits",
     "Feature",
+    "SlotTraits",
+    "context_cap",
     "honoured_features",
     "is_pipelined",
+    "is_pool_donor",
     "loads_family",
     "missing_features",
     "required_features",

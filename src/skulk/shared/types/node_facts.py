@@ -10,12 +10,15 @@ does I/O (the probe in `skulk.facts.probe` fills it in).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Literal
 
 from pydantic import Field
 
 from skulk.shared.types.base import WireModel
 from skulk.shared.types.common import NonNegInt
+from skulk.shared.types.engines import ENGINE_BINARY_ENV as _ENGINE_BINARY_ENV
+from skulk.shared.types.engines import PROBED_MODULES as _PROBED_MODULES
 
 GpuVendor = Literal["nvidia", "amd", "apple", "intel"]
 
@@ -28,14 +31,10 @@ EngineBinaryState = Literal["usable", "missing", "not_executable", "broken"]
 """broken: an executable file that does not answer `--version` (a wrong architecture, a
 missing shared library, a truncated copy)."""
 
-PROBED_MODULES: tuple[str, ...] = ("llama_cpp", "mlx", "mlx_lm", "mlx_audio")
-"""Python packages whose importability decides which in-process engines a node can run."""
-
-ENGINE_BINARY_ENV: dict[str, str] = {
-    "llama_server": "SKULK_LLAMA_SERVER_BIN",
-    "vllm": "SKULK_VLLM_BIN",
-}
-"""Served engines and the env var an operator (or provisioning) points at their binary."""
+# Both derive from the engine traits table (one fact, one place); re-exported here where
+# the probes and provisioning read them.
+PROBED_MODULES: tuple[str, ...] = _PROBED_MODULES
+ENGINE_BINARY_ENV: Mapping[str, str] = _ENGINE_BINARY_ENV
 
 
 class GpuFact(WireModel):

@@ -35,7 +35,7 @@ from skulk.shared.residency import idle_ttl, unload_due
 from skulk.shared.types.cards import backend_engine
 from skulk.shared.types.chunks import EmbeddingChunk, StreamPayload, StreamStarted, StreamTerminal, TokenChunk
 from skulk.shared.types.common import RunnerState
-from skulk.shared.types.engines import is_pipelined
+from skulk.shared.types.engines import is_pipelined, is_pool_donor
 from skulk.shared.types.ids import RunnerId, TaskId
 from skulk.shared.types.instances import RunnerStatus
 from skulk.shared.types.tasks import ApiTask
@@ -104,7 +104,7 @@ def _vllm_engine() -> Engine:
 
 def _is_pool_donor(shard: Any) -> bool:
     """Ranks 1..n of a multi-node llama.cpp instance lend memory (skulk.pool)."""
-    return backend_engine(shard.backend) == "llama_cpp" and shard.rank > 0
+    return is_pool_donor(backend_engine(shard.backend), shard.rank)
 
 
 def _pool_donor_engine() -> Engine:

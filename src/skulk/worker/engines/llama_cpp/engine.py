@@ -23,7 +23,6 @@ import os
 import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -45,10 +44,7 @@ from skulk.worker.engines.base import (
     ModelLoadFailed,
     PromptTooLong,
     ShardSpec,
-    StopStringFilter,
-    Utf8StreamDecoder,
     chat_message_dict,
-    usage_of,
 )
 from skulk.worker.engines.llama_cpp.prefix import LlamaPrefixStore
 from skulk.worker.engines.logits import (
@@ -70,6 +66,7 @@ from skulk.worker.engines.prompt_pieces import (
     special_token_pattern,
     tokenize_pieces,
 )
+from skulk.worker.engines.token_loop import max_new_tokens, token_loop
 
 log = logging.getLogger(__name__)
 
@@ -675,15 +672,11 @@ class LlamaCppEngine:
         n_ctx = min(self._n_ctx, request.context_tokens or self._n_ctx)
         if n_prompt >= n_ctx:
             raise PromptTooLong(n_prompt, n_ctx)
-        room = n_ctx - n_prompt
-        max_new = min(request.max_tokens, room) if request.max_tokens is not None else room
+        max_new = max_new_tokens(request.max_tokens, n_prompt, n_ctx)
 
         temperature = DEFAULT_TEMPERATURE if request.temperature is None else request.temperature
         # LLAMA_DEFAULT_SEED asks llama.cpp for a fresh random seed; masks keep it uint32.
         llama.set_seed(0xFFFFFFFF if request.seed is None else request.seed & 0xFFFFFFFF)
-        decoder = Utf8StreamDecoder()
-        stops = StopStringFilter(request.stop)
-        completion = 0
         grammar = self._grammar(llama, request)
         scored_prompt = None
         if request.prompt_logprobs:
@@ -709,38 +702,20 @@ class LlamaCppEngine:
             grammar=grammar,
             logits_processor=logit_bias_processor(request.logit_bias, llama.n_vocab()),
         )
-        make = self._token_maker(llama, request)
-        first = True
+        announce_prompt = True
         try:
             if request.prompt is None and opens_reasoning(text) and grammar is None:
                 # The template opened the think block itself (DeepSeek-R1 style), so the
                 # model's output starts inside it: say so, as if the model had written it.
                 # Not under a tool-call grammar: the output is then the call, never thought.
                 yield GeneratedToken(THINK_OPEN, prompt_tokens=n_prompt)
-                first = False
-            for token in generator:
-                if cancelled.is_set():
-                    return
-                completion += 1
-                if self._is_end_of_generation(token):
-                    out = make(stops.flush(), token, "stop", usage_of(n_prompt, completion, cached))
-                else:
-                    piece, matched = stops.push(decoder.decode(llama.detokenize([token])))
-                    if matched:
-                        out = replace(make(piece, token, "stop", usage_of(n_prompt, completion, cached)),
-                                      stop_sequence=stops.matched)
-                    elif completion >= max_new:
-                        # max_tokens reached, or the context is full: either way "length".
-                        out = make(piece + stops.flush(), token, "length", usage_of(n_prompt, completion, cached))
-                    else:
-                        out = make(piece, token, None, None)
-                if first:
-                    out, first = replace(out, prompt_tokens=n_prompt), False
-                    if scored_prompt is not None:
-                        out = with_prompt_logprobs(out, scored_prompt)
-                yield out
-                if out.finish_reason is not None:
-                    return
+                announce_prompt = False
+            yield from token_loop(
+                generator.__next__, lambda token: llama.detokenize([token]), self._is_end_of_generation,
+                n_prompt=n_prompt, max_new=max_new, stop=request.stop, cancelled=cancelled, cached=cached,
+                make=self._token_maker(llama, request), announce_prompt=announce_prompt,
+                first=None if scored_prompt is None else lambda out: with_prompt_logprobs(out, scored_prompt),
+            )
         finally:
             generator.close()
 

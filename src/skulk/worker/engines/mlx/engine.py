@@ -64,9 +64,6 @@ from skulk.worker.engines.base import (
     ModelLoadFailed,
     PromptTooLong,
     ShardSpec,
-    StopStringFilter,
-    Utf8StreamDecoder,
-    usage_of,
 )
 from skulk.worker.engines.logits import GrammarMatcher, ScoredToken, llguidance_tokenizer
 from skulk.worker.engines.mlx.batch import BatchLoop, BatchSequence, batch_width
@@ -109,6 +106,7 @@ from skulk.worker.engines.mlx.sampling import (
 from skulk.worker.engines.mlx.tensor import shard_layers
 from skulk.worker.engines.mlx.text import prompt_tokens, special_tokens, token_bytes_table
 from skulk.worker.engines.prompt_pieces import PromptCancelled, PromptOverContext
+from skulk.worker.engines.token_loop import max_new_tokens, token_loop
 
 log = logging.getLogger(__name__)
 
@@ -351,8 +349,7 @@ class MlxEngine:
         n_ctx = min(self._n_ctx, request.context_tokens or self._n_ctx)
         if len(prompt) >= n_ctx:
             raise PromptTooLong(len(prompt), n_ctx)
-        room = n_ctx - len(prompt)
-        max_new = min(request.max_tokens, room) if request.max_tokens is not None else room
+        max_new = max_new_tokens(request.max_tokens, len(prompt), n_ctx)
         params = resolve_sampling(request.temperature, request.top_p, request.top_k, request.seed, secrets.randbits(31))
         vocab = self._vocab_size or len(self._token_bytes)
         chooser = None if shaping.idle else TokenChooser(Sampler(params), shaping, vocab, self._grammar_matcher)
@@ -458,30 +455,8 @@ class MlxEngine:
 
     def _plain_text(self, request: TextGenerationParams, n_prompt: int, max_new: int, next_token: Callable[[], int],
                     cancelled: threading.Event, cached: int = 0) -> Iterator[GeneratedToken]:
-        decoder = Utf8StreamDecoder()
-        stops = StopStringFilter(request.stop)
-        completion = 0
-        while True:
-            token = next_token()
-            if cancelled.is_set():
-                return
-            completion += 1
-            # The first token says the prompt's length; a matched stop string says which.
-            prompt_tokens = n_prompt if completion == 1 else None
-            if token in self._eos:
-                yield GeneratedToken(stops.flush(), token, "stop", usage_of(n_prompt, completion, cached),
-                                     prompt_tokens=prompt_tokens)
-                return
-            text, matched = stops.push(decoder.decode(self._token_bytes[token]))
-            if matched:
-                yield GeneratedToken(text, token, "stop", usage_of(n_prompt, completion, cached), stop_sequence=stops.matched,
-                                     prompt_tokens=prompt_tokens)
-                return
-            if completion >= max_new:
-                yield GeneratedToken(text + stops.flush(), token, "length", usage_of(n_prompt, completion, cached),
-                                     prompt_tokens=prompt_tokens)
-                return
-            yield GeneratedToken(text, token, prompt_tokens=prompt_tokens)
+        return token_loop(next_token, self._token_bytes.__getitem__, self._eos.__contains__, n_prompt=n_prompt,
+                          max_new=max_new, stop=request.stop, cancelled=cancelled, cached=cached)
 
     def _prefill(self, prompt: list[int]) -> int:
         token: int | None = None

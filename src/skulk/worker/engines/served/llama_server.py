@@ -27,7 +27,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +71,7 @@ from skulk.worker.engines.served.process import (
     free_loopback_port,
 )
 from skulk.worker.engines.served.sse import TRANSPORT_ERRORS, LoopbackStreams
+from skulk.worker.engines.token_loop import relay_served
 
 log = logging.getLogger(__name__)
 
@@ -218,20 +219,17 @@ class LlamaServerEngine(ServedEngineShell):
             with streams.post("/completion", json.dumps(body).encode()) as response:
                 if response.status != 200:
                     raise _server_error(response.status, response.read().decode("utf-8", "replace"))
-                for line in response.lines():
-                    if cancelled.is_set():
-                        return  # leaving the block closes the socket: the server frees the slot
+
+                def tokens_of_line(line: bytes) -> Iterable[GeneratedToken]:
                     event = _event_of(line.decode("utf-8"))
-                    if event is None:
-                        continue
-                    for token in tokens_of_event(event, request.logprobs, top):
-                        yield token
-                        if token.finish_reason is not None:
-                            return
+                    return () if event is None else tokens_of_event(event, request.logprobs, top)
+
+                # Returning (cancelled) leaves the block, which closes the socket: the
+                # server frees the slot.
+                yield from relay_served(response.lines(), tokens_of_line, cancelled,
+                                        unfinished="llama-server ended the stream without a final event")
         except TRANSPORT_ERRORS as exc:
             raise self._transport_failure(exc) from exc
-        if not cancelled.is_set():
-            raise EngineError("llama-server ended the stream without a final event")
 
     def _call(self, send):
         try:

@@ -42,6 +42,7 @@ from skulk.worker.engines.base import (
 )
 from skulk.worker.engines.served.launch import HOST, ServedRequestRejected, assigned_slots, server_env
 from skulk.worker.engines.served.process import ServedEngineShell, ServerProcess, free_loopback_port
+from skulk.worker.engines.token_loop import relay_served
 
 log = logging.getLogger(__name__)
 
@@ -188,33 +189,31 @@ class VllmEngine(ServedEngineShell):
         else:
             path, body["messages"] = "/v1/chat/completions", [chat_message_dict(m) for m in request.messages]
         finish: GeneratedToken | None = None
+
+        def tokens_of_line(line: str) -> Iterator[GeneratedToken]:
+            nonlocal finish
+            if not line.startswith("data:") or line.strip() == "data: [DONE]":
+                return
+            chunk = json.loads(line[5:])
+            for token in tokens_of_chunk(chunk):
+                if token.finish_reason is not None:
+                    finish = token  # usage arrives in a later chunk with include_usage
+                    continue
+                yield token
+            usage = chunk.get("usage")
+            if usage and finish is not None:
+                yield GeneratedToken(finish.text, None, finish.finish_reason, usage_of(
+                    int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))))
+
         try:
             with client.stream("POST", path, json=body) as response:
                 if response.status_code != 200:
                     raise EngineError(f"vLLM answered {response.status_code}: {response.read()[:500]!r}")
-                for line in response.iter_lines():
-                    if cancelled.is_set():
-                        return
-                    if not line.startswith("data:") or line.strip() == "data: [DONE]":
-                        continue
-                    chunk = json.loads(line[5:])
-                    for token in tokens_of_chunk(chunk):
-                        if token.finish_reason is not None:
-                            finish = token  # usage arrives in a later chunk with include_usage
-                            continue
-                        yield token
-                    usage = chunk.get("usage")
-                    if usage and finish is not None:
-                        yield GeneratedToken(finish.text, None, finish.finish_reason, usage_of(
-                            int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))))
-                        return
+                # A finish whose usage never came is still the end of the answer.
+                yield from relay_served(response.iter_lines(), tokens_of_line, cancelled, at_end=lambda: finish,
+                                        unfinished="vLLM ended the stream without a finish reason")
         except httpx.HTTPError as exc:
             raise EngineError(f"vLLM request failed: {exc}") from exc
-        if finish is not None:
-            yield finish
-            return
-        if not cancelled.is_set():
-            raise EngineError("vLLM ended the stream without a finish reason")
 
 
 __all__ = [

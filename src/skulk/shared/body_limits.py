@@ -1,0 +1,26 @@
+"""The request body-size bounds: the default and the range an operator may set.
+
+They live here, not in `skulk.api.limits` (which applies them), because the node's config
+(`skulk.datadir.config`, `api.max_body_bytes`) validates the setting against the same range:
+a data-dir module must not import the API. Constants only.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+DEFAULT_MAX_BODY_BYTES: Final = 8 * 1024 * 1024
+"""Default request body limit (8 MiB; `api.max_body_bytes` in skulk.yaml, env
+`SKULK_API_MAX_BODY_BYTES`). The API carries text only (no images): a full 1M-token context
+is about 4 MB of text, so 8 MiB holds the largest context we serve with room for JSON
+escaping, while a 50 MB body (25 s and ~4 GB of memory to refuse before) is refused from its
+Content-Length without reading a byte."""
+
+MIN_MAX_BODY_BYTES: Final = 64 * 1024
+"""The smallest limit an operator may set: below it, ordinary chats would be refused."""
+
+MAX_MAX_BODY_BYTES: Final = 32 * 1024 * 1024
+"""The largest limit an operator may set: a request travels to the master as one control
+message, and the transport admits control messages up to 64 MiB (routing/topics.py)."""
+
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "MAX_MAX_BODY_BYTES", "MIN_MAX_BODY_BYTES"]
