@@ -103,6 +103,91 @@ def _rpc_server_direct(port_out, threads: int) -> None:
         time.sleep(3600)
 
 
+def _gate_process(port_out, rpc_port: int, key: bytes, encrypt: bool) -> None:
+    """A donor's gate in front of an RPC server, in its own process (as on a donor node)."""
+    from skulk.pool.channel import DonorGate
+
+    gate = DonorGate("127.0.0.1", 0, key, rpc_port, encrypt=encrypt)
+    gate.start()
+    port_out.put(gate.port)
+    while True:
+        time.sleep(3600)
+
+
+def _link_process(port_out, gate_port: int, key: bytes, encrypt: bool) -> None:
+    """A driver's link to that gate, in its own process (as in a driver runner)."""
+    from skulk.pool.channel import DriverLink, Remote
+
+    def lost(remote, why) -> None:
+        print(f"FATAL link lost {remote.name}: {why}", flush=True)
+        os._exit(9)
+
+    link = DriverLink(Remote("127.0.0.1", gate_port, "bench donor"), key, lost, encrypt=encrypt)
+    link.start()
+    port_out.put(link.port)
+    while True:
+        time.sleep(3600)
+
+
+def start_ggml_rpc_server(bin_dir: Path, threads: int, log_path: Path) -> tuple[subprocess.Popen, int]:
+    """llama.cpp's own `ggml-rpc-server` on loopback; (process, port) once it listens."""
+    from skulk.pool.rpc import free_loopback_port
+
+    port = free_loopback_port()
+    proc = subprocess.Popen([str(bin_dir / "ggml-rpc-server"), "-H", "127.0.0.1", "-p", str(port), "-t", str(threads)],
+                            stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            import socket
+
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return proc, port
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("ggml-rpc-server did not listen")
+
+
+def start_donor_endpoint(kind: str, threads: int, bin_dir: Path, logs: Path) -> tuple[str, Callable[[], None]]:
+    """A donor RPC endpoint for a driver to dial, and how to stop it. kind:
+    ggml (llama.cpp's ggml-rpc-server), lib (our in-process server from llama-cpp-python's
+    libggml-rpc, as a donor runner starts it), ggml+channel / ggml+channel-plain (ggml-rpc-server
+    behind our gate and link, each in its own process, encrypted or not)."""
+    ctx = mp.get_context("spawn")
+    procs: list = []
+
+    def stop() -> None:
+        for proc in procs:
+            proc.kill()
+            (proc.join if hasattr(proc, "join") else proc.wait)(timeout=10)
+
+    try:
+        if kind == "lib":
+            ports = ctx.Queue()
+            helper = ctx.Process(target=_rpc_server_direct, args=(ports, threads), daemon=True)
+            helper.start()
+            procs.append(helper)
+            return f"127.0.0.1:{ports.get(timeout=60)}", stop
+        server, port = start_ggml_rpc_server(bin_dir, threads, logs / f"rpc-{kind}.log")
+        procs.append(server)
+        if kind == "ggml":
+            return f"127.0.0.1:{port}", stop
+        encrypt = kind == "ggml+channel"
+        ports = ctx.Queue()
+        gate = ctx.Process(target=_gate_process, args=(ports, port, KEY, encrypt), daemon=True)
+        gate.start()
+        procs.append(gate)
+        gate_port = ports.get(timeout=60)
+        link = ctx.Process(target=_link_process, args=(ports, gate_port, KEY, encrypt), daemon=True)
+        link.start()
+        procs.append(link)
+        return f"127.0.0.1:{ports.get(timeout=60)}", stop
+    except BaseException:
+        stop()
+        raise
+
+
 @dataclass
 class Config:
     """One loaded configuration: `stream(params)` yields (token id, arrival time)."""
@@ -113,8 +198,9 @@ class Config:
     note: str = ""
 
 
-def open_engine(card, path: Path, threads: int, mode: str, cache_dir: str = "") -> Config:
-    """mode: one | pool | pool-plain | direct."""
+def open_engine(card, path: Path, threads: int, mode: str, cache_dir: str = "", bin_dir: Path | None = None) -> Config:
+    """mode: one | pool | pool-plain | direct (our driver straight to our donor's RPC server,
+    no channel) | direct-ggml (our driver straight to llama.cpp's ggml-rpc-server)."""
     from skulk.worker.engines.base import ShardSpec
     from skulk.worker.engines.llama_cpp.engine import LlamaCppEngine
 
@@ -126,11 +212,15 @@ def open_engine(card, path: Path, threads: int, mode: str, cache_dir: str = "") 
     engine.set_fatal_handler(lambda kind, message: (print(f"FATAL {kind}: {message}", flush=True), os._exit(9)))
     started = time.monotonic()
 
+    stop_endpoint: list[Callable[[], None]] = []
+
     def close() -> None:
         engine.close()
         if helper is not None:
             helper.kill()
             helper.join(timeout=10)
+        for stop in stop_endpoint:
+            stop()
 
     try:
         if mode in ("pool", "pool-plain"):
@@ -147,6 +237,11 @@ def open_engine(card, path: Path, threads: int, mode: str, cache_dir: str = "") 
             helper.start()
             port = ports.get(timeout=60)
             _load_direct(engine, inst, card, path, threads, f"127.0.0.1:{port}")
+        elif mode == "direct-ggml":
+            assert bin_dir is not None
+            endpoint, stop = start_donor_endpoint("ggml", threads, bin_dir, Path(tempfile.mkdtemp(prefix="pool-bench-")))
+            stop_endpoint.append(stop)
+            _load_direct(engine, inst, card, path, threads, endpoint)
         else:
             engine.load(ShardSpec(instance=inst, runner_id="r0", card=card, model_path=str(path), n_threads=threads))
     except BaseException:
@@ -190,32 +285,32 @@ def _one_request(stream, params) -> tuple[list[int], float, float | None]:
     return tokens, stamps[0] - t0, rate
 
 
-def open_llama_server(card, path: Path, threads: int, bin_dir: Path, pooled: bool = True) -> Config:
-    """llama.cpp's own setup: llama-server --rpc to ggml-rpc-server, same split (or, with
-    `pooled` False, llama-server alone: the engine difference without any pooling)."""
+def open_llama_server(card, path: Path, threads: int, bin_dir: Path, donor: str | None = "ggml") -> Config:
+    """llama.cpp's own driver: llama-server --rpc to a donor endpoint (`start_donor_endpoint`
+    kind; "ggml" is llama.cpp's own setup), same split; with `donor` None, llama-server alone
+    (the engine difference without any pooling)."""
     from tests.nodeproc import free_port
 
-    rpc_port, http_port = free_port(), free_port()
+    http_port = free_port()
     split = device_split(instance(card, 2).shards, card.num_layers)
     logs = Path(tempfile.mkdtemp(prefix="pool-bench-"))
-    server = None
-    if pooled:
-        server = subprocess.Popen([str(bin_dir / "ggml-rpc-server"), "-H", "127.0.0.1", "-p", str(rpc_port),
-                                   "-t", str(threads)], stdout=open(logs / "rpc.log", "w"),
-                                  stderr=subprocess.STDOUT)
-    rpc_args = (["--rpc", f"127.0.0.1:{rpc_port}", "-ngl", str(split.n_gpu_layers),
-                 "-ts", ",".join(str(int(x)) for x in split.tensor_split)] if pooled else ["-ngl", "0"])
+    stop_donor: Callable[[], None] = lambda: None  # noqa: E731
+    rpc_args = ["-ngl", "0"]
+    if donor is not None:
+        endpoint, stop_donor = start_donor_endpoint(donor, threads, bin_dir, logs)
+        rpc_args = ["--rpc", endpoint, "-ngl", str(split.n_gpu_layers),
+                    "-ts", ",".join(str(int(x)) for x in split.tensor_split)]
+    pooled = donor is not None
     driver = None
 
     def close() -> None:
-        for proc in (driver, server):
-            if proc is not None:
-                proc.kill()
-                proc.wait(timeout=10)
+        if driver is not None:
+            driver.kill()
+            driver.wait(timeout=10)
+        stop_donor()
         shutil.rmtree(logs, ignore_errors=True)
 
     try:
-        time.sleep(1.0)
         started = time.monotonic()
         driver = subprocess.Popen(
             [str(bin_dir / "llama-server"), "-m", str(path), *rpc_args,
@@ -264,6 +359,9 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--prompt-words", type=int, default=48)
+    parser.add_argument("--stages", action="store_true",
+                        help="also cross drivers and donors: our driver to ggml-rpc-server, llama-server to our "
+                             "donor's RPC server, llama-server through our channel (plain and encrypted)")
     parser.add_argument("--cache-loads", action="store_true",
                         help="also time a pool's load with the donor's RPC tensor cache, cold and warm")
     parser.add_argument("--models-dir", type=Path, default=Path(tempfile.gettempdir()) / "skulk-bench-models")
@@ -279,14 +377,24 @@ def main() -> int:
     print(f"model {path} ({path.stat().st_size / 1e6:.0f} MB, {spec.num_layers} layers); "
           f"{args.requests} requests x {args.tokens} tokens; threads {args.threads}; "
           f"load average {os.getloadavg()[0]:.2f}", flush=True)
+    bins = args.llama_bin_dir
     openers = [("one node", lambda: open_engine(card, path, args.threads, "one")),
                ("skulk pool", lambda: open_engine(card, path, args.threads, "pool")),
                ("skulk pool, plain", lambda: open_engine(card, path, args.threads, "pool-plain")),
                ("direct RPC", lambda: open_engine(card, path, args.threads, "direct"))]
-    if (args.llama_bin_dir / "ggml-rpc-server").is_file() and (args.llama_bin_dir / "llama-server").is_file():
-        openers.append(("llama.cpp RPC", lambda: open_llama_server(card, path, args.threads, args.llama_bin_dir)))
-        openers.append(("llama-server alone",
-                        lambda: open_llama_server(card, path, args.threads, args.llama_bin_dir, pooled=False)))
+    if (bins / "ggml-rpc-server").is_file() and (bins / "llama-server").is_file():
+        openers += [
+            ("llama.cpp RPC", lambda: open_llama_server(card, path, args.threads, bins)),
+            ("llama-server alone", lambda: open_llama_server(card, path, args.threads, bins, donor=None)),
+        ]
+        if args.stages:
+            openers += [
+                ("ours->ggml-rpc", lambda: open_engine(card, path, args.threads, "direct-ggml", bin_dir=bins)),
+                ("l.cpp->our donor", lambda: open_llama_server(card, path, args.threads, bins, donor="lib")),
+                ("l.cpp->chan plain", lambda: open_llama_server(card, path, args.threads, bins,
+                                                                donor="ggml+channel-plain")),
+                ("l.cpp->chan", lambda: open_llama_server(card, path, args.threads, bins, donor="ggml+channel")),
+            ]
     else:
         print(f"no ggml-rpc-server/llama-server under {args.llama_bin_dir}: llama.cpp's own RPC not measured")
     configs: dict[str, Config] = {}

@@ -15,15 +15,24 @@ Handshake (K = `layout.channel_key`, bound to instance, repair hop and rank):
 
 A stray TCP client, or a node with another cluster key, gets nothing and is disconnected
 within HANDSHAKE_TIMEOUT_S. Then both sides derive one ChaCha20-Poly1305 key per direction
-(HKDF over K, salt cn | sn) and exchange frames: 4-byte big-endian length, then ciphertext
-with a 12-byte counter nonce (never reused: one key per direction per connection). A frame
-that fails authentication closes the connection.
+(HKDF over K, salt cn | sn) and exchange frames: 4-byte big-endian length, then the payload
+sealed with a 12-byte counter nonce (never reused: one key per direction per connection). A
+frame that fails authentication closes the connection. Unencrypted (`encrypt=False`, the
+SKULK_POOL_ENCRYPT=0 escape hatch) the frames carry the payload as is.
 
-Deadlines: every handshake read has HANDSHAKE_TIMEOUT_S; the cross-node socket has TCP
-keepalive (a silent dead peer is noticed in about KEEPALIVE_IDLE_S + KEEPALIVE_COUNT x
-KEEPALIVE_INTERVAL_S). On the driver a lost donor calls `on_lost(donor, reason)` *before*
-the local socket towards llama.cpp is closed: ggml's RPC client aborts its process on a
-closed socket, so the driver must say which node was lost first (see `llama_pool`).
+Liveness: a frame with an empty payload is a heartbeat. Each side sends one every
+HEARTBEAT_INTERVAL_S, and a side that receives no frame at all for SILENCE_DEADLINE_S
+declares its peer lost. This is what bounds every wait on a donor: ggml's RPC client waits
+for its answers without any deadline, and a donor that is alive to the kernel but silent
+(its process or node stopped, its traffic dropped) keeps the TCP connection up, keepalive
+probes and all. A donor busy with a long graph still heartbeats (the relay threads are not
+the compute thread), so a slow answer is never mistaken for a lost donor.
+
+Deadlines: every handshake read has HANDSHAKE_TIMEOUT_S; every cross-node read and send has
+SILENCE_DEADLINE_S; the cross-node socket also has TCP keepalive. On the driver a lost donor
+calls `on_lost(donor, reason)` *before* the local socket towards llama.cpp is closed: ggml's
+RPC client aborts its process on a closed socket, so the driver must say which node was lost
+first (see `llama_pool`).
 """
 
 from __future__ import annotations
@@ -55,6 +64,12 @@ MAX_CONNECTIONS = 8
 more are closed at once: nothing queues without bound."""
 CHUNK_BYTES = 256 * 1024
 """Plaintext bytes per frame; a frame claiming more is refused."""
+HEARTBEAT_INTERVAL_S = 1.0
+"""How often each side of a connection proves it is alive with an empty frame."""
+SILENCE_DEADLINE_S = 8.0
+"""No frame (data or heartbeat) from the peer for this long: the peer is lost. Eight missed
+heartbeats: a loaded machine's scheduling hiccups stay far below it, and the issue's bound
+(a typed error naming the node within 5 s of detection) is counted from here."""
 NONCE_BYTES = 32
 TAG_BYTES = 32
 AEAD_OVERHEAD = 16
@@ -154,32 +169,66 @@ def server_handshake(sock: socket.socket, key: bytes) -> tuple[bytes, bytes]:
     return to_driver, from_driver
 
 
-def _pump_seal(src: socket.socket, dst: socket.socket, sealer: _Sealer) -> None:
-    """Plain bytes from `src` to sealed frames on `dst` until `src` ends."""
+class _FrameWriter:
+    """Frames onto the cross-node socket: data from the local side and heartbeats, one
+    writer at a time (the sealer's nonce counter and the socket's byte order both need it)."""
+
+    def __init__(self, sock: socket.socket, key: bytes, encrypt: bool) -> None:
+        self._sock = sock
+        self._sealer = _Sealer(key) if encrypt else None
+        self._lock = threading.Lock()
+
+    def send(self, payload: bytes) -> None:
+        with self._lock:
+            body = self._sealer.seal(payload) if self._sealer is not None else payload
+            self._sock.sendall(struct.pack(">I", len(body)) + body)
+
+    def heartbeat(self) -> bool:
+        """One empty frame unless a send is in progress (it proves life already); False
+        when the socket failed (the reader reports why)."""
+        if not self._lock.acquire(timeout=HEARTBEAT_INTERVAL_S):
+            return True
+        try:
+            body = self._sealer.seal(b"") if self._sealer is not None else b""
+            self._sock.sendall(struct.pack(">I", len(body)) + body)
+            return True
+        except OSError:
+            return False
+        finally:
+            self._lock.release()
+
+
+def _pump_out(src: socket.socket, writer: _FrameWriter) -> None:
+    """Plain bytes from the local `src` to frames on the cross-node socket until `src` ends."""
     while True:
         data = src.recv(CHUNK_BYTES)
         if not data:
             return
-        frame = sealer.seal(data)
-        dst.sendall(struct.pack(">I", len(frame)) + frame)
+        writer.send(data)
 
 
-def _pump_open(src: socket.socket, dst: socket.socket, opener: _Sealer) -> None:
-    """Sealed frames from `src` to plain bytes on `dst` until `src` ends; a forged or
-    oversized frame raises."""
+def _pump_in(src: socket.socket, dst: socket.socket, key: bytes, encrypt: bool) -> None:
+    """Frames from the cross-node `src` to plain bytes on the local `dst` until `src` ends
+    (between frames); heartbeats are dropped; a forged or oversized frame raises, and so does
+    SILENCE_DEADLINE_S without any frame (TimeoutError from the socket)."""
+    opener = _Sealer(key) if encrypt else None
+    overhead = AEAD_OVERHEAD if encrypt else 0
     while True:
         try:
             header = _recv_exact(src, 4)
         except ConnectionError:
             return
         (length,) = struct.unpack(">I", header)
-        if not AEAD_OVERHEAD < length <= CHUNK_BYTES + AEAD_OVERHEAD:
+        if not overhead <= length <= CHUNK_BYTES + overhead:
             raise ChannelRefused(f"frame of {length} bytes refused")
-        try:
-            data = opener.open(_recv_exact(src, length))
-        except InvalidTag:
-            raise ChannelRefused("a frame failed authentication") from None
-        dst.sendall(data)
+        body = _recv_exact(src, length) if length else b""
+        if opener is not None:
+            try:
+                body = opener.open(body)
+            except InvalidTag:
+                raise ChannelRefused("a frame failed authentication") from None
+        if body:
+            dst.sendall(body)
 
 
 def _close(*socks: socket.socket) -> None:
@@ -291,12 +340,16 @@ class DonorGate(_Listener):
 
 def _relay(remote: socket.socket, local: socket.socket, send_key: bytes, receive_key: bytes, encrypt: bool,
            on_remote_end: Callable[[str], None] | None = None) -> None:
-    """Relay both directions until either side ends. `on_remote_end(reason)` runs (once)
-    when the remote side ended or failed, before the local socket is closed: whichever
-    direction notices first, a read that sees the peer's end or a send to the peer that
-    fails (a dead donor is often first seen by the driver's next send). Only a local end
-    (llama.cpp closed its socket: a normal teardown) calls nothing."""
+    """Relay both directions until either side ends, heartbeating the remote side. Every
+    wait on the remote side has SILENCE_DEADLINE_S. `on_remote_end(reason)` runs (once)
+    when the remote side ended, failed or went silent, before the local socket is closed:
+    whichever direction notices first, a read that sees the peer's end or its silence, or a
+    send to the peer that fails (a dead donor is often first seen by the driver's next
+    send). Only a local end (llama.cpp closed its socket: a normal teardown) calls nothing."""
+    remote.settimeout(SILENCE_DEADLINE_S)
+    writer = _FrameWriter(remote, send_key, encrypt)
     local_closed = threading.Event()
+    outbound_done = threading.Event()
     told = threading.Lock()
     reported: list[str] = []
 
@@ -310,40 +363,38 @@ def _relay(remote: socket.socket, local: socket.socket, send_key: bytes, receive
 
     def outbound() -> None:  # local plain -> remote
         try:
-            if encrypt:
-                _pump_seal(local, remote, _Sealer(send_key))
-            else:
-                _plain(local, remote)
+            _pump_out(local, writer)
             local_closed.set()
-        except Exception as exc:  # the send to the peer failed
+        except Exception as exc:  # the send to the peer failed (or timed out)
             remote_ended(f"sending to the peer failed: {type(exc).__name__}: {exc}")
         finally:
+            outbound_done.set()
             try:
                 remote.shutdown(socket.SHUT_WR)
             except OSError:
                 pass
 
+    def heartbeats() -> None:
+        while not outbound_done.wait(HEARTBEAT_INTERVAL_S):
+            if not writer.heartbeat():
+                return
+
     thread = threading.Thread(target=outbound, name="pool-relay-out", daemon=True)
     thread.start()
+    beat = threading.Thread(target=heartbeats, name="pool-relay-heartbeat", daemon=True)
+    beat.start()
     try:
-        if encrypt:
-            _pump_open(remote, local, _Sealer(receive_key))
-        else:
-            _plain(remote, local)
+        _pump_in(remote, local, receive_key, encrypt)
         why = "the peer closed the channel"
+    except TimeoutError:
+        why = f"no frame from the peer in {SILENCE_DEADLINE_S:g} s (its process or node stopped, or its traffic is dropped)"
     except Exception as exc:
         why = f"{type(exc).__name__}: {exc}"
     remote_ended(why)
+    outbound_done.set()
     _close(local, remote)
     thread.join(timeout=DIAL_TIMEOUT_S)
-
-
-def _plain(src: socket.socket, dst: socket.socket) -> None:
-    while True:
-        data = src.recv(CHUNK_BYTES)
-        if not data:
-            return
-        dst.sendall(data)
+    beat.join(timeout=DIAL_TIMEOUT_S)
 
 
 class DriverLink(_Listener):
@@ -397,7 +448,9 @@ __all__ = [
     "CHUNK_BYTES",
     "DIAL_TIMEOUT_S",
     "HANDSHAKE_TIMEOUT_S",
+    "HEARTBEAT_INTERVAL_S",
     "MAX_CONNECTIONS",
+    "SILENCE_DEADLINE_S",
     "ChannelRefused",
     "DonorGate",
     "DriverLink",
