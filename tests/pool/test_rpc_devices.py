@@ -74,5 +74,5 @@ def test_the_driver_reports_an_unapplied_device_list_as_a_load_failure():
     from skulk.worker.engines.base import ModelLoadFailed
     from skulk.worker.engines.llama_cpp.pool import _placed_on
 
-    with pytest.raises(ModelLoadFailed, match="pool driver: .*device list was not applied"), _placed_on(DEVICES):
+    with pytest.raises(ModelLoadFailed, match=r"pool driver: .*device list was not applied"), _placed_on(DEVICES):
         pass
