@@ -129,6 +129,110 @@ def _link_process(port_out, gate_port: int, key: bytes, encrypt: bool) -> None:
         time.sleep(3600)
 
 
+def _answering_donor(port_out, gate_ports, answer_bytes: int) -> None:
+    """Stands in for a donor's RPC server in the channel round-trip bench: reads one request
+    (its length first), answers `answer_bytes` (a token's logits). Serves it directly and
+    behind a plain and an encrypted gate, all in this one process, as on a donor node."""
+    import socket
+
+    from skulk.pool.channel import DonorGate
+
+    server = socket.create_server(("127.0.0.1", 0))
+    answer = os.urandom(answer_bytes)
+
+    def serve(conn) -> None:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with conn:
+            while True:
+                head = conn.recv(4, socket.MSG_WAITALL)
+                if len(head) < 4:
+                    return
+                need = int.from_bytes(head, "big")
+                while need:
+                    got = conn.recv(min(need, 1 << 20))
+                    if not got:
+                        return
+                    need -= len(got)
+                conn.sendall(answer)
+
+    def accept() -> None:
+        while True:
+            conn, _ = server.accept()
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    port = server.getsockname()[1]
+    port_out.put(port)
+    for encrypt in (False, True):
+        gate = DonorGate("127.0.0.1", 0, KEY, port, encrypt=encrypt)
+        gate.start()
+        gate_ports.put(gate.port)
+    while True:
+        time.sleep(3600)
+
+
+def channel_round_trips(rounds: int, trips: int, request_bytes: int, answer_bytes: int) -> None:
+    """The channel's own cost per ggml RPC round trip, measured apart from any model:
+    llama.cpp's RPC client waits for the donor about once per decoded token (the hidden
+    state and graph go out asynchronously; it waits for the logits), so one round trip of
+    (hidden state out, logits back) through the channel vs straight to the server is what
+    the channel adds to each token. Interleaved rounds, medians."""
+    import socket
+
+    ctx = mp.get_context("spawn")
+    ports, gate_ports = ctx.Queue(), ctx.Queue()
+    donor = ctx.Process(target=_answering_donor, args=(ports, gate_ports, answer_bytes), daemon=True)
+    donor.start()
+    procs = [donor]
+    try:
+        direct = ports.get(timeout=60)
+        endpoints = {"direct": direct}
+        for name, encrypt in (("channel, plain", False), ("channel, encrypted", True)):
+            gate_port = gate_ports.get(timeout=60)
+            link = ctx.Process(target=_link_process, args=(ports, gate_port, KEY, encrypt), daemon=True)
+            link.start()
+            procs.append(link)
+            endpoints[name] = ports.get(timeout=60)
+        socks = {}
+        for name, port in endpoints.items():
+            sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            socks[name] = sock
+        request = request_bytes.to_bytes(4, "big") + os.urandom(request_bytes)
+        buffer = bytearray(answer_bytes)
+
+        def trip(sock) -> float:
+            t0 = time.perf_counter()
+            sock.sendall(request)
+            view, got = memoryview(buffer), 0
+            while got < answer_bytes:
+                n = sock.recv_into(view[got:])
+                if not n:
+                    raise RuntimeError("closed")
+                got += n
+            return time.perf_counter() - t0
+
+        times: dict[str, list[float]] = {name: [] for name in socks}
+        for name, sock in socks.items():  # warm up
+            for _ in range(20):
+                trip(sock)
+        for _ in range(rounds):
+            for name, sock in socks.items():
+                times[name].extend(trip(sock) for _ in range(trips))
+        base = statistics.median(times["direct"])
+        print(f"\nchannel round trip ({request_bytes} B out, {answer_bytes} B back; {rounds} interleaved rounds x "
+              f"{trips}; load average {os.getloadavg()[0]:.2f}):")
+        for name, samples in times.items():
+            med = statistics.median(samples)
+            print(f"  {name:<20} median {med * 1e6:8.0f} us   added {(med - base) * 1e6:+8.0f} us per round trip")
+        for sock in socks.values():
+            sock.close()
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.join(timeout=10)
+
+
 def start_ggml_rpc_server(bin_dir: Path, threads: int, log_path: Path) -> tuple[subprocess.Popen, int]:
     """llama.cpp's own `ggml-rpc-server` on loopback; (process, port) once it listens."""
     from skulk.pool.rpc import free_loopback_port
@@ -367,7 +471,13 @@ def main() -> int:
     parser.add_argument("--models-dir", type=Path, default=Path(tempfile.gettempdir()) / "skulk-bench-models")
     parser.add_argument("--llama-bin-dir", type=Path,
                         default=Path.home() / ".cache/skulk/engines/0.3.36-cpu/build/bin")
+    parser.add_argument("--channel-rtt", type=int, nargs="?", const=131072, default=None, metavar="ANSWER_BYTES",
+                        help="only measure the channel's cost per RPC round trip (default answer 128 KiB: a "
+                             "32k-vocabulary token's logits), direct vs plain vs encrypted")
     args = parser.parse_args()
+    if args.channel_rtt is not None:
+        channel_round_trips(rounds=20, trips=25, request_bytes=16384, answer_bytes=args.channel_rtt)
+        return 0
 
     path, spec = gguf_path(args.models_dir, args.tiny)
     card = card_for(spec)

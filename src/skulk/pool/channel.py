@@ -62,8 +62,10 @@ KEEPALIVE_COUNT = 3
 MAX_CONNECTIONS = 8
 """Concurrent channel connections per gate or link (ggml keeps one socket per endpoint);
 more are closed at once: nothing queues without bound."""
-CHUNK_BYTES = 256 * 1024
-"""Plaintext bytes per frame; a frame claiming more is refused."""
+CHUNK_BYTES = 128 * 1024
+"""Plaintext bytes per frame at most; a frame claiming more is refused. Small enough that a
+large answer (a token's logits) is sealed, sent, opened and forwarded frame by frame in
+overlap, instead of waiting whole at each hop."""
 HEARTBEAT_INTERVAL_S = 1.0
 """How often each side of a connection proves it is alive with an empty frame."""
 SILENCE_DEADLINE_S = 8.0
@@ -115,19 +117,42 @@ def _keepalive(sock: socket.socket) -> None:
 
 
 class _Sealer:
+    """ChaCha20-Poly1305 with a counter nonce, sealing/opening into caller-owned buffers
+    (`*_into`, no allocation per frame) where the installed `cryptography` offers it."""
+
     def __init__(self, key: bytes) -> None:
         self._aead = ChaCha20Poly1305(key)
         self._counter = 0
+        self._in_place = hasattr(self._aead, "encrypt_into") and hasattr(self._aead, "decrypt_into")
 
-    def seal(self, data: bytes) -> bytes:
+    def _nonce(self) -> bytes:
         nonce = b"\0\0\0\0" + struct.pack(">Q", self._counter)
         self._counter += 1
-        return self._aead.encrypt(nonce, data, None)
+        return nonce
 
-    def open(self, data: bytes) -> bytes:
-        nonce = b"\0\0\0\0" + struct.pack(">Q", self._counter)
-        self._counter += 1
-        return self._aead.decrypt(nonce, data, None)
+    def seal(self, data: bytes | memoryview) -> bytes:
+        return self._aead.encrypt(self._nonce(), data, None)
+
+    def open(self, data: bytes | memoryview) -> bytes:
+        return self._aead.decrypt(self._nonce(), data, None)
+
+    def seal_into(self, data: memoryview, out: memoryview) -> int:
+        """Seal `data` into `out`; the sealed length (len(data) + AEAD_OVERHEAD)."""
+        size = len(data) + AEAD_OVERHEAD
+        if self._in_place:
+            self._aead.encrypt_into(self._nonce(), data, None, out[:size])  # type: ignore[attr-defined]
+        else:
+            out[:size] = self.seal(data)
+        return size
+
+    def open_into(self, data: memoryview, out: memoryview) -> int:
+        """Open `data` into `out` (InvalidTag when forged); the plain length."""
+        size = len(data) - AEAD_OVERHEAD
+        if self._in_place:
+            self._aead.decrypt_into(self._nonce(), data, None, out[:size])  # type: ignore[attr-defined]
+        else:
+            out[:size] = self.open(data)
+        return size
 
 
 def client_handshake(sock: socket.socket, key: bytes) -> tuple[bytes, bytes]:
@@ -171,17 +196,28 @@ def server_handshake(sock: socket.socket, key: bytes) -> tuple[bytes, bytes]:
 
 class _FrameWriter:
     """Frames onto the cross-node socket: data from the local side and heartbeats, one
-    writer at a time (the sealer's nonce counter and the socket's byte order both need it)."""
+    writer at a time (the sealer's nonce counter and the socket's byte order both need it).
+    One frame buffer, reused: a token's logits (up to megabytes on large vocabularies) cross
+    without an allocation per frame."""
 
     def __init__(self, sock: socket.socket, key: bytes, encrypt: bool) -> None:
         self._sock = sock
         self._sealer = _Sealer(key) if encrypt else None
         self._lock = threading.Lock()
+        self._frame = memoryview(bytearray(4 + CHUNK_BYTES + AEAD_OVERHEAD))
 
-    def send(self, payload: bytes) -> None:
+    def send(self, payload: memoryview) -> None:
         with self._lock:
-            body = self._sealer.seal(payload) if self._sealer is not None else payload
-            self._sock.sendall(struct.pack(">I", len(body)) + body)
+            self._send(payload)
+
+    def _send(self, payload: memoryview) -> None:
+        if self._sealer is not None:
+            size = self._sealer.seal_into(payload, self._frame[4:])
+        else:
+            size = len(payload)
+            self._frame[4 : 4 + size] = payload
+        struct.pack_into(">I", self._frame, 0, size)
+        self._sock.sendall(self._frame[: 4 + size])
 
     def heartbeat(self) -> bool:
         """One empty frame unless a send is in progress (it proves life already); False
@@ -189,8 +225,7 @@ class _FrameWriter:
         if not self._lock.acquire(timeout=HEARTBEAT_INTERVAL_S):
             return True
         try:
-            body = self._sealer.seal(b"") if self._sealer is not None else b""
-            self._sock.sendall(struct.pack(">I", len(body)) + body)
+            self._send(memoryview(b""))
             return True
         except OSError:
             return False
@@ -200,35 +235,64 @@ class _FrameWriter:
 
 def _pump_out(src: socket.socket, writer: _FrameWriter) -> None:
     """Plain bytes from the local `src` to frames on the cross-node socket until `src` ends."""
+    buffer = memoryview(bytearray(CHUNK_BYTES))
     while True:
-        data = src.recv(CHUNK_BYTES)
-        if not data:
+        n = src.recv_into(buffer)
+        if not n:
             return
-        writer.send(data)
+        writer.send(buffer[:n])
+
+
+def _recv_into(sock: socket.socket, view: memoryview) -> bool:
+    """Fill `view` from `sock`; False when the peer ended before the first byte (a clean
+    end between frames); ConnectionError when it ended inside."""
+    got = 0
+    while got < len(view):
+        n = sock.recv_into(view[got:])
+        if not n:
+            if got == 0:
+                return False
+            raise ConnectionError("peer closed inside a frame")
+        got += n
+    return True
 
 
 def _pump_in(src: socket.socket, dst: socket.socket, key: bytes, encrypt: bool) -> None:
     """Frames from the cross-node `src` to plain bytes on the local `dst` until `src` ends
     (between frames); heartbeats are dropped; a forged or oversized frame raises, and so does
-    SILENCE_DEADLINE_S without any frame (TimeoutError from the socket)."""
+    SILENCE_DEADLINE_S without any frame (TimeoutError from the socket). A sealed frame is
+    forwarded once whole and authenticated; a plain frame's bytes are forwarded as they come."""
     opener = _Sealer(key) if encrypt else None
     overhead = AEAD_OVERHEAD if encrypt else 0
+    header = memoryview(bytearray(4))
+    body = memoryview(bytearray(CHUNK_BYTES + overhead))
+    plain = memoryview(bytearray(CHUNK_BYTES))
     while True:
         try:
-            header = _recv_exact(src, 4)
+            if not _recv_into(src, header):
+                return
         except ConnectionError:
             return
         (length,) = struct.unpack(">I", header)
         if not overhead <= length <= CHUNK_BYTES + overhead:
             raise ChannelRefused(f"frame of {length} bytes refused")
-        body = _recv_exact(src, length) if length else b""
-        if opener is not None:
-            try:
-                body = opener.open(body)
-            except InvalidTag:
-                raise ChannelRefused("a frame failed authentication") from None
-        if body:
-            dst.sendall(body)
+        if opener is None:
+            left = length
+            while left:
+                n = src.recv_into(body[:left])
+                if not n:
+                    raise ConnectionError("peer closed inside a frame")
+                dst.sendall(body[:n])
+                left -= n
+            continue
+        if length and not _recv_into(src, body[:length]):
+            raise ConnectionError("peer closed inside a frame")
+        try:
+            size = opener.open_into(body[:length], plain)
+        except InvalidTag:
+            raise ChannelRefused("a frame failed authentication") from None
+        if size:
+            dst.sendall(plain[:size])
 
 
 def _close(*socks: socket.socket) -> None:
