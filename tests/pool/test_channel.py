@@ -199,7 +199,7 @@ def test_a_slow_but_alive_donor_is_not_lost(monkeypatch, encrypt):
     arrives and nothing is reported lost."""
     monkeypatch.setattr(channel, "SILENCE_DEADLINE_S", 1.5)
     monkeypatch.setattr(channel, "HEARTBEAT_INTERVAL_S", 0.05)
-    answered = threading.Event()
+    answered, done = threading.Event(), threading.Event()
     slow = socket.create_server(("127.0.0.1", 0))
 
     def serve():
@@ -208,6 +208,7 @@ def test_a_slow_but_alive_donor_is_not_lost(monkeypatch, encrypt):
             request = conn.recv(64)
             answered.wait(4.0)  # "computing" for well over the deadline
             conn.sendall(request)
+            done.wait(30)  # a donor keeps its connection: its end would be a loss
 
     threading.Thread(target=serve, daemon=True).start()
     g = DonorGate("127.0.0.1", 0, KEY, slow.getsockname()[1], encrypt=encrypt)
@@ -219,9 +220,10 @@ def test_a_slow_but_alive_donor_is_not_lost(monkeypatch, encrypt):
             sock.sendall(b"ping")
             sock.settimeout(30)
             assert sock.recv(4) == b"ping"
-        assert lost == []
+            assert lost == []
     finally:
         answered.set()
+        done.set()
         link.close()
         g.close()
         slow.close()
