@@ -157,17 +157,16 @@ def model_devices(devices: Sequence[int]) -> Iterator[None]:
       on this thread (a llama-cpp-python that stopped building them that way), instead of a
       model silently loaded with every layer local;
     - the original factory is restored on the way out, whatever happened."""
-    import llama_cpp.llama as llama_module
+    import llama_cpp.llama_cpp as bindings  # the module `llama_cpp.llama` builds its Llama through
 
     array = (ctypes.c_void_p * (len(devices) + 1))(*devices, None)
     owner = threading.get_ident()
     applied: list[int] = []
     with _placement_lock:
-        bindings = llama_module.llama_cpp
         original = bindings.llama_model_default_params
 
         def with_devices() -> Any:
-            params = original()
+            params: Any = original()
             if threading.get_ident() == owner:
                 params.devices = ctypes.cast(array, ctypes.c_void_p)
                 applied.append(1)
