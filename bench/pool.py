@@ -343,8 +343,10 @@ def open_engine(card, path: Path, threads: int, mode: str, cache_dir: str = "", 
             _load_direct(engine, inst, card, path, threads, f"127.0.0.1:{port}")
         elif mode == "direct-ggml":
             assert bin_dir is not None
-            endpoint, stop = start_donor_endpoint("ggml", threads, bin_dir, Path(tempfile.mkdtemp(prefix="pool-bench-")))
-            stop_endpoint.append(stop)
+            logs = Path(tempfile.mkdtemp(prefix="pool-bench-"))
+            stop_endpoint.append(lambda: shutil.rmtree(logs, ignore_errors=True))
+            endpoint, stop = start_donor_endpoint("ggml", threads, bin_dir, logs)
+            stop_endpoint.insert(0, stop)
             _load_direct(engine, inst, card, path, threads, endpoint)
         else:
             engine.load(ShardSpec(instance=inst, runner_id="r0", card=card, model_path=str(path), n_threads=threads))
