@@ -103,6 +103,195 @@ def _rpc_server_direct(port_out, threads: int) -> None:
         time.sleep(3600)
 
 
+def _gate_process(port_out, rpc_port: int, key: bytes, encrypt: bool) -> None:
+    """A donor's gate in front of an RPC server, in its own process (as on a donor node)."""
+    from skulk.pool.channel import DonorGate
+
+    gate = DonorGate("127.0.0.1", 0, key, rpc_port, encrypt=encrypt)
+    gate.start()
+    port_out.put(gate.port)
+    while True:
+        time.sleep(3600)
+
+
+def _link_process(port_out, gate_port: int, key: bytes, encrypt: bool) -> None:
+    """A driver's link to that gate, in its own process (as in a driver runner)."""
+    from skulk.pool.channel import DriverLink, Remote
+
+    def lost(remote, why) -> None:
+        print(f"FATAL link lost {remote.name}: {why}", flush=True)
+        os._exit(9)
+
+    link = DriverLink(Remote("127.0.0.1", gate_port, "bench donor"), key, lost, encrypt=encrypt)
+    link.start()
+    port_out.put(link.port)
+    while True:
+        time.sleep(3600)
+
+
+def _answering_donor(port_out, gate_ports, answer_bytes: int) -> None:
+    """Stands in for a donor's RPC server in the channel round-trip bench: reads one request
+    (its length first), answers `answer_bytes` (a token's logits). Serves it directly and
+    behind a plain and an encrypted gate, all in this one process, as on a donor node."""
+    import socket
+
+    from skulk.pool.channel import DonorGate
+
+    server = socket.create_server(("127.0.0.1", 0))
+    answer = os.urandom(answer_bytes)
+
+    def serve(conn) -> None:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with conn:
+            while True:
+                head = conn.recv(4, socket.MSG_WAITALL)
+                if len(head) < 4:
+                    return
+                need = int.from_bytes(head, "big")
+                while need:
+                    got = conn.recv(min(need, 1 << 20))
+                    if not got:
+                        return
+                    need -= len(got)
+                conn.sendall(answer)
+
+    def accept() -> None:
+        while True:
+            conn, _ = server.accept()
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    port = server.getsockname()[1]
+    port_out.put(port)
+    for encrypt in (False, True):
+        gate = DonorGate("127.0.0.1", 0, KEY, port, encrypt=encrypt)
+        gate.start()
+        gate_ports.put(gate.port)
+    while True:
+        time.sleep(3600)
+
+
+def channel_round_trips(rounds: int, trips: int, request_bytes: int, answer_bytes: int) -> None:
+    """The channel's own cost per ggml RPC round trip, measured apart from any model:
+    llama.cpp's RPC client waits for the donor about once per decoded token (the hidden
+    state and graph go out asynchronously; it waits for the logits), so one round trip of
+    (hidden state out, logits back) through the channel vs straight to the server is what
+    the channel adds to each token. Interleaved rounds, medians."""
+    import socket
+
+    ctx = mp.get_context("spawn")
+    ports, gate_ports = ctx.Queue(), ctx.Queue()
+    donor = ctx.Process(target=_answering_donor, args=(ports, gate_ports, answer_bytes), daemon=True)
+    donor.start()
+    procs = [donor]
+    try:
+        direct = ports.get(timeout=60)
+        endpoints = {"direct": direct}
+        for name, encrypt in (("channel, plain", False), ("channel, encrypted", True)):
+            gate_port = gate_ports.get(timeout=60)
+            link = ctx.Process(target=_link_process, args=(ports, gate_port, KEY, encrypt), daemon=True)
+            link.start()
+            procs.append(link)
+            endpoints[name] = ports.get(timeout=60)
+        socks = {}
+        for name, port in endpoints.items():
+            sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            socks[name] = sock
+        request = request_bytes.to_bytes(4, "big") + os.urandom(request_bytes)
+        buffer = bytearray(answer_bytes)
+
+        def trip(sock) -> float:
+            t0 = time.perf_counter()
+            sock.sendall(request)
+            view, got = memoryview(buffer), 0
+            while got < answer_bytes:
+                n = sock.recv_into(view[got:])
+                if not n:
+                    raise RuntimeError("closed")
+                got += n
+            return time.perf_counter() - t0
+
+        times: dict[str, list[float]] = {name: [] for name in socks}
+        for name, sock in socks.items():  # warm up
+            for _ in range(20):
+                trip(sock)
+        for _ in range(rounds):
+            for name, sock in socks.items():
+                times[name].extend(trip(sock) for _ in range(trips))
+        base = statistics.median(times["direct"])
+        print(f"\nchannel round trip ({request_bytes} B out, {answer_bytes} B back; {rounds} interleaved rounds x "
+              f"{trips}; load average {os.getloadavg()[0]:.2f}):")
+        for name, samples in times.items():
+            med = statistics.median(samples)
+            print(f"  {name:<20} median {med * 1e6:8.0f} us   added {(med - base) * 1e6:+8.0f} us per round trip")
+        for sock in socks.values():
+            sock.close()
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.join(timeout=10)
+
+
+def start_ggml_rpc_server(bin_dir: Path, threads: int, log_path: Path) -> tuple[subprocess.Popen, int]:
+    """llama.cpp's own `ggml-rpc-server` on loopback; (process, port) once it listens."""
+    from skulk.pool.rpc import free_loopback_port
+
+    port = free_loopback_port()
+    proc = subprocess.Popen([str(bin_dir / "ggml-rpc-server"), "-H", "127.0.0.1", "-p", str(port), "-t", str(threads)],
+                            stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            import socket
+
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return proc, port
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("ggml-rpc-server did not listen")
+
+
+def start_donor_endpoint(kind: str, threads: int, bin_dir: Path, logs: Path) -> tuple[str, Callable[[], None]]:
+    """A donor RPC endpoint for a driver to dial, and how to stop it. kind:
+    ggml (llama.cpp's ggml-rpc-server), lib (our in-process server from llama-cpp-python's
+    libggml-rpc, as a donor runner starts it), ggml+channel / ggml+channel-plain (ggml-rpc-server
+    behind our gate and link, each in its own process, encrypted or not)."""
+    ctx = mp.get_context("spawn")
+    procs: list = []
+
+    def stop() -> None:
+        for proc in procs:
+            proc.kill()
+            (proc.join if hasattr(proc, "join") else proc.wait)(timeout=10)
+
+    try:
+        if kind == "lib":
+            ports = ctx.Queue()
+            helper = ctx.Process(target=_rpc_server_direct, args=(ports, threads), daemon=True)
+            helper.start()
+            procs.append(helper)
+            return f"127.0.0.1:{ports.get(timeout=60)}", stop
+        server, port = start_ggml_rpc_server(bin_dir, threads, logs / f"rpc-{kind}.log")
+        procs.append(server)
+        if kind == "ggml":
+            return f"127.0.0.1:{port}", stop
+        encrypt = kind == "ggml+channel"
+        ports = ctx.Queue()
+        gate = ctx.Process(target=_gate_process, args=(ports, port, KEY, encrypt), daemon=True)
+        gate.start()
+        procs.append(gate)
+        gate_port = ports.get(timeout=60)
+        link = ctx.Process(target=_link_process, args=(ports, gate_port, KEY, encrypt), daemon=True)
+        link.start()
+        procs.append(link)
+        return f"127.0.0.1:{ports.get(timeout=60)}", stop
+    except BaseException:
+        stop()
+        raise
+
+
 @dataclass
 class Config:
     """One loaded configuration: `stream(params)` yields (token id, arrival time)."""
@@ -113,8 +302,9 @@ class Config:
     note: str = ""
 
 
-def open_engine(card, path: Path, threads: int, mode: str, cache_dir: str = "") -> Config:
-    """mode: one | pool | pool-plain | direct."""
+def open_engine(card, path: Path, threads: int, mode: str, cache_dir: str = "", bin_dir: Path | None = None) -> Config:
+    """mode: one | pool | pool-plain | direct (our driver straight to our donor's RPC server,
+    no channel) | direct-ggml (our driver straight to llama.cpp's ggml-rpc-server)."""
     from skulk.worker.engines.base import ShardSpec
     from skulk.worker.engines.llama_cpp.engine import LlamaCppEngine
 
@@ -126,11 +316,15 @@ def open_engine(card, path: Path, threads: int, mode: str, cache_dir: str = "") 
     engine.set_fatal_handler(lambda kind, message: (print(f"FATAL {kind}: {message}", flush=True), os._exit(9)))
     started = time.monotonic()
 
+    stop_endpoint: list[Callable[[], None]] = []
+
     def close() -> None:
         engine.close()
         if helper is not None:
             helper.kill()
             helper.join(timeout=10)
+        for stop in stop_endpoint:
+            stop()
 
     try:
         if mode in ("pool", "pool-plain"):
@@ -147,6 +341,13 @@ def open_engine(card, path: Path, threads: int, mode: str, cache_dir: str = "") 
             helper.start()
             port = ports.get(timeout=60)
             _load_direct(engine, inst, card, path, threads, f"127.0.0.1:{port}")
+        elif mode == "direct-ggml":
+            assert bin_dir is not None
+            logs = Path(tempfile.mkdtemp(prefix="pool-bench-"))
+            stop_endpoint.append(lambda: shutil.rmtree(logs, ignore_errors=True))
+            endpoint, stop = start_donor_endpoint("ggml", threads, bin_dir, logs)
+            stop_endpoint.insert(0, stop)
+            _load_direct(engine, inst, card, path, threads, endpoint)
         else:
             engine.load(ShardSpec(instance=inst, runner_id="r0", card=card, model_path=str(path), n_threads=threads))
     except BaseException:
@@ -179,43 +380,51 @@ def _stream_engine(engine, params):
     return ((t.token_id, time.monotonic()) for t in engine.generate(params, threading.Event()))
 
 
-def _one_request(stream, params) -> tuple[list[int], float, float | None]:
-    """(tokens, TTFT seconds, decode tok/s or None)."""
+def _one_request(stream, params) -> tuple[list[int], float, float | None, list[float]]:
+    """(tokens, TTFT seconds, decode tok/s or None, gaps between tokens in seconds)."""
     t0 = time.monotonic()
     stamps, tokens = [], []
     for token, at in stream(params):
         tokens.append(token)
         stamps.append(at)
     rate = (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 and stamps[-1] > stamps[0] else None
-    return tokens, stamps[0] - t0, rate
+    return tokens, stamps[0] - t0, rate, [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
 
 
-def open_llama_server(card, path: Path, threads: int, bin_dir: Path, pooled: bool = True) -> Config:
-    """llama.cpp's own setup: llama-server --rpc to ggml-rpc-server, same split (or, with
-    `pooled` False, llama-server alone: the engine difference without any pooling)."""
+def _fast_rate(gaps: list[float]) -> float:
+    """tok/s at the 10th percentile of the gaps between tokens: on a shared machine a token
+    that waited behind other tenants' work is slow for reasons outside the configuration,
+    while the quick tokens show what the configuration itself costs."""
+    ordered = sorted(g for g in gaps if g > 0)
+    return 1 / ordered[len(ordered) // 10] if ordered else float("nan")
+
+
+def open_llama_server(card, path: Path, threads: int, bin_dir: Path, donor: str | None = "ggml") -> Config:
+    """llama.cpp's own driver: llama-server --rpc to a donor endpoint (`start_donor_endpoint`
+    kind; "ggml" is llama.cpp's own setup), same split; with `donor` None, llama-server alone
+    (the engine difference without any pooling)."""
     from tests.nodeproc import free_port
 
-    rpc_port, http_port = free_port(), free_port()
+    http_port = free_port()
     split = device_split(instance(card, 2).shards, card.num_layers)
     logs = Path(tempfile.mkdtemp(prefix="pool-bench-"))
-    server = None
-    if pooled:
-        server = subprocess.Popen([str(bin_dir / "ggml-rpc-server"), "-H", "127.0.0.1", "-p", str(rpc_port),
-                                   "-t", str(threads)], stdout=open(logs / "rpc.log", "w"),
-                                  stderr=subprocess.STDOUT)
-    rpc_args = (["--rpc", f"127.0.0.1:{rpc_port}", "-ngl", str(split.n_gpu_layers),
-                 "-ts", ",".join(str(int(x)) for x in split.tensor_split)] if pooled else ["-ngl", "0"])
+    stop_donor: Callable[[], None] = lambda: None  # noqa: E731
+    rpc_args = ["-ngl", "0"]
+    if donor is not None:
+        endpoint, stop_donor = start_donor_endpoint(donor, threads, bin_dir, logs)
+        rpc_args = ["--rpc", endpoint, "-ngl", str(split.n_gpu_layers),
+                    "-ts", ",".join(str(int(x)) for x in split.tensor_split)]
+    pooled = donor is not None
     driver = None
 
     def close() -> None:
-        for proc in (driver, server):
-            if proc is not None:
-                proc.kill()
-                proc.wait(timeout=10)
+        if driver is not None:
+            driver.kill()
+            driver.wait(timeout=10)
+        stop_donor()
         shutil.rmtree(logs, ignore_errors=True)
 
     try:
-        time.sleep(1.0)
         started = time.monotonic()
         driver = subprocess.Popen(
             [str(bin_dir / "llama-server"), "-m", str(path), *rpc_args,
@@ -264,12 +473,21 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--prompt-words", type=int, default=48)
+    parser.add_argument("--stages", action="store_true",
+                        help="also cross drivers and donors: our driver to ggml-rpc-server, llama-server to our "
+                             "donor's RPC server, llama-server through our channel (plain and encrypted)")
     parser.add_argument("--cache-loads", action="store_true",
                         help="also time a pool's load with the donor's RPC tensor cache, cold and warm")
     parser.add_argument("--models-dir", type=Path, default=Path(tempfile.gettempdir()) / "skulk-bench-models")
     parser.add_argument("--llama-bin-dir", type=Path,
                         default=Path.home() / ".cache/skulk/engines/0.3.36-cpu/build/bin")
+    parser.add_argument("--channel-rtt", type=int, nargs="?", const=131072, default=None, metavar="ANSWER_BYTES",
+                        help="only measure the channel's cost per RPC round trip (default answer 128 KiB: a "
+                             "32k-vocabulary token's logits), direct vs plain vs encrypted")
     args = parser.parse_args()
+    if args.channel_rtt is not None:
+        channel_round_trips(rounds=20, trips=25, request_bytes=16384, answer_bytes=args.channel_rtt)
+        return 0
 
     path, spec = gguf_path(args.models_dir, args.tiny)
     card = card_for(spec)
@@ -279,14 +497,24 @@ def main() -> int:
     print(f"model {path} ({path.stat().st_size / 1e6:.0f} MB, {spec.num_layers} layers); "
           f"{args.requests} requests x {args.tokens} tokens; threads {args.threads}; "
           f"load average {os.getloadavg()[0]:.2f}", flush=True)
+    bins = args.llama_bin_dir
     openers = [("one node", lambda: open_engine(card, path, args.threads, "one")),
                ("skulk pool", lambda: open_engine(card, path, args.threads, "pool")),
                ("skulk pool, plain", lambda: open_engine(card, path, args.threads, "pool-plain")),
                ("direct RPC", lambda: open_engine(card, path, args.threads, "direct"))]
-    if (args.llama_bin_dir / "ggml-rpc-server").is_file() and (args.llama_bin_dir / "llama-server").is_file():
-        openers.append(("llama.cpp RPC", lambda: open_llama_server(card, path, args.threads, args.llama_bin_dir)))
-        openers.append(("llama-server alone",
-                        lambda: open_llama_server(card, path, args.threads, args.llama_bin_dir, pooled=False)))
+    if (bins / "ggml-rpc-server").is_file() and (bins / "llama-server").is_file():
+        openers += [
+            ("llama.cpp RPC", lambda: open_llama_server(card, path, args.threads, bins)),
+            ("llama-server alone", lambda: open_llama_server(card, path, args.threads, bins, donor=None)),
+        ]
+        if args.stages:
+            openers += [
+                ("ours->ggml-rpc", lambda: open_engine(card, path, args.threads, "direct-ggml", bin_dir=bins)),
+                ("l.cpp->our donor", lambda: open_llama_server(card, path, args.threads, bins, donor="lib")),
+                ("l.cpp->chan plain", lambda: open_llama_server(card, path, args.threads, bins,
+                                                                donor="ggml+channel-plain")),
+                ("l.cpp->chan", lambda: open_llama_server(card, path, args.threads, bins, donor="ggml+channel")),
+            ]
     else:
         print(f"no ggml-rpc-server/llama-server under {args.llama_bin_dir}: llama.cpp's own RPC not measured")
     configs: dict[str, Config] = {}
@@ -310,7 +538,8 @@ def main() -> int:
             config.close()
     rows = {
         name: {"tokens": [r[0] for r in runs], "ttft_ms": statistics.median(r[1] for r in runs) * 1000,
-               "tok_s": statistics.median(r[2] for r in runs if r[2]), "load_s": configs[name].load_s}
+               "tok_s": statistics.median(r[2] for r in runs if r[2]), "load_s": configs[name].load_s,
+               "fast_tok_s": _fast_rate([g for r in runs for g in r[3]])}
         for name, runs in results.items()
     }
     base = rows.get("one node")
@@ -318,11 +547,14 @@ def main() -> int:
         return 1
     ref = rows.get("llama.cpp RPC")
     print(f"\nload average now {os.getloadavg()[0]:.2f}")
-    print(f"{'config':<20}{'tok/s':>8}{'x llama.cpp RPC':>17}{'x one node':>12}{'TTFT ms':>9}{'load s':>8}{'same tokens':>13}")
+    print(f"{'config':<20}{'tok/s':>8}{'x llama.cpp RPC':>17}{'x one node':>12}{'p10 tok/s':>11}{'x l.cpp':>9}"
+          f"{'TTFT ms':>9}{'load s':>8}{'same tokens':>13}")
     for name, row in rows.items():
         same = row["tokens"] == base["tokens"]
         vs_ref = f"{row['tok_s'] / ref['tok_s']:.2f}" if ref else "-"
+        fast_ref = f"{row['fast_tok_s'] / ref['fast_tok_s']:.2f}" if ref else "-"
         print(f"{name:<20}{row['tok_s']:>8.2f}{vs_ref:>17}{row['tok_s'] / base['tok_s']:>12.2f}"
+              f"{row['fast_tok_s']:>11.2f}{fast_ref:>9}"
               f"{row['ttft_ms']:>9.0f}{row['load_s']:>8.1f}{'yes' if same else 'NO':>13}")
     if "skulk pool" in rows and "skulk pool, plain" in rows:
         cost = 1 - rows["skulk pool"]["tok_s"] / rows["skulk pool, plain"]["tok_s"]

@@ -9,6 +9,7 @@ import threading
 
 import pytest
 
+from skulk.pool import channel
 from skulk.pool.channel import CHUNK_BYTES, ChannelRefused, DonorGate, DriverLink, Remote
 
 KEY = b"k" * 32
@@ -147,3 +148,82 @@ def test_a_lost_gate_is_named_before_the_local_socket_closes(gate):
         assert events == ["lost node n1 (rank 1)", "local closed"]
     finally:
         link.close()
+
+
+def _silent_gate(stop: threading.Event) -> tuple[socket.socket, list]:
+    """A gate that proves the key, then says nothing ever again: a donor whose process or
+    node is stopped, or whose traffic is dropped (the kernel keeps the TCP connection up)."""
+    from skulk.pool.channel import server_handshake
+
+    server = socket.create_server(("127.0.0.1", 0))
+    held: list = []
+
+    def serve():
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            server_handshake(conn, KEY)
+            held.append(conn)  # open and silent
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server, held
+
+
+def test_a_silent_donor_is_named_lost_at_the_silence_deadline(monkeypatch):
+    monkeypatch.setattr(channel, "SILENCE_DEADLINE_S", 0.5)
+    stop = threading.Event()
+    server, held = _silent_gate(stop)
+    events: list[str] = []
+    link = DriverLink(Remote("127.0.0.1", server.getsockname()[1], "node n1 (rank 1)"), KEY,
+                      lambda remote, why: events.append(f"lost {remote.name}: {why}"))
+    link.start()
+    try:
+        with socket.create_connection(("127.0.0.1", link.port), timeout=30) as sock:
+            sock.sendall(b"a request the donor never answers")
+            sock.settimeout(30)  # a bound for the test only: the link must end it long before
+            assert sock.recv(4) == b""
+        assert len(events) == 1 and events[0].startswith("lost node n1 (rank 1): no frame from the peer"), events
+    finally:
+        stop.set()
+        link.close()
+        server.close()
+        for conn in held:
+            conn.close()
+
+
+@pytest.mark.parametrize("encrypt", [True, False])
+def test_a_slow_but_alive_donor_is_not_lost(monkeypatch, encrypt):
+    """A donor computing for longer than the silence deadline still heartbeats: its answer
+    arrives and nothing is reported lost."""
+    monkeypatch.setattr(channel, "SILENCE_DEADLINE_S", 1.5)
+    monkeypatch.setattr(channel, "HEARTBEAT_INTERVAL_S", 0.05)
+    answered, done = threading.Event(), threading.Event()
+    slow = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        conn, _ = slow.accept()
+        with conn:
+            request = conn.recv(64)
+            answered.wait(4.0)  # "computing" for well over the deadline
+            conn.sendall(request)
+            done.wait(30)  # a donor keeps its connection: its end would be a loss
+
+    threading.Thread(target=serve, daemon=True).start()
+    g = DonorGate("127.0.0.1", 0, KEY, slow.getsockname()[1], encrypt=encrypt)
+    g.start()
+    lost: list = []
+    link = _link(g, KEY, lost, encrypt)
+    try:
+        with socket.create_connection(("127.0.0.1", link.port), timeout=30) as sock:
+            sock.sendall(b"ping")
+            sock.settimeout(30)
+            assert sock.recv(4) == b"ping"
+            assert lost == []
+    finally:
+        answered.set()
+        done.set()
+        link.close()
+        g.close()
+        slow.close()

@@ -15,15 +15,24 @@ Handshake (K = `layout.channel_key`, bound to instance, repair hop and rank):
 
 A stray TCP client, or a node with another cluster key, gets nothing and is disconnected
 within HANDSHAKE_TIMEOUT_S. Then both sides derive one ChaCha20-Poly1305 key per direction
-(HKDF over K, salt cn | sn) and exchange frames: 4-byte big-endian length, then ciphertext
-with a 12-byte counter nonce (never reused: one key per direction per connection). A frame
-that fails authentication closes the connection.
+(HKDF over K, salt cn | sn) and exchange frames: 4-byte big-endian length, then the payload
+sealed with a 12-byte counter nonce (never reused: one key per direction per connection). A
+frame that fails authentication closes the connection. Unencrypted (`encrypt=False`, the
+SKULK_POOL_ENCRYPT=0 escape hatch) the frames carry the payload as is.
 
-Deadlines: every handshake read has HANDSHAKE_TIMEOUT_S; the cross-node socket has TCP
-keepalive (a silent dead peer is noticed in about KEEPALIVE_IDLE_S + KEEPALIVE_COUNT x
-KEEPALIVE_INTERVAL_S). On the driver a lost donor calls `on_lost(donor, reason)` *before*
-the local socket towards llama.cpp is closed: ggml's RPC client aborts its process on a
-closed socket, so the driver must say which node was lost first (see `llama_pool`).
+Liveness: a frame with an empty payload is a heartbeat. Each side sends one every
+HEARTBEAT_INTERVAL_S, and a side that receives no frame at all for SILENCE_DEADLINE_S
+declares its peer lost. This is what bounds every wait on a donor: ggml's RPC client waits
+for its answers without any deadline, and a donor that is alive to the kernel but silent
+(its process or node stopped, its traffic dropped) keeps the TCP connection up, keepalive
+probes and all. A donor busy with a long graph still heartbeats (the relay threads are not
+the compute thread), so a slow answer is never mistaken for a lost donor.
+
+Deadlines: every handshake read has HANDSHAKE_TIMEOUT_S; every cross-node read and send has
+SILENCE_DEADLINE_S; the cross-node socket also has TCP keepalive. On the driver a lost donor
+calls `on_lost(donor, reason)` *before* the local socket towards llama.cpp is closed: ggml's
+RPC client aborts its process on a closed socket, so the driver must say which node was lost
+first (see `llama_pool`).
 """
 
 from __future__ import annotations
@@ -53,8 +62,16 @@ KEEPALIVE_COUNT = 3
 MAX_CONNECTIONS = 8
 """Concurrent channel connections per gate or link (ggml keeps one socket per endpoint);
 more are closed at once: nothing queues without bound."""
-CHUNK_BYTES = 256 * 1024
-"""Plaintext bytes per frame; a frame claiming more is refused."""
+CHUNK_BYTES = 128 * 1024
+"""Plaintext bytes per frame at most; a frame claiming more is refused. Small enough that a
+large answer (a token's logits) is sealed, sent, opened and forwarded frame by frame in
+overlap, instead of waiting whole at each hop."""
+HEARTBEAT_INTERVAL_S = 1.0
+"""How often each side of a connection proves it is alive with an empty frame."""
+SILENCE_DEADLINE_S = 8.0
+"""No frame (data or heartbeat) from the peer for this long: the peer is lost. Eight missed
+heartbeats: a loaded machine's scheduling hiccups stay far below it, and the issue's bound
+(a typed error naming the node within 5 s of detection) is counted from here."""
 NONCE_BYTES = 32
 TAG_BYTES = 32
 AEAD_OVERHEAD = 16
@@ -100,19 +117,42 @@ def _keepalive(sock: socket.socket) -> None:
 
 
 class _Sealer:
+    """ChaCha20-Poly1305 with a counter nonce, sealing/opening into caller-owned buffers
+    (`*_into`, no allocation per frame) where the installed `cryptography` offers it."""
+
     def __init__(self, key: bytes) -> None:
         self._aead = ChaCha20Poly1305(key)
         self._counter = 0
+        self._in_place = hasattr(self._aead, "encrypt_into") and hasattr(self._aead, "decrypt_into")
 
-    def seal(self, data: bytes) -> bytes:
+    def _nonce(self) -> bytes:
         nonce = b"\0\0\0\0" + struct.pack(">Q", self._counter)
         self._counter += 1
-        return self._aead.encrypt(nonce, data, None)
+        return nonce
 
-    def open(self, data: bytes) -> bytes:
-        nonce = b"\0\0\0\0" + struct.pack(">Q", self._counter)
-        self._counter += 1
-        return self._aead.decrypt(nonce, data, None)
+    def seal(self, data: bytes | memoryview) -> bytes:
+        return self._aead.encrypt(self._nonce(), data, None)
+
+    def open(self, data: bytes | memoryview) -> bytes:
+        return self._aead.decrypt(self._nonce(), data, None)
+
+    def seal_into(self, data: memoryview, out: memoryview) -> int:
+        """Seal `data` into `out`; the sealed length (len(data) + AEAD_OVERHEAD)."""
+        size = len(data) + AEAD_OVERHEAD
+        if self._in_place:
+            self._aead.encrypt_into(self._nonce(), data, None, out[:size])  # type: ignore[attr-defined]
+        else:
+            out[:size] = self.seal(data)
+        return size
+
+    def open_into(self, data: memoryview, out: memoryview) -> int:
+        """Open `data` into `out` (InvalidTag when forged); the plain length."""
+        size = len(data) - AEAD_OVERHEAD
+        if self._in_place:
+            self._aead.decrypt_into(self._nonce(), data, None, out[:size])  # type: ignore[attr-defined]
+        else:
+            out[:size] = self.open(data)
+        return size
 
 
 def client_handshake(sock: socket.socket, key: bytes) -> tuple[bytes, bytes]:
@@ -154,32 +194,105 @@ def server_handshake(sock: socket.socket, key: bytes) -> tuple[bytes, bytes]:
     return to_driver, from_driver
 
 
-def _pump_seal(src: socket.socket, dst: socket.socket, sealer: _Sealer) -> None:
-    """Plain bytes from `src` to sealed frames on `dst` until `src` ends."""
+class _FrameWriter:
+    """Frames onto the cross-node socket: data from the local side and heartbeats, one
+    writer at a time (the sealer's nonce counter and the socket's byte order both need it).
+    One frame buffer, reused: a token's logits (up to megabytes on large vocabularies) cross
+    without an allocation per frame."""
+
+    def __init__(self, sock: socket.socket, key: bytes, encrypt: bool) -> None:
+        self._sock = sock
+        self._sealer = _Sealer(key) if encrypt else None
+        self._lock = threading.Lock()
+        self._frame = memoryview(bytearray(4 + CHUNK_BYTES + AEAD_OVERHEAD))
+
+    def send(self, payload: memoryview) -> None:
+        with self._lock:
+            self._send(payload)
+
+    def _send(self, payload: memoryview) -> None:
+        if self._sealer is not None:
+            size = self._sealer.seal_into(payload, self._frame[4:])
+        else:
+            size = len(payload)
+            self._frame[4 : 4 + size] = payload
+        struct.pack_into(">I", self._frame, 0, size)
+        self._sock.sendall(self._frame[: 4 + size])
+
+    def heartbeat(self) -> bool:
+        """One empty frame unless a send is in progress (it proves life already); False
+        when the socket failed (the reader reports why)."""
+        if not self._lock.acquire(timeout=HEARTBEAT_INTERVAL_S):
+            return True
+        try:
+            self._send(memoryview(b""))
+            return True
+        except OSError:
+            return False
+        finally:
+            self._lock.release()
+
+
+def _pump_out(src: socket.socket, writer: _FrameWriter) -> None:
+    """Plain bytes from the local `src` to frames on the cross-node socket until `src` ends."""
+    buffer = memoryview(bytearray(CHUNK_BYTES))
     while True:
-        data = src.recv(CHUNK_BYTES)
-        if not data:
+        n = src.recv_into(buffer)
+        if not n:
             return
-        frame = sealer.seal(data)
-        dst.sendall(struct.pack(">I", len(frame)) + frame)
+        writer.send(buffer[:n])
 
 
-def _pump_open(src: socket.socket, dst: socket.socket, opener: _Sealer) -> None:
-    """Sealed frames from `src` to plain bytes on `dst` until `src` ends; a forged or
-    oversized frame raises."""
+def _recv_into(sock: socket.socket, view: memoryview) -> bool:
+    """Fill `view` from `sock`; False when the peer ended before the first byte (a clean
+    end between frames); ConnectionError when it ended inside."""
+    got = 0
+    while got < len(view):
+        n = sock.recv_into(view[got:])
+        if not n:
+            if got == 0:
+                return False
+            raise ConnectionError("peer closed inside a frame")
+        got += n
+    return True
+
+
+def _pump_in(src: socket.socket, dst: socket.socket, key: bytes, encrypt: bool) -> None:
+    """Frames from the cross-node `src` to plain bytes on the local `dst` until `src` ends
+    (between frames); heartbeats are dropped; a forged or oversized frame raises, and so does
+    SILENCE_DEADLINE_S without any frame (TimeoutError from the socket). A sealed frame is
+    forwarded once whole and authenticated; a plain frame's bytes are forwarded as they come."""
+    opener = _Sealer(key) if encrypt else None
+    overhead = AEAD_OVERHEAD if encrypt else 0
+    header = memoryview(bytearray(4))
+    body = memoryview(bytearray(CHUNK_BYTES + overhead))
+    plain = memoryview(bytearray(CHUNK_BYTES))
     while True:
         try:
-            header = _recv_exact(src, 4)
+            if not _recv_into(src, header):
+                return
         except ConnectionError:
             return
         (length,) = struct.unpack(">I", header)
-        if not AEAD_OVERHEAD < length <= CHUNK_BYTES + AEAD_OVERHEAD:
+        if not overhead <= length <= CHUNK_BYTES + overhead:
             raise ChannelRefused(f"frame of {length} bytes refused")
+        if opener is None:
+            left = length
+            while left:
+                n = src.recv_into(body[:left])
+                if not n:
+                    raise ConnectionError("peer closed inside a frame")
+                dst.sendall(body[:n])
+                left -= n
+            continue
+        if length and not _recv_into(src, body[:length]):
+            raise ConnectionError("peer closed inside a frame")
         try:
-            data = opener.open(_recv_exact(src, length))
+            size = opener.open_into(body[:length], plain)
         except InvalidTag:
             raise ChannelRefused("a frame failed authentication") from None
-        dst.sendall(data)
+        if size:
+            dst.sendall(plain[:size])
 
 
 def _close(*socks: socket.socket) -> None:
@@ -291,12 +404,16 @@ class DonorGate(_Listener):
 
 def _relay(remote: socket.socket, local: socket.socket, send_key: bytes, receive_key: bytes, encrypt: bool,
            on_remote_end: Callable[[str], None] | None = None) -> None:
-    """Relay both directions until either side ends. `on_remote_end(reason)` runs (once)
-    when the remote side ended or failed, before the local socket is closed: whichever
-    direction notices first, a read that sees the peer's end or a send to the peer that
-    fails (a dead donor is often first seen by the driver's next send). Only a local end
-    (llama.cpp closed its socket: a normal teardown) calls nothing."""
+    """Relay both directions until either side ends, heartbeating the remote side. Every
+    wait on the remote side has SILENCE_DEADLINE_S. `on_remote_end(reason)` runs (once)
+    when the remote side ended, failed or went silent, before the local socket is closed:
+    whichever direction notices first, a read that sees the peer's end or its silence, or a
+    send to the peer that fails (a dead donor is often first seen by the driver's next
+    send). Only a local end (llama.cpp closed its socket: a normal teardown) calls nothing."""
+    remote.settimeout(SILENCE_DEADLINE_S)
+    writer = _FrameWriter(remote, send_key, encrypt)
     local_closed = threading.Event()
+    outbound_done = threading.Event()
     told = threading.Lock()
     reported: list[str] = []
 
@@ -310,40 +427,38 @@ def _relay(remote: socket.socket, local: socket.socket, send_key: bytes, receive
 
     def outbound() -> None:  # local plain -> remote
         try:
-            if encrypt:
-                _pump_seal(local, remote, _Sealer(send_key))
-            else:
-                _plain(local, remote)
+            _pump_out(local, writer)
             local_closed.set()
-        except Exception as exc:  # the send to the peer failed
+        except Exception as exc:  # the send to the peer failed (or timed out)
             remote_ended(f"sending to the peer failed: {type(exc).__name__}: {exc}")
         finally:
+            outbound_done.set()
             try:
                 remote.shutdown(socket.SHUT_WR)
             except OSError:
                 pass
 
+    def heartbeats() -> None:
+        while not outbound_done.wait(HEARTBEAT_INTERVAL_S):
+            if not writer.heartbeat():
+                return
+
     thread = threading.Thread(target=outbound, name="pool-relay-out", daemon=True)
     thread.start()
+    beat = threading.Thread(target=heartbeats, name="pool-relay-heartbeat", daemon=True)
+    beat.start()
     try:
-        if encrypt:
-            _pump_open(remote, local, _Sealer(receive_key))
-        else:
-            _plain(remote, local)
+        _pump_in(remote, local, receive_key, encrypt)
         why = "the peer closed the channel"
+    except TimeoutError:
+        why = f"no frame from the peer in {SILENCE_DEADLINE_S:g} s (its process or node stopped, or its traffic is dropped)"
     except Exception as exc:
         why = f"{type(exc).__name__}: {exc}"
     remote_ended(why)
+    outbound_done.set()
     _close(local, remote)
     thread.join(timeout=DIAL_TIMEOUT_S)
-
-
-def _plain(src: socket.socket, dst: socket.socket) -> None:
-    while True:
-        data = src.recv(CHUNK_BYTES)
-        if not data:
-            return
-        dst.sendall(data)
+    beat.join(timeout=DIAL_TIMEOUT_S)
 
 
 class DriverLink(_Listener):
@@ -397,7 +512,9 @@ __all__ = [
     "CHUNK_BYTES",
     "DIAL_TIMEOUT_S",
     "HANDSHAKE_TIMEOUT_S",
+    "HEARTBEAT_INTERVAL_S",
     "MAX_CONNECTIONS",
+    "SILENCE_DEADLINE_S",
     "ChannelRefused",
     "DonorGate",
     "DriverLink",

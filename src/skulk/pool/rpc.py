@@ -130,27 +130,58 @@ def local_accelerators() -> list[int]:
 _rpc_devices: set[int] = set()
 
 
+class DevicesNotApplied(RpcUnavailable):
+    """llama-cpp-python built the model without asking for its default parameters on the
+    loading thread, so the pool's device list could not be applied: loading anyway would
+    silently keep every layer local."""
+
+
+_placement_lock = threading.Lock()
+_kept_device_lists: list[Any] = []
+"""Every device list handed to llama.cpp, kept for the process's life: llama-cpp-python keeps
+the params (and so the pointer) on its Llama object after the load."""
+
+
 @contextlib.contextmanager
 def model_devices(devices: Sequence[int]) -> Iterator[None]:
-    """Within the block, every llama_cpp.Llama loads onto `devices` (NULL-terminated list in
-    llama_model_params.devices). llama-cpp-python exposes no argument for it, so its
-    default-params factory is wrapped for the block; a runner loads one model, on one
-    thread, so nothing else sees the wrapper."""
-    import llama_cpp.llama as llama_module
+    """Within the block, a llama_cpp.Llama constructed *on this thread* loads onto `devices`
+    (NULL-terminated list in llama_model_params.devices).
+
+    llama-cpp-python exposes no argument for the device list, so its default-params factory
+    (`llama_cpp.llama_model_default_params`, looked up through the module when a Llama is
+    built) is wrapped for the block. What makes that safe:
+    - one block at a time (a lock), and the wrapper applies the list only on the thread that
+      opened the block: another thread building a model meanwhile gets plain defaults;
+    - the list is kept alive for the process (llama-cpp-python keeps the pointer);
+    - the block fails with `DevicesNotApplied` when no params were built through the wrapper
+      on this thread (a llama-cpp-python that stopped building them that way), instead of a
+      model silently loaded with every layer local;
+    - the original factory is restored on the way out, whatever happened."""
+    import llama_cpp.llama_cpp as bindings  # the module `llama_cpp.llama` builds its Llama through
 
     array = (ctypes.c_void_p * (len(devices) + 1))(*devices, None)
-    original = llama_module.llama_cpp.llama_model_default_params
+    owner = threading.get_ident()
+    applied: list[int] = []
+    with _placement_lock:
+        original = bindings.llama_model_default_params
 
-    def with_devices() -> Any:
-        params = original()
-        params.devices = ctypes.cast(array, ctypes.c_void_p)
-        return params
+        def with_devices() -> Any:
+            params: Any = original()
+            if threading.get_ident() == owner:
+                params.devices = ctypes.cast(array, ctypes.c_void_p)
+                applied.append(1)
+            return params
 
-    llama_module.llama_cpp.llama_model_default_params = with_devices
-    try:
-        yield
-    finally:
-        llama_module.llama_cpp.llama_model_default_params = original
+        _kept_device_lists.append(array)
+        bindings.llama_model_default_params = with_devices
+        try:
+            yield
+        finally:
+            bindings.llama_model_default_params = original
+        if not applied:
+            raise DevicesNotApplied(
+                "llama-cpp-python did not build its model parameters through llama_model_default_params on the "
+                "loading thread, so the pool's device list was not applied (every layer would stay local)")
 
 
-__all__ = ["RpcUnavailable", "add_servers", "free_loopback_port", "local_accelerators", "model_devices", "start_server"]
+__all__ = ["DevicesNotApplied", "RpcUnavailable", "add_servers", "free_loopback_port", "local_accelerators", "model_devices", "start_server"]

@@ -15,6 +15,7 @@ instance on the survivors.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -63,6 +64,16 @@ class PoolMemberLost(EngineError):
 
 def encrypt_enabled() -> bool:
     return os.environ.get(ENCRYPT_ENV, "1").strip() != "0"
+
+
+@contextlib.contextmanager
+def _placed_on(devices: list[int]) -> Iterator[None]:
+    """`rpc.model_devices`, its refusal as the load failure it is."""
+    try:
+        with rpc.model_devices(devices):
+            yield
+    except rpc.DevicesNotApplied as exc:
+        raise ModelLoadFailed(f"pool driver: {exc}") from exc
 
 
 def _require_key(spec: ShardSpec) -> bytes:
@@ -128,7 +139,7 @@ class PoolDriver:
         log.info("pool driver: %d donor device(s), n_gpu_layers=%d, tensor_split=%s",
                  len(remote_devices), split.n_gpu_layers, split.tensor_split)
         return ({"n_gpu_layers": split.n_gpu_layers, "tensor_split": list(split.tensor_split)},
-                rpc.model_devices(devices))
+                _placed_on(devices))
 
     def _lost_member(self, remote: Remote, reason: str) -> None:
         if self._closing.is_set() or self._lost.is_set():
