@@ -36,7 +36,9 @@ memory bandwidth, as with a real model, and per-token overheads weigh far less.
 
 Usage: uv run python bench/concurrency.py [--tokens 128] [--rounds 5] [--threads 2] [--no-inproc]
                                           [--gguf PATH | --bench-model]
-The figure for the issue's target: `uv run python bench/concurrency.py --bench-model`.
+The figure for the issue's target (served vs direct only, about 7 minutes on a quiet
+2-core box): `uv run python bench/concurrency.py --bench-model --no-inproc`.
+Each round's figures are printed as it ends, the tables at the end.
 Needs a llama-server (`skulk engines install --backend cpu`, or SKULK_LLAMA_SERVER_BIN).
 Every process started here is stopped on the way out; every wait has a deadline.
 """
@@ -72,7 +74,7 @@ from tests.worker.tiny_gguf import LONG_PROMPT, RUNNER, prompt_params, text_task
 
 CONCURRENCY = (1, 4, 8)
 SLOTS = 8
-CONTEXT_PER_SLOT = 512
+CONTEXT_PER_SLOT = 1024
 READY_DEADLINE_S = 180.0
 RUN_DEADLINE_S = 600.0
 WARM_UP_TOKENS = 16
@@ -353,6 +355,10 @@ def main() -> int:
                     per_token = max(measure.tokens, 1) / 1e6
                     cpu.setdefault((name, c), []).append(
                         ((after[0] - before[0]) / per_token, (after[1] - before[1]) / per_token))
+                line = ", ".join(f"{name} {results[(name, c)][-1][0]:.1f}" for name in names)
+                ratio = results[("served", c)][-1][0] / results[("direct", c)][-1][0]
+                print(f"C={c} round {r + 1}/{args.rounds}: {line} tok/s; served/direct {ratio:.2f}; "
+                      f"load {os.getloadavg()[0]:.2f}", flush=True)
             loads[c] = (load_before, os.getloadavg())
         print(f"load average after: {os.getloadavg()}")
         report(names, results, cpu, loads, args.rounds)
