@@ -136,3 +136,16 @@ def test_a_repair_places_the_instance_again_with_the_operators_slots():
     (placed,) = [e.instance for e in events if type(e).__name__ == "InstanceCreated"]
     assert "a" not in placed.node_ids()
     assert (placed.shards[0].slots, placed.requested_slots) == (6, 6)
+
+
+def test_a_restored_placement_keeps_the_operators_slots():
+    from skulk.master.restore import restore_step
+    from skulk.shared.intent import placement_intent
+
+    resources = {"a": served_res("a", gguf_whole(6) + GB, slots=2)}
+    original = place(GGUF_8B, cluster(resources), resources, request(GGUF_8B, slots=6), new_id=ids())
+    wanted = placement_intent(original, cluster(resources))
+    assert wanted.slots == 6
+    step = restore_step([wanted], cluster(resources), {GGUF_8B.model_id: GGUF_8B}, resources, waited_s=0, new_id=ids())
+    assert step.created is not None
+    assert (step.created.instance.shards[0].slots, step.created.instance.requested_slots) == (6, 6)
