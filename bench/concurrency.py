@@ -39,6 +39,9 @@ Usage: uv run python bench/concurrency.py [--tokens 128] [--rounds 5] [--threads
 The figure for the issue's target (served vs direct only, about 7 minutes on a quiet
 2-core box): `uv run python bench/concurrency.py --bench-model --no-inproc`.
 Each round's figures are printed as it ends, the tables at the end.
+On a box with more runnable threads than cores (a shared one), `--threads 1` keeps
+llama.cpp's spinning thread barriers, which stall whenever one of their threads is
+descheduled, from dominating every contender's figures.
 Needs a llama-server (`skulk engines install --backend cpu`, or SKULK_LLAMA_SERVER_BIN).
 Every process started here is stopped on the way out; every wait has a deadline.
 """
