@@ -114,6 +114,7 @@ REFUSALS = [
     (("place", MODEL, "--nodes", "3"), "topology_gap", ("400", "needs 3 compatible node(s)")),
     (("place", MODEL, "--exclude", "solo"), "exclusions_removed_all", ("400", "exclude fewer")),
     (("place", MODEL, "--sharding", "Diagonal"), "invalid_request", ("Pipeline or Tensor",)),
+    (("place", MODEL, "--slots", "0"), "invalid_slot_setting", ("400", "llama_server takes 1..64")),
     (("chat", "no/such-model", "-p", "hi"), "model_not_found", ("404", "place")),
     (("unplace", "no/such-model"), "not_found", ("no/such-model",)),
     (("models", "add", "owner/missing-repo"), "", ("404",)),

@@ -13,6 +13,7 @@ from skulk.client.views import (
     error_from_response,
     instance_rows,
     node_rows,
+    preview_rows,
     resolve_nodes,
     unplace_targets,
 )
@@ -108,3 +109,14 @@ def test_rows_name_nodes_roles_health_and_runner_states():
 ])
 def test_chat_stream_chunks_become_deltas(data, expected):
     assert chat_delta(data) == expected
+
+
+@pytest.mark.parametrize(("shard", "cell"), [
+    ({"slots": 3}, "3"),
+    ({"slots": 2, "slotsWanted": 8}, "2 (of 8)"),
+    ({}, "1"),
+])
+def test_a_preview_row_shows_the_slots_granted(shard, cell):
+    preview = {"shards": [{"nodeId": "aaaa1111", "rank": 0, "startLayer": 0, "endLayer": 6,
+                           "backend": "llama_server-cpu", **shard}]}
+    assert preview_rows(preview, STATE) == [("alpha", "0", "0-6", "llama_server-cpu", cell)]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import signal
 import threading
 
+import httpx
 import psutil
 import pytest
 
@@ -110,3 +111,36 @@ def test_an_invalid_slot_setting_withdraws_llama_server_with_the_reason(spawn_no
     instance = place(node)
     assert [(s["backend"], s["slots"]) for s in instance["preview"]["shards"]] == [("llama_cpp-cpu", 1)]
     assert not llama_servers_of(node)
+
+
+def test_an_operator_chooses_one_placements_slots(spawn_node):
+    """`slots` on /place_instance: bad counts are typed 400s that place nothing; a good one
+    is previewed, stamped in State, and the runner's server is launched with it."""
+    env = {"SKULK_LLAMA_SERVER_BIN": str(require_llama_server()), "SKULK_LLAMA_SERVER_PARALLEL": "2"}
+    (node,) = start_linked(lambda name, extra_args: spawn_node(name, env=env, extra_args=extra_args), ["slots"])
+    wait_agreed([node], members=1)
+    node_id = node.get("/node_id").json()["nodeId"]
+    wait_for(lambda: node.get("/state").json()["nodeResources"].get(node_id), timeout_s=30, what="resources")
+    for slots, says in ((0, "llama_server takes 1..64"), (65, "llama_server takes 1..64"),
+                        (10**9, "llama_server takes 1..64")):
+        refused = httpx.post(node.url + "/place_instance", json={"modelId": MODEL, "slots": slots}, timeout=10)
+        assert refused.status_code == 400, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "invalid_slot_setting" and says in error["message"], error
+    previews = node.get("/instance/previews", params={"modelId": MODEL, "slots": 99})
+    assert previews.status_code == 400 and previews.json()["error"]["code"] == "invalid_slot_setting"
+    assert node.get("/state").json()["instances"] == {}
+
+    (option, *_) = node.get("/instance/previews", params={"modelId": MODEL, "slots": 3}).json()["previews"]
+    assert [(s["backend"], s["slots"]) for s in option["shards"]] == [("llama_server-cpu", 3)]
+    dry = place(node, slots=3, dryRun=True)
+    assert [(s["backend"], s["slots"]) for s in dry["preview"]["shards"]] == [("llama_server-cpu", 3)]
+    instance = place(node, slots=3)
+    body = wait_instance_ready(node, instance["instanceId"])
+    assert body["requestedSlots"] == 3 and [s["slots"] for s in body["shards"]] == [3]
+    (server,) = llama_servers_of(node)
+    argv = server.cmdline()
+    assert argv[argv.index("--parallel") + 1] == "3"  # the placement's count, not the node's 2
+    reply = client(node).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                                 max_tokens=4, temperature=0)
+    assert reply.usage.completion_tokens >= 1

@@ -82,6 +82,9 @@ def place(
     sharding: Annotated[str, typer.Option("--sharding", help="Pipeline or Tensor.")] = "Pipeline",
     exclude: Annotated[list[str] | None, typer.Option("--exclude", help="Node (id, name or id prefix) to leave out; repeatable.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the placement; place nothing.")] = False,
+    slots: Annotated[int | None, typer.Option(
+        "--slots", help="Requests a served engine (llama-server, vLLM) decodes at once for this placement, "
+                        "instead of the node's setting.")] = None,
     url: Url = DEFAULT_URL,
 ) -> None:
     """Place a model on the cluster (the planner's reason is printed when it cannot)."""
@@ -92,12 +95,15 @@ def place(
             state = client.get("/state")
             body = {"modelId": model, "minNodes": nodes, "sharding": sharding,
                     "excludedNodes": views.resolve_nodes(exclude or [], state), "dryRun": dry_run}
+            if slots is not None:
+                body["slots"] = slots
             answer = client.post("/place_instance", body)
         console = Console()
         head = "would place" if dry_run else f"placed {answer['instanceId']}:"
         console.print(f"{head} {model} ({answer['preview'].get('sharding')}, "
                       f"context {answer['preview'].get('contextTokenLimit')} tokens)")
-        console.print(_table("shards", ("node", "rank", "layers", "backend"), views.preview_rows(answer["preview"], state)))
+        console.print(_table("shards", ("node", "rank", "layers", "backend", "slots"),
+                             views.preview_rows(answer["preview"], state)))
     _run(action)
 
 

@@ -143,13 +143,19 @@ def resolve_nodes(given: list[str], state: dict[str, Any]) -> list[str]:
 
 
 def preview_rows(preview: dict[str, Any], state: dict[str, Any]) -> list[tuple[str, ...]]:
-    """One row per shard of a placement: node, rank, layers, backend."""
+    """One row per shard of a placement: node, rank, layers, backend, slots (with the
+    node's setting when placement had to grant fewer)."""
     names = node_names(state)
     return [
         (names.get(s["nodeId"], short(s["nodeId"])), str(s.get("rank", 0)),
-         f"{s.get('startLayer')}-{s.get('endLayer')}", s.get("backend", ""))
+         f"{s.get('startLayer')}-{s.get('endLayer')}", s.get("backend", ""), _slots_cell(s))
         for s in preview.get("shards", [])
     ]
+
+
+def _slots_cell(shard: dict[str, Any]) -> str:
+    slots, wanted = shard.get("slots", 1), shard.get("slotsWanted")
+    return f"{slots} (of {wanted})" if wanted else str(slots)
 
 
 @dataclass(frozen=True)

@@ -195,6 +195,7 @@ def _place(state: State, command: PlaceInstance, ctx: DecisionContext) -> Decisi
         sharding=command.sharding,
         min_nodes=command.min_nodes,
         excluded_nodes=frozenset(command.excluded_nodes),
+        slots=command.slots,
     )
     try:
         instance = place(card, state, ctx.resources, request, new_id=ctx.new_id, memory_credits=ctx.memory_credits)

@@ -31,6 +31,11 @@ The rules, in the order they apply:
    node's advertised setting, `skulk.shared.slots`); when that many do not fit, the shard
    gets the most that do (`slots_wanted` records the setting), and with not even one it is
    a shortfall like any other. The granted count is stamped on the shard assignment.
+   An operator may choose one placement's slots (`PlacementRequest.slots`): then the
+   instance is one node serving with a served engine that has slots (the first such tag
+   of the card's order the node advertises), the count within that engine's bound, and
+   KV for exactly that many must fit; otherwise `InvalidSlotSetting` names the bound that
+   was broken (engine, range, or the most slots each node's memory admits).
 6. Best first: fewest nodes, then the best backend_preference rank (a set ranks by its
    worst shard), then the most headroom on its tightest node, then node ids.
 
@@ -60,7 +65,14 @@ from skulk.shared.memory_estimate import (
     format_gb,
     shard_footprint,
 )
-from skulk.shared.slots import engine_slots, kv_copies
+from skulk.shared.slots import (
+    MAX_SLOTS,
+    SLOT_SETTING_ENV,
+    engine_slots,
+    kv_copies,
+    requested_slots_refusal,
+    slotted,
+)
 from skulk.shared.types.base import WireModel
 from skulk.shared.types.cards import ModelCard, backend_engine
 from skulk.shared.types.commands import PlaceInstance
@@ -102,6 +114,9 @@ class PlacementRequest:
     max_nodes: int | None = None
     """Largest world size to try; None means every candidate. Repairs use it to pin a
     single-node fallback or a same-width re-placement."""
+    slots: int | None = None
+    """The operator's slot count for this placement (None: each node's setting). Exact:
+    never reduced to fit; what cannot hold it is refused (`InvalidSlotSetting`)."""
 
     @classmethod
     def from_command(cls, command: PlaceInstance) -> PlacementRequest:
@@ -110,6 +125,7 @@ class PlacementRequest:
             sharding=command.sharding,
             min_nodes=command.min_nodes,
             excluded_nodes=frozenset(command.excluded_nodes),
+            slots=command.slots,
         )
 
 
@@ -224,6 +240,18 @@ class MemoryShortfall(PlacementError):
         )
 
 
+class InvalidSlotSetting(PlacementError):
+    """A placement's requested slot count that no candidate can serve: an engine without
+    slots, a count outside the engine's bound, or KV for that many slots that does not fit
+    (each node's reason names the bound, e.g. the most slots its memory admits)."""
+
+    code = "invalid_slot_setting"
+
+    def __init__(self, model_id: str, slots: int, reasons: Sequence[str]) -> None:
+        self.model_id, self.slots, self.reasons = model_id, slots, tuple(reasons)
+        super().__init__(f"{model_id} cannot be placed with {slots} slots: {'; '.join(self.reasons)}")
+
+
 class PlacementInfoPending(PlacementError):
     """Cluster info has not finished gossiping (resources lagging members, or edges lagging
     members): retry shortly."""
@@ -293,6 +321,8 @@ def place(
     unsupported = _sharding_unsupported(card, request.sharding, request.min_nodes)
     if unsupported is not None:
         raise unsupported
+    if request.slots is not None:
+        _check_slot_request(card, request.slots, request.min_nodes)
     search = _search(
         card,
         state,
@@ -303,6 +333,7 @@ def place(
         memory_credits,
         first_fit_only=True,
         max_nodes=request.max_nodes,
+        slots=request.slots,
     )
     if search.feasible:
         instance = _instantiate(card, resources, request, search.feasible[0], new_id)
@@ -318,14 +349,18 @@ def preview(
     sharding: Sharding | None = None,
     excluded_nodes: frozenset[NodeId] = frozenset(),
     memory_credits: Mapping[NodeId, int] = EMPTY_CREDITS,
+    slots: int | None = None,
 ) -> list[PlacementPreview]:
     """Every feasible placement (both shardings unless one is given; then a one-node tensor
     option is left out as a duplicate of the pipeline one), best first. Empty when nothing
-    fits; `place` says why."""
+    fits; `place` says why. With `slots`, the placements that serve exactly that many
+    (`InvalidSlotSetting` for a count no engine of the card takes)."""
+    if slots is not None:
+        _check_slot_request(card, slots, 1)
     options: list[_Option] = []
     for mode in ("Pipeline", "Tensor") if sharding is None else (sharding,):
         if _sharding_unsupported(card, mode, 1) is None:
-            found = _search(card, state, resources, mode, 1, excluded_nodes, memory_credits).feasible
+            found = _search(card, state, resources, mode, 1, excluded_nodes, memory_credits, slots=slots).feasible
             # A one-rank tensor "split" is the pipeline placement again: list it once.
             options.extend(o for o in found if not (sharding is None and mode == "Tensor" and len(o.shards) == 1))
     options.sort(key=_Option.score)
@@ -375,7 +410,10 @@ class _Node:
     available_bytes: int
     """ram_available_bytes plus any master credit."""
     slots: int = 1
-    """The node's slot setting for its backend's engine (`skulk.shared.slots.engine_slots`)."""
+    """The node's slot setting for its backend's engine (`skulk.shared.slots.engine_slots`),
+    or the placement's requested count."""
+    fixed_slots: bool = False
+    """`slots` was requested for this placement: KV for exactly that many, never fewer."""
     span_backend: str | None = None
     """The tag this node serves with as one rank of a multi-node set (the first tag of the
     card's order whose engine can span nodes with the family and sharding), or None."""
@@ -466,9 +504,36 @@ def _slotted_footprint(card: ModelCard, node: _Node, share: ShardShare, tokens: 
     one slot's context is a memory shortfall, its arithmetic naming context and slots)."""
     for slots in range(node.slots, 0, -1):
         footprint = shard_footprint(card, share, tokens, kv_copies(node.backend, slots))
-        if footprint.total_bytes < node.available_bytes or slots == 1:
+        if footprint.total_bytes < node.available_bytes or slots == 1 or node.fixed_slots:
             return footprint, slots
     raise AssertionError("unreachable: slots >= 1")
+
+
+def _most_slots_fitting(card: ModelCard, shard: _Shard) -> int:
+    """The most slots (up to the shard's) whose KV fits beside the shard's weights; 0 when
+    not even one does."""
+    share = range(shard.start_layer, shard.end_layer)
+    tokens = admission_context_tokens(card)
+    for slots in range(shard.slots, 0, -1):
+        if shard_footprint(card, share, tokens, kv_copies(shard.node.backend, slots)).total_bytes < shard.node.available_bytes:
+            return slots
+    return 0
+
+
+def _check_slot_request(card: ModelCard, slots: int, min_nodes: int) -> None:
+    """Refusals of a requested slot count that no cluster state can change."""
+    served = [tag for tag in card.placement.compatible_backends if slotted(tag)]
+    if not served:
+        raise InvalidSlotSetting(card.model_id, slots, [
+            f"none of its backends {list(card.placement.compatible_backends)} has slots "
+            f"(slots apply to served engines: {sorted(SLOT_SETTING_ENV)})"])
+    if min_nodes > 1:
+        raise InvalidSlotSetting(card.model_id, slots, [
+            f"min_nodes={min_nodes} asks for a multi-node instance, and engines with slots serve on one node"])
+    bounds = {backend_engine(tag): MAX_SLOTS[backend_engine(tag)] for tag in served}
+    if not any(1 <= slots <= bound for bound in bounds.values()):
+        raise InvalidSlotSetting(card.model_id, slots, [
+            ", ".join(f"{engine} takes 1..{bound}" for engine, bound in sorted(bounds.items()))])
 
 
 # ---------------------------------------------------------------------------------------
@@ -499,6 +564,10 @@ class _Search:
     short_connected: list[_Option] = field(default_factory=list)
     short_disconnected: list[_Option] = field(default_factory=list)
     fit_but_disconnected: list[_Option] = field(default_factory=list)
+    slots: int | None = None
+    """The placement's requested slot count, if any."""
+    slot_refused: dict[NodeId, str] = field(default_factory=dict)
+    """Nodes left out because none of their backends can serve the requested slots."""
 
 
 def _search(
@@ -512,8 +581,11 @@ def _search(
     *,
     first_fit_only: bool = False,
     max_nodes: int | None = None,
+    slots: int | None = None,
 ) -> _Search:
-    s = _Search(card=card, sharding=sharding, min_nodes=min_nodes, excluded=excluded)
+    s = _Search(card=card, sharding=sharding, min_nodes=min_nodes, excluded=excluded, slots=slots)
+    if slots is not None:
+        max_nodes = 1  # engines with slots serve on one node
     s.members = sorted(state.nodes)
     s.eligible = [n for n in s.members if n not in excluded]
     s.pending = [n for n in s.eligible if n not in resources]
@@ -525,6 +597,9 @@ def _search(
             s.incompatible[node_id] = tuple(reading.backends)
             continue
         available = reading.memory.ram_available_bytes + max(credits.get(node_id, 0), 0)
+        if slots is not None:
+            _consider_slotted(s, node_id, [tag for tag in ordered if tag in reading.backends], available, slots)
+            continue
         span = next((tag for tag in ordered if tag in reading.backends
                      and shards_family(backend_engine(tag), card.family)
                      and spans_with(backend_engine(tag), sharding)), None)
@@ -550,6 +625,21 @@ def _search(
             break
     s.feasible.sort(key=_Option.score)
     return s
+
+
+def _consider_slotted(s: _Search, node_id: NodeId, tags: Sequence[str], available: int, slots: int) -> None:
+    """A candidate for a placement with requested slots: its first backend (card order)
+    that can serve them, as one node; or the reason none can."""
+    refusals = {tag: requested_slots_refusal(tag, slots) for tag in tags}
+    backend = next((tag for tag in tags if refusals[tag] is None), None)
+    if backend is None:
+        served = [tag for tag in tags if slotted(tag)]
+        s.slot_refused[node_id] = (
+            "; ".join(dict.fromkeys(refusals[tag] or "" for tag in served)) if served else
+            f"it serves this model with {list(tags)} only, which have no slots (in-process engines decode "
+            f"one request at a time; slots apply to {' and '.join(sorted(SLOT_SETTING_ENV))})")
+        return
+    s.compatible.append(_Node(node_id, backend, tags.index(backend), available, slots=slots, fixed_slots=True))
 
 
 def _consider(s: _Search, combo: tuple[_Node, ...], adjacency: Mapping[NodeId, frozenset[NodeId]]) -> None:
@@ -676,6 +766,7 @@ def _diagnose(s: _Search) -> PlacementError:
         _no_members(s)
         or _all_excluded(s)
         or _no_readings(s)
+        or _slots_unservable(s)
         or _no_compatible_backend(s)
         or _fits_only_if_connected(s)
         or _memory_short(s)
@@ -693,9 +784,24 @@ def _all_excluded(s: _Search) -> PlacementError | None:
 
 
 def _no_readings(s: _Search) -> PlacementError | None:
-    if s.compatible or s.incompatible:
+    if s.compatible or s.incompatible or s.slot_refused:
         return None
     return PlacementInfoPending("node resources not gossiped yet", s.pending)
+
+
+def _slots_unservable(s: _Search) -> PlacementError | None:
+    """With requested slots: every node's reason when none can serve them (no engine with
+    slots, a count beyond its engine's bound, or KV for that many that does not fit)."""
+    if s.slots is None or s.pending or not (s.slot_refused or s.short_connected):
+        return None
+    reasons = [f"{node_id}: {reason}" for node_id, reason in sorted(s.slot_refused.items())]
+    for option in s.short_connected:
+        (shard,) = option.shards  # slotted placements are one node
+        most = _most_slots_fitting(s.card, shard)
+        bound = f"at most {most} fit" if most else "not even 1 fits"
+        reasons.append(f"{shard.node.node_id}: KV for {s.slots} {backend_engine(shard.node.backend)} slots "
+                       f"does not fit, {bound} ({_arithmetic(shard)})")
+    return InvalidSlotSetting(s.card.model_id, s.slots, reasons)
 
 
 def _no_compatible_backend(s: _Search) -> PlacementError | None:
@@ -838,6 +944,7 @@ def _instantiate(
         excluded_nodes=sorted(request.excluded_nodes),
         context_token_limit=context_token_limit,
         capacity=capacity,
+        requested_slots=request.slots,
     )
 
 
@@ -873,6 +980,7 @@ __all__ = [
     "MULTI_NODE_ENGINES",
     "ExclusionsRemovedAll",
     "FamilyUnsupported",
+    "InvalidSlotSetting",
     "MemoryShortfall",
     "ModelUnknown",
     "NoCompatibleBackend",

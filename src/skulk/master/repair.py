@@ -42,7 +42,7 @@ Pure: State, cards and telemetry readings in, events out. Ids come from the inje
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from skulk.master.placement import PlacementError, PlacementRequest, place
 from skulk.shared.memory_estimate import assignment_footprint
@@ -173,6 +173,7 @@ def _replace(
         return [f"no model card for {instance.model_id}"]
     errors: list[str] = []
     for hop, request in attempts:
+        request = replace(request, slots=instance.requested_slots)  # the operator's slot choice holds
         try:
             placed = place(card, state, inputs.resources, request, new_id=inputs.new_id, memory_credits=credits)
         except PlacementError as exc:

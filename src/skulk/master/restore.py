@@ -66,7 +66,8 @@ def restore_step(
         reason = ""
         for width in widths:
             request = PlacementRequest(model_id=wanted.model_id, sharding=wanted.sharding, min_nodes=width,
-                                       excluded_nodes=excluded_ids(wanted, state), max_nodes=None if width > 1 else 1)
+                                       excluded_nodes=excluded_ids(wanted, state), max_nodes=None if width > 1 else 1,
+                                       slots=wanted.slots)
             try:
                 instance = place(cards.get(wanted.model_id), state, resources, request, new_id=new_id,
                                  memory_credits=memory_credits or {})

@@ -47,6 +47,8 @@ class PlacementIntent(WireModel):
     sharding: Sharding = "Pipeline"
     min_nodes: int = Field(default=1, ge=1)
     excluded_node_names: list[str] = Field(default_factory=list)
+    slots: int | None = Field(default=None, ge=1)
+    """The operator's slot count for the placement (`Instance.requested_slots`), if any."""
 
 
 class ClusterIntent(WireModel):
@@ -65,7 +67,7 @@ def placement_intent(instance: Instance, state: State) -> PlacementIntent:
     names = [state.nodes[n].node_name if n in state.nodes else n for n in instance.excluded_nodes]
     return PlacementIntent(
         model_id=instance.model_id, sharding=instance.sharding, min_nodes=len(set(instance.node_ids())),
-        excluded_node_names=sorted(set(names)),
+        excluded_node_names=sorted(set(names)), slots=instance.requested_slots,
     )
 
 

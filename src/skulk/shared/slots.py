@@ -86,6 +86,24 @@ def engine_slots(backend: str, advertised: Mapping[str, int]) -> int:
     return advertised.get(engine, DEFAULT_SLOTS[engine])
 
 
+def slotted(backend: str) -> bool:
+    """Whether `backend`'s engine serves requests in slots an operator can choose."""
+    return backend_engine(backend) in SLOT_SETTING_ENV
+
+
+def requested_slots_refusal(backend: str, slots: int) -> str | None:
+    """Why one placement's requested `slots` cannot run on `backend`, or None when they
+    can: only served engines have slots, each within its own bound (`MAX_SLOTS`)."""
+    engine = backend_engine(backend)
+    if engine not in SLOT_SETTING_ENV:
+        return (f"{backend} has no slots (an in-process engine decodes one request at a time); "
+                f"slots apply to {' and '.join(sorted(SLOT_SETTING_ENV))}")
+    bound = MAX_SLOTS[engine]
+    if not 1 <= slots <= bound:
+        return f"{engine} takes 1..{bound} slots, not {slots}"
+    return None
+
+
 def kv_copies(backend: str, slots: int) -> int:
     """How many full contexts of KV a shard on `backend` with `slots` slots reserves."""
     return slots if backend_engine(backend) in PER_SLOT_KV_ENGINES else 1
@@ -102,4 +120,6 @@ __all__ = [
     "kv_copies",
     "node_slot_settings",
     "parse_slot_setting",
+    "requested_slots_refusal",
+    "slotted",
 ]

@@ -94,4 +94,8 @@ def test_a_plain_token_frame_unpacks_to_the_frame_the_runner_meant(finish_reason
     got = unpack(pack_token(OWNER, CMD, 5, "é", 9, finish_reason, usage))
     assert got == expected
     assert got.to_wire() == expected.to_wire()
+    # What `model_construct` would have set, to the fields set (exclude_unset dumps).
+    assert got.frame.chunk.model_fields_set == {"command_id", "text", "token_id", "finish_reason", "usage"}
+    assert (got.model_fields_set, got.frame.model_fields_set) == (
+        {"owner_node_id", "frame"}, {"command_id", "seq", "chunk"})
     assert FROM_RUNNER_ADAPTER.validate_python(got.to_wire()) == expected

@@ -37,6 +37,11 @@ class PlaceInstanceBody(BaseModel):
     idle_ttl: float | None = Field(None, gt=0, allow_inf_nan=False)
     """Seconds idle after which the instance's runners unload their model (reloading on
     the next request); unset: always loaded."""
+    slots: int | None = None
+    """Requests a served engine (llama-server, vLLM) of this instance decodes at once,
+    instead of the node's setting; refused as `invalid_slot_setting` (naming the bound)
+    for an engine without slots, a count outside the engine's range, or KV for that many
+    slots that does not fit."""
 
 
 def _placement_error(exc: PlacementError) -> JSONResponse:
@@ -55,7 +60,7 @@ async def place_instance(request: Request, body: PlaceInstanceBody) -> Any:
         }})
     placement_request = PlacementRequest(
         model_id=body.model_id, sharding=body.sharding, min_nodes=body.min_nodes,
-        excluded_nodes=frozenset(body.excluded_nodes),
+        excluded_nodes=frozenset(body.excluded_nodes), slots=body.slots,
     )
     state = context.get_state()
     try:
@@ -72,18 +77,23 @@ async def place_instance(request: Request, body: PlaceInstanceBody) -> Any:
     command = PlaceInstance(
         command_id=new_id(), model_id=body.model_id, sharding=body.sharding, min_nodes=body.min_nodes,
         excluded_nodes=sorted(body.excluded_nodes), instance_id=instance.instance_id, idle_ttl_s=body.idle_ttl,
+        slots=body.slots,
     )
     await context.submit_command(command)
     return {"instanceId": instance.instance_id, "commandId": command.command_id, "preview": instance.to_wire()}
 
 
 @router.get("/instance/previews")
-def instance_previews(request: Request, modelId: str) -> Any:
+def instance_previews(request: Request, modelId: str, slots: int | None = None) -> Any:
+    """Every feasible placement, best first; with `slots`, those serving that many."""
     context = request.app.state.skulk
     card = context.get_cards().get(modelId)
     if card is None:
         raise HTTPException(404, f"no model card for {modelId}")
-    options = preview(card, context.get_state(), context.get_resources())
+    try:
+        options = preview(card, context.get_state(), context.get_resources(), slots=slots)
+    except PlacementError as exc:
+        return _placement_error(exc)
     return {"modelId": modelId, "previews": [_wire(option) for option in options]}
 
 

@@ -37,6 +37,9 @@ class PlaceInstance(_CommandBase):
     excluded_nodes: list[NodeId] = Field(default_factory=list)
     idle_ttl_s: float | None = Field(default=None, gt=0)
     """Stamped onto the instance: its runners unload after this long idle (None: never)."""
+    slots: int | None = None
+    """The operator's slot count for a served engine (None: the node's setting); checked by
+    placement, which refuses a bad one as `invalid_slot_setting`."""
 
 
 class CreateInstance(_CommandBase):

@@ -103,6 +103,9 @@ class Instance(WireModel):
     idle_ttl_s: float | None = Field(default=None, gt=0)
     """Seconds a runner of this instance may sit idle before it unloads its model (it
     reloads on the next request); None: it stays loaded (`skulk.shared.residency`)."""
+    requested_slots: int | None = Field(default=None, ge=1, le=256)
+    """The operator's slot count for this placement (`POST /place_instance` `slots`);
+    repairs place it again with the same count. None: each node's slot setting."""
 
     @model_validator(mode="after")
     def _ranks_in_order(self) -> Instance:
