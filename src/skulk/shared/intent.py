@@ -32,6 +32,7 @@ from skulk.shared.types.events import (
     InstanceCreated,
     InstanceDeleted,
 )
+from skulk.shared.types.ids import EventId, ModelId
 from skulk.shared.types.instances import Instance
 from skulk.shared.types.state import State
 
@@ -93,7 +94,7 @@ def fold_intent(
     return intent
 
 
-def _without(mapping: Mapping[str, object], key: str) -> dict:
+def _without(mapping: Mapping[str, object], key: str) -> dict[str, object]:
     return {k: v for k, v in mapping.items() if k != key}
 
 
@@ -103,9 +104,9 @@ def _without(mapping: Mapping[str, object], key: str) -> dict:
 def restore_cards(intent: ClusterIntent, state: State, new_id: Callable[[], str]) -> list[Event]:
     """CustomModelCardAdded for every remembered card State does not hold (in id order)."""
     return [
-        CustomModelCardAdded(event_id=new_id(), card=card)
+        CustomModelCardAdded(event_id=EventId(new_id()), card=card)
         for model_id, card in sorted(intent.custom_cards.items())
-        if state.custom_cards.get(model_id) != card
+        if state.custom_cards.get(ModelId(model_id)) != card
     ]
 
 
