@@ -32,7 +32,7 @@ from skulk.shared.types.events import (
     InstanceCreated,
     InstanceDeleted,
 )
-from skulk.shared.types.ids import EventId, ModelId
+from skulk.shared.types.ids import EventId, InstanceId, ModelId, NodeId
 from skulk.shared.types.instances import Instance
 from skulk.shared.types.state import State
 
@@ -71,7 +71,7 @@ def placement_intent(instance: Instance, state: State) -> PlacementIntent:
 
 
 def fold_intent(
-    intent: ClusterIntent, event: Event, before: Mapping[str, Instance], after: State
+    intent: ClusterIntent, event: Event, before: Mapping[InstanceId, Instance], after: State
 ) -> ClusterIntent:
     """The intent after `event`: `before` is State's instances before it applied, `after`
     the State it gave."""
@@ -110,7 +110,7 @@ def restore_cards(intent: ClusterIntent, state: State, new_id: Callable[[], str]
     ]
 
 
-def excluded_ids(wanted: PlacementIntent, state: State) -> frozenset[str]:
+def excluded_ids(wanted: PlacementIntent, state: State) -> frozenset[NodeId]:
     """The current ids of the nodes the operator excluded, matched by name."""
     names = set(wanted.excluded_node_names)
     return frozenset(n for n, info in state.nodes.items() if info.node_name in names)
