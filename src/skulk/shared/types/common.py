@@ -80,8 +80,11 @@ class ToolSpec(WireModel):
     parameters: dict[str, Any] = Field(default_factory=dict)
 
 
+ChatRole = Literal["system", "user", "assistant", "tool"]
+
+
 class ChatMessage(WireModel):
-    role: Literal["system", "user", "assistant", "tool"]
+    role: ChatRole
     content: str | None = None
     name: str | None = None
     tool_calls: list[ToolCall] = Field(default_factory=list)
