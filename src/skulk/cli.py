@@ -334,12 +334,13 @@ def models_pull(
     from skulk.artifacts.resolve import pull_model
     from skulk.models.artifact_errors import ArtifactUnavailable
     from skulk.models.cards import builtin_cards_dir, resolve_cards
+    from skulk.shared.types.ids import ModelId
 
     _configure_logging()
     for noisy in ("huggingface_hub", "httpx2"):  # one line per request; our bar and errors say it
         logging.getLogger(noisy).setLevel(logging.ERROR)
     paths = _paths(data_dir)
-    card = resolve_cards(builtin_cards_dir(), paths.custom_cards_dir).cards.get(model_id)
+    card = resolve_cards(builtin_cards_dir(), paths.custom_cards_dir).cards.get(ModelId(model_id))
     if card is None:
         typer.echo(f"skulk: no model card for {model_id}; see `skulk models list`", err=True)
         raise typer.Exit(ExitCode.USAGE)

@@ -40,7 +40,7 @@ def engines_install(
     engines dir. The build cache (~/.cache/skulk/engines/<version>-<backend>) makes a
     second install a copy. SKULK_LLAMA_SERVER_BIN, when set, still overrides what a node uses."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
     from skulk.facts.probe import probe_node_facts
     from skulk.provision.llama_build import detect_backend
@@ -60,7 +60,7 @@ def engines_install(
         console.print(f"building llama.cpp {version} ({chosen}) from {plan.pin.filename}; cache {plan.cache_root / plan.key}")
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, console=console) as progress:
-            tasks: dict[str, int] = {}
+            tasks: dict[str, TaskID] = {}
 
             def report(step: str, done: int, total: int | None) -> None:
                 if step not in tasks:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -42,7 +42,7 @@ from skulk.shared.types.chunks import EmbeddingChunk, TokenChunk
 from skulk.shared.types.commands import CancelCommand, Command, Embed, GenerateText, TaskFinished
 from skulk.shared.types.common import Usage
 from skulk.shared.types.engines import Feature, is_pipelined, missing_features, traits_of
-from skulk.shared.types.ids import new_id
+from skulk.shared.types.ids import CommandId, new_id
 from skulk.shared.types.instances import Instance
 from skulk.shared.types.stream_errors import StreamErrorType
 from skulk.shared.types.task_inputs import TaskInput, redacted_embedding_params, redacted_generation_params
@@ -90,11 +90,11 @@ def _subject(command: Command) -> str:
 
 
 def cancel_later(context: ApiContext, command_id: str) -> None:
-    send_later(context, CancelCommand(command_id=new_id(), cancelled_command_id=command_id))
+    send_later(context, CancelCommand(command_id=CommandId(new_id()), cancelled_command_id=CommandId(command_id)))
 
 
 def finished_later(context: ApiContext, command_id: str) -> None:
-    send_later(context, TaskFinished(command_id=new_id(), finished_command_id=command_id))
+    send_later(context, TaskFinished(command_id=CommandId(new_id()), finished_command_id=CommandId(command_id)))
 
 
 async def _close_on_disconnect(request: Request, context: ApiContext, stream: CommandStream) -> None:
@@ -110,7 +110,7 @@ async def _close_on_disconnect(request: Request, context: ApiContext, stream: Co
 
 async def _follow(
     request: Request, context: ApiContext, stream: CommandStream, kind: type[Any]
-) -> AsyncIterator[Any]:
+) -> AsyncGenerator[Any, None]:
     """The chunks of `stream` (all of type `kind`) until it ends, telling the cluster how it
     ended: TaskFinished after the runner's terminal, CancelCommand when this node or the
     client ended it. A chunk of another type ends the stream as a protocol violation."""
@@ -138,7 +138,7 @@ async def _follow(
 
 async def drive(
     request: Request, context: ApiContext, stream: CommandStream, params: TextGenerationParams | None = None
-) -> AsyncIterator[TokenChunk]:
+) -> AsyncGenerator[TokenChunk, None]:
     """The token chunks of `stream` until it ends (see `_follow`). Callers wrap it in
     `contextlib.aclosing` so that leaving early cancels the command.
 
@@ -159,7 +159,7 @@ async def drive(
 
 async def open_output(
     request: Request, context: ApiContext, stream: CommandStream, params: TextGenerationParams | None = None
-) -> AsyncIterator[TokenChunk]:
+) -> AsyncGenerator[TokenChunk, None]:
     """`drive(...)` with its first chunk already awaited, for a streamed response: a failure
     before any output (a prompt longer than the context, a runner that refused the request,
     a lost instance) raises here as the typed error, so the route answers it with an HTTP
@@ -174,7 +174,7 @@ async def open_output(
         await output.aclose()
         raise
 
-    async def replay() -> AsyncIterator[TokenChunk]:
+    async def replay() -> AsyncGenerator[TokenChunk, None]:
         async with aclosing(output):
             if first is None:
                 return
@@ -187,17 +187,17 @@ async def open_output(
 
 async def open_outputs(
     request: Request, context: ApiContext, streams: list[CommandStream], params: TextGenerationParams | None = None
-) -> list[AsyncIterator[TokenChunk]]:
+) -> list[AsyncGenerator[TokenChunk, None]]:
     """`open_output` for each of several choices: any failure before the first chunk of any
     of them raises here (the route answers an HTTP error before the response starts), after
     closing the outputs already opened (which cancels their commands) and the rest."""
-    outputs: list[AsyncIterator[TokenChunk]] = []
+    outputs: list[AsyncGenerator[TokenChunk, None]] = []
     try:
         for stream in streams:
             outputs.append(await open_output(request, context, stream, params))
     except BaseException:
         for output in outputs:
-            await output.aclose()  # type: ignore[attr-defined]
+            await output.aclose()
         for stream in streams[len(outputs):]:
             if stream.close():
                 cancel_later(context, stream.command_id)
@@ -205,7 +205,7 @@ async def open_outputs(
     return outputs
 
 
-async def interleaved(outputs: list[AsyncIterator[TokenChunk]]) -> AsyncIterator[tuple[int, TokenChunk | None]]:
+async def interleaved(outputs: list[AsyncGenerator[TokenChunk, None]]) -> AsyncGenerator[tuple[int, TokenChunk | None], None]:
     """The chunks of several outputs as they arrive, each with its output's index, and
     (index, None) once that output ended. One pending read per output (bounded); leaving
     early cancels the reads and closes every output."""
@@ -231,15 +231,15 @@ async def interleaved(outputs: list[AsyncIterator[TokenChunk]]) -> AsyncIterator
         # async generator raises); cancelled, each output's own cleanup runs.
         await asyncio.gather(*pending, return_exceptions=True)
         for output in outputs:
-            await output.aclose()  # type: ignore[attr-defined]
+            await output.aclose()
 
 
 async def encoded_choice_events(
     streams: list[CommandStream],
-    outputs: list[AsyncIterator[TokenChunk]],
-    encoders: list[ChoiceEncoder],
+    outputs: list[AsyncGenerator[TokenChunk, None]],
+    encoders: Sequence[ChoiceEncoder],
     on_failure: Callable[[StreamFailed], Iterable[str]],
-) -> AsyncIterator[str]:
+) -> AsyncGenerator[str, None]:
     """The streaming body of several choices of one request (n > 1, or several prompts):
     every choice's chunks interleaved as they come, each encoded with its own index, each
     choice finished on its own (its finish_reason), then the request closed once (summed
@@ -262,13 +262,19 @@ async def encoded_choice_events(
         yield event
 
 
+def _find_instance(context: ApiContext, model_id: str) -> Instance | None:
+    find = context.find_instance
+    assert find is not None  # ApiContext.__post_init__ fills in the default lookup
+    return find(model_id)
+
+
 def _placed_instance(context: ApiContext, params: P, limits_error: Callable[[P], ApiError | None]) -> Instance:
     """The first checks every request passes, in order: integers fit the wire, the request
     is within its limits, and its model is placed (404 naming the fix otherwise)."""
     check_wire_ints(params)
     if (too_much := limits_error(params)) is not None:
         raise too_much
-    instance = context.find_instance(params.model_id)
+    instance = _find_instance(context, params.model_id)
     if instance is None:
         raise ModelNotFound(params.model_id)
     return instance
@@ -284,7 +290,7 @@ async def start_embedding(context: ApiContext, params: EmbeddingParams) -> Comma
     refuse_if_not_serving(context, params.model_id)
     if context.get_master()[0] is None:
         raise ClusterNotReady("The cluster has no master yet (election in progress); retry shortly.")
-    command_id = new_id()
+    command_id = CommandId(new_id())
     stream = context.streams.open(command_id, params.model_id, requested_by=current_principal().id)
     hold_input(context, stream, TaskInput(command_id=command_id, embedding=params))
     await submit(context, stream, Embed(command_id=command_id, params=redacted_embedding_params(params)))
@@ -311,7 +317,7 @@ async def collect_embedding(
         return chunks[0]
     prompt_tokens = sum(c.usage.prompt_tokens for c in chunks if c.usage is not None)
     return EmbeddingChunk(
-        command_id=stream.command_id,
+        command_id=CommandId(stream.command_id),
         embeddings=[vector for c in chunks for vector in c.embeddings],
         usage=Usage(prompt_tokens=prompt_tokens, total_tokens=prompt_tokens),
     )
@@ -418,14 +424,14 @@ async def start_generation(
 ) -> CommandStream:
     """Bind `params` (see `bind_instance`), open its stream and submit `GenerateText`. The
     caller must then consume the stream through `drive` (or close it)."""
-    command_id = new_id()
+    command_id = CommandId(new_id())
     trace = begin_trace(context, command_id, params.model_id)
     bind_request_ids(commandId=command_id, traceId=command_id if trace is not None else None)
     bind_instance(context, params, max_tokens_param=max_tokens_param, param_names=param_names)
     return await _submit_generation(context, params, command_id, trace)
 
 
-async def _submit_generation(context: ApiContext, params: TextGenerationParams, command_id: str,
+async def _submit_generation(context: ApiContext, params: TextGenerationParams, command_id: CommandId,
                              trace: RequestTrace | None) -> CommandStream:
     """Open a stream for a bound request and submit its `GenerateText`."""
     stream = context.streams.open(command_id, params.model_id, requested_by=current_principal().id)
@@ -469,7 +475,7 @@ async def start_choices(
     streams: list[CommandStream] = []
     try:
         for choice in choice_params(params, n):
-            command_id = new_id()
+            command_id = CommandId(new_id())
             streams.append(await _submit_generation(context, choice, command_id,
                                                     begin_trace(context, command_id, params.model_id)))
     except BaseException:
@@ -544,8 +550,8 @@ async def encoded_events(
     encoder: StreamEncoder,
     on_failure: Callable[[StreamFailed], Iterable[str]],
     params: TextGenerationParams | None = None,
-    output: AsyncIterator[TokenChunk] | None = None,
-) -> AsyncIterator[str]:
+    output: AsyncGenerator[TokenChunk, None] | None = None,
+) -> AsyncGenerator[str, None]:
     """The streaming body of one request in its caller's wire format: the encoder's events
     around the output, or the format's error events when the stream fails. `output` is the
     stream's chunks when the route already opened them (`open_output`)."""
@@ -553,8 +559,8 @@ async def encoded_events(
         yield event
     pending: list[str] = []
     try:
-        async with aclosing(output if output is not None else drive(request, context, stream, params)) as output:
-            async for chunk in output:
+        async with aclosing(output if output is not None else drive(request, context, stream, params)) as chunks:
+            async for chunk in chunks:
                 pending.extend(encoder.chunk_to_sse(chunk))
                 if stream.queued == 0 and pending:
                     # Tokens that arrived together leave in one write: one send through the

@@ -123,7 +123,7 @@ def parse_snapshot(document: Any) -> tuple[str, str, str]:
         raise InvalidRequest("A snapshot must be a JSON object.", param="snapshot")
     if document.get("version") != SNAPSHOT_VERSION:
         raise InvalidRequest(f"Unsupported snapshot version {document.get('version')!r}.", param="snapshot.version")
-    values = tuple(document.get(key) for key in ("sessionId", "model", "transcript"))
+    values: tuple[Any, ...] = tuple(document.get(key) for key in ("sessionId", "model", "transcript"))
     if not all(isinstance(v, str) for v in values) or not values[0].startswith(SESSION_ID_PREFIX):
         raise InvalidRequest("A snapshot needs string sessionId, model and transcript.", param="snapshot")
     if len(values[2]) > MAX_TRANSCRIPT_CHARS:

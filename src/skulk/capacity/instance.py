@@ -18,6 +18,7 @@ Pure: cards, shard assignments and snapshots in, data out. Never reads telemetry
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TypedDict
 
 from skulk.capacity.planner import (
     CapacityPlan,
@@ -80,12 +81,21 @@ def stamped_context_tokens(
     return max(admission_context_tokens(card), min(static, capacity.effective_context_tokens))
 
 
+class _ShardBase(TypedDict):
+    """The fields of a ShardCapacity that do not depend on the plan's outcome."""
+
+    node_id: NodeId
+    rank: int
+    layers: int
+    admitted_bytes: int
+
+
 def _plan_shard(
     card: ModelCard, meta: ModelMeta, shard: ShardAssignment, device: DeviceSnapshot | None, ranks_on_node: int,
     policy: CapacityPolicy,
 ) -> ShardCapacity:
     layers, share = assignment_share(card, shard)
-    base = dict(node_id=shard.node_id, rank=shard.rank, layers=len(layers),
+    base = _ShardBase(node_id=shard.node_id, rank=shard.rank, layers=len(layers),
                 admitted_bytes=assignment_footprint(card, shard).total_bytes)
     if device is None:
         return ShardCapacity(**base, device_kind="ram", gpu_layers=0, hot_kv_tokens=0, effective_context_tokens=0,

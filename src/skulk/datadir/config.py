@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import ErrorDetails
 
 from skulk.shared.body_limits import DEFAULT_MAX_BODY_BYTES, MAX_MAX_BODY_BYTES, MIN_MAX_BODY_BYTES
 
@@ -26,7 +27,7 @@ class _Strict(BaseModel):
 
 class NodeSection(_Strict):
     name: str | None = None
-    api_port: int = Field(DEFAULT_API_PORT, ge=1, le=65535)
+    api_port: int = Field(default=DEFAULT_API_PORT, ge=1, le=65535)
     listen: list[str] = []
     bootstrap_peers: list[str] = []
     multicast: bool = True
@@ -47,7 +48,7 @@ class ApiSection(_Strict):
     where every client looks like loopback)."""
     open_to_lan: bool = False
     """Serve every client without a key. An explicit choice; the node warns at start."""
-    max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, ge=MIN_MAX_BODY_BYTES, le=MAX_MAX_BODY_BYTES)
+    max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, ge=MIN_MAX_BODY_BYTES, le=MAX_MAX_BODY_BYTES)
     """Request bodies above this are refused with 413 before they are parsed (skulk.api.limits)."""
     allowed_hosts: list[str] = []
     """Extra names a request's Host header may carry (a DNS name or proxy in front of the
@@ -61,21 +62,21 @@ class ModelsSection(_Strict):
 
 class ModelStoreSection(_Strict):
     store_host: str | None = None
-    store_port: int = Field(58080, ge=1, le=65535)
+    store_port: int = Field(default=58080, ge=1, le=65535)
     cleanup_on_deactivate: bool = True
-    staging_keep_recent_gb: float = Field(40.0, ge=0)
-    disk_reserve_gb: float = Field(10.0, ge=0)
+    staging_keep_recent_gb: float = Field(default=40.0, ge=0)
+    disk_reserve_gb: float = Field(default=10.0, ge=0)
 
 
 class EventLogSection(_Strict):
-    superseded_keep: int = Field(3, ge=0)
+    superseded_keep: int = Field(default=3, ge=0)
     """Event logs moved aside by a new session (`event_log.superseded-*`) kept, newest first."""
-    superseded_max_age_days: float = Field(14.0, ge=0)
+    superseded_max_age_days: float = Field(default=14.0, ge=0)
     """Older superseded logs are pruned even within the count; 0 means no age limit."""
 
 
 class TracingSection(_Strict):
-    retention_days: int = Field(3, ge=0)
+    retention_days: int = Field(default=3, ge=0)
 
 
 class LoggingSection(_Strict):
@@ -123,7 +124,7 @@ class ConfigError(ValueError):
         super().__init__(f"invalid config {path}: " + "; ".join(problems))
 
 
-def _describe(error: dict[str, Any]) -> str:
+def _describe(error: ErrorDetails) -> str:
     key = ".".join(str(part) for part in error["loc"]) or "<top level>"
     if error["type"] == "extra_forbidden":
         return f"unknown key '{key}'"

@@ -53,7 +53,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import Any, BinaryIO, Protocol, TypeGuard
 
 import msgpack
 import zstandard
@@ -125,7 +125,8 @@ class EventLogClosedError(RuntimeError):
 
 
 class _DiskUsage(Protocol):
-    free: int
+    @property
+    def free(self) -> int: ...
 
 
 # The I/O choke points below are module functions so tests can inject failures (ENOSPC at
@@ -167,7 +168,7 @@ def archive_file_name(first_idx: int, last_idx: int) -> str:
     return f"events.{first_idx}-{last_idx}.bin.zst"
 
 
-def _is_idx(value: object) -> bool:
+def _is_idx(value: object) -> TypeGuard[int]:
     return type(value) is int and value >= 0
 
 
@@ -578,7 +579,7 @@ class DiskEventLog:
 
     # ---- snapshots and compaction -----------------------------------------------------
 
-    def write_snapshot(self, high_water_idx: int, state: dict) -> bool:
+    def write_snapshot(self, high_water_idx: int, state: dict[str, Any]) -> bool:
         """Atomically write `state` as of `high_water_idx` and keep the newest
         SNAPSHOTS_KEPT snapshots. Returns False, writing nothing, in counting-only mode or
         when the write fails: a disk-trouble errno degrades the log, any other error is

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from skulk.datadir.atomic_file import write_atomic
 from skulk.shared.intent import ClusterIntent, fold_intent
 from skulk.shared.types.events import IndexedEvent
+from skulk.shared.types.ids import InstanceId
 from skulk.shared.types.instances import Instance
 from skulk.shared.types.state import State
 
@@ -54,7 +55,7 @@ class IntentRecord:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.intent = load_intent(path)
-        self._instances: dict[str, Instance] = {}
+        self._instances: dict[InstanceId, Instance] = {}
         self._failing = False
         self.writes = 0
 

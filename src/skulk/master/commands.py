@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from skulk.master.placement import PlacementError, PlacementRequest, place
 from skulk.master.repair import RepairInputs, repair_refused
@@ -47,10 +48,10 @@ from skulk.shared.types.events import (
     TaskStatusUpdated,
     TracingStateChanged,
 )
-from skulk.shared.types.ids import NodeId
+from skulk.shared.types.ids import EventId, ModelId, NodeId
 from skulk.shared.types.instances import Instance
 from skulk.shared.types.state import State
-from skulk.shared.types.tasks import Embedding, TextGeneration
+from skulk.shared.types.tasks import Embedding, Task, TextGeneration
 from skulk.shared.types.telemetry import NodeResources
 
 
@@ -71,15 +72,15 @@ UNPLACED_INSTANCE = "unplaced"
 class DecisionContext:
     new_id: NewId
     origin: NodeId
-    cards: Mapping[str, ModelCard] = field(default_factory=dict)
-    resources: Mapping[NodeId, NodeResources] = field(default_factory=dict)
-    memory_credits: Mapping[NodeId, int] = field(default_factory=dict)
+    cards: Mapping[str, ModelCard] = field(default_factory=dict[str, ModelCard])
+    resources: Mapping[NodeId, NodeResources] = field(default_factory=dict[NodeId, NodeResources])
+    memory_credits: Mapping[NodeId, int] = field(default_factory=dict[NodeId, int])
 
 
 def _set_tracing(state: State, command: SetTracingEnabled, ctx: DecisionContext) -> Decision:
     if state.tracing_enabled == command.enabled:
         return []  # already so: the log records changes, not requests
-    return [TracingStateChanged(event_id=ctx.new_id(), enabled=command.enabled)]
+    return [TracingStateChanged(event_id=EventId(ctx.new_id()), enabled=command.enabled)]
 
 
 def _create_instance(state: State, command: CreateInstance, ctx: DecisionContext) -> Decision:
@@ -89,23 +90,23 @@ def _create_instance(state: State, command: CreateInstance, ctx: DecisionContext
     missing = sorted({s.node_id for s in instance.shards} - set(state.nodes))
     if missing:
         return Refusal("unknown_nodes", f"instance names nodes that are not members: {', '.join(missing)}")
-    return [InstanceCreated(event_id=ctx.new_id(), instance=instance)]
+    return [InstanceCreated(event_id=EventId(ctx.new_id()), instance=instance)]
 
 
 def _delete_instance(state: State, command: DeleteInstance, ctx: DecisionContext) -> Decision:
     if command.instance_id not in state.instances:
         return Refusal("unknown_instance", f"no instance {command.instance_id}")
     cancelled = [
-        TaskStatusUpdated(event_id=ctx.new_id(), task_id=task.task_id, status="Cancelled",
+        TaskStatusUpdated(event_id=EventId(ctx.new_id()), task_id=task.task_id, status="Cancelled",
                           error_message=f"instance {command.instance_id} deleted by operator")
         for task in sorted(state.tasks.values(), key=lambda t: t.task_id)
         if task.instance_id == command.instance_id and task.status not in TERMINAL_TASK_STATUSES
     ]
-    return [*cancelled, InstanceDeleted(event_id=ctx.new_id(), instance_id=command.instance_id, reason="deleted by operator")]
+    return [*cancelled, InstanceDeleted(event_id=EventId(ctx.new_id()), instance_id=command.instance_id, reason="deleted by operator")]
 
 
 def _evict(state: State, command: EvictStagedModel, ctx: DecisionContext) -> Decision:
-    return [StagedModelEvicted(event_id=ctx.new_id(), model_id=command.model_id)]
+    return [StagedModelEvicted(event_id=EventId(ctx.new_id()), model_id=command.model_id)]
 
 
 def ready_instance_for(state: State, model_id: str) -> Instance | None:
@@ -130,7 +131,7 @@ def unplaced_message(state: State, model_id: str) -> str:
     verdict = model_serving(state, model_id)
     if verdict.refused:
         return verdict.refusal()
-    failure = state.repair_failures.get(model_id)
+    failure = state.repair_failures.get(ModelId(model_id))
     why = f" (its last placement could not be repaired: {failure.reason})" if failure is not None else ""
     return f"no instance of {model_id} is placed{why}; place it first: POST /place_instance {{\"modelId\": \"{model_id}\"}}"
 
@@ -153,7 +154,7 @@ def _bind(state: State, command: GenerateText | Embed, ctx: DecisionContext, tas
     )
     if instance is None:
         task = task.model_copy(update={"status": "Failed", "error_message": unplaced_message(state, command.params.model_id)})
-    return [TaskCreated(event_id=ctx.new_id(), task=task)]
+    return [TaskCreated(event_id=EventId(ctx.new_id()), task=task)]
 
 
 def _generate(state: State, command: GenerateText, ctx: DecisionContext) -> Decision:
@@ -164,14 +165,14 @@ def _embed(state: State, command: Embed, ctx: DecisionContext) -> Decision:
     return _bind(state, command, ctx, Embedding)
 
 
-def _tasks_of_command(state: State, command_id: str) -> list:
+def _tasks_of_command(state: State, command_id: str) -> list[Task]:
     return sorted(
         (t for t in state.tasks.values() if getattr(t, "command_id", None) == command_id), key=lambda t: t.task_id
     )
 
 
 def _task_finished(state: State, command: TaskFinished, ctx: DecisionContext) -> Decision:
-    return [TaskDeleted(event_id=ctx.new_id(), task_id=t.task_id) for t in _tasks_of_command(state, command.finished_command_id)]
+    return [TaskDeleted(event_id=EventId(ctx.new_id()), task_id=t.task_id) for t in _tasks_of_command(state, command.finished_command_id)]
 
 
 def _cancel(state: State, command: CancelCommand, ctx: DecisionContext) -> Decision:
@@ -179,11 +180,11 @@ def _cancel(state: State, command: CancelCommand, ctx: DecisionContext) -> Decis
     already ended the client's stream, so nobody will send TaskFinished for them."""
     tasks = _tasks_of_command(state, command.cancelled_command_id)
     cancelled = [
-        TaskStatusUpdated(event_id=ctx.new_id(), task_id=t.task_id, status="Cancelled", error_message="cancelled by the client")
+        TaskStatusUpdated(event_id=EventId(ctx.new_id()), task_id=t.task_id, status="Cancelled", error_message="cancelled by the client")
         for t in tasks
         if t.status not in TERMINAL_TASK_STATUSES
     ]
-    return [*cancelled, *(TaskDeleted(event_id=ctx.new_id(), task_id=t.task_id) for t in tasks)]
+    return [*cancelled, *(TaskDeleted(event_id=EventId(ctx.new_id()), task_id=t.task_id) for t in tasks)]
 
 
 def _place(state: State, command: PlaceInstance, ctx: DecisionContext) -> Decision:
@@ -205,7 +206,7 @@ def _place(state: State, command: PlaceInstance, ctx: DecisionContext) -> Decisi
         instance = instance.model_copy(update={"instance_id": command.instance_id})
     if command.idle_ttl_s is not None:
         instance = instance.model_copy(update={"idle_ttl_s": command.idle_ttl_s})
-    return [InstanceCreated(event_id=ctx.new_id(), instance=instance)]
+    return [InstanceCreated(event_id=EventId(ctx.new_id()), instance=instance)]
 
 
 def _refuse_placement(state: State, command: RefuseInstancePlacement, ctx: DecisionContext) -> Decision:
@@ -223,16 +224,16 @@ def _refuse_placement(state: State, command: RefuseInstancePlacement, ctx: Decis
 def _add_card(state: State, command: AddCustomModelCard, ctx: DecisionContext) -> Decision:
     if state.custom_cards.get(command.card.model_id) == command.card:
         return []
-    return [CustomModelCardAdded(event_id=ctx.new_id(), card=command.card)]
+    return [CustomModelCardAdded(event_id=EventId(ctx.new_id()), card=command.card)]
 
 
 def _delete_card(state: State, command: DeleteCustomModelCard, ctx: DecisionContext) -> Decision:
     if command.model_id not in state.custom_cards:
         return Refusal("unknown_card", f"no custom card {command.model_id}")
-    return [CustomModelCardDeleted(event_id=ctx.new_id(), model_id=command.model_id)]
+    return [CustomModelCardDeleted(event_id=EventId(ctx.new_id()), model_id=command.model_id)]
 
 
-_DECIDERS: dict[type, Callable[[State, object, DecisionContext], Decision]] = {
+_DECIDERS: dict[type, Callable[[State, Any, DecisionContext], Decision]] = {
     SetTracingEnabled: _set_tracing,
     GenerateText: _generate,
     Embed: _embed,

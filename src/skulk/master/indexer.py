@@ -105,17 +105,17 @@ class Indexer:
     """
 
     next_idx: int
-    expected: Mapping[StreamKey, int] = field(default_factory=dict)
-    pending: Mapping[StreamKey, Mapping[int, LocalEvent]] = field(default_factory=dict)
-    gap_since: Mapping[StreamKey, datetime] = field(default_factory=dict)
-    floors: Mapping[StreamKey, int] = field(default_factory=dict)
+    expected: Mapping[StreamKey, int] = field(default_factory=dict[StreamKey, int])
+    pending: Mapping[StreamKey, Mapping[int, LocalEvent]] = field(default_factory=dict[StreamKey, Mapping[int, LocalEvent]])
+    gap_since: Mapping[StreamKey, datetime] = field(default_factory=dict[StreamKey, datetime])
+    floors: Mapping[StreamKey, int] = field(default_factory=dict[StreamKey, int])
     duplicates: int = 0
     skipped: int = 0
     rejected: int = 0
     overflow: int = 0
     gaps_skipped: int = 0
     streams_evicted: int = 0
-    rejected_types: Mapping[str, int] = field(default_factory=dict)
+    rejected_types: Mapping[str, int] = field(default_factory=dict[str, int])
 
     def pending_depth(self) -> int:
         return sum(len(held) for held in self.pending.values())

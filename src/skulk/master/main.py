@@ -19,7 +19,7 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,7 +34,7 @@ from skulk.master.plan import MasterView, heartbeat_warnings, plan, track_broken
 from skulk.master.presence_loss import PRESENCE_LOSS_CONFIRM_S, PresenceLedger, lost_nodes, observe, record_prunes
 from skulk.master.repair import DeletionCredit, active_credits, record_deletion
 from skulk.master.restore import RESTORE_DEADLINE_S, restore_step
-from skulk.routing.router import Router, RouterError
+from skulk.routing.router import Router, RouterError, TypedSubscription
 from skulk.routing.topics import TOPICS
 from skulk.shared.intent import ClusterIntent, PlacementIntent, restore_cards
 from skulk.shared.sync import due_bursts, next_due_at, replay_scheduler, request
@@ -51,7 +51,7 @@ from skulk.shared.types.events import (
     LocalEvent,
     NodeTimedOut,
 )
-from skulk.shared.types.ids import InstanceId, new_id
+from skulk.shared.types.ids import InstanceId, NodeId, SessionId, TaskId, new_id
 from skulk.shared.types.state import State
 from skulk.shared.types.sync import EventBurst, GlobalEvent, SnapshotOffer, SyncRequest
 from skulk.shared.wire_keys import to_camel_keys
@@ -197,7 +197,7 @@ class Master:
         self._replica = replica
         self._slot = log_slot
         self._telemetry = telemetry
-        self.session_id = session_id
+        self.session_id = SessionId(session_id)
         self._clock = clock
         self._node_timeout_s = node_timeout_s()
         self._generations_to_drop = dropped_generations()
@@ -207,10 +207,10 @@ class Master:
         self._replay = replay_scheduler()
         self._replay_requested = asyncio.Event()
         """Set when a replay request opens; the replay ticker waits on it while none is open."""
-        self._zombie_since: dict[str, float] = {}
+        self._zombie_since: dict[TaskId, float] = {}
         self._broken_since: dict[InstanceId, float] = {}
         self._deletion_credits: tuple[DeletionCredit, ...] = ()
-        self._warned: frozenset[str] = frozenset()
+        self._warned: frozenset[NodeId] = frozenset()
         self._promoted_at = clock()
         self.indexed = 0
         self.refused_commands = 0
@@ -218,8 +218,8 @@ class Master:
         self.bursts_sent = 0
 
     @property
-    def me(self) -> str:
-        return self._router.node_id
+    def me(self) -> NodeId:
+        return NodeId(self._router.node_id)
 
     # -- seeding ----------------------------------------------------------------------------
 
@@ -283,16 +283,21 @@ class Master:
             self._snapshot = (state.last_event_applied_idx, state)
             self._write_snapshot_soon(state)
 
+    def _seeded_indexer(self) -> ix.Indexer:
+        """The indexer `_seed` made: every input is handled after `run` seeds it."""
+        assert self._indexer is not None, "master used before run() seeded it"
+        return self._indexer
+
     async def _index_own(self, events: list[Event]) -> None:
         if not events:
             return
-        self._indexer, indexed = ix.index_own(self._indexer, events, self.me, datetime.now(UTC))
+        self._indexer, indexed = ix.index_own(self._seeded_indexer(), events, self.me, datetime.now(UTC))
         await self._commit(indexed)
 
     # -- inputs -----------------------------------------------------------------------------
 
     async def _on_local_event(self, local: LocalEvent) -> None:
-        self._indexer, indexed = ix.admit(self._indexer, local, datetime.now(UTC))
+        self._indexer, indexed = ix.admit(self._seeded_indexer(), local, datetime.now(UTC))
         await self._commit(indexed)
 
     async def _on_command(self, forwarded: ForwarderCommand) -> None:
@@ -336,7 +341,7 @@ class Master:
         tail_start = self._tail[0].idx if self._tail else last + 1
         for node_id, start, end in bursts:
             if start < tail_start:  # evicted from memory meanwhile: start over from the snapshot
-                await self._on_sync_request(SyncRequest(node_id=node_id, session_id=self.session_id, since_idx=start,
+                await self._on_sync_request(SyncRequest(node_id=NodeId(node_id), session_id=self.session_id, since_idx=start,
                                                         want_snapshot=True))
                 continue
             events = [e for e in self._tail if start <= e.idx < end]
@@ -352,11 +357,11 @@ class Master:
 
     async def _on_plan_tick(self) -> None:
         # A producer gap open too long (its message was dropped) is skipped, not waited on.
-        self._indexer, released = ix.release_stale(self._indexer, datetime.now(UTC))
+        self._indexer, released = ix.release_stale(self._seeded_indexer(), datetime.now(UTC))
         await self._commit(released)
         now = self._clock()
         state = self._replica.state
-        presence_lost: dict[str, float] = {}
+        presence_lost: dict[NodeId, float] = {}
         if self._presence is not None:
             self._presence_ledger = observe(self._presence_ledger, state.nodes, self._presence(), self.me, now)
             presence_lost = lost_nodes(self._presence_ledger, now)
@@ -444,7 +449,7 @@ class Master:
         sync_requests = self._router.subscribe(TOPICS.sync_requests)
         presence_changes = self._router.watch_presence() if self._presence is not None else None
 
-        async def pump(subscription) -> None:
+        async def pump(subscription: TypedSubscription[Any]) -> None:
             async for received in subscription:
                 message = received.message
                 if isinstance(message, LocalEvent) and message.origin != received.sender:
@@ -485,7 +490,7 @@ class Master:
                 await asyncio.sleep(max(due - self._clock(), REPLAY_TICK_S))
                 await inbox.put(_ReplayTick())
 
-        handlers = {
+        handlers: dict[type, Callable[[Any], Awaitable[None]]] = {
             LocalEvent: self._on_local_event,
             ForwarderCommand: self._on_command,
             SyncRequest: self._on_sync_request,

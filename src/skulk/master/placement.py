@@ -464,7 +464,7 @@ class _Option:
     def node_ids(self) -> tuple[NodeId, ...]:
         return tuple(s.node.node_id for s in self.shards)
 
-    def score(self) -> tuple:
+    def score(self) -> tuple[int, int, int, tuple[NodeId, ...], Sharding]:
         return (
             len(self.shards),
             max(s.node.backend_rank for s in self.shards),
@@ -473,7 +473,7 @@ class _Option:
             self.sharding,
         )
 
-    def worst_deficit(self) -> tuple:
+    def worst_deficit(self) -> tuple[int, int, tuple[NodeId, ...]]:
         return (max(-s.headroom_bytes for s in self.shards), len(self.shards), self.node_ids)
 
 

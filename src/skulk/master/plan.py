@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Literal, NotRequired, TypedDict
 
 from skulk.master.presence_loss import PRESENCE_LOSS_CONFIRM_S
 from skulk.master.repair import (
@@ -66,20 +67,20 @@ class MasterView:
 
     state: State
     me: NodeId
-    freshness: Mapping[NodeId, NodeFreshness] = field(default_factory=dict)
-    zombie_since: Mapping[TaskId, float] = field(default_factory=dict)
+    freshness: Mapping[NodeId, NodeFreshness] = field(default_factory=dict[NodeId, NodeFreshness])
+    zombie_since: Mapping[TaskId, float] = field(default_factory=dict[TaskId, float])
     now: float = 0.0
-    cards: Mapping[str, ModelCard] = field(default_factory=dict)
+    cards: Mapping[str, ModelCard] = field(default_factory=dict[str, ModelCard])
     """Model cards and gossiped resources, for repair re-placements."""
-    resources: Mapping[NodeId, NodeResources] = field(default_factory=dict)
-    memory_credits: Mapping[NodeId, int] = field(default_factory=dict)
+    resources: Mapping[NodeId, NodeResources] = field(default_factory=dict[NodeId, NodeResources])
+    memory_credits: Mapping[NodeId, int] = field(default_factory=dict[NodeId, int])
     """Memory of recently deleted instances, credited back to placement (see repair)."""
     node_timeout_s: float = NODE_TIMEOUT_S
     """Silence after which a member is pruned (the shell may lower it for tests only)."""
-    broken_since: Mapping[InstanceId, float] = field(default_factory=dict)
+    broken_since: Mapping[InstanceId, float] = field(default_factory=dict[InstanceId, float])
     """When each multi-rank instance with a rank failed after serving was first seen so:
     `track_broken_groups`."""
-    presence_lost: Mapping[NodeId, float] = field(default_factory=dict)
+    presence_lost: Mapping[NodeId, float] = field(default_factory=dict[NodeId, float])
     """Members whose presence has been gone past the hysteresis and within their prune
     budget, with seconds gone (`skulk.master.presence_loss.lost_nodes`)."""
 
@@ -145,8 +146,15 @@ def _timed_out(view: MasterView, node_id: NodeId) -> NodeFreshness | None:
 # -- rules ----------------------------------------------------------------------------------
 
 
-Verdict = Mapping[str, object]
-"""A NodeTimedOut's fields but its event id, which is drawn after the node's teardown's ids."""
+class Verdict(TypedDict):
+    """A NodeTimedOut's fields but its event id, which is drawn after the node's teardown's ids."""
+
+    last_event_age_s: float
+    heartbeat_age_s: float | None
+    telemetry_age_s: float | None
+    effective_age_s: float
+    timeout_s: float
+    cause: NotRequired[Literal["silence", "presence_lost"]]
 
 
 def _prune(view: MasterView, verdicts: Mapping[NodeId, Verdict], new_id: IdFactory) -> list[Event] | None:
@@ -183,7 +191,7 @@ def drop_nodes_without_presence(view: MasterView, new_id: IdFactory) -> list[Eve
         if node_id == view.me or absent_s is None:
             continue
         f = view.freshness.get(node_id) or NodeFreshness()
-        verdicts[node_id] = dict(
+        verdicts[node_id] = Verdict(
             last_event_age_s=f.last_event_age_s if f.last_event_age_s is not None else absent_s,
             heartbeat_age_s=f.heartbeat_age_s, telemetry_age_s=f.telemetry_age_s,
             effective_age_s=absent_s, timeout_s=PRESENCE_LOSS_CONFIRM_S, cause="presence_lost",
@@ -204,7 +212,7 @@ def time_out_silent_nodes(view: MasterView, new_id: IdFactory) -> list[Event] | 
             continue
         age = f.effective_age_s
         assert age is not None  # _timed_out only returns judged nodes
-        verdicts[node_id] = dict(
+        verdicts[node_id] = Verdict(
             # NodeTimedOut requires a last-event age; a member that never logged an
             # event of its own is recorded as old as the signals that judged it.
             last_event_age_s=f.last_event_age_s if f.last_event_age_s is not None else age,

@@ -59,7 +59,7 @@ from skulk.shared.types.events import (
     InstanceRepairAbandoned,
     TaskFailed,
 )
-from skulk.shared.types.ids import EventId, InstanceId, ModelId, NodeId
+from skulk.shared.types.ids import DownloadAttemptId, EventId, InstanceId, ModelId, NodeId
 from skulk.shared.types.instances import MAX_REPAIR_HOP, Instance
 from skulk.shared.types.state import DownloadStatusFailed, State
 from skulk.shared.types.stream_errors import StreamErrorType
@@ -89,9 +89,9 @@ class RepairInputs:
     """What a re-placement reads besides State."""
 
     new_id: NewId
-    cards: Mapping[str, ModelCard] = field(default_factory=dict)
-    resources: Mapping[NodeId, NodeResources] = field(default_factory=dict)
-    memory_credits: Mapping[NodeId, int] = field(default_factory=dict)
+    cards: Mapping[str, ModelCard] = field(default_factory=dict[str, ModelCard])
+    resources: Mapping[NodeId, NodeResources] = field(default_factory=dict[NodeId, NodeResources])
+    memory_credits: Mapping[NodeId, int] = field(default_factory=dict[NodeId, int])
 
 
 # -- memory credit --------------------------------------------------------------------------
@@ -278,7 +278,7 @@ def repair_failed_download(state: State, inputs: RepairInputs) -> list[Event] | 
         events: list[Event] = teardown(state, instance, DOWNLOAD_FAILED, reason, new_id)
         events += [
             DownloadPending(event_id=EventId(new_id()), node_id=node_id, model_id=ModelId(instance.model_id),
-                            attempt_id=new_id())
+                            attempt_id=DownloadAttemptId(new_id()))
             for node_id in failed
         ]
         width = _width(instance)

@@ -20,7 +20,7 @@ from skulk.master.placement import PlacementError, PlacementRequest, place
 from skulk.shared.intent import PlacementIntent, excluded_ids
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.events import InstanceCreated
-from skulk.shared.types.ids import NodeId
+from skulk.shared.types.ids import EventId, ModelId, NodeId
 from skulk.shared.types.state import State
 from skulk.shared.types.telemetry import NodeResources
 
@@ -65,7 +65,7 @@ def restore_step(
         widths = [wanted.min_nodes] + ([1] if wanted.min_nodes > 1 and waited_s >= RESTORE_NARROW_AFTER_S else [])
         reason = ""
         for width in widths:
-            request = PlacementRequest(model_id=wanted.model_id, sharding=wanted.sharding, min_nodes=width,
+            request = PlacementRequest(model_id=ModelId(wanted.model_id), sharding=wanted.sharding, min_nodes=width,
                                        excluded_nodes=excluded_ids(wanted, state), max_nodes=None if width > 1 else 1,
                                        slots=wanted.slots)
             try:
@@ -74,7 +74,7 @@ def restore_step(
             except PlacementError as exc:
                 reason = str(exc)
                 continue
-            created = InstanceCreated(event_id=new_id(), instance=instance)
+            created = InstanceCreated(event_id=EventId(new_id()), instance=instance)
             break
         if created is None:
             waiting.append((wanted, reason))

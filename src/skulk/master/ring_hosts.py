@@ -73,13 +73,13 @@ def node_host(node: NodeId, members: Sequence[NodeId], state: State) -> str | No
         if edge.sink == node and edge.source in members and edge.address:
             host = host_of(edge.address)
             rank = _rank(host, interfaces) if host else None
-            if rank is not None:
+            if rank is not None and host is not None:  # a rank implies a host
                 candidates.append((rank, 0, host))  # reached by a member: preferred at equal rank
     for interface in interfaces:
         for address in interface.addresses:
             host = host_of(address)
             rank = _rank(host, interfaces) if host else None
-            if rank is not None:
+            if rank is not None and host is not None:  # a rank implies a host
                 candidates.append((rank, 1, host))
     return min(candidates)[2] if candidates else None
 

@@ -16,7 +16,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pydantic import ValidationError
 from pydantic.alias_generators import to_snake
@@ -117,7 +117,7 @@ def _describe(error: Mapping[str, Any]) -> tuple[str, str]:
     message = {
         "missing": "required field is missing",
         "extra_forbidden": "unknown key (not part of the model card schema)",
-    }.get(error["type"], error["msg"])
+    }.get(error["type"], cast(str, error["msg"]))  # pydantic error messages are str
     return _format_loc(loc) or "(card)", message.removeprefix("Value error, ")
 
 

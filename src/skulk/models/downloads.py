@@ -132,7 +132,7 @@ class DownloadFailed(ArtifactUnavailable):
 
     def __init__(self, model_id: str, reason: str, kind: FailureKind = "error") -> None:
         super().__init__(model_id, reason)
-        self.kind = kind
+        self.kind: FailureKind = kind
         self.args = (model_id, reason, kind)  # rebuilds it when pickled across processes
 
     def __str__(self) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from skulk.observe.peer_http import PEER_REQUEST_DEADLINE_S, PeerRequestFailed, get_from_peer
+from skulk.shared.types.ids import NodeId
 from skulk.shared.types.state import State
 
 NODE_REPORT_PATH = "/v1/diagnostics/node"
@@ -90,7 +91,7 @@ def cluster_report(me: str, own: Mapping[str, Any], answers: Mapping[str, PeerAn
     versions: dict[str, str | None] = {}
     member_ids = sorted({*state.nodes, me, *answers})
     for node_id in member_ids:
-        info = state.nodes.get(node_id)
+        info = state.nodes.get(NodeId(node_id))
         name = info.node_name if info else None
         if node_id == me:
             nodes[node_id] = {"nodeId": node_id, "name": own.get("nodeName", name), "reachable": True,

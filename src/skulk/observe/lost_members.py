@@ -40,10 +40,11 @@ class LostMembers:
         self._lost: OrderedDict[str, tuple[str, float]] = OrderedDict()
 
     def observe(self, indexed: IndexedEvent) -> None:
-        reason = departure_reason(indexed.event)
-        if reason is None:
+        event = indexed.event
+        reason = departure_reason(event)
+        if reason is None or not isinstance(event, NodeTimedOut | NodeLeft):
             return
-        node_id = indexed.event.node_id  # type: ignore[attr-defined]
+        node_id = event.node_id
         self._lost.pop(node_id, None)
         self._lost[node_id] = (reason, self._clock())
         while len(self._lost) > MAX_LOST_MEMBERS:

@@ -27,6 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from skulk.shared.telemetry_view import TelemetryView
+from skulk.shared.types.ids import NodeId
 from skulk.shared.types.state import State
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -211,7 +212,7 @@ def _downloads(telemetry: TelemetryView, node_id: str) -> Iterable[Metric]:
                              labels=["model"])
     total = GaugeMetricFamily("skulk_download_total_bytes", "Bytes this node's downloads in progress will fetch.",
                               labels=["model"])
-    node = telemetry.nodes.get(node_id)
+    node = telemetry.nodes.get(NodeId(node_id))
     for model_id, progress in sorted((node.downloads if node else {}).items()):
         done.add_metric([model_id], progress.downloaded_bytes)
         total.add_metric([model_id], progress.total_bytes)

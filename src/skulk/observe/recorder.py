@@ -55,7 +55,7 @@ def event_record(indexed: IndexedEvent) -> dict[str, Any]:
     if instance is not None:
         fields["instance_id"] = getattr(instance, "instance_id", None)
         fields["model_id"] = getattr(instance, "model_id", None)
-    status = getattr(event, "status", None)
+    status: Any = getattr(event, "status", None)
     if isinstance(status, str):
         fields["status"] = status
     elif isinstance(getattr(status, "state", None), str):

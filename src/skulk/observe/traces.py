@@ -340,7 +340,7 @@ def master_decision_span(indexed: Any, i_am_master: bool, at_us: float) -> tuple
     which instance the task was bound to (or that it was born failed). None on other nodes
     and for anything else. Pure."""
     event = indexed.event
-    task = getattr(event, "task", None)
+    task: Any = getattr(event, "task", None)
     if not i_am_master or event.type != "TaskCreated" or not getattr(task, "traced", False):
         return None
     return task.command_id, TraceSpan(

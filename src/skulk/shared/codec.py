@@ -66,7 +66,7 @@ def pack(model: WireModel) -> bytes:
 def from_wire(target: type[M], obj: Any) -> M: ...
 @overload
 def from_wire(target: TypeAdapter[T], obj: Any) -> T: ...
-def from_wire(target: Any, obj: Any) -> Any:
+def from_wire(target: type[BaseModel] | TypeAdapter[Any], obj: Any) -> Any:
     """Validate an already-parsed wire value (dict from msgpack or JSON) into `target`,
     a model class or a `TypeAdapter` over a tagged union."""
     try:
@@ -81,7 +81,7 @@ def from_wire(target: Any, obj: Any) -> Any:
 def unpack(target: type[M], data: bytes) -> M: ...
 @overload
 def unpack(target: TypeAdapter[T], data: bytes) -> T: ...
-def unpack(target: Any, data: bytes) -> Any:
+def unpack(target: type[BaseModel] | TypeAdapter[Any], data: bytes) -> Any:
     """Decode msgpack bytes into `target` (a model class or a `TypeAdapter`)."""
     try:
         obj = msgpack.unpackb(data, raw=False, strict_map_key=True)

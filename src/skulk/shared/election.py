@@ -114,7 +114,7 @@ class ElectionView:
     started_at: float
     # campaigning: when the window closes, and every candidate recorded at `clock` (mine too)
     campaign_deadline: float | None = None
-    candidates: Mapping[str, ElectionMessage] = field(default_factory=dict)
+    candidates: Mapping[str, ElectionMessage] = field(default_factory=dict[str, ElectionMessage])
     # my frozen candidacy for the current campaign, and the leadership it won
     my_claim: ElectionMessage | None = None
     # following: what the current master ranks as (its candidacy or its announcement)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from skulk.shared.telemetry_view import (
     HEARTBEAT_WARN_S,
@@ -249,7 +249,7 @@ def derive_node_health(
     return out
 
 
-def health_to_wire(health: Mapping[NodeId, NodeHealth]) -> dict[str, dict]:
+def health_to_wire(health: Mapping[NodeId, NodeHealth]) -> dict[str, dict[str, Any]]:
     """The JSON-ready camelCase form GET /state embeds (`{nodeId: {level, reasons}}`)."""
     return {n: h.to_wire() for n, h in health.items()}
 

@@ -32,6 +32,7 @@ from skulk.shared.types.events import (
     InstanceCreated,
     InstanceDeleted,
 )
+from skulk.shared.types.ids import EventId, InstanceId, ModelId, NodeId
 from skulk.shared.types.instances import Instance
 from skulk.shared.types.state import State
 
@@ -72,7 +73,7 @@ def placement_intent(instance: Instance, state: State) -> PlacementIntent:
 
 
 def fold_intent(
-    intent: ClusterIntent, event: Event, before: Mapping[str, Instance], after: State
+    intent: ClusterIntent, event: Event, before: Mapping[InstanceId, Instance], after: State
 ) -> ClusterIntent:
     """The intent after `event`: `before` is State's instances before it applied, `after`
     the State it gave."""
@@ -95,7 +96,7 @@ def fold_intent(
     return intent
 
 
-def _without(mapping: Mapping[str, object], key: str) -> dict:
+def _without(mapping: Mapping[str, object], key: str) -> dict[str, object]:
     return {k: v for k, v in mapping.items() if k != key}
 
 
@@ -105,13 +106,13 @@ def _without(mapping: Mapping[str, object], key: str) -> dict:
 def restore_cards(intent: ClusterIntent, state: State, new_id: Callable[[], str]) -> list[Event]:
     """CustomModelCardAdded for every remembered card State does not hold (in id order)."""
     return [
-        CustomModelCardAdded(event_id=new_id(), card=card)
+        CustomModelCardAdded(event_id=EventId(new_id()), card=card)
         for model_id, card in sorted(intent.custom_cards.items())
-        if state.custom_cards.get(model_id) != card
+        if state.custom_cards.get(ModelId(model_id)) != card
     ]
 
 
-def excluded_ids(wanted: PlacementIntent, state: State) -> frozenset[str]:
+def excluded_ids(wanted: PlacementIntent, state: State) -> frozenset[NodeId]:
     """The current ids of the nodes the operator excluded, matched by name."""
     names = set(wanted.excluded_node_names)
     return frozenset(n for n, info in state.nodes.items() if info.node_name in names)

@@ -20,7 +20,7 @@ from skulk.shared.types.events import (
     TopologyEdgeCreated,
     TopologyEdgeDeleted,
 )
-from skulk.shared.types.ids import NodeId
+from skulk.shared.types.ids import EventId, NodeId
 from skulk.shared.types.state import State
 
 
@@ -38,7 +38,7 @@ class MembershipView:
     state: State
     me: SelfInfo
     live_peers: frozenset[NodeId]
-    probed: Mapping[NodeId, str] = field(default_factory=dict)
+    probed: Mapping[NodeId, str] = field(default_factory=dict[NodeId, str])
     """Peer -> an advertised address of it that this node verified (answered with its id)."""
     pending: frozenset[Hashable] = frozenset()
 
@@ -52,7 +52,7 @@ def _joined(view: MembershipView, new_id: Callable[[], str]) -> list[Proposal]:
     current = (info.node_name, info.version, info.api_endpoint) if info else None
     if current == (me.node_name, me.version, me.api_endpoint):
         return []
-    event = NodeJoined(event_id=new_id(), node_id=me.node_id, node_name=me.node_name, version=me.version,
+    event = NodeJoined(event_id=EventId(new_id()), node_id=me.node_id, node_name=me.node_name, version=me.version,
                        api_endpoint=me.api_endpoint)
     return [(("joined", me.node_name, me.version, me.api_endpoint), event)]
 
@@ -61,7 +61,7 @@ def _network(view: MembershipView, new_id: Callable[[], str]) -> list[Proposal]:
     interfaces = list(view.me.interfaces)
     if view.state.node_network.get(view.me.node_id, []) == interfaces:
         return []
-    event = NodeNetworkUpdated(event_id=new_id(), node_id=view.me.node_id, interfaces=interfaces)
+    event = NodeNetworkUpdated(event_id=EventId(new_id()), node_id=view.me.node_id, interfaces=interfaces)
     key = ("network", tuple((i.name, tuple(i.addresses), i.kind) for i in interfaces))
     return [(key, event)]
 
@@ -74,9 +74,9 @@ def _edge_diff(view: MembershipView, desired: set[Edge], kind: str, new_id: Call
     current = _my_edges(view, kind)
     proposals: list[Proposal] = []
     for edge in sorted(desired - current, key=Edge.sort_key):
-        proposals.append((("edge+", edge), TopologyEdgeCreated(event_id=new_id(), edge=edge)))
+        proposals.append((("edge+", edge), TopologyEdgeCreated(event_id=EventId(new_id()), edge=edge)))
     for edge in sorted(current - desired, key=Edge.sort_key):
-        proposals.append((("edge-", edge), TopologyEdgeDeleted(event_id=new_id(), edge=edge)))
+        proposals.append((("edge-", edge), TopologyEdgeDeleted(event_id=EventId(new_id()), edge=edge)))
     return proposals
 
 

@@ -176,7 +176,7 @@ def shard_footprint(
             raise ValueError(f"layer count {share} outside [1, {card.num_layers}]")
         weights = Fraction(share, card.num_layers)
         kv = _kv_upper_bound(card, share, tokens)
-    elif isinstance(share, Fraction):
+    elif isinstance(share, Fraction):  # pyright: ignore[reportUnnecessaryIsInstance] -- untyped callers
         if not 0 < share <= 1:
             raise ValueError(f"weight fraction {share} outside (0, 1]")
         weights = share

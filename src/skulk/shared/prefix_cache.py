@@ -15,7 +15,6 @@ the copying of KV bytes; this module never sees them.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -157,7 +156,7 @@ def touch(entries: Sequence[CachedPrefix], key: int, now: int) -> tuple[CachedPr
     return tuple(CachedPrefix(e.key, e.tokens, e.size_bytes, now) if e.key == key else e for e in entries)
 
 
-def cold_budget_bytes(planned: int | None, env: Mapping[str, str] | os._Environ[str]) -> int:
+def cold_budget_bytes(planned: int | None, env: Mapping[str, str]) -> int:
     """The cold store's budget: the node setting (`SKULK_KV_COLD_BUDGET_MB`) when set, else
     the capacity planner's `cold_budget_bytes` when it planned one, else the default.
     A malformed setting is refused rather than silently replaced."""

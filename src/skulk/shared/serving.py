@@ -111,7 +111,7 @@ def wait_explanation(state: State, command_id: str) -> str | None:
     instance = state.instances.get(task.instance_id)
     if instance is None:
         return f"its instance {task.instance_id} is gone"
-    parts = []
+    parts: list[str] = []
     for shard in instance.shards:
         status = state.runners.get(shard.runner_id)
         download = state.downloads.get(shard.node_id, {}).get(instance.model_id)

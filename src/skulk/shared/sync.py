@@ -57,7 +57,7 @@ class FollowerBuffer:
     """
 
     next_idx: int
-    pending: Mapping[int, IndexedEvent] = field(default_factory=dict)
+    pending: Mapping[int, IndexedEvent] = field(default_factory=dict[int, IndexedEvent])
     requested_since: int | None = None
     requested_at: float | None = None
     dropped: int = 0
@@ -157,8 +157,8 @@ class ReplayScheduler:
     MAX_REPLAY_NODES.
     """
 
-    wanted: Mapping[str, int] = field(default_factory=dict)
-    last_burst_at: Mapping[str, float] = field(default_factory=dict)
+    wanted: Mapping[str, int] = field(default_factory=dict[str, int])
+    last_burst_at: Mapping[str, float] = field(default_factory=dict[str, float])
     dropped_requests: int = 0
 
     @property

@@ -53,9 +53,10 @@ class NodeTelemetry:
     heartbeat_at: float | None = None
     telemetry_at: float | None = None
     resources: NodeResources | None = None
-    downloads: Mapping[ModelId, DownloadProgress] = field(default_factory=dict)
-    retired_attempts: Mapping[ModelId, tuple[DownloadAttemptId, ...]] = field(default_factory=dict)
-    download_timing: Mapping[ModelId, DownloadTiming] = field(default_factory=dict)
+    downloads: Mapping[ModelId, DownloadProgress] = field(default_factory=dict[ModelId, DownloadProgress])
+    retired_attempts: Mapping[ModelId, tuple[DownloadAttemptId, ...]] = field(
+        default_factory=dict[ModelId, tuple[DownloadAttemptId, ...]])
+    download_timing: Mapping[ModelId, DownloadTiming] = field(default_factory=dict[ModelId, "DownloadTiming"])
     """When the recorded attempt's first and latest samples arrived: its transfer rate."""
 
 
@@ -76,7 +77,7 @@ class TelemetryView:
     whose claimed node was not the sender; `stale` counts download samples dropped as
     older than what was already recorded."""
 
-    nodes: Mapping[NodeId, NodeTelemetry] = field(default_factory=dict)
+    nodes: Mapping[NodeId, NodeTelemetry] = field(default_factory=dict[NodeId, NodeTelemetry])
     evicted: int = 0
     keys: tuple[TelemetryKey, ...] = ()
     ignored: int = 0

@@ -32,6 +32,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from skulk.shared.json_shapes import is_json_array, is_json_object
 from skulk.shared.types.common import ToolSpec
 from skulk.shared.types.tasks import ResponseFormat
 
@@ -93,7 +94,7 @@ class SchemaNotSupported(ValueError):
 
 def gbnf_literal(text: str) -> str:
     """`text` as a GBNF string literal."""
-    out = []
+    out: list[str] = []
     for char in text:
         if char == "\\":
             out.append("\\\\")
@@ -165,12 +166,12 @@ class SchemaCompiler:
         self._tool, self._root = tool.name, tool.parameters
         schema = tool.parameters
         declared = schema.get("type")
-        if declared is not None and declared != "object" and not (isinstance(declared, list) and "object" in declared):
+        if declared is not None and declared != "object" and not (is_json_array(declared) and "object" in declared):
             raise SchemaNotSupported(tool.name, "/type", f"a tool's parameters must be an object, not {declared!r}")
         shaped = {"properties", "additionalProperties", "$ref", "anyOf", "oneOf", "allOf"} & set(schema)
         if declared is None and not shaped:
             schema = {**schema, "type": "object"}  # `{}`: any object
-        elif isinstance(declared, list):
+        elif is_json_array(declared):
             schema = {**schema, "type": "object"}  # arguments are an object whatever else is allowed
         return self.schema(schema, "")
 
@@ -179,7 +180,7 @@ class SchemaCompiler:
         compiler generates."""
         if schema is True or schema == {}:
             return "value"
-        if not isinstance(schema, dict):
+        if not is_json_object(schema):
             raise self._unsupported(path, "a schema must be an object or true")
         for keyword in schema:
             if keyword in SUPPORTED_KEYWORDS or keyword in ANNOTATION_KEYWORDS or keyword.startswith("x-"):
@@ -196,29 +197,29 @@ class SchemaCompiler:
             return self.add(json_literal(schema["const"]))
         if "enum" in schema:
             values = schema["enum"]
-            if not isinstance(values, list) or not values:
+            if not is_json_array(values) or not values:
                 raise self._unsupported(f"{path}/enum", "'enum' must be a non-empty list")
             return self.add(" | ".join(json_literal(v) for v in values))
         for keyword in ("anyOf", "oneOf"):
             if keyword in schema:
                 branches = schema[keyword]
-                if not isinstance(branches, list) or not branches:
+                if not is_json_array(branches) or not branches:
                     raise self._unsupported(f"{path}/{keyword}", f"'{keyword}' must be a non-empty list")
                 rest = {k: v for k, v in schema.items() if k != keyword and k not in ANNOTATION_KEYWORDS}
                 if rest:
                     # Siblings constrain every branch: fold them in (a branch's own win).
-                    branches = [{**rest, **b} if isinstance(b, dict) else b for b in branches]
+                    branches = [{**rest, **b} if is_json_object(b) else b for b in branches]
                 names = [self.schema(b, f"{path}/{keyword}/{i}") for i, b in enumerate(branches)]
                 return self.add(" | ".join(names))
         if "allOf" in schema:
             parts = schema["allOf"]
-            if not isinstance(parts, list) or len(parts) != 1:
+            if not is_json_array(parts) or len(parts) != 1:
                 raise self._unsupported(f"{path}/allOf", "only a one-element 'allOf' is supported")
             rest = {k: v for k, v in schema.items() if k != "allOf"}
-            part = parts[0] if isinstance(parts[0], dict) else {}
+            part = parts[0] if is_json_object(parts[0]) else {}
             return self.schema({**rest, **part}, f"{path}/allOf/0")
         declared = schema.get("type")
-        if isinstance(declared, list):
+        if is_json_array(declared):
             if not declared:
                 raise self._unsupported(f"{path}/type", "'type' must not be an empty list")
             names = [self._typed(t, schema, path) for t in declared]
@@ -273,9 +274,9 @@ class SchemaCompiler:
         return self.add(f'"[" ws {item} {tail} ws "]"')
 
     def _object(self, schema: dict[str, Any], path: str) -> str:
-        properties = schema.get("properties") or {}
-        required = schema.get("required") or []
-        if not isinstance(properties, dict) or not isinstance(required, list):
+        properties: object = schema.get("properties") or {}
+        required: object = schema.get("required") or []
+        if not is_json_object(properties) or not is_json_array(required):
             raise self._unsupported(path, "'properties' must be an object and 'required' a list")
         missing = [name for name in required if name not in properties]
         extra = schema.get("additionalProperties", True)
@@ -284,9 +285,9 @@ class SchemaCompiler:
                                      f"required {missing[0]!r} is neither declared nor allowed as additional")
         if missing:
             # Required but undeclared: any value under the name satisfies the schema.
-            properties = {**properties, **{name: extra if isinstance(extra, dict) else True for name in missing}}
+            properties = {**properties, **{name: extra if is_json_object(extra) else True for name in missing}}
         if not properties:
-            if isinstance(extra, dict):
+            if is_json_object(extra):
                 value = self.schema(extra, f"{path}/additionalProperties")
                 pair = f'string ws ":" ws {value}'
                 return self.add(f'"{{" ws ({pair} (ws "," ws {pair})*)? ws "}}"')
@@ -312,7 +313,7 @@ class SchemaCompiler:
         for prefix in ("#/$defs/", "#/definitions/"):
             if ref.startswith(prefix):
                 name = ref[len(prefix):]
-                defs = self._root.get(prefix[2:-1]) or {}
+                defs: Any = self._root.get(prefix[2:-1]) or {}
                 if "/" in name or name not in defs:
                     break
                 key = (self._tool, ref)
@@ -337,7 +338,7 @@ def forced_tools(tools: Sequence[ToolSpec], tool_choice: str | dict[str, Any] | 
     if kind == "any":
         return list(tools)
     function = tool_choice.get("function")
-    name = function.get("name") if isinstance(function, dict) else tool_choice.get("name")
+    name = function.get("name") if is_json_object(function) else tool_choice.get("name")
     if kind not in ("function", "tool") or not isinstance(name, str):
         return []
     return [t for t in tools if t.name == name]
@@ -351,7 +352,7 @@ def tool_call_grammar(tools: Sequence[ToolSpec], tool_choice: str | dict[str, An
     if not forced:
         return None
     compiler = SchemaCompiler()
-    calls = []
+    calls: list[str] = []
     for tool in forced:
         arguments = compiler.parameters(tool)
         name = gbnf_literal(json.dumps(tool.name, ensure_ascii=False))
@@ -388,7 +389,7 @@ def tool_arguments_schema(tool: ToolSpec) -> dict[str, Any]:
     schema = dict(tool.parameters)
     declared = schema.get("type")
     shaped = {"properties", "additionalProperties", "$ref", "anyOf", "oneOf", "allOf"} & set(schema)
-    if (declared is None and not shaped) or isinstance(declared, list):
+    if (declared is None and not shaped) or is_json_array(declared):
         schema["type"] = "object"
     return schema
 
@@ -427,9 +428,9 @@ def request_json_schema(
 
 def _rebased(schema: Any, base: str) -> Any:
     """`schema` with every local `$ref` ("#...") pointing below `base` instead of the root."""
-    if isinstance(schema, list):
+    if is_json_array(schema):
         return [_rebased(item, base) for item in schema]
-    if not isinstance(schema, dict):
+    if not is_json_object(schema):
         return schema
     out = {key: value if key in _LITERAL_KEYWORDS else _rebased(value, base) for key, value in schema.items()}
     ref = schema.get("$ref")
@@ -447,13 +448,13 @@ def bounded_numbers(schema: Any) -> Any:
     """`schema` with every integer bounded to `MAX_INTEGER_DIGITS` digits where it sets no
     bound of its own, as the grammar's `integer` rule is: a small model cannot write digits
     until max_tokens. Pure; the input is not changed."""
-    if isinstance(schema, list):
+    if is_json_array(schema):
         return [bounded_numbers(item) for item in schema]
-    if not isinstance(schema, dict):
+    if not is_json_object(schema):
         return schema
     out = {key: value if key in _LITERAL_KEYWORDS else bounded_numbers(value) for key, value in schema.items()}
     kinds = schema.get("type")
-    if kinds == "integer" or (isinstance(kinds, list) and kinds == ["integer"]):
+    if kinds == "integer" or (is_json_array(kinds) and kinds == ["integer"]):
         if "maximum" not in out and "exclusiveMaximum" not in out:
             out["maximum"] = INTEGER_BOUND
         if "minimum" not in out and "exclusiveMinimum" not in out:

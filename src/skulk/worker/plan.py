@@ -39,9 +39,9 @@ class WorkerView:
     node_id: NodeId
     state: State
     cards: Mapping[ModelId, ModelCard]
-    runners: Mapping[RunnerId, LocalRunner] = field(default_factory=dict)
-    artifacts: Mapping[ModelId, str] = field(default_factory=dict)
-    artifact_failures: Mapping[ModelId, str] = field(default_factory=dict)
+    runners: Mapping[RunnerId, LocalRunner] = field(default_factory=dict[RunnerId, LocalRunner])
+    artifacts: Mapping[ModelId, str] = field(default_factory=dict[ModelId, str])
+    artifact_failures: Mapping[ModelId, str] = field(default_factory=dict[ModelId, str])
     resolving: frozenset[ModelId] = frozenset()
     dispatched: frozenset[TaskId] = frozenset()
     given_up: frozenset[RunnerId] = frozenset()

@@ -24,14 +24,15 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from skulk.api.errors import ApiError, InvalidRequest, anthropic_error_body, invalid_request_from_validation
 from skulk.api.tool_calls import check_enforceable
 from skulk.shared.types.chunks import TokenChunk
-from skulk.shared.types.common import ChatMessage, ToolCall, ToolSpec, Usage
+from skulk.shared.types.common import ChatMessage, ChatRole, ToolCall, ToolSpec, Usage
+from skulk.shared.types.ids import ModelId
 from skulk.shared.types.tasks import TextGenerationParams
 
 MESSAGE_ID_PREFIX = "msg_"
@@ -124,7 +125,7 @@ def count_params(request: CountTokensRequest) -> TextGenerationParams:
 def _text(content: str | Sequence[ContentBlock | TextBlock], where: str) -> str:
     if isinstance(content, str):
         return content
-    texts = []
+    texts: list[str] = []
     for index, block in enumerate(content):
         if block.type != "text":
             raise InvalidRequest(
@@ -146,7 +147,7 @@ def _in_range(value: float | None, low: float, high: float, param: str) -> float
 
 
 def _tools(definitions: Sequence[ToolDefinition]) -> list[ToolSpec]:
-    tools = []
+    tools: list[ToolSpec] = []
     for index, tool in enumerate(definitions):
         if tool.type not in (None, "custom"):
             raise InvalidRequest(
@@ -182,8 +183,9 @@ def _turn(message: InputMessage, where: str) -> list[ChatMessage]:
     """One Anthropic turn as chat messages: tool results become tool messages (ahead of the
     turn's text, as they answer the previous turn's calls), tool_use blocks become the
     assistant's tool calls, thinking blocks are dropped."""
+    role = cast(ChatRole, message.role)  # to_params checked it against _ROLES
     if isinstance(message.content, str):
-        return [ChatMessage(role=message.role, content=message.content)]
+        return [ChatMessage(role=role, content=message.content)]
     results: list[ChatMessage] = []
     texts: list[str] = []
     calls: list[ToolCall] = []
@@ -214,7 +216,7 @@ def _turn(message: InputMessage, where: str) -> list[ChatMessage]:
     turn: list[ChatMessage] = []
     if texts or calls or not results:
         # Separate blocks are separate passages; a newline keeps their words apart.
-        turn.append(ChatMessage(role=message.role, content="\n".join(texts) if texts else None, tool_calls=calls))
+        turn.append(ChatMessage(role=role, content="\n".join(texts) if texts else None, tool_calls=calls))
     return results + turn
 
 
@@ -251,7 +253,7 @@ def to_params(request: MessagesRequest) -> TextGenerationParams:
         messages.extend(_turn(message, where))
     try:
         return TextGenerationParams(
-            model_id=request.model,
+            model_id=ModelId(request.model),
             messages=messages,
             max_tokens=request.max_tokens,
             temperature=temperature,
@@ -316,7 +318,7 @@ def sse_error(error: ApiError) -> list[str]:
 
 def _tool_use(call: ToolCall) -> dict[str, Any]:
     try:
-        arguments = json.loads(call.arguments) if call.arguments else {}
+        arguments: Any = json.loads(call.arguments) if call.arguments else {}
     except ValueError:  # the parser only emits objects; a foreign engine might not
         arguments = {"arguments": call.arguments}
     return {"type": "tool_use", "id": call.id, "name": call.name, "input": arguments}
@@ -357,7 +359,7 @@ class MessageStreamEncoder:
         self._started = True
         if chunk is not None:
             self._input_tokens = chunk.prompt_tokens or (chunk.usage.prompt_tokens if chunk.usage else 0)
-        message = {
+        message: dict[str, Any] = {
             "id": message_id(self.command_id), "type": "message", "role": "assistant", "content": [],
             "model": self.model, "stop_reason": None, "stop_sequence": None,
             "usage": {"input_tokens": self._input_tokens, **NO_CACHE_USAGE, "output_tokens": 0},

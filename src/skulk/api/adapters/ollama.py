@@ -38,7 +38,8 @@ from skulk.api.errors import ApiError, InvalidRequest, invalid_request_from_vali
 from skulk.shared.residency import KeepAliveInvalid, parse_keep_alive
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.chunks import TokenChunk
-from skulk.shared.types.common import ChatMessage, ToolCall, ToolSpec, Usage
+from skulk.shared.types.common import ChatMessage, ChatRole, ToolCall, ToolSpec, Usage
+from skulk.shared.types.ids import ModelId
 from skulk.shared.types.instances import Instance
 from skulk.shared.types.tasks import EmbeddingParams, TextGenerationParams
 
@@ -48,7 +49,7 @@ OLLAMA_VERSION = "0.6.0"
 MIN_TOP_P = 1e-6
 """`top_p: 0` keeps only the most likely token; the internal params need a positive nucleus."""
 
-_ROLES = {"system": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+_ROLES: dict[str, ChatRole] = {"system": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 
 Endpoint = Literal["chat", "generate"]
 
@@ -238,14 +239,14 @@ def _params(model: str, stream: bool, options: Options | None, format: Any = Non
     keep_alive_s = keep_alive_seconds(keep_alive)
     response_format = request_options.ollama_format(format)
     try:
-        return TextGenerationParams(model_id=model, stream=stream, response_format=response_format,
+        return TextGenerationParams(model_id=ModelId(model), stream=stream, response_format=response_format,
                                     keep_alive_s=keep_alive_s, **_sampling(options), **inputs)
     except ValidationError as error:
         raise invalid_request_from_validation(error) from None
 
 
 def _tools(tools: list[Tool]) -> list[ToolSpec]:
-    specs = []
+    specs: list[ToolSpec] = []
     for index, tool in enumerate(tools):
         if tool.type != "function":
             raise InvalidRequest(f"tools[{index}].type must be 'function', got {tool.type!r}",
@@ -256,7 +257,7 @@ def _tools(tools: list[Tool]) -> list[ToolSpec]:
 
 
 def _calls(message: Message, index: int) -> list[ToolCall]:
-    calls = []
+    calls: list[ToolCall] = []
     for number, call in enumerate(message.tool_calls or []):
         arguments = call.function.arguments
         text = arguments if isinstance(arguments, str) else json.dumps(arguments or {}, ensure_ascii=False)
@@ -266,7 +267,7 @@ def _calls(message: Message, index: int) -> list[ToolCall]:
 
 
 def chat_params(request: ChatRequest) -> TextGenerationParams:
-    messages = []
+    messages: list[ChatMessage] = []
     for index, message in enumerate(request.messages):
         role = _ROLES.get(message.role)
         if role is None:
@@ -296,7 +297,7 @@ def embed_params(model: str, inputs: str | list[str], dimensions: int | None = N
     if dimensions is not None and dimensions < 1:
         raise InvalidRequest(f"dimensions must be at least 1, got {dimensions}", param="dimensions")
     try:
-        return EmbeddingParams(model_id=model, inputs=items, dimensions=dimensions)
+        return EmbeddingParams(model_id=ModelId(model), inputs=items, dimensions=dimensions)
     except ValidationError as error:
         raise invalid_request_from_validation(error) from None
 
@@ -360,7 +361,7 @@ def load_response(endpoint: Endpoint, model: str) -> dict[str, Any]:
 
 def _tool_call(call: ToolCall) -> dict[str, Any]:
     try:
-        arguments = json.loads(call.arguments) if call.arguments else {}
+        arguments: Any = json.loads(call.arguments) if call.arguments else {}
     except ValueError:
         arguments = {"arguments": call.arguments}
     return {"function": {"name": call.name, "arguments": arguments}}
@@ -479,7 +480,7 @@ def _placed(instances: Iterable[Instance]) -> dict[str, int]:
 
 def tags(instances: Iterable[Instance], cards: Mapping[str, ModelCard], modified_at: str) -> dict[str, Any]:
     """`/api/tags`: every placed model once, named by its model id."""
-    models = []
+    models: list[dict[str, Any]] = []
     for model_id in sorted(_placed(instances)):
         card = cards.get(model_id)
         models.append({
@@ -491,7 +492,7 @@ def tags(instances: Iterable[Instance], cards: Mapping[str, ModelCard], modified
 
 def ps(instances: Iterable[Instance], cards: Mapping[str, ModelCard], expires_at: str) -> dict[str, Any]:
     """`/api/ps`: the placed models with their context limit; they stay until deleted."""
-    models = []
+    models: list[dict[str, Any]] = []
     for model_id, context_length in sorted(_placed(instances).items()):
         card = cards.get(model_id)
         size = card.storage_size_bytes if card else 0

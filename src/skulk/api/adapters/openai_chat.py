@@ -27,8 +27,10 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from skulk.api import request_options
 from skulk.api.errors import ApiError, InvalidRequest, invalid_request_from_validation, openai_error_body
 from skulk.api.tool_calls import check_enforceable
+from skulk.shared.json_shapes import is_json_object
 from skulk.shared.types.chunks import TokenChunk
-from skulk.shared.types.common import ChatMessage, ToolCall, ToolSpec, Usage
+from skulk.shared.types.common import ChatMessage, ChatRole, ToolCall, ToolSpec, Usage
+from skulk.shared.types.ids import ModelId
 from skulk.shared.types.instances import Instance, InstanceCapacity
 from skulk.shared.types.tasks import TextGenerationParams
 
@@ -51,7 +53,7 @@ COMPLETION_ID_PREFIX = "chatcmpl-"
 
 TOOL_CHOICE_WORDS = frozenset({"none", "auto", "required"})
 
-_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+_ROLES: dict[str, ChatRole] = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 """OpenAI roles -> internal roles. `developer` is the newer name for `system`."""
 
 # ---------------------------------------------------------------------------------------
@@ -157,7 +159,7 @@ def parse_request(body: Any) -> ChatCompletionRequest:
 def _message_text(content: str | list[ContentPart] | None, where: str) -> str | None:
     if content is None or isinstance(content, str):
         return content
-    texts = []
+    texts: list[str] = []
     for index, part in enumerate(content):
         if part.type != "text":
             raise InvalidRequest(
@@ -179,7 +181,7 @@ def _to_message(message: Message, index: int) -> ChatMessage:
             f"Invalid role {message.role!r}; expected one of {', '.join(sorted(_ROLES))}.", param=f"{where}.role"
         )
     content = _message_text(message.content, where)
-    tool_calls = []
+    tool_calls: list[ToolCall] = []
     for call_index, call in enumerate(message.tool_calls or []):
         if role != "assistant":
             raise InvalidRequest("Only assistant messages may carry tool_calls.", param=f"{where}.tool_calls")
@@ -198,7 +200,7 @@ def _to_message(message: Message, index: int) -> ChatMessage:
 
 
 def _to_tools(request: ChatCompletionRequest) -> list[ToolSpec]:
-    tools = []
+    tools: list[ToolSpec] = []
     for index, tool in enumerate(request.tools or []):
         if tool.type != "function":
             raise InvalidRequest(
@@ -222,7 +224,8 @@ def _check_tool_choice(choice: str | dict[str, Any] | None, tools: Sequence[Tool
         if choice == "required" and not tools:
             raise InvalidRequest("tool_choice 'required' needs 'tools'.", param="tool_choice")
         return
-    name = (choice.get("function") or {}).get("name") if isinstance(choice.get("function"), dict) else None
+    function = choice.get("function")
+    name = function.get("name") if is_json_object(function) else None
     if choice.get("type") != "function" or not isinstance(name, str):
         raise InvalidRequest(
             'A tool_choice object must be {"type": "function", "function": {"name": ...}}.', param="tool_choice"
@@ -332,7 +335,7 @@ def to_params(request: ChatCompletionRequest) -> TextGenerationParams:
     check_enforceable(tools, request.tool_choice, lambda index: f"tools[{index}].function.parameters")
     try:
         return TextGenerationParams(
-            model_id=request.model,
+            model_id=ModelId(request.model),
             messages=messages,
             max_tokens=_max_tokens(request),
             temperature=temperature,
@@ -584,7 +587,7 @@ def model_list(instances: Iterable[Instance], created: int) -> dict[str, Any]:
     """`GET /v1/models`: each model with a placed instance once, described by the instance
     with the largest context (`served_by`)."""
     placed = list(instances)
-    entries = []
+    entries: list[dict[str, Any]] = []
     for model_id in sorted({i.model_id for i in placed}):
         best = served_by(placed, model_id)
         assert best is not None

@@ -8,6 +8,10 @@ and `collect_completion` (one `text_completion` object).
 Pure translation only: no streams, commands or cluster here.
 """
 
+# The OpenAI adapters share openai_chat's request helpers (`_in_range`, `_Lenient`, ...):
+# one wire family, one set of checks, kept private to the adapters package.
+# pyright: reportPrivateUsage=false
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
@@ -33,6 +37,7 @@ from skulk.api.adapters.openai_chat import (
 from skulk.api.errors import InvalidRequest, invalid_request_from_validation
 from skulk.shared.types.chunks import PromptTokenLogprob, TokenChunk
 from skulk.shared.types.common import Usage
+from skulk.shared.types.ids import ModelId
 from skulk.shared.types.tasks import TextGenerationParams
 
 DEFAULT_MAX_TOKENS = 16
@@ -133,7 +138,7 @@ def to_params(request: CompletionRequest, prompt: str | None = None) -> TextGene
     top_p = _in_range(request.top_p, 0.0, 1.0, "top_p")
     try:
         return TextGenerationParams(
-            model_id=request.model,
+            model_id=ModelId(request.model),
             prompt=prompt,
             max_tokens=request.max_tokens,
             temperature=temperature,

@@ -22,7 +22,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from skulk.api.errors import InvalidRequest, invalid_request_from_validation
+from skulk.shared.json_shapes import is_json_array
 from skulk.shared.types.common import Usage
+from skulk.shared.types.ids import ModelId
 from skulk.shared.types.tasks import EmbeddingParams
 
 MAX_EMBEDDING_INPUTS = 2048
@@ -62,7 +64,7 @@ def _inputs(value: str | list[str] | list[int] | list[list[int]]) -> tuple[list[
                 raise InvalidRequest("An input must not be an empty string.", param=f"input[{index}]")
         return items, []
     for index, item in enumerate(items):
-        if not isinstance(item, list):
+        if not is_json_array(item):
             raise InvalidRequest("'input' must be text or token arrays, not a mix of both.", param=f"input[{index}]")
         if not item:
             raise InvalidRequest("A token array must not be empty.", param=f"input[{index}]")
@@ -79,7 +81,7 @@ def to_params(request: EmbeddingRequest) -> EmbeddingParams:
         raise InvalidRequest(f"'dimensions' must be at least 1, got {request.dimensions}.", param="dimensions")
     texts, tokens = _inputs(request.input)
     try:
-        return EmbeddingParams(model_id=request.model, inputs=texts, token_inputs=tokens, dimensions=request.dimensions)
+        return EmbeddingParams(model_id=ModelId(request.model), inputs=texts, token_inputs=tokens, dimensions=request.dimensions)
     except ValidationError as error:
         raise invalid_request_from_validation(error) from None
 

@@ -16,6 +16,10 @@ as `event: <type>` + `data: <json>` with increasing `sequence_number`; no `[DONE
 Pure translation only: no streams, commands or cluster here.
 """
 
+# The OpenAI adapters share openai_chat's request helpers (`_in_range`, `_Lenient`, ...):
+# one wire family, one set of checks, kept private to the adapters package.
+# pyright: reportPrivateUsage=false
+
 from __future__ import annotations
 
 import json
@@ -29,14 +33,16 @@ from skulk.api import request_options
 from skulk.api.adapters.openai_chat import MIN_TOP_P, _in_range, _Lenient
 from skulk.api.errors import ApiError, InvalidRequest, invalid_request_from_validation
 from skulk.api.tool_calls import check_enforceable
+from skulk.shared.json_shapes import is_json_object
 from skulk.shared.types.chunks import TokenChunk
-from skulk.shared.types.common import ChatMessage, ToolCall, ToolSpec, Usage
+from skulk.shared.types.common import ChatMessage, ChatRole, ToolCall, ToolSpec, Usage
+from skulk.shared.types.ids import ModelId
 from skulk.shared.types.tasks import TextGenerationParams
 
 RESPONSE_ID_PREFIX = "resp_"
 MESSAGE_ID_PREFIX = "msg_"
 
-_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+_ROLES: dict[str, ChatRole] = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
 
 
@@ -102,7 +108,7 @@ def _item_message(item: InputItem, index: int) -> ChatMessage:
         raise InvalidRequest("A message item needs 'content'.", param=f"{where}.content")
     if isinstance(item.content, str):
         return ChatMessage(role=role, content=item.content)
-    texts = []
+    texts: list[str] = []
     for part_index, part in enumerate(item.content):
         if part.type not in _TEXT_PARTS:
             raise InvalidRequest(f"Content parts of type {part.type!r} are not supported; only 'input_text' is.",
@@ -127,15 +133,15 @@ def _merge_calls(messages: list[ChatMessage]) -> list[ChatMessage]:
 
 
 def _tools(request: ResponsesRequest) -> list[ToolSpec]:
-    specs = []
+    specs: list[ToolSpec] = []
     for index, tool in enumerate(request.tools or []):
         if tool.get("type") != "function":
             raise InvalidRequest(f"Tools of type {tool.get('type')!r} are not supported; only 'function' is (Skulk "
                                  "runs no hosted tools).", param=f"tools[{index}].type")
         if not isinstance(tool.get("name"), str) or not tool["name"]:
             raise InvalidRequest("A function tool needs a 'name'.", param=f"tools[{index}].name")
-        parameters = tool.get("parameters") or {}
-        if not isinstance(parameters, dict):
+        parameters: object = tool.get("parameters") or {}
+        if not is_json_object(parameters):
             raise InvalidRequest("A function tool's 'parameters' must be a JSON Schema object.",
                                  param=f"tools[{index}].parameters")
         specs.append(ToolSpec(name=tool["name"], description=tool.get("description") or "", parameters=parameters))
@@ -185,7 +191,7 @@ def to_params(request: ResponsesRequest, history: Sequence[ChatMessage] = ()) ->
         messages.extend(_merge_calls([_item_message(item, i) for i, item in enumerate(request.input)]))
     try:
         return TextGenerationParams(
-            model_id=request.model,
+            model_id=ModelId(request.model),
             messages=messages,
             max_tokens=request.max_output_tokens,
             temperature=temperature,

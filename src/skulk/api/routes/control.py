@@ -13,7 +13,7 @@ from skulk.observe.downloads import download_report
 from skulk.shared.apply import state_hash
 from skulk.shared.health import derive_node_health
 from skulk.shared.types.commands import SetTracingEnabled
-from skulk.shared.types.ids import new_id
+from skulk.shared.types.ids import CommandId, new_id
 
 router = APIRouter()
 
@@ -97,7 +97,7 @@ class TracingRequest(BaseModel):
 @router.put("/v1/tracing", status_code=202)
 async def put_tracing(request: Request, body: TracingRequest) -> dict[str, Any]:
     """Flip the cluster-wide tracing flag (an ordered decision: it goes through the master)."""
-    command = SetTracingEnabled(command_id=new_id(), enabled=body.enabled)
+    command = SetTracingEnabled(command_id=CommandId(new_id()), enabled=body.enabled)
     await _context(request).submit_command(command)
     return {"commandId": command.command_id, "enabled": body.enabled}
 

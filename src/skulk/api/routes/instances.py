@@ -21,20 +21,20 @@ from pydantic.alias_generators import to_camel
 from skulk.master.placement import PlacementError, PlacementInfoPending, PlacementRequest, place, preview
 from skulk.master.ring_hosts import unreported_ring_nodes
 from skulk.shared.types.commands import DeleteInstance, PlaceInstance
-from skulk.shared.types.ids import new_id
+from skulk.shared.types.ids import CommandId, InstanceId, ModelId, NodeId, new_id
 
 router = APIRouter()
 
 
 class PlaceInstanceBody(BaseModel):
     model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True)
-    model_id: str
+    model_id: ModelId
     sharding: Literal["Pipeline", "Tensor"] = "Pipeline"
-    min_nodes: int = Field(1, ge=1)
-    excluded_nodes: list[str] = []
+    min_nodes: int = Field(default=1, ge=1)
+    excluded_nodes: list[NodeId] = []
     dry_run: bool = False
     """Answer with the placement the planner would make, and submit nothing."""
-    idle_ttl: float | None = Field(None, gt=0, allow_inf_nan=False)
+    idle_ttl: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     """Seconds idle after which the instance's runners unload their model (reloading on
     the next request); unset: always loaded."""
     slots: int | None = None
@@ -75,7 +75,7 @@ async def place_instance(request: Request, body: PlaceInstanceBody) -> Any:
     if body.dry_run:
         return {"instanceId": None, "dryRun": True, "preview": instance.to_wire()}
     command = PlaceInstance(
-        command_id=new_id(), model_id=body.model_id, sharding=body.sharding, min_nodes=body.min_nodes,
+        command_id=CommandId(new_id()), model_id=body.model_id, sharding=body.sharding, min_nodes=body.min_nodes,
         excluded_nodes=sorted(body.excluded_nodes), instance_id=instance.instance_id, idle_ttl_s=body.idle_ttl,
         slots=body.slots,
     )
@@ -125,7 +125,7 @@ async def delete_instance(request: Request, instance_id: str) -> Any:
     context = request.app.state.skulk
     if instance_id not in context.get_state().instances:
         raise HTTPException(404, f"no instance {instance_id}")
-    command = DeleteInstance(command_id=new_id(), instance_id=instance_id)
+    command = DeleteInstance(command_id=CommandId(new_id()), instance_id=InstanceId(instance_id))
     await context.submit_command(command)
     return {"instanceId": instance_id, "commandId": command.command_id, "deleting": True}
 

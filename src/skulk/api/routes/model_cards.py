@@ -60,7 +60,7 @@ from skulk.models.hub_files import (
 )
 from skulk.shared.types.cards import LOCAL_MODEL_PREFIX, ModelCard, is_model_id
 from skulk.shared.types.commands import AddCustomModelCard, DeleteCustomModelCard
-from skulk.shared.types.ids import new_id
+from skulk.shared.types.ids import CommandId, ModelId, new_id
 
 router = APIRouter()
 
@@ -281,7 +281,7 @@ async def add_model(request: Request, body: AddModelBody) -> Any:
         # Commands are not queued for a master that is still being elected: send again until
         # the card shows up (the master records an unchanged card only once).
         if time.monotonic() >= next_submit:
-            await _submit(request, AddCustomModelCard(command_id=new_id(), card=card))
+            await _submit(request, AddCustomModelCard(command_id=CommandId(new_id()), card=card))
             next_submit = time.monotonic() + RESUBMIT_INTERVAL_S
         await asyncio.sleep(APPLY_POLL_S)
     return {"modelId": card.model_id, "applied": context.get_cards().get(card.model_id) == card,
@@ -298,5 +298,5 @@ async def delete_custom_model(request: Request, model_id: str) -> Any:
     state = request.app.state.skulk.get_state()
     if model_id not in state.custom_cards:
         raise NotFound(f"no custom card {model_id}; built-in cards cannot be deleted", code="unknown_card")
-    await _submit(request, DeleteCustomModelCard(command_id=new_id(), model_id=model_id))
+    await _submit(request, DeleteCustomModelCard(command_id=CommandId(new_id()), model_id=ModelId(model_id)))
     return {"modelId": model_id, "deleting": True}

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
@@ -111,14 +111,14 @@ def show_model(request: Request, body: ShowRequest) -> dict[str, Any]:
 
 
 @router.post("/api/chat", response_model=None)
-async def chat(request: Request, body: ChatRequest) -> StreamingResponse | dict[str, Any]:
+async def chat(request: Request, body: ChatRequest) -> StreamingResponse | JSONResponse | dict[str, Any]:
     if not body.messages:
         return _load(request, "chat", body.model)
     return await _generate(request, "chat", body.model, chat_params(body))
 
 
 @router.post("/api/generate", response_model=None)
-async def generate(request: Request, body: GenerateRequest) -> StreamingResponse | dict[str, Any]:
+async def generate(request: Request, body: GenerateRequest) -> StreamingResponse | JSONResponse | dict[str, Any]:
     if not body.prompt and not body.raw:
         return _load(request, "generate", body.model)
     return await _generate(request, "generate", body.model, generate_params(body))
@@ -177,7 +177,7 @@ async def _generate(
 
 
 async def _lines(
-    stream: CommandStream, encoder: OllamaEncoder, started_ns: int, chunks: AsyncIterator[TokenChunk],
+    stream: CommandStream, encoder: OllamaEncoder, started_ns: int, chunks: AsyncGenerator[TokenChunk, None],
 ) -> AsyncIterator[str]:
     first_token_ns: int | None = None
     try:

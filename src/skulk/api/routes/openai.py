@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -61,7 +61,7 @@ from skulk.api.streams import CommandStream
 from skulk.observe.cluster_diagnostics import gather_from_peers
 from skulk.shared.types.commands import CancelCommand
 from skulk.shared.types.common import ChatMessage
-from skulk.shared.types.ids import new_id
+from skulk.shared.types.ids import CommandId, new_id
 
 if TYPE_CHECKING:  # the context's module imports these routes
     from skulk.api.app import ApiContext
@@ -293,7 +293,7 @@ async def embeddings(request: Request, body: openai_embeddings.EmbeddingRequest)
 
 
 def _sse(request: Request, context: ApiContext, stream: CommandStream, encoder: Any,
-         params: Any = None, output: AsyncIterator[Any] | None = None) -> AsyncIterator[str]:
+         params: Any = None, output: AsyncGenerator[Any, None] | None = None) -> AsyncIterator[str]:
     return encoded_events(request, context, stream, encoder, sse_error, params, output)
 
 
@@ -318,7 +318,7 @@ async def cancel(request: Request, command_id: str) -> dict[str, Any]:
         raise NotFound(f"No running request of yours has the id {command_id!r}.", param="command_id",
                        code="unknown_command")
     try:
-        await context.submit_command(CancelCommand(command_id=new_id(), cancelled_command_id=command_id))
+        await context.submit_command(CancelCommand(command_id=CommandId(new_id()), cancelled_command_id=CommandId(command_id)))
     except Exception as exc:
         raise ClusterNotReady(f"The cancellation could not reach the master: {exc}") from exc
     context.streams.cancel(command_id, "The request was cancelled by POST /v1/cancel.")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from pathlib import Path
 from typing import Any
@@ -60,10 +60,10 @@ class TextBody(_Body):
 
 
 class DecodeBody(_Body):
-    max_tokens: int = Field(64, ge=1)
-    temperature: float | None = Field(None, ge=0)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=0)
+    max_tokens: int = Field(default=64, ge=1)
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=0)
     seed: int | None = None
     stop: list[str] = []
     stream: bool = False
@@ -215,7 +215,7 @@ async def decode(request: Request, session_id: str, body: DecodeBody) -> Streami
     return StreamingResponse(_events(request, session, output), media_type="text/event-stream", headers=SSE_HEADERS)
 
 
-async def _events(request: Request, session: Session, chunks: AsyncIterator[Any]) -> AsyncIterator[str]:
+async def _events(request: Request, session: Session, chunks: AsyncGenerator[Any, None]) -> AsyncIterator[str]:
     parts: list[str] = []
     finish: str | None = None
     usage: Usage | None = None

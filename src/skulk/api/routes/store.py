@@ -42,7 +42,7 @@ from skulk.models.companions import companions_of
 from skulk.models.downloads import downloaded_models, remove_model
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.commands import EvictStagedModel
-from skulk.shared.types.ids import new_id
+from skulk.shared.types.ids import CommandId, ModelId, new_id
 from skulk.shared.types.state import DownloadStatusCompleted
 
 if TYPE_CHECKING:  # the context's module imports these routes
@@ -240,7 +240,7 @@ async def fetch_store_model(request: Request, model_id: str, body: FetchBody | N
 
 def _known_anywhere(context: ApiContext, store: StoreContext, model_id: str) -> bool:
     state = context.get_state()
-    if any(isinstance(per.get(model_id), DownloadStatusCompleted) for per in state.downloads.values()):
+    if any(isinstance(per.get(ModelId(model_id)), DownloadStatusCompleted) for per in state.downloads.values()):
         return True
     return any(e.model_id == model_id for e in scan_staged(store.staging_root))
 
@@ -254,7 +254,7 @@ async def delete_model(request: Request, model_id: str) -> dict[str, Any]:
     has_canonical = bool(await asyncio.to_thread(lambda: downloaded_models(root).get(model_id)))
     if not has_canonical and not await asyncio.to_thread(_known_anywhere, context, store, model_id):
         raise StoreModelNotFound(model_id)
-    command = EvictStagedModel(command_id=new_id(), model_id=model_id)
+    command = EvictStagedModel(command_id=CommandId(new_id()), model_id=ModelId(model_id))
     # Broadcast first: when no master takes it, nothing has changed yet and a retry is safe.
     try:
         await context.submit_command(command)

@@ -8,6 +8,8 @@ share them without defensive copies.
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
@@ -20,6 +22,6 @@ class WireModel(BaseModel):
         frozen=True,
     )
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> dict[str, Any]:
         """JSON-compatible dict with camelCase keys: the form that is msgpack'd or JSON'd."""
         return self.model_dump(mode="json", by_alias=True)

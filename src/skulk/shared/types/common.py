@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AfterValidator, AwareDatetime, Field, model_validator
 
@@ -80,8 +80,11 @@ class ToolSpec(WireModel):
     parameters: dict[str, Any] = Field(default_factory=dict)
 
 
+ChatRole = Literal["system", "user", "assistant", "tool"]
+
+
 class ChatMessage(WireModel):
-    role: Literal["system", "user", "assistant", "tool"]
+    role: ChatRole
     content: str | None = None
     name: str | None = None
     tool_calls: list[ToolCall] = Field(default_factory=list)
@@ -123,6 +126,11 @@ class Edge(WireModel):
         if self.source == self.sink:
             raise ValueError(f"edge from {self.source} to itself")
         return self
+
+    if TYPE_CHECKING:
+        # Frozen (WireModel's config), so pydantic gives it a field hash; the checker reads
+        # only class-keyword `frozen=True`, so it is told here. Membership keeps edges in sets.
+        def __hash__(self) -> int: ...
 
     def sort_key(self) -> tuple[str, str, str, bool, str]:
         """Total order used to keep `State.edges` canonical (None sorts before any address)."""
