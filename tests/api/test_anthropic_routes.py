@@ -12,7 +12,7 @@ import pytest
 from skulk.api.adapters.anthropic import stop_reason
 from skulk.api.streams import CommandStreams
 from skulk.shared.types.commands import CancelCommand, GenerateText, TaskFinished
-from tests.api.test_openai_routes import MODEL, AsgiCall, client, make, until
+from tests.api.test_openai_routes import HANG_GUARD_S, MODEL, AsgiCall, client, make, until
 
 BODY = {"model": MODEL, "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
 
@@ -162,7 +162,7 @@ async def test_client_disconnect_cancels_the_command_once(stream):
     else:
         await until(lambda: cluster.streams.stats()["deliveredFrames"] == 3)
     call.gone.set()
-    await asyncio.wait_for(running, timeout=3)
+    await asyncio.wait_for(running, timeout=HANG_GUARD_S)
     await until(lambda: len(cluster.of(CancelCommand)) == 1)
     assert cluster.of(CancelCommand)[0].cancelled_command_id == cluster.command_id
     await asyncio.sleep(0.01)

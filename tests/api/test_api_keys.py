@@ -15,7 +15,7 @@ from starlette.routing import Route
 from skulk.api.auth import check_api_key, is_open_path
 from skulk.api.errors import wire_shape_for
 from skulk.shared.types.commands import CancelCommand, TaskFinished
-from tests.api.test_openai_routes import CHAT, MODEL, AsgiCall, make, until
+from tests.api.test_openai_routes import CHAT, HANG_GUARD_S, MODEL, AsgiCall, make, until
 
 KEY = "sk-skulk-test-key"
 
@@ -181,6 +181,6 @@ async def test_disconnect_still_cancels_behind_the_key_middleware():
     running = asyncio.create_task(call())
     await until(lambda: "Hel" in call.body_text)
     call.gone.set()
-    await asyncio.wait_for(running, timeout=3)
+    await asyncio.wait_for(running, timeout=HANG_GUARD_S)
     await until(lambda: len(cluster.of(CancelCommand)) == 1)
     assert cluster.of(TaskFinished) == []

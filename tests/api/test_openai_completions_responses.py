@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from skulk.shared.types.commands import CancelCommand, GenerateText, TaskFinished
-from tests.api.test_openai_routes import MODEL, assert_openai_error, client, make, sse, until
+from tests.api.test_openai_routes import HANG_GUARD_S, MODEL, assert_openai_error, client, make, sse, until
 
 
 def sse_events(text: str) -> list[tuple[str, dict]]:
@@ -235,6 +235,6 @@ async def test_cancel_takes_the_response_ids(path, body, prefix):
         pending = asyncio.create_task(http.post(path, json=body))
         await until(lambda: bool(cluster.commands) and cluster.streams.stats()["deliveredFrames"] == 3)
         cancel = await http.post(f"/v1/cancel/{prefix}{cluster.command_id}")
-        response = await asyncio.wait_for(pending, timeout=3)
+        response = await asyncio.wait_for(pending, timeout=HANG_GUARD_S)
     assert cancel.status_code == 200 and cancel.json()["commandId"] == cluster.command_id
     assert_openai_error(response, 499, code="cancelled")

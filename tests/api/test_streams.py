@@ -16,6 +16,7 @@ from skulk.shared.types.chunks import (
     StreamTerminal,
     TokenChunk,
 )
+from tests.api.test_openai_routes import HANG_GUARD_S
 
 CID = "c1"
 
@@ -59,7 +60,7 @@ async def run(frames, **options) -> tuple[list[str], StreamFailed | None, Comman
     stream = streams.open(CID)
     for frame in frames:
         streams.deliver(frame)
-    texts, failure = await asyncio.wait_for(drain(stream), timeout=2)
+    texts, failure = await asyncio.wait_for(drain(stream), timeout=HANG_GUARD_S)
     return texts, failure, streams
 
 
@@ -247,7 +248,7 @@ async def test_fail_all_ends_every_open_stream_at_once():
     waiting = [asyncio.create_task(drain(s)) for s in (a, b)]
     await asyncio.sleep(0)  # both consumers are now waiting
     assert streams.fail_all("MasterFailover", "the master changed") == 2
-    results = await asyncio.wait_for(asyncio.gather(*waiting), timeout=2)
+    results = await asyncio.wait_for(asyncio.gather(*waiting), timeout=HANG_GUARD_S)
     assert [failure.error_type for _, failure in results] == ["MasterFailover", "MasterFailover"]
     assert all(failure.origin == "api" and failure.kind == "unavailable" for _, failure in results)
     assert streams.stats()["openStreams"] == 0 and streams.stats()["failedByFailover"] == 2
@@ -262,7 +263,7 @@ async def test_close_while_open_frees_the_slot_and_asks_for_a_cancel():
     waiting = asyncio.create_task(drain(stream))
     assert stream.close() is True
     assert stream.close() is False
-    texts, failure = await asyncio.wait_for(waiting, timeout=2)
+    texts, failure = await asyncio.wait_for(waiting, timeout=HANG_GUARD_S)
     assert texts == []  # queued output is dropped: nobody is left to read it
     assert failure.error_type == "client_closed" and failure.origin == "client"
     streams.deliver(payload(2, "b"))

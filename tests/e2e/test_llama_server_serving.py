@@ -21,8 +21,8 @@ pytestmark = pytest.mark.timeout(300)
 
 STREAMS = 8
 TOKENS = 400
-"""Long enough that on a fast machine too every stream's request is in before the first
-one finishes (the requests leave together, released by one barrier)."""
+"""Each stream's length. The requests are held at the frozen server until all eight are in
+the runner, so no stream can finish before the last request is in, however fast the machine."""
 
 
 def llama_servers_of(node) -> list[psutil.Process]:
@@ -59,6 +59,10 @@ def test_eight_sdk_streams_progress_together_on_one_instance(spawn_node):
 
     clients = [client(node) for _ in range(STREAMS)]  # built up front: building one is slow
     go = threading.Barrier(STREAMS, timeout=60)
+    runner_id = shard["runnerId"]
+
+    def in_runner() -> int:
+        return node.get("/v1/diagnostics/node").json()["worker"]["runners"][runner_id]["inFlight"]
 
     def stream(index: int) -> None:
         try:
@@ -79,9 +83,18 @@ def test_eight_sdk_streams_progress_together_on_one_instance(spawn_node):
         except BaseException as exc:  # reported below, with the node's log
             failures.append(exc)
 
+    # The server is frozen until every request has reached the runner: a fast machine
+    # cannot finish one stream while the last request is still on its way through the node,
+    # and a server that served them one at a time still fails the order check below.
+    server.suspend()
     threads = [threading.Thread(target=stream, args=(i,)) for i in range(STREAMS)]
-    for thread in threads:
-        thread.start()
+    try:
+        for thread in threads:
+            thread.start()
+        wait_for(lambda: in_runner() == STREAMS and not failures, timeout_s=50,
+                 what=f"all {STREAMS} requests in the runner")
+    finally:
+        server.resume()
     for thread in threads:
         thread.join(240)
     assert not failures, f"{failures}\n{node.log()[-3000:]}"

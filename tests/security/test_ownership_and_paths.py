@@ -17,7 +17,7 @@ from skulk.api.app import ApiContext, create_app
 from skulk.api.streams import CommandStreams
 from skulk.models.cards import builtin_cards_dir, load_card
 from tests.api.test_model_cards_routes import Cluster as CardCluster
-from tests.api.test_openai_routes import CHAT, STATE, FakeCluster, until
+from tests.api.test_openai_routes import CHAT, HANG_GUARD_S, STATE, FakeCluster, until
 from tests.mockhub import tiny_artifacts  # noqa: F401 - fixture
 
 KEY, OP = "inference-key", "operator-key"
@@ -47,7 +47,7 @@ async def test_only_the_requester_cancels_its_request():
         assert not pending.done() and streams.is_open(command_id)
         mine = await owner.post(f"/v1/cancel/{command_id}")
         assert mine.status_code == 200 and mine.json()["ownedHere"] is True
-        assert (await asyncio.wait_for(pending, timeout=3)).status_code == 499
+        assert (await asyncio.wait_for(pending, timeout=HANG_GUARD_S)).status_code == 499
         # The operator key may cancel anything known (here: nothing is left open).
         gone = await operator.post(f"/v1/cancel/{command_id}")
         assert gone.status_code == 404

@@ -410,31 +410,62 @@ def batched(tiny_hf):
     engine.close()
 
 
-def test_batched_requests_share_steps_and_decode_what_one_request_does(batched, reference) -> None:
+def test_batched_requests_share_steps_and_decode_what_one_request_does(batched, reference, monkeypatch) -> None:
     assert batched.concurrency == 4
-    results: dict[str, list[int]] = {}
-    peak = [0]
-    watching = threading.Event()
+    loop = batched._batch
+    assert loop is not None
+    # The batch loop takes no step until every request has joined, so they share steps
+    # however fast the machine decodes (started one by one, a fast machine could finish the
+    # first request before the last one is in). Each step's batch size is recorded.
+    take_commands = loop._take_commands
+    joined = threading.Event()
+    step_sizes: list[int] = []
 
-    def watch() -> None:
-        while not watching.is_set():
-            peak[0] = max(peak[0], batched.in_flight)
-            time.sleep(0.001)
+    def take_until_all_joined(generator, block: bool) -> None:
+        take_commands(generator, block)
+        deadline = time.monotonic() + 60
+        while not joined.is_set() and loop._active and time.monotonic() < deadline:
+            if len(loop._active) == len(PROMPTS):
+                joined.set()
+                break
+            take_commands(generator, True)  # waits (bounded) for the next request to join
+        if loop._active:
+            step_sizes.append(len(loop._active))
+
+    monkeypatch.setattr(loop, "_take_commands", take_until_all_joined)
+    results: dict[str, list[int]] = {}
+    errors: list[BaseException] = []
+    # Each client holds after its first token until every client has one: all generations
+    # are then in flight at once, and the engine's in-flight count must say so.
+    first_tokens = threading.Barrier(len(PROMPTS) + 1, timeout=60)
+    release = threading.Event()
 
     def one(prompt: str) -> None:
-        results[prompt] = ids(run(batched, greedy(prompt)))
+        try:
+            tokens: list[GeneratedToken] = []
+            for token in batched.generate(greedy(prompt), threading.Event()):
+                tokens.append(token)
+                if len(tokens) == 1:
+                    first_tokens.wait()
+                    assert release.wait(60)
+            results[prompt] = ids(tokens)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
 
-    watcher = threading.Thread(target=watch)
-    watcher.start()
     threads = [threading.Thread(target=one, args=(p,)) for p in PROMPTS]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join(60)
-    watching.set()
-    watcher.join()
+    try:
+        first_tokens.wait()
+        in_flight_together = batched.in_flight
+    finally:
+        release.set()
+        for t in threads:
+            t.join(60)
+    assert not errors, errors
     assert results == reference
-    assert peak[0] > 1  # true in-flight: several generations at once
+    assert in_flight_together == len(PROMPTS)  # true in-flight: several generations at once
+    assert step_sizes and step_sizes[0] == len(PROMPTS)  # they decoded in one batch
     assert batched.in_flight == 0
 
 

@@ -11,6 +11,7 @@ import psutil
 import pytest
 import pytest_asyncio
 
+from skulk.worker.runner.messages import TaskAccepted
 from skulk.worker.runner.supervisor import RunnerSupervisor
 from tests.llama_server_kit import require_llama_server
 from tests.worker.runner.test_supervisor import READY_TIMEOUT_S, Reports
@@ -71,15 +72,22 @@ async def test_kill_9_of_the_runner_leaves_no_llama_server(served_runner):
     await reports.wait_for(lambda: len(reports.payloads(task)) >= 3)
     # The runner reported 4 slots: the worker would admit four requests at once.
     assert ("Running", 1) in reports.statuses()
+    # A fast machine may finish that stream before the kill lands: freeze the server and
+    # have the runner accept a second request, which is then certainly in flight when the
+    # runner dies (the kernel's SIGKILL ends a stopped server too).
+    (server,) = servers
+    server.suspend()
+    held = text_task("held", prompt_params(LONG_PROMPT, temperature=0, max_tokens=400))
+    supervisor.submit(held)
+    await reports.wait_for(lambda: any(isinstance(m, TaskAccepted) for m in reports.of_task(held)))
 
     os.kill(supervisor.pid, signal.SIGKILL)
-    (server,) = servers
     deadline = time.monotonic() + ORPHAN_DEADLINE_S
     while server.is_running() and server.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not server.is_running() or server.status() == psutil.STATUS_ZOMBIE, "llama-server outlived its runner"
-    await reports.wait_for(lambda: reports.terminal(task) is not None)
-    assert reports.terminal(task).outcome == "failed"
+    await reports.wait_for(lambda: reports.terminal(held) is not None and reports.terminal(task) is not None)
+    assert reports.payloads(held) == [] and reports.terminal(held).outcome == "failed"
 
 
 async def test_a_clean_shutdown_stops_the_server(served_runner):

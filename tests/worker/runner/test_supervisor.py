@@ -390,10 +390,17 @@ def _runner_cut_mid_message(_inbox, outbox, _parent_pid) -> None:
     os._exit(9)
 
 
+async def stand_in_exited(supervisor: RunnerSupervisor, reports: Reports) -> None:
+    """Wait for a stand-in runner to start (a spawned interpreter importing this module: as
+    slow as a real runner's start on a loaded box) and then for its exit to be reported."""
+    await reports.wait_for(lambda: reports.messages or supervisor.exited, READY_TIMEOUT_S)
+    await reports.wait_for(lambda: supervisor.exited, CRASH_REPORT_DEADLINE_S)
+
+
 async def test_a_message_longer_than_a_read_arrives_whole_before_the_exit(spawn, monkeypatch) -> None:
     monkeypatch.setattr(supervisor_module, "runner_main", _runner_with_big_output)
     supervisor, reports = await spawn()
-    await reports.wait_for(lambda: supervisor.exited, CRASH_REPORT_DEADLINE_S)
+    await stand_in_exited(supervisor, reports)
     frames = [m.frame for m in reports.messages if isinstance(m, Frame)]
     assert len(frames) == 1 and len(frames[0].chunk.text) == BIG_TEXT_CHARS
     statuses = [m.status for m in reports.messages if isinstance(m, StatusChanged)]
@@ -404,6 +411,6 @@ async def test_a_message_longer_than_a_read_arrives_whole_before_the_exit(spawn,
 async def test_a_runner_cut_off_mid_message_is_reported_gone(spawn, monkeypatch) -> None:
     monkeypatch.setattr(supervisor_module, "runner_main", _runner_cut_mid_message)
     supervisor, reports = await spawn()
-    await reports.wait_for(lambda: supervisor.exited, CRASH_REPORT_DEADLINE_S)
+    await stand_in_exited(supervisor, reports)
     assert [state for state, _ in reports.statuses()] == ["Loading", "Failed"]
     assert supervisor.status.error_message == "runner exited with code 9"
