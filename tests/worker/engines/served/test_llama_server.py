@@ -130,9 +130,12 @@ def test_eight_streams_all_make_progress_at_once(engine):
     dispatcher = Dispatcher(engine, sink, width=engine.concurrency)
     ids = [f"r{i}" for i in range(SLOTS)]
     all_started = threading.Event()
-    # Each stream holds after its first token until all eight have one: a server that served
-    # them one at a time would never give the eighth its first token (the wait below fails),
-    # and a fast machine cannot finish one stream before the last request is in.
+    # Each stream holds after its first token until all eight have one, so a fast machine
+    # cannot finish one stream before the last request is in. What this proves is the engine's
+    # side: eight requests relayed at once, none waiting behind another in our dispatcher or
+    # SSE reader (a width-1 relay never gives the second its first token). That llama-server
+    # itself decodes them in one batch is proven with the server frozen until all eight are in,
+    # in tests/e2e/test_llama_server_serving.py.
     sink.gates.update({request_id: (1, all_started) for request_id in ids})
     try:
         for request_id in ids:
