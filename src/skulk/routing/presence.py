@@ -13,12 +13,13 @@ the session's proof queryable (`proof_key_expr`) and accepts only a MAC of that 
 the presence key (`proof_mac`), at first sight and again every `REPROOF_INTERVAL_S`. A copied
 token never answers; its node is reported gone at the first failed proof (`PresenceVerifier`).
 
-A challenge can also go unanswered while its session is alive and reachable: zenoh's query
-path between two healthy peers stalled for up to the length of a network cut of a THIRD peer
-(measured on `tests/cluster/test_network_cut.py`: the master's challenges to the serving node
-and the serving node's to the master all timed out for ~8 s while sealed pub/sub messages
-between the two kept arriving; the master's event loop and its puts were not stalled). So a
-sealed message from the session (authenticated under the wire key, replay-checked: only a
+A challenge can also go unanswered while its session is alive and reachable: while a THIRD
+peer's cable was cut, zenoh's traffic from the master to a healthy peer stalled for the whole
+cut although their link stayed up (measured on `tests/cluster/test_network_cut.py`: the
+master's challenges to the serving node and that node's to the master all timed out, and the
+master's state events reached it only at the heal, while the master's event loop ran on time,
+none of its puts blocked, and the serving node's own messages kept reaching the master). So
+a sealed message from the session (authenticated under the wire key, replay-checked: only a
 holder of the key can produce one) is evidence too: a proven session whose challenges fail
 is kept while its messages keep arriving (`heard`), for at most VOUCH_WINDOW_S since its last
 answered challenge. A dead or frozen node sends nothing and is dropped as before.
