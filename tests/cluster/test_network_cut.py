@@ -117,6 +117,7 @@ def test_a_cut_node_keeps_campaigning_and_rejoins_the_master_when_the_link_heals
     streamer = threading.Thread(target=keep_streaming, name="streams", daemon=True)
     streamer.start()
     phases: list[str | None] = []
+    server_kept_during_cut = False
     try:
         wait_for(lambda: results or errors, timeout_s=60, interval_s=0.1, what="a first stream")
         star.cut(cut_index)
@@ -128,6 +129,7 @@ def test_a_cut_node_keeps_campaigning_and_rejoins_the_master_when_the_link_heals
             phases.append(_phase(cut_node))
             time.sleep(0.5)
         during = cluster(master)
+        server_kept_during_cut = ids[server_index] in master.get("/state").json()["nodes"]
         star.heal(cut_index)
         after = wait_agreed(nodes, members=3, timeout_s=60, what="the cut node back in the cluster")
         wait_for(lambda: len(results) > streams_before_heal + 1, timeout_s=60, interval_s=0.25,
@@ -138,15 +140,12 @@ def test_a_cut_node_keeps_campaigning_and_rejoins_the_master_when_the_link_heals
             star.heal(cut_index)
     streamer.join(timeout=90)
     assert not streamer.is_alive(), "the streaming client hung"
-    # Known defect (issue 18, left open): now and then the serving node, untouched by the
-    # cut, is pruned while the master's sends to the cut node are blocked, and the streams
-    # then in flight end with a typed 503 NodeLost. Until that is fixed the test requires
-    # every failure to be such a typed, explained error (never a hang or a bare 5xx) and the
-    # serving to come back; the master and its session must not change either way.
-    for error in errors:
-        assert any(code in str(error) for code in ("NodeLost", "InstanceGone", "model_not_serving")), error
-    if errors:
-        print(f"\nknown defect seen: {len(errors)} stream(s) failed with a typed error during the cut: {errors[0]}")
+    # The serving node is untouched by the cut: it is never pruned, and no stream fails. (It
+    # once was, now and then: zenoh's queries between the master and it stalled while the cut
+    # node's link was down, so its presence challenges failed; its sealed messages, which kept
+    # arriving, now keep it, see routing/presence.py.)
+    assert not errors, f"{len(errors)} stream(s) on the majority failed during the cut: {errors[0]}"
+    assert server_kept_during_cut, f"the serving node {ids[server_index]} was pruned during the cut"
     assert (during["masterNodeId"], during["sessionId"]) == (before["masterNodeId"], before["sessionId"])
     assert "leading" not in phases, phases  # the cut node never led a session of its own
     assert "campaigning" in phases, phases  # it did notice the cut

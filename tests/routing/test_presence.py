@@ -9,6 +9,7 @@ from skulk.routing.constants import NETWORK_VERSION, presence_root
 from skulk.routing.presence import (
     PROOF_TIMEOUT_S,
     REPROOF_INTERVAL_S,
+    VOUCH_WINDOW_S,
     PresenceChange,
     PresenceRejected,
     PresenceToken,
@@ -159,3 +160,76 @@ def test_a_node_is_alive_while_any_proven_session_holds_a_token():
     assert verifier.changes() == []
     verifier.disappeared(A2)
     assert verifier.changes() == [PresenceChange("node-a", False)]
+
+
+# -- a proven session whose challenges fail but whose sealed messages arrive ------------------
+def _two_missed_challenges(verifier, nonce, start):
+    """Challenge a proven A1 at `start`, let it and the at-once retry time out; returns the
+    (challenges, failed) of the tick that judges the second miss."""
+    verifier.tick(start, nonce)  # the reproof challenge, never answered
+    verifier.tick(start + PROOF_TIMEOUT_S, nonce)  # first miss: retried at once
+    return verifier.tick(start + 2 * PROOF_TIMEOUT_S, nonce)
+
+
+@pytest.mark.parametrize(
+    ("heard", "kept"),
+    [
+        # zenoh's query path stalls between two live peers (another peer's link was cut) while
+        # its pub/sub keeps delivering: a message during the misses keeps the session
+        ("during the first challenge", True),
+        ("during the retry", True),
+        # nothing since the first unanswered challenge: a dead node (or a copied token)
+        ("nothing", False),
+        ("before the misses", False),
+    ],
+)
+def test_a_proven_session_heard_during_its_missed_challenges_is_kept(heard, kept):
+    verifier, nonce = PresenceVerifier(PKEY), nonces()
+    verifier.appeared(A1)
+    (challenge,), _ = verifier.tick(0.0, nonce)
+    prove(verifier, challenge, 0.0)
+    verifier.changes()
+    start = REPROOF_INTERVAL_S
+    heard_at = {"during the first challenge": start + 0.5, "during the retry": start + PROOF_TIMEOUT_S + 1.5,
+                "before the misses": start - 0.5, "nothing": None}[heard]
+    if heard_at is not None:
+        verifier.heard(A1, heard_at)
+    challenges, failed = _two_missed_challenges(verifier, nonce, start)
+    assert (verifier.alive() == {"node-a"}) is kept
+    assert (failed == []) is kept
+    if kept:  # asked again at once: a fresh answer is still wanted
+        assert [c.token for c in challenges] == [A1] and verifier.last_kept == (A1,) and verifier.kept == 1
+        assert verifier.changes() == []
+    else:
+        assert verifier.changes() == [PresenceChange("node-a", False)]
+
+
+def test_messages_keep_a_session_only_within_the_window_since_its_last_answer():
+    verifier, nonce = PresenceVerifier(PKEY), nonces()
+    verifier.appeared(A1)
+    (challenge,), _ = verifier.tick(0.0, nonce)
+    prove(verifier, challenge, 0.0)
+    dropped_at, t = None, REPROOF_INTERVAL_S
+    while dropped_at is None and t < 3 * VOUCH_WINDOW_S:
+        verifier.heard(A1, t)  # its messages never stop; its challenges are never answered
+        _, failed = verifier.tick(t, nonce)
+        if failed:
+            dropped_at = t
+        t += 0.5
+    assert dropped_at is not None
+    assert VOUCH_WINDOW_S <= dropped_at <= VOUCH_WINDOW_S + 2 * PROOF_TIMEOUT_S + 0.5
+
+
+def test_messages_never_prove_a_session_that_has_not_answered_once():
+    verifier, nonce = PresenceVerifier(PKEY), nonces()
+    verifier.appeared(A1)
+    verifier.tick(0.0, nonce)
+    verifier.heard(A1, 0.5)
+    _, failed = verifier.tick(PROOF_TIMEOUT_S, nonce)
+    assert failed == [A1] and verifier.alive() == frozenset()
+
+
+def test_messages_from_a_session_without_a_token_change_nothing():
+    verifier = PresenceVerifier(PKEY)
+    verifier.heard(A1, 1.0)
+    assert verifier.alive() == frozenset() and verifier.tick(2.0, nonces()) == ([], [])

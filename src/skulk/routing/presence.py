@@ -13,6 +13,17 @@ the session's proof queryable (`proof_key_expr`) and accepts only a MAC of that 
 the presence key (`proof_mac`), at first sight and again every `REPROOF_INTERVAL_S`. A copied
 token never answers; its node is reported gone at the first failed proof (`PresenceVerifier`).
 
+A challenge can also go unanswered while its session is alive and reachable: while a THIRD
+peer's cable was cut, zenoh's traffic from the master to a healthy peer stalled for the whole
+cut although their link stayed up (measured on `tests/cluster/test_network_cut.py`: the
+master's challenges to the serving node and that node's to the master all timed out, and the
+master's state events reached it only at the heal, while the master's event loop ran on time,
+none of its puts blocked, and the serving node's own messages kept reaching the master). So
+a sealed message from the session (authenticated under the wire key, replay-checked: only a
+holder of the key can produce one) is evidence too: a proven session whose challenges fail
+is kept while its messages keep arriving (`heard`), for at most VOUCH_WINDOW_S since its last
+answered challenge. A dead or frozen node sends nothing and is dropped as before.
+
 `PresenceTracker` folds token appearances and disappearances into per-node alive/dead
 changes: a node is alive while at least one of its sessions holds a token, so a restart whose
 new token appears before the old one expires is not reported as a departure.
@@ -58,6 +69,13 @@ its presence going (`skulk.master.presence_loss`), and a live node on a machine 
 moment (swap, a GIL-heavy burst) must not have its instances re-placed for it."""
 
 
+VOUCH_WINDOW_S: Final = 30.0
+"""How long a proven session whose challenges go unanswered is kept on the strength of its
+sealed messages alone. Past this a fresh answer is required again, so an on-path peer that
+withholds a dead node's last envelopes and releases them one by one cannot keep a copied token
+alive for longer than the master's silence timeout would anyway."""
+
+
 def presence_key_material(wire_key: bytes) -> bytes:
     """A subkey for presence tags, so the AEAD key is never used for a second purpose."""
     return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_PRESENCE_KEY_INFO).derive(wire_key)
@@ -97,6 +115,8 @@ class _Session:
     failed_at: float | None = None
     pending: tuple[bytes, float] | None = None  # (nonce, sent at)
     misses: int = 0
+    missed_since: float | None = None  # when the first challenge of the current misses was sent
+    heard_at: float | None = None  # the latest sealed message from this session
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,12 +130,16 @@ class PresenceVerifier:
     """Which sessions have proven the key lately; node-level alive/dead changes from that.
 
     Pure: the shell passes `now` and a nonce source, sends the `Challenge`s `tick` returns,
-    and reports answers with `answered`. A node is alive while one of its sessions holds a
+    reports answers with `answered` and sealed messages with `heard`. A node is alive while one of its sessions holds a
     token (per zenoh) and answered its last challenge. Not thread-safe: the shell locks."""
 
     presence_key: bytes
     timeout_s: float = PROOF_TIMEOUT_S
     reproof_s: float = REPROOF_INTERVAL_S
+    kept: int = 0
+    """How many times a session's failed challenges were forgiven because its messages arrived."""
+    last_kept: tuple[PresenceToken, ...] = ()
+    """The sessions the last `tick` kept that way (for the shell to log)."""
     _sessions: dict[PresenceToken, _Session] = field(default_factory=dict)
     _reported: frozenset[str] = frozenset()
 
@@ -126,17 +150,37 @@ class PresenceVerifier:
     def disappeared(self, token: PresenceToken) -> None:
         self._sessions.pop(token, None)
 
+    def heard(self, token: PresenceToken, now: float) -> None:
+        """A sealed message from this session arrived at `now` (evidence of life, see module notes)."""
+        session = self._sessions.get(token)
+        if session is not None and (session.heard_at is None or now > session.heard_at):
+            session.heard_at = now
+
+    def _kept_by_messages(self, session: _Session, now: float) -> bool:
+        """A proven session whose challenges failed, but whose messages arrived meanwhile."""
+        return (session.proven_at is not None and session.missed_since is not None
+                and session.heard_at is not None and session.heard_at >= session.missed_since
+                and now - session.proven_at < VOUCH_WINDOW_S)
+
     def tick(self, now: float, new_nonce: Callable[[], bytes]) -> tuple[list[Challenge], list[PresenceToken]]:
         """Challenges to send now, and the tokens whose challenge just failed (to count)."""
         challenges: list[Challenge] = []
         failed: list[PresenceToken] = []
+        kept: list[PresenceToken] = []
         for token, session in self._sessions.items():
             retry_now = False
             if session.pending is not None and now - session.pending[1] >= self.timeout_s:
+                if session.missed_since is None:
+                    session.missed_since = session.pending[1]
                 session.pending = None
                 session.misses += 1
-                if session.proven_at is None or session.misses >= MISSED_PROOFS_TO_DROP:
-                    session.proven_at, session.failed_at, session.misses = None, now, 0
+                if session.proven_at is not None and session.misses >= MISSED_PROOFS_TO_DROP \
+                        and self._kept_by_messages(session, now):
+                    # alive by its messages: forgive the misses, keep asking for a fresh answer
+                    session.misses, session.missed_since, retry_now = 0, None, True
+                    kept.append(token)
+                elif session.proven_at is None or session.misses >= MISSED_PROOFS_TO_DROP:
+                    session.proven_at, session.failed_at, session.misses, session.missed_since = None, now, 0, None
                     failed.append(token)
                 else:
                     retry_now = True  # a proven session gets a second chance at once
@@ -147,6 +191,8 @@ class PresenceVerifier:
                 nonce = new_nonce()
                 session.pending = (nonce, now)
                 challenges.append(Challenge(token, nonce))
+        self.last_kept = tuple(kept)
+        self.kept += len(kept)
         return challenges, failed
 
     def answered(self, token: PresenceToken, nonce: bytes, mac: bytes, now: float) -> bool:
@@ -157,6 +203,7 @@ class PresenceVerifier:
         if not hmac.compare_digest(mac, proof_mac(self.presence_key, token, nonce)):
             return False
         session.pending, session.proven_at, session.failed_at, session.misses = None, now, None, 0
+        session.missed_since = None
         return True
 
     def alive(self) -> frozenset[str]:

@@ -18,7 +18,9 @@ Threads:
   interpreter joins threads, with a warning).
 - presence: one liveliness subscriber per router feeds a `PresenceVerifier`; the loop
   challenges new and due sessions (zenoh queries with a callback, never blocking) and every
-  `PresenceWatch` gets the resulting node-level changes.
+  `PresenceWatch` gets the resulting node-level changes. Every authenticated sample also
+  tells the verifier its session was heard (a proven session whose challenges fail while
+  its messages arrive is kept, see presence.py).
 - control and data publishes run on one egress thread per plane, so a publisher blocked by
   congestion on one plane never delays the other, and envelopes of one topic are sealed and
   handed to zenoh in one order (the receiver's replay check relies on it). Telemetry is put
@@ -360,6 +362,7 @@ class TypedSubscription(Generic[M]):
         except EnvelopeRejected as rejected:
             ledger.record(rejected.reason, rejected.claimed_sender, where=key, detail=rejected.detail)
             return
+        self._router._heard_from(opened.sender, opened.session)
         try:
             raw = msgpack.unpackb(opened.payload, raw=False)
         except Exception as exc:  # msgpack raises several unrelated types
@@ -742,6 +745,11 @@ class Router:
         except Exception:
             log.exception("presence proof path error (answer dropped)")
 
+    def _heard_from(self, node_id: str, session_id: str) -> None:
+        """zenoh thread: an authenticated message from this session (evidence of its life)."""
+        with self._verifier_lock:
+            self._verifier.heard(PresenceToken(node_id, session_id), time.monotonic())
+
     def _emit(self, changes: list[PresenceChange]) -> None:
         for change in changes:
             for watch in list(self._watches):
@@ -766,6 +774,10 @@ class Router:
         with self._verifier_lock:
             challenges, failed = self._verifier.tick(time.monotonic(), lambda: os.urandom(PROOF_NONCE_BYTES))
             changes = self._verifier.changes()
+            kept = self._verifier.last_kept
+        for token in kept:
+            log.info("presence challenges to node %s went unanswered twice, but its sealed messages keep arriving: "
+                     "kept alive, challenged again", token.node_id)
         for token in failed:
             self._rejects.record("unproven", token.node_id, where=f"{PRESENCE_SEGMENT}/{token.node_id}/{token.session_id}",
                                  detail=f"no valid proof within {PROOF_TIMEOUT_S:g}s")
@@ -817,6 +829,7 @@ class Router:
             "rejected": rejects["byReason"],
             "rejectedByPeer": rejects["byPeer"],
             "presence": [watch.stats() for watch in list(self._watches)],
+            "presenceKeptByMessages": self._verifier.kept,
             "egress": egress,
         }
 
