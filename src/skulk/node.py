@@ -202,7 +202,7 @@ def bind_api_socket(host: str, port: int) -> socket.socket:
 class Node:
     def __init__(self, settings: NodeSettings) -> None:
         self.settings = settings
-        self.node_id = new_id()
+        self.node_id = NodeId(new_id())
         self.session_id = new_id()
         self._stop = asyncio.Event()
         self._exit_code = ExitCode.OK
@@ -522,7 +522,8 @@ class Node:
 
     def _stop_master(self) -> None:
         if self._master_task is not None:
-            logger.info("stepping down as master of session %s", self._master.session_id)
+            logger.info("stepping down as master of session %s",
+                        self._master.session_id if self._master is not None else None)
             self._master_task.cancel()
         self._master_task, self._master = None, None
 
@@ -660,7 +661,8 @@ class Node:
         config = uvicorn.Config(
             create_app(context),
             log_level="warning",
-            timeout_graceful_shutdown=API_GRACEFUL_SHUTDOWN_S,
+            # uvicorn annotates an int but hands it to asyncio.wait_for, which takes any float.
+            timeout_graceful_shutdown=API_GRACEFUL_SHUTDOWN_S,  # pyright: ignore[reportArgumentType]
             lifespan="off",
         )
         return _Server(config)
