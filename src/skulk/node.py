@@ -74,7 +74,7 @@ from skulk.shared.serving import wait_explanation
 from skulk.shared.telemetry_view import node_resources
 from skulk.shared.types.commands import Command, ForwarderCommand
 from skulk.shared.types.events import IndexedEvent
-from skulk.shared.types.ids import NodeId, new_id
+from skulk.shared.types.ids import NodeId, SessionId, new_id
 from skulk.shared.types.stream_errors import StreamErrorType
 from skulk.shared.types.task_inputs import TaskInput
 from skulk.shared.wire_keys import to_camel_keys
@@ -424,7 +424,7 @@ class Node:
         previous_session = self.replica.session_id
         self.recorder.record("election", master_id=elected.master_id, session_id=elected.session_id,
                              i_am_master=elected.i_am_master)
-        self.replica.adopt_session(elected.master_id, elected.session_id, elected.i_am_master)
+        self.replica.adopt_session(NodeId(elected.master_id), SessionId(elected.session_id), elected.i_am_master)
         self.store_binding()  # re-run the store choice for the new master (logs a change)
         running = self._master.session_id if self._master is not None and self._master_task is not None else None
         change = master_role_change(previous_session, elected.session_id, elected.i_am_master, running)
