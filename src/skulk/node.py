@@ -74,7 +74,7 @@ from skulk.shared.serving import wait_explanation
 from skulk.shared.telemetry_view import node_resources
 from skulk.shared.types.commands import Command, ForwarderCommand
 from skulk.shared.types.events import IndexedEvent
-from skulk.shared.types.ids import NodeId, new_id
+from skulk.shared.types.ids import NodeId, SessionId, new_id
 from skulk.shared.types.stream_errors import StreamErrorType
 from skulk.shared.types.task_inputs import TaskInput
 from skulk.shared.wire_keys import to_camel_keys
@@ -202,7 +202,7 @@ def bind_api_socket(host: str, port: int) -> socket.socket:
 class Node:
     def __init__(self, settings: NodeSettings) -> None:
         self.settings = settings
-        self.node_id = new_id()
+        self.node_id = NodeId(new_id())
         self.session_id = new_id()
         self._stop = asyncio.Event()
         self._exit_code = ExitCode.OK
@@ -424,7 +424,7 @@ class Node:
         previous_session = self.replica.session_id
         self.recorder.record("election", master_id=elected.master_id, session_id=elected.session_id,
                              i_am_master=elected.i_am_master)
-        self.replica.adopt_session(elected.master_id, elected.session_id, elected.i_am_master)
+        self.replica.adopt_session(NodeId(elected.master_id), SessionId(elected.session_id), elected.i_am_master)
         self.store_binding()  # re-run the store choice for the new master (logs a change)
         running = self._master.session_id if self._master is not None and self._master_task is not None else None
         change = master_role_change(previous_session, elected.session_id, elected.i_am_master, running)
@@ -522,7 +522,8 @@ class Node:
 
     def _stop_master(self) -> None:
         if self._master_task is not None:
-            logger.info("stepping down as master of session %s", self._master.session_id)
+            logger.info("stepping down as master of session %s",
+                        self._master.session_id if self._master is not None else None)
             self._master_task.cancel()
         self._master_task, self._master = None, None
 
@@ -660,7 +661,8 @@ class Node:
         config = uvicorn.Config(
             create_app(context),
             log_level="warning",
-            timeout_graceful_shutdown=API_GRACEFUL_SHUTDOWN_S,
+            # uvicorn annotates an int but hands it to asyncio.wait_for, which takes any float.
+            timeout_graceful_shutdown=API_GRACEFUL_SHUTDOWN_S,  # pyright: ignore[reportArgumentType]
             lifespan="off",
         )
         return _Server(config)

@@ -38,6 +38,7 @@ from skulk.shared.serving import serving
 from skulk.shared.telemetry_view import TelemetryView
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.commands import Command
+from skulk.shared.types.ids import ModelId, NodeId
 from skulk.shared.types.instances import Instance
 from skulk.shared.types.state import State
 from skulk.shared.types.task_inputs import TaskInput
@@ -75,9 +76,9 @@ class ApiContext:
     lookup in `get_state()`."""
     list_instances: Callable[[], list[Instance]] | None = None
     """Every placed instance. Defaults to those in `get_state()`."""
-    get_cards: Callable[[], Mapping[str, ModelCard]] = field(default=dict)
+    get_cards: Callable[[], Mapping[ModelId, ModelCard]] = field(default=dict)
     """Model cards this node resolves (built-in, local custom, cluster custom)."""
-    get_resources: Callable[[], Mapping[str, NodeResources]] = field(default=dict)
+    get_resources: Callable[[], Mapping[NodeId, NodeResources]] = field(default=dict)
     """Latest NodeResources of every member (the placement planner's memory input)."""
     api_key: str | None = None
     """When set, every route but the dashboard's static assets requires this key (Bearer,

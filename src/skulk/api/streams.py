@@ -345,10 +345,13 @@ class CommandStreams:
             self._observe_chunk(stream, chunk)
 
     def _observe_chunk(self, stream: CommandStream, chunk: Chunk) -> None:
-        now = stream.last_frame_at
-        first = stream.last_chunk_at is None
-        self.observer.on_chunk(stream.model_id, now - (stream.opened_at if first else stream.last_chunk_at), first,
-                               type(chunk) is TokenChunk)
+        observer = self.observer
+        if observer is None:  # callers check it; this narrows it for the checker
+            return
+        now, last = stream.last_frame_at, stream.last_chunk_at
+        first = last is None
+        observer.on_chunk(stream.model_id, now - (stream.opened_at if last is None else last), first,
+                          type(chunk) is TokenChunk)
         stream.last_chunk_at = now
         usage = getattr(chunk, "usage", None)
         if usage is not None:

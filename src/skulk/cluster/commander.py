@@ -13,7 +13,7 @@ from skulk.routing.constants import NETWORK_VERSION
 from skulk.routing.router import Router
 from skulk.routing.topics import TOPICS
 from skulk.shared.types.commands import Command, ForwarderCommand
-from skulk.shared.types.ids import new_id
+from skulk.shared.types.ids import NodeId, new_id
 
 
 class Commander:
@@ -33,7 +33,7 @@ class Commander:
         return cls(router)
 
     async def submit(self, command: Command) -> None:
-        await self._router.publish(TOPICS.commands, ForwarderCommand(origin=self._router.node_id, command=command))
+        await self._router.publish(TOPICS.commands, ForwarderCommand(origin=NodeId(self._router.node_id), command=command))
 
     def connected_peers(self) -> int:
         return self._router.connected_peer_count()

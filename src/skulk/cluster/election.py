@@ -48,7 +48,7 @@ class ElectionService:
         return machine.Me(node_id=self._router.node_id, seniority=self.seniority, commands_seen=self._commands_seen(),
                           members=self._members())
 
-    async def _step(self, event: object) -> None:
+    async def _step(self, event: machine.Input) -> None:
         was_leading = machine.is_leading(self.view)
         self.view, actions = machine.step(self.view, event, self._me(), self._clock())
         if was_leading and not machine.is_leading(self.view):
@@ -75,7 +75,7 @@ class ElectionService:
         messages = self._router.subscribe(TOPICS.election)
         presence = self._router.watch_presence()
         me = self._router.node_id
-        inbox: asyncio.Queue[object] = asyncio.Queue(maxsize=1024)
+        inbox: asyncio.Queue[machine.Input] = asyncio.Queue(maxsize=1024)
 
         async def pump_messages() -> None:
             async for received in messages:

@@ -16,6 +16,7 @@ from collections import OrderedDict
 from skulk.routing.router import Router, RouterError
 from skulk.routing.topics import TOPICS
 from skulk.shared.types.events import Event, IndexedEvent, LocalEvent
+from skulk.shared.types.ids import NodeId, SessionId
 
 logger = logging.getLogger(__name__)
 
@@ -36,14 +37,15 @@ class EventProducer:
         self.sent = 0
 
     @property
-    def node_id(self) -> str:
-        return self._router.node_id
+    def node_id(self) -> NodeId:
+        return NodeId(self._router.node_id)
 
     def submit(self, event: Event) -> int:
         """Queue `event` for the master; returns its sequence number."""
         seq = self._next_seq
         self._next_seq += 1
-        local = LocalEvent(origin=self._router.node_id, origin_session=self._router.session_id, origin_seq=seq, event=event)
+        local = LocalEvent(origin=self.node_id, origin_session=SessionId(self._router.session_id), origin_seq=seq,
+                           event=event)
         self._unconfirmed[seq] = local
         while len(self._unconfirmed) > MAX_UNCONFIRMED_EVENTS:
             self._unconfirmed.popitem(last=False)

@@ -20,6 +20,7 @@ from skulk.routing.topics import TOPICS
 from skulk.shared.apply import EventOutOfOrder, apply
 from skulk.shared.sync import MAX_BUFFERED_EVENTS, drain, follower_buffer, on_tick, receive, reset
 from skulk.shared.types.events import IndexedEvent
+from skulk.shared.types.ids import NodeId, SessionId
 from skulk.shared.types.state import State
 from skulk.shared.types.sync import EventBurst, GlobalEvent, SnapshotOffer, SyncRequest
 
@@ -41,8 +42,8 @@ class StateReplica:
         self._router = router
         self._clock = clock
         self.state = State()
-        self.master_id: str | None = None
-        self.session_id: str | None = None
+        self.master_id: NodeId | None = None
+        self.session_id: SessionId | None = None
         self.i_am_master = False
         self.synced = False
         self._buffer = follower_buffer(0)
@@ -59,8 +60,8 @@ class StateReplica:
         listeners, the master's logging among them, must still see it)."""
 
     @property
-    def node_id(self) -> str:
-        return self._router.node_id
+    def node_id(self) -> NodeId:
+        return NodeId(self._router.node_id)
 
     def on_applied(self, listener: Callable[[IndexedEvent], None]) -> None:
         self._listeners.append(listener)
@@ -71,7 +72,7 @@ class StateReplica:
 
     # -- sessions --------------------------------------------------------------------------
 
-    def adopt_session(self, master_id: str, session_id: str, i_am_master: bool) -> None:
+    def adopt_session(self, master_id: NodeId, session_id: SessionId, i_am_master: bool) -> None:
         if (master_id, session_id) == (self.master_id, self.session_id):
             return
         self.master_id, self.session_id, self.i_am_master = master_id, session_id, i_am_master

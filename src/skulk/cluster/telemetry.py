@@ -24,6 +24,7 @@ from skulk.facts.nvml import collect_gpus
 from skulk.routing.router import Router, RouterError
 from skulk.routing.topics import TOPICS
 from skulk.shared.telemetry_view import TelemetryView, record
+from skulk.shared.types.ids import NodeId
 from skulk.shared.types.telemetry import (
     CapabilityConflict,
     DiskReading,
@@ -101,8 +102,8 @@ class TelemetryService:
         self.received = 0
 
     @property
-    def node_id(self) -> str:
-        return self._router.node_id
+    def node_id(self) -> NodeId:
+        return NodeId(self._router.node_id)
 
     def resources(self) -> NodeResources:
         memory = psutil.virtual_memory()
@@ -156,7 +157,7 @@ class TelemetryService:
             if received.sender == self.node_id:
                 continue  # recorded at admission
             self.received += 1
-            self.view = record(self.view, received.sender, received.message, self._clock())
+            self.view = record(self.view, NodeId(received.sender), received.message, self._clock())
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as group:

@@ -72,7 +72,7 @@ UNPLACED_INSTANCE = "unplaced"
 class DecisionContext:
     new_id: NewId
     origin: NodeId
-    cards: Mapping[str, ModelCard] = field(default_factory=dict[str, ModelCard])
+    cards: Mapping[ModelId, ModelCard] = field(default_factory=dict[ModelId, ModelCard])
     resources: Mapping[NodeId, NodeResources] = field(default_factory=dict[NodeId, NodeResources])
     memory_credits: Mapping[NodeId, int] = field(default_factory=dict[NodeId, int])
 

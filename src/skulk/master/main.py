@@ -51,7 +51,7 @@ from skulk.shared.types.events import (
     LocalEvent,
     NodeTimedOut,
 )
-from skulk.shared.types.ids import InstanceId, NodeId, SessionId, TaskId, new_id
+from skulk.shared.types.ids import InstanceId, ModelId, NodeId, SessionId, TaskId, new_id
 from skulk.shared.types.state import State
 from skulk.shared.types.sync import EventBurst, GlobalEvent, SnapshotOffer, SyncRequest
 from skulk.shared.wire_keys import to_camel_keys
@@ -179,7 +179,7 @@ class Master:
         telemetry: Callable[[], TelemetryView],
         *,
         session_id: str,
-        cards: Callable[[], Mapping[str, ModelCard]] = dict,
+        cards: Callable[[], Mapping[ModelId, ModelCard]] = dict,
         presence: Callable[[], frozenset[str]] | None = None,
         intent: Callable[[], ClusterIntent] | None = None,
         clock: Callable[[], float] = time.monotonic,

@@ -42,7 +42,7 @@ from skulk.shared.telemetry_view import HEARTBEAT_WARN_S, NODE_TIMEOUT_S, NodeFr
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.common import TERMINAL_TASK_STATUSES
 from skulk.shared.types.events import Event, InstanceDeleted, NodeTimedOut, TaskFailed
-from skulk.shared.types.ids import EventId, InstanceId, NodeId, TaskId
+from skulk.shared.types.ids import EventId, InstanceId, ModelId, NodeId, TaskId
 from skulk.shared.types.state import State
 from skulk.shared.types.stream_errors import StreamErrorType
 from skulk.shared.types.tasks import Task
@@ -70,7 +70,7 @@ class MasterView:
     freshness: Mapping[NodeId, NodeFreshness] = field(default_factory=dict[NodeId, NodeFreshness])
     zombie_since: Mapping[TaskId, float] = field(default_factory=dict[TaskId, float])
     now: float = 0.0
-    cards: Mapping[str, ModelCard] = field(default_factory=dict[str, ModelCard])
+    cards: Mapping[ModelId, ModelCard] = field(default_factory=dict[ModelId, ModelCard])
     """Model cards and gossiped resources, for repair re-placements."""
     resources: Mapping[NodeId, NodeResources] = field(default_factory=dict[NodeId, NodeResources])
     memory_credits: Mapping[NodeId, int] = field(default_factory=dict[NodeId, int])

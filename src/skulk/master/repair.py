@@ -89,7 +89,7 @@ class RepairInputs:
     """What a re-placement reads besides State."""
 
     new_id: NewId
-    cards: Mapping[str, ModelCard] = field(default_factory=dict[str, ModelCard])
+    cards: Mapping[ModelId, ModelCard] = field(default_factory=dict[ModelId, ModelCard])
     resources: Mapping[NodeId, NodeResources] = field(default_factory=dict[NodeId, NodeResources])
     memory_credits: Mapping[NodeId, int] = field(default_factory=dict[NodeId, int])
 
@@ -127,7 +127,7 @@ class DeletionCredit:
 
 def record_deletion(
     credits: Sequence[DeletionCredit], state_before: State, instance_id: InstanceId,
-    cards: Mapping[str, ModelCard], now: float,
+    cards: Mapping[ModelId, ModelCard], now: float,
 ) -> tuple[DeletionCredit, ...]:
     """`credits` without expired entries, plus one for `instance_id` (read from the State
     before its InstanceDeleted applies) when it held any memory."""

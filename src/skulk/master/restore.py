@@ -44,7 +44,7 @@ class RestoreStep:
 def restore_step(
     pending: list[PlacementIntent],
     state: State,
-    cards: Mapping[str, ModelCard],
+    cards: Mapping[ModelId, ModelCard],
     resources: Mapping[NodeId, NodeResources],
     *,
     waited_s: float,
@@ -69,7 +69,7 @@ def restore_step(
                                        excluded_nodes=excluded_ids(wanted, state), max_nodes=None if width > 1 else 1,
                                        slots=wanted.slots)
             try:
-                instance = place(cards.get(wanted.model_id), state, resources, request, new_id=new_id,
+                instance = place(cards.get(ModelId(wanted.model_id)), state, resources, request, new_id=new_id,
                                  memory_credits=memory_credits or {})
             except PlacementError as exc:
                 reason = str(exc)

@@ -32,6 +32,7 @@ from typing import Literal
 from skulk.models.artifact_errors import ArtifactUnavailable
 from skulk.models.downloads import DownloadFailed
 from skulk.shared.types.cards import ModelCard
+from skulk.shared.types.ids import ModelId
 
 logger = logging.getLogger(__name__)
 
@@ -69,9 +70,9 @@ def companion_repo_ids(card: ModelCard | None) -> frozenset[str]:
     return frozenset(s.repo_id for s in companion_download_specs(card)) if card is not None else frozenset()
 
 
-def companions_of(cards: Callable[[], Mapping[str, ModelCard]]) -> Callable[[str], frozenset[str]]:
+def companions_of(cards: Callable[[], Mapping[ModelId, ModelCard]]) -> Callable[[str], frozenset[str]]:
     """For `eviction.in_use_model_ids`: a model id's companion repos, from the cards now known."""
-    return lambda model_id: companion_repo_ids(cards().get(model_id))
+    return lambda model_id: companion_repo_ids(cards().get(ModelId(model_id)))
 
 
 _COMPANION_FIELDS = ("mtp_sidecar_repo", "assistant_model_repo", "served_spec_draft_repo", "served_spec_draft_file",

@@ -540,7 +540,7 @@ def generate_tiny_model(out_dir: Path, spec: TinySpec) -> TinyArtifacts:
             raise FileExistsError(f"{existing} already exists; generate into an empty directory")
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = train_tokenizer(spec)
-    weights = _hf_weights(spec, [tokenizer.token_to_id(token) for token in SPECIAL_TOKENS])
+    weights = _hf_weights(spec, [tokenizer.get_vocab()[token] for token in SPECIAL_TOKENS])  # trained with them
     _write_hf(hf_dir, spec, tokenizer, weights)
     _write_gguf(gguf_path, spec, tokenizer, weights)
     return TinyArtifacts(

@@ -29,8 +29,9 @@ REPORTED_PACKAGES = ("fastapi", "uvicorn", "pydantic", "eclipse-zenoh", "llama_c
 def _plain(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _redact(f.name, getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if hasattr(value, "model_dump"):
-        return _plain(value.model_dump())
+    model_dump = getattr(value, "model_dump", None)
+    if model_dump is not None:
+        return _plain(model_dump())
     if isinstance(value, Mapping):
         return {str(k): _redact(str(k), v) for k, v in value.items()}
     if isinstance(value, (list, tuple, set, frozenset)):

@@ -67,7 +67,7 @@ from skulk.shared.types.events import (
     TaskStatusUpdated,
 )
 from skulk.shared.types.events import DownloadFailed as DownloadFailedEvent
-from skulk.shared.types.ids import DownloadAttemptId, ModelId, NodeId, new_id
+from skulk.shared.types.ids import CommandId, DownloadAttemptId, EventId, ModelId, NodeId, RunnerId, TaskId, new_id
 from skulk.shared.types.instances import RunnerStatus
 from skulk.shared.types.state import DownloadStatusCompleted
 from skulk.shared.types.task_inputs import TaskInput
@@ -111,7 +111,7 @@ class Worker:
         producer: EventProducer,
         *,
         models_dir: Path,
-        cards: Callable[[], Mapping[str, ModelCard]],
+        cards: Callable[[], Mapping[ModelId, ModelCard]],
         deliver_local: Callable[[DataFrame], None],
         clock: Callable[[], float] = time.monotonic,
         publish_telemetry: Callable[[Hashable, TelemetryReading], None] | None = None,
@@ -147,8 +147,8 @@ class Worker:
         self._download_cancel = threading.Event()
         """Set at shutdown: a download thread stops at its next chunk instead of holding the
         process (the interpreter waits for executor threads) until the transfer ends."""
-        self._supervisors: dict[str, RunnerSupervisor] = {}
-        self._artifacts: dict[str, str] = {}
+        self._supervisors: dict[RunnerId, RunnerSupervisor] = {}
+        self._artifacts: dict[ModelId, str] = {}
         self._companion_artifacts: dict[str, dict[str, str]] = {}
         """Model id -> its resolved companion repos' paths (repo id -> path), for the engines
         that load them (a drafter, split vision weights) and for diagnostics."""
@@ -156,21 +156,21 @@ class Worker:
         """Models whose files this node could not get, why, and until when (a passing
         failure is forgotten at its `retry_at`: `artifacts.plan.FailureCooldown`)."""
         self.failure_cooldown = FailureCooldown()
-        self._resolving: set[str] = set()
-        self._dispatched: set[str] = set()
-        self._done_unconfirmed: frozenset[str] = frozenset()
+        self._resolving: set[ModelId] = set()
+        self._dispatched: set[TaskId] = set()
+        self._done_unconfirmed: frozenset[TaskId] = frozenset()
         """Tasks whose runner sent TaskDone before State shows them terminal (see
         `worker_plan.still_unconfirmed`)."""
-        self._task_runner: dict[str, str] = {}
-        self._task_command: dict[str, str] = {}
+        self._task_runner: dict[TaskId, RunnerId] = {}
+        self._task_command: dict[TaskId, CommandId] = {}
         """Dispatched task -> its command, to forget the command's input when the task ends."""
         self.task_inputs = TaskInputStore()
         """The full params of the commands this node runs (their text never enters State)."""
-        self._given_up: set[str] = set()
-        self._was_serving: set[str] = set()
+        self._given_up: set[RunnerId] = set()
+        self._was_serving: set[RunnerId] = set()
         """Runners that have reported Ready or Running (a multi-rank one is not restarted)."""
-        self._reported_failed: set[str] = set()
-        self._submitted_status: dict[str, RunnerStatus] = {}
+        self._reported_failed: set[RunnerId] = set()
+        self._submitted_status: dict[RunnerId, RunnerStatus] = {}
         self._breaker = CrashBreaker()
         self._egress: asyncio.Queue[tuple[str, DataFrame]] = asyncio.Queue(maxsize=EGRESS_CAPACITY)
         self._wake = asyncio.Event()
@@ -182,8 +182,8 @@ class Worker:
         self.runner_failures = 0
 
     @property
-    def node_id(self) -> str:
-        return self._router.node_id
+    def node_id(self) -> NodeId:
+        return NodeId(self._router.node_id)
 
     def wake(self) -> None:
         self._wake.set()
@@ -271,7 +271,7 @@ class Worker:
         self.task_inputs.accept(item)
         self.wake()
 
-    def _forget_input(self, task_id: str) -> None:
+    def _forget_input(self, task_id: TaskId) -> None:
         command_id = self._task_command.pop(task_id, None)
         if command_id is not None:
             self.task_inputs.forget(command_id)
@@ -282,7 +282,7 @@ class Worker:
         the runner is un-marked so the next pass refuses anew, for as long as the instance
         exists. The master ignores a refusal of an instance it already repaired."""
         command = RefuseInstancePlacement(
-            command_id=new_id(), instance_id=action.instance_id, node_id=self.node_id,
+            command_id=CommandId(new_id()), instance_id=action.instance_id, node_id=self.node_id,
             needed_bytes=action.needed_bytes, available_bytes=action.available_bytes, message=action.message,
         )
         try:
@@ -297,7 +297,7 @@ class Worker:
             self._reported_failed.discard(action.runner_id)
             self.wake()
 
-    async def _resolve(self, model_id: str) -> None:
+    async def _resolve(self, model_id: ModelId) -> None:
         card = self._cards().get(model_id)
         try:
             if card is None:
@@ -423,7 +423,7 @@ class Worker:
         def failed(exc: Exception) -> None:
             reason = exc.reason if isinstance(exc, ArtifactUnavailable) else f"{type(exc).__name__}: {exc}"
             logger.warning("download of %s failed: %s", model_id, reason)
-            self._producer.submit(DownloadFailedEvent(event_id=new_id(), node_id=node_id, model_id=model_id,
+            self._producer.submit(DownloadFailedEvent(event_id=EventId(new_id()), node_id=node_id, model_id=model_id,
                                                       attempt_id=attempt_id, error_message=reason))
 
         found = await asyncio.to_thread(local)
@@ -437,11 +437,11 @@ class Worker:
             if not isinstance(known, DownloadStatusCompleted):
                 size = await asyncio.to_thread(local_size_bytes, card, root)
                 self._producer.submit(DownloadCompleted(
-                    event_id=new_id(), node_id=node_id, model_id=model_id, attempt_id=attempt_id,
+                    event_id=EventId(new_id()), node_id=node_id, model_id=model_id, attempt_id=attempt_id,
                     total_bytes=size if size is not None else card.storage_size_bytes,
                 ))
             return found
-        self._producer.submit(DownloadPending(event_id=new_id(), node_id=node_id, model_id=model_id,
+        self._producer.submit(DownloadPending(event_id=EventId(new_id()), node_id=node_id, model_id=model_id,
                                               attempt_id=attempt_id))
         loop = asyncio.get_running_loop()
         gate = ProgressGate()
@@ -467,7 +467,7 @@ class Worker:
         except Exception as exc:
             failed(exc)
             raise
-        self._producer.submit(DownloadCompleted(event_id=new_id(), node_id=node_id, model_id=model_id,
+        self._producer.submit(DownloadCompleted(event_id=EventId(new_id()), node_id=node_id, model_id=model_id,
                                                 attempt_id=attempt_id,
                                                 total_bytes=size if size is not None else seen_total))
         return path
@@ -537,15 +537,15 @@ class Worker:
 
     # -- runner reports ----------------------------------------------------------------------
 
-    def _report_status(self, runner_id: str, status: RunnerStatus) -> None:
+    def _report_status(self, runner_id: RunnerId, status: RunnerStatus) -> None:
         if self._submitted_status.get(runner_id) == status:
             return
         self._submitted_status[runner_id] = status
         if runner_serving(status):
             self._was_serving.add(runner_id)
-        self._producer.submit(RunnerStatusUpdated(event_id=new_id(), runner_id=runner_id, status=status))
+        self._producer.submit(RunnerStatusUpdated(event_id=EventId(new_id()), runner_id=runner_id, status=status))
 
-    def _on_report(self, runner_id: str, message: object) -> None:
+    def _on_report(self, runner_id: RunnerId, message: object) -> None:
         if isinstance(message, Frame):
             # Output only: nothing the plan reads changed, so no planning pass per token.
             if self._traces is not None and self._traces.active:
@@ -563,7 +563,7 @@ class Worker:
             if status.state == "Failed":
                 self._runner_failed(runner_id, status)
         elif isinstance(message, TaskAccepted):
-            self._producer.submit(TaskAcknowledged(event_id=new_id(), task_id=message.task_id))
+            self._producer.submit(TaskAcknowledged(event_id=EventId(new_id()), task_id=message.task_id))
         elif isinstance(message, TaskDone):
             if self._traces is not None:
                 self._traces.done(message.task_id)
@@ -572,12 +572,12 @@ class Worker:
             self._task_runner.pop(message.task_id, None)
             self._forget_input(message.task_id)
             self._producer.submit(TaskStatusUpdated(
-                event_id=new_id(), task_id=message.task_id, status=task_status_of(message.outcome),
+                event_id=EventId(new_id()), task_id=message.task_id, status=task_status_of(message.outcome),
                 error_message=message.error_message,
             ))
         self.wake()
 
-    def _runner_failed(self, runner_id: str, status: RunnerStatus) -> None:
+    def _runner_failed(self, runner_id: RunnerId, status: RunnerStatus) -> None:
         supervisor = self._supervisors.pop(runner_id, None)
         if supervisor is None:
             return

@@ -24,6 +24,7 @@ from pathlib import Path
 from skulk.model_store.eviction import EvictionPolicy
 from skulk.model_store.staging import RemovalResult, apply_recency, remove_staged
 from skulk.shared.types.events import IndexedEvent, StagedModelEvicted
+from skulk.shared.types.ids import ModelId
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ pending, further events are logged and counted instead of queued without limit, 
 next recency pass reconciles what they would have removed."""
 
 
-def eviction_applies(event: object, node_id: str) -> str | None:
+def eviction_applies(event: object, node_id: str) -> ModelId | None:
     """The model id whose staged copy this node must drop for `event`, or None."""
     if not isinstance(event, StagedModelEvicted):
         return None

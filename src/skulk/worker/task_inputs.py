@@ -13,6 +13,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
+from skulk.shared.types.ids import CommandId
 from skulk.shared.types.task_inputs import TaskInput
 
 logger = logging.getLogger(__name__)
@@ -28,7 +29,7 @@ flight has long been dispatched or failed."""
 class TaskInputStore:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self._inputs: OrderedDict[str, tuple[TaskInput, float]] = OrderedDict()
+        self._inputs: OrderedDict[CommandId, tuple[TaskInput, float]] = OrderedDict()
         self.received = 0
         self.evicted = 0
 
@@ -40,14 +41,14 @@ class TaskInputStore:
             logger.warning("task input of command %s evicted: %d inputs held", command_id, MAX_INPUTS)
         self._inputs[item.command_id] = (item, self._clock())
 
-    def ready(self) -> frozenset[str]:
+    def ready(self) -> frozenset[CommandId]:
         return frozenset(self._inputs)
 
-    def get(self, command_id: str) -> TaskInput | None:
+    def get(self, command_id: CommandId) -> TaskInput | None:
         entry = self._inputs.get(command_id)
         return entry[0] if entry else None
 
-    def forget(self, command_id: str) -> None:
+    def forget(self, command_id: CommandId) -> None:
         self._inputs.pop(command_id, None)
 
     def expire(self) -> None:

@@ -470,15 +470,15 @@ def details(card: ModelCard | None) -> dict[str, Any]:
             "parameter_size": "", "quantization_level": card.quantization}
 
 
-def _placed(instances: Iterable[Instance]) -> dict[str, int]:
+def _placed(instances: Iterable[Instance]) -> dict[ModelId, int]:
     """Placed model id -> the largest context any of its instances has."""
-    limits: dict[str, int] = {}
+    limits: dict[ModelId, int] = {}
     for instance in instances:
         limits[instance.model_id] = max(limits.get(instance.model_id, 0), instance.context_token_limit)
     return limits
 
 
-def tags(instances: Iterable[Instance], cards: Mapping[str, ModelCard], modified_at: str) -> dict[str, Any]:
+def tags(instances: Iterable[Instance], cards: Mapping[ModelId, ModelCard], modified_at: str) -> dict[str, Any]:
     """`/api/tags`: every placed model once, named by its model id."""
     models: list[dict[str, Any]] = []
     for model_id in sorted(_placed(instances)):
@@ -490,7 +490,7 @@ def tags(instances: Iterable[Instance], cards: Mapping[str, ModelCard], modified
     return {"models": models}
 
 
-def ps(instances: Iterable[Instance], cards: Mapping[str, ModelCard], expires_at: str) -> dict[str, Any]:
+def ps(instances: Iterable[Instance], cards: Mapping[ModelId, ModelCard], expires_at: str) -> dict[str, Any]:
     """`/api/ps`: the placed models with their context limit; they stay until deleted."""
     models: list[dict[str, Any]] = []
     for model_id, context_length in sorted(_placed(instances).items()):

@@ -191,7 +191,7 @@ class FetchBody(BaseModel):
 
 
 def _fetch_card(context: ApiContext, model_id: str, body: FetchBody | None) -> ModelCard | None:
-    own = context.get_cards().get(model_id)
+    own = context.get_cards().get(ModelId(model_id))
     revision = body.revision if body is not None else None
     if own is not None and (body is None or own.source_revision == revision):
         return own

@@ -27,12 +27,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from skulk.shared.types.chunks import PromptTokenLogprob, TopLogprob
 from skulk.worker.engines.base import EngineError, GeneratedToken
+
+if TYPE_CHECKING:
+    from llguidance import GrammarFormat
 
 Scores = tuple[float, list[tuple[int, float]]]
 """A token's logprob and the top alternatives (id, logprob), best first."""
@@ -154,7 +157,7 @@ class GrammarMatcher:
     each sampled token. Built from an llguidance tokenizer (built once per model,
     `llguidance_tokenizer`)."""
 
-    def __init__(self, tokenizer: Any, grammar: str, grammar_format: str = "json_schema") -> None:
+    def __init__(self, tokenizer: Any, grammar: str, grammar_format: GrammarFormat = "json_schema") -> None:
         import llguidance
 
         try:

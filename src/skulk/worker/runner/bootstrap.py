@@ -36,7 +36,7 @@ from skulk.shared.types.cards import backend_engine
 from skulk.shared.types.chunks import EmbeddingChunk, StreamPayload, StreamStarted, StreamTerminal, TokenChunk
 from skulk.shared.types.common import RunnerState
 from skulk.shared.types.engines import is_pipelined, is_pool_donor
-from skulk.shared.types.ids import RunnerId, TaskId
+from skulk.shared.types.ids import CommandId, RunnerId, TaskId
 from skulk.shared.types.instances import RunnerStatus
 from skulk.shared.types.tasks import ApiTask
 from skulk.worker.engines.base import (
@@ -209,8 +209,9 @@ class Runner:
         if factory is None:
             raise ValueError(f"no engine for backend {shard.backend!r} (known: {sorted(ENGINES)})")
         engine = factory()
-        if hasattr(engine, "set_fatal_handler"):
-            engine.set_fatal_handler(self.abort)
+        set_fatal_handler = getattr(engine, "set_fatal_handler", None)  # an optional engine hook
+        if set_fatal_handler is not None:
+            set_fatal_handler(self.abort)
         try:
             engine.load(spec)
             self._engine = engine
@@ -458,7 +459,7 @@ class Runner:
                                      resident=resident))
 
 
-def _chunk_of(command_id: str, token: GeneratedToken | GeneratedEmbedding) -> TokenChunk | EmbeddingChunk:
+def _chunk_of(command_id: CommandId, token: GeneratedToken | GeneratedEmbedding) -> TokenChunk | EmbeddingChunk:
     """The chunk for output that is more than plain text: an embedding, or a token that
     carries extras an engine computed on request (logprobs, reasoning, tool calls)."""
     if isinstance(token, GeneratedEmbedding):

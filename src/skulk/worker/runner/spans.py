@@ -31,7 +31,7 @@ class RunnerSpans:
         self.tokens = 0
         self.spans: list[TraceSpan] = []
 
-    def _span(self, name: str, start_us: float, end_us: float, **args: int | str) -> None:
+    def _span(self, name: str, start_us: float, end_us: float, **args: str | int | float | bool | None) -> None:
         self.spans.append(TraceSpan(name=name, lane="runner", start_us=start_us, dur_us=max(end_us - start_us, 0.0),
                                     args=args))
 

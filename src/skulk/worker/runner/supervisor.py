@@ -260,9 +260,9 @@ class RunnerSupervisor:
         runner_end.close()
         self._started_at = time.monotonic()
         self._inbox.put_nowait(self._load)
-        self._outbox_fd = self._outbox.fileno()
-        os.set_blocking(self._outbox_fd, False)
-        loop.add_reader(self._outbox_fd, self._on_readable)
+        self._outbox_fd = outbox_fd = self._outbox.fileno()
+        os.set_blocking(outbox_fd, False)
+        loop.add_reader(outbox_fd, self._on_readable)
         threading.Thread(target=self._wait_process, name=f"runner-{self.runner_id}-waiter", daemon=True).start()
         self._deadline = loop.call_later(self._first_status_deadline_s, self._first_status_expired)
         log.info(

@@ -70,11 +70,12 @@ class LlamaPrefixStore:
         if n <= 0 or self.budget_bytes <= 0:
             return
         ctx = llama._ctx.ctx
-        size = llama_cpp.llama_state_seq_get_size(ctx, SEQ)
+        seq = llama_cpp.llama_seq_id(SEQ)  # the ctypes type the bindings declare (ctypes takes either)
+        size = llama_cpp.llama_state_seq_get_size(ctx, seq)
         if size <= 0 or size > self.budget_bytes:
             return
         buffer = (ctypes.c_uint8 * size)()
-        written = llama_cpp.llama_state_seq_get_data(ctx, buffer, size, SEQ)
+        written = llama_cpp.llama_state_seq_get_data(ctx, buffer, size, seq)
         if written <= 0:
             return
         key = self._next_key
@@ -105,10 +106,12 @@ class LlamaPrefixStore:
             return False
         ctx = llama._ctx.ctx
         memory = llama_cpp.llama_get_memory(ctx)
+        if memory is None:  # a context always has its memory; evaluating from scratch is the safe answer
+            return False
         llama_cpp.llama_memory_clear(memory, True)
         llama.n_tokens = 0
         buffer = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
-        read = llama_cpp.llama_state_seq_set_data(ctx, buffer, len(blob), SEQ)
+        read = llama_cpp.llama_state_seq_set_data(ctx, buffer, len(blob), llama_cpp.llama_seq_id(SEQ))
         if read != len(blob):
             log.warning("llama.cpp refused a cold KV entry (%d of %d bytes read); evaluating from scratch",
                         read, len(blob))

@@ -48,11 +48,12 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from skulk.shared.prefix_cache import cold_budget_bytes
 from skulk.shared.types.cards import backend_engine
 from skulk.shared.types.chunks import TopLogprob
+from skulk.shared.types.ids import ModelId
 from skulk.shared.types.stream_errors import StreamErrorType
 from skulk.shared.types.tasks import TextGenerationParams
 from skulk.worker.engines.base import (
@@ -148,7 +149,7 @@ class MlxEngine:
         self._hidden_size = 0
         self._activation_dtype: Any = None
         self._n_ctx = 0
-        self._model_id = ""
+        self._model_id = ModelId("")
         self._busy = threading.Lock()
         self._in_flight = 0
         self._cache: list[Any] = []
@@ -252,7 +253,7 @@ class MlxEngine:
         self._vocab_size = int(text.get("vocab_size") or 0)
         self._activation_dtype = _activation_dtype(stage)
         self._n_ctx = min(spec.instance.context_token_limit, spec.card.context_length)
-        self._model_id = str(spec.card.model_id)
+        self._model_id = ModelId(spec.card.model_id)
         if role.world == 1 and self._width == 1:
             capacity = spec.instance.capacity
             planned = capacity.cold_budget_bytes if capacity is not None else None
@@ -373,19 +374,21 @@ class MlxEngine:
         self._chooser = chooser
         self._command(Header(OP_BEGIN, seed=params.seed, temperature=params.temperature,
                              top_p=params.top_p, top_k=params.top_k))
-        state = {"last": None}
+        state: dict[str, int | None] = {"last": None}
 
         def next_token() -> int:
-            if state["last"] is None:
-                state["last"] = self._prefill(prompt[cached:])
+            fed = state["last"]
+            if fed is None:
+                state["last"] = token = self._prefill(prompt[cached:])
                 if prefixes is not None:
                     prefixes.hot_tokens = list(prompt)
             else:
-                fed = state["last"]
-                state["last"] = self._command(Header(OP_STEP, n_tokens=1, sample=True), [fed])
+                sampled = self._command(Header(OP_STEP, n_tokens=1, sample=True), [fed])
+                assert sampled is not None  # a sampling step always answers its token
+                state["last"] = token = sampled
                 if prefixes is not None:
                     prefixes.hot_tokens.append(fed)
-            return state["last"]
+            return token
 
         try:
             yield from self._text(request, len(prompt), max_new, next_token, cancelled, chooser, cached)
@@ -520,13 +523,13 @@ class MlxEngine:
                 mx.eval(summed)
         else:
             mx.eval(summed)
-        header = Header.decode(summed.tolist())
+        header = Header.decode(cast(list[int], summed.tolist()))  # a 1-D int32 array's list
         tokens = None
         if header.tokens_follow:
             received = mx.distributed.all_sum(mx.zeros((header.n_tokens,), dtype=mx.int32), group=self._group)
             with self._guard("follower tokens"):
                 mx.eval(received)
-            tokens = [int(t) for t in received.tolist()]
+            tokens = [int(t) for t in cast(list[int], received.tolist())]
         if header.op not in (OP_BEGIN, OP_STEP, OP_END, OP_SHUTDOWN):
             raise GroupBroken(f"unknown op {header.op} from rank 0 (rank {stage.role.rank})")
         self._apply(header, tokens)
@@ -664,7 +667,7 @@ def _activation_dtype(stage: Stage) -> Any:
 
     if not stage.layers:
         return mx.float32  # a whole-model stage sends no activations
-    for _, value in tree_flatten(stage.layers[0].parameters()):
+    for _, value in cast(list[tuple[str, Any]], tree_flatten(stage.layers[0].parameters())):  # no destination: a list
         if mx.issubdtype(value.dtype, mx.floating):
             return value.dtype
     return mx.float32

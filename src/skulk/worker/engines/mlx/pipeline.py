@@ -103,7 +103,7 @@ class Stage:
             return [self.whole.parameters()]
         modules = [m for m in (self.embed, self.norm, *self.layers) if m is not None]
         params = [m.parameters() for m in modules]
-        head_owner = getattr(self.head, "__self__", self.head)  # a bound as_linear: its module
+        head_owner: Any = getattr(self.head, "__self__", self.head)  # a bound as_linear: its module
         if self.head is not None and head_owner is not self.embed:
             params.append(head_owner.parameters())
         return params

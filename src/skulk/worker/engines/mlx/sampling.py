@@ -89,6 +89,7 @@ class Sampler:
 
         if self.params.greedy:
             return mx.argmax(logits, axis=-1).astype(mx.int32).reshape(1)
+        assert self._key is not None  # drawn in __init__ whenever sampling is not greedy
         keys = mx.random.split(self._key)
         self._key, draw = keys[0], keys[1]
         scaled = logits.astype(mx.float32) / self.params.temperature

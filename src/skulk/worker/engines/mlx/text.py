@@ -131,7 +131,7 @@ def prompt_tokens(
 
     bound = (limit - int(add_bos)) if limit is not None else sys.maxsize
     tokens = tokenize_pieces(pieces, encode, limit=bound, cancelled=cancelled)
-    if add_bos:
+    if add_bos and bos is not None:  # add_bos implies a bos; this says so to the checker
         tokens.insert(0, bos)
     return tokens
 

@@ -29,6 +29,7 @@ import httpx
 
 from skulk.shared.memory_estimate import VLLM_CONTEXT_CAP_TOKENS
 from skulk.shared.types.cards import backend_engine
+from skulk.shared.types.common import FinishReason
 from skulk.shared.types.node_facts import ENGINE_BINARY_ENV
 from skulk.shared.types.stream_errors import StreamErrorType
 from skulk.shared.types.tasks import TextGenerationParams
@@ -51,7 +52,7 @@ ENGINE_CORE_NAMES: tuple[str, ...] = ("VLLM::EngineCore", "VLLM::EngineCore_0")
 SERVED_NAME = "skulk"
 READ_TIMEOUT_S = 600.0
 
-FINISH_REASONS = {"stop": "stop", "length": "length"}
+FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length"}
 
 
 class VllmUnavailable(ModelLoadFailed):
