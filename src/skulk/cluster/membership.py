@@ -22,7 +22,8 @@ from skulk.cluster.replica import StateReplica
 from skulk.routing.router import Router
 from skulk.shared.membership import MembershipView, SelfInfo, plan_membership
 from skulk.shared.types.events import NodeLeft
-from skulk.shared.types.ids import new_id
+from skulk.shared.types.ids import EventId, NodeId, new_id
+from skulk.shared.types.state import State
 
 logger = logging.getLogger(__name__)
 
@@ -33,9 +34,9 @@ FAILED_ADDRESS_RETRY_S = 60.0
 LEAVE_CONFIRM_DEADLINE_S = 1.5
 
 
-def probe_candidates(state, me: str) -> dict[str, list[str]]:
+def probe_candidates(state: State, me: str) -> dict[NodeId, list[str]]:
     """Peer -> API base URLs to try: each of its interface addresses on its API port."""
-    candidates: dict[str, list[str]] = {}
+    candidates: dict[NodeId, list[str]] = {}
     for peer, info in state.nodes.items():
         if peer == me or not info.api_endpoint:
             continue
@@ -66,11 +67,11 @@ class MembershipService:
         self._api_key = api_key
         self._clock = clock
         self._pending: dict[Hashable, int] = {}
-        self.probed: dict[str, str] = {}
+        self.probed: dict[NodeId, str] = {}
         self._failed_at: dict[str, float] = {}
         self.submitted = 0
 
-    def _reconcile(self, live_peers: frozenset[str]) -> None:
+    def _reconcile(self, live_peers: frozenset[NodeId]) -> None:
         self._pending = {k: seq for k, seq in self._pending.items() if self._producer.is_pending(seq)}
         view = MembershipView(
             state=self._replica.state,
@@ -88,12 +89,12 @@ class MembershipService:
         me = self._router.node_id
         while True:
             if self._replica.synced:
-                self._reconcile(frozenset(presence.alive()) - {me})
+                self._reconcile(frozenset(NodeId(peer) for peer in presence.alive()) - {NodeId(me)})
             await asyncio.sleep(RECONCILE_INTERVAL_S)
 
     async def _probe_once(self, client: httpx.AsyncClient) -> None:
         now = self._clock()
-        verified: dict[str, str] = {}
+        verified: dict[NodeId, str] = {}
         for peer, urls in probe_candidates(self._replica.state, self._router.node_id).items():
             for url in urls:
                 if now - self._failed_at.get(url, float("-inf")) < FAILED_ADDRESS_RETRY_S:
@@ -127,7 +128,7 @@ class MembershipService:
         """Tell the cluster this node is leaving; wait briefly for the master to index it."""
         if not self._replica.synced or self._router.node_id not in self._replica.state.nodes:
             return
-        seq = self._producer.submit(NodeLeft(event_id=new_id(), node_id=self._router.node_id))
+        seq = self._producer.submit(NodeLeft(event_id=EventId(new_id()), node_id=NodeId(self._router.node_id)))
         deadline = self._clock() + LEAVE_CONFIRM_DEADLINE_S
         while self._producer.is_pending(seq) and self._clock() < deadline:
             await asyncio.sleep(0.05)

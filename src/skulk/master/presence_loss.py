@@ -41,9 +41,9 @@ fast repairs per two minutes, never a repair storm."""
 class PresenceLedger:
     """What the master remembers about presence between plan passes."""
 
-    absent_since: Mapping[NodeId, float] = field(default_factory=dict)
+    absent_since: Mapping[NodeId, float] = field(default_factory=dict[NodeId, float])
     """Members without presence, and when this master first saw each so."""
-    pruned_at: Mapping[NodeId, tuple[float, ...]] = field(default_factory=dict)
+    pruned_at: Mapping[NodeId, tuple[float, ...]] = field(default_factory=dict[NodeId, tuple[float, ...]])
     """Recent presence-driven prunes per node, oldest first (within PRUNE_WINDOW_S)."""
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from skulk.shared.types.ids import NodeId
 from skulk.shared.types.state import State
 
 PEER_REQUEST_DEADLINE_S = 4.0
@@ -40,7 +41,7 @@ def peer_headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-def peer_api_urls(state: State, verified: Mapping[str, str], me: str) -> dict[str, str | None]:
+def peer_api_urls(state: State, verified: Mapping[NodeId, str], me: str) -> dict[str, str | None]:
     """Every other member's API base URL: the address membership probes verified (it
     answered with that node's id), else the endpoint the node advertised, else None (no
     API, or not known yet). Pure."""

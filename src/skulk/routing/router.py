@@ -785,7 +785,7 @@ class Router:
         for challenge in challenges:
             key = proof_key_expr(challenge.token.node_id, challenge.token.session_id, network_version=self.network_version)
             try:
-                self._session.get(key, zenoh.handlers.Callback(lambda reply, c=challenge: self._on_proof(c, reply)),
+                self._session.get(key, zenoh.handlers.Callback[zenoh.Reply](lambda reply, c=challenge: self._on_proof(c, reply)),
                                   payload=challenge.nonce, timeout=PROOF_TIMEOUT_S)
             except zenoh.ZError:
                 return  # the session is closing; the next tick (if any) retries
