@@ -43,9 +43,11 @@ def test_a_lost_generation_command_is_published_again_and_served(spawn_node):
     assert not [e for e in events if "error" in e], events
     assert events and events[-1]["choices"][0]["finish_reason"], events
 
-    diagnostics = node.get("/v1/diagnostics/node").json()
+    # The resender forgets a command on its next one-second tick after the stream started:
+    # wait for that tick (observed state), never assume it already ran.
+    diagnostics = wait_for(lambda: (d := node.get("/v1/diagnostics/node").json())["commandResends"]["tracked"] == 0
+                           and d, timeout_s=30, interval_s=0.2, what="the command no longer tracked")
     assert diagnostics["commandResends"]["resent"] >= 1, diagnostics["commandResends"]
-    assert diagnostics["commandResends"]["tracked"] == 0
     assert "test knob SKULK_TEST_MASTER_DROPS_GENERATIONS: ignoring command" in node.log()
     # Bound once, however many copies reached the master: a second task would have sent a
     # second StreamStarted (a protocol violation) or frames after the end (late frames).
