@@ -784,9 +784,12 @@ class Router:
         self._emit(changes)
         for challenge in challenges:
             key = proof_key_expr(challenge.token.node_id, challenge.token.session_id, network_version=self.network_version)
+            def on_reply(reply: zenoh.Reply, c: Challenge = challenge) -> None:
+                self._on_proof(c, reply)
+
             try:
-                self._session.get(key, zenoh.handlers.Callback[zenoh.Reply](lambda reply, c=challenge: self._on_proof(c, reply)),
-                                  payload=challenge.nonce, timeout=PROOF_TIMEOUT_S)
+                self._session.get(key, zenoh.handlers.Callback(on_reply), payload=challenge.nonce,
+                                  timeout=PROOF_TIMEOUT_S)
             except zenoh.ZError:
                 return  # the session is closing; the next tick (if any) retries
 
