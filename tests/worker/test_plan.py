@@ -152,7 +152,8 @@ def test_a_finished_task_counts_as_dispatched_until_state_shows_it_terminal(stat
     [
         (1, False, False, worker_plan_module.RestartRunner()),
         (1, True, False, worker_plan_module.RestartRunner()),  # a lone runner may come back after serving
-        (1, False, True, worker_plan_module.GiveUpRunner("keeps failing")),
+        (1, False, True, worker_plan_module.GiveUpRunner(
+            "keeps failing: the crash breaker tripped, the worker will not restart it")),
         (2, False, False, worker_plan_module.RestartRunner()),  # a rank that never served may still join
         (2, True, False, worker_plan_module.GiveUpRunner(
             "failed after serving in a multi-rank group; the group is re-placed")),
@@ -162,3 +163,12 @@ def test_a_finished_task_counts_as_dispatched_until_state_shows_it_terminal(stat
 )
 def test_after_runner_failure(world_size, served, breaker_tripped, verdict) -> None:  # type: ignore[no-untyped-def]
     assert worker_plan_module.after_runner_failure(world_size, served, breaker_tripped) == verdict
+
+
+def test_a_given_up_status_says_the_worker_stopped_and_keeps_the_last_failure() -> None:
+    failed = RunnerStatus(state="Failed", error_message="runner exited with code -9", served=True)
+    status = worker_plan_module.given_up_status(failed, worker_plan_module.GiveUpRunner("keeps failing"))
+    assert status == RunnerStatus(state="Failed", served=True, gave_up=True,
+                                  error_message="keeps failing; last failure: runner exited with code -9")
+    bare = worker_plan_module.given_up_status(RunnerStatus(state="Failed"), worker_plan_module.GiveUpRunner("x"))
+    assert bare.gave_up and bare.error_message == "x; last failure: no reason given"

@@ -19,7 +19,9 @@ and NodeTimedOut of the pass. Operator deletes never come through here, so they 
 re-placed. A not-yet-serving instance with a rank whose download failed terminally is torn
 down and re-placed without that node (`skulk.master.repair`), after dead nodes are handled.
 A multi-rank group that was serving and lost a rank while every node stays alive (a runner
-crashed or was killed) is re-placed under a fresh id after BROKEN_GROUP_GRACE_S.
+crashed or was killed) is re-placed under a fresh id after BROKEN_GROUP_GRACE_S. An instance
+with a runner its worker gave up on (the crash breaker) is re-placed away from that node, or
+kept Failed with the reason recorded when nothing else admits it.
 
 Pure: no clock, no I/O, ids come from the injected `new_id`. The master never judges itself.
 """
@@ -36,6 +38,7 @@ from skulk.master.repair import (
     broken_group_failures,
     repair_broken_group,
     repair_failed_download,
+    repair_given_up,
     replace_after_node_loss,
 )
 from skulk.shared.telemetry_view import HEARTBEAT_WARN_S, NODE_TIMEOUT_S, NodeFreshness
@@ -279,6 +282,13 @@ def repair_broken_groups(view: MasterView, new_id: IdFactory) -> list[Event] | N
     return repair_broken_group(view.state, due, _inputs(view, new_id)) if due else None
 
 
+def repair_given_up_runners(view: MasterView, new_id: IdFactory) -> list[Event] | None:
+    """An instance with a runner its worker gave up on (the crash breaker tripped) would stay
+    Failed for good: re-place it away from that node, or record why it cannot be
+    (`repair_given_up`). No grace: the worker decided only after repeated crashes."""
+    return repair_given_up(view.state, _inputs(view, new_id))
+
+
 def reap_zombie_tasks(view: MasterView, new_id: IdFactory) -> list[Event] | None:
     """Fail open tasks whose instance has been gone for at least ZOMBIE_TASK_GRACE_S: their
     owner was deleted (a killed node returns with a new identity), so nobody else ever
@@ -310,6 +320,7 @@ def plan(view: MasterView, new_id: IdFactory) -> list[Event]:
         or delete_instances_on_departed_nodes(view, new_id)
         or repair_failed_downloads(view, new_id)
         or repair_broken_groups(view, new_id)
+        or repair_given_up_runners(view, new_id)
         or reap_zombie_tasks(view, new_id)
         or []
     )
@@ -375,6 +386,7 @@ __all__ = [
     "reap_zombie_tasks",
     "repair_broken_groups",
     "repair_failed_downloads",
+    "repair_given_up_runners",
     "time_out_silent_nodes",
     "track_broken_groups",
     "track_zombies",

@@ -1,7 +1,7 @@
 """Self-healing placements: what the master decides when a placed instance cannot come up
 or loses a node.
 
-Four causes, one shape. A worker's pre-spawn memory guard refuses its shard (the
+Five causes, one shape. A worker's pre-spawn memory guard refuses its shard (the
 RefuseInstancePlacement command), a rank's model download fails terminally (a
 DownloadFailed outcome in State for a node and model of an instance that is not serving
 yet), a node hosting a rank is lost (timed out or no longer a member; `skulk.master.plan`
@@ -22,6 +22,11 @@ re-places the model:
   set remains the master stops at the teardown (InstanceRepairAbandoned);
 - broken group: the same width and sharding under a fresh instance id (fresh ring ports),
   one repair hop further; past MAX_REPAIR_HOP, InstanceRepairAbandoned;
+- a runner its worker gave up on (the crash breaker tripped; its node stays up): its width,
+  then narrower, without the failing node(s), which are stamped as exclusions on the new
+  instance; one repair hop further each time. Nothing admits it, or past MAX_REPAIR_HOP:
+  InstanceRepairAbandoned, and the instance is *kept*, Failed, so requests get the typed
+  503 naming the runner's state and reason (`repair_given_up`);
 - lost node: the same sharding on the surviving members, the original width first, then
   narrower down to one node; the lost node(s) are never candidates. Nothing fits:
   InstanceRepairAbandoned, and nothing is placed. The repair hop is kept (a loss is not a
@@ -78,6 +83,7 @@ node memory it does not have."""
 PLACEMENT_REFUSED = StreamErrorType.PLACEMENT_REFUSED
 DOWNLOAD_FAILED = StreamErrorType.DOWNLOAD_FAILED
 GROUP_BROKEN = StreamErrorType.GROUP_BROKEN
+RUNNER_CRASHED = StreamErrorType.RUNNER_CRASHED
 """`error_type` of the TaskFailed events a repair emits."""
 
 
@@ -355,6 +361,78 @@ def repair_broken_group(state: State, due: frozenset[InstanceId], inputs: Repair
     return None
 
 
+# -- a runner its worker gave up on ------------------------------------------------------------------
+
+
+def given_up_runners(state: State, instance: Instance) -> list[tuple[int, NodeId, str]]:
+    """(rank, node, reason) of each runner of `instance` whose worker gave up on it (a Failed
+    status with `gave_up`: its crash breaker tripped), in rank order. A rank of a multi-rank
+    group that failed after serving is left out: that is a broken group
+    (`repair_broken_group`, after its grace), not a runner that keeps failing."""
+    broken = {rank for rank, _n, _w in broken_group_failures(state, instance)}
+    out: list[tuple[int, NodeId, str]] = []
+    for shard in sorted(instance.shards, key=lambda s: s.rank):
+        status = state.runners.get(shard.runner_id)
+        if status is not None and status.state == "Failed" and status.gave_up and shard.rank not in broken:
+            out.append((shard.rank, shard.node_id, status.error_message or "no reason given"))
+    return out
+
+
+def already_abandoned(state: State, instance: Instance) -> bool:
+    """The master already gave up repairing this very instance (it is kept, Failed, with the
+    reason in `State.repair_failures`): deciding again would repeat the same events forever."""
+    failure = state.repair_failures.get(instance.model_id)
+    return failure is not None and failure.instance_id == instance.instance_id
+
+
+def repair_given_up(state: State, inputs: RepairInputs) -> list[Event] | None:
+    """For the first instance (id order) with a runner its worker gave up on
+    (`given_up_runners`), not already abandoned: place it again away from the failing
+    node(s), its width first, then narrower down to one node, the operator's exclusions kept
+    and the failing node(s) added to them, so the new instance never returns there until an
+    operator places the model again. One repair hop further each time: a model that keeps
+    failing wherever it goes stops at MAX_REPAIR_HOP. When it is placed, the old instance's
+    open requests fail (RunnerCrashed, naming the rank and node), then it is deleted, then
+    the new one is created.
+
+    When nothing else admits it (or past the last hop), the instance is *kept*, Failed: the
+    API refuses its requests at once with the typed 503 `model_not_serving` naming the
+    runner's state and reason, and InstanceRepairAbandoned records why in
+    `State.repair_failures` (which also stops this rule from deciding again). Tearing it down
+    instead would turn a clear refusal into "model not placed". None when no instance needs
+    it.
+
+    Bounded: a worker gives up only after its crash breaker's crashes, each repair adds a
+    hop, and an abandoned instance is never reconsidered, so there is no repair storm."""
+    new_id = inputs.new_id
+    for _, instance in sorted(state.instances.items()):
+        failures = given_up_runners(state, instance)
+        if not failures or already_abandoned(state, instance):
+            continue
+        failing = sorted({node for _rank, node, _why in failures})
+        reason = "; ".join(f"rank {rank} on node {node} keeps failing: {why}" for rank, node, why in failures)
+        blamed = failing[0] if len(failing) == 1 else None
+        hop = instance.repair_hop + 1
+        if hop > MAX_REPAIR_HOP:
+            return [_abandoned(instance, blamed, instance.repair_hop,
+                               f"{reason}; repair hop {instance.repair_hop} was the last: the instance stays Failed "
+                               f"until an operator places {instance.model_id} again", new_id)]
+        attempts = [(hop, request) for _h, request in node_loss_attempts(instance, failing)]
+        held = {n: b for n, b in held_footprints(state, instance, inputs.cards.get(instance.model_id)).items()
+                if n not in failing}
+        outcome = _replace(instance, state, inputs, merge_credits(inputs.memory_credits, held), attempts)
+        if not isinstance(outcome, Instance):
+            return [_abandoned(instance, blamed, instance.repair_hop,
+                               f"{reason}; no other node admits {instance.model_id} ({'; '.join(outcome)}): "
+                               f"the instance stays Failed until an operator places it again", new_id)]
+        excluded = sorted({*instance.excluded_nodes, *failing})
+        return [
+            *teardown(state, instance, RUNNER_CRASHED, reason, new_id),
+            InstanceCreated(event_id=EventId(new_id()), instance=outcome.model_copy(update={"excluded_nodes": excluded})),
+        ]
+    return None
+
+
 # -- a lost node ----------------------------------------------------------------------------------
 
 
@@ -424,11 +502,14 @@ __all__ = [
     "GROUP_BROKEN",
     "MEMORY_HOLDING_RUNNER_STATES",
     "PLACEMENT_REFUSED",
+    "RUNNER_CRASHED",
     "DeletionCredit",
     "RepairInputs",
     "active_credits",
+    "already_abandoned",
     "broken_group_failures",
     "failed_downloads",
+    "given_up_runners",
     "held_footprints",
     "merge_credits",
     "node_loss_attempts",
@@ -436,6 +517,7 @@ __all__ = [
     "refusal_attempts",
     "repair_broken_group",
     "repair_failed_download",
+    "repair_given_up",
     "repair_refused",
     "replace_after_node_loss",
     "teardown",

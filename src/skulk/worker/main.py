@@ -589,6 +589,7 @@ class Worker:
                                                    self._breaker.should_give_up(instance_id, now))
         if isinstance(verdict, worker_plan.GiveUpRunner):
             self._given_up.add(runner_id)
+            self._report_status(runner_id, worker_plan.given_up_status(status, verdict))
             logger.error("runner %s of instance %s %s (%s); not restarting it", runner_id, instance_id,
                          verdict.reason, status.error_message)
         else:

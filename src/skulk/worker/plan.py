@@ -215,7 +215,11 @@ class RestartRunner:
 
 @dataclass(frozen=True)
 class GiveUpRunner:
-    """A failed runner stays Failed; the master re-places its instance. `reason` for the log."""
+    """A failed runner is not restarted: the worker reports it Failed with `gave_up` set
+    (`given_up_status`), and the master re-places its instance away from this node, a
+    multi-rank group that broke while serving by `repair_broken_group`, anything else by
+    `repair_given_up` (bounded by MAX_REPAIR_HOP; when no other node admits it, the instance
+    stays Failed with the reason in State and requests get a typed 503). `reason` says why."""
 
     reason: str
 
@@ -225,13 +229,21 @@ def after_runner_failure(world_size: int, served: bool, breaker_tripped: bool) -
 
     A rank of a multi-rank group that failed after serving is never restarted: a lone
     restarted rank can never rejoin a group that formed without it, so the master re-places
-    the whole group under a fresh id. Otherwise the crash breaker decides (a runner that keeps
-    failing is left failed)."""
+    the whole group under a fresh id. Otherwise the crash breaker decides: a runner that keeps
+    failing is given up here, and the master re-places its instance on another node."""
     if world_size > 1 and served:
         return GiveUpRunner("failed after serving in a multi-rank group; the group is re-placed")
     if breaker_tripped:
-        return GiveUpRunner("keeps failing")
+        return GiveUpRunner("keeps failing: the crash breaker tripped, the worker will not restart it")
     return RestartRunner()
+
+
+def given_up_status(status: RunnerStatus, verdict: GiveUpRunner) -> RunnerStatus:
+    """The Failed status the worker reports once it gave up on a runner: `gave_up` set and
+    the reason first, so State (and the 503 a request gets) says the worker stopped trying,
+    not only how the last attempt ended."""
+    last = status.error_message or "no reason given"
+    return status.model_copy(update={"gave_up": True, "error_message": f"{verdict.reason}; last failure: {last}"})
 
 
 def plan(view: WorkerView) -> WorkerAction | None:

@@ -140,6 +140,11 @@ class RunnerStatus(WireModel):
     """The runner had reached Ready before this status. On a Failed status of a multi-rank
     instance it means the group broke while serving: the rank is not restarted (it could
     never rejoin the formed group) and the master re-places the group."""
+    gave_up: bool = False
+    """On a Failed status: the worker will not restart this runner (its crash breaker
+    tripped, or it was a rank of a group that broke while serving). The master re-places
+    the instance away from this node (`skulk.master.repair.repair_given_up`); until then,
+    and for good when no other node admits it, requests are refused with this status."""
 
 
 __all__ = ["MAX_REPAIR_HOP", "Instance", "InstanceCapacity", "RunnerStatus", "ShardAssignment", "ShardCapacity"]
