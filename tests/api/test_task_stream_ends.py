@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 
 import pytest
 
 from skulk.api.errors import StreamFailed
+from skulk.api.streams import CommandStreams
 from skulk.api.task_stream_ends import StreamEnd, stream_end_for, stream_ends_in
 from skulk.shared.apply import apply
+from skulk.shared.types.chunks import StreamStarted, StreamTerminal
 from skulk.shared.types.events import IndexedEvent, TaskAcknowledged, TaskFailed, TaskStatusUpdated
 from skulk.shared.types.state import State
 from skulk.shared.types.stream_errors import StreamErrorType
@@ -35,6 +38,10 @@ CASES = [
      StreamEnd("c1", StreamErrorType.PLACEMENT_REFUSED, "no memory")),
     ("failed-by-status-has-the-generic-type", TaskStatusUpdated(event_id="e", task_id="t1", status="Failed"),
      StreamEnd("c1", StreamErrorType.TASK_FAILED, "the task failed")),
+    ("failed-by-status-keeps-the-runners-type",
+     TaskStatusUpdated(event_id="e", task_id="t1", status="Failed", error_type=StreamErrorType.RUNNER_CRASHED,
+                       error_message="runner exited with code -9 while serving this request"),
+     StreamEnd("c1", StreamErrorType.RUNNER_CRASHED, "runner exited with code -9 while serving this request")),
     ("cancelled", TaskStatusUpdated(event_id="e", task_id="t1", status="Cancelled", error_message="operator"),
      StreamEnd("c1", StreamErrorType.TASK_CANCELLED, "operator", outcome="cancelled")),
     ("another-nodes-stream", TaskFailed(event_id="e", task_id="t2", error_type="NodeLost", error_message="x"), None),
@@ -86,3 +93,54 @@ def _with(task_id: str, **fields) -> State:  # type: ignore[no-untyped-def]
 )
 def test_stream_ends_in_a_snapshot(state, open_commands, expected):
     assert stream_ends_in(state, open_commands, "me") == expected
+
+
+# -- the runner's crash reaches the client typed, whichever plane is first -----------------------
+
+CRASH = "runner exited with code -9 while serving this request"
+
+
+def _crash_frames() -> list:  # type: ignore[type-arg]
+    return [StreamStarted(command_id="c1", runner_id="r1"),
+            StreamTerminal(command_id="c1", seq=1, outcome="failed", error_type=StreamErrorType.RUNNER_CRASHED,
+                           error_message=CRASH)]
+
+
+def _status_event() -> TaskStatusUpdated:
+    # What the worker sends for the supervisor's TaskDone of a crashed runner.
+    return TaskStatusUpdated(event_id="e", task_id="t1", status="Failed", error_type=StreamErrorType.RUNNER_CRASHED,
+                             error_message=CRASH)
+
+
+def _client_error(order: str) -> StreamFailed:
+    """Drive one real stream the way the node does (frames into `deliver`, State's ends into
+    `fail`) in the given order; the error its client reads."""
+    streams = CommandStreams()
+    stream = streams.open("c1", "m")
+    event = _status_event()
+
+    def control_plane() -> None:
+        end = stream_end_for(_after(event), event, "me")
+        assert end is not None
+        streams.fail(end.command_id, end.error_type, end.message, outcome=end.outcome)
+
+    def data_plane() -> None:
+        for frame in _crash_frames():
+            streams.deliver(frame)
+
+    for step in ((control_plane, data_plane) if order == "state first" else (data_plane, control_plane)):
+        step()
+
+    async def read() -> StreamFailed:
+        with pytest.raises(StreamFailed) as caught:
+            async for _chunk in stream:
+                pass
+        return caught.value
+
+    return asyncio.run(read())
+
+
+@pytest.mark.parametrize("order", ["frames first", "state first"])
+def test_a_crash_reaches_the_client_as_runner_crashed_in_either_order(order) -> None:  # type: ignore[no-untyped-def]
+    failure = _client_error(order)
+    assert (failure.error_type, failure.message) == (StreamErrorType.RUNNER_CRASHED, CRASH)

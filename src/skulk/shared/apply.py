@@ -214,6 +214,9 @@ def _task_status_updated(state: State, e: TaskStatusUpdated) -> State:
     # Terminal is sticky: a runner's late "Running" must not reopen a cancelled task.
     if not _is_open(state, e.task_id):
         return state
+    if e.status == "Failed" and e.error_type is not None:
+        return _set_task_fields(state, e.task_id, status=e.status, error_type=e.error_type,
+                                error_message=e.error_message)
     return _set_task_fields(state, e.task_id, status=e.status, error_message=e.error_message)
 
 

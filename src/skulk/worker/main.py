@@ -573,7 +573,7 @@ class Worker:
             self._forget_input(message.task_id)
             self._producer.submit(TaskStatusUpdated(
                 event_id=EventId(new_id()), task_id=message.task_id, status=task_status_of(message.outcome),
-                error_message=message.error_message,
+                error_message=message.error_message, error_type=message.error_type,
             ))
         self.wake()
 

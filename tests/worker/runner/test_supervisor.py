@@ -265,6 +265,7 @@ async def test_killed_runner_fails_its_streams_and_reports_failed_within_seconds
     assert terminal.seq == payloads[-1].seq + 1
     done = reports.done(task)
     assert done.outcome == "failed" and "code -9" in (done.error_message or "")
+    assert done.error_type == "RunnerCrashed"  # the same cause as the terminal: State carries it too
     # The terminal comes before TaskDone, and Failed is the last word.
     order = [type(m).__name__ for m in reports.of_task(task)]
     assert order[-2:] == ["Frame", "TaskDone"]
@@ -281,6 +282,7 @@ async def test_killed_runner_fails_its_streams_and_reports_failed_within_seconds
     kinds = [type(m.frame).__name__ for m in reports.of_task(late) if isinstance(m, Frame)]
     assert kinds == ["StreamStarted", "StreamTerminal"]
     assert reports.terminal(late).error_type == "RunnerUnavailable"
+    assert reports.done(late).error_type == "RunnerUnavailable"
 
 
 async def test_silent_runner_is_killed_at_the_first_status_deadline(spawn) -> None:

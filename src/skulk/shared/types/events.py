@@ -162,6 +162,10 @@ class TaskStatusUpdated(_EventBase):
     task_id: TaskId
     status: TaskStatus
     error_message: str | None = None
+    error_type: StreamErrorType | str | None = None
+    """On a Failed status: the runner's typed cause (RunnerCrashed, EngineError, ...), kept on
+    the task so the owning API ends the stream with it even when this event reaches it before
+    the runner's failed terminal frame (control and data planes are not ordered)."""
 
 
 class TaskFailed(_EventBase):

@@ -309,7 +309,8 @@ class Runner:
                     command_id=task.command_id, seq=stream.next_seq, outcome="failed",
                     error_type=error_type, error_message=message,
                 ))
-                self._send(TaskDone(task_id=task.task_id, outcome="failed", error_message=message))
+                self._send(TaskDone(task_id=task.task_id, outcome="failed", error_message=message,
+                                    error_type=error_type))
         log.critical("runner %s: %s; exiting", self._runner_id, message)
         self._set_phase("Failed", error=message)
         os._exit(EXIT_ENGINE_BROKEN)
@@ -399,7 +400,8 @@ class Runner:
                     error_message=result.error_message,
                 ),
             )
-            self._send(TaskDone(task_id=task.task_id, outcome=result.outcome, error_message=result.error_message))
+            self._send(TaskDone(task_id=task.task_id, outcome=result.outcome, error_message=result.error_message,
+                                error_type=result.error_type if result.outcome == "failed" else None))
         self._idle_since = time.monotonic()
         if result.fatal:
             # Every frame above was written synchronously: the client has the reason. Say it
@@ -420,7 +422,7 @@ class Runner:
                 command_id=task.command_id, seq=1, outcome="failed", error_type=error_type, error_message=message
             ),
         )
-        self._send(TaskDone(task_id=task.task_id, outcome="failed", error_message=message))
+        self._send(TaskDone(task_id=task.task_id, outcome="failed", error_message=message, error_type=error_type))
 
     def _frame(self, task: ApiTask, frame: Any) -> None:
         self._send(Frame(owner_node_id=task.owner_node_id, frame=frame))

@@ -42,6 +42,7 @@ from skulk.shared.types.chunks import DataFrame, StreamOutcome, StreamPayload, T
 from skulk.shared.types.common import FinishReason, NonNegInt, Usage
 from skulk.shared.types.ids import NodeId, RunnerId, TaskId
 from skulk.shared.types.instances import Instance, RunnerStatus
+from skulk.shared.types.stream_errors import StreamErrorType
 from skulk.shared.types.tasks import Embedding, TextGeneration
 from skulk.shared.types.traces import TraceSpan
 
@@ -130,6 +131,10 @@ class TaskDone(WireModel):
     task_id: TaskId
     outcome: TaskOutcome
     error_message: str | None = None
+    error_type: StreamErrorType | str | None = None
+    """On a failure: the same typed cause as the task's failed StreamTerminal. The worker puts
+    it on the TaskStatusUpdated, so a client whose API node learns of the failure from State
+    before the terminal frame arrives still gets the specific cause (RunnerCrashed, ...)."""
 
 
 class TraceSpans(WireModel):

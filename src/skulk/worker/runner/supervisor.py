@@ -528,7 +528,7 @@ class RunnerSupervisor:
                     ),
                 )
             )
-        self._emit(TaskDone(task_id=task.task_id, outcome="failed", error_message=message))
+        self._emit(TaskDone(task_id=task.task_id, outcome="failed", error_message=message, error_type=error_type))
 
     def _refuse(self, task: ApiTask, error_type: str, message: str) -> None:
         self._counts["refused"] += 1
@@ -546,7 +546,7 @@ class RunnerSupervisor:
                     ),
                 )
             )
-            self._emit(TaskDone(task_id=task.task_id, outcome="failed", error_message=message))
+            self._emit(TaskDone(task_id=task.task_id, outcome="failed", error_message=message, error_type=error_type))
 
         # Never call on_report re-entrantly from inside submit().
         asyncio.get_running_loop().call_soon(report)
