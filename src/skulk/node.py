@@ -31,7 +31,7 @@ from skulk.api.failover import failover_failures
 from skulk.api.limits import DEFAULT_MAX_BODY_BYTES, RequestLimits
 from skulk.api.node_access import access_policy, access_warnings, with_api_key, with_own_hosts
 from skulk.api.streams import CommandStreams
-from skulk.api.task_stream_ends import stream_end_for, stream_ends_in
+from skulk.api.task_stream_ends import awaiting_terminal, completed_in, stream_end_for, stream_ends_in
 from skulk.cluster.command_resend import CommandResender
 from skulk.cluster.election import ElectionService
 from skulk.cluster.master_role import master_api_endpoint, master_role_change
@@ -464,15 +464,20 @@ class Node:
         return wait_explanation(replica.state, command_id) if replica is not None else None
 
     def _fail_streams_of_failed_tasks(self, indexed: IndexedEvent) -> None:
-        """A task this node's API owns failed or was cancelled in the cluster: end its stream."""
+        """A task this node's API owns failed or was cancelled in the cluster: end its stream.
+        Completed: its terminal frame is due, so the stream ends typed if that frame was lost."""
         end = stream_end_for(self.replica.state, indexed.event, self.node_id)
         if end is not None:
             self.streams.fail(end.command_id, end.error_type, end.message, outcome=end.outcome)
+        elif (completed := awaiting_terminal(self.replica.state, indexed.event, self.node_id)) is not None:
+            self.streams.expect_terminal(completed)
 
     def _fail_streams_failed_in_snapshot(self) -> None:
         """A snapshot was adopted: end the streams whose task it already shows failed."""
         for end in stream_ends_in(self.replica.state, self.streams.open_command_ids(), self.node_id):
             self.streams.fail(end.command_id, end.error_type, end.message, outcome=end.outcome)
+        for completed in completed_in(self.replica.state, self.streams.open_command_ids(), self.node_id):
+            self.streams.expect_terminal(completed)
 
     async def _receive_output(self, router: Router) -> None:
         async for received in router.subscribe(TOPICS.data):

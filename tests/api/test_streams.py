@@ -331,3 +331,52 @@ def test_waiting_streams_are_those_without_a_first_frame():
     streams.fail("c", "NodeLost", "gone")
     assert streams.waiting_command_ids() == ["a"]
     assert sorted(streams.open_command_ids()) == ["a", "b"]
+
+
+# -- the terminal grace: a Complete task whose last frame never arrives ----------------------
+
+
+async def test_a_complete_task_whose_terminal_was_lost_ends_typed_after_the_grace_not_the_idle_lease():
+    clock = FakeClock()
+    streams = CommandStreams(idle_lease_s=1800, terminal_grace_s=10, clock=clock)
+    stream = streams.open(CID)
+    for frame in (started(), payload(1, "a")):
+        streams.deliver(frame)
+    assert streams.expect_terminal(CID)
+    clock.now += 9.9
+    assert streams.expire() == []
+    assert streams.expect_terminal(CID)  # a second sighting (a snapshot) does not push the deadline
+    clock.now += 0.1
+    assert streams.expire() == [CID]
+    texts, failure = await drain(stream)
+    assert texts == ["a"]  # what did arrive is delivered first
+    assert failure.error_type == "terminal_lost" and failure.kind == "upstream"
+    assert "completed in the cluster" in failure.message and "10 s" in failure.message
+    assert streams.stats()["expiredTerminal"] == 1 and streams.stats()["openStreams"] == 0
+
+
+async def test_a_terminal_that_arrives_within_the_grace_completes_the_stream():
+    clock = FakeClock()
+    streams = CommandStreams(terminal_grace_s=10, clock=clock)
+    stream = streams.open(CID)
+    streams.deliver(started())
+    streams.expect_terminal(CID)  # State can show Complete before the frames land
+    streams.deliver(payload(1, "a"))
+    clock.now += 5
+    streams.deliver(terminal(2))
+    clock.now += 60
+    assert streams.expire() == []
+    assert await drain(stream) == (["a"], None)
+    assert not streams.expect_terminal(CID)  # already ended: nothing to arm
+
+
+async def test_a_consumer_already_waiting_under_the_idle_lease_honours_the_terminal_grace():
+    # Real clock: the consumer armed its timer for the 30-minute lease; the grace must re-arm it.
+    streams = CommandStreams(terminal_grace_s=0.0)
+    stream = streams.open(CID)
+    streams.deliver(started())
+    reader = asyncio.create_task(drain(stream))
+    await asyncio.sleep(0)  # the consumer is now waiting
+    streams.expect_terminal(CID)
+    _, failure = await asyncio.wait_for(reader, HANG_GUARD_S)
+    assert failure is not None and failure.error_type == "terminal_lost"

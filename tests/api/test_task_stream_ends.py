@@ -9,7 +9,7 @@ import pytest
 
 from skulk.api.errors import StreamFailed
 from skulk.api.streams import CommandStreams
-from skulk.api.task_stream_ends import StreamEnd, stream_end_for, stream_ends_in
+from skulk.api.task_stream_ends import StreamEnd, awaiting_terminal, completed_in, stream_end_for, stream_ends_in
 from skulk.shared.apply import apply
 from skulk.shared.types.chunks import StreamStarted, StreamTerminal
 from skulk.shared.types.events import IndexedEvent, TaskAcknowledged, TaskFailed, TaskStatusUpdated
@@ -144,3 +144,27 @@ def _client_error(order: str) -> StreamFailed:
 def test_a_crash_reaches_the_client_as_runner_crashed_in_either_order(order) -> None:  # type: ignore[no-untyped-def]
     failure = _client_error(order)
     assert (failure.error_type, failure.message) == (StreamErrorType.RUNNER_CRASHED, CRASH)
+
+
+@pytest.mark.parametrize(
+    ("name", "event", "expected"),
+    [
+        ("my generation complete: its terminal is due",
+         TaskStatusUpdated(event_id="e", task_id="t1", status="Complete"), "c1"),
+        ("still running", TaskStatusUpdated(event_id="e", task_id="t1", status="Running"), None),
+        ("failed: ended by stream_end_for instead",
+         TaskStatusUpdated(event_id="e", task_id="t1", status="Failed"), None),
+        ("another node's stream", TaskStatusUpdated(event_id="e", task_id="t2", status="Complete"), None),
+        ("not a generation", TaskStatusUpdated(event_id="e", task_id="t3", status="Complete"), None),
+    ],
+)
+def test_awaiting_terminal(name, event, expected) -> None:  # type: ignore[no-untyped-def]
+    assert awaiting_terminal(_after(event), event, "me") == expected
+
+
+def test_completed_in_a_snapshot_only_my_open_streams() -> None:
+    state = _with("t1", status="Complete")
+    state = state.model_copy(update={"tasks": {**state.tasks, "t2": THEIRS.model_copy(update={"status": "Complete"})}})
+    assert completed_in(state, ["c1", "c2"], "me") == ["c1"]
+    assert completed_in(state, [], "me") == []
+    assert completed_in(_with("t1", status="Running"), ["c1"], "me") == []

@@ -57,11 +57,11 @@ def test_a_runner_that_keeps_crashing_is_replaced_on_the_other_node_and_serves(s
 
     try:
         for crash in range(CRASH_BREAKER_MAX_CRASHES):
-            wait_for(lambda: runner_state(flaky, runner_id) in ("Ready", "Running")
+            wait_for(lambda crash=crash: runner_state(flaky, runner_id) in ("Ready", "Running")
                      and runner_failures(flaky) == crash, timeout_s=READY_DEADLINE_S, interval_s=0.25,
                      what=f"the runner Ready before kill {crash + 1}")
             kill_runners(flaky)
-            wait_for(lambda: runner_failures(flaky) == crash + 1, timeout_s=30, interval_s=0.1,  # noqa: B023
+            wait_for(lambda crash=crash: runner_failures(flaky) == crash + 1, timeout_s=30, interval_s=0.1,
                      what=f"the worker to see crash {crash + 1}")
 
         def replaced() -> dict | None:

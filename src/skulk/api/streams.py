@@ -6,7 +6,8 @@ to this node, come back through `CommandStreams.deliver`. This module validates 
 stream's lifecycle (StreamStarted seq 0, StreamPayload seq 1, 2, ..., one StreamTerminal at
 the next seq) before anything reaches the request, and guarantees that every stream ends:
 with the runner's terminal, or with a typed `StreamFailed` when the runner breaks protocol,
-falls silent (idle lease), never starts (first-frame deadline), the client reads too slowly,
+falls silent (idle lease), never starts (first-frame deadline), loses its terminal frame on
+the way (the terminal grace after State shows the task Complete), the client reads too slowly,
 the master fails over, or the cluster reports the task failed.
 
 Everything here runs on the API's event loop: `deliver` and the other mutators are plain
@@ -58,6 +59,13 @@ an omitted terminal must not hold admission forever. Renewed by every frame (the
 FIRST_FRAME_DEADLINE_S = 120.0
 """A stream whose StreamStarted has not arrived this long after opening ends in
 `first_frame_timeout`: the command was lost, or no runner took it."""
+
+TERMINAL_GRACE_S = 10.0
+"""How long a stream may wait for its terminal frame once State shows its task Complete (the
+runner finished and its worker said so through the master). Frames and events travel on
+different planes, so the terminal usually comes first and may come a little later; one that
+has not arrived by then was dropped on the way (a full send queue, a lost publish), and the
+stream ends in `terminal_lost` instead of holding its client for the 30-minute idle lease."""
 
 RECENTLY_ENDED_MEMORY = 1024
 """How many ended command ids are remembered, so that frames still in flight after a stream
@@ -138,6 +146,8 @@ class CommandStream:
         self.last_frame_at = opened_at
         self.next_seq: int | None = None
         self.runner_id: str | None = None
+        self.terminal_due_at: float | None = None
+        """Set once State shows the task Complete: the terminal frame must arrive by then."""
         self.error_chunk: ErrorChunk | None = None
 
     # -- consumer side --
@@ -201,6 +211,13 @@ class CommandStream:
         self._chunks.append(chunk)
         self._wake()
 
+    def _rearm(self) -> None:
+        """A deadline moved earlier: drop the armed timer so a waiting consumer arms a new one."""
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+            self._deadline_timer = None
+        self._wake()
+
     def _finish(self, end: _End) -> None:
         self._end = end
         if self._deadline_timer is not None:
@@ -224,6 +241,7 @@ class CommandStreams:
         max_queued_frames: int = MAX_QUEUED_FRAMES,
         idle_lease_s: float = IDLE_LEASE_S,
         first_frame_deadline_s: float = FIRST_FRAME_DEADLINE_S,
+        terminal_grace_s: float = TERMINAL_GRACE_S,
         clock: Callable[[], float] = time.monotonic,
         explain_wait: Callable[[str], str | None] = lambda _command_id: None,
     ) -> None:
@@ -235,6 +253,7 @@ class CommandStreams:
         self.max_queued_frames = max_queued_frames
         self.idle_lease_s = idle_lease_s
         self.first_frame_deadline_s = first_frame_deadline_s
+        self.terminal_grace_s = terminal_grace_s
         self._clock = clock
         self.observer: StreamObserver | None = None
         """Told about output and ends (the node's metrics); None costs one check per chunk."""
@@ -256,6 +275,7 @@ class CommandStreams:
             "protocolViolations": 0,
             "expiredIdle": 0,
             "expiredFirstFrame": 0,
+            "expiredTerminal": 0,
             "overflows": 0,
             "failedByFailover": 0,
         }
@@ -392,6 +412,18 @@ class CommandStreams:
             return False
         return self._end(stream, StreamFailed("cancelled", message, outcome="cancelled", origin="client"))
 
+    def expect_terminal(self, command_id: str) -> bool:
+        """State shows `command_id`'s task Complete: its terminal frame must arrive within
+        `terminal_grace_s`, or the stream ends in `terminal_lost` (see TERMINAL_GRACE_S).
+        The first call sets the deadline; True when the stream was open."""
+        stream = self._open.get(command_id)
+        if stream is None:
+            return False
+        if stream.terminal_due_at is None:
+            stream.terminal_due_at = self._clock() + self.terminal_grace_s
+            stream._rearm()
+        return True
+
     def open_command_ids(self) -> list[str]:
         return list(self._open)
 
@@ -438,6 +470,14 @@ class CommandStreams:
                     + (f": {why}." if why else "."),
                     origin="api",
                 )
+            elif stream.terminal_due_at is not None and now >= stream.terminal_due_at:
+                self._counters["expiredTerminal"] += 1
+                failure = StreamFailed(
+                    StreamErrorType.TERMINAL_LOST,
+                    "The task completed in the cluster, but its last output frame never reached this node "
+                    f"within {self.terminal_grace_s:g} s; the reply may be incomplete. Retry the request.",
+                    origin="api",
+                )
             elif now - stream.last_frame_at >= self.idle_lease_s:
                 self._counters["expiredIdle"] += 1
                 failure = StreamFailed(
@@ -456,6 +496,8 @@ class CommandStreams:
         left = stream.last_frame_at + self.idle_lease_s - now
         if stream.next_seq is None:
             left = min(left, stream.opened_at + self.first_frame_deadline_s - now)
+        if stream.terminal_due_at is not None:
+            left = min(left, stream.terminal_due_at - now)
         return left
 
     def _end(self, stream: CommandStream, end: _End) -> bool:
@@ -494,6 +536,7 @@ class CommandStreams:
             "maxQueuedFrames": self.max_queued_frames,
             "idleLeaseS": self.idle_lease_s,
             "firstFrameDeadlineS": self.first_frame_deadline_s,
+            "terminalGraceS": self.terminal_grace_s,
             **self._counters,
         }
 
@@ -504,6 +547,7 @@ __all__ = [
     "MAX_OPEN_STREAMS",
     "MAX_QUEUED_FRAMES",
     "RECENTLY_ENDED_MEMORY",
+    "TERMINAL_GRACE_S",
     "CommandStream",
     "CommandStreams",
     "StreamObserver",

@@ -42,7 +42,8 @@ def stream_end_for(state: State, event: Event, node_id: str) -> StreamEnd | None
     """The stream end an applied event implies for the streams `node_id` owns, if any.
 
     `state` is the state after the event. Only text generations carry an owner's stream;
-    only Failed and Cancelled end it (Complete is ended by the runner's own terminal)."""
+    only Failed and Cancelled end it (Complete is ended by the runner's own terminal, which is
+    then due: `awaiting_terminal`)."""
     task_id = event_task_id(event)
     task = state.tasks.get(TaskId(task_id)) if task_id else None
     return _end_of(task, node_id)
@@ -60,6 +61,31 @@ def _end_of(task: object, node_id: str) -> StreamEnd | None:
     return None
 
 
+def awaiting_terminal(state: State, event: Event, node_id: str) -> str | None:
+    """The command of a stream `node_id` owns whose task an applied event just showed
+    Complete: its runner finished, so its terminal frame is due (`CommandStreams.expect_terminal`).
+    The data plane is not ordered with State, so the frame may still be on its way; it may
+    also have been dropped (a full send queue on the runner's node), and without this the
+    stream would wait for the idle lease."""
+    task_id = event_task_id(event)
+    task = state.tasks.get(TaskId(task_id)) if task_id else None
+    return _completed(task, node_id)
+
+
+def _completed(task: object, node_id: str) -> str | None:
+    if isinstance(task, TextGeneration) and task.owner_node_id == node_id and task.status == "Complete":
+        return task.command_id
+    return None
+
+
+def completed_in(state: State, open_commands: Iterable[str], node_id: str) -> list[str]:
+    """The open streams of `node_id` whose task `state` shows Complete (an adopted snapshot),
+    sorted: each awaits its terminal frame as after `awaiting_terminal`."""
+    wanted = frozenset(open_commands)
+    return sorted(c for task in state.tasks.values()
+                  if (c := _completed(task, node_id)) is not None and c in wanted)
+
+
 def stream_ends_in(state: State, open_commands: Iterable[str], node_id: str) -> list[StreamEnd]:
     """The ends `state` implies for the open streams `open_commands` of `node_id`: each whose
     task is Failed or Cancelled there. For a snapshot the replica adopted wholesale (a new
@@ -72,4 +98,4 @@ def stream_ends_in(state: State, open_commands: Iterable[str], node_id: str) -> 
     return sorted(ends, key=lambda end: end.command_id)
 
 
-__all__ = ["StreamEnd", "event_task_id", "stream_end_for", "stream_ends_in"]
+__all__ = ["StreamEnd", "awaiting_terminal", "completed_in", "event_task_id", "stream_end_for", "stream_ends_in"]

@@ -75,6 +75,7 @@ from skulk.shared.types.tasks import TextGeneration
 from skulk.shared.types.telemetry import DownloadProgress, TelemetryReading
 from skulk.shared.wire_keys import to_camel_keys
 from skulk.worker import plan as worker_plan
+from skulk.worker.egress import EGRESS_BOUND, EGRESS_CAPACITY, TERMINAL_RESERVE, egress_admits
 from skulk.worker.runner.breaker import CrashBreaker
 from skulk.worker.runner.messages import Frame, StatusChanged, TaskAccepted, TaskDone, TraceSpans
 from skulk.worker.runner.supervisor import RunnerSupervisor
@@ -86,10 +87,6 @@ logger = logging.getLogger(__name__)
 
 PASS_INTERVAL_S = 0.25
 MAX_ACTIONS_PER_PASS = 64
-EGRESS_CAPACITY = 4096
-"""Frames waiting to go to remote owning APIs; beyond it a frame is dropped and counted
-(the owning API then fails that stream on its lifecycle check, never hangs)."""
-
 TEST_RAM_AVAILABLE_ENV = "SKULK_TEST_WORKER_RAM_AVAILABLE_BYTES"
 """Test-only knob: when set (an integer), the pre-spawn memory guard reads this many bytes
 as live free memory instead of psutil's figure. Telemetry (what the master admits on) is
@@ -172,7 +169,7 @@ class Worker:
         self._reported_failed: set[RunnerId] = set()
         self._submitted_status: dict[RunnerId, RunnerStatus] = {}
         self._breaker = CrashBreaker()
-        self._egress: asyncio.Queue[tuple[str, DataFrame]] = asyncio.Queue(maxsize=EGRESS_CAPACITY)
+        self._egress: asyncio.Queue[tuple[str, DataFrame]] = asyncio.Queue(maxsize=EGRESS_BOUND)
         self._wake = asyncio.Event()
         self._background: set[asyncio.Task] = set()
         self.frames_local = 0
@@ -601,10 +598,10 @@ class Worker:
             self.frames_local += 1
             self._deliver_local(frame)
             return
-        try:
-            self._egress.put_nowait((owner, frame))
-        except asyncio.QueueFull:
+        if not egress_admits(frame, self._egress.qsize()):
             self.frames_dropped += 1
+            return
+        self._egress.put_nowait((owner, frame))
 
     async def _egress_loop(self) -> None:
         while True:
@@ -655,7 +652,7 @@ class Worker:
             "dispatched": len(self._dispatched),
             "taskInputs": self.task_inputs.stats(),
             "givenUp": sorted(self._given_up),
-            "egress": {"depth": self._egress.qsize(), "capacity": EGRESS_CAPACITY, "dropped": self.frames_dropped},
+            "egress": {"depth": self._egress.qsize(), "capacity": EGRESS_CAPACITY, "terminalReserve": TERMINAL_RESERVE, "dropped": self.frames_dropped},
             "framesLocal": self.frames_local,
             "framesRemote": self.frames_remote,
             "refusalsSent": self.refusals_sent,

@@ -33,6 +33,9 @@ class StreamErrorType(StrEnum):
     """The client fell too far behind the runner for the bounded buffer."""
     PROTOCOL_VIOLATION = "protocol_violation"
     """The runner's frames broke the output protocol (gap, wrong command, missing result)."""
+    TERMINAL_LOST = "terminal_lost"
+    """The cluster shows the task Complete, but its final frame never reached this node
+    within the terminal grace (dropped on the way): the reply may be incomplete."""
     RUNNER_FAILED = "runner_failed"
     """A failed terminal that named no error type."""
     MASTER_FAILOVER = "MasterFailover"
