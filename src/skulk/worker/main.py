@@ -93,6 +93,12 @@ as live free memory instead of psutil's figure. Telemetry (what the master admit
 unaffected, so a test can make one real node refuse a shard the master placed on it and
 watch the repair chain. Never set it in production."""
 
+TEST_DROP_TERMINALS_ENV = "SKULK_TEST_WORKER_DROPS_TERMINALS"
+"""Test-only knob: when set (non-empty), the worker drops every terminal frame bound for a
+remote owning API, as a full send queue or a lost publish would. A real-process test shows
+the owning API still ends the stream (typed `terminal_lost`) once State shows the task
+Complete. Never set it in production."""
+
 
 def live_ram_available_bytes() -> int:
     """Free memory for the pre-spawn guard: psutil's reading, or the test knob."""
@@ -170,6 +176,7 @@ class Worker:
         self._submitted_status: dict[RunnerId, RunnerStatus] = {}
         self._breaker = CrashBreaker()
         self._egress: asyncio.Queue[tuple[str, DataFrame]] = asyncio.Queue(maxsize=EGRESS_BOUND)
+        self._drop_terminals = bool(os.environ.get(TEST_DROP_TERMINALS_ENV))
         self._wake = asyncio.Event()
         self._background: set[asyncio.Task] = set()
         self.frames_local = 0
@@ -600,6 +607,10 @@ class Worker:
             return
         if not egress_admits(frame, self._egress.qsize()):
             self.frames_dropped += 1
+            return
+        if self._drop_terminals and isinstance(frame, StreamTerminal):
+            self.frames_dropped += 1
+            logger.warning("test knob %s: dropped the terminal of %s", TEST_DROP_TERMINALS_ENV, frame.command_id)
             return
         self._egress.put_nowait((owner, frame))
 
