@@ -11,6 +11,7 @@ from skulk.client.views import (
     ClientError,
     chat_delta,
     error_from_response,
+    instance_problems,
     instance_rows,
     node_rows,
     preview_rows,
@@ -120,3 +121,15 @@ def test_a_preview_row_shows_the_slots_granted(shard, cell):
     preview = {"shards": [{"nodeId": "aaaa1111", "rank": 0, "startLayer": 0, "endLayer": 6,
                            "backend": "llama_server-cpu", **shard}]}
     assert preview_rows(preview, STATE) == [("alpha", "0", "0-6", "llama_server-cpu", cell)]
+
+
+def test_instance_problems_name_failed_runners_and_stopped_repairs():
+    state = {**STATE, "runners": {"r1": {"state": "Failed", "gaveUp": True, "errorMessage": "keeps failing"},
+                                  "r2": {"state": "Failed"}, "r3": {"state": "Ready"}},
+             "repairFailures": {"m/one": {"instanceId": "i1", "repairHop": 1, "reason": "no other node admits it"}}}
+    assert instance_problems(state) == [
+        "m/one instance i1: runner on alpha Failed, not restarted: keeps failing",
+        "m/one instance i2: runner on beta Failed: no reason given",
+        "m/one: automatic repair stopped: no other node admits it",
+    ]
+    assert instance_problems(STATE) == []

@@ -64,6 +64,8 @@ def status(url: Url = DEFAULT_URL) -> None:
                               + (f" (fix: {reason['remediation']})" if reason.get("remediation") else ""))
         rows = views.instance_rows(state)
         console.print(_table("instances", INSTANCE_COLUMNS, rows) if rows else "no instances placed")
+        for line in views.instance_problems(state):
+            console.print(line, style="yellow", markup=False)
     _run(action)
 
 
@@ -71,8 +73,12 @@ def ps(url: Url = DEFAULT_URL) -> None:
     """List placed instances with their runners' states."""
     def action() -> None:
         with _client(url) as client:
-            rows = views.instance_rows(client.get("/state"))
-        Console().print(_table("instances", INSTANCE_COLUMNS, rows) if rows else "no instances placed")
+            state = client.get("/state")
+        console = Console()
+        rows = views.instance_rows(state)
+        console.print(_table("instances", INSTANCE_COLUMNS, rows) if rows else "no instances placed")
+        for line in views.instance_problems(state):
+            console.print(line, style="yellow", markup=False)
     _run(action)
 
 

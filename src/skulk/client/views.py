@@ -110,6 +110,26 @@ def instance_rows(state: dict[str, Any]) -> list[tuple[str, ...]]:
     return rows
 
 
+def instance_problems(state: dict[str, Any]) -> list[str]:
+    """One line per placed runner that is Failed (its node, whether its worker gave up, the
+    reason) and per model whose automatic repair stopped (`repairFailures`): what an operator
+    must read to know why a model is refused, without digging through /state."""
+    names = node_names(state)
+    lines = []
+    for instance_id, instance in sorted(state.get("instances", {}).items()):
+        for shard in instance.get("shards", []):
+            status = state.get("runners", {}).get(shard["runnerId"], {})
+            if status.get("state") != "Failed":
+                continue
+            node = names.get(shard["nodeId"], short(shard["nodeId"]))
+            gave_up = ", not restarted" if status.get("gaveUp") else ""
+            lines.append(f"{instance['modelId']} instance {instance_id}: runner on {node} Failed{gave_up}: "
+                         f"{status.get('errorMessage') or 'no reason given'}")
+    for model_id, failure in sorted(state.get("repairFailures", {}).items()):
+        lines.append(f"{model_id}: automatic repair stopped: {failure.get('reason', 'no reason given')}")
+    return lines
+
+
 def unplace_targets(target: str, state: dict[str, Any]) -> list[str]:
     """The instance ids `skulk unplace TARGET` deletes: that instance, or every instance of
     that model. Raises ClientError when neither matches."""
