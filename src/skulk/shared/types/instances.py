@@ -18,7 +18,9 @@ from skulk.shared.types.ids import CommandId, InstanceId, ModelId, NodeId, Runne
 MAX_REPAIR_HOP = 2
 """Bound on automatic re-placement after a refusal: 0 is the original placement, 1 the
 one-node-wider re-placement, 2 the single-node fallback. A refusal at hop 2 is terminal, so
-the chain can never oscillate between two refusing nodes."""
+the chain can never oscillate between two refusing nodes. The same bound stops the other
+repairs that add a hop: a group that keeps breaking, and a runner its worker keeps giving
+up on (`skulk.master.repair.repair_given_up`)."""
 
 
 class ShardAssignment(WireModel):
