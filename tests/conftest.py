@@ -22,7 +22,7 @@ def spawn_node(tmp_path):
         node = NodeProcess(
             data_dir=data_dir or tmp_path / name,
             api_port=port or free_port(),
-            port_tries=PORT_TRIES if port is None else 1,
+            port_tries=options.pop("port_tries", PORT_TRIES if port is None else 1),
             extra_args=list(extra_args),
             env=dict(env or {}),
             **options,
