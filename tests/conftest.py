@@ -10,7 +10,7 @@ import pytest
 # `reserve_bytes`); node processes inherit this through their environment.
 os.environ.setdefault("SKULK_DISK_RESERVE_GB", "0")
 
-from tests.nodeproc import NodeProcess, free_port
+from tests.nodeproc import PORT_TRIES, NodeProcess, free_port
 
 
 @pytest.fixture
@@ -22,6 +22,7 @@ def spawn_node(tmp_path):
         node = NodeProcess(
             data_dir=data_dir or tmp_path / name,
             api_port=port or free_port(),
+            port_tries=options.pop("port_tries", PORT_TRIES if port is None else 1),
             extra_args=list(extra_args),
             env=dict(env or {}),
             **options,

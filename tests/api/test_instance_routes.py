@@ -141,3 +141,18 @@ def test_idle_ttl_is_carried_by_the_command_and_stamped_by_the_master():
     assert created.instance.idle_ttl_s == 300
     refused = http.post("/place_instance", json={"modelId": MODEL, "idleTtl": 0})
     assert refused.status_code == 422 or refused.status_code == 400
+
+
+def test_previews_offer_a_slot_count_only_where_an_engine_with_slots_runs():
+    gguf = "local/tiny-llama-gguf"
+    served = {"a": RESOURCES["a"].model_copy(update={"backends": ["llama_cpp-cpu", "llama_server-cpu"]})}
+    context = ApiContext(node_id="a", node_name="a", get_state=lambda: MEMBERS, get_cards=lambda: CARDS,
+                         get_resources=lambda: served)
+    body = TestClient(create_app(context)).get(f"/instance/previews?modelId={gguf}").json()
+    assert body["slotChoices"] == [{"engine": "llama_server", "min": 1, "max": 64, "default": 4}]
+    # An MLX model, and a GGUF one on a node without llama-server, take no slot count.
+    assert client(MEMBERS).get(f"/instance/previews?modelId={MODEL}").json()["slotChoices"] == []
+    in_process = {"a": RESOURCES["a"].model_copy(update={"backends": ["llama_cpp-cpu"]})}
+    context = ApiContext(node_id="a", node_name="a", get_state=lambda: MEMBERS, get_cards=lambda: CARDS,
+                         get_resources=lambda: in_process)
+    assert TestClient(create_app(context)).get(f"/instance/previews?modelId={gguf}").json()["slotChoices"] == []

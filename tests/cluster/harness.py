@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tests.nodeproc import NodeProcess, free_port, wait_for
+from tests.nodeproc import PORT_TRIES, NodeProcess, PortTaken, free_port, wait_for
 
 CONVERGE_DEADLINE_S = 45.0
 """A hang guard, not a performance bound: a noisy 2-core CI machine starts three Python
@@ -13,18 +13,31 @@ processes slowly. Benchmarks (bench/control_plane.py) report the real figures.""
 
 def start_linked(spawn: Callable[..., NodeProcess], names: list[str], *, key: str = "test-cluster-key",
                  extra_args: tuple[str, ...] = ()) -> list[NodeProcess]:
-    """Start nodes that each listen on a loopback port and bootstrap from the first node."""
-    ports = [free_port() for _ in names]
-    first = f"tcp/127.0.0.1:{ports[0]}"
-    nodes = []
-    for name, port in zip(names, ports, strict=True):
-        args = ["--listen", f"tcp/127.0.0.1:{port}", "--cluster-key", key, "--node-name", name, *extra_args]
-        if port != ports[0]:
-            args += ["--bootstrap-peers", first]
-        nodes.append(spawn(name, extra_args=args))
-    for node in nodes:
-        node.wait_ready()
-    return nodes
+    """Start nodes that each listen on a loopback port and bootstrap from the first node.
+
+    A transport port taken between `free_port()` and a node's bind (`PortTaken`) restarts
+    the whole set on fresh ports, PORT_TRIES starts in all: the others bootstrap from the
+    first node's port, so one node cannot move alone."""
+    for attempt in range(PORT_TRIES):
+        ports = [free_port() for _ in names]
+        first = f"tcp/127.0.0.1:{ports[0]}"
+        nodes = []
+        for name, port in zip(names, ports, strict=True):
+            args = ["--listen", f"tcp/127.0.0.1:{port}", "--cluster-key", key, "--node-name", name, *extra_args]
+            if port != ports[0]:
+                args += ["--bootstrap-peers", first]
+            nodes.append(spawn(name, extra_args=args))
+        try:
+            for node in nodes:
+                node.wait_ready()
+        except PortTaken:
+            for node in nodes:
+                node.stop()
+            if attempt + 1 == PORT_TRIES:
+                raise
+            continue
+        return nodes
+    raise AssertionError("unreachable")
 
 
 def cluster(node: NodeProcess) -> dict:

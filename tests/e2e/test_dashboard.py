@@ -1,6 +1,7 @@
 """The dashboard in a real browser (headless Debian Chromium via Playwright) against live
 nodes: topology, placing from the UI, streamed chat with stop, delete, a node killed with -9
-turning red and then disappearing; no request ever leaves the node; the API-key gate.
+turning red and then disappearing; no request ever leaves the node; the API-key gate; a
+placement's slot count on a node with llama-server (offered only where an engine has slots).
 Screenshots of every page go to the test artefacts (`tests/e2e/browser.py`)."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import pytest
 
 from tests.cluster.harness import node_id, start_linked, wait_agreed
 from tests.e2e.browser import open_page
+from tests.llama_server_kit import require_llama_server
 from tests.mockhub import TINY_GGUF_REPO, mock_hub, tiny_artifacts  # noqa: F401 - fixtures
 from tests.nodeproc import wait_for
 
@@ -66,6 +68,8 @@ def test_dashboard_drives_a_two_node_cluster(spawn_node, mock_hub):
         page.locator('[data-role="previews"] button[data-action="place"]').first.click()
         row = page.locator(f'tr[data-model-id="{MODEL}"]')
         expect(row).to_have_count(1)
+        # No node here runs an engine with slots (in-process llama.cpp only): no slot field.
+        expect(page.locator('[data-role="slots-field"]')).to_be_hidden()
         expect(row.locator(".runner-states")).to_have_text("Ready", timeout=120_000)
         browser.shot("models")
 
@@ -137,6 +141,48 @@ def test_dashboard_drives_a_two_node_cluster(spawn_node, mock_hub):
         browser.shot("topology-phone-dark")
 
         assert only_from(alpha.url, browser.requests) == []
+        assert browser.errors == []
+
+
+def test_a_placement_with_a_chosen_slot_count(spawn_node):
+    """On a node with llama-server the Models page offers a slot count: a count beyond the
+    engine's bound shows the API's typed refusal; a good one previews, places and shows."""
+    node = spawn_node("slotted", env={"SKULK_LLAMA_SERVER_BIN": str(require_llama_server())}).wait_ready()
+    wait_for(lambda: any("llama_server-cpu" in r.get("backends", [])
+                         for r in node.get("/state").json()["nodeResources"].values()),
+             timeout_s=60, what="llama_server advertised")
+    with open_page("dashboard-slots") as browser:
+        page = browser.page
+        page.goto(node.url + "/")
+        page.click('nav [data-page="models"]')
+        page.select_option('[data-role="model-select"]', MODEL)
+        slots = page.locator('[data-role="slots"]')
+        expect(slots).to_be_visible()
+        expect(page.locator('[data-role="slots-hint"]')).to_contain_text("llama_server: 1-64")
+
+        slots.fill("65")
+        slots.press("Enter")
+        error = page.locator('skulk-models [data-role="error"]')
+        expect(error).to_contain_text("invalid_slot_setting")
+        expect(error).to_contain_text("1..64")
+        expect(page.locator('[data-role="previews"] button[data-action="place"]')).to_have_count(0)
+
+        slots.fill("2")
+        slots.press("Enter")
+        expect(error).to_have_text("")
+        preview = page.locator('[data-role="previews"] tbody tr').first
+        expect(preview).to_contain_text("llama_server-cpu")
+        expect(preview.locator(".slots")).to_have_text("2 slots")
+        preview.locator('button[data-action="place"]').click()
+        row = page.locator(f'tr[data-model-id="{MODEL}"]')
+        expect(row.locator(".slots")).to_have_text("2")
+        expect(row.locator(".runner-states")).to_have_text("Ready", timeout=120_000)
+        browser.shot("models-slots")
+        instance_id = row.get_attribute("data-instance-id")
+        placed = node.get(f"/instance/{instance_id}").json()
+        assert placed["requestedSlots"] == 2 and [s["slots"] for s in placed["shards"]] == [2]
+        assert placed["shards"][0]["backend"] == "llama_server-cpu"
+        assert only_from(node.url, browser.requests) == []
         assert browser.errors == []
 
 

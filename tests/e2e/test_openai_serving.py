@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import httpx
 import openai
@@ -123,17 +122,19 @@ def test_kill_9_of_the_runner_mid_stream_ends_the_stream_with_an_error(one_node)
         temperature=0, stream=True,
     )
     received = 0
-    started = None
+    killed = False
     with pytest.raises(openai.APIError) as failure:
         for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:
                 received += 1
-            if received == 3 and started is None:
+            if received == 3 and not killed:
                 pid = one_node.get("/v1/diagnostics/node").json()["worker"]["runners"][runner_id]["pid"]
                 os.kill(pid, signal.SIGKILL)
-                started = time.monotonic()
-    assert started is not None, "the stream ended before the runner could be killed"
-    assert time.monotonic() - started < 5
+                killed = True
+    assert killed, "the stream ended before the runner could be killed"
+    # The node ended the stream with the crash; the client's 60 s read timeout is only a
+    # hang guard (a stream left open would end as a timeout, not as this error).
+    assert not isinstance(failure.value, openai.APITimeoutError), "hung: the stream stayed open after the crash"
     assert "crash" in str(failure.value).lower() or "exit" in str(failure.value).lower()
     # The breaker counted it and the node restarts the runner (one crash is forgiven).
     wait_for(lambda: one_node.get(f"/instance/{instance['instanceId']}").json()["runners"][runner_id]["state"]

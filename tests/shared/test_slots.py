@@ -4,11 +4,13 @@ import pytest
 
 from skulk.shared.slots import (
     DEFAULT_SLOTS,
+    MAX_SLOTS,
     SlotSettingError,
     engine_slots,
     kv_copies,
     node_slot_settings,
     parse_slot_setting,
+    slot_choices,
 )
 
 
@@ -64,3 +66,15 @@ def test_engine_slots(backend, advertised, slots):
 ])
 def test_kv_copies(backend, slots, copies):
     assert kv_copies(backend, slots) == copies
+
+
+@pytest.mark.parametrize(("card", "advertised", "choices"), [
+    (["llama_server-cpu", "llama_cpp-cpu"], [["llama_cpp-cpu", "llama_server-cpu"]], {"llama_server": MAX_SLOTS["llama_server"]}),
+    (["llama_server-cpu", "llama_cpp-cpu"], [["llama_cpp-cpu"]], {}),  # no node runs llama-server
+    (["llama_cpp-cpu"], [["llama_cpp-cpu", "llama_server-cpu"]], {}),  # the card allows no engine with slots
+    (["vllm-cuda", "llama_server-cuda"], [["mlx"], ["vllm-cuda"], ["llama_server-cuda"]],
+     {"vllm": MAX_SLOTS["vllm"], "llama_server": MAX_SLOTS["llama_server"]}),
+    (["mlx", "mlx-cpu"], [["mlx", "mlx-cpu"]], {}),
+])
+def test_slot_choices_are_the_cards_engines_with_slots_some_node_runs(card, advertised, choices):
+    assert slot_choices(card, advertised) == choices

@@ -14,7 +14,7 @@ shared KV pool between its sequences, so its footprint is one context whatever
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from skulk.shared.types.cards import backend_engine
@@ -104,6 +104,16 @@ def requested_slots_refusal(backend: str, slots: int) -> str | None:
     return None
 
 
+def slot_choices(card_backends: Iterable[str], advertised: Iterable[Iterable[str]]) -> dict[str, int]:
+    """The engines with slots a placement of a card can be given a slot count on, each with
+    its most slots: the card's backend tags whose engine has slots and that some node
+    advertises (`advertised`: each node's backend tags), as placement with `slots` picks
+    them. Empty: the placement takes no slot count (the dashboard then offers none)."""
+    offered = {tag for tags in advertised for tag in tags}
+    return {backend_engine(tag): MAX_SLOTS[backend_engine(tag)]
+            for tag in card_backends if slotted(tag) and tag in offered}
+
+
 def kv_copies(backend: str, slots: int) -> int:
     """How many full contexts of KV a shard on `backend` with `slots` slots reserves."""
     return slots if backend_engine(backend) in PER_SLOT_KV_ENGINES else 1
@@ -121,5 +131,6 @@ __all__ = [
     "node_slot_settings",
     "parse_slot_setting",
     "requested_slots_refusal",
+    "slot_choices",
     "slotted",
 ]

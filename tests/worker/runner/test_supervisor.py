@@ -42,8 +42,9 @@ pytestmark = pytest.mark.timeout(120)
 READY_TIMEOUT_S = 60.0
 """Spawn, imports (pydantic, llama_cpp) and loading the tiny model, on a busy 2-core box."""
 STEP_TIMEOUT_S = 20.0
-CRASH_REPORT_DEADLINE_S = 5.0
-SHUTDOWN_DEADLINE_S = 10.0
+HANG_GUARD_S = 60.0
+"""How long a test waits for a crash report or a clean exit before it fails as hung: a guard
+against a wait that never ends, not a speed bound (no timed assertions: machines vary)."""
 
 LONG = prompt_params(LONG_PROMPT, temperature=0, max_tokens=LONG_TOKENS)
 """Seconds of decoding, never ended early by the model: a test can act in the middle of it."""
@@ -68,7 +69,7 @@ class Reports:
                 return result
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise AssertionError(f"not reported within {timeout_s}s; last reports: {self.messages[-6:]}")
+                raise AssertionError(f"hung: not reported within {timeout_s}s; last reports: {self.messages[-6:]}")
             self._changed.clear()
             try:
                 await asyncio.wait_for(self._changed.wait(), remaining)
@@ -229,9 +230,9 @@ async def test_shutdown_is_clean_and_ends_in_flight_work(spawn) -> None:
     supervisor.submit(task)
     await reports.wait_for(lambda: reports.payloads(task))
 
-    began = time.monotonic()
-    code = await supervisor.shutdown(timeout_s=SHUTDOWN_DEADLINE_S)
-    assert time.monotonic() - began < SHUTDOWN_DEADLINE_S
+    # Exit code 0: the runner exited by itself, before the supervisor's kill fallback
+    # (which would leave -SIGTERM or -SIGKILL); the long timeout only guards against a hang.
+    code = await supervisor.shutdown(timeout_s=HANG_GUARD_S)
     assert code == 0
     assert supervisor.exited and not supervisor.stats().alive
 
@@ -245,18 +246,15 @@ async def test_shutdown_is_clean_and_ends_in_flight_work(spawn) -> None:
     assert supervisor.stats().crashes == 0
 
 
-async def test_killed_runner_fails_its_streams_and_reports_failed_within_seconds(spawn) -> None:
+async def test_killed_runner_fails_its_streams_and_reports_failed(spawn) -> None:
     supervisor, reports = await start_ready(spawn)
     task = text_task("killed", LONG)
     supervisor.submit(task)
     await reports.wait_for(lambda: reports.payloads(task))
 
     os.kill(supervisor.pid, signal.SIGKILL)
-    killed_at = time.monotonic()
-    await reports.wait_for(
-        lambda: reports.done(task) and reports.state() == "Failed", CRASH_REPORT_DEADLINE_S
-    )
-    assert time.monotonic() - killed_at < CRASH_REPORT_DEADLINE_S
+    # The stream ends with the crash (not a timeout of ours): the hang guard is generous.
+    await reports.wait_for(lambda: reports.done(task) and reports.state() == "Failed", HANG_GUARD_S)
 
     payloads = reports.payloads(task)
     terminal = reports.terminal(task)
@@ -290,7 +288,7 @@ async def test_silent_runner_is_killed_at_the_first_status_deadline(spawn) -> No
     supervisor, reports = await spawn(first_status_deadline_s=0.01)
     task = text_task("early", prompt_params("Hello", max_tokens=2))
     supervisor.submit(task)
-    await reports.wait_for(lambda: reports.state() == "Failed", CRASH_REPORT_DEADLINE_S)
+    await reports.wait_for(lambda: reports.state() == "Failed", HANG_GUARD_S)
     await supervisor.shutdown(timeout_s=1.0)  # what the worker does on Failed
     assert supervisor.exited
 
@@ -321,11 +319,9 @@ async def test_shutdown_escalates_to_kill_when_the_runner_does_not_respond(spawn
     await reports.wait_for(lambda: reports.payloads(task))
     os.kill(supervisor.pid, signal.SIGSTOP)  # frozen: ignores ShutdownRunner and SIGTERM alike
 
-    began = time.monotonic()
-    code = await supervisor.shutdown(timeout_s=0.5)
-    elapsed = time.monotonic() - began
+    # The SIGKILL exit code proves the escalation; the outer wait only guards against a hang.
+    code = await asyncio.wait_for(supervisor.shutdown(timeout_s=0.5), HANG_GUARD_S)
     assert code == -signal.SIGKILL
-    assert elapsed < 0.5 + 0.5 + supervisor_module.KILL_TIMEOUT_S
     assert supervisor.status.state == "Shutdown"
     terminal = reports.terminal(task)
     assert terminal is not None and (terminal.outcome, terminal.error_type) == ("failed", "RunnerShutdown")
@@ -396,7 +392,7 @@ async def stand_in_exited(supervisor: RunnerSupervisor, reports: Reports) -> Non
     """Wait for a stand-in runner to start (a spawned interpreter importing this module: as
     slow as a real runner's start on a loaded box) and then for its exit to be reported."""
     await reports.wait_for(lambda: reports.messages or supervisor.exited, READY_TIMEOUT_S)
-    await reports.wait_for(lambda: supervisor.exited, CRASH_REPORT_DEADLINE_S)
+    await reports.wait_for(lambda: supervisor.exited, HANG_GUARD_S)
 
 
 async def test_a_message_longer_than_a_read_arrives_whole_before_the_exit(spawn, monkeypatch) -> None:

@@ -20,6 +20,7 @@ from pydantic.alias_generators import to_camel
 
 from skulk.master.placement import PlacementError, PlacementInfoPending, PlacementRequest, place, preview
 from skulk.master.ring_hosts import unreported_ring_nodes
+from skulk.shared.slots import DEFAULT_SLOTS, slot_choices
 from skulk.shared.types.commands import DeleteInstance, PlaceInstance
 from skulk.shared.types.ids import CommandId, InstanceId, ModelId, NodeId, new_id
 
@@ -85,16 +86,23 @@ async def place_instance(request: Request, body: PlaceInstanceBody) -> Any:
 
 @router.get("/instance/previews")
 def instance_previews(request: Request, modelId: str, slots: int | None = None) -> Any:
-    """Every feasible placement, best first; with `slots`, those serving that many."""
+    """Every feasible placement, best first; with `slots`, those serving that many.
+    `slotChoices` names the engines with slots this model can be placed on in this cluster
+    (each with its range and default), so a form offers a slot count only where one applies."""
     context = request.app.state.skulk
     card = context.get_cards().get(modelId)
     if card is None:
         raise HTTPException(404, f"no model card for {modelId}")
+    state, resources = context.get_state(), context.get_resources()
     try:
-        options = preview(card, context.get_state(), context.get_resources(), slots=slots)
+        options = preview(card, state, resources, slots=slots)
     except PlacementError as exc:
         return _placement_error(exc)
-    return {"modelId": modelId, "previews": [_wire(option) for option in options]}
+    choices = slot_choices(card.placement.compatible_backends,
+                           (reading.backends for node_id, reading in resources.items() if node_id in state.nodes))
+    return {"modelId": modelId, "previews": [_wire(option) for option in options],
+            "slotChoices": [{"engine": engine, "min": 1, "max": most, "default": DEFAULT_SLOTS[engine]}
+                            for engine, most in choices.items()]}
 
 
 def _wire(value: Any) -> Any:

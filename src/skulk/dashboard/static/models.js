@@ -1,9 +1,16 @@
-// Models: placed instances (runner states, delete), placement with live previews and node
-// exclusions, the cards this cluster knows with per-node download/staging progress, and
-// hub search + add. Card lists and previews are fetched when asked for or when State moves.
+// Models: placed instances (runner states, slots, delete), placement with live previews, node
+// exclusions and a slot count (offered only where an engine with slots can serve the model),
+// the cards this cluster knows with per-node download/staging progress, and hub search + add.
+// Card lists and previews are fetched when asked for or when State moves.
 import { api } from "./api.js";
 import { onSnapshot, store } from "./store.js";
 import { esc, gib, nodeName, runnerStates, setHtml, short } from "./format.js";
+
+// The slots an instance serves with: the operator's count, else what each shard was stamped.
+function instanceSlots(inst) {
+  if (inst.requestedSlots != null) return String(inst.requestedSlots);
+  return [...new Set((inst.shards || []).map((s) => s.slots ?? 1))].join("/");
+}
 
 function downloadCell(state, nodeId, modelId) {
   const live = state.downloadProgress?.[nodeId]?.[modelId];
@@ -22,14 +29,17 @@ class SkulkModels extends HTMLElement {
   connectedCallback() {
     this.cards = [];
     this.previews = null;
+    this.slotChoices = [];
     this.lastIdx = null;
     this.innerHTML = `<section class="page">
       <h2>Models</h2>
       <p class="error" role="alert" data-role="error"></p>
       <div class="card"><h3>Running instances</h3><div data-role="instances"></div></div>
       <div class="card"><h3>Place a model</h3>
-        <form data-role="place-form" class="row">
+        <form data-role="place-form" class="row" novalidate>
           <label>Model <select name="model" data-role="model-select"></select></label>
+          <label data-role="slots-field" hidden>Slots <input name="slots" type="number" min="1" step="1" inputmode="numeric" data-role="slots"></label>
+          <span class="muted" data-role="slots-hint" hidden></span>
           <button type="button" data-action="refresh-cards" class="ghost">Reload cards</button>
         </form>
         <fieldset><legend>Exclude nodes</legend><div data-role="exclusions" class="row"></div></fieldset>
@@ -46,7 +56,9 @@ class SkulkModels extends HTMLElement {
     </section>`;
     this.$ = (role) => this.querySelector(`[data-role="${role}"]`);
     this.addEventListener("click", (event) => this.onClick(event));
-    this.$("model-select").addEventListener("change", () => this.loadPreviews());
+    this.$("model-select").addEventListener("change", () => { this.slotChoices = []; this.$("slots").value = ""; this.loadPreviews(); });
+    this.$("slots").addEventListener("change", () => this.loadPreviews());
+    this.$("place-form").addEventListener("submit", (event) => { event.preventDefault(); this.loadPreviews(); });
     this.$("exclusions").addEventListener("change", () => this.renderPreviews());
     this.$("search-form").addEventListener("submit", (event) => { event.preventDefault(); this.search(); });
     this.off = onSnapshot(this, (snapshot) => this.render(snapshot));
@@ -68,15 +80,33 @@ class SkulkModels extends HTMLElement {
     } catch (error) { this.showError(error); }
   }
 
+  // The slot count typed in the form ("" = each node's setting), sent as the API reads it.
+  slots() { return this.$("slots").value.trim(); }
+
   async loadPreviews() {
     const modelId = this.$("model-select").value;
     this.previews = null;
-    if (!modelId) { this.renderPreviews(); return; }
+    if (!modelId) { this.renderSlotField(); this.renderPreviews(); return; }
+    const slots = this.slots();
     try {
-      this.previews = (await api(`/instance/previews?modelId=${encodeURIComponent(modelId)}`)).previews;
+      const body = await api(`/instance/previews?modelId=${encodeURIComponent(modelId)}${slots ? `&slots=${encodeURIComponent(slots)}` : ""}`);
+      this.previews = body.previews;
+      this.slotChoices = body.slotChoices || [];
       this.showError(null);
-    } catch (error) { this.showError(error); }
+    } catch (error) { this.showError(error); }  // e.g. invalid_slot_setting, naming the bound
+    this.renderSlotField();
     this.renderPreviews();
+  }
+
+  // The slot field shows only where an engine with slots can serve the chosen model.
+  renderSlotField() {
+    const offered = this.slotChoices.length > 0 && Boolean(this.$("model-select").value);
+    this.$("slots-field").hidden = !offered;
+    const hint = this.$("slots-hint");
+    hint.hidden = !offered;
+    hint.textContent = offered ? this.slotChoices.map((c) => `${c.engine}: ${c.min}-${c.max}, default ${c.default}`).join("; ") : "";
+    const most = Math.max(0, ...this.slotChoices.map((c) => c.max));
+    if (offered) this.$("slots").max = String(most); else this.$("slots").removeAttribute("max");
   }
 
   excluded() {
@@ -97,7 +127,7 @@ class SkulkModels extends HTMLElement {
     setHtml(target, `<table class="previews"><thead><tr><th>sharding</th><th>nodes: memory needed / free, layers</th><th>context</th><th></th></tr></thead><tbody>${
       options.map((p, i) => `<tr>
         <td>${esc(p.sharding)}</td>
-        <td><ul>${p.shards.map((s) => `<li>${esc(nodeName(state, s.nodeId))}: ${gib(s.neededBytes)} / ${gib(s.availableBytes)}, layers ${s.startLayer}-${s.endLayer} <span class="muted">${esc(s.backend)}</span></li>`).join("")}</ul></td>
+        <td><ul>${p.shards.map((s) => `<li>${esc(nodeName(state, s.nodeId))}: ${gib(s.neededBytes)} / ${gib(s.availableBytes)}, layers ${s.startLayer}-${s.endLayer} <span class="muted">${esc(s.backend)}${s.slots > 1 ? `, <span class="slots">${s.slots} slots</span>` : ""}</span></li>`).join("")}</ul></td>
         <td>${p.contextTokenLimit ?? "-"} tokens</td>
         <td><button data-action="place" data-index="${i}">Place</button></td></tr>`).join("")}</tbody></table>`);
     this.visibleOptions = options;
@@ -108,12 +138,13 @@ class SkulkModels extends HTMLElement {
     const checked = new Set(this.excluded());
     setHtml(exclusions, cluster.nodes.map((n) => `<label><input type="checkbox" value="${esc(n.nodeId)}" ${checked.has(n.nodeId) ? "checked" : ""}> ${esc(n.name || short(n.nodeId))}</label>`).join(""));
     const instances = Object.entries(state.instances || {});
-    setHtml(this.$("instances"), instances.length ? `<table class="instances"><thead><tr><th>model</th><th>instance</th><th>nodes</th><th>runners</th><th>context</th><th></th></tr></thead><tbody>${
+    setHtml(this.$("instances"), instances.length ? `<table class="instances"><thead><tr><th>model</th><th>instance</th><th>nodes</th><th>runners</th><th>context</th><th>slots</th><th></th></tr></thead><tbody>${
       instances.map(([id, inst]) => `<tr data-instance-id="${esc(id)}" data-model-id="${esc(inst.modelId)}">
         <td>${esc(inst.modelId)}</td><td class="mono">${esc(short(id))}</td>
         <td>${(inst.shards || []).map((s) => esc(nodeName(state, s.nodeId))).join(", ")}</td>
         <td class="runner-states">${runnerStates(state, inst).map(esc).join(", ")}</td>
         <td>${inst.contextTokenLimit ?? "-"}</td>
+        <td class="slots">${esc(instanceSlots(inst))}</td>
         <td><button class="danger" data-action="delete" data-instance-id="${esc(id)}" aria-label="Delete instance of ${esc(inst.modelId)}">Delete</button></td></tr>`).join("")}</tbody></table>`
       : '<p class="muted" data-role="no-instances">No instances placed.</p>');
     const nodes = cluster.nodes;
@@ -138,8 +169,10 @@ class SkulkModels extends HTMLElement {
       if (action === "place") {
         const option = this.visibleOptions[Number(button.dataset.index)];
         button.disabled = true;
+        const slots = this.slots();
         await api("/place_instance", { method: "POST", body: {
-          modelId: option.modelId, sharding: option.sharding, minNodes: option.nodeIds.length, excludedNodes: this.excluded() } });
+          modelId: option.modelId, sharding: option.sharding, minNodes: option.nodeIds.length, excludedNodes: this.excluded(),
+          ...(slots ? { slots: Number(slots) } : {}) } });
         button.disabled = false;
       }
       if (action === "delete") {

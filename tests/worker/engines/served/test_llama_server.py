@@ -8,6 +8,7 @@ import json
 import socket
 import stat
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import psutil
@@ -18,10 +19,12 @@ from skulk.shared.types.common import ChatMessage, ToolSpec
 from skulk.shared.types.ids import ModelId
 from skulk.shared.types.tasks import EmbeddingParams, TextGenerationParams
 from skulk.worker.engines.base import Dispatcher, GeneratedToken, GenerationResult, ModelLoadFailed, ShardSpec
+from skulk.worker.engines.served import process
 from skulk.worker.engines.served.launch import InvalidSlotCount
 from skulk.worker.engines.served.llama_server import LlamaServerEngine
-from skulk.worker.engines.served.process import ServerBinaryMissing, ServerPortTaken, ServerStartFailed
+from skulk.worker.engines.served.process import ServerBinaryMissing, ServerPortTaken, ServerStartFailed, owns_port
 from tests.llama_server_kit import require_llama_server
+from tests.worker.engines.served.stray import serve_stray
 from tests.worker.tiny_gguf import (
     LONG_PROMPT,
     RUNNER,
@@ -257,6 +260,40 @@ def test_a_taken_port_is_typed(tiny_gguf):
         error = failed_load(tiny_gguf, engine_env(require_llama_server()), port=port)
     assert isinstance(error, ServerPortTaken) and str(port) in str(error)
     assert error.error_type == "EnginePortTaken"
+
+
+@pytest.fixture
+def stray_port() -> Iterator[int]:
+    """A port on which a real stray HTTP server answers /health with 200."""
+    yield from serve_stray()
+
+
+def test_a_stray_server_answering_health_on_the_port_never_passes_for_ours(tiny_gguf, stray_port):
+    error = failed_load(tiny_gguf, engine_env(require_llama_server()), port=stray_port)
+    assert isinstance(error, ServerPortTaken) and str(stray_port) in str(error)
+
+
+def test_a_port_taken_before_the_bind_starts_the_server_again_on_another(tiny_gguf, stray_port, monkeypatch):
+    handed_out: list[int] = []
+    fresh_port = process.free_loopback_port
+
+    def racing_free_port() -> int:
+        # The first free port handed out is taken by the stray before llama-server binds it.
+        port = stray_port if not handed_out else fresh_port()
+        handed_out.append(port)
+        return port
+
+    monkeypatch.setattr(process, "free_loopback_port", racing_free_port)
+    engine = LlamaServerEngine(engine_env(require_llama_server()))
+    try:
+        engine.load(spec_for(tiny_gguf, slots=1))
+        server = engine.server
+        assert server is not None and handed_out[0] == stray_port and len(handed_out) == 2
+        assert server.port == handed_out[1]
+        assert owns_port(server.pid, server.port) is True
+        engine.warm_up()  # our server answers a completion on its port
+    finally:
+        engine.close()
 
 
 def test_prompts_are_tokenized_here_so_control_tokens_in_content_stay_text(engine, tiny_gguf):

@@ -65,10 +65,10 @@ from skulk.worker.engines.served.launch import (
     tokens_of_event,
 )
 from skulk.worker.engines.served.process import (
+    PORT_ATTEMPTS,
     ServedEngineShell,
-    ServerPortTaken,
     ServerProcess,
-    free_loopback_port,
+    start_healthy,
 )
 from skulk.worker.engines.served.sse import TRANSPORT_ERRORS, LoopbackStreams
 from skulk.worker.engines.token_loop import relay_served
@@ -79,9 +79,6 @@ CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 600.0
 """Longest silence between two stream events: a prompt waiting behind every other slot's
 prompt evaluation on a slow CPU, with margin. Past it the request fails, typed."""
-PORT_ATTEMPTS = 3
-"""A free port found by binding and releasing it can be taken before the server binds it;
-an engine that chose the port itself retries with a fresh one this many times."""
 WARM_UP_PROMPT = "Hello"
 
 
@@ -162,18 +159,8 @@ class LlamaServerEngine(ServedEngineShell):
                  self._server.pid, self._server.port, slots, launch.context_per_slot, spec.model_path)
 
     def _start(self, launch: ServerLaunch) -> ServerProcess:
-        attempts = 1 if self._fixed_port is not None else PORT_ATTEMPTS
-        for attempt in range(attempts):
-            port = self._fixed_port if self._fixed_port is not None else free_loopback_port()
-            server = ServerProcess(_with_port(launch, port).argv(), server_env(self._env), port)
-            try:
-                server.wait_healthy()
-                return server
-            except ServerPortTaken:
-                if attempt + 1 == attempts:
-                    raise
-                log.info("port %d was taken before llama-server bound it; trying another", port)
-        raise AssertionError("unreachable")
+        return start_healthy(lambda port: _with_port(launch, port).argv(), server_env(self._env),
+                             port=self._fixed_port, attempts=PORT_ATTEMPTS)
 
     def warm_up(self) -> None:
         client = self._require_loaded()

@@ -42,7 +42,7 @@ from skulk.worker.engines.base import (
     usage_of,
 )
 from skulk.worker.engines.served.launch import HOST, ServedRequestRejected, assigned_slots, server_env
-from skulk.worker.engines.served.process import ServedEngineShell, ServerProcess, free_loopback_port
+from skulk.worker.engines.served.process import ServedEngineShell, start_healthy
 from skulk.worker.engines.token_loop import relay_served
 
 log = logging.getLogger(__name__)
@@ -157,9 +157,8 @@ class VllmEngine(ServedEngineShell):
             raise ModelLoadFailed(f"model not found: {spec.model_path}")
         _sweep_orphans()
         context = min(spec.instance.context_token_limit, spec.card.context_length)
-        port = free_loopback_port()
-        server = ServerProcess(vllm_argv(binary, spec.model_path, port, seqs, context), server_env(self._env), port)
-        server.wait_healthy()
+        server = start_healthy(lambda port: vllm_argv(binary, spec.model_path, port, seqs, context),
+                               server_env(self._env))
         self._server, self._seqs = server, seqs
         self._client = httpx.Client(base_url=server.base_url, timeout=httpx.Timeout(READ_TIMEOUT_S, connect=5.0),
                                     limits=httpx.Limits(max_connections=seqs + 2))
