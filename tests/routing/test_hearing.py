@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from skulk.routing.hearing import DEAF_AFTER_S, HEARD_AGAIN_GRACE_S, REOPEN_BACKOFF_S, Hearing, should_reopen
+from skulk.routing.hearing import DEAF_AFTER_S, HEARD_AGAIN_GRACE_S, REFRESH_BACKOFF_S, Hearing, should_refresh
 
 # A timeline is a list of (time, event): "peers" / "alone" (another node's token present or
 # not), "heard" (an authenticated message from another node), "tick".
@@ -57,13 +57,13 @@ def test_tick_reports_the_moment_deafness_starts_once() -> None:
     assert [hearing.tick(t) for t in (4.5, DEAF_AFTER_S, 6.0, 7.0)] == [False, True, False, False]
 
 
-@pytest.mark.parametrize(("deaf", "heard_again", "last_reopen", "now", "expected"), [
+@pytest.mark.parametrize(("deaf", "heard_again", "last_refresh", "now", "expected"), [
     pytest.param(False, False, None, 10.0, False, id="hearing: never"),
-    pytest.param(True, False, None, 10.0, True, id="deaf, never reopened: now"),
-    pytest.param(True, False, 10.0, 10.0 + REOPEN_BACKOFF_S - 0.5, False, id="deaf, reopened lately: wait"),
-    pytest.param(True, False, 10.0, 10.0 + REOPEN_BACKOFF_S, True, id="deaf past the backoff: again"),
+    pytest.param(True, False, None, 10.0, True, id="deaf, never refreshed: now"),
+    pytest.param(True, False, 10.0, 10.0 + REFRESH_BACKOFF_S - 0.5, False, id="deaf, refreshed lately: wait"),
+    pytest.param(True, False, 10.0, 10.0 + REFRESH_BACKOFF_S, True, id="deaf past the backoff: again"),
     pytest.param(True, True, None, 10.0, False, id="hearing again (grace): no"),
 ])
-def test_should_reopen(deaf: bool, heard_again: bool, last_reopen: float | None, now: float, expected: bool) -> None:
+def test_should_refresh(deaf: bool, heard_again: bool, last_refresh: float | None, now: float, expected: bool) -> None:
     hearing = Hearing(deaf_since=5.0 if deaf else None, heard_again_at=8.0 if heard_again else None)
-    assert should_reopen(hearing, last_reopen, now) is expected
+    assert should_refresh(hearing, last_refresh, now) is expected

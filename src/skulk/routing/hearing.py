@@ -17,7 +17,8 @@ the silence says nothing about its peers, only about its own ears. The shell the
 - makes a deaf leader step down after `skulk.shared.election.DEAF_LEADER_STEP_DOWN_S` (it
   cannot know whether the others elected someone else; if they did not, its peers' campaign
   re-elects it),
-- reopens its transport (new zenoh session, new links) at most every `REOPEN_BACKOFF_S`.
+- declares its subscriptions and its presence proof queryable again (new declarations make
+  every peer recompute its routes towards this node), at most every `REFRESH_BACKOFF_S`.
 Deafness ends `HEARD_AGAIN_GRACE_S` after the first message heard again, so a campaign does
 not decide in the instant between the first telemetry heard and the leader's next announcement.
 
@@ -35,9 +36,8 @@ heartbeat (telemetry is best-effort) is not deafness, and this is below the foll
 LEADER_SILENCE_S (6 s), so a deaf follower is known deaf before it would re-elect."""
 HEARD_AGAIN_GRACE_S: Final = 2.0
 """Deafness ends this long after hearing resumes: two of the master's announce periods."""
-REOPEN_BACKOFF_S: Final = 15.0
-"""At most one transport reopen per this period while deaf (a reopen takes ~1 s and costs
-every in-flight message of this node)."""
+REFRESH_BACKOFF_S: Final = 15.0
+"""At most one refresh of this node's declarations per this period while deaf."""
 
 
 @dataclass(slots=True)
@@ -97,12 +97,12 @@ class Hearing:
         return now - last >= DEAF_AFTER_S
 
 
-def should_reopen(hearing: Hearing, last_reopen_at: float | None, now: float) -> bool:
-    """Deaf, and no reopen within REOPEN_BACKOFF_S: reopen the transport now."""
+def should_refresh(hearing: Hearing, last_refresh_at: float | None, now: float) -> bool:
+    """Deaf (and not hearing again yet), no refresh within REFRESH_BACKOFF_S: refresh now."""
     if hearing.deaf_since is None or hearing.heard_again_at is not None:
         return False
-    return last_reopen_at is None or now - last_reopen_at >= REOPEN_BACKOFF_S
+    return last_refresh_at is None or now - last_refresh_at >= REFRESH_BACKOFF_S
 
 
-__all__ = ["DEAF_AFTER_S", "HEARD_AGAIN_GRACE_S", "REOPEN_BACKOFF_S", "Hearing",
-           "should_reopen"]
+__all__ = ["DEAF_AFTER_S", "HEARD_AGAIN_GRACE_S", "REFRESH_BACKOFF_S", "Hearing",
+           "should_refresh"]

@@ -209,6 +209,10 @@ class PresenceVerifier:
     def alive(self) -> frozenset[str]:
         return frozenset(t.node_id for t, s in self._sessions.items() if s.present and s.proven_at is not None)
 
+    def present(self) -> frozenset[str]:
+        """Nodes holding a token, proven or not (zenoh's word: who should be heard from)."""
+        return frozenset(t.node_id for t, s in self._sessions.items() if s.present)
+
     def changes(self) -> list[PresenceChange]:
         """Node-level changes since the last call (alive first, then departures)."""
         now_alive = self.alive()
