@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from skulk.routing.hearing import DEAF_AFTER_S, HEARD_AGAIN_GRACE_S, REFRESH_BACKOFF_S, Hearing, should_refresh
+from skulk.routing.hearing import (
+    DEAF_AFTER_S,
+    HEARD_AGAIN_GRACE_S,
+    REFRESH_AFTER_DEAF_S,
+    REFRESH_BACKOFF_S,
+    Hearing,
+    should_refresh,
+)
 
 # A timeline is a list of (time, event): "peers" / "alone" (another node's token present or
 # not), "heard" (an authenticated message from another node), "tick".
@@ -59,7 +66,8 @@ def test_tick_reports_the_moment_deafness_starts_once() -> None:
 
 @pytest.mark.parametrize(("deaf", "heard_again", "last_refresh", "now", "expected"), [
     pytest.param(False, False, None, 10.0, False, id="hearing: never"),
-    pytest.param(True, False, None, 10.0, True, id="deaf, never refreshed: now"),
+    pytest.param(True, False, None, 5.0 + REFRESH_AFTER_DEAF_S - 0.5, False, id="deaf just now: not yet"),
+    pytest.param(True, False, None, 10.0, True, id="deaf a while, never refreshed: now"),
     pytest.param(True, False, 10.0, 10.0 + REFRESH_BACKOFF_S - 0.5, False, id="deaf, refreshed lately: wait"),
     pytest.param(True, False, 10.0, 10.0 + REFRESH_BACKOFF_S, True, id="deaf past the backoff: again"),
     pytest.param(True, True, None, 10.0, False, id="hearing again (grace): no"),

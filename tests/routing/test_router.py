@@ -11,7 +11,7 @@ import zenoh
 
 from skulk.routing.cluster_key import derive_wire_key
 from skulk.routing.constants import NETWORK_VERSION, topic_key
-from skulk.routing.hearing import DEAF_AFTER_S, HEARD_AGAIN_GRACE_S
+from skulk.routing.hearing import DEAF_AFTER_S, HEARD_AGAIN_GRACE_S, REFRESH_AFTER_DEAF_S
 from skulk.routing.presence import PresenceChange
 from skulk.routing.router import (
     TRANSPORT_KEEP_ALIVES_PER_LEASE,
@@ -412,7 +412,8 @@ async def test_a_node_that_hears_none_of_its_present_peers_is_deaf_until_it_hear
     b.declare_presence()
     a.watch_presence()
     await eventually(lambda: a.deaf_for_s() > 0, timeout_s=DEAF_AFTER_S + 5, what="a deaf")
-    await eventually(lambda: a.diagnostics()["hearing"]["refreshes"] == 1, what="one refresh")
+    await eventually(lambda: a.diagnostics()["hearing"]["refreshes"] == 1, timeout_s=REFRESH_AFTER_DEAF_S + 5,
+                     what="one refresh")
     assert a.diagnostics()["hearing"]["deafEpisodes"] == 1
     stop = asyncio.Event()
 

@@ -18,7 +18,8 @@ the silence says nothing about its peers, only about its own ears. The shell the
   cannot know whether the others elected someone else; if they did not, its peers' campaign
   re-elects it),
 - declares its subscriptions and its presence proof queryable again (new declarations make
-  every peer recompute its routes towards this node), at most every `REFRESH_BACKOFF_S`.
+  every peer recompute its routes towards this node) once deaf for `REFRESH_AFTER_DEAF_S`
+  with nothing heard, then at most every `REFRESH_BACKOFF_S`.
 Deafness ends `HEARD_AGAIN_GRACE_S` after the first message heard again, so a campaign does
 not decide in the instant between the first telemetry heard and the leader's next announcement.
 
@@ -36,6 +37,10 @@ heartbeat (telemetry is best-effort) is not deafness, and this is below the foll
 LEADER_SILENCE_S (6 s), so a deaf follower is known deaf before it would re-elect."""
 HEARD_AGAIN_GRACE_S: Final = 2.0
 """Deafness ends this long after hearing resumes: two of the master's announce periods."""
+REFRESH_AFTER_DEAF_S: Final = 3.0
+"""Deaf this long with nothing heard since: refresh. A node resumed from a pause is deaf at its
+first tick (its last message is from before the pause) but hears again once zenoh has
+re-linked, within a second or two; it needs no refresh."""
 REFRESH_BACKOFF_S: Final = 15.0
 """At most one refresh of this node's declarations per this period while deaf."""
 
@@ -98,11 +103,14 @@ class Hearing:
 
 
 def should_refresh(hearing: Hearing, last_refresh_at: float | None, now: float) -> bool:
-    """Deaf (and not hearing again yet), no refresh within REFRESH_BACKOFF_S: refresh now."""
+    """Deaf for REFRESH_AFTER_DEAF_S with nothing heard since, and no refresh within
+    REFRESH_BACKOFF_S: refresh now."""
     if hearing.deaf_since is None or hearing.heard_again_at is not None:
+        return False
+    if now - hearing.deaf_since < REFRESH_AFTER_DEAF_S:
         return False
     return last_refresh_at is None or now - last_refresh_at >= REFRESH_BACKOFF_S
 
 
-__all__ = ["DEAF_AFTER_S", "HEARD_AGAIN_GRACE_S", "REFRESH_BACKOFF_S", "Hearing",
+__all__ = ["DEAF_AFTER_S", "HEARD_AGAIN_GRACE_S", "REFRESH_AFTER_DEAF_S", "REFRESH_BACKOFF_S", "Hearing",
            "should_refresh"]

@@ -817,37 +817,30 @@ class Router:
             return self._hearing.deaf_for(time.monotonic())
 
     def _refresh_declarations(self) -> None:
-        """Declare every subscription and the proof queryable again, then undeclare the old
-        ones (new before old: nothing is missed meanwhile; a sample both deliver is refused
-        once by the envelope's replay check). New declarations make every peer recompute its
-        routes to this node: the cure tried when this node is deaf (hearing.py)."""
+        """Undeclare every subscription and the proof queryable and declare them again. New
+        declarations make every peer recompute its routes to this node: the cure tried when
+        this node is deaf (hearing.py). Old before new, so no sample is delivered twice (and
+        refused as a replay); the moment between loses nothing a deaf node would have heard."""
         if self._closed:
             return
         self._refreshes += 1
         log.warning("node %s is deaf: declaring its %d subscriptions and its presence proof again (refresh %d)",
                     self.node_id, len(self._subscriptions), self._refreshes)
-        old: list[Any] = []
         try:
             for subscription in list(self._subscriptions):
                 if subscription._subscriber is None:
                     continue
-                fresh = self._session.declare_subscriber(
+                subscription._subscriber.undeclare()
+                subscription._subscriber = self._session.declare_subscriber(
                     subscription.key_expr, zenoh.handlers.Callback(subscription._on_sample, indirect=False))
-                old.append(subscription._subscriber)
-                subscription._subscriber = fresh
             if self._proof_queryable is not None:
                 mine = PresenceToken(self.node_id, self.session_id)
                 proof_key = proof_key_expr(self.node_id, self.session_id, network_version=self.network_version)
-                old.append(self._proof_queryable)
+                self._proof_queryable.undeclare()
                 self._proof_queryable = self._session.declare_queryable(
                     proof_key, lambda query: self._answer_challenge(query, mine))
-        except zenoh.ZError as exc:
+        except zenoh.ZError as exc:  # the session is closing: the router goes with it
             log.warning("refreshing the declarations of node %s failed: %s", self.node_id, exc)
-        for declaration in old:
-            try:
-                declaration.undeclare()
-            except zenoh.ZError:
-                pass  # the session is closing: it takes its declarations with it
 
     def connected_peer_count(self) -> int:
         """zenoh peers with an open transport to this node (any key: transport level)."""
