@@ -404,13 +404,16 @@ async def test_refreshed_declarations_keep_receiving_and_answering_presence_proo
 
 
 async def test_a_node_that_hears_none_of_its_present_peers_is_deaf_until_it_hears_again(routers) -> None:
-    """b holds a presence token but sends nothing: a is deaf after DEAF_AFTER_S (and refreshes
-    its declarations once); once b speaks, a hears again after the grace."""
+    """b holds a presence token, speaks once, then nothing: a is deaf after DEAF_AFTER_S (and
+    refreshes its declarations once); once b speaks again, a hears after the grace."""
     a, b, _ = await pair(routers)
     sub = a.subscribe(PING)
     a.declare_presence()
     b.declare_presence()
-    a.watch_presence()
+    watch = a.watch_presence()
+    while (await next_item(watch)) != ("node-b", True):
+        pass
+    await publish_until_received(b, PING, lambda n: Ping(nonce=-n), sub)
     await eventually(lambda: a.deaf_for_s() > 0, timeout_s=DEAF_AFTER_S + 5, what="a deaf")
     await eventually(lambda: a.diagnostics()["hearing"]["refreshes"] == 1, timeout_s=REFRESH_AFTER_DEAF_S + 5,
                      what="one refresh")

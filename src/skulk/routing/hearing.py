@@ -10,7 +10,8 @@ resumed leader keeps leading its old session alone.
 
 Every live node sends something at least every 2 s (the telemetry heartbeat; the master also
 announces every second), so a node that knows live peers (other nodes' liveliness tokens are
-present) but has received no authenticated message from ANY of them for `DEAF_AFTER_S` is deaf:
+present, of sessions it has heard at least once: a node still starting up is not expected to
+speak yet) but has received no authenticated message from ANY of them for `DEAF_AFTER_S` is deaf:
 the silence says nothing about its peers, only about its own ears. The shell then
 - never lets the election decide from that silence (a deaf node keeps campaigning and adopts
   the leader it hears once it hears again),

@@ -783,7 +783,7 @@ class Router:
             challenges, failed = self._verifier.tick(now, lambda: os.urandom(PROOF_NONCE_BYTES))
             changes = self._verifier.changes()
             kept = self._verifier.last_kept
-            self._hearing.peers(bool(self._verifier.present() - {self.node_id}), now)
+            self._hearing.peers(bool(self._verifier.present_and_heard() - {self.node_id}), now)
             went_deaf = self._hearing.tick(now)
             refresh = should_refresh(self._hearing, self._refreshed_at, now)
         if went_deaf:
