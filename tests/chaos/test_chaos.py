@@ -331,8 +331,9 @@ def test_chaos_schedule_keeps_the_invariants(spawn_node, tmp_path: Path) -> None
                     # Reported as an expected failure with the evidence, never as a pass.
                     hearing = {}
                     for name, n in nodes.items():
-                        with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, AttributeError):
-                            assert n.process is not None
+                        if n.process is None:
+                            continue
+                        with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
                             hearing[name] = n.process.get("/v1/diagnostics/node").json()["transport"]["hearing"]
                     pytest.xfail(f"known defect (issue 18): step {step} {kind}: {victim_name} resumed in "
                                  f"session {sessions.get(victim_name)} while the others follow {others}; "
