@@ -39,7 +39,9 @@ TIMELINES = [
     ("every peer gone while deaf: alone, not deaf",
      [(0.0, "peers"), (DEAF_AFTER_S, "tick"), (7.0, "alone"), (7.5, "tick")], 8.0, 0.0, 1),
     ("two episodes are counted",
-     [(0.0, "peers"), (5.0, "tick"), (6.0, "heard"), (8.0, "tick"), (8.5, "heard"), (13.5, "tick")], 14.0, 0.5, 2),
+     [(0.0, "peers"), (5.0, "tick"), (6.0, "heard"), (6.0 + HEARD_AGAIN_GRACE_S, "heard"),
+      (6.0 + HEARD_AGAIN_GRACE_S, "tick"), (6.0 + HEARD_AGAIN_GRACE_S + DEAF_AFTER_S, "tick")],
+     6.5 + HEARD_AGAIN_GRACE_S + DEAF_AFTER_S, 0.5, 2),
 ]
 
 

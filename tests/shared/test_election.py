@@ -712,6 +712,12 @@ DEAF_RULES = [
     ("deaf leading: steps down and campaigns after the delay", leading, LONG_DEAF, Tick(), 1.5 + LEADER_ANNOUNCE_S,
      "campaigning", 3, "b", ["candidate@3"]),
     ("hearing leading: never steps down", leading, ME, Tick(), 100.0, "leading", 2, "b", ["leader@2"]),
+    ("deaf following: a silent master starts no campaign", following, DEAF, Tick(), 10.0 + LEADER_SILENCE_S,
+     "following", 1, "c", []),
+    ("deaf following: the master's lost presence starts no campaign", following, DEAF,
+     PresenceChanged(frozenset({"a"})), 11.0, "following", 1, "c", []),
+    ("deaf following: the master's announcement still refreshes", following, DEAF, Received(lead("c", 1)), 12.0,
+     "following", 1, "c", []),
 ]
 
 

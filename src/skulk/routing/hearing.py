@@ -36,8 +36,10 @@ DEAF_AFTER_S: Final = 5.0
 """Two and a half telemetry periods (2 s) of silence from every present peer: one dropped
 heartbeat (telemetry is best-effort) is not deafness, and this is below the followers'
 LEADER_SILENCE_S (6 s), so a deaf follower is known deaf before it would re-elect."""
-HEARD_AGAIN_GRACE_S: Final = 2.0
-"""Deafness ends this long after hearing resumes: two of the master's announce periods."""
+HEARD_AGAIN_GRACE_S: Final = 4.0
+"""Deafness ends this long after hearing resumes. Past the presence re-proof period (3 s) plus
+an answer, so a master whose presence the deaf node dropped (its challenges went unanswered)
+is proven again, and its announcements heard, before the election acts on silence again."""
 REFRESH_AFTER_DEAF_S: Final = 3.0
 """Deaf this long with nothing heard since: refresh. A node resumed from a pause is deaf at its
 first tick (its last message is from before the pause) but hears again once zenoh has

@@ -25,10 +25,11 @@ Rules that shape it:
   (`skulk.shared.election_quorum`): a node cut off by the network keeps campaigning instead
   of leading a session of its own, whose higher clock would depose the healthy master when
   the link heals.
-- A deaf node (it hears none of its present peers, `Me.deaf_for_s`) never ends a campaign:
-  it keeps campaigning and adopts the leader it hears once it hears again. A leader deaf for
-  DEAF_LEADER_STEP_DOWN_S steps down and campaigns: a leader resumed from a pause that
-  cannot hear the majority's newer session must not keep leading its old one alone.
+- A deaf node (it hears none of its present peers, `Me.deaf_for_s`) starts no campaign (its
+  master's silence or lost presence is its own deafness) and never ends one: it keeps
+  following, or campaigning, and adopts the leader it hears once it hears again. A leader
+  deaf for DEAF_LEADER_STEP_DOWN_S steps down and campaigns: a leader resumed from a pause
+  that cannot hear the majority's newer session must not keep leading its old one alone.
 - A node freezes its own seniority and commands_seen when a campaign starts and announces
   exactly those values while it leads, so every receiver ranks it the same way at all times
   (otherwise two leaders comparing moving counters could both step down, or both stay).
@@ -305,8 +306,10 @@ def rebroadcast_candidate(view: ElectionView, now: float) -> Step | None:
 
 
 def notice_leader_silence(view: ElectionView, me: Me, now: float) -> Step | None:
-    """Following a master that has not announced for LEADER_SILENCE_S: re-elect."""
-    if view.phase != "following" or not _due(view.last_leader_heard_at, now, LEADER_SILENCE_S):
+    """Following a master that has not announced for LEADER_SILENCE_S: re-elect. Not while
+    deaf: the silence is this node's, and its candidacy would let a node that just healed
+    from a cut decide a new session with it (seen on a network cut, issue 18)."""
+    if view.phase != "following" or me.deaf_for_s > 0 or not _due(view.last_leader_heard_at, now, LEADER_SILENCE_S):
         return None
     return _start_campaign(view, view.clock + 1, me, now)
 
@@ -418,8 +421,11 @@ def answer_candidate(view: ElectionView, msg: ElectionMessage, now: float) -> St
 
 def campaign_when_master_left(view: ElectionView, me: Me, now: float) -> Step | None:
     """Following a master presence says has left: re-elect without waiting for silence.
-    (Only the master's departure: joins and other departures never start a campaign.)"""
-    if view.phase != "following" or view.master_id is None or view.master_id not in view.departed:
+    (Only the master's departure: joins and other departures never start a campaign. Not
+    while deaf: a deaf node's presence drops its master for unanswered challenges it may
+    simply not have heard answered.)"""
+    if view.phase != "following" or me.deaf_for_s > 0 or view.master_id is None \
+            or view.master_id not in view.departed:
         return None
     return _start_campaign(view, view.clock + 1, me, now)
 
