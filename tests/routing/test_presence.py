@@ -233,3 +233,17 @@ def test_messages_from_a_session_without_a_token_change_nothing():
     verifier = PresenceVerifier(PKEY)
     verifier.heard(A1, 1.0)
     assert verifier.alive() == frozenset() and verifier.tick(2.0, nonces()) == ([], [])
+
+
+def test_only_sessions_heard_at_least_once_are_expected_to_speak() -> None:
+    """routing/hearing.py counts a peer's silence only once it has spoken: a node still starting
+    (token declared, nothing sent yet) never makes the others deaf."""
+    verifier = PresenceVerifier(OURS)
+    talker, starting = PresenceToken("talker", "s1"), PresenceToken("starting", "s2")
+    verifier.appeared(talker)
+    verifier.appeared(starting)
+    assert verifier.present_and_heard() == frozenset()
+    verifier.heard(talker, 1.0)
+    assert verifier.present_and_heard() == {"talker"}
+    verifier.disappeared(talker)
+    assert verifier.present_and_heard() == frozenset()

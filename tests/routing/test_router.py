@@ -11,6 +11,7 @@ import zenoh
 
 from skulk.routing.cluster_key import derive_wire_key
 from skulk.routing.constants import NETWORK_VERSION, topic_key
+from skulk.routing.hearing import DEAF_AFTER_S, HEARD_AGAIN_GRACE_S, REFRESH_AFTER_DEAF_S
 from skulk.routing.presence import PresenceChange
 from skulk.routing.router import (
     TRANSPORT_KEEP_ALIVES_PER_LEASE,
@@ -374,3 +375,62 @@ def test_the_transport_lease_survives_the_reassembly_bound() -> None:
     assert json.loads(config.get_json("transport/link/tx/lease")) == TRANSPORT_LEASE_MS
     assert json.loads(config.get_json("transport/link/tx/keep_alive")) == TRANSPORT_KEEP_ALIVES_PER_LEASE
     assert json.loads(config.get_json("transport/link/rx/max_message_size")) == 4096
+
+
+async def test_refreshed_declarations_keep_receiving_and_answering_presence_proofs(routers) -> None:
+    """The deaf node's cure (hearing.py): every subscription and the proof queryable are
+    declared anew; messages keep arriving and presence stays proven across it."""
+    a, b, _ = await pair(routers)
+    sub = a.subscribe(PING)
+    a.declare_presence()
+    watch = b.watch_presence()
+    assert await next_item(watch) == ("node-a", True)
+    await publish_until_received(b, PING, lambda n: Ping(nonce=-n), sub)
+    a._refresh_declarations()
+    while sub.qsize():
+        sub.get_nowait()
+    probe = await publish_until_received(b, PING, lambda n: Ping(nonce=1000 + n), sub)
+    assert probe.sender == "node-b"
+    before = b._verifier.kept
+    b._tick_proofs()  # not due yet: force a fresh challenge of a's refreshed queryable
+    with b._verifier_lock:
+        for session in b._verifier._sessions.values():
+            session.proven_at = -1e9
+    b._tick_proofs()
+    await eventually(lambda: all(s.pending is None and s.proven_at is not None and s.proven_at > 0
+                                 for s in b._verifier._sessions.values()), what="a fresh proof after the refresh")
+    assert watch.alive() >= {"node-a"} and b._verifier.kept == before
+    assert a.diagnostics()["hearing"]["refreshes"] == 1
+
+
+async def test_a_node_that_hears_none_of_its_present_peers_is_deaf_until_it_hears_again(routers) -> None:
+    """b holds a presence token, speaks once, then nothing: a is deaf after DEAF_AFTER_S (and
+    refreshes its declarations once); once b speaks again, a hears after the grace."""
+    a, b, _ = await pair(routers)
+    sub = a.subscribe(PING)
+    a.declare_presence()
+    b.declare_presence()
+    watch = a.watch_presence()
+    while (await next_item(watch)) != ("node-b", True):
+        pass
+    await publish_until_received(b, PING, lambda n: Ping(nonce=-n), sub)
+    await eventually(lambda: a.deaf_for_s() > 0, timeout_s=DEAF_AFTER_S + 5, what="a deaf")
+    await eventually(lambda: a.diagnostics()["hearing"]["refreshes"] == 1, timeout_s=REFRESH_AFTER_DEAF_S + 5,
+                     what="one refresh")
+    assert a.diagnostics()["hearing"]["deafEpisodes"] == 1
+    stop = asyncio.Event()
+
+    async def keep_talking() -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            await b.publish(PING, Ping(nonce=n))
+            await asyncio.sleep(0.2)
+
+    talker = asyncio.create_task(keep_talking())
+    try:
+        await eventually(lambda: a.deaf_for_s() == 0, timeout_s=HEARD_AGAIN_GRACE_S + 5, what="a hearing again")
+    finally:
+        stop.set()
+        await talker
+    assert sub.qsize() > 0 and a.diagnostics()["hearing"]["refreshes"] == 1

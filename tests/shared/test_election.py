@@ -15,6 +15,7 @@ from skulk.shared.codec import round_trip
 from skulk.shared.election import (
     CAMPAIGN_WINDOW_S,
     CANDIDATE_REBROADCAST_S,
+    DEAF_LEADER_STEP_DOWN_S,
     DISCOVERY_S,
     LEADER_ANNOUNCE_S,
     LEADER_SILENCE_S,
@@ -694,3 +695,48 @@ def test_a_cut_node_that_learns_it_was_pruned_before_hearing_the_leader_does_not
     cluster.heal("a")
     cluster.run_until(20.0)
     assert settled(cluster) == ("c", "c.1")
+
+
+DEAF = dataclasses.replace(ME, deaf_for_s=1.0)
+LONG_DEAF = dataclasses.replace(ME, deaf_for_s=DEAF_LEADER_STEP_DOWN_S)
+
+DEAF_RULES = [
+    # id, start view, me, input, now, expected phase, clock, master, outputs
+    ("deaf campaigning: alone at deadline decides nothing", campaigning, DEAF, Tick(), 3.5, "campaigning", 1, None,
+     []),
+    ("deaf campaigning: still adopts a leader it hears", campaigning, DEAF, Received(lead("a", 1)), 2.5, "following",
+     1, "a", ["elected a.1"]),
+    ("deaf leading: announces until the step-down delay", leading,
+     dataclasses.replace(ME, deaf_for_s=DEAF_LEADER_STEP_DOWN_S - 0.25), Tick(), 1.5 + LEADER_ANNOUNCE_S, "leading",
+     2, "b", ["leader@2"]),
+    ("deaf leading: steps down and campaigns after the delay", leading, LONG_DEAF, Tick(), 1.5 + LEADER_ANNOUNCE_S,
+     "campaigning", 3, "b", ["candidate@3"]),
+    ("hearing leading: never steps down", leading, ME, Tick(), 100.0, "leading", 2, "b", ["leader@2"]),
+    ("deaf following: a silent master starts no campaign", following, DEAF, Tick(), 10.0 + LEADER_SILENCE_S,
+     "following", 1, "c", []),
+    ("deaf following: the master's lost presence starts no campaign", following, DEAF,
+     PresenceChanged(frozenset({"a"})), 11.0, "following", 1, "c", []),
+    ("deaf following: the master's announcement still refreshes", following, DEAF, Received(lead("c", 1)), 12.0,
+     "following", 1, "c", []),
+]
+
+
+@pytest.mark.parametrize(
+    ("start", "me", "inp", "now", "phase", "clock", "master", "outputs"),
+    [pytest.param(*row[1:], id=row[0]) for row in DEAF_RULES],
+)
+def test_deaf_rule(start: Callable[[], ElectionView], me: Me, inp, now, phase, clock, master, outputs) -> None:
+    view, out = run(start(), (inp, now), me=me)
+    assert (view.phase, view.clock, view.master_id, summary(out)) == (phase, clock, master, outputs)
+
+
+def test_a_resumed_deaf_leader_adopts_the_newer_session_once_it_hears_again() -> None:
+    """Issue 18 (b): b led session b.2, was paused; a and c elected a.3 meanwhile. b resumes
+    deaf: it steps down, campaigns without deciding, and follows a.3 when it hears it."""
+    view, out = run(leading(), (Tick(), 20.0), me=LONG_DEAF)
+    assert (view.phase, summary(out)) == ("campaigning", ["candidate@3"])
+    view, out = run(view, (Tick(), 22.0), (Tick(), 24.0), me=LONG_DEAF)
+    assert view.phase == "campaigning"
+    assert not [o for o in out if not isinstance(o, Broadcast) or o.message.kind != "candidate"]
+    view, out = run(view, (Received(lead("a", 3)), 25.0), me=DEAF)
+    assert (view.phase, view.session_id, summary(out)) == ("following", "a.3", ["elected a.3"])

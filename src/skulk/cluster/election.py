@@ -3,7 +3,9 @@
 Feeds it election messages, presence changes and a steady tick; publishes what it asks to
 broadcast; reports each new (master, session) to the node. Commands seen are approximated
 by events applied (`commands_seen` callable): the node with the most history wins a tie.
-`members` (the replicated State's member ids) is what a campaign needs a majority of.
+`members` (the replicated State's member ids) is what a campaign needs a majority of; the
+router's `deaf_for_s` (it hears none of its present peers, `routing/hearing.py`) keeps a
+deaf node from deciding and makes a deaf leader step down.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ class ElectionService:
 
     def _me(self) -> machine.Me:
         return machine.Me(node_id=self._router.node_id, seniority=self.seniority, commands_seen=self._commands_seen(),
-                          members=self._members())
+                          members=self._members(), deaf_for_s=self._router.deaf_for_s())
 
     async def _step(self, event: machine.Input) -> None:
         was_leading = machine.is_leading(self.view)
@@ -109,4 +111,5 @@ class ElectionService:
             "sessionId": self.view.session_id,
             "seniority": self.seniority,
             "elections": self.elections_seen,
+            "deafForS": round(self._router.deaf_for_s(), 1),
         }

@@ -209,6 +209,12 @@ class PresenceVerifier:
     def alive(self) -> frozenset[str]:
         return frozenset(t.node_id for t, s in self._sessions.items() if s.present and s.proven_at is not None)
 
+    def present_and_heard(self) -> frozenset[str]:
+        """Nodes holding a token (proven or not) whose session has spoken at least once: who
+        should be heard from. A node still starting (token declared, nothing sent yet) is left
+        out, so its silence never makes this node deaf (routing/hearing.py)."""
+        return frozenset(t.node_id for t, s in self._sessions.items() if s.present and s.heard_at is not None)
+
     def changes(self) -> list[PresenceChange]:
         """Node-level changes since the last call (alive first, then departures)."""
         now_alive = self.alive()

@@ -62,6 +62,7 @@ from skulk.routing.constants import (
     topic_key,
 )
 from skulk.routing.envelope import MAX_ENVELOPE_OVERHEAD_BYTES, EnvelopeRejected, Opener, Sealer
+from skulk.routing.hearing import DEAF_AFTER_S, Hearing, should_refresh
 from skulk.routing.presence import (
     MAC_BYTES as PROOF_MAC_BYTES,
 )
@@ -457,6 +458,9 @@ class Router:
         self._presence_subscriber: Any = None
         self._verifier = PresenceVerifier(self._presence_key)
         self._verifier_lock = threading.Lock()
+        self._hearing = Hearing()  # guarded by _verifier_lock
+        self._refreshed_at: float | None = None
+        self._refreshes = 0
         self._proof_ticker: asyncio.Task[None] | None = None
         self._published = 0
         self._publish_failures = 0
@@ -747,8 +751,11 @@ class Router:
 
     def _heard_from(self, node_id: str, session_id: str) -> None:
         """zenoh thread: an authenticated message from this session (evidence of its life)."""
+        now = time.monotonic()
         with self._verifier_lock:
-            self._verifier.heard(PresenceToken(node_id, session_id), time.monotonic())
+            self._verifier.heard(PresenceToken(node_id, session_id), now)
+            if node_id != self.node_id:  # our own messages echo back: they prove nothing
+                self._hearing.heard(now)
 
     def _emit(self, changes: list[PresenceChange]) -> None:
         for change in changes:
@@ -771,10 +778,21 @@ class Router:
         """Send due challenges, count failed ones, report what changed."""
         if self._closed:
             return
+        now = time.monotonic()
         with self._verifier_lock:
-            challenges, failed = self._verifier.tick(time.monotonic(), lambda: os.urandom(PROOF_NONCE_BYTES))
+            challenges, failed = self._verifier.tick(now, lambda: os.urandom(PROOF_NONCE_BYTES))
             changes = self._verifier.changes()
             kept = self._verifier.last_kept
+            self._hearing.peers(bool(self._verifier.present_and_heard() - {self.node_id}), now)
+            went_deaf = self._hearing.tick(now)
+            refresh = should_refresh(self._hearing, self._refreshed_at, now)
+        if went_deaf:
+            log.warning("node %s hears none of its present peers (no authenticated message for %.0f s while their "
+                        "presence tokens stay): its transport is deaf; the election decides nothing meanwhile",
+                        self.node_id, DEAF_AFTER_S)
+        if refresh:
+            self._refreshed_at = now
+            self._refresh_declarations()
         for token in kept:
             log.info("presence challenges to node %s went unanswered twice, but its sealed messages keep arriving: "
                      "kept alive, challenged again", token.node_id)
@@ -792,6 +810,37 @@ class Router:
                                   timeout=PROOF_TIMEOUT_S)
             except zenoh.ZError:
                 return  # the session is closing; the next tick (if any) retries
+
+    def deaf_for_s(self) -> float:
+        """How long this node has heard none of its present peers (0.0 when it hears; see hearing.py)."""
+        with self._verifier_lock:
+            return self._hearing.deaf_for(time.monotonic())
+
+    def _refresh_declarations(self) -> None:
+        """Undeclare every subscription and the proof queryable and declare them again. New
+        declarations make every peer recompute its routes to this node: the cure tried when
+        this node is deaf (hearing.py). Old before new, so no sample is delivered twice (and
+        refused as a replay); the moment between loses nothing a deaf node would have heard."""
+        if self._closed:
+            return
+        self._refreshes += 1
+        log.warning("node %s is deaf: declaring its %d subscriptions and its presence proof again (refresh %d)",
+                    self.node_id, len(self._subscriptions), self._refreshes)
+        try:
+            for subscription in list(self._subscriptions):
+                if subscription._subscriber is None:
+                    continue
+                subscription._subscriber.undeclare()
+                subscription._subscriber = self._session.declare_subscriber(
+                    subscription.key_expr, zenoh.handlers.Callback(subscription._on_sample, indirect=False))
+            if self._proof_queryable is not None:
+                mine = PresenceToken(self.node_id, self.session_id)
+                proof_key = proof_key_expr(self.node_id, self.session_id, network_version=self.network_version)
+                self._proof_queryable.undeclare()
+                self._proof_queryable = self._session.declare_queryable(
+                    proof_key, lambda query: self._answer_challenge(query, mine))
+        except zenoh.ZError as exc:  # the session is closing: the router goes with it
+            log.warning("refreshing the declarations of node %s failed: %s", self.node_id, exc)
 
     def connected_peer_count(self) -> int:
         """zenoh peers with an open transport to this node (any key: transport level)."""
@@ -833,6 +882,8 @@ class Router:
             "rejectedByPeer": rejects["byPeer"],
             "presence": [watch.stats() for watch in list(self._watches)],
             "presenceKeptByMessages": self._verifier.kept,
+            "hearing": {"deafForS": round(self.deaf_for_s(), 1), "deafEpisodes": self._hearing.episodes,
+                        "refreshes": self._refreshes},
             "egress": egress,
         }
 

@@ -25,6 +25,11 @@ Rules that shape it:
   (`skulk.shared.election_quorum`): a node cut off by the network keeps campaigning instead
   of leading a session of its own, whose higher clock would depose the healthy master when
   the link heals.
+- A deaf node (it hears none of its present peers, `Me.deaf_for_s`) starts no campaign (its
+  master's silence or lost presence is its own deafness) and never ends one: it keeps
+  following, or campaigning, and adopts the leader it hears once it hears again. A leader
+  deaf for DEAF_LEADER_STEP_DOWN_S steps down and campaigns: a leader resumed from a pause
+  that cannot hear the majority's newer session must not keep leading its old one alone.
 - A node freezes its own seniority and commands_seen when a campaign starts and announces
   exactly those values while it leads, so every receiver ranks it the same way at all times
   (otherwise two leaders comparing moving counters could both step down, or both stay).
@@ -74,6 +79,12 @@ announce periods: a few lost announcements or a busy event loop must not depose 
 
 # -- bounds --------------------------------------------------------------------------------
 
+DEAF_LEADER_STEP_DOWN_S: Final = 10.0
+"""A leader that has heard none of its present peers for this long steps down and campaigns
+(see `Me.deaf_for_s`). Well past the 2 s heartbeat, so a moment of silence from busy
+followers never deposes a healthy master; short next to the minutes a leader resumed from a
+pause was seen to stay deaf while the others had elected a newer session."""
+
 MAX_CANDIDATES: Final = 256
 """Candidates recorded per campaign. Beyond it the lowest-ranked are forgotten, which can
 never change the winner."""
@@ -101,6 +112,11 @@ class Me:
     members: frozenset[str] = frozenset()
     """The cluster's members per this node's replicated State (`State.nodes`): a campaign
     decides only when a majority of them campaign (`skulk.shared.election_quorum`)."""
+    deaf_for_s: float = 0.0
+    """How long this node has heard nothing from any peer whose presence token is present
+    (`skulk.routing.hearing`; 0.0 when it hears). Silence heard by a deaf node says nothing
+    about its peers: a deaf node never ends a campaign, and a deaf leader steps down after
+    DEAF_LEADER_STEP_DOWN_S."""
 
 
 @dataclass(frozen=True)
@@ -215,6 +231,7 @@ def _on_tick(view: ElectionView, _inp: Tick, me: Me, now: float) -> Step:
         or close_campaign(view, me, now)
         or rebroadcast_candidate(view, now)
         or notice_leader_silence(view, me, now)
+        or step_down_when_deaf(view, me, now)
         or announce_leadership(view, now)
         or (view, [])
     )
@@ -265,6 +282,9 @@ def close_campaign(view: ElectionView, me: Me, now: float) -> Step | None:
     if view.phase != "campaigning" or view.campaign_deadline is None or now < view.campaign_deadline:
         return None
     assert view.my_claim is not None
+    if me.deaf_for_s > 0:
+        # Deaf: the candidacies it lacks may just be unheard; decide nothing, keep listening.
+        return dataclasses.replace(view, campaign_deadline=now + CAMPAIGN_WINDOW_S), []
     eligible = [c for c in view.candidates.values() if c.node_id not in view.departed]
     if not has_quorum(me.members, [c.node_id for c in eligible], me.node_id):
         return dataclasses.replace(view, campaign_deadline=now + CAMPAIGN_WINDOW_S), []
@@ -286,8 +306,19 @@ def rebroadcast_candidate(view: ElectionView, now: float) -> Step | None:
 
 
 def notice_leader_silence(view: ElectionView, me: Me, now: float) -> Step | None:
-    """Following a master that has not announced for LEADER_SILENCE_S: re-elect."""
-    if view.phase != "following" or not _due(view.last_leader_heard_at, now, LEADER_SILENCE_S):
+    """Following a master that has not announced for LEADER_SILENCE_S: re-elect. Not while
+    deaf: the silence is this node's, and its candidacy would let a node that just healed
+    from a cut decide a new session with it (seen on a network cut, issue 18)."""
+    if view.phase != "following" or me.deaf_for_s > 0 or not _due(view.last_leader_heard_at, now, LEADER_SILENCE_S):
+        return None
+    return _start_campaign(view, view.clock + 1, me, now)
+
+
+def step_down_when_deaf(view: ElectionView, me: Me, now: float) -> Step | None:
+    """Leading while deaf for DEAF_LEADER_STEP_DOWN_S: campaign at the next clock. Once it
+    hears again it adopts whichever leader speaks (a newer session the others elected
+    meanwhile), or, if none does, its peers join the campaign and re-elect."""
+    if view.phase != "leading" or me.deaf_for_s < DEAF_LEADER_STEP_DOWN_S:
         return None
     return _start_campaign(view, view.clock + 1, me, now)
 
@@ -390,8 +421,11 @@ def answer_candidate(view: ElectionView, msg: ElectionMessage, now: float) -> St
 
 def campaign_when_master_left(view: ElectionView, me: Me, now: float) -> Step | None:
     """Following a master presence says has left: re-elect without waiting for silence.
-    (Only the master's departure: joins and other departures never start a campaign.)"""
-    if view.phase != "following" or view.master_id is None or view.master_id not in view.departed:
+    (Only the master's departure: joins and other departures never start a campaign. Not
+    while deaf: a deaf node's presence drops its master for unanswered challenges it may
+    simply not have heard answered.)"""
+    if view.phase != "following" or me.deaf_for_s > 0 or view.master_id is None \
+            or view.master_id not in view.departed:
         return None
     return _start_campaign(view, view.clock + 1, me, now)
 
@@ -510,6 +544,7 @@ def _due(last: float | None, now: float, period_s: float) -> bool:
 __all__ = [
     "CAMPAIGN_WINDOW_S",
     "CANDIDATE_REBROADCAST_S",
+    "DEAF_LEADER_STEP_DOWN_S",
     "DISCOVERY_S",
     "LEADER_ANNOUNCE_S",
     "LEADER_SILENCE_S",

@@ -1,0 +1,79 @@
+"""The deafness rule (routing/hearing.py): a table of timelines, pure."""
+
+from __future__ import annotations
+
+import pytest
+
+from skulk.routing.hearing import (
+    DEAF_AFTER_S,
+    HEARD_AGAIN_GRACE_S,
+    REFRESH_AFTER_DEAF_S,
+    REFRESH_BACKOFF_S,
+    Hearing,
+    should_refresh,
+)
+
+# A timeline is a list of (time, event): "peers" / "alone" (another node's token present or
+# not), "heard" (an authenticated message from another node), "tick".
+TIMELINES = [
+    ("no peers: never deaf, however quiet", [(0.0, "tick"), (100.0, "tick")], 100.0, 0.0, 0),
+    ("peers heard every 2 s: never deaf",
+     [(0.0, "peers"), *[(t, "heard") for t in (2.0, 4.0, 6.0, 8.0, 10.0)], (11.0, "tick")], 11.0, 0.0, 0),
+    ("one lost heartbeat is not deafness",
+     [(0.0, "peers"), (0.5, "heard"), (4.5, "heard"), (5.4, "tick")], 5.4, 0.0, 0),
+    ("peers present, silent DEAF_AFTER_S since they appeared: deaf",
+     [(0.0, "peers"), (DEAF_AFTER_S, "tick")], DEAF_AFTER_S + 1.0, 1.0, 1),
+    ("silent DEAF_AFTER_S since the last message: deaf",
+     [(0.0, "peers"), (1.0, "heard"), (1.0 + DEAF_AFTER_S, "tick")], 2.0 + DEAF_AFTER_S, 1.0, 1),
+    ("a message long ago does not count before peers appeared",
+     [(0.0, "heard"), (10.0, "peers"), (10.0 + DEAF_AFTER_S - 0.5, "tick")], 10.0 + DEAF_AFTER_S - 0.5, 0.0, 0),
+    ("hearing again: still deaf during the grace",
+     [(0.0, "peers"), (DEAF_AFTER_S, "tick"), (8.0, "heard"), (8.0 + HEARD_AGAIN_GRACE_S - 0.5, "tick")],
+     8.0 + HEARD_AGAIN_GRACE_S - 0.5, 8.0 + HEARD_AGAIN_GRACE_S - 0.5 - DEAF_AFTER_S, 1),
+    ("hearing again through the grace: hears",
+     [(0.0, "peers"), (DEAF_AFTER_S, "tick"), (8.0, "heard"), (9.0, "heard"), (8.0 + HEARD_AGAIN_GRACE_S, "tick")],
+     8.0 + HEARD_AGAIN_GRACE_S, 0.0, 1),
+    ("heard once, then silent again: stays deaf",
+     [(0.0, "peers"), (DEAF_AFTER_S, "tick"), (6.0, "heard"), (6.0 + DEAF_AFTER_S, "tick"),
+      (6.0 + DEAF_AFTER_S + HEARD_AGAIN_GRACE_S, "tick")], 20.0, 20.0 - DEAF_AFTER_S, 1),
+    ("every peer gone while deaf: alone, not deaf",
+     [(0.0, "peers"), (DEAF_AFTER_S, "tick"), (7.0, "alone"), (7.5, "tick")], 8.0, 0.0, 1),
+    ("two episodes are counted",
+     [(0.0, "peers"), (5.0, "tick"), (6.0, "heard"), (6.0 + HEARD_AGAIN_GRACE_S, "heard"),
+      (6.0 + HEARD_AGAIN_GRACE_S, "tick"), (6.0 + HEARD_AGAIN_GRACE_S + DEAF_AFTER_S, "tick")],
+     6.5 + HEARD_AGAIN_GRACE_S + DEAF_AFTER_S, 0.5, 2),
+]
+
+
+@pytest.mark.parametrize(("events", "now", "deaf_for", "episodes"),
+                         [pytest.param(*row[1:], id=row[0]) for row in TIMELINES])
+def test_deafness(events: list[tuple[float, str]], now: float, deaf_for: float, episodes: int) -> None:
+    hearing = Hearing()
+    for at, event in events:
+        if event in ("peers", "alone"):
+            hearing.peers(event == "peers", at)
+        elif event == "heard":
+            hearing.heard(at)
+        else:
+            hearing.tick(at)
+    assert hearing.deaf_for(now) == pytest.approx(deaf_for)
+    assert hearing.episodes == episodes
+
+
+def test_tick_reports_the_moment_deafness_starts_once() -> None:
+    hearing = Hearing()
+    hearing.peers(True, 0.0)
+    assert [hearing.tick(t) for t in (4.5, DEAF_AFTER_S, 6.0, 7.0)] == [False, True, False, False]
+
+
+@pytest.mark.parametrize(("deaf", "heard_again", "last_refresh", "now", "expected"), [
+    pytest.param(False, False, None, 10.0, False, id="hearing: never"),
+    pytest.param(True, False, None, 5.0 + REFRESH_AFTER_DEAF_S - 0.5, False, id="deaf just now: not yet"),
+    pytest.param(True, False, None, 10.0, True, id="deaf a while, never refreshed: now"),
+    pytest.param(True, False, 10.0, 10.0 + REFRESH_BACKOFF_S - 0.5, False, id="deaf, refreshed lately: wait"),
+    pytest.param(True, False, 10.0, 10.0 + REFRESH_BACKOFF_S, True, id="deaf past the backoff: again"),
+    pytest.param(True, True, None, 10.0, False, id="hearing again (grace): no"),
+])
+def test_should_refresh(deaf: bool, heard_again: bool, last_refresh: float | None, now: float, expected: bool) -> None:
+    hearing = Hearing(deaf_since=5.0 if deaf else None, heard_again_at=8.0 if heard_again else None)
+    assert should_refresh(hearing, last_refresh, now) is expected
