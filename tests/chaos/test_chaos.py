@@ -3,8 +3,9 @@
 Faults are drawn (seeded, `SKULK_CHAOS_SEED`, default 4: each kind once) from: kill -9 of the serving node,
 SIGSTOP then SIGCONT of it, kill -9 of the master, kill -9 of the serving runner. A killed
 node is restarted on its data dir, as an operator's supervisor would. A runner killed a third
-time on one instance trips the worker's crash breaker: the model must then be refused typed
-(`model_not_serving`), and the test re-places it as an operator would. Two client threads
+time on one instance trips the worker's crash breaker: the master then re-places the instance
+on another node by itself (or, when nothing admits it, the model is refused typed,
+`model_not_serving`, and the test re-places it as an operator would). Two client threads
 stream short chats through the entry node (never a victim) the whole time. After each fault
 the cluster must recover: three members agreeing, the model serving again. The run ends by
 checking and printing the invariants:
@@ -287,15 +288,24 @@ def test_chaos_schedule_keeps_the_invariants(spawn_node, tmp_path: Path) -> None
                 detail = f"runner(s) {[r.pid for r in runners]} on {server}"
                 runner_kills[instance_id] += 1 if runners and instance_id else 0
                 if instance_id and runner_kills[instance_id] >= CRASH_BREAKER_MAX_CRASHES:
-                    # By design the worker gives up on a runner that keeps crashing (the crash
-                    # breaker) and the model is refused, typed, until an operator re-places it.
-                    wait_for(refused_as_not_serving, timeout_s=RECOVERY_DEADLINE_S, interval_s=0.5,
-                             what="the typed model_not_serving refusal after the crash breaker tripped")
-                    httpx.delete(f"{entry.url}/instance/{instance_id}", timeout=10).raise_for_status()
-                    wait_for(lambda: model_instance_id() is None, timeout_s=60, interval_s=0.5,
-                             what="the given-up instance deleted")
-                    wait_for(placed, timeout_s=60, interval_s=0.5, what="the placement again")
-                    detail += "; the crash breaker tripped: refused typed, then re-placed as an operator would"
+                    # The worker's crash breaker gives up on a runner that keeps crashing; the
+                    # master re-places the instance away from that node by itself, or, when
+                    # nothing else admits it (or at the last repair hop), keeps it Failed and
+                    # the model is refused typed until an operator re-places it.
+                    def replaced_or_refused(old: str = instance_id) -> str | None:
+                        current = model_instance_id()
+                        if current is not None and current != old:
+                            return "replaced"
+                        return "refused" if refused_as_not_serving() else None
+
+                    outcome = wait_for(replaced_or_refused, timeout_s=RECOVERY_DEADLINE_S, interval_s=0.5,
+                                       what="the instance re-placed (or refused typed) after the crash breaker tripped")
+                    if outcome == "refused":
+                        httpx.delete(f"{entry.url}/instance/{instance_id}", timeout=10).raise_for_status()
+                        wait_for(lambda: model_instance_id() is None, timeout_s=60, interval_s=0.5,
+                                 what="the given-up instance deleted")
+                        wait_for(placed, timeout_s=60, interval_s=0.5, what="the placement again")
+                    detail += f"; the crash breaker tripped: {outcome}"
             elif kind == "sigstop-server":
                 victim.process.signal(signal.SIGSTOP)
                 time.sleep(PAUSE_S)  # the freeze is the fault itself, not a synchronisation
