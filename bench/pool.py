@@ -302,25 +302,51 @@ class Config:
     note: str = ""
 
 
-def open_engine(card, path: Path, threads: int, mode: str, cache_dir: str = "", bin_dir: Path | None = None) -> Config:
-    """mode: one | pool | pool-plain | direct (our driver straight to our donor's RPC server,
-    no channel) | direct-ggml (our driver straight to llama.cpp's ggml-rpc-server)."""
+def _wait_port(port: int, deadline_s: float = 60) -> None:
+    import socket
+
+    end = time.monotonic() + deadline_s
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.05)
+
+
+def open_engine(card, path: Path, threads: int, mode: str, cache_dir: str = "", bin_dir: Path | None = None,
+                env: dict[str, str] | None = None, switch_interval: float | None = None) -> Config:
+    """mode: one | pool | pool-plain (the production path: `LlamaCppEngine.load` of a 2-rank
+    pool, with a donor runner's `PoolDonorEngine` in another process) | pool-link-thread /
+    pool-link-process (our driver through the same encrypted channel, the driver-side link
+    as threads of the driver's process or in a process of its own) | direct (our driver
+    straight to our donor's RPC server, no channel) | direct-ggml (our driver straight to
+    llama.cpp's ggml-rpc-server) | ggml+channel (our driver through the encrypted channel,
+    link and gate each in a process of its own, to ggml-rpc-server). `env`: variables set while loading (restored after);
+    `switch_interval`: `sys.setswitchinterval` while this configuration decodes."""
     from skulk.worker.engines.base import ShardSpec
     from skulk.worker.engines.llama_cpp.engine import LlamaCppEngine
 
     ctx = mp.get_context("spawn")
-    helper = None
+    helpers: list = []
     world = 1 if mode == "one" else 2
     inst = instance(card, world)
     engine = LlamaCppEngine()
     engine.set_fatal_handler(lambda kind, message: (print(f"FATAL {kind}: {message}", flush=True), os._exit(9)))
     started = time.monotonic()
+    saved = {name: os.environ.get(name) for name in (env or {})}
+    os.environ.update(env or {})
 
     stop_endpoint: list[Callable[[], None]] = []
+    links: list = []
 
     def close() -> None:
         engine.close()
-        if helper is not None:
+        for link in links:
+            link.close()
+        for helper in helpers:
             helper.kill()
             helper.join(timeout=10)
         for stop in stop_endpoint:
@@ -330,22 +356,47 @@ def open_engine(card, path: Path, threads: int, mode: str, cache_dir: str = "", 
         if mode in ("pool", "pool-plain"):
             encrypt = "0" if mode == "pool-plain" else "1"
             os.environ["SKULK_POOL_ENCRYPT"] = encrypt  # read by the driver's links at load
-            helper = ctx.Process(target=_donor, args=(inst, card, str(path), threads, encrypt, cache_dir),
-                                 daemon=True)
-            helper.start()
+            helpers.append(ctx.Process(target=_donor, args=(inst, card, str(path), threads, encrypt, cache_dir),
+                                       daemon=True))
+            helpers[-1].start()
             engine.load(ShardSpec(instance=inst, runner_id="r0", card=card, model_path=str(path),
                                   n_threads=threads, pool_key=KEY))
+        elif mode in ("pool-link-thread", "pool-link-process"):
+            from skulk.pool.layout import channel_key, pool_port
+
+            helpers.append(ctx.Process(target=_donor, args=(inst, card, str(path), threads, "1"), daemon=True))
+            helpers[-1].start()
+            gate_port = pool_port(inst, 1)
+            _wait_port(gate_port)
+            key = channel_key(KEY, inst, 1)
+            if mode == "pool-link-process":
+                ports = ctx.Queue()
+                helpers.append(ctx.Process(target=_link_process, args=(ports, gate_port, key, True), daemon=True))
+                helpers[-1].start()
+                endpoint = f"127.0.0.1:{ports.get(timeout=60)}"
+            else:
+                from skulk.pool.channel import DriverLink, Remote
+
+                def lost(remote, why) -> None:
+                    print(f"FATAL link lost {remote.name}: {why}", flush=True)
+                    os._exit(9)
+
+                link = DriverLink(Remote("127.0.0.1", gate_port, "bench donor"), key, lost, encrypt=True)
+                link.start()
+                links.append(link)
+                endpoint = link.endpoint
+            _load_direct(engine, inst, card, path, threads, endpoint)
         elif mode == "direct":
             ports = ctx.Queue()
-            helper = ctx.Process(target=_rpc_server_direct, args=(ports, threads), daemon=True)
-            helper.start()
+            helpers.append(ctx.Process(target=_rpc_server_direct, args=(ports, threads), daemon=True))
+            helpers[-1].start()
             port = ports.get(timeout=60)
             _load_direct(engine, inst, card, path, threads, f"127.0.0.1:{port}")
-        elif mode == "direct-ggml":
+        elif mode in ("direct-ggml", "ggml+channel"):
             assert bin_dir is not None
             logs = Path(tempfile.mkdtemp(prefix="pool-bench-"))
             stop_endpoint.append(lambda: shutil.rmtree(logs, ignore_errors=True))
-            endpoint, stop = start_donor_endpoint("ggml", threads, bin_dir, logs)
+            endpoint, stop = start_donor_endpoint("ggml" if mode == "direct-ggml" else mode, threads, bin_dir, logs)
             stop_endpoint.insert(0, stop)
             _load_direct(engine, inst, card, path, threads, endpoint)
         else:
@@ -353,21 +404,43 @@ def open_engine(card, path: Path, threads: int, mode: str, cache_dir: str = "", 
     except BaseException:
         close()
         raise
-    return Config(lambda p: _stream_engine(engine, p), time.monotonic() - started, close)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+    def stream(params):
+        if switch_interval is None:
+            yield from _stream_engine(engine, params)
+            return
+        before = sys.getswitchinterval()
+        sys.setswitchinterval(switch_interval)
+        try:
+            yield from _stream_engine(engine, params)
+        finally:
+            sys.setswitchinterval(before)
+
+    return Config(stream, time.monotonic() - started, close)
 
 
 def _load_direct(engine, inst, card, path, threads, endpoint) -> None:
-    """The driver's load with the channel removed: llama.cpp dials the RPC server itself."""
+    """The driver's load with the channel removed: llama.cpp dials `endpoint` itself. The
+    same llama.cpp options as the engine's own load (flash attention included), so only
+    the path of the bytes differs from the production driver."""
     import llama_cpp
 
     from skulk.pool import rpc
+    from skulk.worker.engines.llama_cpp.engine import flash_attn_enabled
 
     devices = rpc.add_servers([endpoint])
     split = device_split(inst.shards, card.num_layers)
     with rpc.model_devices(devices):
         llama = llama_cpp.Llama(model_path=str(path), n_ctx=2048, n_threads=threads, n_threads_batch=threads,
                                 n_gpu_layers=split.n_gpu_layers, tensor_split=list(split.tensor_split),
-                                verbose=False)
+                                flash_attn=flash_attn_enabled(card.runtime.flash_attn, os.environ),
+                                logits_all=False, verbose=False)
     engine._llama = llama  # the bench drives the engine's own generation loop over it
     engine._vocab = llama_cpp.llama_model_get_vocab(llama.model)
     engine._n_ctx = 2048
@@ -476,6 +549,8 @@ def main() -> int:
     parser.add_argument("--stages", action="store_true",
                         help="also cross drivers and donors: our driver to ggml-rpc-server, llama-server to our "
                              "donor's RPC server, llama-server through our channel (plain and encrypted)")
+    parser.add_argument("--only", default="",
+                        help="semicolon-separated configuration names to run (one node always runs: the reference)")
     parser.add_argument("--cache-loads", action="store_true",
                         help="also time a pool's load with the donor's RPC tensor cache, cold and warm")
     parser.add_argument("--models-dir", type=Path, default=Path(tempfile.gettempdir()) / "skulk-bench-models")
@@ -514,7 +589,25 @@ def main() -> int:
                 ("l.cpp->chan plain", lambda: open_llama_server(card, path, args.threads, bins,
                                                                 donor="ggml+channel-plain")),
                 ("l.cpp->chan", lambda: open_llama_server(card, path, args.threads, bins, donor="ggml+channel")),
+                ("ours->chan", lambda: open_engine(card, path, args.threads, "ggml+channel", bin_dir=bins)),
             ]
+    if args.stages:
+        # Where the in-process driver's loss comes from: the same driver and encrypted
+        # channel with the driver-side link as threads of the driver's process vs in a
+        # process of its own; flash attention off (llama-server resolves `auto`); a short
+        # GIL switch interval.
+        openers += [
+            ("link as threads", lambda: open_engine(card, path, args.threads, "pool-link-thread")),
+            ("link as process", lambda: open_engine(card, path, args.threads, "pool-link-process")),
+            ("skulk pool FA off", lambda: open_engine(card, path, args.threads, "pool",
+                                                       env={"SKULK_LLAMA_CPP_FLASH_ATTN": "0"})),
+            ("direct RPC FA off", lambda: open_engine(card, path, args.threads, "direct",
+                                                       env={"SKULK_LLAMA_CPP_FLASH_ATTN": "0"})),
+            ("skulk pool sw 0.5ms", lambda: open_engine(card, path, args.threads, "pool", switch_interval=0.0005)),
+        ]
+    if args.only:
+        wanted = {name.strip() for name in args.only.split(";")}
+        openers = [(name, opener) for name, opener in openers if name in wanted or name == "one node"]
     else:
         print(f"no ggml-rpc-server/llama-server under {args.llama_bin_dir}: llama.cpp's own RPC not measured")
     configs: dict[str, Config] = {}
