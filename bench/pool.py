@@ -26,6 +26,7 @@ Usage: uv run python bench/pool.py [--tokens 32] [--requests 3] [--threads 1]
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import multiprocessing as mp
 import os
@@ -42,15 +43,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import httpx  # noqa: E402
+import httpx
 
-from skulk.pool.layout import derive_pool_key, device_split  # noqa: E402
-from skulk.shared.types.instances import Instance, ShardAssignment  # noqa: E402
-from skulk.shared.types.tasks import TextGenerationParams  # noqa: E402
-from skulk.models.cards import builtin_cards_dir, load_card  # noqa: E402
-from skulk.models.tiny_models import BENCH_SPEC, TINY_SPEC, generate_tiny_model  # noqa: E402
+from skulk.models.cards import builtin_cards_dir, load_card
+from skulk.models.tiny_models import BENCH_SPEC, TINY_SPEC, generate_tiny_model
+from skulk.pool.layout import derive_pool_key, device_split
+from skulk.shared.types.instances import Instance, ShardAssignment
+from skulk.shared.types.tasks import TextGenerationParams
 
-WORDS = "the cluster by the sea holds a node that serves a model to everyone who asks".split()
+WORDS = ["the", "cluster", "by", "the", "sea", "holds", "a", "node", "that", "serves", "a", "model", "to", "everyone", "who", "asks"]
 KEY = derive_pool_key("bench-cluster-key")
 
 
@@ -213,7 +214,7 @@ def channel_round_trips(rounds: int, trips: int, request_bytes: int, answer_byte
             return time.perf_counter() - t0
 
         times: dict[str, list[float]] = {name: [] for name in socks}
-        for name, sock in socks.items():  # warm up
+        for sock in socks.values():  # warm up
             for _ in range(20):
                 trip(sock)
         for _ in range(rounds):
@@ -239,7 +240,7 @@ def start_ggml_rpc_server(bin_dir: Path, threads: int, log_path: Path) -> tuple[
 
     port = free_loopback_port()
     proc = subprocess.Popen([str(bin_dir / "ggml-rpc-server"), "-H", "127.0.0.1", "-p", str(port), "-t", str(threads)],
-                            stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
+                            stdout=open(log_path, "w"), stderr=subprocess.STDOUT)  # noqa: SIM115 (the server's log, open for its life)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
@@ -461,7 +462,7 @@ def _one_request(stream, params) -> tuple[list[int], float, float | None, list[f
         tokens.append(token)
         stamps.append(at)
     rate = (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 and stamps[-1] > stamps[0] else None
-    return tokens, stamps[0] - t0, rate, [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+    return tokens, stamps[0] - t0, rate, [b - a for a, b in itertools.pairwise(stamps)]
 
 
 def _fast_rate(gaps: list[float]) -> float:
@@ -503,7 +504,7 @@ def open_llama_server(card, path: Path, threads: int, bin_dir: Path, donor: str 
             [str(bin_dir / "llama-server"), "-m", str(path), *rpc_args,
              "-t", str(threads), "-tb", str(threads), "-c", "2048", "-np", "1", "--host", "127.0.0.1",
              "--port", str(http_port), "--no-warmup", "-lv", "4"],
-            stdout=open(logs / "server.log", "w"), stderr=subprocess.STDOUT)
+            stdout=open(logs / "server.log", "w"), stderr=subprocess.STDOUT)  # noqa: SIM115 (the server's log, open for its life)
         url = f"http://127.0.0.1:{http_port}"
         deadline = time.monotonic() + 300
         while True:
@@ -594,8 +595,9 @@ def main() -> int:
     if args.stages:
         # Where the in-process driver's loss comes from: the same driver and encrypted
         # channel with the driver-side link as threads of the driver's process vs in a
-        # process of its own; flash attention off (llama-server resolves `auto`); a short
-        # GIL switch interval.
+        # process of its own; flash attention off (llama-server resolves `auto`); CPython's
+        # default GIL switch interval (5 ms) instead of the driver's short one; the headline
+        # row once more, loaded last (the spread between the two is the run's noise).
         openers += [
             ("link as threads", lambda: open_engine(card, path, args.threads, "pool-link-thread")),
             ("link as process", lambda: open_engine(card, path, args.threads, "pool-link-process")),
@@ -603,7 +605,8 @@ def main() -> int:
                                                        env={"SKULK_LLAMA_CPP_FLASH_ATTN": "0"})),
             ("direct RPC FA off", lambda: open_engine(card, path, args.threads, "direct",
                                                        env={"SKULK_LLAMA_CPP_FLASH_ATTN": "0"})),
-            ("skulk pool sw 0.5ms", lambda: open_engine(card, path, args.threads, "pool", switch_interval=0.0005)),
+            ("skulk pool sw 5ms", lambda: open_engine(card, path, args.threads, "pool", switch_interval=0.005)),
+            ("skulk pool again", lambda: open_engine(card, path, args.threads, "pool")),
         ]
     if args.only:
         wanted = {name.strip() for name in args.only.split(";")}
@@ -621,11 +624,13 @@ def main() -> int:
             print(f"{name}: loaded in {configs[name].load_s:.1f} s {configs[name].note}", flush=True)
             _one_request(configs[name].stream, requests[0])  # warms caches; not counted
         # Round-robin: every configuration decodes request n before any decodes n + 1, so a
-        # shared machine's load drifts over all of them alike.
+        # shared machine's load drifts over all of them alike; each round starts one
+        # configuration later, so none always runs right after the same neighbour.
         results: dict[str, list] = {name: [] for name in configs}
-        for params in requests[1:]:
-            for name, config in configs.items():
-                results[name].append(_one_request(config.stream, params))
+        names = list(configs)
+        for n, params in enumerate(requests[1:]):
+            for name in names[n % len(names):] + names[: n % len(names)]:
+                results[name].append(_one_request(configs[name].stream, params))
     finally:
         for config in configs.values():
             config.close()
