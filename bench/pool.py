@@ -551,7 +551,8 @@ def main() -> int:
                         help="also cross drivers and donors: our driver to ggml-rpc-server, llama-server to our "
                              "donor's RPC server, llama-server through our channel (plain and encrypted)")
     parser.add_argument("--only", default="",
-                        help="semicolon-separated configuration names to run (one node always runs: the reference)")
+                        help="semicolon-separated configuration names to run, loaded in that order (one node always "
+                             "runs first: the reference)")
     parser.add_argument("--cache-loads", action="store_true",
                         help="also time a pool's load with the donor's RPC tensor cache, cold and warm")
     parser.add_argument("--models-dir", type=Path, default=Path(tempfile.gettempdir()) / "skulk-bench-models")
@@ -595,9 +596,9 @@ def main() -> int:
     if args.stages:
         # Where the in-process driver's loss comes from: the same driver and encrypted
         # channel with the driver-side link as threads of the driver's process vs in a
-        # process of its own; flash attention off (llama-server resolves `auto`); CPython's
-        # default GIL switch interval (5 ms) instead of the driver's short one; the headline
-        # row once more, loaded last (the spread between the two is the run's noise).
+        # process of its own; flash attention off (llama-server resolves `auto`); a 0.5 ms
+        # GIL switch interval instead of CPython's 5 ms while the row decodes; the headline
+        # row once more, loaded last (the spread between the two is the run's own noise).
         openers += [
             ("link as threads", lambda: open_engine(card, path, args.threads, "pool-link-thread")),
             ("link as process", lambda: open_engine(card, path, args.threads, "pool-link-process")),
@@ -605,12 +606,13 @@ def main() -> int:
                                                        env={"SKULK_LLAMA_CPP_FLASH_ATTN": "0"})),
             ("direct RPC FA off", lambda: open_engine(card, path, args.threads, "direct",
                                                        env={"SKULK_LLAMA_CPP_FLASH_ATTN": "0"})),
-            ("skulk pool sw 5ms", lambda: open_engine(card, path, args.threads, "pool", switch_interval=0.005)),
+            ("skulk pool sw 0.5ms", lambda: open_engine(card, path, args.threads, "pool", switch_interval=0.0005)),
             ("skulk pool again", lambda: open_engine(card, path, args.threads, "pool")),
         ]
     if args.only:
-        wanted = {name.strip() for name in args.only.split(";")}
-        openers = [(name, opener) for name, opener in openers if name in wanted or name == "one node"]
+        by_name = dict(openers)
+        wanted = [name.strip() for name in args.only.split(";") if name.strip() and name.strip() != "one node"]
+        openers = [("one node", by_name["one node"])] + [(name, by_name[name]) for name in wanted if name in by_name]
     else:
         print(f"no ggml-rpc-server/llama-server under {args.llama_bin_dir}: llama.cpp's own RPC not measured")
     configs: dict[str, Config] = {}

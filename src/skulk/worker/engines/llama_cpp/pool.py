@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -37,14 +36,6 @@ DONOR_CONNECT_DEADLINE_S = float(os.environ.get("SKULK_POOL_CONNECT_DEADLINE_SEC
 """How long the driver waits for every donor's gate to accept it (donors load concurrently
 with the driver). Past it the driver fails to load, naming the donors it could not reach."""
 PROBE_INTERVAL_S = 0.25
-RELAY_SWITCH_INTERVAL_S = 0.0005
-"""The driver runner's GIL switch interval while it drives a pool (CPython's default: 5 ms).
-The driver's links relay every ggml RPC message as Python threads of the runner, next to the
-token loop: a relay thread that becomes ready while another thread holds the GIL waits for it
-up to the switch interval, and a token here takes 25-35 ms. Measured with `bench/pool.py
---stages` (interleaved rows, p10 of the gaps between tokens, shared machine): the short
-interval decoded 3-8 % faster than the default in each of four runs, while moving the relay
-into a process of its own changed nothing measurable (README, pooling speed)."""
 ENCRYPT_ENV = "SKULK_POOL_ENCRYPT"
 """'0' carries pool bytes authenticated but unencrypted (see README: measured cost)."""
 TENSOR_CACHE_ENV = "SKULK_POOL_TENSOR_CACHE_DIR"
@@ -100,12 +91,9 @@ class PoolDriver:
         self._links: list[DriverLink] = []
         self._closing = threading.Event()
         self._lost = threading.Event()
-        self._switch_interval: float | None = None
 
     def connect(self) -> None:
         """Open a link per donor and wait (bounded) until every donor's gate accepts us."""
-        self._switch_interval = sys.getswitchinterval()
-        sys.setswitchinterval(min(self._switch_interval, RELAY_SWITCH_INTERVAL_S))
         try:
             self._connect()
         except BaseException:
@@ -170,9 +158,6 @@ class PoolDriver:
         self._closing.set()
         for link in self._links:
             link.close()
-        if self._switch_interval is not None:
-            sys.setswitchinterval(self._switch_interval)
-            self._switch_interval = None
 
 
 class PoolDonorEngine:
@@ -230,4 +215,4 @@ class PoolDonorEngine:
             self._gate.close()
 
 
-__all__ = ["DONOR_CONNECT_DEADLINE_S", "ENCRYPT_ENV", "RELAY_SWITCH_INTERVAL_S", "TENSOR_CACHE_ENV", "PoolDonorEngine", "PoolDriver", "PoolMemberLost"]
+__all__ = ["DONOR_CONNECT_DEADLINE_S", "ENCRYPT_ENV", "TENSOR_CACHE_ENV", "PoolDonorEngine", "PoolDriver", "PoolMemberLost"]
