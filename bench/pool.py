@@ -13,6 +13,12 @@ Configurations (every one on this machine, loopback, the same GGUF, greedy, same
 - llama-server alone: the same server without RPC, so the engine difference (C++ server loop
   vs the in-process engine's Python token loop) reads apart from the pooling's cost.
 
+`--stages` adds rows that cross drivers, donors and channels (our driver to
+`ggml-rpc-server`, llama-server to our donor or through our channel, our driver through the
+channel's processes), the driver-side link as threads vs as a process of its own, flash
+attention off, a 0.5 ms GIL switch interval, and the headline row a second time (their
+spread is the run's own noise); `--only "a;b"` runs just those rows, loaded in that order.
+
 Every pooled configuration splits the layers the same way (half on each side, the output
 layer on the donor). All processes share this machine's cores, so pooled figures measure the
 protocol's cost, not the capacity of a second machine. Prints ratios against llama.cpp's own
@@ -593,6 +599,8 @@ def main() -> int:
                 ("l.cpp->chan", lambda: open_llama_server(card, path, args.threads, bins, donor="ggml+channel")),
                 ("ours->chan", lambda: open_engine(card, path, args.threads, "ggml+channel", bin_dir=bins)),
             ]
+    else:
+        print(f"no ggml-rpc-server/llama-server under {args.llama_bin_dir}: llama.cpp's own RPC not measured")
     if args.stages:
         # Where the in-process driver's loss comes from: the same driver and encrypted
         # channel with the driver-side link as threads of the driver's process vs in a
@@ -613,8 +621,6 @@ def main() -> int:
         by_name = dict(openers)
         wanted = [name.strip() for name in args.only.split(";") if name.strip() and name.strip() != "one node"]
         openers = [("one node", by_name["one node"])] + [(name, by_name[name]) for name in wanted if name in by_name]
-    else:
-        print(f"no ggml-rpc-server/llama-server under {args.llama_bin_dir}: llama.cpp's own RPC not measured")
     configs: dict[str, Config] = {}
     try:
         for name, opener in openers:
