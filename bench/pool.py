@@ -309,6 +309,21 @@ class Config:
     note: str = ""
 
 
+def _fatal_exit(message: str) -> None:
+    """A pooled driver lost its donor: llama.cpp's RPC client would abort the process on the
+    closed socket, so the bench exits at once, first ending every process it started (donors,
+    links, gates, llama.cpp servers): an exit that skips cleanup must not leave them behind."""
+    import psutil
+
+    print(f"FATAL {message}", flush=True)
+    for child in psutil.Process().children(recursive=True):
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
+    os._exit(9)
+
+
 def _wait_port(port: int, deadline_s: float = 60) -> None:
     import socket
 
@@ -341,7 +356,7 @@ def open_engine(card, path: Path, threads: int, mode: str, cache_dir: str = "", 
     world = 1 if mode == "one" else 2
     inst = instance(card, world)
     engine = LlamaCppEngine()
-    engine.set_fatal_handler(lambda kind, message: (print(f"FATAL {kind}: {message}", flush=True), os._exit(9)))
+    engine.set_fatal_handler(lambda kind, message: _fatal_exit(f"{kind}: {message}"))
     started = time.monotonic()
     saved = {name: os.environ.get(name) for name in (env or {})}
     os.environ.update(env or {})
@@ -385,8 +400,7 @@ def open_engine(card, path: Path, threads: int, mode: str, cache_dir: str = "", 
                 from skulk.pool.channel import DriverLink, Remote
 
                 def lost(remote, why) -> None:
-                    print(f"FATAL link lost {remote.name}: {why}", flush=True)
-                    os._exit(9)
+                    _fatal_exit(f"link lost {remote.name}: {why}")
 
                 link = DriverLink(Remote("127.0.0.1", gate_port, "bench donor"), key, lost, encrypt=True)
                 link.start()
