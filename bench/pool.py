@@ -571,8 +571,8 @@ def main() -> int:
                         help="also cross drivers and donors: our driver to ggml-rpc-server, llama-server to our "
                              "donor's RPC server, llama-server through our channel (plain and encrypted)")
     parser.add_argument("--only", default="",
-                        help="semicolon-separated configuration names to run, loaded in that order (one node always "
-                             "runs first: the reference)")
+                        help="semicolon-separated configuration names to run, loaded in that order (one node, the "
+                             "reference, always runs: first unless placed)")
     parser.add_argument("--cache-loads", action="store_true",
                         help="also time a pool's load with the donor's RPC tensor cache, cold and warm")
     parser.add_argument("--models-dir", type=Path, default=Path(tempfile.gettempdir()) / "skulk-bench-models")
@@ -633,8 +633,10 @@ def main() -> int:
         ]
     if args.only:
         by_name = dict(openers)
-        wanted = [name.strip() for name in args.only.split(";") if name.strip() and name.strip() != "one node"]
-        openers = [("one node", by_name["one node"])] + [(name, by_name[name]) for name in wanted if name in by_name]
+        wanted = [name.strip() for name in args.only.split(";") if name.strip()]
+        if "one node" not in wanted:
+            wanted.insert(0, "one node")
+        openers = [(name, by_name[name]) for name in wanted if name in by_name]
     configs: dict[str, Config] = {}
     try:
         for name, opener in openers:
