@@ -56,9 +56,9 @@ import statistics
 import sys
 import tempfile
 import threading
-from concurrent.futures import ProcessPoolExecutor
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -66,14 +66,15 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from skulk.models.cards import builtin_cards_dir, load_card  # noqa: E402
-from skulk.artifacts.resolve import ensure_local_model  # noqa: E402
-from skulk.worker.engines.served.launch import ServerLaunch, completion_body, server_env  # noqa: E402
-from skulk.worker.engines.served.process import ServerProcess, free_loopback_port  # noqa: E402
-from skulk.worker.runner.messages import Frame, StatusChanged, TaskDone  # noqa: E402
-from skulk.worker.runner.supervisor import RunnerSupervisor  # noqa: E402
-from tests.llama_server_kit import find_llama_server  # noqa: E402
-from tests.worker.tiny_gguf import LONG_PROMPT, RUNNER, prompt_params, text_task, tiny_instance  # noqa: E402
+from tests.llama_server_kit import find_llama_server
+from tests.worker.tiny_gguf import LONG_PROMPT, RUNNER, prompt_params, text_task, tiny_instance
+
+from skulk.artifacts.resolve import ensure_local_model
+from skulk.models.cards import builtin_cards_dir, load_card
+from skulk.worker.engines.served.launch import ServerLaunch, completion_body, server_env
+from skulk.worker.engines.served.process import ServerProcess, free_loopback_port
+from skulk.worker.runner.messages import Frame, StatusChanged, TaskDone
+from skulk.worker.runner.supervisor import RunnerSupervisor
 
 CONCURRENCY = (1, 4, 8)
 SLOTS = 8
@@ -220,7 +221,7 @@ class Runner:
             self.loop.call_soon_threadsafe(self.loop.stop)
 
 
-def _bench_model():  # noqa: ANN202 - (ModelCard, Path)
+def _bench_model():
     """bench/serve.py's generated GGUF and a card of its shape."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from serve import card_toml, ensure_bench_model

@@ -24,11 +24,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from skulk.cluster.commander import Commander  # noqa: E402
-from skulk.shared.types.commands import EvictStagedModel  # noqa: E402
-from skulk.shared.types.ids import new_id  # noqa: E402
-from tests.cluster.harness import agreed, cluster, node_id  # noqa: E402
-from tests.nodeproc import NodeProcess, free_port, wait_for  # noqa: E402
+from tests.cluster.harness import agreed, cluster, node_id
+from tests.nodeproc import NodeProcess, free_port, wait_for
+
+from skulk.cluster.commander import Commander
+from skulk.shared.types.commands import EvictStagedModel
+from skulk.shared.types.ids import new_id
 
 KEY = "bench-cluster-key"
 BATCH = 500

@@ -32,9 +32,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from skulk.master.presence_loss import MAX_PRESENCE_PRUNES, PRUNE_WINDOW_S  # noqa: E402
-from tests.cluster.harness import agreed, cluster, node_id  # noqa: E402
-from tests.nodeproc import NodeProcess, free_port, wait_for  # noqa: E402
+from tests.cluster.harness import agreed, cluster, node_id
+from tests.nodeproc import NodeProcess, free_port, wait_for
+
+from skulk.master.presence_loss import MAX_PRESENCE_PRUNES, PRUNE_WINDOW_S
 
 KEY = "bench-cluster-key"
 POLL_S = 0.05

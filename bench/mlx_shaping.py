@@ -24,12 +24,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from skulk.shared.types.tasks import ResponseFormat, TextGenerationParams  # noqa: E402
-from skulk.models.cards import builtin_cards_dir, load_card  # noqa: E402
-from skulk.models.tiny_models import ensure_local_model  # noqa: E402
-from skulk.worker.engines.base import ShardSpec  # noqa: E402
-from skulk.worker.engines.mlx.engine import MlxEngine  # noqa: E402
-from tests.worker.engines.mlx_ranks import local_instance  # noqa: E402
+from tests.worker.engines.mlx_ranks import local_instance
+
+from skulk.models.cards import builtin_cards_dir, load_card
+from skulk.models.tiny_models import ensure_local_model
+from skulk.shared.types.tasks import ResponseFormat, TextGenerationParams
+from skulk.worker.engines.base import ShardSpec
+from skulk.worker.engines.mlx.engine import MlxEngine
 
 PROMPT = "the the the the"
 

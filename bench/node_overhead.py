@@ -23,7 +23,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import serve  # noqa: E402  (bench/serve.py: model generation, node start and placement, streaming)
+import serve
 
 
 def cpu_s(process: psutil.Process) -> float:
@@ -67,7 +67,7 @@ def main() -> None:
             idle_before = cpu_s(parent)
             time.sleep(3.0)
             idle_ms_s = (cpu_s(parent) - idle_before) / 3.0 * 1e3
-            med = [statistics.median(col) for col in zip(*rows)]
+            med = [statistics.median(col) for col in zip(*rows, strict=True)]
             print(f"median: node {med[0]:.3f} ms/token (event loop {med[1]:.3f}), runner {med[2]:.2f}, "
                   f"client {med[3]:.3f}, {med[4]:.1f} tok/s; idle node {idle_ms_s:.1f} ms CPU per second")
         finally:

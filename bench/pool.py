@@ -13,6 +13,12 @@ Configurations (every one on this machine, loopback, the same GGUF, greedy, same
 - llama-server alone: the same server without RPC, so the engine difference (C++ server loop
   vs the in-process engine's Python token loop) reads apart from the pooling's cost.
 
+`--stages` adds rows that cross drivers, donors and channels (our driver to
+`ggml-rpc-server`, llama-server to our donor or through our channel, our driver through the
+channel's processes), the driver-side link as threads vs as a process of its own, flash
+attention off, a 0.5 ms GIL switch interval, and the headline row a second time (their
+spread is the run's own noise); `--only "a;b"` runs just those rows, loaded in that order.
+
 Every pooled configuration splits the layers the same way (half on each side, the output
 layer on the donor). All processes share this machine's cores, so pooled figures measure the
 protocol's cost, not the capacity of a second machine. Prints ratios against llama.cpp's own
@@ -26,6 +32,7 @@ Usage: uv run python bench/pool.py [--tokens 32] [--requests 3] [--threads 1]
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import multiprocessing as mp
 import os
@@ -42,15 +49,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import httpx  # noqa: E402
+import httpx
 
-from skulk.pool.layout import derive_pool_key, device_split  # noqa: E402
-from skulk.shared.types.instances import Instance, ShardAssignment  # noqa: E402
-from skulk.shared.types.tasks import TextGenerationParams  # noqa: E402
-from skulk.models.cards import builtin_cards_dir, load_card  # noqa: E402
-from skulk.models.tiny_models import BENCH_SPEC, TINY_SPEC, generate_tiny_model  # noqa: E402
+from skulk.models.cards import builtin_cards_dir, load_card
+from skulk.models.tiny_models import BENCH_SPEC, TINY_SPEC, generate_tiny_model
+from skulk.pool.layout import derive_pool_key, device_split
+from skulk.shared.types.instances import Instance, ShardAssignment
+from skulk.shared.types.tasks import TextGenerationParams
 
-WORDS = "the cluster by the sea holds a node that serves a model to everyone who asks".split()
+WORDS = ["the", "cluster", "by", "the", "sea", "holds", "a", "node", "that", "serves", "a", "model", "to", "everyone", "who", "asks"]
 KEY = derive_pool_key("bench-cluster-key")
 
 
@@ -213,7 +220,7 @@ def channel_round_trips(rounds: int, trips: int, request_bytes: int, answer_byte
             return time.perf_counter() - t0
 
         times: dict[str, list[float]] = {name: [] for name in socks}
-        for name, sock in socks.items():  # warm up
+        for sock in socks.values():  # warm up
             for _ in range(20):
                 trip(sock)
         for _ in range(rounds):
@@ -239,7 +246,7 @@ def start_ggml_rpc_server(bin_dir: Path, threads: int, log_path: Path) -> tuple[
 
     port = free_loopback_port()
     proc = subprocess.Popen([str(bin_dir / "ggml-rpc-server"), "-H", "127.0.0.1", "-p", str(port), "-t", str(threads)],
-                            stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
+                            stdout=open(log_path, "w"), stderr=subprocess.STDOUT)  # noqa: SIM115 (the server's log, open for its life)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
@@ -302,25 +309,66 @@ class Config:
     note: str = ""
 
 
-def open_engine(card, path: Path, threads: int, mode: str, cache_dir: str = "", bin_dir: Path | None = None) -> Config:
-    """mode: one | pool | pool-plain | direct (our driver straight to our donor's RPC server,
-    no channel) | direct-ggml (our driver straight to llama.cpp's ggml-rpc-server)."""
+def _fatal_exit(message: str) -> None:
+    """A pooled driver lost its donor: llama.cpp's RPC client would abort the process on the
+    closed socket, so the bench exits at once, first ending every process it started (donors,
+    links, gates, llama.cpp servers): an exit that skips cleanup must not leave them behind."""
+    import psutil
+
+    print(f"FATAL {message}", flush=True)
+    for child in psutil.Process().children(recursive=True):
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
+    os._exit(9)
+
+
+def _wait_port(port: int, deadline_s: float = 60) -> None:
+    import socket
+
+    end = time.monotonic() + deadline_s
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.05)
+
+
+def open_engine(card, path: Path, threads: int, mode: str, cache_dir: str = "", bin_dir: Path | None = None,
+                env: dict[str, str] | None = None, switch_interval: float | None = None) -> Config:
+    """mode: one | pool | pool-plain (the production path: `LlamaCppEngine.load` of a 2-rank
+    pool, with a donor runner's `PoolDonorEngine` in another process) | pool-link-thread /
+    pool-link-process (our driver through the same encrypted channel, the driver-side link
+    as threads of the driver's process or in a process of its own) | direct (our driver
+    straight to our donor's RPC server, no channel) | direct-ggml (our driver straight to
+    llama.cpp's ggml-rpc-server) | ggml+channel (our driver through the encrypted channel,
+    link and gate each in a process of its own, to ggml-rpc-server). `env`: variables set while loading (restored after);
+    `switch_interval`: `sys.setswitchinterval` while this configuration decodes."""
     from skulk.worker.engines.base import ShardSpec
     from skulk.worker.engines.llama_cpp.engine import LlamaCppEngine
 
     ctx = mp.get_context("spawn")
-    helper = None
+    helpers: list = []
     world = 1 if mode == "one" else 2
     inst = instance(card, world)
     engine = LlamaCppEngine()
-    engine.set_fatal_handler(lambda kind, message: (print(f"FATAL {kind}: {message}", flush=True), os._exit(9)))
+    engine.set_fatal_handler(lambda kind, message: _fatal_exit(f"{kind}: {message}"))
     started = time.monotonic()
+    saved = {name: os.environ.get(name) for name in (env or {})}
+    os.environ.update(env or {})
 
     stop_endpoint: list[Callable[[], None]] = []
+    links: list = []
 
     def close() -> None:
         engine.close()
-        if helper is not None:
+        for link in links:
+            link.close()
+        for helper in helpers:
             helper.kill()
             helper.join(timeout=10)
         for stop in stop_endpoint:
@@ -330,22 +378,46 @@ def open_engine(card, path: Path, threads: int, mode: str, cache_dir: str = "", 
         if mode in ("pool", "pool-plain"):
             encrypt = "0" if mode == "pool-plain" else "1"
             os.environ["SKULK_POOL_ENCRYPT"] = encrypt  # read by the driver's links at load
-            helper = ctx.Process(target=_donor, args=(inst, card, str(path), threads, encrypt, cache_dir),
-                                 daemon=True)
-            helper.start()
+            helpers.append(ctx.Process(target=_donor, args=(inst, card, str(path), threads, encrypt, cache_dir),
+                                       daemon=True))
+            helpers[-1].start()
             engine.load(ShardSpec(instance=inst, runner_id="r0", card=card, model_path=str(path),
                                   n_threads=threads, pool_key=KEY))
+        elif mode in ("pool-link-thread", "pool-link-process"):
+            from skulk.pool.layout import channel_key, pool_port
+
+            helpers.append(ctx.Process(target=_donor, args=(inst, card, str(path), threads, "1"), daemon=True))
+            helpers[-1].start()
+            gate_port = pool_port(inst, 1)
+            _wait_port(gate_port)
+            key = channel_key(KEY, inst, 1)
+            if mode == "pool-link-process":
+                ports = ctx.Queue()
+                helpers.append(ctx.Process(target=_link_process, args=(ports, gate_port, key, True), daemon=True))
+                helpers[-1].start()
+                endpoint = f"127.0.0.1:{ports.get(timeout=60)}"
+            else:
+                from skulk.pool.channel import DriverLink, Remote
+
+                def lost(remote, why) -> None:
+                    _fatal_exit(f"link lost {remote.name}: {why}")
+
+                link = DriverLink(Remote("127.0.0.1", gate_port, "bench donor"), key, lost, encrypt=True)
+                link.start()
+                links.append(link)
+                endpoint = link.endpoint
+            _load_direct(engine, inst, card, path, threads, endpoint)
         elif mode == "direct":
             ports = ctx.Queue()
-            helper = ctx.Process(target=_rpc_server_direct, args=(ports, threads), daemon=True)
-            helper.start()
+            helpers.append(ctx.Process(target=_rpc_server_direct, args=(ports, threads), daemon=True))
+            helpers[-1].start()
             port = ports.get(timeout=60)
             _load_direct(engine, inst, card, path, threads, f"127.0.0.1:{port}")
-        elif mode == "direct-ggml":
+        elif mode in ("direct-ggml", "ggml+channel"):
             assert bin_dir is not None
             logs = Path(tempfile.mkdtemp(prefix="pool-bench-"))
             stop_endpoint.append(lambda: shutil.rmtree(logs, ignore_errors=True))
-            endpoint, stop = start_donor_endpoint("ggml", threads, bin_dir, logs)
+            endpoint, stop = start_donor_endpoint("ggml" if mode == "direct-ggml" else mode, threads, bin_dir, logs)
             stop_endpoint.insert(0, stop)
             _load_direct(engine, inst, card, path, threads, endpoint)
         else:
@@ -353,21 +425,43 @@ def open_engine(card, path: Path, threads: int, mode: str, cache_dir: str = "", 
     except BaseException:
         close()
         raise
-    return Config(lambda p: _stream_engine(engine, p), time.monotonic() - started, close)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+    def stream(params):
+        if switch_interval is None:
+            yield from _stream_engine(engine, params)
+            return
+        before = sys.getswitchinterval()
+        sys.setswitchinterval(switch_interval)
+        try:
+            yield from _stream_engine(engine, params)
+        finally:
+            sys.setswitchinterval(before)
+
+    return Config(stream, time.monotonic() - started, close)
 
 
 def _load_direct(engine, inst, card, path, threads, endpoint) -> None:
-    """The driver's load with the channel removed: llama.cpp dials the RPC server itself."""
+    """The driver's load with the channel removed: llama.cpp dials `endpoint` itself. The
+    same llama.cpp options as the engine's own load (flash attention included), so only
+    the path of the bytes differs from the production driver."""
     import llama_cpp
 
     from skulk.pool import rpc
+    from skulk.worker.engines.llama_cpp.engine import flash_attn_enabled
 
     devices = rpc.add_servers([endpoint])
     split = device_split(inst.shards, card.num_layers)
     with rpc.model_devices(devices):
         llama = llama_cpp.Llama(model_path=str(path), n_ctx=2048, n_threads=threads, n_threads_batch=threads,
                                 n_gpu_layers=split.n_gpu_layers, tensor_split=list(split.tensor_split),
-                                verbose=False)
+                                flash_attn=flash_attn_enabled(card.runtime.flash_attn, os.environ),
+                                logits_all=False, verbose=False)
     engine._llama = llama  # the bench drives the engine's own generation loop over it
     engine._vocab = llama_cpp.llama_model_get_vocab(llama.model)
     engine._n_ctx = 2048
@@ -388,7 +482,7 @@ def _one_request(stream, params) -> tuple[list[int], float, float | None, list[f
         tokens.append(token)
         stamps.append(at)
     rate = (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 and stamps[-1] > stamps[0] else None
-    return tokens, stamps[0] - t0, rate, [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+    return tokens, stamps[0] - t0, rate, [b - a for a, b in itertools.pairwise(stamps)]
 
 
 def _fast_rate(gaps: list[float]) -> float:
@@ -430,7 +524,7 @@ def open_llama_server(card, path: Path, threads: int, bin_dir: Path, donor: str 
             [str(bin_dir / "llama-server"), "-m", str(path), *rpc_args,
              "-t", str(threads), "-tb", str(threads), "-c", "2048", "-np", "1", "--host", "127.0.0.1",
              "--port", str(http_port), "--no-warmup", "-lv", "4"],
-            stdout=open(logs / "server.log", "w"), stderr=subprocess.STDOUT)
+            stdout=open(logs / "server.log", "w"), stderr=subprocess.STDOUT)  # noqa: SIM115 (the server's log, open for its life)
         url = f"http://127.0.0.1:{http_port}"
         deadline = time.monotonic() + 300
         while True:
@@ -476,6 +570,9 @@ def main() -> int:
     parser.add_argument("--stages", action="store_true",
                         help="also cross drivers and donors: our driver to ggml-rpc-server, llama-server to our "
                              "donor's RPC server, llama-server through our channel (plain and encrypted)")
+    parser.add_argument("--only", default="",
+                        help="semicolon-separated configuration names to run, loaded in that order (one node, the "
+                             "reference, always runs: first unless placed)")
     parser.add_argument("--cache-loads", action="store_true",
                         help="also time a pool's load with the donor's RPC tensor cache, cold and warm")
     parser.add_argument("--models-dir", type=Path, default=Path(tempfile.gettempdir()) / "skulk-bench-models")
@@ -514,9 +611,32 @@ def main() -> int:
                 ("l.cpp->chan plain", lambda: open_llama_server(card, path, args.threads, bins,
                                                                 donor="ggml+channel-plain")),
                 ("l.cpp->chan", lambda: open_llama_server(card, path, args.threads, bins, donor="ggml+channel")),
+                ("ours->chan", lambda: open_engine(card, path, args.threads, "ggml+channel", bin_dir=bins)),
             ]
     else:
         print(f"no ggml-rpc-server/llama-server under {args.llama_bin_dir}: llama.cpp's own RPC not measured")
+    if args.stages:
+        # Where the in-process driver's loss comes from: the same driver and encrypted
+        # channel with the driver-side link as threads of the driver's process vs in a
+        # process of its own; flash attention off (llama-server resolves `auto`); a 0.5 ms
+        # GIL switch interval instead of CPython's 5 ms while the row decodes; the headline
+        # row once more, loaded last (the spread between the two is the run's own noise).
+        openers += [
+            ("link as threads", lambda: open_engine(card, path, args.threads, "pool-link-thread")),
+            ("link as process", lambda: open_engine(card, path, args.threads, "pool-link-process")),
+            ("skulk pool FA off", lambda: open_engine(card, path, args.threads, "pool",
+                                                       env={"SKULK_LLAMA_CPP_FLASH_ATTN": "0"})),
+            ("direct RPC FA off", lambda: open_engine(card, path, args.threads, "direct",
+                                                       env={"SKULK_LLAMA_CPP_FLASH_ATTN": "0"})),
+            ("skulk pool sw 0.5ms", lambda: open_engine(card, path, args.threads, "pool", switch_interval=0.0005)),
+            ("skulk pool again", lambda: open_engine(card, path, args.threads, "pool")),
+        ]
+    if args.only:
+        by_name = dict(openers)
+        wanted = [name.strip() for name in args.only.split(";") if name.strip()]
+        if "one node" not in wanted:
+            wanted.insert(0, "one node")
+        openers = [(name, by_name[name]) for name in wanted if name in by_name]
     configs: dict[str, Config] = {}
     try:
         for name, opener in openers:
@@ -528,11 +648,13 @@ def main() -> int:
             print(f"{name}: loaded in {configs[name].load_s:.1f} s {configs[name].note}", flush=True)
             _one_request(configs[name].stream, requests[0])  # warms caches; not counted
         # Round-robin: every configuration decodes request n before any decodes n + 1, so a
-        # shared machine's load drifts over all of them alike.
+        # shared machine's load drifts over all of them alike; each round starts one
+        # configuration later, so none always runs right after the same neighbour.
         results: dict[str, list] = {name: [] for name in configs}
-        for params in requests[1:]:
-            for name, config in configs.items():
-                results[name].append(_one_request(config.stream, params))
+        names = list(configs)
+        for n, params in enumerate(requests[1:]):
+            for name in names[n % len(names):] + names[: n % len(names)]:
+                results[name].append(_one_request(configs[name].stream, params))
     finally:
         for config in configs.values():
             config.close()

@@ -18,11 +18,11 @@ import threading
 import time
 from pathlib import Path
 
+from skulk.artifacts.resolve import ensure_local_model
+from skulk.models.cards import builtin_cards_dir, load_card
 from skulk.shared.types.common import ChatMessage
 from skulk.shared.types.instances import Instance, ShardAssignment
 from skulk.shared.types.tasks import TextGenerationParams
-from skulk.models.cards import builtin_cards_dir, load_card
-from skulk.artifacts.resolve import ensure_local_model
 from skulk.worker.engines.base import ShardSpec
 from skulk.worker.engines.llama_cpp.engine import LlamaCppEngine
 

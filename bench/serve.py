@@ -97,8 +97,11 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from skulk.api.auth import API_KEY_ENV  # noqa: E402
-from skulk.models.tiny_models import (  # noqa: E402
+from tests.cluster.harness import wait_agreed
+from tests.nodeproc import NodeProcess, free_port
+
+from skulk.api.auth import API_KEY_ENV
+from skulk.models.tiny_models import (
     BENCH_SPEC,
     GGUF_FILE_NAME,
     TINY_SPEC,
@@ -106,9 +109,7 @@ from skulk.models.tiny_models import (  # noqa: E402
     generate_tiny_model,
     spec_hash,
 )
-from skulk.worker.engines.llama_cpp.engine import physical_cores  # noqa: E402
-from tests.cluster.harness import wait_agreed  # noqa: E402
-from tests.nodeproc import NodeProcess, free_port  # noqa: E402
+from skulk.worker.engines.llama_cpp.engine import physical_cores
 
 MODEL_ID = "local/bench-llama-gguf"
 CLUSTER_KEY = "bench-serve-key"

@@ -22,7 +22,6 @@ Usage: uv run python bench/served_token_path.py [--tokens 256] [--reps 7]
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import statistics
 import sys
@@ -34,6 +33,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tests.llama_server_kit import find_llama_server
+from tests.worker.tiny_gguf import LONG_PROMPT, prompt_params
+
 from skulk.artifacts.resolve import ensure_local_model
 from skulk.models.cards import builtin_cards_dir, load_card
 from skulk.worker.engines.served.launch import ServerLaunch, completion_body, server_env, tokens_of_event
@@ -41,8 +43,6 @@ from skulk.worker.engines.served.llama_server import _event_of
 from skulk.worker.engines.served.process import ServerProcess, free_loopback_port
 from skulk.worker.engines.served.sse import StreamResponse
 from skulk.worker.runner.messages import pack_token, unpack
-from tests.llama_server_kit import find_llama_server
-from tests.worker.tiny_gguf import LONG_PROMPT, prompt_params
 
 
 class _Recorded:

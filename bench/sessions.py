@@ -51,7 +51,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from serve import (  # noqa: E402
+from serve import (
     MODEL_ID,
     SERVER_START_DEADLINE_S,
     SPECS,
@@ -63,11 +63,11 @@ from serve import (  # noqa: E402
     start_skulk,
     wait_answering,
 )
+from tests.cluster.harness import wait_agreed
+from tests.llama_server_kit import find_llama_server
+from tests.nodeproc import free_port
 
-from skulk.worker.engines.llama_cpp.engine import physical_cores  # noqa: E402
-from tests.cluster.harness import wait_agreed  # noqa: E402
-from tests.llama_server_kit import find_llama_server  # noqa: E402
-from tests.nodeproc import free_port  # noqa: E402
+from skulk.worker.engines.llama_cpp.engine import physical_cores
 
 SYSTEM = "You are a patient storyteller. Answer every question with a short story about the sea."
 OPENERS = ["Tell me about a lighthouse keeper.", "Tell me about a fishing boat in a storm.",

