@@ -46,6 +46,11 @@ first tick (its last message is from before the pause) but hears again once zeno
 re-linked, within a second or two; it needs no refresh."""
 REFRESH_BACKOFF_S: Final = 15.0
 """At most one refresh of this node's declarations per this period while deaf."""
+KICK_AFTER_DEAF_S: Final = 2.0
+"""Deaf this long with nothing heard since: kick zenoh's threads (routing/kick.py). Past the
+second or two a node resumed from a pause needs to hear again on its own."""
+KICK_PERIOD_S: Final = 1.0
+"""At most one kick per this period while deaf."""
 
 
 @dataclass(slots=True)
@@ -115,5 +120,15 @@ def should_refresh(hearing: Hearing, last_refresh_at: float | None, now: float) 
     return last_refresh_at is None or now - last_refresh_at >= REFRESH_BACKOFF_S
 
 
-__all__ = ["DEAF_AFTER_S", "HEARD_AGAIN_GRACE_S", "REFRESH_AFTER_DEAF_S", "REFRESH_BACKOFF_S", "Hearing",
-           "should_refresh"]
+def should_kick(hearing: Hearing, last_kick_at: float | None, now: float) -> bool:
+    """Deaf for KICK_AFTER_DEAF_S with nothing heard since, and no kick within KICK_PERIOD_S:
+    interrupt zenoh's waiting threads now (routing/kick.py says why that ends the stall)."""
+    if hearing.deaf_since is None or hearing.heard_again_at is not None:
+        return False
+    if now - hearing.deaf_since < KICK_AFTER_DEAF_S:
+        return False
+    return last_kick_at is None or now - last_kick_at >= KICK_PERIOD_S
+
+
+__all__ = ["DEAF_AFTER_S", "HEARD_AGAIN_GRACE_S", "KICK_AFTER_DEAF_S", "KICK_PERIOD_S", "REFRESH_AFTER_DEAF_S",
+           "REFRESH_BACKOFF_S", "Hearing", "should_kick", "should_refresh"]
