@@ -18,6 +18,9 @@ the silence says nothing about its peers, only about its own ears. The shell the
 - makes a deaf leader step down after `skulk.shared.election.DEAF_LEADER_STEP_DOWN_S` (it
   cannot know whether the others elected someone else; if they did not, its peers' campaign
   re-elects it),
+- kicks zenoh's own threads out of their waits (routing/kick.py) once deaf for
+  `KICK_AFTER_DEAF_S` with nothing heard, then at most every `KICK_PERIOD_S`: the cure for the
+  network-cut stall (a missed wake-up; bytes unread in the socket while zenoh sleeps),
 - declares its subscriptions and its presence proof queryable again (new declarations make
   every peer recompute its routes towards this node) once deaf for `REFRESH_AFTER_DEAF_S`
   with nothing heard, then at most every `REFRESH_BACKOFF_S`.
