@@ -7,9 +7,12 @@ import pytest
 from skulk.routing.hearing import (
     DEAF_AFTER_S,
     HEARD_AGAIN_GRACE_S,
+    KICK_AFTER_DEAF_S,
+    KICK_PERIOD_S,
     REFRESH_AFTER_DEAF_S,
     REFRESH_BACKOFF_S,
     Hearing,
+    should_kick,
     should_refresh,
 )
 
@@ -77,3 +80,17 @@ def test_tick_reports_the_moment_deafness_starts_once() -> None:
 def test_should_refresh(deaf: bool, heard_again: bool, last_refresh: float | None, now: float, expected: bool) -> None:
     hearing = Hearing(deaf_since=5.0 if deaf else None, heard_again_at=8.0 if heard_again else None)
     assert should_refresh(hearing, last_refresh, now) is expected
+
+
+@pytest.mark.parametrize(("deaf", "heard_again", "last_kick", "now", "expected"), [
+    pytest.param(False, False, None, 10.0, False, id="hearing: never"),
+    pytest.param(True, False, None, 5.0 + KICK_AFTER_DEAF_S - 0.5, False, id="deaf just now (maybe resumed from a pause): not yet"),
+    pytest.param(True, False, None, 5.0 + KICK_AFTER_DEAF_S, True, id="deaf KICK_AFTER_DEAF_S, never kicked: now"),
+    pytest.param(True, False, 8.0, 8.0 + KICK_PERIOD_S - 0.5, False, id="kicked within the period: wait"),
+    pytest.param(True, False, 8.0, 8.0 + KICK_PERIOD_S, True, id="still deaf a period after the kick: again"),
+    pytest.param(True, True, None, 10.0, False, id="hearing again (grace): no"),
+    pytest.param(True, True, 7.0, 10.0, False, id="heard since the last kick: no more"),
+])
+def test_should_kick(deaf: bool, heard_again: bool, last_kick: float | None, now: float, expected: bool) -> None:
+    hearing = Hearing(deaf_since=5.0 if deaf else None, heard_again_at=8.0 if heard_again else None)
+    assert should_kick(hearing, last_kick, now) is expected

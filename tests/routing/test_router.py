@@ -9,6 +9,7 @@ import pytest
 import pytest_asyncio
 import zenoh
 
+from skulk.routing import kick as zenoh_kick
 from skulk.routing.cluster_key import derive_wire_key
 from skulk.routing.constants import NETWORK_VERSION, topic_key
 from skulk.routing.hearing import DEAF_AFTER_S, HEARD_AGAIN_GRACE_S, REFRESH_AFTER_DEAF_S
@@ -418,6 +419,8 @@ async def test_a_node_that_hears_none_of_its_present_peers_is_deaf_until_it_hear
     await eventually(lambda: a.diagnostics()["hearing"]["refreshes"] == 1, timeout_s=REFRESH_AFTER_DEAF_S + 5,
                      what="one refresh")
     assert a.diagnostics()["hearing"]["deafEpisodes"] == 1
+    if zenoh_kick.supported():  # deaf past KICK_AFTER_DEAF_S with nothing heard: zenoh's threads were kicked
+        await eventually(lambda: a.diagnostics()["hearing"]["kicks"] >= 1, timeout_s=5, what="a kick")
     stop = asyncio.Event()
 
     async def keep_talking() -> None:
@@ -434,3 +437,28 @@ async def test_a_node_that_hears_none_of_its_present_peers_is_deaf_until_it_hear
         stop.set()
         await talker
     assert sub.qsize() > 0 and a.diagnostics()["hearing"]["refreshes"] == 1
+
+
+@pytest.mark.skipif(not zenoh_kick.supported(), reason="the kick is Linux only (a no-op elsewhere)")
+async def test_kicking_zenohs_threads_leaves_a_live_router_delivering_everything(routers) -> None:
+    """The deaf node's kick (kick.py) interrupts every zenoh thread's wait with a handled
+    signal; zenoh must take that as a spurious wake-up: every message still arrives, in order."""
+    a, b, _ = await pair(routers)
+    sub = a.subscribe(PING)
+    await publish_until_received(b, PING, lambda n: Ping(nonce=-n), sub)
+    while sub.qsize():
+        sub.get_nowait()
+    assert zenoh_kick.install()
+    threads = zenoh_kick.zenoh_thread_ids()
+    assert threads, "zenoh's runtime threads are named rx-/tx-/net-/acc-/app-"
+    signalled = []
+    for nonce in range(1, 41):
+        signalled.append(zenoh_kick.kick())
+        await b.publish(PING, Ping(nonce=nonce, sent_by="node-b"))
+    got = [await next_item(sub) for _ in range(40)]
+    assert [item.message for item in got] == [Ping(nonce=n, sent_by="node-b") for n in range(1, 41)]
+    assert all(count > 0 for count in signalled)
+    a._kick_zenoh()  # the router's own path: counted in diagnostics
+    await b.publish(PING, Ping(nonce=41, sent_by="node-b"))
+    assert (await next_item(sub)).message == Ping(nonce=41, sent_by="node-b")
+    assert a.diagnostics()["hearing"]["kicks"] == 1

@@ -18,6 +18,9 @@ the silence says nothing about its peers, only about its own ears. The shell the
 - makes a deaf leader step down after `skulk.shared.election.DEAF_LEADER_STEP_DOWN_S` (it
   cannot know whether the others elected someone else; if they did not, its peers' campaign
   re-elects it),
+- kicks zenoh's own threads out of their waits (routing/kick.py) once deaf for
+  `KICK_AFTER_DEAF_S` with nothing heard, then at most every `KICK_PERIOD_S`: the cure for the
+  network-cut stall (a missed wake-up; bytes unread in the socket while zenoh sleeps),
 - declares its subscriptions and its presence proof queryable again (new declarations make
   every peer recompute its routes towards this node) once deaf for `REFRESH_AFTER_DEAF_S`
   with nothing heard, then at most every `REFRESH_BACKOFF_S`.
@@ -46,6 +49,11 @@ first tick (its last message is from before the pause) but hears again once zeno
 re-linked, within a second or two; it needs no refresh."""
 REFRESH_BACKOFF_S: Final = 15.0
 """At most one refresh of this node's declarations per this period while deaf."""
+KICK_AFTER_DEAF_S: Final = 2.0
+"""Deaf this long with nothing heard since: kick zenoh's threads (routing/kick.py). Past the
+second or two a node resumed from a pause needs to hear again on its own."""
+KICK_PERIOD_S: Final = 1.0
+"""At most one kick per this period while deaf."""
 
 
 @dataclass(slots=True)
@@ -115,5 +123,15 @@ def should_refresh(hearing: Hearing, last_refresh_at: float | None, now: float) 
     return last_refresh_at is None or now - last_refresh_at >= REFRESH_BACKOFF_S
 
 
-__all__ = ["DEAF_AFTER_S", "HEARD_AGAIN_GRACE_S", "REFRESH_AFTER_DEAF_S", "REFRESH_BACKOFF_S", "Hearing",
-           "should_refresh"]
+def should_kick(hearing: Hearing, last_kick_at: float | None, now: float) -> bool:
+    """Deaf for KICK_AFTER_DEAF_S with nothing heard since, and no kick within KICK_PERIOD_S:
+    interrupt zenoh's waiting threads now (routing/kick.py says why that ends the stall)."""
+    if hearing.deaf_since is None or hearing.heard_again_at is not None:
+        return False
+    if now - hearing.deaf_since < KICK_AFTER_DEAF_S:
+        return False
+    return last_kick_at is None or now - last_kick_at >= KICK_PERIOD_S
+
+
+__all__ = ["DEAF_AFTER_S", "HEARD_AGAIN_GRACE_S", "KICK_AFTER_DEAF_S", "KICK_PERIOD_S", "REFRESH_AFTER_DEAF_S",
+           "REFRESH_BACKOFF_S", "Hearing", "should_kick", "should_refresh"]

@@ -52,6 +52,7 @@ import msgpack
 import zenoh
 from pydantic import BaseModel, ValidationError
 
+from skulk.routing import kick as zenoh_kick
 from skulk.routing.buffers import BufferClosed, FifoBuffer, LatestBuffer, _LoopBuffer
 from skulk.routing.constants import (
     KEY_ROOT,
@@ -62,7 +63,7 @@ from skulk.routing.constants import (
     topic_key,
 )
 from skulk.routing.envelope import MAX_ENVELOPE_OVERHEAD_BYTES, EnvelopeRejected, Opener, Sealer
-from skulk.routing.hearing import DEAF_AFTER_S, Hearing, should_refresh
+from skulk.routing.hearing import DEAF_AFTER_S, Hearing, should_kick, should_refresh
 from skulk.routing.presence import (
     MAC_BYTES as PROOF_MAC_BYTES,
 )
@@ -461,6 +462,9 @@ class Router:
         self._hearing = Hearing()  # guarded by _verifier_lock
         self._refreshed_at: float | None = None
         self._refreshes = 0
+        self._kicked_at: float | None = None
+        self._kicks = 0
+        self._kick_ready = zenoh_kick.install()  # from the main thread when the router opens there
         self._proof_ticker: asyncio.Task[None] | None = None
         self._published = 0
         self._publish_failures = 0
@@ -786,10 +790,14 @@ class Router:
             self._hearing.peers(bool(self._verifier.present_and_heard() - {self.node_id}), now)
             went_deaf = self._hearing.tick(now)
             refresh = should_refresh(self._hearing, self._refreshed_at, now)
+            kick = self._kick_ready and should_kick(self._hearing, self._kicked_at, now)
         if went_deaf:
             log.warning("node %s hears none of its present peers (no authenticated message for %.0f s while their "
                         "presence tokens stay): its transport is deaf; the election decides nothing meanwhile",
                         self.node_id, DEAF_AFTER_S)
+        if kick:
+            self._kicked_at = now
+            self._kick_zenoh()
         if refresh:
             self._refreshed_at = now
             self._refresh_declarations()
@@ -815,6 +823,14 @@ class Router:
         """How long this node has heard none of its present peers (0.0 when it hears; see hearing.py)."""
         with self._verifier_lock:
             return self._hearing.deaf_for(time.monotonic())
+
+    def _kick_zenoh(self) -> None:
+        """Interrupt every zenoh thread's wait (routing/kick.py): the cure for the stall in which
+        bytes pile up unread while zenoh's threads sleep."""
+        self._kicks += 1
+        signalled = zenoh_kick.kick()
+        log.warning("node %s is deaf: kicked %d zenoh threads out of their waits (kick %d)",
+                    self.node_id, signalled, self._kicks)
 
     def _refresh_declarations(self) -> None:
         """Undeclare every subscription and the proof queryable and declare them again. New
@@ -883,7 +899,7 @@ class Router:
             "presence": [watch.stats() for watch in list(self._watches)],
             "presenceKeptByMessages": self._verifier.kept,
             "hearing": {"deafForS": round(self.deaf_for_s(), 1), "deafEpisodes": self._hearing.episodes,
-                        "refreshes": self._refreshes},
+                        "refreshes": self._refreshes, "kicks": self._kicks},
             "egress": egress,
         }
 
