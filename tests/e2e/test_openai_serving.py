@@ -21,7 +21,16 @@ MODEL = "local/tiny-llama-gguf"
 
 
 def place(node: NodeProcess, **body) -> dict:
-    response = httpx.post(node.url + "/place_instance", json={"modelId": MODEL, **body}, timeout=10)
+    """Place MODEL; a cluster whose members agree may not have gossiped every node's resources
+    yet, which the API answers with a typed 503 `placement_info_pending` ("retry shortly"):
+    retry that one refusal, as a client would, until the resources are in."""
+
+    def attempt() -> httpx.Response | None:
+        response = httpx.post(node.url + "/place_instance", json={"modelId": MODEL, **body}, timeout=10)
+        pending = response.status_code == 503 and response.json()["error"]["code"] == "placement_info_pending"
+        return None if pending else response
+
+    response = wait_for(attempt, timeout_s=60, interval_s=0.5, what="node resources gossiped for placement")
     assert response.status_code == 200, response.text
     return response.json()
 
