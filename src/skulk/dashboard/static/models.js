@@ -134,6 +134,12 @@ class SkulkModels extends HTMLElement {
   }
 
   render({ cluster, state }) {
+    // The card list comes from GET /models; custom cards change through the master, so this
+    // node's State may apply an add or remove after the page's own reload ran: reload the
+    // list whenever the set of custom cards in State changes.
+    const customKey = Object.keys(state.customCards || {}).sort().join("\n");
+    if (this.customKey !== undefined && customKey !== this.customKey) this.loadCards();
+    this.customKey = customKey;
     const exclusions = this.$("exclusions");
     const checked = new Set(this.excluded());
     setHtml(exclusions, cluster.nodes.map((n) => `<label><input type="checkbox" value="${esc(n.nodeId)}" ${checked.has(n.nodeId) ? "checked" : ""}> ${esc(n.name || short(n.nodeId))}</label>`).join(""));
