@@ -20,6 +20,8 @@ from skulk.shared.election import (
     LEADER_ANNOUNCE_S,
     LEADER_SILENCE_S,
     MAX_CANDIDATES,
+    MAX_PASSED_OVER,
+    WINNER_PASS_OVER_S,
     Broadcast,
     Elected,
     ElectionView,
@@ -301,6 +303,7 @@ class SimNode:
     running: bool = True  # stepped and reachable
     present: bool = True  # listed by presence
     members: frozenset[str] = frozenset()  # State.nodes as this node's replica has it
+    deaf: bool = False  # hears and speaks, but its hearing rule says deaf: it decides nothing
 
 
 class Cluster:
@@ -375,7 +378,8 @@ class Cluster:
 
     def _step(self, name: str, inp: object) -> None:
         node = self.nodes[name]
-        node.view, out = step(node.view, inp, dataclasses.replace(node.me, members=node.members), self.now)
+        me_now = dataclasses.replace(node.me, members=node.members, deaf_for_s=1.0 if node.deaf else 0.0)
+        node.view, out = step(node.view, inp, me_now, self.now)
         for o in out:
             if isinstance(o, Broadcast):
                 node.sent.append(o.message)
@@ -740,3 +744,69 @@ def test_a_resumed_deaf_leader_adopts_the_newer_session_once_it_hears_again() ->
     assert not [o for o in out if not isinstance(o, Broadcast) or o.message.kind != "candidate"]
     view, out = run(view, (Received(lead("a", 3)), 25.0), me=DEAF)
     assert (view.phase, view.session_id, summary(out)) == ("following", "a.3", ["elected a.3"])
+
+
+# -- a winner that never takes office ----------------------------------------------------------
+
+
+def chose_c_at(now: float) -> ElectionView:
+    """b campaigned at clock 1 with c's better candidacy recorded, and followed c at `now`."""
+    view, _ = run(campaigning(), (Received(cand("c", 1, seniority=9)), 2.5))
+    view, out = run(view, (Tick(), now))
+    assert (view.phase, view.master_id, view.master_claim and view.master_claim.kind) == ("following", "c", "candidate")
+    assert summary(out) == ["elected c.1"]
+    return view
+
+
+def test_a_winner_that_never_announces_is_passed_over_at_the_next_campaign() -> None:
+    view = chose_c_at(3.5)
+    view, out = run(view, (Tick(), 3.5 + LEADER_SILENCE_S))
+    assert (view.phase, view.clock, summary(out)) == ("campaigning", 2, ["candidate@2"])
+    assert view.passed_over == {"c": 3.5 + LEADER_SILENCE_S + WINNER_PASS_OVER_S}
+    # c joins the new campaign with the better rank; b elects itself anyway
+    view, out = run(view, (Received(cand("c", 2, seniority=9)), 10.0), (Tick(), 3.5 + LEADER_SILENCE_S + CAMPAIGN_WINDOW_S))
+    assert (view.phase, view.master_id, summary(out)) == ("leading", "b", ["elected b.2 (me)", "leader@2"])
+
+
+def test_a_winner_that_announced_is_not_passed_over_when_it_goes_silent() -> None:
+    view = chose_c_at(3.5)
+    view, _ = run(view, (Received(lead("c", 1, seniority=9)), 4.0))
+    assert view.master_claim is not None and view.master_claim.kind == "leader"
+    view, out = run(view, (Tick(), 4.0 + LEADER_SILENCE_S))
+    assert (view.phase, summary(out), dict(view.passed_over)) == ("campaigning", ["candidate@2"], {})
+
+
+def test_a_pass_over_expires_and_a_passed_over_leader_that_speaks_is_adopted() -> None:
+    view = chose_c_at(3.5)
+    view, _ = run(view, (Tick(), 10.0))  # silence: campaigning at 2, c passed over until 70
+    expired = dataclasses.replace(view, passed_over={"c": 11.0})
+    after, out = run(expired, (Received(cand("c", 2, seniority=9)), 11.0), (Tick(), 11.5))
+    assert (after.phase, after.master_id, summary(out)) == ("following", "c", ["elected c.2"])
+    view, out = run(view, (Received(lead("c", 2, seniority=9)), 10.5))
+    assert (view.phase, view.master_id, summary(out)) == ("following", "c", ["elected c.2"])
+
+
+def test_passed_over_winners_are_bounded_keeping_the_latest() -> None:
+    view = dataclasses.replace(
+        chose_c_at(3.5), passed_over={f"n{i}": 10.0 + i for i in range(MAX_PASSED_OVER)})
+    view, _ = run(view, (Tick(), 3.5 + LEADER_SILENCE_S))
+    assert len(view.passed_over) == MAX_PASSED_OVER
+    assert "c" in view.passed_over and "n0" not in view.passed_over
+
+
+def test_a_deaf_best_candidate_is_elected_once_then_passed_over_and_the_cluster_settles() -> None:
+    """Issue 18, chaos `kill9-master`: c (best rank) resumed from a pause hears and is heard,
+    but its hearing rule says deaf for a while, so it decides nothing. Before the pass-over
+    rule a and b elected c every 7.5 s (a new session each time, every stream failing)."""
+    cluster = Cluster([me("a"), me("b"), me("c", seniority=9)])
+    cluster.set_members({"a", "b", "c"})
+    cluster.nodes["c"].deaf = True
+    cluster.run_until(60.0)
+    sessions = {e.session_id for e in cluster.nodes["a"].elected}
+    assert len(sessions) == 2, sessions  # c.1 (chosen, never took office), then one that leads
+    assert cluster.nodes["c"].view.phase == "following"
+    master, _ = settled(cluster)
+    assert master in {"a", "b"}
+    cluster.nodes["c"].deaf = False  # c hears again: it follows, nothing changes
+    cluster.run_until(120.0)
+    assert settled(cluster)[0] == master and {e.session_id for e in cluster.nodes["a"].elected} == sessions

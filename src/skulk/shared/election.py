@@ -30,6 +30,13 @@ Rules that shape it:
   following, or campaigning, and adopts the leader it hears once it hears again. A leader
   deaf for DEAF_LEADER_STEP_DOWN_S steps down and campaigns: a leader resumed from a pause
   that cannot hear the majority's newer session must not keep leading its old one alone.
+- A winner that never takes office is passed over: a node that followed the winner of its
+  campaign and heard no announcement from it for LEADER_SILENCE_S re-elects without it for
+  WINNER_PASS_OVER_S (`passed_over`). Its candidacy still counts towards the majority; it
+  just cannot win. Seen in the chaos suite (issue 18): a node resumed from a pause, deaf
+  but still heard, joined each new campaign with the best rank, was elected every 7.5 s and
+  never led (a deaf node decides nothing), failing every stream in the cluster each time.
+  Once it speaks as a leader it is adopted as any leader is.
 - A node freezes its own seniority and commands_seen when a campaign starts and announces
   exactly those values while it leads, so every receiver ranks it the same way at all times
   (otherwise two leaders comparing moving counters could both step down, or both stay).
@@ -85,6 +92,14 @@ DEAF_LEADER_STEP_DOWN_S: Final = 10.0
 followers never deposes a healthy master; short next to the minutes a leader resumed from a
 pause was seen to stay deaf while the others had elected a newer session."""
 
+WINNER_PASS_OVER_S: Final = 60.0
+"""How long a campaign winner that never announced is passed over by the nodes that chose
+it. Long enough for the rest to elect and settle on another master; a pass-over only
+decides who wins a campaign, never whether to adopt a leader that speaks."""
+
+MAX_PASSED_OVER: Final = 64
+"""Winners remembered as passed over (the earliest to expire forgotten first)."""
+
 MAX_CANDIDATES: Final = 256
 """Candidates recorded per campaign. Beyond it the lowest-ranked are forgotten, which can
 never change the winner."""
@@ -139,6 +154,8 @@ class ElectionView:
     last_broadcast_at: float | None = None
     live_peers: frozenset[str] = frozenset()
     departed: tuple[str, ...] = ()  # left presence and not back, oldest first
+    passed_over: Mapping[str, float] = field(default_factory=dict[str, float])
+    """Campaign winners that never announced, and until when they cannot win here."""
 
 
 @dataclass(frozen=True)
@@ -288,7 +305,8 @@ def close_campaign(view: ElectionView, me: Me, now: float) -> Step | None:
     eligible = [c for c in view.candidates.values() if c.node_id not in view.departed]
     if not has_quorum(me.members, [c.node_id for c in eligible], me.node_id):
         return dataclasses.replace(view, campaign_deadline=now + CAMPAIGN_WINDOW_S), []
-    winner = max([view.my_claim, *eligible], key=rank)
+    winnable = [c for c in eligible if view.passed_over.get(c.node_id, now) <= now]
+    winner = max([view.my_claim, *winnable], key=rank)
     if winner.node_id == me.node_id:
         return _lead(view, now)
     followed, outputs = _follow(view, winner, now)
@@ -311,6 +329,9 @@ def notice_leader_silence(view: ElectionView, me: Me, now: float) -> Step | None
     from a cut decide a new session with it (seen on a network cut, issue 18)."""
     if view.phase != "following" or me.deaf_for_s > 0 or not _due(view.last_leader_heard_at, now, LEADER_SILENCE_S):
         return None
+    if view.master_claim is not None and view.master_claim.kind == "candidate" and view.master_id is not None:
+        # The winner we chose never took office: elect without it for a while.
+        view = dataclasses.replace(view, passed_over=_pass_over(view.passed_over, view.master_id, now))
     return _start_campaign(view, view.clock + 1, me, now)
 
 
@@ -355,7 +376,8 @@ def adopt_leader(view: ElectionView, msg: ElectionMessage, now: float) -> Step |
         return None
     if view.phase == "following":
         if msg.node_id == view.master_id and msg.session_id == view.session_id:
-            return dataclasses.replace(view, last_leader_heard_at=now), []
+            # The announcement replaces the candidacy we chose it by (same rank): it took office.
+            return dataclasses.replace(view, last_leader_heard_at=now, master_claim=msg), []
         if view.master_claim is not None and rank(msg) < rank(view.master_claim):
             return None
     return _follow(view, msg, now)
@@ -532,6 +554,14 @@ def _with_candidate(
     return updated
 
 
+def _pass_over(passed_over: Mapping[str, float], node_id: str, now: float) -> Mapping[str, float]:
+    """`passed_over` with `node_id` passed over for WINNER_PASS_OVER_S; expired entries dropped
+    and at most MAX_PASSED_OVER kept (those expiring last)."""
+    updated = {n: until for n, until in passed_over.items() if until > now}
+    updated[node_id] = now + WINNER_PASS_OVER_S
+    return dict(sorted(updated.items(), key=lambda item: item[1])[-MAX_PASSED_OVER:])
+
+
 def _master_live(view: ElectionView, now: float) -> bool:
     """The master this node follows announced within LEADER_SILENCE_S."""
     return view.last_leader_heard_at is not None and now - view.last_leader_heard_at < LEADER_SILENCE_S
@@ -550,6 +580,8 @@ __all__ = [
     "LEADER_SILENCE_S",
     "MAX_CANDIDATES",
     "MAX_DEPARTED_TRACKED",
+    "MAX_PASSED_OVER",
+    "WINNER_PASS_OVER_S",
     "Broadcast",
     "Elected",
     "ElectionMessage",
