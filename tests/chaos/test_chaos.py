@@ -62,6 +62,8 @@ RECOVERY_DEADLINE_S = 120.0
 CLIENT_TIMEOUT_S = 60.0
 """A request still open after this long counts as hung."""
 CLIENTS = 2
+FINAL_AGREEMENT_S = 30.0
+"""Hang guard for every node to agree once the last fault has recovered and the clients stopped."""
 
 pytestmark = pytest.mark.timeout(int(60 + FAULTS * (RECOVERY_DEADLINE_S + 60)))
 
@@ -367,9 +369,25 @@ def test_chaos_schedule_keeps_the_invariants(spawn_node, tmp_path: Path) -> None
         for thread in threads:
             thread.join(timeout=CLIENT_TIMEOUT_S + 10)
     hung = [t.name for t in threads if t.is_alive()]
-    final = agreed(live(), members=3)
+    # Agreement once the faults have stopped: a snapshot taken while the last step's events are
+    # still being replicated can catch one node an event behind (seen once: "stateHash agreed: NO"
+    # with every other invariant met), so wait for it, bounded.
+    final = None
+    with contextlib.suppress(TimeoutError):
+        final = wait_for(lambda: agreed(live(), members=3), timeout_s=FINAL_AGREEMENT_S, interval_s=0.5,
+                         what="the final agreement")
     with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
         timings.append(f"entry's command resends: {entry.get('/v1/diagnostics/node').json()['commandResends']}")
+
+    def disagreement() -> str:
+        views = {}
+        for name, n in nodes.items():
+            with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, AttributeError):
+                view = cluster(n.process)
+                views[name] = {k: view[k] for k in ("masterNodeId", "sessionId", "stateHash", "lastEventIdx")} | {
+                    "alive": sum(1 for m in view["nodes"] if m["alive"]), "members": len(view["nodes"])}
+        return str(views)
+
     per_step = "\n".join(f"    {step}: {dict(counts)}" for step, counts in ledger.by_step.items())
     report = (f"invariants (seed {SEED}, schedule {schedule}):\n"
               f"  requests: {dict(ledger.outcomes)}; typed errors by code: {dict(ledger.typed)}; "
@@ -377,7 +395,7 @@ def test_chaos_schedule_keeps_the_invariants(spawn_node, tmp_path: Path) -> None
               f"  by the step a request started in:\n{per_step}\n"
               f"  steps:\n" + "".join(f"    {t}\n" for t in timings) +
               f"  index regressions: {ledger.index_regressions or 'none'}\n"
-              f"  stateHash agreed: {final['stateHash'] if final else 'NO'}\n"
+              f"  stateHash agreed: {final['stateHash'] if final else f'NO: {disagreement()}'}\n"
               f"  model serves: {serves()}")
     print(report)
     # CI shows the assertion and a short tail: each message carries the whole report.

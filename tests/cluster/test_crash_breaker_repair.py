@@ -8,18 +8,15 @@ count of runner failures to move, never for time to pass."""
 
 from __future__ import annotations
 
-import asyncio
 import signal
 
 import httpx
 import psutil
 import pytest
 
-from skulk.shared.types.ids import new_id
-from skulk.shared.types.instances import Instance, ShardAssignment
 from skulk.worker.runner.breaker import CRASH_BREAKER_MAX_CRASHES
 from tests.cluster.harness import node_id
-from tests.cluster.test_placement_repair import GGUF_MODEL, REPAIR_DEADLINE_S, all_logs, create_on, start
+from tests.cluster.test_placement_repair import GGUF_MODEL, all_logs, place_gguf_on, start
 from tests.nodeproc import NodeProcess, wait_for
 
 pytestmark = pytest.mark.timeout(420)
@@ -44,16 +41,8 @@ def kill_runners(node: NodeProcess) -> None:
 def test_a_runner_that_keeps_crashing_is_replaced_on_the_other_node_and_serves(spawn_node) -> None:
     flaky, steady = start(spawn_node, [("flaky", {}), ("steady", {})])
     flaky_id, steady_id = node_id(flaky), node_id(steady)
-    wait_for(lambda: all(len([p for p in n.get(f"/instance/previews?modelId={GGUF_MODEL}").json()["previews"]
-                              if len(p["nodeIds"]) == 1]) == 2
-                         for n in (flaky, steady)), timeout_s=REPAIR_DEADLINE_S, what="both nodes placeable")
-    runner_id = new_id()
-    first = Instance(
-        instance_id=new_id(), model_id=GGUF_MODEL, sharding="Pipeline", context_token_limit=2048,
-        shards=[ShardAssignment(node_id=flaky_id, runner_id=runner_id, rank=0, world_size=1, start_layer=0,
-                                end_layer=6, backend="llama_cpp-cpu")],
-    )
-    asyncio.run(create_on([flaky, steady], first))
+    first = place_gguf_on([flaky, steady], flaky_id)
+    runner_id = first.shards[0].runner_id
 
     try:
         for crash in range(CRASH_BREAKER_MAX_CRASHES):

@@ -8,15 +8,11 @@ asserted: the client's own timeout is only a hang guard far below the idle lease
 
 from __future__ import annotations
 
-import asyncio
-
 import httpx
 import pytest
 
-from skulk.shared.types.ids import new_id
-from skulk.shared.types.instances import Instance, ShardAssignment
 from tests.cluster.harness import node_id
-from tests.cluster.test_placement_repair import GGUF_MODEL, REPAIR_DEADLINE_S, all_logs, create_on, start
+from tests.cluster.test_placement_repair import GGUF_MODEL, all_logs, place_gguf_on, start
 from tests.nodeproc import wait_for
 
 pytestmark = pytest.mark.timeout(300)
@@ -28,16 +24,7 @@ CLIENT_HANG_GUARD_S = 120.0
 def test_a_lost_terminal_ends_the_request_typed_once_the_task_is_complete(spawn_node) -> None:
     entry, server = start(spawn_node, [("entry", {}), ("server", {"SKULK_TEST_WORKER_DROPS_TERMINALS": "1"})])
     server_id = node_id(server)
-    wait_for(lambda: all(len([p for p in n.get(f"/instance/previews?modelId={GGUF_MODEL}").json()["previews"]
-                              if len(p["nodeIds"]) == 1]) == 2
-                         for n in (entry, server)), timeout_s=REPAIR_DEADLINE_S, what="both nodes placeable")
-    runner_id = new_id()
-    instance = Instance(
-        instance_id=new_id(), model_id=GGUF_MODEL, sharding="Pipeline", context_token_limit=2048,
-        shards=[ShardAssignment(node_id=server_id, runner_id=runner_id, rank=0, world_size=1, start_layer=0,
-                                end_layer=6, backend="llama_cpp-cpu")],
-    )
-    asyncio.run(create_on([entry, server], instance))
+    runner_id = place_gguf_on([entry, server], server_id).shards[0].runner_id
     try:
         wait_for(lambda: entry.get("/state").json()["runners"].get(runner_id, {}).get("state") in ("Ready", "Running"),
                  timeout_s=120, interval_s=0.5, what="the runner Ready")

@@ -114,19 +114,25 @@ async def create_on(nodes: list[NodeProcess], instance: Instance) -> None:
     raise AssertionError(f"instance {instance.instance_id} was never created\n{all_logs(nodes)[-4000:]}")
 
 
+def place_gguf_on(nodes: list[NodeProcess], target_id: str) -> Instance:
+    """Once every node's resources are known everywhere (one single-node preview per node),
+    create a one-shard instance of the tiny GGUF on `target_id`, explicitly placed."""
+    wait_for(lambda: all(len([p for p in n.get(f"/instance/previews?modelId={GGUF_MODEL}").json()["previews"]
+                              if len(p["nodeIds"]) == 1]) == len(nodes)
+                         for n in nodes), timeout_s=REPAIR_DEADLINE_S, what="every node placeable")
+    instance = Instance(
+        instance_id=new_id(), model_id=GGUF_MODEL, sharding="Pipeline", context_token_limit=2048,
+        shards=[ShardAssignment(node_id=target_id, runner_id=new_id(), rank=0, world_size=1, start_layer=0,
+                                end_layer=6, backend="llama_cpp-cpu")],
+    )
+    asyncio.run(create_on(nodes, instance))
+    return instance
+
+
 def test_a_refused_gguf_shard_falls_back_to_the_other_node_and_serves(spawn_node):
     refuser, healthy = start(spawn_node, [("refuser", REFUSE_ALL), ("healthy", {})])
     refuser_id, healthy_id = node_id(refuser), node_id(healthy)
-    # Both nodes' resources known everywhere: one single-node preview per node.
-    wait_for(lambda: all(len([p for p in n.get(f"/instance/previews?modelId={GGUF_MODEL}").json()["previews"]
-                              if len(p["nodeIds"]) == 1]) == 2
-                         for n in (refuser, healthy)), timeout_s=REPAIR_DEADLINE_S, what="both nodes placeable")
-    first = Instance(
-        instance_id=new_id(), model_id=GGUF_MODEL, sharding="Pipeline", context_token_limit=2048,
-        shards=[ShardAssignment(node_id=refuser_id, runner_id=new_id(), rank=0, world_size=1, start_layer=0,
-                                end_layer=6, backend="llama_cpp-cpu")],
-    )
-    asyncio.run(create_on([refuser, healthy], first))
+    place_gguf_on([refuser, healthy], refuser_id)
 
     def serving():
         state = healthy.get("/state").json()

@@ -7,6 +7,7 @@ import pytest
 from skulk.routing.hearing import (
     DEAF_AFTER_S,
     HEARD_AGAIN_GRACE_S,
+    ISOLATED_KICK_PERIOD_S,
     KICK_AFTER_DEAF_S,
     KICK_PERIOD_S,
     REFRESH_AFTER_DEAF_S,
@@ -94,3 +95,40 @@ def test_should_refresh(deaf: bool, heard_again: bool, last_refresh: float | Non
 def test_should_kick(deaf: bool, heard_again: bool, last_kick: float | None, now: float, expected: bool) -> None:
     hearing = Hearing(deaf_since=5.0 if deaf else None, heard_again_at=8.0 if heard_again else None)
     assert should_kick(hearing, last_kick, now) is expected
+
+
+@pytest.mark.parametrize(("deaf", "last_kick", "now", "expected"), [
+    pytest.param(False, None, 10.0, True, id="hearing, a challenge unanswered: now (a one-way stall)"),
+    pytest.param(False, 9.5, 10.0, False, id="kicked within the period: wait"),
+    pytest.param(False, 9.0, 9.0 + KICK_PERIOD_S, True, id="a period after the last kick: again"),
+    pytest.param(True, None, 5.5, True, id="deaf just now, a challenge unanswered: now"),
+])
+def test_should_kick_when_a_challenge_goes_unanswered(deaf: bool, last_kick: float | None, now: float,
+                                                       expected: bool) -> None:
+    hearing = Hearing(deaf_since=5.0 if deaf else None)
+    assert should_kick(hearing, last_kick, now, unanswered=True) is expected
+
+
+def test_isolation_starts_only_after_a_peer_was_seen_and_ends_with_any_peer() -> None:
+    hearing = Hearing()
+    hearing.peers(False, 0.0)
+    assert hearing.isolated_for(10.0) == 0.0  # a node still starting up is not isolated
+    hearing.peers(True, 1.0)
+    hearing.peers(False, 5.0)
+    hearing.peers(False, 6.0)
+    assert hearing.isolated_for(9.0) == 4.0  # counted from the first report without peers
+    hearing.peers(True, 9.5)
+    assert hearing.isolated_for(20.0) == 0.0
+
+
+@pytest.mark.parametrize(("expects_peers", "alone_s", "last_kick", "now", "expected"), [
+    pytest.param(False, 60.0, None, 100.0, False, id="no bootstrap peers configured: a lone node is normal"),
+    pytest.param(True, KICK_AFTER_DEAF_S - 0.5, None, 100.0, False, id="alone just now: not yet"),
+    pytest.param(True, KICK_AFTER_DEAF_S, None, 100.0, True, id="alone KICK_AFTER_DEAF_S: now"),
+    pytest.param(True, 60.0, 100.0 - ISOLATED_KICK_PERIOD_S + 0.5, 100.0, False, id="kicked lately: wait"),
+    pytest.param(True, 60.0, 100.0 - ISOLATED_KICK_PERIOD_S, 100.0, True, id="a period later: again"),
+])
+def test_should_kick_when_isolated(expects_peers: bool, alone_s: float, last_kick: float | None, now: float,
+                                   expected: bool) -> None:
+    hearing = Hearing(had_peers=True, alone_since=now - alone_s)
+    assert should_kick(hearing, last_kick, now, expects_peers=expects_peers) is expected

@@ -247,3 +247,17 @@ def test_only_sessions_heard_at_least_once_are_expected_to_speak() -> None:
     assert verifier.present_and_heard() == {"talker"}
     verifier.disappeared(talker)
     assert verifier.present_and_heard() == frozenset()
+
+
+def test_last_missed_counts_the_challenges_that_timed_out_in_the_latest_tick():
+    """The router kicks zenoh's threads when a challenge goes unanswered (routing/hearing.py)."""
+    verifier, nonce = PresenceVerifier(PKEY), nonces()
+    verifier.appeared(A1)
+    verifier.tick(0.0, nonce)
+    assert verifier.last_missed == 0
+    verifier.tick(PROOF_TIMEOUT_S - 0.1, nonce)
+    assert verifier.last_missed == 0  # still pending
+    verifier.tick(PROOF_TIMEOUT_S, nonce)
+    assert verifier.last_missed == 1
+    verifier.tick(PROOF_TIMEOUT_S + 0.1, nonce)
+    assert verifier.last_missed == 0  # counted once, in the tick it timed out

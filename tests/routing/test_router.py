@@ -458,7 +458,7 @@ async def test_kicking_zenohs_threads_leaves_a_live_router_delivering_everything
     got = [await next_item(sub) for _ in range(40)]
     assert [item.message for item in got] == [Ping(nonce=n, sent_by="node-b") for n in range(1, 41)]
     assert all(count > 0 for count in signalled)
-    a._kick_zenoh()  # the router's own path: counted in diagnostics
+    a._kick_zenoh("a test")  # the router's own path: counted in diagnostics
     await b.publish(PING, Ping(nonce=41, sent_by="node-b"))
     assert (await next_item(sub)).message == Ping(nonce=41, sent_by="node-b")
     assert a.diagnostics()["hearing"]["kicks"] == 1

@@ -54,6 +54,10 @@ KICK_AFTER_DEAF_S: Final = 2.0
 second or two a node resumed from a pause needs to hear again on its own."""
 KICK_PERIOD_S: Final = 1.0
 """At most one kick per this period while deaf."""
+ISOLATED_KICK_PERIOD_S: Final = 5.0
+"""While isolated (see `Hearing.isolated_for`): at most one kick per this period. Slower than
+deafness's: an isolated node is most often one whose peers all went away, and a signal per zenoh
+thread every 5 s costs it nothing."""
 
 
 @dataclass(slots=True)
@@ -70,13 +74,22 @@ class Hearing:
     """While deaf: the first message heard since (the grace runs from it)."""
     episodes: int = 0
     """How many times this node went deaf (diagnostics)."""
+    had_peers: bool = False
+    """Some other node's token has been present at least once."""
+    alone_since: float | None = None
+    """Since when no other node's token has been present, once one has been (None: a peer is
+    present, or none ever was)."""
 
     def peers(self, present: bool, now: float) -> None:
         """Whether any other node's presence token is present (zenoh liveliness), at `now`."""
         if not present:
+            if self.had_peers and self.alone_since is None:
+                self.alone_since = now
             self.peers_since = None
-        elif self.peers_since is None:
-            self.peers_since = now
+        else:
+            self.had_peers, self.alone_since = True, None
+            if self.peers_since is None:
+                self.peers_since = now
 
     def heard(self, now: float) -> None:
         """An authenticated message from another node arrived at `now`."""
@@ -102,6 +115,11 @@ class Hearing:
             self.deaf_since = self.heard_again_at = None
         return False
 
+    def isolated_for(self, now: float) -> float:
+        """Seconds since this node last saw any peer's presence, after having seen one (0.0
+        while a peer is present, or before any ever was)."""
+        return 0.0 if self.alone_since is None else max(now - self.alone_since, 0.0)
+
     def deaf_for(self, now: float) -> float:
         """Seconds this node has been deaf (0.0 when it hears)."""
         return 0.0 if self.deaf_since is None else max(now - self.deaf_since, 0.0)
@@ -123,15 +141,33 @@ def should_refresh(hearing: Hearing, last_refresh_at: float | None, now: float) 
     return last_refresh_at is None or now - last_refresh_at >= REFRESH_BACKOFF_S
 
 
-def should_kick(hearing: Hearing, last_kick_at: float | None, now: float) -> bool:
-    """Deaf for KICK_AFTER_DEAF_S with nothing heard since, and no kick within KICK_PERIOD_S:
-    interrupt zenoh's waiting threads now (routing/kick.py says why that ends the stall)."""
+def should_kick(hearing: Hearing, last_kick_at: float | None, now: float, *, unanswered: bool = False,
+                expects_peers: bool = False) -> bool:
+    """Interrupt zenoh's waiting threads now (routing/kick.py says why that ends the stall),
+    at most once per KICK_PERIOD_S, when
+    - this node is deaf for KICK_AFTER_DEAF_S with nothing heard since, or
+    - `unanswered`: a presence challenge of this node's just went unanswered. A stall can be
+      one-way: a master resumed from a pause (chaos `sigstop-server`, issue 18) heard a peer
+      at once, so it was never deaf, while nothing it sent arrived anywhere (its challenges to
+      that peer went unanswered, the third node never saw its presence again) and it led its
+      old session alone for minutes. A dead peer misses challenges too; kicking then costs
+      one no-op signal per zenoh thread;
+    - `expects_peers` (bootstrap peers are configured) and this node has seen no peer's
+      presence for KICK_AFTER_DEAF_S after having seen some, at most once per
+      ISOLATED_KICK_PERIOD_S. A master resumed from a pause was seen alone: every peer's
+      presence gone, and so not deaf by the rule above, nothing it sent arriving anywhere.
+      zenoh re-links to bootstrap peers by itself; a kick unsticks it if it sleeps instead."""
+    since_kick = None if last_kick_at is None else now - last_kick_at
+    if since_kick is not None and since_kick < KICK_PERIOD_S:
+        return False
+    if unanswered:
+        return True
+    if expects_peers and hearing.isolated_for(now) >= KICK_AFTER_DEAF_S:
+        return since_kick is None or since_kick >= ISOLATED_KICK_PERIOD_S
     if hearing.deaf_since is None or hearing.heard_again_at is not None:
         return False
-    if now - hearing.deaf_since < KICK_AFTER_DEAF_S:
-        return False
-    return last_kick_at is None or now - last_kick_at >= KICK_PERIOD_S
+    return now - hearing.deaf_since >= KICK_AFTER_DEAF_S
 
 
-__all__ = ["DEAF_AFTER_S", "HEARD_AGAIN_GRACE_S", "KICK_AFTER_DEAF_S", "KICK_PERIOD_S", "REFRESH_AFTER_DEAF_S",
-           "REFRESH_BACKOFF_S", "Hearing", "should_kick", "should_refresh"]
+__all__ = ["DEAF_AFTER_S", "HEARD_AGAIN_GRACE_S", "ISOLATED_KICK_PERIOD_S", "KICK_AFTER_DEAF_S", "KICK_PERIOD_S",
+           "REFRESH_AFTER_DEAF_S", "REFRESH_BACKOFF_S", "Hearing", "should_kick", "should_refresh"]

@@ -139,6 +139,8 @@ class PresenceVerifier:
     kept: int = 0
     """How many times a session's failed challenges were forgiven because its messages arrived."""
     last_kept: tuple[PresenceToken, ...] = ()
+    last_missed: int = 0
+    """Challenges that went unanswered in the latest `tick` (a dead peer, or a stalled link)."""
     """The sessions the last `tick` kept that way (for the shell to log)."""
     _sessions: dict[PresenceToken, _Session] = field(default_factory=dict)
     _reported: frozenset[str] = frozenset()
@@ -167,9 +169,11 @@ class PresenceVerifier:
         challenges: list[Challenge] = []
         failed: list[PresenceToken] = []
         kept: list[PresenceToken] = []
+        missed = 0
         for token, session in self._sessions.items():
             retry_now = False
             if session.pending is not None and now - session.pending[1] >= self.timeout_s:
+                missed += 1
                 if session.missed_since is None:
                     session.missed_since = session.pending[1]
                 session.pending = None
@@ -192,6 +196,7 @@ class PresenceVerifier:
                 session.pending = (nonce, now)
                 challenges.append(Challenge(token, nonce))
         self.last_kept = tuple(kept)
+        self.last_missed = missed
         self.kept += len(kept)
         return challenges, failed
 

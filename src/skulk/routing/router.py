@@ -436,6 +436,7 @@ class Router:
         session_id: str,
         wire_key: bytes,
         network_version: str,
+        expects_peers: bool = False,
     ) -> None:
         self._session = session
         self._loop = loop
@@ -465,6 +466,7 @@ class Router:
         self._kicked_at: float | None = None
         self._kicks = 0
         self._kick_ready = zenoh_kick.install()  # from the main thread when the router opens there
+        self._expects_peers = expects_peers  # bootstrap peers configured: being alone is a fault
         self._proof_ticker: asyncio.Task[None] | None = None
         self._published = 0
         self._publish_failures = 0
@@ -521,7 +523,7 @@ class Router:
         )
         return cls(
             session=session, loop=loop, node_id=node_id, session_id=session_id,
-            wire_key=bytes(wire_key), network_version=network_version,
+            wire_key=bytes(wire_key), network_version=network_version, expects_peers=bool(connect),
         )
 
     @property
@@ -790,14 +792,18 @@ class Router:
             self._hearing.peers(bool(self._verifier.present_and_heard() - {self.node_id}), now)
             went_deaf = self._hearing.tick(now)
             refresh = should_refresh(self._hearing, self._refreshed_at, now)
-            kick = self._kick_ready and should_kick(self._hearing, self._kicked_at, now)
+            kick = self._kick_ready and should_kick(self._hearing, self._kicked_at, now,
+                                                    unanswered=self._verifier.last_missed > 0,
+                                                    expects_peers=self._expects_peers)
+            kick_reason = ("deaf" if self._hearing.deaf_since is not None
+                           else "alone" if self._hearing.alone_since is not None else "a challenge went unanswered")
         if went_deaf:
             log.warning("node %s hears none of its present peers (no authenticated message for %.0f s while their "
                         "presence tokens stay): its transport is deaf; the election decides nothing meanwhile",
                         self.node_id, DEAF_AFTER_S)
         if kick:
             self._kicked_at = now
-            self._kick_zenoh()
+            self._kick_zenoh(kick_reason)
         if refresh:
             self._refreshed_at = now
             self._refresh_declarations()
@@ -824,13 +830,13 @@ class Router:
         with self._verifier_lock:
             return self._hearing.deaf_for(time.monotonic())
 
-    def _kick_zenoh(self) -> None:
+    def _kick_zenoh(self, reason: str) -> None:
         """Interrupt every zenoh thread's wait (routing/kick.py): the cure for the stall in which
         bytes pile up unread while zenoh's threads sleep."""
         self._kicks += 1
         signalled = zenoh_kick.kick()
-        log.warning("node %s is deaf: kicked %d zenoh threads out of their waits (kick %d)",
-                    self.node_id, signalled, self._kicks)
+        log.warning("node %s: kicked %d zenoh threads out of their waits (kick %d; %s)",
+                    self.node_id, signalled, self._kicks, reason)
 
     def _refresh_declarations(self) -> None:
         """Undeclare every subscription and the proof queryable and declare them again. New
