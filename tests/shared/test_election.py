@@ -17,6 +17,7 @@ from skulk.shared.election import (
     CANDIDATE_REBROADCAST_S,
     DEAF_LEADER_STEP_DOWN_S,
     DISCOVERY_S,
+    FROZEN_STEP_DOWN_S,
     LEADER_ANNOUNCE_S,
     LEADER_SILENCE_S,
     MAX_CANDIDATES,
@@ -810,3 +811,52 @@ def test_a_deaf_best_candidate_is_elected_once_then_passed_over_and_the_cluster_
     cluster.nodes["c"].deaf = False  # c hears again: it follows, nothing changes
     cluster.run_until(120.0)
     assert settled(cluster)[0] == master and {e.session_id for e in cluster.nodes["a"].elected} == sessions
+
+
+# -- a leader that was frozen --------------------------------------------------------------------
+
+FROZEN = dataclasses.replace(ME, frozen_for_s=FROZEN_STEP_DOWN_S)
+
+FREEZE_RULES = [
+    # id, start view, me, input, now, expected phase, clock, master, outputs
+    ("leading, frozen FROZEN_STEP_DOWN_S: steps down and campaigns", leading, FROZEN, Tick(), 20.0, "campaigning", 3,
+     "b", ["candidate@3"]),
+    ("leading, a shorter stall: leads on", leading, dataclasses.replace(ME, frozen_for_s=FROZEN_STEP_DOWN_S - 0.25),
+     Tick(), 20.0, "leading", 2, "b", ["leader@2"]),
+    ("following, frozen: nothing of its own to give up", following, FROZEN, Tick(), 11.0, "following", 1, "c", []),
+]
+
+
+@pytest.mark.parametrize(
+    ("start", "me", "inp", "now", "phase", "clock", "master", "outputs"),
+    [pytest.param(*row[1:], id=row[0]) for row in FREEZE_RULES],
+)
+def test_freeze_rule(start: Callable[[], ElectionView], me: Me, inp, now, phase, clock, master, outputs) -> None:
+    view, out = run(start(), (inp, now), me=me)
+    assert (view.phase, view.clock, view.master_id, summary(out)) == (phase, clock, master, outputs)
+
+
+def test_a_frozen_leader_back_after_the_others_elected_adopts_their_session() -> None:
+    """Issue 18, chaos `sigstop-server` of the master: b led b.2 and was stopped; a and c
+    elected a.3. b resumes, steps down on its first tick and adopts a.3 when it hears it,
+    never leading its stale session on (which would index events there)."""
+    view, out = run(leading(), (Tick(), 20.0), me=FROZEN)
+    assert (view.phase, summary(out)) == ("campaigning", ["candidate@3"])
+    view, out = run(view, (Received(lead("a", 3)), 20.5))
+    assert (view.phase, view.session_id, summary(out)) == ("following", "a.3", ["elected a.3"])
+
+
+def test_a_frozen_leader_whose_stall_went_unnoticed_is_re_elected_by_its_peers() -> None:
+    """A stall just past FROZEN_STEP_DOWN_S that the peers did not act on: the leader steps
+    down, its peers re-elect once it falls silent, and one master leads again."""
+    cluster = Cluster([me("a"), me("b"), me("c", seniority=9)])
+    cluster.set_members({"a", "b", "c"})
+    cluster.run_until(10.0)
+    assert settled(cluster)[0] == "c"
+    node = cluster.nodes["c"]
+    node.me = dataclasses.replace(node.me, frozen_for_s=FROZEN_STEP_DOWN_S)
+    cluster.run_until(10.25)
+    node.me = dataclasses.replace(node.me, frozen_for_s=0.0)
+    assert node.view.phase == "campaigning"
+    cluster.run_until(30.0)
+    settled(cluster)

@@ -5,7 +5,10 @@ broadcast; reports each new (master, session) to the node. Commands seen are app
 by events applied (`commands_seen` callable): the node with the most history wins a tie.
 `members` (the replicated State's member ids) is what a campaign needs a majority of; the
 router's `deaf_for_s` (it hears none of its present peers, `routing/hearing.py`) keeps a
-deaf node from deciding and makes a deaf leader step down.
+deaf node from deciding and makes a deaf leader step down. How late the ticker wakes beyond
+TICK_S is the node's own stall (`Me.frozen_for_s`): a leader frozen for
+`machine.FROZEN_STEP_DOWN_S` steps down, and `ticked_recently` tells the master to hold its
+indexing until the election has judged such a stall.
 """
 
 from __future__ import annotations
@@ -45,14 +48,30 @@ class ElectionService:
         self.view = machine.initial_view(clock())
         self.seniority = 0
         self.elections_seen = 0
+        self._ticked_at: float | None = None
+        self._frozen_for_s = 0.0
+        self.freezes_seen = 0
 
     def _me(self) -> machine.Me:
         return machine.Me(node_id=self._router.node_id, seniority=self.seniority, commands_seen=self._commands_seen(),
-                          members=self._members(), deaf_for_s=self._router.deaf_for_s())
+                          members=self._members(), deaf_for_s=self._router.deaf_for_s(),
+                          frozen_for_s=self._frozen_for_s)
+
+    def ticked_recently(self) -> bool:
+        """The election has stepped a tick within FROZEN_STEP_DOWN_S: no stall of this node's
+        is waiting to be judged. The master indexes only while this holds."""
+        return self._ticked_at is not None and self._clock() - self._ticked_at < machine.FROZEN_STEP_DOWN_S
 
     async def _step(self, event: machine.Input) -> None:
         was_leading = machine.is_leading(self.view)
-        self.view, actions = machine.step(self.view, event, self._me(), self._clock())
+        now = self._clock()
+        if isinstance(event, machine.Tick) and self._frozen_for_s >= machine.FROZEN_STEP_DOWN_S:
+            self.freezes_seen += 1
+            logger.warning("this node stalled for %.1f s (stopped or starved)%s", self._frozen_for_s,
+                           "; stepping down: the others may have elected a master meanwhile" if was_leading else "")
+        self.view, actions = machine.step(self.view, event, self._me(), now)
+        if isinstance(event, machine.Tick):
+            self._ticked_at, self._frozen_for_s = now, 0.0
         if was_leading and not machine.is_leading(self.view):
             # Only a leading node may index: stop at once, before the next campaign ends.
             logger.info("no longer leading (phase %s)", self.view.phase)
@@ -91,8 +110,14 @@ class ElectionService:
                 await inbox.put(machine.PresenceChanged(frozenset(presence.alive()) - {me}))
 
         async def ticker() -> None:
+            woke = self._clock()
             while True:
                 await asyncio.sleep(TICK_S)
+                # Waking late is this node's own stall (stopped, starved, or a blocked loop);
+                # the next Tick step judges it (`Me.frozen_for_s`).
+                now = self._clock()
+                self._frozen_for_s = max(self._frozen_for_s, now - woke - TICK_S)
+                woke = now
                 await inbox.put(machine.Tick())
 
         async def consume() -> None:
@@ -112,4 +137,5 @@ class ElectionService:
             "seniority": self.seniority,
             "elections": self.elections_seen,
             "deafForS": round(self._router.deaf_for_s(), 1),
+            "freezes": self.freezes_seen,
         }

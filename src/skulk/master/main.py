@@ -116,6 +116,10 @@ REPLAY_TICK_S = 0.05
 replay ticker sleeps until a SyncRequest arrives: an idle master does not wake 20 times a
 second for nothing (each wake-up costs CPU that a decoding runner on the same cores feels)."""
 INBOX_CAPACITY = 4096
+STALL_HOLD_S = 1.0
+"""Longest the master holds an input while a stall of this node's awaits the election (which
+ticks every 0.25 s): the bound on a wait that normally ends at the next tick."""
+STALL_POLL_S = 0.05
 
 PRESENCE_RECHECK_MARGIN_S = 0.05
 """A departure's extra plan passes run this long after the change reached the master's watch
@@ -182,9 +186,14 @@ class Master:
         cards: Callable[[], Mapping[ModelId, ModelCard]] = dict,
         presence: Callable[[], frozenset[str]] | None = None,
         intent: Callable[[], ClusterIntent] | None = None,
+        ready_to_index: Callable[[], bool] = lambda: True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._intent = intent
+        self._ready_to_index = ready_to_index
+        """False while a stall of this node's (stopped, starved) awaits the election's judgement
+        (`ElectionService.ticked_recently`): a leader frozen long enough steps down, and
+        nothing may be indexed in its stale session in the moment before it does."""
         """The operator's remembered intent (this node's record); restored on a cold start."""
         self._restoring: list[PlacementIntent] = []
         self._restore_reasons: dict[str, str] = {}
@@ -213,6 +222,7 @@ class Master:
         self._warned: frozenset[NodeId] = frozenset()
         self._promoted_at = clock()
         self.indexed = 0
+        self.stall_holds = 0
         self.refused_commands = 0
         self.snapshots_sent = 0
         self.bursts_sent = 0
@@ -348,6 +358,14 @@ class Master:
             if events:
                 await self._send(node_id, EventBurst(session_id=self.session_id, events=events))
                 self.bursts_sent += 1
+
+    async def _hold_while_stalled(self) -> None:
+        """Wait, at most STALL_HOLD_S, until the election has judged a stall of this node's
+        (after which this task is cancelled if the node stepped down)."""
+        deadline = self._clock() + STALL_HOLD_S
+        while not self._ready_to_index() and self._clock() < deadline:
+            self.stall_holds += 1
+            await asyncio.sleep(STALL_POLL_S)
 
     async def _send(self, node_id: str, message: Any) -> None:
         try:
@@ -507,6 +525,7 @@ class Master:
                     group.create_task(plan_soon_after_departures())
                 while True:
                     item = await inbox.get()
+                    await self._hold_while_stalled()
                     await handlers[type(item)](item)
         finally:
             for subscription in (local_events, commands, sync_requests):
@@ -518,6 +537,7 @@ class Master:
         return {
             "sessionId": self.session_id,
             "indexed": self.indexed,
+            "stallHolds": self.stall_holds,
             "nextIdx": self._indexer.next_idx if self._indexer else None,
             "retainedTail": len(self._tail),
             "snapshotIdx": self._snapshot[0],
