@@ -439,7 +439,7 @@ class Node:
             self._master = Master(
                 router, self.replica, log_slot, lambda: self.telemetry.view, session_id=elected.session_id,
                 cards=self.cards, presence=self.presence.alive, intent=lambda: self.intent.intent,
-                ready_to_index=self.election.ticked_recently,
+                ready_to_index=self.election.may_index,
             )
             self._master_task = asyncio.create_task(self._run_master(self._master), name="master")
         self.producer.resend_all()

@@ -17,11 +17,12 @@ from skulk.shared.election import (
     CANDIDATE_REBROADCAST_S,
     DEAF_LEADER_STEP_DOWN_S,
     DISCOVERY_S,
-    FROZEN_STEP_DOWN_S,
     LEADER_ANNOUNCE_S,
     LEADER_SILENCE_S,
     MAX_CANDIDATES,
     MAX_PASSED_OVER,
+    STALL_HOLD_AFTER_S,
+    STALL_HOLD_S,
     WINNER_PASS_OVER_S,
     Broadcast,
     Elected,
@@ -35,6 +36,7 @@ from skulk.shared.election import (
     is_leading,
     rank,
     session_id_for,
+    stall_hold_until,
     step,
 )
 from skulk.shared.election_quorum import has_quorum
@@ -813,50 +815,25 @@ def test_a_deaf_best_candidate_is_elected_once_then_passed_over_and_the_cluster_
     assert settled(cluster)[0] == master and {e.session_id for e in cluster.nodes["a"].elected} == sessions
 
 
-# -- a leader that was frozen --------------------------------------------------------------------
+# -- a leader back from a stall ------------------------------------------------------------------
 
-FROZEN = dataclasses.replace(ME, frozen_for_s=FROZEN_STEP_DOWN_S)
-
-FREEZE_RULES = [
-    # id, start view, me, input, now, expected phase, clock, master, outputs
-    ("leading, frozen FROZEN_STEP_DOWN_S: steps down and campaigns", leading, FROZEN, Tick(), 20.0, "campaigning", 3,
-     "b", ["candidate@3"]),
-    ("leading, a shorter stall: leads on", leading, dataclasses.replace(ME, frozen_for_s=FROZEN_STEP_DOWN_S - 0.25),
-     Tick(), 20.0, "leading", 2, "b", ["leader@2"]),
-    ("following, frozen: nothing of its own to give up", following, FROZEN, Tick(), 11.0, "following", 1, "c", []),
-]
+MEMBERS = frozenset({"a", "b", "c"})
 
 
-@pytest.mark.parametrize(
-    ("start", "me", "inp", "now", "phase", "clock", "master", "outputs"),
-    [pytest.param(*row[1:], id=row[0]) for row in FREEZE_RULES],
-)
-def test_freeze_rule(start: Callable[[], ElectionView], me: Me, inp, now, phase, clock, master, outputs) -> None:
-    view, out = run(start(), (inp, now), me=me)
-    assert (view.phase, view.clock, view.master_id, summary(out)) == (phase, clock, master, outputs)
+@pytest.mark.parametrize(("start", "stalled_s", "members", "expected"), [
+    pytest.param(leading, STALL_HOLD_AFTER_S, MEMBERS, 20.0 + STALL_HOLD_S, id="leading, stalled: holds"),
+    pytest.param(leading, STALL_HOLD_AFTER_S - 0.25, MEMBERS, None, id="leading, a shorter stall: indexes on"),
+    pytest.param(leading, 30.0, frozenset({"b"}), None, id="leading alone: nobody could have replaced it"),
+    pytest.param(leading, 30.0, frozenset(), None, id="leading, no members known: nobody to fear"),
+    pytest.param(following, 30.0, MEMBERS, None, id="following: indexes nothing anyway"),
+])
+def test_stall_hold(start: Callable[[], ElectionView], stalled_s: float, members: frozenset[str],
+                    expected: float | None) -> None:
+    assert stall_hold_until(start(), stalled_s, dataclasses.replace(ME, members=members), 20.0) == expected
 
 
-def test_a_frozen_leader_back_after_the_others_elected_adopts_their_session() -> None:
+def test_a_leader_back_from_a_stall_adopts_the_newer_session_it_hears() -> None:
     """Issue 18, chaos `sigstop-server` of the master: b led b.2 and was stopped; a and c
-    elected a.3. b resumes, steps down on its first tick and adopts a.3 when it hears it,
-    never leading its stale session on (which would index events there)."""
-    view, out = run(leading(), (Tick(), 20.0), me=FROZEN)
-    assert (view.phase, summary(out)) == ("campaigning", ["candidate@3"])
-    view, out = run(view, (Received(lead("a", 3)), 20.5))
+    elected a.3. b, holding its indexing (`stall_hold_until`), hears a.3 and follows it."""
+    view, out = run(leading(), (Received(lead("a", 3)), 20.5))
     assert (view.phase, view.session_id, summary(out)) == ("following", "a.3", ["elected a.3"])
-
-
-def test_a_frozen_leader_whose_stall_went_unnoticed_is_re_elected_by_its_peers() -> None:
-    """A stall just past FROZEN_STEP_DOWN_S that the peers did not act on: the leader steps
-    down, its peers re-elect once it falls silent, and one master leads again."""
-    cluster = Cluster([me("a"), me("b"), me("c", seniority=9)])
-    cluster.set_members({"a", "b", "c"})
-    cluster.run_until(10.0)
-    assert settled(cluster)[0] == "c"
-    node = cluster.nodes["c"]
-    node.me = dataclasses.replace(node.me, frozen_for_s=FROZEN_STEP_DOWN_S)
-    cluster.run_until(10.25)
-    node.me = dataclasses.replace(node.me, frozen_for_s=0.0)
-    assert node.view.phase == "campaigning"
-    cluster.run_until(30.0)
-    settled(cluster)

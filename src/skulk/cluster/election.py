@@ -6,9 +6,9 @@ by events applied (`commands_seen` callable): the node with the most history win
 `members` (the replicated State's member ids) is what a campaign needs a majority of; the
 router's `deaf_for_s` (it hears none of its present peers, `routing/hearing.py`) keeps a
 deaf node from deciding and makes a deaf leader step down. How late the ticker wakes beyond
-TICK_S is the node's own stall (`Me.frozen_for_s`): a leader frozen for
-`machine.FROZEN_STEP_DOWN_S` steps down, and `ticked_recently` tells the master to hold its
-indexing until the election has judged such a stall.
+TICK_S is the node's own stall: a leader back from one holds its indexing for a while
+(`machine.stall_hold_until`), and `may_index` tells the master so (also while a stall is
+waiting for the next tick to be judged).
 """
 
 from __future__ import annotations
@@ -49,29 +49,35 @@ class ElectionService:
         self.seniority = 0
         self.elections_seen = 0
         self._ticked_at: float | None = None
-        self._frozen_for_s = 0.0
-        self.freezes_seen = 0
+        self._stalled_s = 0.0
+        self._hold_until: float | None = None
+        self.stalls_held = 0
 
     def _me(self) -> machine.Me:
         return machine.Me(node_id=self._router.node_id, seniority=self.seniority, commands_seen=self._commands_seen(),
-                          members=self._members(), deaf_for_s=self._router.deaf_for_s(),
-                          frozen_for_s=self._frozen_for_s)
+                          members=self._members(), deaf_for_s=self._router.deaf_for_s())
 
-    def ticked_recently(self) -> bool:
-        """The election has stepped a tick within FROZEN_STEP_DOWN_S: no stall of this node's
-        is waiting to be judged. The master indexes only while this holds."""
-        return self._ticked_at is not None and self._clock() - self._ticked_at < machine.FROZEN_STEP_DOWN_S
+    def may_index(self) -> bool:
+        """The master may index now: the election stepped a tick within STALL_HOLD_AFTER_S (no
+        stall of this node's is waiting to be judged) and no stall hold is running."""
+        now = self._clock()
+        if self._ticked_at is None or now - self._ticked_at >= machine.STALL_HOLD_AFTER_S:
+            return False
+        return self._hold_until is None or now >= self._hold_until
 
     async def _step(self, event: machine.Input) -> None:
         was_leading = machine.is_leading(self.view)
         now = self._clock()
-        if isinstance(event, machine.Tick) and self._frozen_for_s >= machine.FROZEN_STEP_DOWN_S:
-            self.freezes_seen += 1
-            logger.warning("this node stalled for %.1f s (stopped or starved)%s", self._frozen_for_s,
-                           "; stepping down: the others may have elected a master meanwhile" if was_leading else "")
-        self.view, actions = machine.step(self.view, event, self._me(), now)
         if isinstance(event, machine.Tick):
-            self._ticked_at, self._frozen_for_s = now, 0.0
+            hold = machine.stall_hold_until(self.view, self._stalled_s, self._me(), now)
+            if hold is not None:
+                self.stalls_held += 1
+                self._hold_until = hold
+                logger.warning("this node stalled for %.1f s (stopped or starved) while leading: indexing nothing "
+                               "for %.0f s, in case the others elected a master meanwhile",
+                               self._stalled_s, machine.STALL_HOLD_S)
+            self._ticked_at, self._stalled_s = now, 0.0
+        self.view, actions = machine.step(self.view, event, self._me(), now)
         if was_leading and not machine.is_leading(self.view):
             # Only a leading node may index: stop at once, before the next campaign ends.
             logger.info("no longer leading (phase %s)", self.view.phase)
@@ -116,7 +122,7 @@ class ElectionService:
                 # Waking late is this node's own stall (stopped, starved, or a blocked loop);
                 # the next Tick step judges it (`Me.frozen_for_s`).
                 now = self._clock()
-                self._frozen_for_s = max(self._frozen_for_s, now - woke - TICK_S)
+                self._stalled_s = max(self._stalled_s, now - woke - TICK_S)
                 woke = now
                 await inbox.put(machine.Tick())
 
@@ -137,5 +143,5 @@ class ElectionService:
             "seniority": self.seniority,
             "elections": self.elections_seen,
             "deafForS": round(self._router.deaf_for_s(), 1),
-            "freezes": self.freezes_seen,
+            "stallsHeld": self.stalls_held,
         }

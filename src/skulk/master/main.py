@@ -36,6 +36,8 @@ from skulk.master.repair import DeletionCredit, active_credits, record_deletion
 from skulk.master.restore import RESTORE_DEADLINE_S, restore_step
 from skulk.routing.router import Router, RouterError, TypedSubscription
 from skulk.routing.topics import TOPICS
+from skulk.shared.election import STALL_HOLD_AFTER_S
+from skulk.shared.election import STALL_HOLD_S as ELECTION_STALL_HOLD_S
 from skulk.shared.intent import ClusterIntent, PlacementIntent, restore_cards
 from skulk.shared.sync import due_bursts, next_due_at, replay_scheduler, request
 from skulk.shared.telemetry_view import NODE_TIMEOUT_S, TelemetryView, freshness, node_resources
@@ -116,9 +118,9 @@ REPLAY_TICK_S = 0.05
 replay ticker sleeps until a SyncRequest arrives: an idle master does not wake 20 times a
 second for nothing (each wake-up costs CPU that a decoding runner on the same cores feels)."""
 INBOX_CAPACITY = 4096
-STALL_HOLD_S = 1.0
-"""Longest the master holds an input while a stall of this node's awaits the election (which
-ticks every 0.25 s): the bound on a wait that normally ends at the next tick."""
+STALL_HOLD_S = STALL_HOLD_AFTER_S + ELECTION_STALL_HOLD_S
+"""Longest the master holds an input after a stall of this node's: the election's judgement
+(its next tick) plus its hold; a newer leader heard meanwhile ends this master sooner."""
 STALL_POLL_S = 0.05
 
 PRESENCE_RECHECK_MARGIN_S = 0.05
@@ -192,8 +194,9 @@ class Master:
         self._intent = intent
         self._ready_to_index = ready_to_index
         """False while a stall of this node's (stopped, starved) awaits the election's judgement
-        (`ElectionService.ticked_recently`): a leader frozen long enough steps down, and
-        nothing may be indexed in its stale session in the moment before it does."""
+        or its hold runs (`ElectionService.may_index`): a leader back from a stall may have
+        been replaced; nothing is indexed in its stale session until it hears so or the hold
+        ends."""
         """The operator's remembered intent (this node's record); restored on a cold start."""
         self._restoring: list[PlacementIntent] = []
         self._restore_reasons: dict[str, str] = {}

@@ -30,14 +30,15 @@ Rules that shape it:
   following, or campaigning, and adopts the leader it hears once it hears again. A leader
   deaf for DEAF_LEADER_STEP_DOWN_S steps down and campaigns: a leader resumed from a pause
   that cannot hear the majority's newer session must not keep leading its old one alone.
-- A leader whose own ticks stalled for FROZEN_STEP_DOWN_S (the process was stopped or
-  starved: SIGSTOP, a laptop lid, a swap storm) steps down and campaigns at once: its peers
-  dropped its presence after the transport lease and have most likely elected someone
-  else meanwhile; a campaigning node adopts that leader as soon as it hears it. Leading on,
-  it would index events in its stale session until it heard the newer one, and then adopt
-  that session's lower index: indices reused (the chaos suite's `sigstop-server`, issue 18).
-  The shell holds the master's indexing until the election has ticked since the stall
-  (`ElectionService.ticked_recently`), so nothing is indexed in the moment before this rule.
+- A leader whose own ticks stalled for STALL_HOLD_AFTER_S (the process was stopped or
+  starved: SIGSTOP, a laptop lid, a swap storm) indexes nothing for STALL_HOLD_S after it
+  (`stall_hold_until`; the shell's master waits): its peers dropped its presence after the
+  transport lease and have most likely elected someone else meanwhile, whose announcement,
+  once heard, makes it step down as any lower leader does. Indexing on, it would write
+  events into its stale session and then adopt the newer session's lower index: indices
+  reused (the chaos suite's `sigstop-server`, issue 18). Holding rather than stepping down
+  costs a stall the peers did not act on (a blocked event loop) a few seconds of waiting,
+  not a failover of every stream.
 - A winner that never takes office is passed over: a node that followed the winner of its
   campaign and heard no announcement from it for LEADER_SILENCE_S re-elects without it for
   WINNER_PASS_OVER_S (`passed_over`). Its candidacy still counts towards the majority; it
@@ -105,11 +106,14 @@ WINNER_PASS_OVER_S: Final = 60.0
 it. Long enough for the rest to elect and settle on another master; a pass-over only
 decides who wins a campaign, never whether to adopt a leader that speaks."""
 
-FROZEN_STEP_DOWN_S: Final = 2.0
-"""A leader whose ticks (every ~0.25 s) stalled this long steps down. Past the 1 s transport
-lease after which its peers drop its presence and campaign; short of their 1.5 s campaign
-window on top of it, so a leader back in time to answer their candidacies steps down into
-the same campaign rather than after it decided."""
+STALL_HOLD_AFTER_S: Final = 2.0
+"""A leader whose ticks (every ~0.25 s) stalled this long holds its indexing. Past the 1 s
+transport lease after which its peers drop its presence and campaign."""
+
+STALL_HOLD_S: Final = 8.0
+"""How long a leader back from such a stall indexes nothing. Long enough to re-link and hear
+a newer leader's announcement (every LEADER_ANNOUNCE_S; 6 s after a 5 s pause was the longest
+seen); requests meanwhile wait (their commands are re-sent), none fails."""
 
 MAX_PASSED_OVER: Final = 64
 """Winners remembered as passed over (the earliest to expire forgotten first)."""
@@ -141,9 +145,6 @@ class Me:
     members: frozenset[str] = frozenset()
     """The cluster's members per this node's replicated State (`State.nodes`): a campaign
     decides only when a majority of them campaign (`skulk.shared.election_quorum`)."""
-    frozen_for_s: float = 0.0
-    """How long this node's own ticks stalled just before this step (the gap past the tick
-    period; 0.0 normally). A leader frozen for FROZEN_STEP_DOWN_S steps down."""
     deaf_for_s: float = 0.0
     """How long this node has heard nothing from any peer whose presence token is present
     (`skulk.routing.hearing`; 0.0 when it hears). Silence heard by a deaf node says nothing
@@ -243,6 +244,15 @@ def session_id_for(master_id: str, clock: int) -> str:
     return f"{hashlib.sha256(master_id.encode()).hexdigest()[:32]}.{clock}"
 
 
+def stall_hold_until(view: ElectionView, stalled_s: float, me: Me, now: float) -> float | None:
+    """Until when a leader back from a stall of `stalled_s` (measured by the shell: how late
+    its tick came) indexes nothing; None: no hold. Only a leader with other members holds: a
+    lone node has nobody who could have elected another master."""
+    if view.phase != "leading" or stalled_s < STALL_HOLD_AFTER_S or not (me.members - {me.node_id}):
+        return None
+    return now + STALL_HOLD_S
+
+
 def is_leading(view: ElectionView) -> bool:
     """True while this node is the master: the shell's only authority to index events."""
     return view.phase == "leading"
@@ -266,7 +276,6 @@ def _on_tick(view: ElectionView, _inp: Tick, me: Me, now: float) -> Step:
         or rebroadcast_candidate(view, now)
         or notice_leader_silence(view, me, now)
         or step_down_when_deaf(view, me, now)
-        or step_down_after_freeze(view, me, now)
         or announce_leadership(view, now)
         or (view, [])
     )
@@ -358,15 +367,6 @@ def step_down_when_deaf(view: ElectionView, me: Me, now: float) -> Step | None:
     hears again it adopts whichever leader speaks (a newer session the others elected
     meanwhile), or, if none does, its peers join the campaign and re-elect."""
     if view.phase != "leading" or me.deaf_for_s < DEAF_LEADER_STEP_DOWN_S:
-        return None
-    return _start_campaign(view, view.clock + 1, me, now)
-
-
-def step_down_after_freeze(view: ElectionView, me: Me, now: float) -> Step | None:
-    """Leading, and this node's ticks stalled for FROZEN_STEP_DOWN_S: campaign at the next
-    clock. A newer leader answers the candidacy (or announces) and is adopted; if the stall
-    went unnoticed, the peers join the campaign once their master (this node) falls silent."""
-    if view.phase != "leading" or me.frozen_for_s < FROZEN_STEP_DOWN_S:
         return None
     return _start_campaign(view, view.clock + 1, me, now)
 
@@ -603,12 +603,13 @@ __all__ = [
     "CANDIDATE_REBROADCAST_S",
     "DEAF_LEADER_STEP_DOWN_S",
     "DISCOVERY_S",
-    "FROZEN_STEP_DOWN_S",
     "LEADER_ANNOUNCE_S",
     "LEADER_SILENCE_S",
     "MAX_CANDIDATES",
     "MAX_DEPARTED_TRACKED",
     "MAX_PASSED_OVER",
+    "STALL_HOLD_AFTER_S",
+    "STALL_HOLD_S",
     "WINNER_PASS_OVER_S",
     "Broadcast",
     "Elected",
@@ -626,5 +627,6 @@ __all__ = [
     "is_leading",
     "rank",
     "session_id_for",
+    "stall_hold_until",
     "step",
 ]
