@@ -334,13 +334,13 @@ def test_chaos_schedule_keeps_the_invariants(spawn_node, tmp_path: Path) -> None
                         sessions[name] = cluster(n.process)["sessionId"]
                 others = {s for name, s in sessions.items() if name != victim_name}
                 if kind == "sigstop-server" and len(others) == 1 and sessions.get(victim_name) not in others:
-                    # Known defect (issue 18, left open): a node paused while it led the
-                    # cluster resumes still leading its old session; its challenges to a peer
-                    # go unanswered (a zenoh delivery stall, as under network cuts), it prunes
-                    # that peer and so never hears the majority's newer session. Such a node
-                    # is now deaf (routing/hearing.py): it steps down after 10 s and refreshes
-                    # its declarations, but is not yet shown to hear again in repeated runs.
-                    # Reported as an expected failure with the evidence, never as a pass.
+                    # The old signature of a zenoh fault (issue 18): a node paused while it led
+                    # resumes still leading its old session, nothing it sends arriving. The node
+                    # now kicks zenoh's threads when a challenge goes unanswered or it is left
+                    # alone (routing/hearing.py), and a leader back from a stall holds its
+                    # indexing until it hears the newer master; not met in 40 runs since. Kept
+                    # as an expected failure with the evidence, never as a pass, so that the
+                    # fault, if it comes back, reports itself.
                     hearing = {}
                     for name, n in nodes.items():
                         if n.process is None:

@@ -120,7 +120,7 @@ class ElectionService:
             while True:
                 await asyncio.sleep(TICK_S)
                 # Waking late is this node's own stall (stopped, starved, or a blocked loop);
-                # the next Tick step judges it (`Me.frozen_for_s`).
+                # the next Tick step judges it (`machine.stall_hold_until`).
                 now = self._clock()
                 self._stalled_s = max(self._stalled_s, now - woke - TICK_S)
                 woke = now

@@ -192,12 +192,12 @@ class Master:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._intent = intent
+        """The operator's remembered intent (this node's record); restored on a cold start."""
         self._ready_to_index = ready_to_index
         """False while a stall of this node's (stopped, starved) awaits the election's judgement
         or its hold runs (`ElectionService.may_index`): a leader back from a stall may have
         been replaced; nothing is indexed in its stale session until it hears so or the hold
         ends."""
-        """The operator's remembered intent (this node's record); restored on a cold start."""
         self._restoring: list[PlacementIntent] = []
         self._restore_reasons: dict[str, str] = {}
         self._cards = cards
@@ -226,6 +226,7 @@ class Master:
         self._promoted_at = clock()
         self.indexed = 0
         self.stall_holds = 0
+        """Inputs held while a stall of this node's was judged or held (diagnostics)."""
         self.refused_commands = 0
         self.snapshots_sent = 0
         self.bursts_sent = 0
@@ -365,9 +366,11 @@ class Master:
     async def _hold_while_stalled(self) -> None:
         """Wait, at most STALL_HOLD_S, until the election has judged a stall of this node's
         (after which this task is cancelled if the node stepped down)."""
+        if self._ready_to_index():
+            return
+        self.stall_holds += 1
         deadline = self._clock() + STALL_HOLD_S
         while not self._ready_to_index() and self._clock() < deadline:
-            self.stall_holds += 1
             await asyncio.sleep(STALL_POLL_S)
 
     async def _send(self, node_id: str, message: Any) -> None:

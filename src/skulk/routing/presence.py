@@ -139,9 +139,9 @@ class PresenceVerifier:
     kept: int = 0
     """How many times a session's failed challenges were forgiven because its messages arrived."""
     last_kept: tuple[PresenceToken, ...] = ()
+    """The sessions the last `tick` kept that way (for the shell to log)."""
     last_missed: int = 0
     """Challenges that went unanswered in the latest `tick` (a dead peer, or a stalled link)."""
-    """The sessions the last `tick` kept that way (for the shell to log)."""
     _sessions: dict[PresenceToken, _Session] = field(default_factory=dict)
     _reported: frozenset[str] = frozenset()
 
