@@ -150,27 +150,21 @@ def test_a_cut_node_keeps_campaigning_and_rejoins_the_master_when_the_link_heals
     assert (during["masterNodeId"], during["sessionId"]) == (before["masterNodeId"], before["sessionId"])
     assert "leading" not in phases, phases  # the cut node never led a session of its own
     assert "campaigning" in phases, phases  # it did notice the cut
-    # Known transport defect (issue 18, left open): now and then zenoh's delivery from the
-    # master to the serving node stalls for the whole cut (one direction only; it resumes when
-    # the cut node's TCP link is reset on healing). A stream started in that window gets no
-    # first frame before this client's 60 s timeout (the API's first-frame deadline would end
-    # it typed later), and the serving node, hearing no master, could campaign with the healed
-    # node and win a new session (a deaf node now decides no campaign, routing/hearing.py).
-    # Both are reported, not hidden; anything else fails.
-    stalled = [e for e in errors if isinstance(e, AssertionError) and str(e).startswith("(0,")]
-    assert all(e in stalled for e in errors), f"a stream on the majority failed during the cut: {errors}"
-    if stalled:
-        print(f"\nknown transport stall seen: {len(stalled)} stream(s) got no first frame within 60 s")
-    if (after["masterNodeId"], after["sessionId"]) != (before["masterNodeId"], before["sessionId"]):
-        print(f"\nknown transport stall seen: a new session after the heal: {before['sessionId']} -> "
-              f"{after['sessionId']}")
     for role, index in (("serving node", server_index), ("master", master_index)):
         # Deafness (routing/hearing.py): a node that heard none of its present peers for 5 s.
-        # The stall above makes the serving node deaf: it then decides no election and
-        # refreshes its declarations; printed so a run shows whether it happened.
+        # A stall of the master's traffic makes the serving node deaf: it then decides no
+        # election and kicks zenoh's threads; printed (before the checks below) so a run shows it.
         response = nodes[index].get("/v1/diagnostics/node")
         if response.status_code == 200:
             print(f"\n{role} {ids[index]} hearing: {response.json()['transport'].get('hearing')}")
+    # Issue 18: now and then zenoh's delivery from the master to the serving node stalled for
+    # the whole cut (a missed wake-up inside zenoh; bytes unread in the socket while its threads
+    # slept), so a stream started then got no first frame, and the serving node, hearing no
+    # master, could campaign with the healed node. The kick (routing/kick.py) ends that stall;
+    # a deaf node decides no campaign (routing/hearing.py). Both symptoms now fail the test.
+    assert not errors, f"a stream on the majority failed or stalled during the cut: {errors}"
+    assert (after["masterNodeId"], after["sessionId"]) == (before["masterNodeId"], before["sessionId"]), \
+        f"a new session after the heal: {before['sessionId']} -> {after['sessionId']}"
     assert results and all(chunks > 0 and finish is not None for chunks, finish in results), results
     assert agreed(nodes, members=3) is not None or wait_agreed(nodes, members=3)
     print(f"\n{len(results)} streams completed across a {CUT_S:.0f}s cut of {ids[cut_index]} and its heal; "
