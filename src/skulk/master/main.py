@@ -36,8 +36,7 @@ from skulk.master.repair import DeletionCredit, active_credits, record_deletion
 from skulk.master.restore import RESTORE_DEADLINE_S, restore_step
 from skulk.routing.router import Router, RouterError, TypedSubscription
 from skulk.routing.topics import TOPICS
-from skulk.shared.election import STALL_HOLD_AFTER_S
-from skulk.shared.election import STALL_HOLD_S as ELECTION_STALL_HOLD_S
+from skulk.shared.election import STALL_HOLD_AFTER_S, STALL_HOLD_S
 from skulk.shared.intent import ClusterIntent, PlacementIntent, restore_cards
 from skulk.shared.sync import due_bursts, next_due_at, replay_scheduler, request
 from skulk.shared.telemetry_view import NODE_TIMEOUT_S, TelemetryView, freshness, node_resources
@@ -118,7 +117,7 @@ REPLAY_TICK_S = 0.05
 replay ticker sleeps until a SyncRequest arrives: an idle master does not wake 20 times a
 second for nothing (each wake-up costs CPU that a decoding runner on the same cores feels)."""
 INBOX_CAPACITY = 4096
-STALL_HOLD_S = STALL_HOLD_AFTER_S + ELECTION_STALL_HOLD_S
+STALL_HOLD_MAX_S = STALL_HOLD_AFTER_S + STALL_HOLD_S
 """Longest the master holds an input after a stall of this node's: the election's judgement
 (its next tick) plus its hold; a newer leader heard meanwhile ends this master sooner."""
 STALL_POLL_S = 0.05
@@ -364,12 +363,12 @@ class Master:
                 self.bursts_sent += 1
 
     async def _hold_while_stalled(self) -> None:
-        """Wait, at most STALL_HOLD_S, until the election has judged a stall of this node's
+        """Wait, at most STALL_HOLD_MAX_S, until the election has judged a stall of this node's
         (after which this task is cancelled if the node stepped down)."""
         if self._ready_to_index():
             return
         self.stall_holds += 1
-        deadline = self._clock() + STALL_HOLD_S
+        deadline = self._clock() + STALL_HOLD_MAX_S
         while not self._ready_to_index() and self._clock() < deadline:
             await asyncio.sleep(STALL_POLL_S)
 

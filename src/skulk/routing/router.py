@@ -795,7 +795,7 @@ class Router:
             kick = self._kick_ready and should_kick(self._hearing, self._kicked_at, now,
                                                     unanswered=self._verifier.last_missed > 0,
                                                     expects_peers=self._expects_peers)
-            kick_reason = ("deaf" if self._hearing.deaf_since is not None
+            kick_reason = ("" if not kick else "deaf" if self._hearing.deaf_since is not None
                            else "alone" if self._hearing.alone_since is not None else "a challenge went unanswered")
         if went_deaf:
             log.warning("node %s hears none of its present peers (no authenticated message for %.0f s while their "
