@@ -13,11 +13,18 @@ Configurations (every one on this machine, loopback, the same GGUF, greedy, same
 - llama-server alone: the same server without RPC, so the engine difference (C++ server loop
   vs the in-process engine's Python token loop) reads apart from the pooling's cost.
 
+Our configurations run as a node runs its engine processes: the bench re-executes itself
+once with huge-page malloc (`skulk.worker.engines.hugepages`, SKULK_HUGEPAGES=0 turns it
+off), while llama.cpp's binaries run with the environment the bench was started with, as
+llama.cpp's users run them.
+
 `--stages` adds rows that cross drivers, donors and channels (our driver to
 `ggml-rpc-server`, llama-server to our donor or through our channel, our driver through the
-channel's processes), the driver-side link as threads vs as a process of its own, flash
-attention off, a 0.5 ms GIL switch interval, and the headline row a second time (their
-spread is the run's own noise); `--only "a;b"` runs just those rows, loaded in that order.
+channel's processes), llama.cpp's own RPC given the same huge-page malloc (how much of the
+difference that alone makes), the driver-side link as threads vs as a process of its own,
+flash attention off, a 0.5 ms GIL switch interval, and the headline row a second time
+(their spread is the run's own noise); `--only "a;b"` runs just those rows, loaded in that
+order.
 
 Every pooled configuration splits the layers the same way (half on each side, the output
 layer on the donor). All processes share this machine's cores, so pooled figures measure the
@@ -150,16 +157,17 @@ def _answering_donor(port_out, gate_ports, answer_bytes: int) -> None:
     def serve(conn) -> None:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         with conn:
-            while True:
-                head = conn.recv(4, socket.MSG_WAITALL)
-                if len(head) < 4:
+            while True:  # ggml RPC's framing (`skulk.pool.framing`): | command | size | payload |
+                head = conn.recv(9, socket.MSG_WAITALL)
+                if len(head) < 9:
                     return
-                need = int.from_bytes(head, "big")
+                need = int.from_bytes(head[1:], "little")
                 while need:
                     got = conn.recv(min(need, 1 << 20))
                     if not got:
                         return
                     need -= len(got)
+                conn.sendall(len(answer).to_bytes(8, "little"))  # answered as ggml's server does: size, then data
                 conn.sendall(answer)
 
     def accept() -> None:
@@ -205,14 +213,16 @@ def channel_round_trips(rounds: int, trips: int, request_bytes: int, answer_byte
             sock = socket.create_connection(("127.0.0.1", port), timeout=30)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             socks[name] = sock
-        request = request_bytes.to_bytes(4, "big") + os.urandom(request_bytes)
-        buffer = bytearray(answer_bytes)
+        get_tensor = 10  # any command byte: the channel reads only the size
+        request = bytes([get_tensor]) + request_bytes.to_bytes(8, "little") + os.urandom(request_bytes)
+        expected = answer_bytes + 8  # the size, then the answer
+        buffer = bytearray(expected)
 
         def trip(sock) -> float:
             t0 = time.perf_counter()
             sock.sendall(request)
             view, got = memoryview(buffer), 0
-            while got < answer_bytes:
+            while got < expected:
                 n = sock.recv_into(view[got:])
                 if not n:
                     raise RuntimeError("closed")
@@ -240,13 +250,31 @@ def channel_round_trips(rounds: int, trips: int, request_bytes: int, answer_byte
             proc.join(timeout=10)
 
 
-def start_ggml_rpc_server(bin_dir: Path, threads: int, log_path: Path) -> tuple[subprocess.Popen, int]:
+def llama_cpp_env(huge_pages: bool) -> dict[str, str]:
+    """The environment a llama.cpp binary runs with here: as its users run it (malloc on its
+    default pages, GLIBC_TUNABLES as this bench was started), or with the huge-page malloc a
+    Skulk node gives its engine processes (`huge_pages`, the --stages row that shows how much
+    of the difference that alone makes)."""
+    env = dict(os.environ)
+    env.pop(REEXEC_ENV, None)
+    original = os.environ.get(REEXEC_ENV, "")
+    if huge_pages:
+        return env
+    if original:
+        env["GLIBC_TUNABLES"] = original
+    else:
+        env.pop("GLIBC_TUNABLES", None)
+    return env
+
+
+def start_ggml_rpc_server(bin_dir: Path, threads: int, log_path: Path,
+                          huge_pages: bool = False) -> tuple[subprocess.Popen, int]:
     """llama.cpp's own `ggml-rpc-server` on loopback; (process, port) once it listens."""
     from skulk.pool.rpc import free_loopback_port
 
     port = free_loopback_port()
     proc = subprocess.Popen([str(bin_dir / "ggml-rpc-server"), "-H", "127.0.0.1", "-p", str(port), "-t", str(threads)],
-                            stdout=open(log_path, "w"), stderr=subprocess.STDOUT)  # noqa: SIM115 (the server's log, open for its life)
+                            env=llama_cpp_env(huge_pages), stdout=open(log_path, "w"), stderr=subprocess.STDOUT)  # noqa: SIM115 (the server's log, open for its life)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
@@ -260,7 +288,8 @@ def start_ggml_rpc_server(bin_dir: Path, threads: int, log_path: Path) -> tuple[
     raise RuntimeError("ggml-rpc-server did not listen")
 
 
-def start_donor_endpoint(kind: str, threads: int, bin_dir: Path, logs: Path) -> tuple[str, Callable[[], None]]:
+def start_donor_endpoint(kind: str, threads: int, bin_dir: Path, logs: Path,
+                         huge_pages: bool = False) -> tuple[str, Callable[[], None]]:
     """A donor RPC endpoint for a driver to dial, and how to stop it. kind:
     ggml (llama.cpp's ggml-rpc-server), lib (our in-process server from llama-cpp-python's
     libggml-rpc, as a donor runner starts it), ggml+channel / ggml+channel-plain (ggml-rpc-server
@@ -280,7 +309,7 @@ def start_donor_endpoint(kind: str, threads: int, bin_dir: Path, logs: Path) -> 
             helper.start()
             procs.append(helper)
             return f"127.0.0.1:{ports.get(timeout=60)}", stop
-        server, port = start_ggml_rpc_server(bin_dir, threads, logs / f"rpc-{kind}.log")
+        server, port = start_ggml_rpc_server(bin_dir, threads, logs / f"rpc-{kind}.log", huge_pages)
         procs.append(server)
         if kind == "ggml":
             return f"127.0.0.1:{port}", stop
@@ -493,7 +522,8 @@ def _fast_rate(gaps: list[float]) -> float:
     return 1 / ordered[len(ordered) // 10] if ordered else float("nan")
 
 
-def open_llama_server(card, path: Path, threads: int, bin_dir: Path, donor: str | None = "ggml") -> Config:
+def open_llama_server(card, path: Path, threads: int, bin_dir: Path, donor: str | None = "ggml",
+                      huge_pages: bool = False) -> Config:
     """llama.cpp's own driver: llama-server --rpc to a donor endpoint (`start_donor_endpoint`
     kind; "ggml" is llama.cpp's own setup), same split; with `donor` None, llama-server alone
     (the engine difference without any pooling)."""
@@ -505,7 +535,7 @@ def open_llama_server(card, path: Path, threads: int, bin_dir: Path, donor: str 
     stop_donor: Callable[[], None] = lambda: None  # noqa: E731
     rpc_args = ["-ngl", "0"]
     if donor is not None:
-        endpoint, stop_donor = start_donor_endpoint(donor, threads, bin_dir, logs)
+        endpoint, stop_donor = start_donor_endpoint(donor, threads, bin_dir, logs, huge_pages)
         rpc_args = ["--rpc", endpoint, "-ngl", str(split.n_gpu_layers),
                     "-ts", ",".join(str(int(x)) for x in split.tensor_split)]
     pooled = donor is not None
@@ -524,7 +554,7 @@ def open_llama_server(card, path: Path, threads: int, bin_dir: Path, donor: str 
             [str(bin_dir / "llama-server"), "-m", str(path), *rpc_args,
              "-t", str(threads), "-tb", str(threads), "-c", "2048", "-np", "1", "--host", "127.0.0.1",
              "--port", str(http_port), "--no-warmup", "-lv", "4"],
-            stdout=open(logs / "server.log", "w"), stderr=subprocess.STDOUT)  # noqa: SIM115 (the server's log, open for its life)
+            env=llama_cpp_env(huge_pages), stdout=open(logs / "server.log", "w"), stderr=subprocess.STDOUT)  # noqa: SIM115 (the server's log, open for its life)
         url = f"http://127.0.0.1:{http_port}"
         deadline = time.monotonic() + 300
         while True:
@@ -560,6 +590,27 @@ def open_llama_server(card, path: Path, threads: int, bin_dir: Path, donor: str 
     return Config(stream, load_s, close, note)
 
 
+REEXEC_ENV = "SKULK_BENCH_PLAIN_GLIBC_TUNABLES"
+"""Set once this bench re-executed itself with a node's engine environment: the
+GLIBC_TUNABLES it was started with (llama.cpp's own processes get that back)."""
+
+
+def _as_a_node_runs_engines() -> None:
+    """Re-execute this bench once with the environment a node gives its engine processes
+    (huge-page malloc, `skulk.worker.engines.hugepages`; read by glibc at process start
+    only), so our drivers (in this process) and donors (spawned) run as in production. The
+    llama.cpp binaries are started with the original environment (`llama_cpp_env`)."""
+    from skulk.worker.engines.hugepages import export_hugepage_malloc
+
+    if REEXEC_ENV in os.environ:
+        return
+    env = dict(os.environ)
+    env[REEXEC_ENV] = os.environ.get("GLIBC_TUNABLES", "")
+    if export_hugepage_malloc(env):
+        sys.stdout.flush()
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tiny", action="store_true")
@@ -582,6 +633,7 @@ def main() -> int:
                         help="only measure the channel's cost per RPC round trip (default answer 128 KiB: a "
                              "32k-vocabulary token's logits), direct vs plain vs encrypted")
     args = parser.parse_args()
+    _as_a_node_runs_engines()
     if args.channel_rtt is not None:
         channel_round_trips(rounds=20, trips=25, request_bytes=16384, answer_bytes=args.channel_rtt)
         return 0
@@ -611,6 +663,7 @@ def main() -> int:
                 ("l.cpp->chan plain", lambda: open_llama_server(card, path, args.threads, bins,
                                                                 donor="ggml+channel-plain")),
                 ("l.cpp->chan", lambda: open_llama_server(card, path, args.threads, bins, donor="ggml+channel")),
+                ("llama.cpp RPC, THP", lambda: open_llama_server(card, path, args.threads, bins, huge_pages=True)),
                 ("ours->chan", lambda: open_engine(card, path, args.threads, "ggml+channel", bin_dir=bins)),
             ]
     else:

@@ -23,6 +23,7 @@ from skulk.datadir.paths import SkulkPaths, resolve_paths
 from skulk.node import ExitCode, NodeSettings, default_node_name, run_node
 from skulk.provision.llama_build import engines_dir
 from skulk.provision.node_engine import export_managed_llama_server
+from skulk.worker.engines.hugepages import export_hugepage_malloc
 
 app = typer.Typer(
     help="Skulk: join machines into one cluster that serves language models.",
@@ -145,6 +146,7 @@ def _run(flags: RunFlags) -> None:
         raise typer.Exit(ExitCode.USAGE) from None
     settings = resolve_settings(flags, config, paths, default_node_name(), os.environ.get(API_KEY_ENV) or None)
     export_managed_llama_server(os.environ, engines_dir(os.environ, paths.data_home))  # before the probe reads it
+    export_hugepage_malloc(os.environ)  # before any engine process starts: glibc reads it at process start
     raise typer.Exit(run_node(settings))
 
 

@@ -185,6 +185,10 @@ def test_two_node_pool_then_kill_9_of_the_donor_runner(spawn_node, tiny_gguf) ->
     ids = {n.get("/node_id").json()["nodeId"]: n for n in nodes}
     ranks = {s["rank"]: s["nodeId"] for s in preview["shards"]}
     driver, donor = ids[ranks[0]], ids[ranks[1]]
+    # Every engine process a node spawns starts with huge-page malloc (worker/engines/hugepages.py).
+    for node in (driver, donor):
+        runners = psutil.Process(node.proc.pid).children(recursive=True)
+        assert runners and all("glibc.malloc.hugetlb=1" in r.environ().get("GLIBC_TUNABLES", "") for r in runners)
 
     error = stream_until(driver, lambda: kill_runners(donor))
     message = error["message"]

@@ -1,5 +1,6 @@
 """The pool channel over real loopback sockets: an echo server stands in for the donor's
-ggml RPC server (the channel relays bytes; it never parses them)."""
+ggml RPC server (the channel relays bytes unchanged; it reads only where ggml RPC messages
+end, to seal a burst once)."""
 
 from __future__ import annotations
 
@@ -227,3 +228,50 @@ def test_a_slow_but_alive_donor_is_not_lost(monkeypatch, encrypt):
         link.close()
         g.close()
         slow.close()
+
+
+def _request(command: int, payload: bytes) -> bytes:
+    return bytes([command]) + len(payload).to_bytes(8, "little") + payload
+
+
+@pytest.mark.parametrize("encrypt", [True, False])
+def test_a_burst_written_in_pieces_crosses_as_one_frame(gate, encrypt, monkeypatch):
+    """llama.cpp writes each RPC command as three sends (command, size, payload); the link
+    seals the burst once: the rest of a message and the command after a data-only one are
+    waited for (the wait is made long here, so the count does not depend on scheduling),
+    and the bytes arrive unchanged."""
+    import time
+
+    monkeypatch.setattr(channel, "BURST_WAIT_S", 1.0)
+    frames: list[int] = []
+    send = channel._FrameWriter.send
+
+    def counted(self, payload):
+        frames.append(len(payload))
+        return send(self, payload)
+
+    monkeypatch.setattr(channel._FrameWriter, "send", counted)
+    g = gate(encrypt)
+    lost: list = []
+    link = _link(g, KEY, lost, encrypt)
+    burst = [_request(6, b"a" * 4096), _request(16, b"g" * 300), _request(8, b"r" * 24)]  # set, recompute, get
+    try:
+        with socket.create_connection(("127.0.0.1", link.port), timeout=10) as sock:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            frames.clear()  # the echo's own frames back come through the gate's writer: count from here
+            for message in burst:
+                for piece in (message[:1], message[1:9], message[9:]):
+                    sock.sendall(piece)
+                    time.sleep(0.02)
+            expected = b"".join(burst)
+            got = bytearray()
+            while len(got) < len(expected):
+                chunk = sock.recv(1 << 20)
+                assert chunk, "the channel closed early"
+                got += chunk
+        assert bytes(got) == expected
+        towards_donor = [n for n in frames if n == len(expected)]
+        assert towards_donor, f"the burst was not sealed as one frame: {frames}"
+        assert lost == []
+    finally:
+        link.close()

@@ -17,7 +17,8 @@ A stray TCP client, or a node with another cluster key, gets nothing and is disc
 within HANDSHAKE_TIMEOUT_S. Then both sides derive one AES-256-GCM key per direction (HKDF
 over K, salt cn | sn) and exchange frames: 4-byte big-endian length, then the payload sealed
 with a 12-byte counter nonce (never reused: one key per direction per connection). A frame
-that fails authentication closes the connection. AES-GCM rather than ChaCha20-Poly1305
+that fails authentication closes the connection. A frame carries a burst of ggml RPC
+messages, not whatever one read returned (`skulk.pool.framing`, `_pump_out`). AES-GCM rather than ChaCha20-Poly1305
 because the machines that pool a model have AES in hardware (x86-64 AES-NI/VAES, Apple
 Silicon's ARMv8 crypto extensions) and OpenSSL then seals about 6x faster (measured: 9 us vs
 55 us per 128 KiB frame): a token's logits are sealed and opened once each per token. (A
@@ -46,6 +47,7 @@ import hashlib
 import hmac
 import logging
 import os
+import select
 import socket
 import struct
 import threading
@@ -56,6 +58,8 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from skulk.pool.framing import BETWEEN, REQUESTS, RESPONSES, Framing, advance, lingers
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +75,11 @@ CHUNK_BYTES = 128 * 1024
 """Plaintext bytes per frame at most; a frame claiming more is refused. Small enough that a
 large answer (a token's logits) is sealed, sent, opened and forwarded frame by frame in
 overlap, instead of waiting whole at each hop."""
+BURST_WAIT_S = 0.002
+"""How long a relay waits for more of a burst before sealing what it has (`_pump_out`): the
+rest of a ggml RPC message, or the next message after a data-only command. Its sender writes
+those microseconds apart, so this bounds only a pause of the driver's (it then computes its
+own layers: the data waits for a graph anyway), a misread, or a stalled sender."""
 HEARTBEAT_INTERVAL_S = 1.0
 """How often each side of a connection proves it is alive with an empty frame."""
 SILENCE_DEADLINE_S = 8.0
@@ -238,14 +247,44 @@ class _FrameWriter:
             self._lock.release()
 
 
-def _pump_out(src: socket.socket, writer: _FrameWriter) -> None:
-    """Plain bytes from the local `src` to frames on the cross-node socket until `src` ends."""
+def _pump_out(src: socket.socket, writer: _FrameWriter, framing: Framing) -> None:
+    """Plain bytes from the local `src` to frames on the cross-node socket until `src` ends.
+
+    One frame per burst, not per `recv` (`skulk.pool.framing`): after a read, the rest of a
+    message still arriving, or the message that follows a data-only command, is waited for
+    (at most BURST_WAIT_S at a time); bytes already queued are taken without waiting. The
+    frame is sealed when the stream stands after a computing or answered command (or an
+    answer) with nothing more queued, when a wait runs out, or when the frame is full."""
     buffer = memoryview(bytearray(CHUNK_BYTES))
+    poller = select.poll()
+    poller.register(src, select.POLLIN)
+    wait_ms = max(1, round(BURST_WAIT_S * 1000))
+    cursor = BETWEEN
     while True:
         n = src.recv_into(buffer)
         if not n:
             return
-        writer.send(buffer[:n])
+        cursor = advance(framing, cursor, buffer[:n])
+        filled = n
+        ended = False
+        while filled < CHUNK_BYTES:
+            if cursor.between_messages and not lingers(cursor):
+                try:
+                    n = src.recv_into(buffer[filled:], 0, socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    break  # nothing queued: the burst is whole
+            elif poller.poll(wait_ms):
+                n = src.recv_into(buffer[filled:])
+            else:
+                break  # the sender paused (or a message was misread): send what we have
+            if not n:
+                ended = True
+                break
+            cursor = advance(framing, cursor, buffer[filled : filled + n])
+            filled += n
+        writer.send(buffer[:filled])
+        if ended:
+            return
 
 
 def _recv_into(sock: socket.socket, view: memoryview) -> bool:
@@ -401,15 +440,17 @@ class DonorGate(_Listener):
         _no_delay(local)
         self._track(local)
         try:
-            _relay(conn, local, send_key, receive_key, self._encrypt)
+            _relay(conn, local, send_key, receive_key, self._encrypt, RESPONSES)
         finally:
             self._untrack(local)
             _close(local)
 
 
 def _relay(remote: socket.socket, local: socket.socket, send_key: bytes, receive_key: bytes, encrypt: bool,
-           on_remote_end: Callable[[str], None] | None = None) -> None:
-    """Relay both directions until either side ends, heartbeating the remote side. Every
+           local_framing: Framing, on_remote_end: Callable[[str], None] | None = None) -> None:
+    """Relay both directions until either side ends, heartbeating the remote side.
+    `local_framing`: the messages the local side writes (requests on a driver's link,
+    responses on a donor's gate). Every
     wait on the remote side has SILENCE_DEADLINE_S. `on_remote_end(reason)` runs (once)
     when the remote side ended, failed or went silent, before the local socket is closed:
     whichever direction notices first, a read that sees the peer's end or its silence, or a
@@ -432,7 +473,7 @@ def _relay(remote: socket.socket, local: socket.socket, send_key: bytes, receive
 
     def outbound() -> None:  # local plain -> remote
         try:
-            _pump_out(local, writer)
+            _pump_out(local, writer, local_framing)
             local_closed.set()
         except Exception as exc:  # the send to the peer failed (or timed out)
             remote_ended(f"sending to the peer failed: {type(exc).__name__}: {exc}")
@@ -506,7 +547,7 @@ class DriverLink(_Listener):
                 self._on_lost(self.remote, str(refusal))
                 return
             _keepalive(remote)
-            _relay(remote, conn, send_key, receive_key, self._encrypt,
+            _relay(remote, conn, send_key, receive_key, self._encrypt, REQUESTS,
                    on_remote_end=lambda why: self._on_lost(self.remote, why))
         finally:
             self._untrack(remote)
@@ -514,6 +555,7 @@ class DriverLink(_Listener):
 
 
 __all__ = [
+    "BURST_WAIT_S",
     "CHUNK_BYTES",
     "DIAL_TIMEOUT_S",
     "HANDSHAKE_TIMEOUT_S",

@@ -1,0 +1,83 @@
+"""Huge-page malloc for engine processes: the GLIBC_TUNABLES arithmetic (table), and that
+glibc really backs a large block with transparent huge pages in a process started with it."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from skulk.worker.engines.hugepages import (
+    HUGEPAGE_MALLOC,
+    export_hugepage_malloc,
+    hugepages_wanted,
+    tunables_with_hugepages,
+)
+
+
+@pytest.mark.parametrize(("current", "expected"), [
+    (None, "glibc.malloc.hugetlb=1"),
+    ("", "glibc.malloc.hugetlb=1"),
+    ("glibc.malloc.arena_max=2", "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"),
+    ("glibc.malloc.hugetlb=0", "glibc.malloc.hugetlb=0"),  # the operator's own choice stays
+    ("glibc.malloc.hugetlb=2:glibc.malloc.arena_max=2", "glibc.malloc.hugetlb=2:glibc.malloc.arena_max=2"),
+    ("glibc.malloc.arena_max=2::", "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"),
+])
+def test_tunables_with_hugepages(current: str | None, expected: str) -> None:
+    assert tunables_with_hugepages(current) == expected
+
+
+@pytest.mark.parametrize(("env", "wanted"), [
+    ({}, True), ({"SKULK_HUGEPAGES": "1"}, True), ({"SKULK_HUGEPAGES": "0"}, False), ({"SKULK_HUGEPAGES": " 0 "}, False),
+])
+def test_hugepages_wanted(env: dict[str, str], wanted: bool) -> None:
+    assert hugepages_wanted(env) is wanted
+
+
+def test_export_sets_or_leaves_the_environment() -> None:
+    env: dict[str, str] = {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}
+    assert export_hugepage_malloc(env) is True
+    assert env["GLIBC_TUNABLES"] == f"glibc.malloc.arena_max=2:{HUGEPAGE_MALLOC}"
+    off: dict[str, str] = {"SKULK_HUGEPAGES": "0"}
+    assert export_hugepage_malloc(off) is False
+    assert "GLIBC_TUNABLES" not in off
+
+
+ALLOCATE_AND_REPORT = """
+import re
+block = bytearray(64 << 20)  # a large block: glibc mmaps it
+for i in range(0, len(block), 4096):
+    block[i] = 1  # touch every page
+smaps = open("/proc/self/smaps_rollup").read()
+print(re.search(r"AnonHugePages:\\s+(\\d+) kB", smaps).group(1))
+"""
+
+
+def _thp_mode() -> str | None:
+    path = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not path.is_file():
+        return None
+    found = re.search(r"\[(\w+)\]", path.read_text())
+    return found.group(1) if found else None
+
+
+def _huge_kb(env: dict[str, str]) -> int:
+    out = subprocess.run([sys.executable, "-c", ALLOCATE_AND_REPORT], env=env, capture_output=True, text=True,
+                         timeout=60, check=True)
+    return int(out.stdout.strip())
+
+
+@pytest.mark.skipif(_thp_mode() not in ("madvise", "always"), reason="this kernel offers no transparent huge pages")
+def test_a_process_started_with_it_gets_huge_pages_for_large_blocks() -> None:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    exported = dict(env)
+    assert export_hugepage_malloc(exported)
+    with_it = _huge_kb(exported)
+    assert with_it > 0, "a touched 64 MiB block got no huge page"
+    if _thp_mode() == "madvise":  # the default pages without the tunable: the reason it exists
+        assert _huge_kb(env) < with_it
