@@ -482,6 +482,7 @@ def _load_direct(engine, inst, card, path, threads, endpoint) -> None:
     import llama_cpp
 
     from skulk.pool import rpc
+    from skulk.worker.engines.hugepages import this_process_weights_in_malloc
     from skulk.worker.engines.llama_cpp.engine import flash_attn_enabled
 
     devices = rpc.add_servers([endpoint])
@@ -490,6 +491,7 @@ def _load_direct(engine, inst, card, path, threads, endpoint) -> None:
         llama = llama_cpp.Llama(model_path=str(path), n_ctx=2048, n_threads=threads, n_threads_batch=threads,
                                 n_gpu_layers=split.n_gpu_layers, tensor_split=list(split.tensor_split),
                                 flash_attn=flash_attn_enabled(card.runtime.flash_attn, os.environ),
+                                use_mmap=not this_process_weights_in_malloc(os.environ),
                                 logits_all=False, verbose=False)
     engine._llama = llama  # the bench drives the engine's own generation loop over it
     engine._vocab = llama_cpp.llama_model_get_vocab(llama.model)
@@ -526,7 +528,8 @@ def open_llama_server(card, path: Path, threads: int, bin_dir: Path, donor: str 
                       huge_pages: bool = False) -> Config:
     """llama.cpp's own driver: llama-server --rpc to a donor endpoint (`start_donor_endpoint`
     kind; "ggml" is llama.cpp's own setup), same split; with `donor` None, llama-server alone
-    (the engine difference without any pooling)."""
+    (the engine difference without any pooling). `huge_pages`: driver and donor given what a
+    node gives its engines (huge-page malloc, weights read rather than mapped)."""
     from tests.nodeproc import free_port
 
     http_port = free_port()
@@ -538,6 +541,8 @@ def open_llama_server(card, path: Path, threads: int, bin_dir: Path, donor: str 
         endpoint, stop_donor = start_donor_endpoint(donor, threads, bin_dir, logs, huge_pages)
         rpc_args = ["--rpc", endpoint, "-ngl", str(split.n_gpu_layers),
                     "-ts", ",".join(str(int(x)) for x in split.tensor_split)]
+    if huge_pages:  # as our engine loads where huge-page malloc is on: weights read, not mapped
+        rpc_args += ["-lm", "none"]
     pooled = donor is not None
     driver = None
 

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import signal
 import socket
+import sys
 import threading
 
 import httpx
@@ -20,6 +22,7 @@ from skulk.pool.layout import pool_port
 from skulk.shared.types.common import ChatMessage
 from skulk.shared.types.instances import Instance
 from skulk.shared.types.tasks import TextGenerationParams
+from skulk.worker.engines.hugepages import HUGEPAGE_MALLOC, thp_mode, weights_in_malloc
 from tests.cluster.harness import start_linked, wait_agreed
 from tests.nodeproc import NodeProcess, wait_for
 from tests.worker.tiny_gguf import TINY_GGUF_MODEL_ID, tiny_gguf, tiny_gguf_card, tiny_instance  # noqa: F401
@@ -189,6 +192,8 @@ def test_two_node_pool_then_kill_9_of_the_donor_runner(spawn_node, tiny_gguf) ->
     for node in (driver, donor):
         runners = psutil.Process(node.proc.pid).children(recursive=True)
         assert runners and all("glibc.malloc.hugetlb=1" in r.environ().get("GLIBC_TUNABLES", "") for r in runners)
+    if weights_in_malloc(sys.platform, HUGEPAGE_MALLOC, thp_mode()):  # and so the driver reads its weights
+        assert re.search(r"loaded .* mmap=False", driver.log()), driver.log()[-3000:]
 
     error = stream_until(driver, lambda: kill_runners(donor))
     message = error["message"]

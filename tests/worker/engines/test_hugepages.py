@@ -1,9 +1,9 @@
-"""Huge-page malloc for engine processes: the GLIBC_TUNABLES arithmetic (table), and that
-glibc really backs a large block with transparent huge pages in a process started with it."""
+"""Huge-page malloc for engine processes: the GLIBC_TUNABLES arithmetic and when weights are
+read rather than mapped (tables), and that glibc really backs a large block with transparent
+huge pages in a process started with it."""
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,8 +13,11 @@ import pytest
 from skulk.worker.engines.hugepages import (
     HUGEPAGE_MALLOC,
     export_hugepage_malloc,
+    hugepage_malloc_in_effect,
     hugepages_wanted,
+    thp_mode,
     tunables_with_hugepages,
+    weights_in_malloc,
 )
 
 
@@ -56,21 +59,13 @@ print(re.search(r"AnonHugePages:\\s+(\\d+) kB", smaps).group(1))
 """
 
 
-def _thp_mode() -> str | None:
-    path = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-    if not path.is_file():
-        return None
-    found = re.search(r"\[(\w+)\]", path.read_text())
-    return found.group(1) if found else None
-
-
 def _huge_kb(env: dict[str, str]) -> int:
     out = subprocess.run([sys.executable, "-c", ALLOCATE_AND_REPORT], env=env, capture_output=True, text=True,
                          timeout=60, check=True)
     return int(out.stdout.strip())
 
 
-@pytest.mark.skipif(_thp_mode() not in ("madvise", "always"), reason="this kernel offers no transparent huge pages")
+@pytest.mark.skipif(thp_mode() not in ("madvise", "always"), reason="this kernel offers no transparent huge pages")
 def test_a_process_started_with_it_gets_huge_pages_for_large_blocks() -> None:
     import os
 
@@ -79,5 +74,36 @@ def test_a_process_started_with_it_gets_huge_pages_for_large_blocks() -> None:
     assert export_hugepage_malloc(exported)
     with_it = _huge_kb(exported)
     assert with_it > 0, "a touched 64 MiB block got no huge page"
-    if _thp_mode() == "madvise":  # the default pages without the tunable: the reason it exists
+    if thp_mode() == "madvise":  # the default pages without the tunable: the reason it exists
         assert _huge_kb(env) < with_it
+
+
+@pytest.mark.parametrize(("tunables", "in_effect"), [
+    (None, False), ("", False), ("glibc.malloc.hugetlb=1", True), ("glibc.malloc.hugetlb=2", True),
+    ("glibc.malloc.hugetlb=0", False), ("glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1", True),
+    ("glibc.malloc.arena_max=1", False),
+])
+def test_hugepage_malloc_in_effect(tunables: str | None, in_effect: bool) -> None:
+    assert hugepage_malloc_in_effect(tunables) is in_effect
+
+
+@pytest.mark.parametrize(("platform", "tunables", "mode", "read"), [
+    ("linux", HUGEPAGE_MALLOC, "madvise", True),  # a node's engine on a stock kernel
+    ("linux", None, "madvise", False),  # SKULK_HUGEPAGES=0: malloc'd weights would get 4 KiB pages
+    ("linux", None, "always", True),
+    ("linux", HUGEPAGE_MALLOC, "never", False),
+    ("linux", HUGEPAGE_MALLOC, None, False),  # no THP in this kernel
+    ("darwin", HUGEPAGE_MALLOC, None, False),  # macOS maps weights for the GPU
+])
+def test_weights_in_malloc(platform: str, tunables: str | None, mode: str | None, read: bool) -> None:
+    assert weights_in_malloc(platform, tunables, mode) is read
+
+
+@pytest.mark.parametrize(("text", "mode"), [
+    ("always [madvise] never\n", "madvise"), ("[always] madvise never\n", "always"), ("always madvise [never]", "never"),
+])
+def test_thp_mode_read(tmp_path: Path, text: str, mode: str) -> None:
+    path = tmp_path / "enabled"
+    path.write_text(text)
+    assert thp_mode(path) == mode
+    assert thp_mode(tmp_path / "absent") is None

@@ -46,6 +46,7 @@ from skulk.worker.engines.base import (
     ShardSpec,
     chat_message_dict,
 )
+from skulk.worker.engines.hugepages import this_process_weights_in_malloc
 from skulk.worker.engines.llama_cpp.prefix import LlamaPrefixStore
 from skulk.worker.engines.logits import (
     GrammarRejected,
@@ -281,6 +282,7 @@ class LlamaCppEngine:
             n_threads_batch=threads,
             n_gpu_layers=planned_gpu_layers(spec),
             flash_attn=flash_attn_enabled(spec.card.runtime.flash_attn, os.environ),
+            use_mmap=not this_process_weights_in_malloc(os.environ),  # weights on huge pages (see hugepages)
             logits_all=False,
             verbose=False,
         )
@@ -311,7 +313,8 @@ class LlamaCppEngine:
             raise ModelLoadFailed(str(exc)) from exc
         self._prefixes = LlamaPrefixStore(budget)
         log.info(
-            "loaded %s: n_ctx=%d threads=%d flash_attn=%s", spec.model_path, self._n_ctx, threads, options["flash_attn"]
+            "loaded %s: n_ctx=%d threads=%d flash_attn=%s mmap=%s", spec.model_path, self._n_ctx, threads,
+            options["flash_attn"], options["use_mmap"],
         )
 
     def load_tokenizer(self, model_path: str, n_ctx: int) -> None:
