@@ -275,3 +275,25 @@ def test_a_burst_written_in_pieces_crosses_as_one_frame(gate, encrypt, monkeypat
         assert lost == []
     finally:
         link.close()
+
+
+@pytest.mark.parametrize("encrypt", [True, False])
+def test_closing_a_link_mid_burst_reports_no_loss(gate, encrypt, monkeypatch):
+    """A link closed (its engine torn down) while it waits for more of a burst after a
+    data-only command: the bytes it holds cannot be delivered any more, and that is the
+    teardown, not the donor's loss (a loss is fatal to the driver)."""
+    import time
+
+    monkeypatch.setattr(channel, "BURST_WAIT_S", 2.0)
+    g = gate(encrypt)
+    lost: list = []
+    link = _link(g, KEY, lost, encrypt)
+    sock = socket.create_connection(("127.0.0.1", link.port), timeout=10)
+    try:
+        sock.sendall(_request(4, b"f" * 16))  # FREE_BUFFER: data only, so the link waits for more
+        time.sleep(0.2)
+    finally:
+        link.close()
+        sock.close()
+    time.sleep(0.3)  # let the relay threads see the sockets end
+    assert lost == []

@@ -247,8 +247,10 @@ class _FrameWriter:
             self._lock.release()
 
 
-def _pump_out(src: socket.socket, writer: _FrameWriter, framing: Framing) -> None:
-    """Plain bytes from the local `src` to frames on the cross-node socket until `src` ends.
+def _pump_out(src: socket.socket, writer: _FrameWriter, framing: Framing, on_end: Callable[[], None]) -> None:
+    """Plain bytes from the local `src` to frames on the cross-node socket until `src` ends;
+    `on_end()` runs as soon as it has ended, before the bytes read ahead of its end are sent
+    (a teardown: failing to deliver those is not the peer's loss).
 
     One frame per burst, not per `recv` (`skulk.pool.framing`): after a read, the rest of a
     message still arriving, or the message that follows a data-only command, is waited for
@@ -263,6 +265,7 @@ def _pump_out(src: socket.socket, writer: _FrameWriter, framing: Framing) -> Non
     while True:
         n = src.recv_into(buffer)
         if not n:
+            on_end()
             return
         cursor = advance(framing, cursor, buffer[:n])
         filled = n
@@ -282,6 +285,8 @@ def _pump_out(src: socket.socket, writer: _FrameWriter, framing: Framing) -> Non
                 break
             cursor = advance(framing, cursor, buffer[filled : filled + n])
             filled += n
+        if ended:
+            on_end()
         writer.send(buffer[:filled])
         if ended:
             return
@@ -473,8 +478,7 @@ def _relay(remote: socket.socket, local: socket.socket, send_key: bytes, receive
 
     def outbound() -> None:  # local plain -> remote
         try:
-            _pump_out(local, writer, local_framing)
-            local_closed.set()
+            _pump_out(local, writer, local_framing, local_closed.set)
         except Exception as exc:  # the send to the peer failed (or timed out)
             remote_ended(f"sending to the peer failed: {type(exc).__name__}: {exc}")
         finally:
@@ -523,6 +527,10 @@ class DriverLink(_Listener):
     def endpoint(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    def _remote_ended(self, why: str) -> None:
+        if not self._closed.is_set():  # closed by its owner (a teardown): not the donor's loss
+            self._on_lost(self.remote, why)
+
     def probe(self) -> None:
         """One authenticated connection to the gate, closed at once: raises ChannelRefused
         (or OSError) when the donor is not reachable or does not hold the key."""
@@ -548,7 +556,7 @@ class DriverLink(_Listener):
                 return
             _keepalive(remote)
             _relay(remote, conn, send_key, receive_key, self._encrypt, REQUESTS,
-                   on_remote_end=lambda why: self._on_lost(self.remote, why))
+                   on_remote_end=self._remote_ended)
         finally:
             self._untrack(remote)
             _close(remote)
