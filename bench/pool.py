@@ -255,15 +255,17 @@ def llama_cpp_env(huge_pages: bool) -> dict[str, str]:
     default pages, GLIBC_TUNABLES as this bench was started), or with the huge-page malloc a
     Skulk node gives its engine processes (`huge_pages`, the --stages row that shows how much
     of the difference that alone makes)."""
+    from skulk.worker.engines.hugepages import TUNABLES_ENV, tunables_with_hugepages
+
     env = dict(os.environ)
-    env.pop(REEXEC_ENV, None)
-    original = os.environ.get(REEXEC_ENV, "")
+    started_with = env.pop(REEXEC_ENV, None)
     if huge_pages:
-        return env
-    if original:
-        env["GLIBC_TUNABLES"] = original
-    else:
-        env.pop("GLIBC_TUNABLES", None)
+        env[TUNABLES_ENV] = tunables_with_hugepages(env.get(TUNABLES_ENV))
+    elif started_with is not None:  # undo what the re-execution added
+        if started_with:
+            env[TUNABLES_ENV] = started_with
+        else:
+            env.pop(TUNABLES_ENV, None)
     return env
 
 

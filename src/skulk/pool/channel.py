@@ -18,12 +18,12 @@ within HANDSHAKE_TIMEOUT_S. Then both sides derive one AES-256-GCM key per direc
 over K, salt cn | sn) and exchange frames: 4-byte big-endian length, then the payload sealed
 with a 12-byte counter nonce (never reused: one key per direction per connection). A frame
 that fails authentication closes the connection. A frame carries a burst of ggml RPC
-messages, not whatever one read returned (`skulk.pool.framing`, `_pump_out`). AES-GCM rather than ChaCha20-Poly1305
-because the machines that pool a model have AES in hardware (x86-64 AES-NI/VAES, Apple
-Silicon's ARMv8 crypto extensions) and OpenSSL then seals about 6x faster (measured: 9 us vs
-55 us per 128 KiB frame): a token's logits are sealed and opened once each per token. (A
-board without AES instructions, e.g. a Raspberry Pi 4, still gets OpenSSL's constant-time
-software AES, only slower.) Unencrypted (`encrypt=False`, the SKULK_POOL_ENCRYPT=0 escape
+messages, not whatever one read returned (`skulk.pool.framing`, `_pump_out`). AES-GCM
+rather than ChaCha20-Poly1305 because the machines that pool a model have AES in hardware
+(x86-64 AES-NI/VAES, Apple Silicon's ARMv8 crypto extensions) and OpenSSL then seals about
+6x faster (measured: 9 us vs 55 us per 128 KiB frame): a token's logits are sealed and
+opened once each per token. (A board without AES instructions, e.g. a Raspberry Pi 4, still
+gets OpenSSL's constant-time software AES, only slower.) Unencrypted (`encrypt=False`, the SKULK_POOL_ENCRYPT=0 escape
 hatch) the frames carry the payload as is.
 
 Liveness: a frame with an empty payload is a heartbeat. Each side sends one every

@@ -97,6 +97,7 @@ def test_hugepage_malloc_in_effect(tunables: str | None, in_effect: bool) -> Non
 ])
 def test_weights_in_malloc(platform: str, tunables: str | None, mode: str | None, read: bool) -> None:
     assert weights_in_malloc(platform, tunables, mode) is read
+    assert weights_in_malloc(platform, tunables, mode, wanted=False) is False  # SKULK_HUGEPAGES=0: mapped
 
 
 @pytest.mark.parametrize(("text", "mode"), [

@@ -22,9 +22,10 @@ donor's share on huge pages, +2-5% pooled decode; weights read into huge pages i
 mapped, +12-22% one-node decode and +7-10% pooled. README "llama.cpp memory pooling" has the
 figures.
 
-Off with SKULK_HUGEPAGES=0 (engines then also map their weights, as before). An operator's own `glibc.malloc.hugetlb` setting is kept as is;
-other tunables already in GLIBC_TUNABLES are kept beside ours. Elsewhere than glibc (macOS)
-the variable means nothing and is harmless.
+Off with SKULK_HUGEPAGES=0 (engines then also map their weights, as before). An operator's
+own `glibc.malloc.hugetlb` setting is kept as is; other tunables already in GLIBC_TUNABLES
+are kept beside ours. Elsewhere than glibc (macOS) the variable means nothing and is
+harmless.
 """
 
 from __future__ import annotations
@@ -77,19 +78,19 @@ def hugepage_malloc_in_effect(tunables: str | None) -> bool:
     return False
 
 
-def weights_in_malloc(platform: str, tunables: str | None, mode: str | None) -> bool:
+def weights_in_malloc(platform: str, tunables: str | None, mode: str | None, wanted: bool = True) -> bool:
     """Load llama.cpp weights with read() rather than mmap(): on Linux, where malloc'd
     memory gets transparent huge pages (THP "always", or "madvise" with huge-page malloc in
-    effect). Elsewhere mmap stays (macOS shares mapped weights with the GPU; a kernel without
-    THP gains nothing from the copy)."""
-    if not platform.startswith("linux"):
+    effect), unless SKULK_HUGEPAGES=0 (`wanted` False). Elsewhere mmap stays (macOS shares
+    mapped weights with the GPU; a kernel without THP gains nothing from the copy)."""
+    if not wanted or not platform.startswith("linux"):
         return False
     return mode == "always" or (mode == "madvise" and hugepage_malloc_in_effect(tunables))
 
 
 def this_process_weights_in_malloc(env: Mapping[str, str]) -> bool:
     """`weights_in_malloc` for the running process (an engine's load)."""
-    return weights_in_malloc(sys.platform, env.get(TUNABLES_ENV), thp_mode())
+    return weights_in_malloc(sys.platform, env.get(TUNABLES_ENV), thp_mode(), hugepages_wanted(env))
 
 
 def export_hugepage_malloc(env: MutableMapping[str, str]) -> bool:
