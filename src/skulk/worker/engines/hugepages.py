@@ -47,11 +47,21 @@ def hugepages_wanted(env: Mapping[str, str]) -> bool:
     return env.get(HUGEPAGES_ENV, "1").strip() != "0"
 
 
+def _hugetlb_setting(tunables: str | None) -> str | None:
+    """The value of `glibc.malloc.hugetlb` in a GLIBC_TUNABLES string (colon-separated
+    name=value pairs), None when it is not set there."""
+    for pair in (tunables or "").split(":"):
+        name, _, value = pair.partition("=")
+        if name.strip() == HUGETLB_TUNABLE:
+            return value.strip()
+    return None
+
+
 def tunables_with_hugepages(current: str | None) -> str:
-    """GLIBC_TUNABLES with huge-page malloc added: colon-separated name=value pairs, an
-    existing `glibc.malloc.hugetlb` (the operator's choice) left alone."""
+    """GLIBC_TUNABLES with huge-page malloc added, an existing `glibc.malloc.hugetlb` (the
+    operator's choice) left alone."""
     pairs = [pair for pair in (current or "").split(":") if pair.strip()]
-    if any(pair.split("=", 1)[0].strip() == HUGETLB_TUNABLE for pair in pairs):
+    if _hugetlb_setting(current) is not None:
         return ":".join(pairs)
     return ":".join([*pairs, HUGEPAGE_MALLOC])
 
@@ -71,11 +81,7 @@ def thp_mode(path: Path = THP_ENABLED_FILE) -> str | None:
 
 def hugepage_malloc_in_effect(tunables: str | None) -> bool:
     """Whether this process was started with glibc's huge-page malloc (1 or 2)."""
-    for pair in (tunables or "").split(":"):
-        name, _, value = pair.partition("=")
-        if name.strip() == HUGETLB_TUNABLE:
-            return value.strip() in ("1", "2")
-    return False
+    return _hugetlb_setting(tunables) in ("1", "2")
 
 
 def weights_in_malloc(platform: str, tunables: str | None, mode: str | None, wanted: bool = True) -> bool:
