@@ -9,6 +9,9 @@ machine's drift falls on all alike):
   served     Skulk's `llama_server` engine in a real runner subprocess (RunnerSupervisor:
              runner IPC, dispatcher at the slot width, the engine's HTTP client inside the
              runner), C tasks submitted at once.
+  bundled    the same `llama_server` engine and runner, serving with the bundled
+             `skulk-llama-server` (llama.cpp's server from the xllamacpp wheel): what a
+             fresh node with nothing built serves with.
   inproc     Skulk's in-process `llama_cpp` engine in a real runner subprocess (width 1:
              the C tasks queue behind each other).
 
@@ -17,7 +20,7 @@ for C in 1, 4 and 8 concurrent requests. Printed per (contender, C): aggregate d
 (all completion tokens over the wall time from the first submit to the last finish), and
 p50/p95 time to first token (medians over rounds); then per C the ratio of each round's
 served run to the same round's direct and in-process runs, as the median over rounds and
-its range (target: served/direct >= 0.9). Contenders run one after another, never
+its range (targets: served/direct >= 1.0, bundled/direct >= 0.8 at C=4). Contenders run one after another, never
 together, each round in a rotated order (direct, served, inproc; then served, inproc,
 direct; ...), so a round's ratios compare runs seconds apart under the same load; the
 range shows what noise remains. The load average is printed before and after each C:
@@ -35,14 +38,15 @@ generated on first use, ~10 s) instead of the 5 MB test model: decode is then bo
 memory bandwidth, as with a real model, and per-token overheads weigh far less.
 
 Usage: uv run python bench/concurrency.py [--tokens 128] [--rounds 5] [--threads 2] [--no-inproc]
-                                          [--gguf PATH | --bench-model]
+                                          [--no-bundled] [--gguf PATH | --bench-model]
 The figure for the issue's target (served vs direct only, about 7 minutes on a quiet
 2-core box): `uv run python bench/concurrency.py --bench-model --no-inproc`.
 Each round's figures are printed as it ends, the tables at the end.
 On a box with more runnable threads than cores (a shared one), `--threads 1` keeps
 llama.cpp's spinning thread barriers, which stall whenever one of their threads is
 descheduled, from dominating every contender's figures.
-Needs a llama-server (`skulk engines install --backend cpu`, or SKULK_LLAMA_SERVER_BIN).
+Needs a native llama-server (`skulk engines install --backend cpu`, or SKULK_LLAMA_SERVER_BIN);
+the bundled contender needs xllamacpp (installed with Skulk on x86_64 Linux and macOS).
 Every process started here is stopped on the way out; every wait has a deadline.
 """
 
@@ -66,11 +70,12 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.llama_server_kit import find_llama_server
+from tests.llama_server_kit import find_native_llama_server
 from tests.worker.tiny_gguf import LONG_PROMPT, RUNNER, prompt_params, text_task, tiny_instance
 
 from skulk.artifacts.resolve import ensure_local_model
 from skulk.models.cards import builtin_cards_dir, load_card
+from skulk.provision.node_engine import find_bundled_server
 from skulk.worker.engines.served.launch import ServerLaunch, completion_body, server_env
 from skulk.worker.engines.served.process import ServerProcess, free_loopback_port
 from skulk.worker.runner.messages import Frame, StatusChanged, TaskDone
@@ -259,7 +264,10 @@ def report(
     for c in CONCURRENCY:
         served = [row[0] for row in results[("served", c)]]
         line = f"C={c}: served/direct = {spread([s / d[0] for s, d in zip(served, results[('direct', c)], strict=True)])}"
-        line += " (target >= 0.9)"
+        line += " (target >= 1.0)"
+        if ("bundled", c) in results:
+            bundled = [b[0] / d[0] for b, d in zip(results[("bundled", c)], results[("direct", c)], strict=True)]
+            line += f", bundled/direct = {spread(bundled)} (target >= 0.8 at C=4)"
         if ("inproc", c) in results:
             inproc = [s / i[0] for s, i in zip(served, results[("inproc", c)], strict=True)]
             line += f", served/inproc = {spread(inproc)}"
@@ -288,10 +296,13 @@ def main() -> int:
                         help="a GGUF to serve instead of the tiny test model (the tiny card's shape is assumed)")
     parser.add_argument("--no-inproc", action="store_true",
                         help="leave the in-process engine out (it queues: the slowest contender at C=8)")
+    parser.add_argument("--no-bundled", action="store_true",
+                        help="leave the bundled llama-server (xllamacpp) out")
     parser.add_argument("--bench-model", action="store_true",
                         help="serve bench/serve.py's generated ~380 MB GGUF with its own card")
     args = parser.parse_args()
-    binary = find_llama_server()
+    binary = find_native_llama_server()
+    bundled_server = None if args.no_bundled else find_bundled_server()
     if binary is None:
         print("no llama-server: run `uv run skulk engines install --backend cpu`", file=sys.stderr)
         return 2
@@ -315,6 +326,14 @@ def main() -> int:
         list(pool.map(abs, range(max(CONCURRENCY))))  # start the client processes before measuring
         served = Runner("llama_server-cpu", card, gguf, args.threads)
         runners.append(served)
+        bundled = None
+        if bundled_server is not None:
+            os.environ["SKULK_LLAMA_SERVER_BIN"] = str(bundled_server.path)  # the runner inherits it at start
+            try:
+                bundled = Runner("llama_server-cpu", card, gguf, args.threads)
+            finally:
+                os.environ["SKULK_LLAMA_SERVER_BIN"] = str(binary)
+            runners.append(bundled)
         inproc = None if args.no_inproc else Runner("llama_cpp-cpu", card, gguf, args.threads)
         if inproc is not None:
             runners.append(inproc)
@@ -329,6 +348,13 @@ def main() -> int:
         # (server side, client side) processes per contender; this process is the served
         # runner's supervisor (its pipe reader), and idles while the others run.
         sides: dict[str, tuple[list[int], list[int]]] = {"served": (served_server, [served_pid, os.getpid()])}
+        if bundled is not None:
+            bundled_pid = bundled.supervisor.pid
+            assert bundled_pid is not None
+            contenders["bundled"] = lambda c, tag, n: bundled.run(c, n, tag)
+            sides["bundled"] = ([p.pid for p in psutil.Process(bundled_pid).children(recursive=True)],
+                                [bundled_pid, os.getpid()])
+            runner_pids.add(bundled_pid)
         if inproc is not None:
             assert inproc.supervisor.pid is not None
             contenders["inproc"] = lambda c, tag, n: inproc.run(c, n, tag)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 
@@ -9,6 +10,16 @@ import pytest
 # download for a reason no test is about. Tests of the reserve set it explicitly (or pass
 # `reserve_bytes`); node processes inherit this through their environment.
 os.environ.setdefault("SKULK_DISK_RESERVE_GB", "0")
+
+# A node serves GGUF with the best llama-server it finds on the machine: a managed build in
+# the machine's engines dir, else the bundled one (xllamacpp). The suite's nodes serve
+# in-process unless a test asks otherwise, whatever a developer has built or installed here:
+# the tests of the out-of-the-box path turn the bundled server on (and name an engines dir)
+# explicitly. Node processes inherit both through their environment.
+os.environ.setdefault("SKULK_BUNDLED_LLAMA_SERVER", "0")
+# Nor does a test node start a background native build (tests of it opt in).
+os.environ.setdefault("SKULK_NO_ENGINE_AUTOPROVISION", "1")
+os.environ.setdefault("SKULK_ENGINES_DIR", os.path.join(tempfile.gettempdir(), "skulk-tests-no-managed-engines"))
 
 from tests.nodeproc import PORT_TRIES, NodeProcess, free_port
 

@@ -30,7 +30,7 @@ ALLOWED: dict[str, set[str]] = {
     "cluster": SHARED | {"routing", "facts"},
     "master": SHARED | {"capacity", "cluster", "routing", "datadir"},
     "pool": SHARED,
-    "worker.engines": SHARED | {"facts", "pool"},
+    "worker.engines": SHARED | {"facts", "pool", "provision"},
     "worker": SHARED | {"cluster", "routing", "observe", "models", "model_store", "artifacts", "worker.engines"},
     "api.adapters": SHARED | {"api"},
     "api": SHARED | {"datadir", "observe", "api.routes"},

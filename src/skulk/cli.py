@@ -21,7 +21,7 @@ from skulk.cli_engines import engines_app
 from skulk.datadir.config import ConfigError, SkulkConfig, load_config, with_env_overrides
 from skulk.datadir.paths import SkulkPaths, resolve_paths
 from skulk.node import ExitCode, NodeSettings, default_node_name, run_node
-from skulk.provision.llama_build import engines_dir
+from skulk.provision.llama_build import engine_search_dirs
 from skulk.provision.node_engine import export_managed_llama_server
 from skulk.worker.engines.hugepages import export_hugepage_malloc
 
@@ -145,7 +145,8 @@ def _run(flags: RunFlags) -> None:
         typer.echo(f"skulk: {exc}", err=True)
         raise typer.Exit(ExitCode.USAGE) from None
     settings = resolve_settings(flags, config, paths, default_node_name(), os.environ.get(API_KEY_ENV) or None)
-    export_managed_llama_server(os.environ, engines_dir(os.environ, paths.data_home))  # before the probe reads it
+    export_managed_llama_server(  # before the probe reads it
+        os.environ, engine_search_dirs(os.environ, Path.home(), paths.data_home))
     export_hugepage_malloc(os.environ)  # before any engine process starts: glibc reads it at process start
     raise typer.Exit(run_node(settings))
 

@@ -64,6 +64,11 @@ from skulk.observe.recorder import FlightRecorder, LogRing
 from skulk.observe.structured_logs import IngestShipper, structured_log_handlers
 from skulk.observe.traces import TraceStore, master_decision_span, run_trace_janitor
 from skulk.pool.layout import derive_pool_key
+from skulk.provision.background_install import BackgroundInstall, decide_background_install
+from skulk.provision.gpu_wheel import WheelInstall
+from skulk.provision.llama_binary import ManagedInstall
+from skulk.provision.llama_build import engine_search_dirs
+from skulk.provision.node_engine import adopt_install
 from skulk.routing.cluster_key import ClusterKeyError, derive_peer_token, derive_wire_key, resolve_cluster_key
 from skulk.routing.constants import NETWORK_VERSION
 from skulk.routing.router import Router, RouterError
@@ -303,7 +308,8 @@ class Node:
 
         router.declare_presence()
         self.presence = router.watch_presence()  # long-lived: a master promoted later reads it at once
-        derived = await asyncio.to_thread(self._derive_backends)
+        self._derived = await asyncio.to_thread(self._derive_backends)
+        self.engine_build = await asyncio.to_thread(self._plan_engine_build)
         interfaces = tuple(await asyncio.to_thread(probe_interfaces))
         self._own_store = advertised_store(settings.api_endpoint)
         self._own_hosts = frozenset({"localhost", "127.0.0.1", "::1", settings.api_host,
@@ -325,8 +331,8 @@ class Node:
         self.replica.on_applied(self.producer.observe)
         self.telemetry = TelemetryService(
             router, node_name=settings.node_name, models_dir=settings.paths.models_dir, api_endpoint=settings.api_endpoint,
-            backends=lambda: list(derived.tags), conflicts=lambda: list(derived.conflicts),
-            engine_slots=lambda: dict(derived.slots),
+            backends=lambda: list(self._derived.tags), conflicts=lambda: list(self._derived.conflicts),
+            engine_slots=lambda: dict(self._derived.slots), engine_provision=lambda: self.engine_build.status,
             disk_reserve_bytes=eviction_policy(settings.model_store).reserve_bytes,
         )
         self.replica.on_applied(self._fail_streams_of_failed_tasks)
@@ -387,6 +393,8 @@ class Node:
         if self.worker is not None:
             tasks.append(asyncio.create_task(self.worker.run(), name="worker"))
         self._spawn_housekeeping(self._startup_reconcile(), "staged-copies-startup")
+        if self.engine_build.wanted:
+            self._spawn_housekeeping(self.engine_build.run(self._adopt_engine_build), "engine-build")
         self._spawn_housekeeping(run_trace_janitor(settings.paths.traces_dir, settings.tracing.retention_days),
                                  "trace-janitor")
         server: _Server | None = None
@@ -451,6 +459,22 @@ class Node:
         if not self.settings.worker_enabled:
             return DerivedBackends(tags=[], conflicts=list(derived.conflicts), slots=dict(derived.slots))
         return derived
+
+    def _plan_engine_build(self) -> BackgroundInstall:
+        search_dirs = engine_search_dirs(os.environ, Path.home(), self.settings.paths.data_home)
+        decision = decide_background_install(os.environ, probe_node_facts(), worker_enabled=self.settings.worker_enabled,
+                                             search_dirs=search_dirs)
+        logger.info("background llama-server build: %s", getattr(decision, "reason", None) or "starting")
+        return BackgroundInstall(decision, search_dirs)
+
+    def _adopt_engine_build(self, install: ManagedInstall | WheelInstall) -> None:
+        """The background build is ready: new runners start it (they inherit the environment),
+        and the node advertises what it serves on (a GPU build adds its backends)."""
+        if adopt_install(os.environ, install):
+            self._spawn_housekeeping(self._rederive_backends(), "engine-build-adopt")
+
+    async def _rederive_backends(self) -> None:
+        self._derived = await asyncio.to_thread(self._derive_backends)
 
     def _trace_master_decision(self, indexed: IndexedEvent) -> None:
         """While this node is master, a traced task's binding joins the trace (master lane)."""

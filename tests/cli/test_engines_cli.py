@@ -27,7 +27,7 @@ def test_list_shows_installs_and_the_binary_the_node_uses(tmp_path, monkeypatch)
     result = CliRunner().invoke(app, ["engines", "list"], env={"SKULK_ENGINES_DIR": str(tmp_path / "engines")})
     assert result.exit_code == 0, result.output
     assert "version: 42 (fake)" in result.output
-    assert f"this node uses: {server} (managed)" in result.output
+    assert f"this node uses: {server} (managed, cpu)" in result.output
 
 
 def test_list_with_nothing_installed_says_how_to_get_one(tmp_path, monkeypatch):

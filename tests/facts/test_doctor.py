@@ -18,6 +18,7 @@ from skulk.facts.derive import DerivedBackends, derive_node_backends
 from skulk.facts.doctor import (
     CHECKS,
     FIX_CLUSTER_KEY,
+    FIX_ENGINE_BUILD,
     FIX_KEY_PERMISSIONS,
     FIX_STORAGE,
     ClusterKeyState,
@@ -28,6 +29,7 @@ from skulk.facts.doctor import (
     check_cluster_key,
     check_dashboard,
     check_data_dir,
+    check_engine_build,
     check_engines,
     check_lease,
     check_models_dir,
@@ -36,8 +38,9 @@ from skulk.facts.doctor import (
     has_errors,
     run_checks,
 )
+from skulk.provision.autoprovision import BuildInBackground, NoBuild
 from skulk.shared.types.node_facts import EngineBinary, GpuFact, NodeFacts
-from skulk.shared.types.telemetry import CapabilityConflict
+from skulk.shared.types.telemetry import CapabilityConflict, EngineProvision
 
 GiB = 1024**3
 CPU_FACTS = NodeFacts(os="linux", machine="x86_64", importable={"llama_cpp": True, "mlx": True, "mlx_lm": True})
@@ -213,4 +216,21 @@ def test_check_list_for_docs_names_every_check() -> None:
 def test_doctor_reports_the_llama_server(binaries, says):
     inputs = replace(HEALTHY, facts=HEALTHY.facts.model_copy(update={"engine_binaries": binaries}))
     (verdict,) = check_engines(inputs)
+    assert says in verdict.message
+
+
+@pytest.mark.parametrize(
+    ("engine_build", "running", "status", "says", "fix"),
+    [
+        (None, False, "ok", "not judged", None),
+        (BuildInBackground("cpu"), False, "warn", "no native llama-server build for cpu", FIX_ENGINE_BUILD),
+        (BuildInBackground("cuda"), True, "ok", "build is running", None),
+        (NoBuild("a cpu build is installed"), False, "ok", "cpu build is installed", None),
+        (NoBuild("no cmake", EngineProvision(state="skipped", backend="cpu", message="cmake not found: install it")),
+         False, "warn", "cmake not found", None),
+    ],
+)
+def test_check_engine_build(engine_build, running, status, says, fix) -> None:
+    (verdict,) = check_engine_build(replace(HEALTHY, engine_build=engine_build, engine_build_running=running))
+    assert (verdict.status, verdict.fix) == (status, fix)
     assert says in verdict.message

@@ -45,3 +45,10 @@ def test_builtin_gguf_cards_prefer_the_served_engine_on_the_same_compute():
     order = serving_order(load_card(builtin_cards_dir() / "local--tiny-llama-gguf.toml"))
     assert order.index("llama_server-cpu") == order.index("llama_cpp-cpu") - 1
     assert order.index("llama_server-cuda") < order.index("llama_cpp-cuda")
+
+
+def test_an_embedding_model_keeps_the_in_process_engine_first():
+    card = card_with(["llama_cpp-cpu", "llama_server-cpu"])
+    embedding = card.model_copy(update={"tasks": ("TextGeneration", "Embedding"), "capabilities": ("text", "embedding")})
+    assert serving_order(embedding) == ("llama_cpp-cpu", "llama_server-cpu")
+    assert serving_order(card) == ("llama_server-cpu", "llama_cpp-cpu")

@@ -8,6 +8,7 @@ from skulk.provision.llama_build import (
     build_cache_root,
     build_progress,
     detect_backend,
+    engine_search_dirs,
     engines_dir,
     sdist_pin_from_lock,
     sdist_pin_from_registry,
@@ -96,13 +97,28 @@ def test_build_progress(line, progress):
 @pytest.mark.parametrize(
     ("env", "expected"),
     [
-        ({}, Path("/data/engines")),
+        ({}, Path("/home/u/.cache/skulk/engines")),
+        ({"XDG_CACHE_HOME": "/xdg"}, Path("/xdg/skulk/engines")),
         ({"SKULK_ENGINES_DIR": "/opt/engines"}, Path("/opt/engines")),
-        ({"SKULK_ENGINES_DIR": "  "}, Path("/data/engines")),
+        ({"SKULK_ENGINES_DIR": "  "}, Path("/home/u/.cache/skulk/engines")),
     ],
 )
-def test_engines_dir(env, expected):
-    assert engines_dir(env, Path("/data")) == expected
+def test_engines_dir_belongs_to_the_machine(env, expected):
+    assert engines_dir(env, Path("/home/u")) == expected
+
+
+@pytest.mark.parametrize(
+    ("env", "data_home", "expected"),
+    [
+        # Whatever --data-dir says, the machine's dir comes first; the old per-data-dir place
+        # is still searched for installs made before.
+        ({}, Path("/srv/skulk"), (Path("/home/u/.cache/skulk/engines"), Path("/srv/skulk/engines"))),
+        ({}, Path("/home/u/.cache/skulk"), (Path("/home/u/.cache/skulk/engines"),)),
+        ({"SKULK_ENGINES_DIR": "/opt/e"}, Path("/srv/skulk"), (Path("/opt/e"),)),
+    ],
+)
+def test_engine_search_dirs(env, data_home, expected):
+    assert engine_search_dirs(env, Path("/home/u"), data_home) == expected
 
 
 @pytest.mark.parametrize(

@@ -28,6 +28,7 @@ from skulk.shared.types.ids import NodeId
 from skulk.shared.types.telemetry import (
     CapabilityConflict,
     DiskReading,
+    EngineProvision,
     MemoryReading,
     NodeHeartbeat,
     NodeResources,
@@ -85,6 +86,7 @@ class TelemetryService:
         backends: Callable[[], list[str]] = lambda: [],
         conflicts: Callable[[], list[CapabilityConflict]] = lambda: [],
         engine_slots: Callable[[], dict[str, int]] = lambda: {},
+        engine_provision: Callable[[], EngineProvision | None] = lambda: None,
         disk_reserve_bytes: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -96,6 +98,7 @@ class TelemetryService:
         self._backends = backends
         self._conflicts = conflicts
         self._engine_slots = engine_slots
+        self._engine_provision = engine_provision
         self._clock = clock
         self.view = TelemetryView()
         self.outbox = LatestValueOutbox()
@@ -126,6 +129,7 @@ class TelemetryService:
             zenoh_connected_peers=self._router.connected_peer_count(),
             gpus=collect_gpus(),
             engine_slots=self._engine_slots(),
+            engine_provision=self._engine_provision(),
         )
 
     def publish(self, key: Hashable, reading: TelemetryReading) -> None:

@@ -29,6 +29,7 @@ from skulk.dashboard import dashboard_dir as resolve_dashboard_dir
 from skulk.datadir.lease import Held, LeaseRecord, lease_decision, pid_alive, read_lease
 from skulk.datadir.paths import SkulkPaths
 from skulk.facts.derive import DerivedBackends, derive_node_backends
+from skulk.provision.autoprovision import BuildInBackground, NoBuild
 from skulk.shared.types.node_facts import NodeFacts
 
 Status = Literal["ok", "warn", "error"]
@@ -47,6 +48,7 @@ CLUSTER_KEY_ENV = "SKULK_CLUSTER_KEY"
 FIX_STORAGE = "create_dirs"
 FIX_CLUSTER_KEY = "create_cluster_key"
 FIX_KEY_PERMISSIONS = "chmod_cluster_key"
+FIX_ENGINE_BUILD = "install_engine"
 
 
 # -- the snapshot -----------------------------------------------------------------------------
@@ -92,6 +94,11 @@ class DoctorInputs:
     lease: LeaseState
     disk_reserve_bytes: int = STORAGE_RESERVE_BYTES
     """The free space downloads must leave on the models volume (the node's configuration)."""
+    engine_build: BuildInBackground | NoBuild | None = None
+    """What a node started here decides about a background native llama-server build."""
+    engine_build_running: bool = False
+    """An install holds the machine's install lock now (a node's background build, or
+    `skulk engines install`)."""
 
 
 # -- verdicts and the registry ----------------------------------------------------------------
@@ -160,6 +167,30 @@ def check_engines(inputs: DoctorInputs) -> list[Verdict]:
             )
         ]
     return [ok(f"{engines}; advertises {', '.join(inputs.backends.tags)}")]
+
+
+def check_engine_build(inputs: DoctorInputs) -> list[Verdict]:
+    """A native llama-server build for this machine's compute exists, or a node builds one in the background (`--fix` builds it now)."""
+    decision = inputs.engine_build
+    if inputs.engine_build_running:
+        return [ok("a native llama-server build is running on this machine (a node's background build, or "
+                   "`skulk engines install`); each node's /state shows its progress under engineProvision")]
+    if decision is None:
+        return [ok("not judged")]
+    if isinstance(decision, BuildInBackground):
+        return [Verdict(
+            "warn", f"no native llama-server build for {decision.backend} on this machine",
+            consequence="GGUF is served by the bundled llama-server (generic CPU code, or the wheel's GPU build) until "
+            "a node started here finishes building one in the background (5 to 30 minutes, lowest CPU priority)",
+            remediation="wait for the node's background build, or run `skulk engines install` (or `skulk doctor "
+            "--fix`) now; SKULK_NO_ENGINE_AUTOPROVISION=1 keeps the bundled server",
+            fix=FIX_ENGINE_BUILD,
+        )]
+    if decision.shown is not None:
+        return [Verdict("warn", decision.shown.message,
+                        consequence="new GGUF placements keep the bundled llama-server",
+                        remediation=decision.shown.message)]
+    return [ok(f"no background build: {decision.reason}")]
 
 
 _LEVEL_STATUS: Mapping[str, Status] = {"error": "error", "warn": "warn", "info": "ok"}
@@ -318,6 +349,7 @@ def check_lease(inputs: DoctorInputs) -> list[Verdict]:
 
 CHECKS: tuple[Check, ...] = (
     Check("engines", "Engines", check_engines),
+    Check("engine_build", "Native llama-server build", check_engine_build),
     Check("capability_conflicts", "Capability conflicts", check_capability_conflicts),
     Check("data_dir", "Data directory", check_data_dir),
     Check("models_dir", "Models directory", check_models_dir),
@@ -397,10 +429,21 @@ def gather_doctor_inputs(
 ) -> DoctorInputs:
     """Observe everything the checks judge. `facts` defaults to a fresh probe pass;
     `disk_reserve_bytes` is the node's configured download reserve."""
+    engine_build: BuildInBackground | NoBuild | None = None
+    running = False
     if facts is None:
         from skulk.facts.probe import probe_node_facts
+        from skulk.provision.background_install import decide_background_install
+        from skulk.provision.llama_build import build_cache_root, engine_search_dirs
+        from skulk.provision.llama_install import install_running
+        from skulk.provision.node_engine import export_managed_llama_server
 
+        search_dirs = engine_search_dirs(env, Path.home(), paths.data_home)
+        env = dict(env)
+        export_managed_llama_server(env, search_dirs)  # judge the llama-server a node started here would use
         facts = probe_node_facts(env)
+        engine_build = decide_background_install(env, facts, worker_enabled=True, search_dirs=search_dirs)
+        running = install_running(build_cache_root(env, Path.home()))
     dashboard_dir = default_dashboard_dir(env)
     return DoctorInputs(
         facts=facts,
@@ -414,7 +457,23 @@ def gather_doctor_inputs(
             paths.lease_file, now=time.time() if now is None else now, host=host or socket.gethostname()
         ),
         disk_reserve_bytes=disk_reserve_bytes,
+        engine_build=engine_build,
+        engine_build_running=running,
     )
+
+
+def _install_engine_now() -> bool:
+    """`skulk engines install` for this machine's compute, its progress on this terminal."""
+    import subprocess
+    import sys
+
+    from skulk.provision.background_install import BUILD_DEADLINE_S
+
+    try:
+        return subprocess.run([sys.executable, "-m", "skulk", "engines", "install"], timeout=BUILD_DEADLINE_S,
+                              check=False).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
 
 
 def apply_fixes(results: Sequence[CheckResult], paths: SkulkPaths) -> list[str]:
@@ -426,15 +485,17 @@ def apply_fixes(results: Sequence[CheckResult], paths: SkulkPaths) -> list[str]:
     wanted = [r.verdict.fix for r in results if r.verdict.status != "ok" and r.verdict.fix is not None]
     applied: list[str] = []
     # Directories first: the key lives in the data dir.
-    for fix in (FIX_STORAGE, FIX_CLUSTER_KEY, FIX_KEY_PERMISSIONS):
+    for fix in (FIX_STORAGE, FIX_CLUSTER_KEY, FIX_KEY_PERMISSIONS, FIX_ENGINE_BUILD):
         if fix not in wanted:
             continue
         if fix == FIX_STORAGE:
             ensure_dirs(paths)
         elif fix == FIX_CLUSTER_KEY:
             load_or_create_cluster_key(paths.data_home)
-        else:
+        elif fix == FIX_KEY_PERMISSIONS:
             os.chmod(paths.cluster_key_file, 0o600)
+        elif not _install_engine_now():
+            continue
         applied.append(fix)
     return applied
 

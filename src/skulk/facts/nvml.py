@@ -95,10 +95,28 @@ def _try(call):
         return None
 
 
+def driver_cuda_version() -> int | None:
+    """The newest CUDA version the NVIDIA driver supports, as NVML encodes it (12080 for
+    12.8), or None without NVML: which CUDA wheel this machine can run."""
+    try:
+        import pynvml  # nvidia-ml-py
+
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    try:
+        return _try(lambda: int(pynvml.nvmlSystemGetCudaDriverVersion()))
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
 def collect_gpus() -> list[GpuReading]:
     """The node's GPU readings now ([] without NVML)."""
     devices = read_nvml()
     return gpu_readings(devices) if devices else []
 
 
-__all__ = ["NvmlDevice", "collect_gpus", "gpu_readings", "read_nvml"]
+__all__ = ["NvmlDevice", "collect_gpus", "driver_cuda_version", "gpu_readings", "read_nvml"]

@@ -9,13 +9,25 @@ right after its `llama_server-<compute>` twin, when the card allows the twin.
 How an operator chooses: list `llama_cpp-*` tags ahead of `llama_server-*` ones in the
 card's `backend_preference` (the card then decides), drop `llama_server*` from its
 `compatible_backends`, or leave a node without a llama-server (no SKULK_LLAMA_SERVER_BIN,
-no `skulk engines install`), which then never advertises it. Pure; no I/O.
+no `skulk engines install`, SKULK_BUNDLED_LLAMA_SERVER=0), which then never advertises it.
+
+A twin is promoted only when it serves every task the card declares: an embedding model
+(`tasks` holds "Embedding") stays on the in-process engine, which computes embeddings, where
+llama-server (started for generation) cannot. Pure; no I/O.
 """
 
 from __future__ import annotations
 
 from skulk.shared.types.cards import ModelCard
-from skulk.shared.types.engines import SERVED_TWIN  # in-process engine -> its served twin
+from skulk.shared.types.engines import SERVED_TWIN, Feature, traits_of  # in-process engine -> its served twin
+
+TASK_FEATURE: dict[str, Feature] = {"Embedding": Feature.EMBEDDINGS}
+"""A card task that an engine serves only when it has this feature."""
+
+
+def _serves_tasks(tag: str, card: ModelCard) -> bool:
+    features = traits_of(tag.partition("-")[0]).features
+    return all(TASK_FEATURE[task] in features for task in card.tasks if task in TASK_FEATURE)
 
 
 def _twin(tag: str) -> str | None:
@@ -36,7 +48,7 @@ def serving_order(card: ModelCard) -> tuple[str, ...]:
     out: list[str] = []
     for tag in ordered:
         twin = _twin(tag)
-        if twin is not None and twin in allowed and twin not in out:
+        if twin is not None and twin in allowed and twin not in out and _serves_tasks(twin, card):
             out.append(twin)
         if tag not in out:
             out.append(tag)

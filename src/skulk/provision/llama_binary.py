@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from skulk.provision.gpu_wheel import SITE_DIR, WHEEL_KIND, WheelInstall
 from skulk.provision.llama_build import MANIFEST_NAME, RPC_BINARY, SERVER_BINARY
 
 VERSION_PROBE_TIMEOUT_S = 15.0
@@ -48,13 +49,32 @@ def installed_engines(engines_dir: Path) -> list[ManagedInstall]:
     except OSError:
         return []
     for entry in entries:
-        manifest = entry / MANIFEST_NAME
-        try:
-            data = json.loads(manifest.read_text(encoding="utf-8"))
+        data = _manifest(entry)
+        if data is not None and data.get("kind", "native") == "native":
             found.append(ManagedInstall(entry, str(data["version"]), str(data["backend"])))
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
     return found
+
+
+def installed_wheels(engines_dir: Path) -> list[WheelInstall]:
+    """Every GPU wheel installed under `engines_dir` (`skulk engines install --wheel`)."""
+    try:
+        entries = sorted(engines_dir.iterdir())
+    except OSError:
+        return []
+    found: list[WheelInstall] = []
+    for entry in entries:
+        data = _manifest(entry)
+        if data is not None and data.get("kind") == WHEEL_KIND and (entry / SITE_DIR).is_dir():
+            found.append(WheelInstall(entry, str(data["version"]), str(data["backend"])))
+    return found
+
+
+def _manifest(entry: Path) -> dict | None:
+    try:
+        data = json.loads((entry / MANIFEST_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and "version" in data and "backend" in data else None
 
 
 def choose_install(installs: Sequence[ManagedInstall], version: str | None) -> ManagedInstall | None:
@@ -67,12 +87,14 @@ def choose_install(installs: Sequence[ManagedInstall], version: str | None) -> M
     return ranked[0] if ranked else None
 
 
-def probe_version(binary: Path | str, timeout_s: float = VERSION_PROBE_TIMEOUT_S) -> str | None:
+def probe_version(binary: Path | str, timeout_s: float = VERSION_PROBE_TIMEOUT_S,
+                  env: Mapping[str, str] | None = None) -> str | None:
     """The binary's `--version` report (its 'version:' line, else its first line, else
     'exit 0'), or None when it does not answer: it cannot run, exits non-zero or hangs."""
     try:
         done = subprocess.run(
             [str(binary), "--version"], capture_output=True, text=True, timeout=timeout_s, check=False,
+            env=None if env is None else dict(env),
         )
     except (OSError, subprocess.SubprocessError):
         return None
@@ -89,5 +111,6 @@ __all__ = [
     "ManagedInstall",
     "choose_install",
     "installed_engines",
+    "installed_wheels",
     "probe_version",
 ]

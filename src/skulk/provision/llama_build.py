@@ -128,10 +128,30 @@ def install_dir_for(engines_dir: Path, version: str, backend: str) -> Path:
     return engines_dir / f"llama.cpp-{version}-{backend}"
 
 
-def engines_dir(env: Mapping[str, str], data_home: Path) -> Path:
-    """SKULK_ENGINES_DIR, else <data home>/engines (~/.local/share/skulk/engines)."""
-    configured = env.get("SKULK_ENGINES_DIR", "").strip()
-    return Path(configured).expanduser() if configured else data_home / "engines"
+ENGINES_DIR_ENV = "SKULK_ENGINES_DIR"
+
+
+def engines_dir(env: Mapping[str, str], home: Path) -> Path:
+    """Where managed installs go and are found: SKULK_ENGINES_DIR, else
+    $XDG_CACHE_HOME/skulk/engines (~/.cache/skulk/engines). A build belongs to the machine
+    (it was compiled for this CPU and GPU), not to one node's data dir: every node on the
+    machine finds it, whatever its --data-dir says."""
+    configured = env.get(ENGINES_DIR_ENV, "").strip()
+    if configured:
+        return Path(configured).expanduser()
+    xdg = env.get("XDG_CACHE_HOME", "").strip()
+    return (Path(xdg) if xdg else home / ".cache") / "skulk" / "engines"
+
+
+def engine_search_dirs(env: Mapping[str, str], home: Path, data_home: Path) -> tuple[Path, ...]:
+    """The directories a node looks for managed installs in: the machine's engines dir,
+    then (unless SKULK_ENGINES_DIR names one) <data home>/engines, where installs made before
+    builds belonged to the machine still sit."""
+    machine = engines_dir(env, home)
+    if env.get(ENGINES_DIR_ENV, "").strip():
+        return (machine,)
+    legacy = data_home / "engines"
+    return (machine,) if legacy == machine else (machine, legacy)
 
 
 def build_cache_root(env: Mapping[str, str], home: Path) -> Path:
@@ -198,6 +218,7 @@ __all__ = [
     "BACKEND_CMAKE_FLAGS",
     "BUILD_TARGETS",
     "COMMON_CMAKE_FLAGS",
+    "ENGINES_DIR_ENV",
     "LLAMA_BACKENDS",
     "MANIFEST_NAME",
     "RPC_BINARY",
@@ -211,6 +232,7 @@ __all__ = [
     "build_cache_root",
     "build_progress",
     "detect_backend",
+    "engine_search_dirs",
     "engines_dir",
     "install_dir_for",
     "sdist_pin_from_lock",

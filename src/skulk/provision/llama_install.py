@@ -10,6 +10,7 @@ running: the compiler is waited for, or killed with its process group on an exce
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -19,7 +20,8 @@ import subprocess
 import tarfile
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import skulk
@@ -224,12 +226,61 @@ def install_built(plan: BuildPlan) -> Path:
     return final
 
 
+LOCK_NAME = ".install.lock"
+LOCK_WAIT_S = 3 * 3600.0
+"""How long an install waits for another one on this machine (a first build on a slow box
+takes most of an hour) before it gives up."""
+LOCK_POLL_S = 2.0
+
+
+@contextmanager
+def machine_install_lock(cache_root: Path, progress: Progress, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
+    """One install at a time on a machine: every node here shares the build cache (and the
+    engines dir), and two builds of one version would race on both. A second install waits
+    (reporting step 'wait' in seconds) and then, the cache being warm, is a copy."""
+    cache_root.mkdir(parents=True, exist_ok=True)
+    with (cache_root / LOCK_NAME).open("a+") as handle:
+        deadline = time.monotonic() + wait_s
+        waited = 0
+        while True:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise EngineBuildError(
+                        f"another install held {cache_root / LOCK_NAME} for {wait_s:g}s; try again later") from None
+                progress("wait", waited, None)
+                time.sleep(LOCK_POLL_S)
+                waited += int(LOCK_POLL_S)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def install_running(cache_root: Path) -> bool:
+    """An install holds the machine's install lock now (read-only: never creates the file)."""
+    try:
+        with (cache_root / LOCK_NAME).open("r") as handle:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+            return False
+    except OSError:
+        return False
+
+
 def install_engine(plan: BuildPlan, jobs: int, progress: Progress) -> Path:
-    """The whole pipeline; returns the install directory."""
-    sdist = fetch_sdist(plan, progress)
-    extract_source(plan, sdist)
-    compile_engine(plan, jobs, progress, plan.build_dir.parent / "build.log")
-    return install_built(plan)
+    """The whole pipeline, one install at a time on the machine; returns the install directory."""
+    with machine_install_lock(plan.cache_root, progress):
+        sdist = fetch_sdist(plan, progress)
+        extract_source(plan, sdist)
+        compile_engine(plan, jobs, progress, plan.build_dir.parent / "build.log")
+        progress("install", 0, None)
+        return install_built(plan)
 
 
 __all__ = [
@@ -238,7 +289,9 @@ __all__ = [
     "fetch_sdist",
     "install_built",
     "install_engine",
+    "install_running",
     "installed_version",
+    "machine_install_lock",
     "resolve_pin",
     "sha256_of",
 ]

@@ -1,11 +1,13 @@
-"""The MLX engine on the generated tiny Llama: one rank in-process, and pipeline and tensor
-groups of real rank processes on loopback, all decoding exactly the tokens one rank does.
+"""The MLX engine on the generated tiny Llama: one rank in-process (batched, as by default, and
+unbatched), and pipeline and tensor groups of real rank processes on loopback, all decoding
+exactly the tokens one rank does.
 
 The reference is mlx-lm's own `generate_step` on the unsharded model, which
 tests/models/test_tiny_models.py holds equal to llama.cpp's greedy tokens."""
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from pathlib import Path
@@ -18,6 +20,13 @@ from skulk.shared.types.ids import InstanceId, ModelId, NodeId, RunnerId
 from skulk.shared.types.instances import Instance, ShardAssignment
 from skulk.shared.types.tasks import ResponseFormat, TextGenerationParams
 from skulk.worker.engines.base import EngineNotLoaded, GeneratedToken, ModelLoadFailed, PromptTooLong, ShardSpec
+from skulk.worker.engines.mlx.batch import (
+    BATCH_WIDTH_ENV,
+    DEFAULT_BATCH_WIDTH,
+    MAX_BATCH_WIDTH,
+    batch_width,
+    batchable,
+)
 from skulk.worker.engines.mlx.engine import MlxEngine
 from skulk.worker.engines.mlx.group import (
     GROUP_CONNECT_DEADLINE_ENV,
@@ -80,11 +89,35 @@ def spec_for(instance: Instance, model_path: Path, rank: int = 0) -> ShardSpec:
 
 @pytest.fixture(scope="module")
 def engine(tiny_hf):
+    """One rank as deployed: batched (the default width)."""
     engine = MlxEngine()
     engine.load(spec_for(local_instance(CARD, 1), tiny_hf))
     engine.warm_up()
     yield engine
     engine.close()
+
+
+def unbatched_engine(path: Path) -> MlxEngine:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(BATCH_WIDTH_ENV, "1")
+        engine = MlxEngine()
+        engine.load(spec_for(local_instance(CARD, 1), path))
+    engine.warm_up()
+    return engine
+
+
+@pytest.fixture(scope="module")
+def unbatched(tiny_hf):
+    """One rank at width 1: the lockstep path groups run, on one rank."""
+    engine = unbatched_engine(tiny_hf)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(params=["batched", "unbatched"])
+def one_rank(request) -> MlxEngine:
+    """Each single-rank path in turn: whatever one honours, the other must too."""
+    return request.getfixturevalue("engine" if request.param == "batched" else "unbatched")
 
 
 @pytest.fixture(scope="module")
@@ -272,49 +305,59 @@ def test_watchdog_fires_only_for_an_overdue_guard() -> None:
 # ---------------------------------------------------------------------------------------
 
 
-def test_single_rank_decodes_the_reference_greedy_tokens(engine, reference) -> None:
+def test_single_rank_decodes_the_reference_greedy_tokens(one_rank, reference) -> None:
     for prompt in PROMPTS:
-        tokens = run(engine, greedy(prompt))
+        tokens = run(one_rank, greedy(prompt))
         assert ids(tokens) == reference[prompt], prompt
         assert tokens[-1].finish_reason == "length"
         assert tokens[-1].usage is not None and tokens[-1].usage.completion_tokens == DECODE_TOKENS
 
 
-def test_chat_uses_the_template_and_counts_usage(engine) -> None:
+def test_chat_uses_the_template_and_counts_usage(one_rank) -> None:
     request = TextGenerationParams(model_id=MODEL, messages=[ChatMessage(role="user", content="Hello!")],
                                    max_tokens=5, temperature=0)
-    prompt = engine.prompt_tokens(request)
+    prompt = one_rank.prompt_tokens(request)
     assert prompt[0] == 0 and prompt.count(0) == 1  # BOS once: the template writes it
-    tokens = run(engine, request)
+    tokens = run(one_rank, request)
     assert tokens[-1].usage.prompt_tokens == len(prompt)
     assert "".join(t.text for t in tokens)
 
 
-def test_seeded_sampling_is_reproducible_and_seeds_differ(engine) -> None:
+def test_seeded_sampling_is_reproducible_and_seeds_differ(one_rank) -> None:
     request = params("What is a node?", max_tokens=16, temperature=1.0, seed=11)
-    first, second = ids(run(engine, request)), ids(run(engine, request))
+    first, second = ids(run(one_rank, request)), ids(run(one_rank, request))
     assert first == second
-    assert first != ids(run(engine, params("What is a node?", max_tokens=16, temperature=1.0, seed=12)))
+    assert first != ids(run(one_rank, params("What is a node?", max_tokens=16, temperature=1.0, seed=12)))
 
 
-def test_stop_string_ends_the_stream_before_it(engine, reference) -> None:
-    full = "".join(t.text for t in run(engine, greedy(PROMPTS[0])))
+def test_seeded_sampling_is_the_same_batched_or_not(engine, unbatched) -> None:
+    request = params("What is a node?", max_tokens=16, temperature=1.0, top_p=0.9, top_k=20, seed=11)
+    assert ids(run(engine, request)) == ids(run(unbatched, request))
+
+
+def test_stop_string_ends_the_stream_before_it(one_rank, reference) -> None:
+    full = "".join(t.text for t in run(one_rank, greedy(PROMPTS[0])))
     stop = full[10:14]
-    tokens = run(engine, params(PROMPTS[0], max_tokens=DECODE_TOKENS, temperature=0, stop=[stop]))
+    tokens = run(one_rank, params(PROMPTS[0], max_tokens=DECODE_TOKENS, temperature=0, stop=[stop]))
     assert tokens[-1].finish_reason == "stop"
     assert "".join(t.text for t in tokens) == full[: full.index(stop)]
 
 
-def test_cancellation_stops_at_the_next_token(engine) -> None:
+def test_cancellation_stops_at_the_next_token(one_rank) -> None:
     cancelled = threading.Event()
     got = []
-    for token in engine.generate(params(PROMPTS[1], max_tokens=200, temperature=0), cancelled):
+    for token in one_rank.generate(params(PROMPTS[1], max_tokens=200, temperature=0), cancelled):
         got.append(token)
         if len(got) == 3:
             cancelled.set()
     assert len(got) == 3 and got[-1].finish_reason is None
-    assert engine.in_flight == 0
-    assert ids(run(engine, greedy(PROMPTS[1], 4)))  # the engine serves the next request
+    assert one_rank.in_flight == 0
+    assert ids(run(one_rank, greedy(PROMPTS[1], 4)))  # the engine serves the next request
+
+
+def test_max_tokens_ends_the_stream_as_length(one_rank, reference) -> None:
+    tokens = run(one_rank, greedy(PROMPTS[2], max_tokens=5))
+    assert ids(tokens) == reference[PROMPTS[2]][:5] and tokens[-1].finish_reason == "length"
 
 
 def test_prompt_longer_than_the_context_is_refused(tiny_hf) -> None:
@@ -391,26 +434,109 @@ def test_a_group_that_cannot_form_fails_within_its_deadline(tiny_hf) -> None:
 
 
 # ---------------------------------------------------------------------------------------
-# Batching (single rank, opt-in width)
+# Batching (single rank, on by default)
 # ---------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def batched(tiny_hf):
-    from skulk.worker.engines.mlx.batch import BATCH_WIDTH_ENV
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (None, DEFAULT_BATCH_WIDTH),
+        ("", DEFAULT_BATCH_WIDTH),
+        ("  ", DEFAULT_BATCH_WIDTH),
+        ("1", 1),
+        (" 4 ", 4),
+        ("0", 1),
+        ("-3", 1),
+        (str(MAX_BATCH_WIDTH), MAX_BATCH_WIDTH),
+        ("1000", MAX_BATCH_WIDTH),
+        ("eight", DEFAULT_BATCH_WIDTH),
+        ("2.5", DEFAULT_BATCH_WIDTH),
+    ],
+)
+def test_batch_width(raw, expected) -> None:
+    assert batch_width({} if raw is None else {BATCH_WIDTH_ENV: raw}) == expected
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(BATCH_WIDTH_ENV, "4")
-        engine = MlxEngine()
-        engine.load(spec_for(local_instance(CARD, 1), tiny_hf))
-    engine.warm_up()
-    yield engine
-    engine.close()
+
+def test_batching_is_on_by_default() -> None:
+    assert batch_width({}) == DEFAULT_BATCH_WIDTH > 1
 
 
-def test_batched_requests_share_steps_and_decode_what_one_request_does(batched, reference, monkeypatch) -> None:
-    assert batched.concurrency == 4
-    loop = batched._batch
+@pytest.mark.parametrize(
+    ("kinds", "expected"),
+    [
+        (["KVCache", "KVCache"], True),
+        (["RotatingKVCache", "KVCache"], True),
+        (["QuantizedKVCache"], False),
+        (["KVCache", "ChunkedKVCache"], False),
+    ],
+)
+def test_batchable_needs_every_layer_cache_to_merge(kinds, expected) -> None:
+    from mlx_lm.models import cache
+
+    def make(kind: str):
+        return getattr(cache, kind)(**({"max_size": 8} if kind == "RotatingKVCache" else
+                                       {"chunk_size": 8} if kind == "ChunkedKVCache" else {}))
+
+    assert batchable([make(k) for k in kinds]) is expected
+
+
+@pytest.mark.parametrize(
+    ("kinds", "expected"),
+    [([], False), (["KVCache", "KVCache"], True), (["RotatingKVCache", "KVCache"], False)],
+)
+def test_batch_prefix_reuse_needs_plain_kv_caches(kinds, expected) -> None:
+    from mlx_lm.models import cache
+
+    from skulk.worker.engines.mlx.prefix import reusable_in_batch
+
+    layers = [cache.RotatingKVCache(max_size=8) if k == "RotatingKVCache" else cache.KVCache() for k in kinds]
+    assert reusable_in_batch(layers) is expected
+
+
+def test_concurrent_requests_progress_together_by_default(engine, reference) -> None:
+    """Four clients at once on a default single-rank engine: each holds after its first token
+    until all four have one, so none can finish first unless all four are in flight together
+    (one at a time, the second client would be refused or wait forever)."""
+    assert engine.concurrency == DEFAULT_BATCH_WIDTH >= 4
+    prompts = [*PROMPTS, PROMPTS[0]]
+    gate = threading.Barrier(len(prompts), timeout=60)
+    events: list[tuple[str, int]] = []
+    lock = threading.Lock()
+    results: dict[int, list[int]] = {}
+    errors: list[BaseException] = []
+
+    def client(i: int) -> None:
+        try:
+            tokens: list[GeneratedToken] = []
+            for token in engine.generate(greedy(prompts[i]), threading.Event()):
+                tokens.append(token)
+                if len(tokens) == 1:
+                    with lock:
+                        events.append(("first", i))
+                    gate.wait()
+            with lock:
+                events.append(("done", i))
+            results[i] = ids(tokens)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+            gate.abort()
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(90)
+    assert not errors, errors
+    kinds = [kind for kind, _ in events]
+    assert kinds == ["first"] * len(prompts) + ["done"] * len(prompts), events
+    assert [results[i] for i in range(len(prompts))] == [reference[p] for p in prompts]
+    assert engine.in_flight == 0
+
+
+def test_batched_requests_share_steps_and_decode_what_one_request_does(engine, reference, monkeypatch) -> None:
+    assert engine.concurrency == DEFAULT_BATCH_WIDTH
+    loop = engine._batch
     assert loop is not None
     # The batch loop takes no step until every request has joined, so they share steps
     # however fast the machine decodes (started one by one, a fast machine could finish the
@@ -421,12 +547,11 @@ def test_batched_requests_share_steps_and_decode_what_one_request_does(batched, 
 
     def take_until_all_joined(generator, block: bool) -> None:
         take_commands(generator, block)
-        deadline = time.monotonic() + 60
-        while not joined.is_set() and loop._active and time.monotonic() < deadline:
+        while not joined.is_set() and loop._active:
             if len(loop._active) == len(PROMPTS):
                 joined.set()
                 break
-            take_commands(generator, True)  # waits (bounded) for the next request to join
+            take_commands(generator, True)  # waits for the next request to join
         if loop._active:
             step_sizes.append(len(loop._active))
 
@@ -441,7 +566,7 @@ def test_batched_requests_share_steps_and_decode_what_one_request_does(batched, 
     def one(prompt: str) -> None:
         try:
             tokens: list[GeneratedToken] = []
-            for token in batched.generate(greedy(prompt), threading.Event()):
+            for token in engine.generate(greedy(prompt), threading.Event()):
                 tokens.append(token)
                 if len(tokens) == 1:
                     first_tokens.wait()
@@ -455,7 +580,7 @@ def test_batched_requests_share_steps_and_decode_what_one_request_does(batched, 
         t.start()
     try:
         first_tokens.wait()
-        in_flight_together = batched.in_flight
+        in_flight_together = engine.in_flight
     finally:
         release.set()
         for t in threads:
@@ -464,15 +589,15 @@ def test_batched_requests_share_steps_and_decode_what_one_request_does(batched, 
     assert results == reference
     assert in_flight_together == len(PROMPTS)  # true in-flight: several generations at once
     assert step_sizes and step_sizes[0] == len(PROMPTS)  # they decoded in one batch
-    assert batched.in_flight == 0
+    assert engine.in_flight == 0
 
 
-def test_a_cancelled_batched_request_leaves_the_others_running(batched, reference) -> None:
+def test_a_cancelled_batched_request_leaves_the_others_running(engine, reference) -> None:
     cancelled = threading.Event()
     other: list[int] = []
-    runner = threading.Thread(target=lambda: other.extend(ids(run(batched, greedy(PROMPTS[2])))))
+    runner = threading.Thread(target=lambda: other.extend(ids(run(engine, greedy(PROMPTS[2])))))
     got = []
-    for token in batched.generate(params(PROMPTS[1], max_tokens=200, temperature=0), cancelled):
+    for token in engine.generate(params(PROMPTS[1], max_tokens=200, temperature=0), cancelled):
         got.append(token)
         if len(got) == 2:
             runner.start()
@@ -481,7 +606,45 @@ def test_a_cancelled_batched_request_leaves_the_others_running(batched, referenc
     runner.join(60)
     assert len(got) == 4 and got[-1].finish_reason is None
     assert other == reference[PROMPTS[2]]
-    assert batched.in_flight == 0
+    assert engine.in_flight == 0
+
+
+def switches(thread: threading.Thread) -> int:
+    """How often the kernel has switched `thread` out (a wake-up is a switch out and back)."""
+    assert thread.native_id is not None
+    status = Path(f"/proc/self/task/{thread.native_id}/status").read_text()
+    return sum(int(line.split()[1]) for line in status.splitlines() if "ctxt_switches:" in line)
+
+
+IDLE_WINDOW_S = 1.5
+"""How long an idle batch loop is watched: a loop that polled its queue (it used to, every
+0.5 s) is switched out several times in it; a blocked one never."""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_an_idle_batch_loop_never_wakes_and_close_ends_it(tiny_hf) -> None:
+    engine = MlxEngine()
+    engine.load(spec_for(local_instance(CARD, 1), tiny_hf))
+    engine.warm_up()
+    loop = engine._batch
+    assert loop is not None
+    thread = loop._thread
+    try:
+        assert ids(run(engine, greedy(PROMPTS[0], 4)))
+        # Settled: nothing queued or active, and no switch across a short look.
+        deadline = time.monotonic() + 30
+        while True:
+            before = switches(thread)
+            time.sleep(0.2)  # a look, not a synchronisation
+            if not loop._active and loop._commands.empty() and switches(thread) == before:
+                break
+            assert time.monotonic() < deadline, "the batch loop never went idle"
+        before = switches(thread)
+        time.sleep(IDLE_WINDOW_S)  # the measured window
+        assert switches(thread) == before
+    finally:
+        engine.close()
+    assert not thread.is_alive()  # close woke the blocked loop and it ended
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """The MLX engine honours what the llama.cpp engine does, on the generated tiny Llama: logprobs,
 logit bias, penalties, structured output and forced tool calls (llguidance over the shared
-GBNF grammar), seeds; in lockstep (one rank) and in the batch loop. Plus the pure logit
-shaping both engines share (`skulk.worker.engines.logits`)."""
+GBNF grammar), seeds; in the batch loop (one rank's default) and in lockstep (width 1), alone
+and sharing a batch. Plus the pure logit shaping both engines share
+(`skulk.worker.engines.logits`)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ def params(prompt: str = PROMPT, **kwargs) -> TextGenerationParams:
 
 @pytest.fixture(scope="module")
 def engine(tiny_hf):
+    """One rank as deployed: batched."""
     engine = MlxEngine()
     engine.load(spec_for(local_instance(CARD, 1), tiny_hf))
     engine.warm_up()
@@ -200,11 +202,11 @@ def test_a_pipeline_rank_zero_refuses_shaping_it_cannot_do(engine) -> None:
 
 
 @pytest.fixture(scope="module")
-def batched(tiny_hf):
+def unbatched(tiny_hf):
     from skulk.worker.engines.mlx.batch import BATCH_WIDTH_ENV
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(BATCH_WIDTH_ENV, "2")
+        patch.setenv(BATCH_WIDTH_ENV, "1")
         engine = MlxEngine()
         engine.load(spec_for(local_instance(CARD, 1), tiny_hf))
     engine.warm_up()
@@ -212,13 +214,104 @@ def batched(tiny_hf):
     engine.close()
 
 
-def test_the_batch_loop_shapes_too(batched, engine) -> None:
+def test_the_batch_loop_shapes_as_lockstep_does(engine, unbatched) -> None:
+    assert engine._batch is not None and unbatched._batch is None
     request = params(temperature=0, max_tokens=6, logprobs=True, top_logprobs=2, logit_bias={7: 5.0})
-    lockstep, in_batch = tokens(engine, request), tokens(batched, request)
+    lockstep, in_batch = tokens(unbatched, request), tokens(engine, request)
     assert [t.token_id for t in in_batch] == [t.token_id for t in lockstep]
     assert [t.logprob for t in in_batch] == pytest.approx([t.logprob for t in lockstep], abs=1e-3)
-    text, finish = answer(batched, json_object_request(batched, 0))
-    assert finish == "stop" and isinstance(json.loads(text), dict), text
+    penalised = params(LONG_PROMPT, temperature=0.9, seed=3, max_tokens=24, frequency_penalty=1.0, repeat_penalty=1.3)
+    assert token_ids(engine, penalised) == token_ids(unbatched, penalised)
+
+
+SHARED_BATCH = [
+    params(temperature=0, max_tokens=12),
+    params(temperature=0, max_tokens=8, logprobs=True, top_logprobs=3, logit_bias={7: 4.0}),
+    params(LONG_PROMPT, temperature=1.0, seed=9, max_tokens=16, presence_penalty=1.5),
+    params(temperature=1.0, seed=2, max_tokens=200, response_format=ResponseFormat(type="json_schema",
+                                                                                   json_schema=PERSON)),
+]
+"""Plain, logprobs + bias, seeded + penalty, and grammar: requests that share one batch."""
+
+
+def run_together(engine, requests) -> list[list]:
+    """Every request at once, each client holding after its first token until all have one
+    (so they are in the batch together)."""
+    gate = threading.Barrier(len(requests), timeout=60)
+    results: dict[int, list] = {}
+    errors: list[BaseException] = []
+
+    def client(i: int) -> None:
+        try:
+            out = []
+            for token in engine.generate(requests[i], threading.Event()):
+                out.append(token)
+                if len(out) == 1:
+                    gate.wait()
+            results[i] = out
+        except BaseException as exc:  # reported by the caller
+            errors.append(exc)
+            gate.abort()
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(requests))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    return [results[i] for i in range(len(requests))]
+
+
+def test_requests_sharing_a_batch_each_get_what_they_asked_alone(engine) -> None:
+    alone = [tokens(engine, request) for request in SHARED_BATCH]
+    together = run_together(engine, SHARED_BATCH)
+    for request, a, t in zip(SHARED_BATCH, alone, together, strict=True):
+        assert [x.token_id for x in t] == [x.token_id for x in a], request
+        if request.logprobs:
+            assert [x.logprob for x in t] == pytest.approx([x.logprob for x in a], abs=1e-3)
+        assert [x.finish_reason for x in t] == [x.finish_reason for x in a]
+    assert all(len(x.top_logprobs) == 3 for x in together[1])
+    assert jsonschema_rs.validator_for(PERSON).is_valid(json.loads("".join(x.text for x in together[3])))
+
+
+class FailingMatcher:
+    """A grammar that accepts anything, then rejects its third token."""
+
+    def __init__(self) -> None:
+        self.consumed = 0
+
+    def mask(self, logits) -> None:
+        pass
+
+    def consume(self, token: int) -> None:
+        self.consumed += 1
+        if self.consumed == 3:
+            raise GrammarRejected(f"token {token} was sampled outside the grammar")
+
+
+def test_a_request_whose_sampler_fails_fails_alone(engine, monkeypatch) -> None:
+    plain = params(temperature=0, max_tokens=24)
+    expected = token_ids(engine, plain)
+    monkeypatch.setattr(engine, "_grammar_matcher", lambda schema: FailingMatcher())
+    failing = params(max_tokens=50, response_format=ResponseFormat(type="json_object"))
+    outcome: dict[str, object] = {}
+
+    def run_failing() -> None:
+        try:
+            outcome["tokens"] = tokens(engine, failing)
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    other = threading.Thread(target=run_failing)
+    got = []
+    for token in engine.generate(plain, threading.Event()):
+        got.append(token.token_id)
+        if len(got) == 1:
+            other.start()
+    other.join(60)
+    assert isinstance(outcome.get("error"), GrammarRejected), outcome
+    assert got == expected  # its batch neighbour never noticed
+    assert token_ids(engine, plain) == expected and engine.in_flight == 0  # and the engine serves on
 
 
 # -- a family without a layer adapter runs whole on one rank -------------------------------

@@ -13,7 +13,7 @@ import pytest_asyncio
 
 from skulk.worker.runner.messages import TaskAccepted
 from skulk.worker.runner.supervisor import RunnerSupervisor
-from tests.llama_server_kit import require_llama_server
+from tests.llama_server_kit import llama_servers_under, require_llama_server
 from tests.worker.runner.test_supervisor import READY_TIMEOUT_S, Reports
 from tests.worker.tiny_gguf import (
     LONG_PROMPT,
@@ -29,14 +29,6 @@ pytestmark = pytest.mark.timeout(180)
 
 ORPHAN_DEADLINE_S = 10.0
 """The kernel delivers the death signal at once; this bounds a loaded machine's scheduling."""
-
-
-def llama_servers_under(pid: int) -> list[psutil.Process]:
-    try:
-        children = psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return []
-    return [p for p in children if "llama-server" in p.name()]
 
 
 @pytest_asyncio.fixture

@@ -74,6 +74,8 @@ def cluster_body(context) -> dict[str, Any]:
             "name": info.node_name,
             "alive": alive,
             "backends": list(resources.backends) if resources else [],
+            "engineProvision": resources.engine_provision.model_dump(mode="json", by_alias=True)
+            if resources and resources.engine_provision else None,
             "memory": {
                 "total": resources.memory.ram_total_bytes if resources else None,
                 "available": resources.memory.ram_available_bytes if resources else None,

@@ -43,6 +43,17 @@ function graph(cluster, state) {
   return `<svg viewBox="0 0 400 260" role="img" aria-label="Cluster graph: ${cluster.nodes.length} nodes, ${edges.length} edges">${lines.join("")}${dots.join("")}</svg>`;
 }
 
+// The node's background build of a native llama-server (NodeResources.engineProvision).
+function engineBuild(build) {
+  if (!build) return "";
+  const pct = build.total ? ` ${Math.floor((100 * build.done) / build.total)}%` : "";
+  const text = {
+    building: `building a native llama-server (${build.backend}): ${build.step || "starting"}${pct}; the bundled one serves meanwhile`,
+    ready: `native llama-server (${build.backend}) ready: new placements use it`,
+  }[build.state] || build.message;
+  return `<p class="engine-build" data-state="${esc(build.state)}" title="${esc(build.message || "")}">${esc(text)}</p>`;
+}
+
 function nodeCard(cluster, state, node) {
   const level = node.lost ? "error" : nodeLevel(state, node);
   const health = state.nodeHealth?.[node.nodeId] || { reasons: [] };
@@ -65,6 +76,7 @@ function nodeCard(cluster, state, node) {
     <p>memory ${gib(memory.available)} free of ${gib(memory.total)}</p>
     <p>accelerators: ${esc(accelerators(node.backends).join(", ") || "-")}</p>
     <p>backends: ${esc((node.backends || []).join(", ") || "-")}</p>
+    ${engineBuild(node.engineProvision)}
     <h4>runners</h4>${runners.length ? `<ul class="runners">${runners.join("")}</ul>` : '<p class="muted">none</p>'}
     ${detail ? `<ul class="health-detail">${detail}</ul>` : ""}
   </article>`;

@@ -62,6 +62,22 @@ class GpuReading(WireModel):
     power_watts: float | None = None
 
 
+class EngineProvision(WireModel):
+    """The node's background build of a native llama-server (`skulk engines install`, started
+    at node start unless SKULK_NO_ENGINE_AUTOPROVISION is set): what /state, the doctor and the
+    dashboard show while a fresh node serves with the bundled llama-server."""
+
+    state: Literal["building", "ready", "failed", "skipped"]
+    backend: str
+    """The compute the build is for ('cpu', 'cuda', 'vulkan', 'metal')."""
+    step: str | None = None
+    """'wait' (another node on this machine is building), 'download', 'build', 'install'."""
+    done: NonNegInt = 0
+    total: NonNegInt | None = None
+    message: str = ""
+    """Why it was skipped or failed, with the fix; where the build went when ready."""
+
+
 class NodeResources(WireModel):
     type: Literal["NodeResources"] = "NodeResources"
     node_id: NodeId
@@ -79,6 +95,9 @@ class NodeResources(WireModel):
     """Served engine -> the node's slot setting (llama_server's SKULK_LLAMA_SERVER_PARALLEL,
     vllm's SKULK_VLLM_MAX_CONCURRENT_REQUESTS): what placement stamps on a shard, memory
     permitting. An engine absent here gets its default (`skulk.shared.slots`)."""
+    engine_provision: EngineProvision | None = None
+    """The background native build, while one runs or when it ended or was skipped; None
+    when the node never considered one (opted out, an override, a build already there)."""
 
 
 class DownloadProgress(WireModel):
@@ -105,6 +124,7 @@ __all__ = [
     "CapabilityConflict",
     "DiskReading",
     "DownloadProgress",
+    "EngineProvision",
     "GpuReading",
     "MemoryReading",
     "NodeHeartbeat",

@@ -47,6 +47,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import fields
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
@@ -67,7 +68,7 @@ from skulk.worker.engines.base import (
     ShardSpec,
 )
 from skulk.worker.engines.logits import GrammarMatcher, ScoredToken, llguidance_tokenizer
-from skulk.worker.engines.mlx.batch import BatchLoop, BatchSequence, batch_width
+from skulk.worker.engines.mlx.batch import BatchLoop, BatchSequence, batch_width, batchable
 from skulk.worker.engines.mlx.family import adapter_for, family_of
 from skulk.worker.engines.mlx.group import (
     EVAL_TIMEOUT_ENV,
@@ -96,7 +97,7 @@ from skulk.worker.engines.mlx.pipeline import (
     whole_model_logits,
     whole_model_stage,
 )
-from skulk.worker.engines.mlx.prefix import MlxPrefixStore
+from skulk.worker.engines.mlx.prefix import MlxPrefixStore, reusable_in_batch
 from skulk.worker.engines.mlx.sampling import (
     Sampler,
     SamplingParams,
@@ -136,7 +137,8 @@ class GroupBroken(EngineBroken):
 
 class MlxEngine:
     """`Engine` over an mlx-lm model. A group runs at width 1 (one request at a time drives
-    every rank in lockstep); a single rank may batch (`SKULK_MLX_BATCH_WIDTH`, see mlx_batch)."""
+    every rank in lockstep); a single rank batches by default (`SKULK_MLX_BATCH_WIDTH`, see
+    `mlx.batch`), unless the model's KV cache cannot join a batch."""
 
     def __init__(self) -> None:
         self._stage: Stage | None = None
@@ -170,7 +172,8 @@ class MlxEngine:
         self._my_rank = 0
         self._broken: GroupBroken | None = None
         self._prefixes: MlxPrefixStore | None = None
-        """The prefix cache of a single, unbatched rank (None in a group or a batch)."""
+        """The prefix cache of a single rank (None in a group, or in a batch whose model's
+        KV cache is not plain `KVCache` layers)."""
         self.bytes_sent = 0
         """Bytes of step traffic this rank has sent, for benchmarks: pipeline activations and
         tokens as counted, tensor all_sums as the ring moves them (control headers excluded)."""
@@ -191,7 +194,7 @@ class MlxEngine:
 
     @property
     def prefixes(self) -> MlxPrefixStore | None:
-        """The prefix cache (its `stats` say how much KV was re-used); None in a group or batch."""
+        """The prefix cache (its `stats` say how much KV was re-used); None in a group."""
         return self._prefixes
 
     @property
@@ -204,6 +207,7 @@ class MlxEngine:
 
     def load(self, spec: ShardSpec) -> None:
         import mlx.core as mx
+        from mlx_lm.models.cache import make_prompt_cache
         from mlx_lm.utils import load_config, load_model, load_tokenizer
 
         shard = spec.shard
@@ -242,10 +246,18 @@ class MlxEngine:
                 shard_layers(parts.layers, family.tensor, self._group, config)
             stage = build_stage(parts, role)
             del parts
+        make_cache: Callable[[], list[Any]] | None = stage.make_cache
         if role.world == 1:
             self._width = batch_width(os.environ)
+            # The batch generator runs the whole mlx-lm model (the stage's arrays) on that
+            # model's own cache types, so those decide whether it batches and reuses prefixes.
+            batch_cache = partial(make_prompt_cache, model)
+            if self._width > 1 and not batchable(batch_cache()):
+                log.info("%s: its KV cache cannot join an mlx-lm batch; serving one request at a time", path)
+                self._width = 1
             if self._width > 1:
-                self._batch_model = model  # the batch generator runs the whole model (same arrays)
+                self._batch_model = model
+                make_cache = batch_cache if reusable_in_batch(batch_cache()) else None
         del model  # unreferenced (lazy) weights of other ranks' layers are never read
         mx.eval(stage.parameters())
         self._stage = stage
@@ -254,14 +266,14 @@ class MlxEngine:
         self._activation_dtype = _activation_dtype(stage)
         self._n_ctx = min(spec.instance.context_token_limit, spec.card.context_length)
         self._model_id = ModelId(spec.card.model_id)
-        if role.world == 1 and self._width == 1:
+        if role.world == 1 and make_cache is not None:
             capacity = spec.instance.capacity
             planned = capacity.cold_budget_bytes if capacity is not None else None
             try:
                 budget = cold_budget_bytes(planned, os.environ)
             except ValueError as exc:
                 raise ModelLoadFailed(str(exc)) from exc
-            self._prefixes = MlxPrefixStore(stage.make_cache, budget)
+            self._prefixes = MlxPrefixStore(make_cache, budget)
         if role.rank == 0:  # followers never see text
             self._tokenizer = load_tokenizer(path)
             self._token_bytes = token_bytes_table(self._tokenizer)
@@ -276,7 +288,8 @@ class MlxEngine:
     def warm_up(self) -> None:
         stage = self._require_loaded()
         if self._batch_model is not None and self._batch is None:
-            self._batch = BatchLoop(self._batch_model, self._width)
+            self._batch = BatchLoop(self._batch_model, self._width, prefixes=self._prefixes,
+                                    prefill_step_tokens=PREFILL_CHUNK_TOKENS)
         if stage.role.rank == 0:
             request = TextGenerationParams(
                 model_id=self._model_id, prompt=WARM_UP_PROMPT, max_tokens=WARM_UP_TOKENS, temperature=0.0
@@ -411,10 +424,12 @@ class MlxEngine:
         except PromptCancelled:
             return  # the caller went away while the prompt was tokenized
         assert self._batch is not None
-        sequence = self._batch.submit(BatchSequence(prompt, max_new, chooser or Sampler(params)))
+        plain_greedy = chooser is None and params.greedy  # the batch's own argmax serves it
+        sampler = chooser or (None if plain_greedy else Sampler(params))
+        sequence = self._batch.submit(BatchSequence(prompt, max_new, sampler, raw_logits=chooser is not None))
         stall_s = seconds_from_env(os.environ, EVAL_TIMEOUT_ENV, EVAL_TIMEOUT_S)
 
-        def next_token() -> int:
+        def take() -> int:
             deadline = time.monotonic() + stall_s
             while True:
                 try:
@@ -425,14 +440,21 @@ class MlxEngine:
                         return -1  # _text checks cancellation before using it
                     if time.monotonic() > deadline:
                         raise EngineError(f"the MLX batch produced no token within {stall_s:g}s") from None
-            if isinstance(item, Exception):
-                raise EngineError(f"the MLX batch loop failed: {item}")
+            if isinstance(item, BaseException):
+                raise item  # this request's own sampler failed, or the whole loop did (EngineBroken)
             return item[0]
 
         with self._count_lock:
             self._in_flight += 1
         try:
-            yield from self._text(request, len(prompt), max_new, next_token, cancelled, chooser)
+            # The first token first: by then the loop has said how much of the prompt came
+            # from the prefix cache (the usage the last token reports).
+            pending = [take()]
+
+            def next_token() -> int:
+                return pending.pop() if pending else take()
+
+            yield from self._text(request, len(prompt), max_new, next_token, cancelled, chooser, sequence.cached)
         finally:
             self._batch.remove(sequence)
             with self._count_lock:

@@ -7,8 +7,13 @@ used directly) and `trim(n)` drops the last n positions, as `trim_prompt_cache` 
 prefix a prompt starts from and what the cold store evicts is `prefix_cache` (pure); this
 class only moves arrays.
 
-Only a single-rank, unbatched engine uses it: in a group every rank would have to keep and
-restore its own layers' caches in lockstep, and the batch loop owns its own caches.
+Only a single rank uses it: in a group every rank would have to keep and restore its own
+layers' caches in lockstep. Unbatched, the engine decodes on `hot` (`prepare`, one request at
+a time). Batched, there is no hot cache: each request borrows the best cold prefix (`lend`)
+for mlx-lm's `BatchGenerator` to merge into its batch cache, and each sequence's KV comes back
+when it leaves the batch (`keep`, what `BatchKVCache.extract` returns: one sequence, exactly
+its tokens). Both run on the batch loop's thread, and need every layer to be a plain mlx-lm
+`KVCache` (`reusable_in_batch`).
 """
 
 from __future__ import annotations
@@ -16,7 +21,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from skulk.shared.prefix_cache import CachedPrefix, PrefixStats, admit, choose_prefix, touch
+from skulk.shared.prefix_cache import (
+    MIN_SAVED_TOKENS,
+    CachedPrefix,
+    PrefixStats,
+    admit,
+    choose_prefix,
+    common_prefix,
+    touch,
+)
 
 
 class MlxPrefixStore:
@@ -62,6 +75,43 @@ class MlxPrefixStore:
         self.hot_tokens = self.hot_tokens[:keep]
         return keep
 
+    def lend(self, prompt: Sequence[int]) -> tuple[list[Any] | None, int]:
+        """Batch mode: a cache holding the best cold prefix of `prompt` and how many prompt
+        tokens it covers, or (None, 0). Its layers are the entry's own arrays with `offset`
+        at the covered length: `BatchGenerator.insert` copies that much into its batch cache
+        and never writes them (a cold entry must stay as it was saved)."""
+        self._clock += 1
+        if self.budget_bytes <= 0:
+            return None, 0
+        choice = choose_prefix(prompt, (), self._entries)
+        if choice.source != "cold" or choice.entry_key is None:
+            return None, 0
+        cache = self._make_cache()
+        for layer, (keys, values) in zip(cache, self._states[choice.entry_key], strict=True):
+            layer.keys, layer.values, layer.offset = keys, values, choice.reused_tokens
+        self._entries = touch(self._entries, choice.entry_key, self._clock)
+        self.stats.restores += 1
+        self.stats.cold_hit_tokens += choice.reused_tokens
+        return cache, choice.reused_tokens
+
+    def keep(self, tokens: Sequence[int], cache: list[Any]) -> None:
+        """Batch mode: offer a sequence's KV (`cache` holds `tokens`) to the cold store. Short
+        sequences, ones an entry already covers and ones over the whole budget are let go
+        before any byte is copied."""
+        import mlx.core as mx
+
+        held = min(len(tokens), *(layer.offset for layer in cache)) if cache else 0
+        if self.budget_bytes <= 0 or held < MIN_SAVED_TOKENS:
+            return
+        prefix = tuple(tokens[:held])
+        if any(len(e.tokens) >= held and common_prefix(e.tokens, prefix) == held for e in self._entries):
+            return
+        layers = [(layer.keys[..., :held, :], layer.values[..., :held, :]) for layer in cache]
+        if sum(int(k.nbytes) + int(v.nbytes) for k, v in layers) > self.budget_bytes:
+            return  # still lazy: nothing was copied
+        mx.eval(layers)
+        self._admit(prefix, layers)
+
     def forget_hot(self) -> None:
         """The hot cache's contents are unknown (a step failed): start the next request afresh."""
         self.hot, self.hot_tokens = [], []
@@ -86,11 +136,13 @@ class MlxPrefixStore:
         for layer in self.hot:
             layers.append((layer.keys[..., :held, :], layer.values[..., :held, :]))
         mx.eval(layers)
+        self._admit(tuple(self.hot_tokens[:held]), layers)
+
+    def _admit(self, tokens: tuple[int, ...], layers: list[tuple[Any, Any]]) -> None:
         size = sum(int(k.nbytes) + int(v.nbytes) for k, v in layers)
         key = self._next_key
         self._next_key += 1
-        admission = admit(self._entries, CachedPrefix(key, tuple(self.hot_tokens[:held]), size, self._clock),
-                          self.budget_bytes)
+        admission = admit(self._entries, CachedPrefix(key, tokens, size, self._clock), self.budget_bytes)
         if not admission.admitted:
             return
         self._states[key] = layers
@@ -116,4 +168,13 @@ class MlxPrefixStore:
         self.stats.restores += 1
 
 
-__all__ = ["MlxPrefixStore"]
+def reusable_in_batch(cache: list[Any]) -> bool:
+    """Whether a batch can lend and keep prefixes of a model whose fresh cache is `cache`:
+    every layer a plain `KVCache` (whose keys and values are exactly its tokens; a rotating
+    window's are not)."""
+    from mlx_lm.models.cache import KVCache
+
+    return bool(cache) and all(type(layer) is KVCache for layer in cache)
+
+
+__all__ = ["MlxPrefixStore", "reusable_in_batch"]

@@ -154,10 +154,11 @@ def shaping_of(request: TextGenerationParams) -> Shaping:
 
 class TokenChooser:
     """Rank 0's sampler for a shaped request: numpy shaping, the request's seeded `Sampler`,
-    and immediate acceptance. Called with one row of logits (or log-probabilities: every
-    shaping step is invariant to a constant shift); returns the token as an evaluated int32
-    array of shape (1,), like `Sampler`. Scores of each accepted token queue up in order for
-    the requester (`pop_scores`), which may run on another thread (the batch loop)."""
+    and immediate acceptance. Called with one row of raw logits, never log-probabilities
+    (llama.cpp's repeat penalty treats positive and negative logits differently); returns the
+    token as an evaluated int32 array of shape (1,), like `Sampler`. Scores of each accepted
+    token queue up in order for the requester (`pop_scores`), which may run on another
+    thread (the batch loop)."""
 
     def __init__(self, sampler: Sampler, shaping: Shaping, vocab_size: int,
                  grammar_factory: Callable[[str], GrammarMatcher] | None = None) -> None:

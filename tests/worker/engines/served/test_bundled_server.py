@@ -1,0 +1,73 @@
+"""The bundled llama-server host: every flag the served engine writes is honoured, any other
+is refused, and the settings land on xllamacpp's own parameters."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from skulk.worker.engines.served.bundled_server import (
+    EXIT_USAGE,
+    HostSettings,
+    UnsupportedFlag,
+    apply_settings,
+    parse_server_argv,
+)
+from skulk.worker.engines.served.launch import ServerLaunch
+from tests.llama_server_kit import require_bundled_server
+
+LAUNCH = ServerLaunch(binary=Path("/x/skulk-llama-server"), model_path=Path("/m/model.gguf"), port=4321, slots=4,
+                      context_per_slot=512, threads=2, gpu_layers=0, flash_attn=False, cache_ram_mib=64)
+
+
+def test_the_served_engines_command_line_is_read_whole():
+    assert parse_server_argv(LAUNCH.argv()[1:]) == HostSettings(
+        model="/m/model.gguf", host="127.0.0.1", port=4321, parallel=4, ctx_size=2048, kv_unified=False,
+        cont_batching=True, threads=2, gpu_layers=0, flash_attn="off", fit=False, jinja=True, webui=False,
+        cache_ram_mib=64,
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--model", "m", "--draft-model", "d"], "--draft-model is not a flag"),
+        (["--model", "m", "--port", "eighty"], "whole number"),
+        (["--model", "m", "--flash-attn", "maybe"], "on, off or auto"),
+        (["--model", "m", "--fit", "sometimes"], "on or off"),
+        (["--model"], "needs a value"),
+        (["--port", "1"], "--model is required"),
+    ],
+)
+def test_a_flag_it_cannot_honour_is_refused_by_name(argv, says):
+    with pytest.raises(UnsupportedFlag, match=says):
+        parse_server_argv(argv)
+
+
+def test_settings_land_on_xllamacpps_parameters():
+    xllamacpp = pytest.importorskip("xllamacpp")
+    params = xllamacpp.CommonParams()
+    apply_settings(parse_server_argv(LAUNCH.argv()[1:]), params, xllamacpp.llama_flash_attn_type)
+    assert (params.model.path, params.hostnames, params.port, params.n_parallel, params.n_ctx) == (
+        "/m/model.gguf", ["127.0.0.1"], 4321, 4, 2048)
+    assert (params.kv_unified, params.cont_batching, params.fit_params, params.use_jinja, params.ui) == (
+        False, True, False, True, False)
+    assert (params.cpuparams.n_threads, params.cpuparams_batch.n_threads, params.n_gpu_layers) == (2, 2, 0)
+    assert params.flash_attn_type == xllamacpp.llama_flash_attn_type.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    assert params.cache_ram_mib == 64
+
+
+def test_the_script_refuses_an_unknown_flag_with_a_usage_exit():
+    script = require_bundled_server()
+    done = subprocess.run([str(script), "--model", "m", "--spec-ngram"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == EXIT_USAGE and "--spec-ngram is not a flag" in done.stderr
+
+
+def test_a_model_it_cannot_read_fails_the_start_loudly(tmp_path):
+    script = require_bundled_server()
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"not a gguf")
+    done = subprocess.run([str(script), "--model", str(broken), "--port", "0"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "cannot serve" in done.stderr
