@@ -105,8 +105,11 @@ def instance_ready(node: NodeProcess, instance_id: str) -> bool:
 
 def start_node(root: Path) -> NodeProcess:
     args = ["--listen", f"tcp/127.0.0.1:{free_port()}", "--cluster-key", KEY, "--node-name", "idle"]
+    (root / "engines").mkdir()
+    # An empty engines dir: a llama-server this machine built (`skulk engines install`) would
+    # otherwise serve the model instead of the runner itself.
     node = NodeProcess(data_dir=root / "idle", api_port=free_port(), extra_args=args,
-                       env=NODE_ENV)
+                       env={**NODE_ENV, "SKULK_ENGINES_DIR": str(root / "engines")})
     return node.start()
 
 
