@@ -80,6 +80,7 @@ from skulk.shared.telemetry_view import node_resources
 from skulk.shared.types.commands import Command, ForwarderCommand
 from skulk.shared.types.events import IndexedEvent
 from skulk.shared.types.ids import NodeId, SessionId, new_id
+from skulk.shared.types.node_facts import NodeFacts
 from skulk.shared.types.stream_errors import StreamErrorType
 from skulk.shared.types.task_inputs import TaskInput
 from skulk.shared.wire_keys import to_camel_keys
@@ -308,8 +309,9 @@ class Node:
 
         router.declare_presence()
         self.presence = router.watch_presence()  # long-lived: a master promoted later reads it at once
-        self._derived = await asyncio.to_thread(self._derive_backends)
-        self.engine_build = await asyncio.to_thread(self._plan_engine_build)
+        facts = await asyncio.to_thread(probe_node_facts)  # once: backends and the engine build read it
+        self._derived = self._derive_backends(facts)
+        self.engine_build = await asyncio.to_thread(self._plan_engine_build, facts)
         interfaces = tuple(await asyncio.to_thread(probe_interfaces))
         self._own_store = advertised_store(settings.api_endpoint)
         self._own_hosts = frozenset({"localhost", "127.0.0.1", "::1", settings.api_host,
@@ -452,17 +454,17 @@ class Node:
             self._master_task = asyncio.create_task(self._run_master(self._master), name="master")
         self.producer.resend_all()
 
-    def _derive_backends(self) -> DerivedBackends:
-        derived = derive_node_backends(probe_node_facts())
+    def _derive_backends(self, facts: NodeFacts) -> DerivedBackends:
+        derived = derive_node_backends(facts)
         for conflict in derived.conflicts:
             logger.warning("capability conflict %s: %s", conflict.code, conflict.message)
         if not self.settings.worker_enabled:
             return DerivedBackends(tags=[], conflicts=list(derived.conflicts), slots=dict(derived.slots))
         return derived
 
-    def _plan_engine_build(self) -> BackgroundInstall:
+    def _plan_engine_build(self, facts: NodeFacts) -> BackgroundInstall:
         search_dirs = engine_search_dirs(os.environ, Path.home(), self.settings.paths.data_home)
-        decision = decide_background_install(os.environ, probe_node_facts(), worker_enabled=self.settings.worker_enabled,
+        decision = decide_background_install(os.environ, facts, worker_enabled=self.settings.worker_enabled,
                                              search_dirs=search_dirs)
         logger.info("background llama-server build: %s", getattr(decision, "reason", None) or "starting")
         return BackgroundInstall(decision, search_dirs)
@@ -474,7 +476,7 @@ class Node:
             self._spawn_housekeeping(self._rederive_backends(), "engine-build-adopt")
 
     async def _rederive_backends(self) -> None:
-        self._derived = await asyncio.to_thread(self._derive_backends)
+        self._derived = self._derive_backends(await asyncio.to_thread(probe_node_facts))
 
     def _trace_master_decision(self, indexed: IndexedEvent) -> None:
         """While this node is master, a traced task's binding joins the trace (master lane)."""

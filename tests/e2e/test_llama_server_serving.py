@@ -198,6 +198,17 @@ def test_a_fresh_node_serves_four_streams_at_once_with_nothing_built(spawn_node,
     assert_streams_progress_together(node, server, shard["runnerId"], 4)
 
 
+def assert_placed_on(node, installed: Path) -> None:
+    """A placement on `node` starts the llama-server at `installed`, and it answers."""
+    instance = place(node)
+    wait_instance_ready(node, instance["instanceId"])
+    (server,) = llama_servers_of(node)
+    assert Path(server.cmdline()[0]) == installed, server.cmdline()
+    reply = client(node).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                                 max_tokens=4, temperature=0)
+    assert reply.usage.completion_tokens >= 1
+
+
 def test_a_managed_build_serves_a_node_whatever_its_data_dir(spawn_node, tmp_path):
     """`skulk engines install` (here a copy out of the machine's build cache, as any second
     install is), then a node on another data dir: it advertises and serves with that build."""
@@ -221,19 +232,13 @@ def test_a_managed_build_serves_a_node_whatever_its_data_dir(spawn_node, tmp_pat
     resources = wait_for(lambda: node.get("/state").json()["nodeResources"].get(node_id), timeout_s=30,
                          what="the node's resources")
     assert "llama_server-cpu" in resources["backends"], resources["backends"]
-    instance = place(node)
-    wait_instance_ready(node, instance["instanceId"])
-    (server,) = llama_servers_of(node)
-    assert Path(server.cmdline()[0]) == installed, server.cmdline()
-    reply = client(node).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
-                                                 max_tokens=4, temperature=0)
-    assert reply.usage.completion_tokens >= 1
+    assert_placed_on(node, installed)
 
 
 def test_a_fresh_node_builds_a_native_server_in_the_background_and_switches_to_it(spawn_node, tmp_path):
-    """First start with autoprovision on: the node serves with the bundled server, builds the
-    native one in the background (here out of the machine's warm build cache, as a second
-    node's build is), reports it in /v1/cluster, and places new instances on it."""
+    """First start with autoprovision on: the node builds the native server in the background
+    (here out of the machine's warm build cache, as a second node's build is), reports it in
+    /v1/cluster, and places new instances on it."""
     require_bundled_server()
     if find_native_llama_server() is None or shutil.which("cmake") is None:
         pytest.skip(HOW_TO_GET_ONE)
@@ -253,10 +258,4 @@ def test_a_fresh_node_builds_a_native_server_in_the_background_and_switches_to_i
     build = wait_for(provision, timeout_s=240, what="the background build ready")
     assert build["backend"] == "cpu" and str(engines) in build["message"]
     (installed,) = engines.glob("llama.cpp-*-cpu/bin/llama-server")
-    instance = place(node)
-    wait_instance_ready(node, instance["instanceId"])
-    (server,) = llama_servers_of(node)
-    assert Path(server.cmdline()[0]) == installed, server.cmdline()
-    reply = client(node).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
-                                                 max_tokens=4, temperature=0)
-    assert reply.usage.completion_tokens >= 1
+    assert_placed_on(node, installed)
