@@ -1,8 +1,9 @@
 """What an idle node costs: the CPU time one Skulk node and its runners spend over a quiet
 window with a model placed and nobody asking anything.
 
-Starts one real node (in-process GGUF serving: SKULK_BUNDLED_LLAMA_SERVER=0), places the
-built-in tiny GGUF model, waits until its runner is ready and a warm-up passes, then reads
+Starts one real node, places the built-in tiny GGUF model (served in the runner itself,
+SKULK_BUNDLED_LLAMA_SERVER=0; with `--bundled`, by the bundled llama-server a fresh node
+uses, whose process counts as one of the runner's descendants), waits until its runner is ready and a warm-up passes, then reads
 the CPU time (user + system) of the node process and of every descendant (its runners)
 across the window. CPU time, not a utilisation rate, so the figure holds on a loaded
 machine; the load average is printed beside it as context. Nothing touches the node's API
@@ -14,7 +15,7 @@ Everything it starts (the node, and through it the runners) is stopped on exit, 
 wait has a deadline.
 
 Usage:
-  uv run python bench/idle.py [--seconds 60] [--warmup 15] [--no-model]
+  uv run python bench/idle.py [--seconds 60] [--warmup 15] [--no-model] [--bundled]
 """
 
 from __future__ import annotations
@@ -103,13 +104,14 @@ def instance_ready(node: NodeProcess, instance_id: str) -> bool:
     return bool(runners) and all(r["state"] in ("Ready", "Running") for r in runners)
 
 
-def start_node(root: Path) -> NodeProcess:
+def start_node(root: Path, *, bundled: bool = False) -> NodeProcess:
     args = ["--listen", f"tcp/127.0.0.1:{free_port()}", "--cluster-key", KEY, "--node-name", "idle"]
     (root / "engines").mkdir()
     # An empty engines dir: a llama-server this machine built (`skulk engines install`) would
     # otherwise serve the model instead of the runner itself.
     node = NodeProcess(data_dir=root / "idle", api_port=free_port(), extra_args=args,
-                       env={**NODE_ENV, "SKULK_ENGINES_DIR": str(root / "engines")})
+                       env={**NODE_ENV, "SKULK_ENGINES_DIR": str(root / "engines"),
+                            "SKULK_BUNDLED_LLAMA_SERVER": "1" if bundled else "0"})
     return node.start()
 
 
@@ -165,12 +167,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0, help="the measured window")
     parser.add_argument("--warmup", type=float, default=15.0, help="quiet time after the runner is ready")
     parser.add_argument("--no-model", action="store_true", help="measure a node with nothing placed")
+    parser.add_argument("--bundled", action="store_true", help="serve the model with the bundled llama-server")
     parser.add_argument("--threads", type=int, default=8, help="node threads to list (0: none)")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup below
 
     with tempfile.TemporaryDirectory(prefix="skulk-idle-") as tmp:
-        node = start_node(Path(tmp))
+        node = start_node(Path(tmp), bundled=args.bundled)
         assert node.proc is not None
         try:
             node.wait_ready()
@@ -193,8 +196,8 @@ def main() -> None:
         return f"{spent_s / args.seconds * 100:.3f}%"
 
     runner_s = sum(runners.values())
-    print(f"idle node over {args.seconds:.0f} s ({'no model' if args.no_model else MODEL + ' placed'}), "
-          f"% of one core (CPU time / wall time):")
+    what = "no model" if args.no_model else MODEL + " placed" + (", bundled llama-server" if args.bundled else "")
+    print(f"idle node over {args.seconds:.0f} s ({what}), % of one core (CPU time / wall time):")
     print(f"  node     {pct(node_s)}  ({node_s * 1e3:.0f} ms)")
     for pid, spent in sorted(runners.items()):
         print(f"  runner   {pct(spent)}  ({spent * 1e3:.0f} ms, pid {pid})")

@@ -19,7 +19,7 @@ import pytest
 
 from skulk.datadir.paths import resolve_paths
 from skulk.provision.llama_binary import probe_version
-from skulk.provision.llama_build import SERVER_BINARY, build_cache_root, engine_search_dirs
+from skulk.provision.llama_build import RPC_BINARY, SERVER_BINARY, build_cache_root, engine_search_dirs
 from skulk.provision.node_engine import find_bundled_server, managed_install
 
 HOW_TO_GET_ONE = "no llama-server binary: run `uv run skulk engines install --backend cpu` (or set SKULK_LLAMA_SERVER_BIN)"
@@ -36,6 +36,20 @@ def find_native_llama_server() -> Path | None:
         candidates.append(install.server)
     candidates.append(build_cache_root(os.environ, Path.home()) / f"{version('llama-cpp-python')}-cpu" / "build" / "bin" / SERVER_BINARY)
     return next((c for c in candidates if c.is_file() and probe_version(c) is not None), None)
+
+
+def find_native_rpc_server() -> Path | None:
+    """The ggml-rpc-server built beside the native llama-server (a pool donor's managed one)."""
+    server = find_native_llama_server()
+    rpc = None if server is None else server.parent / RPC_BINARY
+    return rpc if rpc is not None and rpc.is_file() else None
+
+
+def require_native_rpc_server() -> Path:
+    found = find_native_rpc_server()
+    if found is None:
+        pytest.skip("no native ggml-rpc-server: run `uv run skulk engines install --backend cpu`")
+    return found
 
 
 def find_llama_server() -> Path | None:

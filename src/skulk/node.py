@@ -77,6 +77,7 @@ from skulk.shared import election as election_machine
 from skulk.shared.membership import SelfInfo
 from skulk.shared.serving import wait_explanation
 from skulk.shared.telemetry_view import node_resources
+from skulk.shared.ticks import until_tick_s
 from skulk.shared.types.commands import Command, ForwarderCommand
 from skulk.shared.types.events import IndexedEvent
 from skulk.shared.types.ids import NodeId, SessionId, new_id
@@ -183,12 +184,46 @@ def _primary_address() -> str:
     return "127.0.0.1"
 
 
+API_TICK_S = 1.0
+"""How often the API server's main loop wakes on its own (on the tick grid, `shared.ticks`):
+to refresh the Date header (whose resolution is a second) and check its request limit.
+uvicorn wakes every 0.1 s, which was 10 of an idle node's ~30 wake-ups a second
+(bench/idle.py); exit is signalled at once."""
+
+HOUSEKEEPING_TICK_S = 1.0
+"""Period of the stream-expiry and command-resend loops (on the tick grid, `shared.ticks`)."""
+
+
 class _Server(uvicorn.Server):
-    """uvicorn without its own signal handling: the node owns SIGINT/SIGTERM."""
+    """uvicorn without its own signal handling (the node owns SIGINT/SIGTERM) and without its
+    10 Hz tick: the main loop wakes every API_TICK_S, or at once when `should_exit` is set."""
+
+    _exit_requested: asyncio.Event | None = None
+
+    @property
+    def should_exit(self) -> bool:  # pyright: ignore[reportIncompatibleVariableOverride]
+        return self._should_exit
+
+    @should_exit.setter
+    def should_exit(self, value: bool) -> None:
+        self._should_exit = value
+        if value and self._exit_requested is not None:
+            self._exit_requested.set()
 
     @contextlib.contextmanager
     def capture_signals(self):  # type: ignore[override]
         yield
+
+    async def main_loop(self) -> None:
+        self._exit_requested = asyncio.Event()
+        counter = 0
+        should_exit = await self.on_tick(counter)
+        while not should_exit:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(until_tick_s(asyncio.get_running_loop().time(), API_TICK_S)):
+                    await self._exit_requested.wait()
+            counter = (counter + 10) % 864000  # on_tick's once-a-second work runs when counter % 10 == 0
+            should_exit = await self.on_tick(counter)
 
 
 def bind_api_socket(host: str, port: int) -> socket.socket:
@@ -535,16 +570,18 @@ class Node:
         self._spawn_housekeeping(publish(), f"task-input-{item.command_id}")
 
     async def _expire_streams(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(until_tick_s(loop.time(), HOUSEKEEPING_TICK_S))
             self.streams.expire()
             self.task_inputs.flush(self.replica.state)
 
     async def _resend_commands(self, router: Router) -> None:
         """Publish again the commands whose task is not logged yet (`CommandResender`), in
         order and awaited (a congested publish delays the next resend, not stream expiry)."""
+        loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(until_tick_s(loop.time(), HOUSEKEEPING_TICK_S))
             origin = NodeId(self.node_id)
             for command in self.command_resender.tick(self.replica.state, self.streams.waiting_command_ids()):
                 try:

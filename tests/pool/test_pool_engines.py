@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import psutil
 import pytest
 
 from skulk.pool.layout import derive_pool_key
+from skulk.provision.node_engine import POOL_RPC_SERVER_ENV
 from skulk.shared.types.instances import Instance, ShardAssignment
 from skulk.worker.engines.base import ModelLoadFailed, ShardSpec
 from skulk.worker.engines.llama_cpp import pool as llama_pool
 from skulk.worker.engines.llama_cpp.engine import LlamaCppEngine
+from tests.llama_server_kit import require_native_rpc_server
 from tests.worker.tiny_gguf import tiny_gguf, tiny_gguf_card  # noqa: F401
 
 
@@ -42,4 +45,33 @@ def test_a_pool_across_nodes_without_addresses_is_refused(tiny_gguf):
     spec = ShardSpec(instance=pooled([]), runner_id="r1", card=tiny_gguf_card(), model_path=str(tiny_gguf),
                      n_threads=1, pool_key=derive_pool_key("k"))
     with pytest.raises(ModelLoadFailed, match="no addresses"):
+        llama_pool.PoolDonorEngine().load(spec)
+
+
+def test_a_donor_lends_through_the_managed_rpc_server_and_stops_it(tiny_gguf, monkeypatch):
+    # The node exported the managed build's ggml-rpc-server: the donor runs it as a child on
+    # loopback (behind its gate) instead of llama-cpp-python's in-process CPU server, and
+    # nothing of it outlives the engine.
+    binary = require_native_rpc_server()
+    monkeypatch.setenv(POOL_RPC_SERVER_ENV, str(binary))
+    spec = ShardSpec(instance=pooled(["127.0.0.1", "127.0.0.1"]), runner_id="r1", card=tiny_gguf_card(),
+                     model_path=str(tiny_gguf), n_threads=1, pool_key=derive_pool_key("k"))
+    donor = llama_pool.PoolDonorEngine()
+    donor.load(spec)
+    try:
+        servers = [c for c in psutil.Process().children() if c.name() == binary.name]
+        assert len(servers) == 1
+        listening = {(s.laddr.ip, s.laddr.port) for s in servers[0].net_connections(kind="tcp")
+                     if s.status == psutil.CONN_LISTEN}
+        assert listening == {("127.0.0.1", donor.rpc_port)}
+    finally:
+        donor.close()
+    assert not servers[0].is_running() or servers[0].status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_missing_managed_rpc_server_fails_the_donor_load_by_name(tiny_gguf, monkeypatch, tmp_path):
+    monkeypatch.setenv(POOL_RPC_SERVER_ENV, str(tmp_path / "ggml-rpc-server"))
+    spec = ShardSpec(instance=pooled(["127.0.0.1", "127.0.0.1"]), runner_id="r1", card=tiny_gguf_card(),
+                     model_path=str(tiny_gguf), n_threads=1, pool_key=derive_pool_key("k"))
+    with pytest.raises(ModelLoadFailed, match=r"SKULK_POOL_RPC_SERVER_BIN.*missing"):
         llama_pool.PoolDonorEngine().load(spec)

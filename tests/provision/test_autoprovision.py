@@ -23,7 +23,7 @@ from skulk.provision.autoprovision import (
 )
 from skulk.provision.background_install import BackgroundInstall
 from skulk.provision.llama_binary import ManagedInstall
-from skulk.provision.node_engine import adopt_install, server_source
+from skulk.provision.node_engine import adopt_install, export_pool_rpc_server, server_source
 from skulk.shared.types.telemetry import EngineProvision
 
 ALL_TOOLS = {"cmake", "g++", "nvcc", "glslc"}
@@ -179,3 +179,32 @@ def test_the_build_process_does_not_outlive_its_owner(tmp_path):
 
     pid = asyncio.run(cancel_when_started())
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def _native(root: Path, backend: str, *, rpc: bool = True) -> ManagedInstall:
+    directory = root / f"llama.cpp-1-{backend}"
+    (directory / "bin").mkdir(parents=True)
+    if rpc:
+        (directory / "bin" / "ggml-rpc-server").write_text("")
+    return ManagedInstall(directory, "1", backend)
+
+
+@pytest.mark.parametrize(("name", "env", "backend", "rpc", "exported"), [
+    ("nothing set: the managed build's server", {}, "cpu", True, "cpu"),
+    ("a build without one: nothing", {}, "cpu", False, None),
+    ("the operator's server is kept", {"SKULK_POOL_RPC_SERVER_BIN": "/opt/rpc"}, "cuda", True, "/opt/rpc"),
+    ("an exported CPU server gives way to a GPU build's",
+     {"SKULK_POOL_RPC_SERVER_BIN": "CPU", "SKULK_POOL_RPC_SERVER_SOURCE": "managed"}, "cuda", True, "cuda"),
+    ("an exported server never gives way to a CPU build's",
+     {"SKULK_POOL_RPC_SERVER_BIN": "GPU", "SKULK_POOL_RPC_SERVER_SOURCE": "managed"}, "cpu", True, "GPU"),
+])
+def test_a_pool_donor_uses_the_managed_rpc_server(tmp_path, name, env, backend, rpc, exported):
+    install = _native(tmp_path, backend, rpc=rpc)
+    env = dict(env)
+    export_pool_rpc_server(env, install)
+    expected = {"cpu": str(install.rpc_server), "cuda": str(install.rpc_server)}.get(exported or "", exported)
+    assert env.get("SKULK_POOL_RPC_SERVER_BIN") == expected, name
+    # a background build that lands exports it too, even beside an operator's llama-server
+    later = {"SKULK_LLAMA_SERVER_BIN": "/opt/mine"}
+    assert adopt_install(later, install) is rpc
+    assert later.get("SKULK_POOL_RPC_SERVER_BIN") == (str(install.rpc_server) if rpc else None)

@@ -19,6 +19,7 @@ from skulk.routing.presence import (
     presence_key_material,
     presence_token_key,
     proof_mac,
+    proof_wait_s,
 )
 
 OURS = presence_key_material(derive_wire_key("cluster-a", NETWORK_VERSION))
@@ -261,3 +262,31 @@ def test_last_missed_counts_the_challenges_that_timed_out_in_the_latest_tick():
     assert verifier.last_missed == 1
     verifier.tick(PROOF_TIMEOUT_S + 0.1, nonce)
     assert verifier.last_missed == 0  # counted once, in the tick it timed out
+
+
+@pytest.mark.parametrize(("name", "others", "watching", "due_at", "wait_s"), [
+    ("a peer holds a token: every tick", True, False, 105.0, 0.5),
+    ("deaf, or alone where peers are expected: every tick", False, True, 105.0, 0.5),
+    ("alone: until the own challenge is due", False, False, 102.0, 2.0),
+    ("alone, the challenge overdue: at once", False, False, 99.0, 0.0),
+    ("alone, nothing due for long: the longest sleep", False, False, 200.0, 5.0),
+    ("no session at all: the longest sleep", False, False, None, 5.0),
+])
+def test_proof_wait_s(name, others, watching, due_at, wait_s) -> None:
+    assert proof_wait_s(others_present=others, watching=watching, due_at=due_at, now=100.0, tick_s=0.5,
+                        longest_s=5.0) == wait_s, name
+
+
+def test_next_due_at_follows_the_challenge_cycle() -> None:
+    verifier = PresenceVerifier(OURS)
+    assert verifier.next_due_at(0.0) is None
+    token = PresenceToken("a", "s1")
+    verifier.appeared(token)
+    assert verifier.next_due_at(1.0) == 1.0  # never challenged: now
+    challenges, _ = verifier.tick(1.0, lambda: b"n" * 16)
+    assert verifier.next_due_at(1.5) == 1.0 + verifier.timeout_s  # the pending challenge times out
+    verifier.answered(token, challenges[0].nonce, proof_mac(OURS, token, challenges[0].nonce), 1.2)
+    assert verifier.next_due_at(1.5) == 1.2 + verifier.reproof_s  # proven: the next proof
+    assert verifier.present_nodes() == frozenset({"a"})
+    for at in (1.3, 2.0, 4.0):  # nothing to do before then
+        assert verifier.tick(at, lambda: b"x" * 16) == ([], [])

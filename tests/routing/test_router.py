@@ -270,6 +270,22 @@ async def test_own_messages_are_delivered_locally(routers) -> None:
     assert (item.sender, item.message) == ("node-a", Chunk(stream_id="self", index=1))
 
 
+async def test_a_subscriber_that_declines_its_own_messages_still_hears_its_peers(routers) -> None:
+    a, b, _ = await pair(routers)
+    others_only = a.subscribe(PING, own=False)
+    everything = a.subscribe(PING)
+    await publish_until_received(b, PING, lambda n: Ping(nonce=-n), others_only)
+    await a.publish(PING, Ping(nonce=1, sent_by="node-a"))
+    mine = await receive_until(everything, lambda item: item.message.nonce == 1)
+    assert mine.sender == "node-a"  # echoed to the subscriber that wants it
+    await b.publish(PING, Ping(nonce=2, sent_by="node-b"))
+    senders = []
+    while not senders or senders[-1] != ("node-b", 2):
+        item = await next_item(others_only)
+        senders.append((item.sender, item.message.nonce))
+    assert all(sender == "node-b" for sender, _ in senders), senders
+
+
 async def test_close_is_idempotent_ends_subscriptions_and_refuses_use(routers) -> None:
     a, _b, _ = await pair(routers)
     sub = a.subscribe(PONG)

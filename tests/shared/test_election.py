@@ -16,11 +16,13 @@ from skulk.shared.election import (
     CAMPAIGN_WINDOW_S,
     CANDIDATE_REBROADCAST_S,
     DEAF_LEADER_STEP_DOWN_S,
+    DEAF_POLL_S,
     DISCOVERY_S,
     LEADER_ANNOUNCE_S,
     LEADER_SILENCE_S,
     MAX_CANDIDATES,
     MAX_PASSED_OVER,
+    MAX_TICK_GAP_S,
     STALL_HOLD_AFTER_S,
     STALL_HOLD_S,
     WINNER_PASS_OVER_S,
@@ -34,6 +36,7 @@ from skulk.shared.election import (
     Tick,
     initial_view,
     is_leading,
+    next_tick_in_s,
     rank,
     session_id_for,
     stall_hold_until,
@@ -837,3 +840,41 @@ def test_a_leader_back_from_a_stall_adopts_the_newer_session_it_hears() -> None:
     elected a.3. b, holding its indexing (`stall_hold_until`), hears a.3 and follows it."""
     view, out = run(leading(), (Received(lead("a", 3)), 20.5))
     assert (view.phase, view.session_id, summary(out)) == ("following", "a.3", ["elected a.3"])
+
+
+# -- when the shell ticks next ------------------------------------------------------------
+
+DEAF = dataclasses.replace(ME, deaf_for_s=3.0)
+
+
+@pytest.mark.parametrize(("name", "start", "me", "now", "wait_s"), [
+    ("discovering: when discovery ends", discovering, ME, 1.5, DISCOVERY_S - 1.5),
+    ("discovering, long before the end: the longest gap", discovering, ME, 0.0, MAX_TICK_GAP_S),
+    ("campaigning: the next rebroadcast", campaigning, ME, DISCOVERY_S + 0.1, CANDIDATE_REBROADCAST_S - 0.1),
+    ("following: the longest gap before the silence deadline", following, ME, 10.0, MAX_TICK_GAP_S),
+    ("following: the silence deadline", following, ME, 15.5, 10.0 + LEADER_SILENCE_S - 15.5),
+    ("following, the silence overdue: at once", following, ME, 17.0, 0.0),
+    ("following while deaf: polled", following, DEAF, 10.0, DEAF_POLL_S),
+    ("leading: the next announcement", leading, ME, CAMPAIGN_WINDOW_S + 0.4, LEADER_ANNOUNCE_S - 0.4),
+    ("leading, deaf near the step-down", leading,
+     dataclasses.replace(ME, deaf_for_s=DEAF_LEADER_STEP_DOWN_S - 0.1), CAMPAIGN_WINDOW_S, 0.1),
+])
+def test_next_tick_in_s(name, start, me, now, wait_s) -> None:
+    assert next_tick_in_s(start(), me, now) == pytest.approx(wait_s), name
+
+
+@pytest.mark.parametrize("start", [discovering, campaigning, campaigning_high, following, leading])
+@pytest.mark.parametrize("me", [ME, DEAF, dataclasses.replace(ME, members=frozenset({"a", "b", "c"}))])
+def test_no_tick_rule_applies_before_next_tick_in_s(start, me) -> None:
+    # Ticked every 10 ms, the machine does nothing before the instant next_tick_in_s named,
+    # and that instant is at most MAX_TICK_GAP_S away: ticking only then misses no rule.
+    view = start()
+    now = {"discovering": 0.0, "campaigning": DISCOVERY_S, "following": 10.0, "leading": CAMPAIGN_WINDOW_S}[view.phase]
+    for _ in range(40):
+        wait_s = next_tick_in_s(view, me, now)
+        assert 0.0 <= wait_s <= MAX_TICK_GAP_S
+        for k in range(int(wait_s / 0.01)):
+            early = now + k * 0.01
+            assert step(view, Tick(), me, early) == (view, []), (view.phase, early, now + wait_s)
+        now += wait_s
+        view, _ = step(view, Tick(), me, now)

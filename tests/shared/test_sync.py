@@ -19,6 +19,7 @@ from skulk.shared.sync import (
     drain,
     due_bursts,
     follower_buffer,
+    follower_needs_ticks,
     next_due_at,
     on_tick,
     receive,
@@ -272,3 +273,19 @@ def test_follower_and_scheduler_together_recover_a_gap() -> None:
                 applied += [r.idx for r in ready]
     assert applied == list(range(120))
     assert now < 1.5  # four bursts at 250 ms
+
+
+@pytest.mark.parametrize(("name", "master_known", "i_am_master", "synced", "gap", "expected"), [
+    ("no master yet: nothing to ask anyone", False, False, False, False, False),
+    ("the master itself never catches up", True, True, True, False, False),
+    ("the master, even with a stale gap", True, True, True, True, False),
+    ("a follower waiting for its snapshot", True, False, False, False, True),
+    ("a follower in step", True, False, True, False, False),
+    ("a follower holding events beyond a gap", True, False, True, True, True),
+])
+def test_follower_needs_ticks(name, master_known, i_am_master, synced, gap, expected) -> None:
+    buf = follower_buffer(5)
+    if gap:
+        buf, ready, _since = receive(buf, ev(7), 0.0)
+        assert buf.gap_open and not ready
+    assert follower_needs_ticks(master_known, i_am_master, synced, buf) is expected, name

@@ -1,14 +1,16 @@
 """Runs the pure election machine (`skulk.shared.election`) against the network.
 
-Feeds it election messages, presence changes and a steady tick; publishes what it asks to
+Feeds it election messages, presence changes and ticks; publishes what it asks to
 broadcast; reports each new (master, session) to the node. Commands seen are approximated
 by events applied (`commands_seen` callable): the node with the most history wins a tie.
 `members` (the replicated State's member ids) is what a campaign needs a majority of; the
 router's `deaf_for_s` (it hears none of its present peers, `routing/hearing.py`) keeps a
-deaf node from deciding and makes a deaf leader step down. How late the ticker wakes beyond
-TICK_S is the node's own stall: a leader back from one holds its indexing for a while
-(`machine.stall_hold_until`), and `may_index` tells the master so (also while a stall is
-waiting for the next tick to be judged).
+deaf node from deciding and makes a deaf leader step down. The tick comes when the
+machine's next timed rule may be due (`next_tick_in_s`: about once a second for an idle
+leader or follower), on the process's tick grid (`shared.ticks`, TICK_S apart); how late
+the ticker wakes past its instant is the node's own stall: a leader back from one holds its
+indexing for a while (`machine.stall_hold_until`), and `may_index` tells the master so
+(also while a stall is waiting for the next tick to be judged).
 """
 
 from __future__ import annotations
@@ -21,11 +23,13 @@ from collections.abc import Callable
 from skulk.routing.router import Router, RouterError
 from skulk.routing.topics import TOPICS
 from skulk.shared import election as machine
+from skulk.shared.ticks import next_tick_at
 from skulk.shared.types.election import ElectionMessage
 
 logger = logging.getLogger(__name__)
 
 TICK_S = 0.25
+"""The grid the ticker wakes on: each timed rule fires within this long after its time."""
 
 
 class ElectionService:
@@ -52,6 +56,8 @@ class ElectionService:
         self._stalled_s = 0.0
         self._hold_until: float | None = None
         self.stalls_held = 0
+        self._rearm = asyncio.Event()
+        """Set after a step on a message or a presence change: the ticker plans its next tick anew."""
 
     def _me(self) -> machine.Me:
         return machine.Me(node_id=self._router.node_id, seniority=self.seniority, commands_seen=self._commands_seen(),
@@ -99,7 +105,7 @@ class ElectionService:
                 self._on_elected(action)
 
     async def run(self) -> None:
-        messages = self._router.subscribe(TOPICS.election)
+        messages = self._router.subscribe(TOPICS.election, own=False)  # our broadcasts need no echo
         presence = self._router.watch_presence()
         me = self._router.node_id
         inbox: asyncio.Queue[machine.Input] = asyncio.Queue(maxsize=1024)
@@ -116,19 +122,38 @@ class ElectionService:
                 await inbox.put(machine.PresenceChanged(frozenset(presence.alive()) - {me}))
 
         async def ticker() -> None:
+            loop = asyncio.get_running_loop()
             woke = self._clock()
             while True:
-                await asyncio.sleep(TICK_S)
+                # When the machine's next timed rule may be due (`next_tick_in_s`), on the
+                # first instant of the process's tick grid after it (`shared.ticks`: the other
+                # periodic loops wake with it); sooner when another input moved a deadline.
+                self._rearm.clear()
+                wait_s = machine.next_tick_in_s(self.view, self._me(), self._clock())
+                delay_s = next_tick_at(loop.time() + wait_s, TICK_S) - loop.time()
+                due = self._clock() + delay_s
+                try:
+                    async with asyncio.timeout(delay_s):
+                        await self._rearm.wait()
+                    woke = self._clock()
+                    continue  # the view changed: plan the next tick anew
+                except TimeoutError:
+                    pass
                 # Waking late is this node's own stall (stopped, starved, or a blocked loop);
-                # the next Tick step judges it (`machine.stall_hold_until`).
+                # the next Tick step judges it (`machine.stall_hold_until`). Late past the
+                # instant slept to, or (a stop between two sleeps) a gap since the last wake
+                # longer than the sleep planned.
                 now = self._clock()
-                self._stalled_s = max(self._stalled_s, now - woke - TICK_S)
+                self._stalled_s = max(self._stalled_s, now - due, now - woke - delay_s)
                 woke = now
                 await inbox.put(machine.Tick())
 
         async def consume() -> None:
             while True:
-                await self._step(await inbox.get())
+                event = await inbox.get()
+                await self._step(event)
+                if not isinstance(event, machine.Tick):
+                    self._rearm.set()
 
         async with asyncio.TaskGroup() as group:
             for coro in (pump_messages(), pump_presence(), ticker(), consume()):

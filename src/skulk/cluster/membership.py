@@ -21,6 +21,7 @@ from skulk.cluster.producer import EventProducer
 from skulk.cluster.replica import StateReplica
 from skulk.routing.router import Router
 from skulk.shared.membership import MembershipView, SelfInfo, plan_membership
+from skulk.shared.ticks import until_tick_s
 from skulk.shared.types.events import NodeLeft
 from skulk.shared.types.ids import EventId, NodeId, new_id
 from skulk.shared.types.state import State
@@ -87,10 +88,11 @@ class MembershipService:
     async def _reconcile_loop(self) -> None:
         presence = self._router.watch_presence()
         me = self._router.node_id
+        loop = asyncio.get_running_loop()
         while True:
             if self._replica.synced:
                 self._reconcile(frozenset(NodeId(peer) for peer in presence.alive()) - {NodeId(me)})
-            await asyncio.sleep(RECONCILE_INTERVAL_S)
+            await asyncio.sleep(until_tick_s(loop.time(), RECONCILE_INTERVAL_S))  # on the tick grid (`shared.ticks`)
 
     async def _probe_once(self, client: httpx.AsyncClient) -> None:
         now = self._clock()
@@ -113,11 +115,12 @@ class MembershipService:
         self.probed = verified
 
     async def _probe_loop(self) -> None:
+        loop = asyncio.get_running_loop()
         async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S) as client:
             while True:
                 if self._replica.synced:
                     await self._probe_once(client)
-                await asyncio.sleep(PROBE_INTERVAL_S)
+                await asyncio.sleep(until_tick_s(loop.time(), PROBE_INTERVAL_S))
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as group:

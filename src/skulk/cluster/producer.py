@@ -72,9 +72,12 @@ class EventProducer:
         self._wake.set()
 
     async def _wait_for_work(self) -> bool:
-        """True when woken by new work, False when the resend timer fired."""
+        """True when woken by new work, False when the resend timer fired. With nothing
+        unconfirmed there is nothing to resend, so no timer: an idle node does not wake for
+        it (a submit wakes this at once)."""
         try:
-            await asyncio.wait_for(self._wake.wait(), RESEND_INTERVAL_S)
+            async with asyncio.timeout(RESEND_INTERVAL_S if self._unconfirmed else None):
+                await self._wake.wait()
             return True
         except TimeoutError:
             return False

@@ -18,7 +18,15 @@ from collections.abc import Callable
 from skulk.routing.router import Received, Router, RouterError
 from skulk.routing.topics import TOPICS
 from skulk.shared.apply import EventOutOfOrder, apply
-from skulk.shared.sync import MAX_BUFFERED_EVENTS, drain, follower_buffer, on_tick, receive, reset
+from skulk.shared.sync import (
+    MAX_BUFFERED_EVENTS,
+    drain,
+    follower_buffer,
+    follower_needs_ticks,
+    on_tick,
+    receive,
+    reset,
+)
 from skulk.shared.types.events import IndexedEvent
 from skulk.shared.types.ids import NodeId, SessionId
 from skulk.shared.types.state import State
@@ -30,6 +38,9 @@ SNAPSHOT_RETRY_S = 2.0
 """A follower that asked for a snapshot and heard nothing asks again after this long."""
 
 TICK_S = 0.25
+"""How often a follower with something to catch up on (no snapshot yet, or a gap in the
+events) re-checks it. With nothing to catch up on (`follower_needs_ticks`) the ticker sleeps
+until a message or a new session wakes it: the master, and a follower in step, never tick."""
 
 
 def listener_name(listener: Callable[..., object]) -> str:
@@ -51,6 +62,8 @@ class StateReplica:
         self._snapshot_requested_at: float | None = None
         self._listeners: list[Callable[[IndexedEvent], None]] = []
         self._session_listeners: list[Callable[[], None]] = []
+        self._tick_wanted = asyncio.Event()
+        """Set when the ticker, asleep for want of work, has some (after a message or a new session)."""
         self.ignored_foreign = 0
         self.snapshots_adopted = 0
         self.applied = 0
@@ -80,6 +93,7 @@ class StateReplica:
         self._held.clear()
         self._snapshot_requested_at = None
         self.synced = i_am_master
+        self._wake_ticker()
         logger.info("following master %s in session %s%s", master_id, session_id, " (this node)" if i_am_master else "")
         if i_am_master:
             self._notify_synced()
@@ -131,6 +145,13 @@ class StateReplica:
         self._notify_synced()
 
     # -- the loop --------------------------------------------------------------------------
+
+    def _needs_ticks(self) -> bool:
+        return follower_needs_ticks(self.master_id is not None, self.i_am_master, self.synced, self._buffer)
+
+    def _wake_ticker(self) -> None:
+        if self._needs_ticks():
+            self._tick_wanted.set()
 
     async def _request(self, since_idx: int, want_snapshot: bool) -> None:
         if self.master_id is None or self.session_id is None or self.i_am_master:
@@ -191,11 +212,16 @@ class StateReplica:
         async def pump(subscription, handler) -> None:
             async for received in subscription:
                 await handler(received)
+                self._wake_ticker()
 
         async def ticker() -> None:
             while True:
                 await self._tick()
-                await asyncio.sleep(TICK_S)
+                if self._needs_ticks():
+                    await asyncio.sleep(TICK_S)
+                    continue
+                self._tick_wanted.clear()
+                await self._tick_wanted.wait()
 
         async with asyncio.TaskGroup() as group:
             group.create_task(pump(global_events, self._on_global))

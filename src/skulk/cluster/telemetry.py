@@ -24,6 +24,7 @@ from skulk.facts.nvml import collect_gpus
 from skulk.routing.router import Router, RouterError
 from skulk.routing.topics import TOPICS
 from skulk.shared.telemetry_view import TelemetryView, record
+from skulk.shared.ticks import until_tick_s
 from skulk.shared.types.ids import NodeId
 from skulk.shared.types.telemetry import (
     CapabilityConflict,
@@ -146,7 +147,8 @@ class TelemetryService:
                 resources = await asyncio.to_thread(self.resources)
                 self.publish("resources", resources)
                 next_resources = now + RESOURCES_INTERVAL_S
-            await asyncio.sleep(HEARTBEAT_INTERVAL_S)
+            # On the process's tick grid (`shared.ticks`): the other periodic loops wake with it.
+            await asyncio.sleep(until_tick_s(asyncio.get_running_loop().time(), HEARTBEAT_INTERVAL_S))
 
     async def _drain(self) -> None:
         while True:
@@ -157,9 +159,7 @@ class TelemetryService:
                 logger.debug("telemetry publish failed: %s", exc)
 
     async def _receive(self) -> None:
-        async for received in self._router.subscribe(TOPICS.telemetry):
-            if received.sender == self.node_id:
-                continue  # recorded at admission
+        async for received in self._router.subscribe(TOPICS.telemetry, own=False):  # ours: recorded at admission
             self.received += 1
             self.view = record(self.view, NodeId(received.sender), received.message, self._clock())
 

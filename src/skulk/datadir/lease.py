@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from skulk.shared.ticks import until_tick_s
+
 logger = logging.getLogger(__name__)
 
 LEASE_TTL_S = 15.0
@@ -243,8 +245,9 @@ class Lease:
 
     async def run_renewal(self, on_fenced: Callable[[str], None]) -> None:
         """Renew until cancelled; on the first failure, fence and return."""
+        loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(self.renew_interval_s)
+            await asyncio.sleep(until_tick_s(loop.time(), self.renew_interval_s))  # on the tick grid (`shared.ticks`)
             try:
                 await asyncio.to_thread(self.renew)
             except (OSError, RuntimeError) as exc:

@@ -40,6 +40,7 @@ from skulk.shared.election import STALL_HOLD_AFTER_S, STALL_HOLD_S
 from skulk.shared.intent import ClusterIntent, PlacementIntent, restore_cards
 from skulk.shared.sync import due_bursts, next_due_at, replay_scheduler, request
 from skulk.shared.telemetry_view import NODE_TIMEOUT_S, TelemetryView, freshness, node_resources
+from skulk.shared.ticks import until_tick_s
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.commands import ForwarderCommand, GenerateText
 from skulk.shared.types.events import (
@@ -497,8 +498,9 @@ class Master:
                     await inbox.put(_Tick())
 
         async def every(interval_s: float, item: object) -> None:
+            loop = asyncio.get_running_loop()
             while True:
-                await asyncio.sleep(interval_s)
+                await asyncio.sleep(until_tick_s(loop.time(), interval_s))  # on the tick grid (`shared.ticks`)
                 await inbox.put(item)
 
         async def replay_ticks() -> None:

@@ -54,6 +54,15 @@ SITE_ENV = "SKULK_BUNDLED_LLAMA_SITE"
 BUNDLED_ENV = "SKULK_BUNDLED_LLAMA_SERVER"
 """'0' (or false/no/off): never serve with the bundled llama-server."""
 BUNDLED_SCRIPT = "skulk-llama-server"
+POOL_RPC_SERVER_ENV = "SKULK_POOL_RPC_SERVER_BIN"
+"""The ggml RPC server a pool donor lends this node's compute through. Exported at node start
+(and when a background build lands) as the managed build's `ggml-rpc-server` when there is
+one: built from the llama.cpp that llama-cpp-python vendors (so it speaks the driver's RPC
+protocol), for this CPU or GPU, so a pooled GPU box computes on its GPU. Unset: the donor
+serves the CPU from llama-cpp-python's own libraries, in-process. An operator's value is
+never replaced."""
+POOL_RPC_SOURCE_ENV = "SKULK_POOL_RPC_SERVER_SOURCE"
+"""'managed' beside an exported POOL_RPC_SERVER_ENV: an export, not an operator's choice."""
 
 ServerSource = Literal["override", "managed", "bundled"]
 
@@ -150,8 +159,30 @@ def resolve_llama_server(env: Mapping[str, str], engines_dirs: Sequence[Path]) -
     return choose_server(env, managed, bundled)
 
 
+def pool_rpc_server(managed: ManagedInstall | None) -> Path | None:
+    """The managed build's ggml-rpc-server, when it has one."""
+    return managed.rpc_server if managed is not None and managed.rpc_server.is_file() else None
+
+
+def export_pool_rpc_server(env: MutableMapping[str, str], managed: ManagedInstall | None) -> bool:
+    """Point POOL_RPC_SERVER_ENV at `managed`'s ggml-rpc-server, unless the operator set it
+    or an earlier export stands (a CPU build never replaces one; a GPU build replaces a CPU
+    one). True when `env` changed."""
+    server = pool_rpc_server(managed)
+    current = env.get(POOL_RPC_SERVER_ENV, "").strip()
+    if server is None or managed is None or (current and env.get(POOL_RPC_SOURCE_ENV) != "managed"):
+        return False
+    if current and (managed.backend == "cpu" or current == str(server)):
+        return False
+    env[POOL_RPC_SERVER_ENV] = str(server)
+    env[POOL_RPC_SOURCE_ENV] = "managed"
+    return True
+
+
 def export_managed_llama_server(env: MutableMapping[str, str], engines_dirs: Sequence[Path]) -> ResolvedServer | None:
-    """Point SKULK_LLAMA_SERVER_BIN at the managed or bundled build unless an override is set."""
+    """Point SKULK_LLAMA_SERVER_BIN at the managed or bundled build unless an override is set,
+    and a pool donor's RPC server at the managed build's (`export_pool_rpc_server`)."""
+    export_pool_rpc_server(env, managed_install(engines_dirs))
     if env.get(LLAMA_SERVER_ENV, "").strip():
         return None
     resolved = resolve_llama_server(env, engines_dirs)
@@ -182,10 +213,11 @@ def adopt_install(env: MutableMapping[str, str], install: ManagedInstall | Wheel
     """Point the node at a build that became ready while it ran (the background build: a
     native one, or a GPU wheel for the bundled server), unless the operator named a binary or
     the node serves on a GPU and the build is for the CPU. True when `env` changed."""
+    pool_changed = isinstance(install, ManagedInstall) and export_pool_rpc_server(env, install)
     if server_source(env) == "override":
-        return False
+        return pool_changed
     if install.backend == "cpu" and env.get(MANAGED_BACKEND_ENV, "cpu") not in ("", "cpu"):
-        return False
+        return pool_changed
     if isinstance(install, WheelInstall):
         env[LLAMA_SERVER_ENV] = str(Path(sys.executable).parent / BUNDLED_SCRIPT)
         env[SOURCE_ENV] = "bundled"
@@ -202,6 +234,8 @@ __all__ = [
     "BUNDLED_ENV",
     "LLAMA_SERVER_ENV",
     "MANAGED_BACKEND_ENV",
+    "POOL_RPC_SERVER_ENV",
+    "POOL_RPC_SOURCE_ENV",
     "SITE_ENV",
     "SOURCE_ENV",
     "BundledServer",
@@ -210,8 +244,10 @@ __all__ = [
     "bundled_allowed",
     "choose_server",
     "export_managed_llama_server",
+    "export_pool_rpc_server",
     "find_bundled_server",
     "managed_install",
+    "pool_rpc_server",
     "resolve_llama_server",
     "server_source",
 ]

@@ -214,6 +214,23 @@ class PresenceVerifier:
     def alive(self) -> frozenset[str]:
         return frozenset(t.node_id for t, s in self._sessions.items() if s.present and s.proven_at is not None)
 
+    def present_nodes(self) -> frozenset[str]:
+        """Nodes holding a token, proven or not."""
+        return frozenset(t.node_id for t, s in self._sessions.items() if s.present)
+
+    def next_due_at(self, now: float) -> float | None:
+        """When `tick` next has something to do (a pending challenge times out, or a session
+        is due a fresh challenge); None with no session. `now` for a session never
+        challenged."""
+        due: list[float] = []
+        for session in self._sessions.values():
+            if session.pending is not None:
+                due.append(session.pending[1] + self.timeout_s)
+                continue
+            last = session.proven_at if session.proven_at is not None else session.failed_at
+            due.append(now if last is None else last + self.reproof_s)
+        return min(due, default=None)
+
     def present_and_heard(self) -> frozenset[str]:
         """Nodes holding a token (proven or not) whose session has spoken at least once: who
         should be heard from. A node still starting (token declared, nothing sent yet) is left
@@ -226,6 +243,21 @@ class PresenceVerifier:
         before, self._reported = self._reported, now_alive
         return ([PresenceChange(node, True) for node in sorted(now_alive - before)]
                 + [PresenceChange(node, False) for node in sorted(before - now_alive)])
+
+
+def proof_wait_s(*, others_present: bool, watching: bool, due_at: float | None, now: float, tick_s: float,
+                 longest_s: float) -> float:
+    """How long the router's proof loop may sleep. `tick_s` while another node holds a
+    token (its challenges, and this node's hearing of it, are judged every tick) or while
+    `watching` (deaf, or alone where peers are expected: the kicks in routing/hearing.py
+    need the clock); otherwise, a node alone on its network, until its own session's next
+    challenge is due (`due_at`), at most `longest_s`. A token that appears wakes the loop
+    at once whatever this says."""
+    if others_present or watching:
+        return tick_s
+    if due_at is None:
+        return longest_s
+    return min(longest_s, max(0.0, due_at - now))
 
 
 class PresenceRejected(Exception):

@@ -36,6 +36,7 @@ path: every such sample is counted in `diagnostics()` and logged once per peer a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -82,9 +83,11 @@ from skulk.routing.presence import (
     presence_token_key,
     proof_key_expr,
     proof_mac,
+    proof_wait_s,
 )
 from skulk.routing.rejects import RejectLedger
 from skulk.routing.topics import DEFAULT_QUEUE_CAPACITY, TOPICS, Plane, Topic, largest_payload_bytes
+from skulk.shared.ticks import GRID_S, next_tick_at, until_tick_s
 
 log = logging.getLogger("skulk.routing")
 
@@ -123,7 +126,11 @@ MAX_PUBLISHERS: Final = 1024
 DEFAULT_PRESENCE_CAPACITY: Final = 1024
 PROOF_TICK_S: Final = 0.5
 """How often the router looks for presence proofs that are due or overdue (see presence.py's
-PROOF_TIMEOUT_S and REPROOF_INTERVAL_S); a new token is challenged at once, not on a tick."""
+PROOF_TIMEOUT_S and REPROOF_INTERVAL_S) while another node holds a token; a new token is
+challenged at once, not on a tick."""
+PROOF_IDLE_MAX_S: Final = 5.0
+"""A node alone on its network (no other token) sleeps until its own session's next
+challenge, at most this long (`presence.proof_wait_s`)."""
 
 
 # Routers whose session is still open. zenoh-python runs each subscriber callback on a
@@ -286,8 +293,10 @@ class TypedSubscription(Generic[M]):
     the buffer is drained.
     """
 
-    def __init__(self, router: Router, topic: Topic, key_expr: str, buffer: _LoopBuffer[Received[M]]) -> None:
+    def __init__(self, router: Router, topic: Topic, key_expr: str, buffer: _LoopBuffer[Received[M]], *,
+                 own: bool = True) -> None:
         self.topic = topic
+        self._own = own
         self.key_expr = key_expr
         self._router = router
         self._buffer = buffer
@@ -365,6 +374,8 @@ class TypedSubscription(Generic[M]):
             ledger.record(rejected.reason, rejected.claimed_sender, where=key, detail=rejected.detail)
             return
         self._router._heard_from(opened.sender, opened.session)
+        if not self._own and opened.sender == self._router.node_id:
+            return  # our own message echoed back, which this subscriber has no use for
         try:
             raw = msgpack.unpackb(opened.payload, raw=False)
         except Exception as exc:  # msgpack raises several unrelated types
@@ -468,6 +479,9 @@ class Router:
         self._kick_ready = zenoh_kick.install()  # from the main thread when the router opens there
         self._expects_peers = expects_peers  # bootstrap peers configured: being alone is a fault
         self._proof_ticker: asyncio.Task[None] | None = None
+        self._proofs_woken = asyncio.Event()
+        """Set (from a zenoh thread, through the loop) when a token appears: the proof loop
+        challenges it at once and plans its next sleep anew."""
         self._published = 0
         self._publish_failures = 0
         self._counter_lock = threading.Lock()
@@ -641,10 +655,13 @@ class Router:
             return publisher
 
     # ------------------------------------------------------------------ subscribe
-    def subscribe(self, topic: Topic, *, maxsize: int | None = None) -> TypedSubscription[Any]:
+    def subscribe(self, topic: Topic, *, maxsize: int | None = None, own: bool = True) -> TypedSubscription[Any]:
         """Receive `topic` (this node's own key for node-addressed topics).
 
         `maxsize` bounds the receive buffer (plane default from `DEFAULT_QUEUE_CAPACITY`).
+        `own=False` drops this node's own messages (zenoh echoes a publisher's messages to its
+        own subscribers) on the receive thread, once authenticated: a subscriber that ignores
+        them then costs neither their decoding nor an event-loop wake-up for each.
         """
         self._check_open()
         capacity = maxsize if maxsize is not None else DEFAULT_QUEUE_CAPACITY[topic.plane]
@@ -652,7 +669,7 @@ class Router:
         buffer: _LoopBuffer[Received[Any]] = (
             LatestBuffer(self._loop, capacity) if topic.plane.latest_value else FifoBuffer(self._loop, capacity)
         )
-        subscription: TypedSubscription[Any] = TypedSubscription(self, topic, key, buffer)
+        subscription: TypedSubscription[Any] = TypedSubscription(self, topic, key, buffer, own=own)
         # Direct (not zenoh-python's default "indirect") callback: the size check and the
         # envelope's authentication run on zenoh's receive thread as the sample arrives, so
         # no unauthenticated sample ever waits in a queue.
@@ -770,15 +787,31 @@ class Router:
 
     def _wake_proofs(self) -> None:
         try:
-            self._loop.call_soon_threadsafe(self._tick_proofs)
+            self._loop.call_soon_threadsafe(self._proofs_woken.set)
         except RuntimeError:
             pass  # the loop is closed: the router is going away
 
     # -- presence: the loop --
     async def _tick_proofs_forever(self) -> None:
         while not self._closed:
+            self._proofs_woken.clear()
             self._tick_proofs()
-            await asyncio.sleep(PROOF_TICK_S)
+            # On the process's tick grid (`shared.ticks`): the other periodic loops wake with it.
+            wait_s = self._proof_wait_s()
+            delay_s = (until_tick_s(self._loop.time(), PROOF_TICK_S) if wait_s == PROOF_TICK_S
+                       else next_tick_at(self._loop.time() + wait_s, GRID_S) - self._loop.time())
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay_s):
+                    await self._proofs_woken.wait()
+
+    def _proof_wait_s(self) -> float:
+        now = time.monotonic()
+        with self._verifier_lock:
+            return proof_wait_s(
+                others_present=bool(self._verifier.present_nodes() - {self.node_id}),
+                watching=self._hearing.deaf_since is not None
+                or (self._expects_peers and self._hearing.alone_since is not None),
+                due_at=self._verifier.next_due_at(now), now=now, tick_s=PROOF_TICK_S, longest_s=PROOF_IDLE_MAX_S)
 
     def _tick_proofs(self) -> None:
         """Send due challenges, count failed ones, report what changed."""

@@ -51,7 +51,8 @@ Rules that shape it:
   (otherwise two leaders comparing moving counters could both step down, or both stay).
 
 The shell owns the clock, the sockets and presence. It ticks `step(view, Tick(), ...)`
-about every 0.25 s, feeds every election message from a peer as `Received`, every presence
+when `next_tick_in_s` says the next timed rule may be due (at most MAX_TICK_GAP_S apart,
+and again after any other input changes the view), feeds every election message from a peer as `Received`, every presence
 change as `PresenceChanged`, publishes each `Broadcast`, and acts on `Elected`. While the
 machine is campaigning, `view.master_id` still names the last master: the shell should
 treat `view.phase == "leading"` (see `is_leading`) as the only authority to index events.
@@ -72,7 +73,7 @@ from skulk.shared.election_quorum import has_quorum
 from skulk.shared.types.election import ElectionMessage, Rank
 from skulk.shared.types.ids import NodeId, SessionId
 
-# -- timing (seconds; the shell ticks every ~0.25 s, so each is honoured within a tick) ----
+# -- timing (seconds; the shell ticks when `next_tick_in_s` says a rule may be due) ---------
 
 DISCOVERY_S: Final = 2.0
 """How long a starting node listens for an existing leader before campaigning. Must exceed
@@ -178,7 +179,7 @@ class ElectionView:
 
 @dataclass(frozen=True)
 class Tick:
-    """Time passed; the shell sends one about every 0.25 s."""
+    """Time passed; the shell sends one when `next_tick_in_s` runs out."""
 
 
 @dataclass(frozen=True)
@@ -594,6 +595,42 @@ def _master_live(view: ElectionView, now: float) -> bool:
     return view.last_leader_heard_at is not None and now - view.last_leader_heard_at < LEADER_SILENCE_S
 
 
+# -- when the next tick is needed ------------------------------------------------------------
+
+MAX_TICK_GAP_S: Final = 1.0
+"""The longest the shell goes without a tick. Below STALL_HOLD_AFTER_S, so a leader that
+ticks on time never looks stalled (the shell's `may_index`), and a stall is measured as
+how late a tick came."""
+
+DEAF_POLL_S: Final = 0.25
+"""While deaf, how often to tick: deafness ends with any message heard, which the election
+does not see, so the rules it holds back (`notice_leader_silence`) are re-checked this often."""
+
+
+def next_tick_in_s(view: ElectionView, me: Me, now: float) -> float:
+    """How long until a tick rule (`_on_tick`) may next apply: the earliest of the phase's
+    deadlines, at most MAX_TICK_GAP_S, never below 0. An idle leader or follower ticks about
+    once a second instead of four times; each rule still fires when its time comes (the
+    shell ticks again at once after any input that moves a deadline)."""
+    due = [now + MAX_TICK_GAP_S]
+    if view.phase == "discovering":
+        due.append(view.started_at + DISCOVERY_S)
+    elif view.phase == "campaigning":
+        due += [view.campaign_deadline if view.campaign_deadline is not None else now,
+                _next_due(view.last_broadcast_at, now, CANDIDATE_REBROADCAST_S)]
+    elif view.phase == "following":
+        due.append(now + DEAF_POLL_S if me.deaf_for_s > 0
+                   else _next_due(view.last_leader_heard_at, now, LEADER_SILENCE_S))
+    else:
+        due += [_next_due(view.last_broadcast_at, now, LEADER_ANNOUNCE_S),
+                now + max(0.0, DEAF_LEADER_STEP_DOWN_S - me.deaf_for_s)]
+    return max(0.0, min(due) - now)
+
+
+def _next_due(last: float | None, now: float, period_s: float) -> float:
+    return now if last is None else last + period_s
+
+
 def _due(last: float | None, now: float, period_s: float) -> bool:
     return last is None or now - last >= period_s
 
@@ -602,12 +639,14 @@ __all__ = [
     "CAMPAIGN_WINDOW_S",
     "CANDIDATE_REBROADCAST_S",
     "DEAF_LEADER_STEP_DOWN_S",
+    "DEAF_POLL_S",
     "DISCOVERY_S",
     "LEADER_ANNOUNCE_S",
     "LEADER_SILENCE_S",
     "MAX_CANDIDATES",
     "MAX_DEPARTED_TRACKED",
     "MAX_PASSED_OVER",
+    "MAX_TICK_GAP_S",
     "STALL_HOLD_AFTER_S",
     "STALL_HOLD_S",
     "WINNER_PASS_OVER_S",
@@ -625,6 +664,7 @@ __all__ = [
     "announce_leadership",
     "initial_view",
     "is_leading",
+    "next_tick_in_s",
     "rank",
     "session_id_for",
     "stall_hold_until",

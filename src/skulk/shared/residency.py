@@ -66,4 +66,17 @@ def unload_due(ttl_s: float | None, loaded: bool, busy: bool, idle_for_s: float)
     return ttl_s is not None and loaded and not busy and idle_for_s >= ttl_s
 
 
-__all__ = ["KeepAliveInvalid", "idle_ttl", "parse_keep_alive", "unload_due"]
+def idle_check_in_s(ttl_s: float | None, loaded: bool, busy: bool, idle_for_s: float, *,
+                    busy_recheck_s: float) -> float | None:
+    """How long the runner may wait for a message before it must check for an idle unload:
+    None when no TTL is in force or nothing is loaded (only a message can change that);
+    `busy_recheck_s` while something runs (the last task may end at any moment); else the
+    time left until the TTL runs out (0.0: the unload is due now)."""
+    if ttl_s is None or not loaded:
+        return None
+    if busy:
+        return busy_recheck_s
+    return max(0.0, ttl_s - idle_for_s)
+
+
+__all__ = ["KeepAliveInvalid", "idle_check_in_s", "idle_ttl", "parse_keep_alive", "unload_due"]

@@ -109,6 +109,14 @@ def on_tick(buf: FollowerBuffer, now: float) -> tuple[FollowerBuffer, int | None
     return _maybe_request(buf, now)
 
 
+def follower_needs_ticks(master_known: bool, i_am_master: bool, synced: bool, buf: FollowerBuffer) -> bool:
+    """Whether a replica has timed work (`on_tick`, or re-asking for its snapshot): it follows
+    a known master and still waits for its snapshot, or holds events beyond a gap. Otherwise
+    the shell's ticker sleeps until a message or a new session: an idle node does not wake
+    for nothing."""
+    return master_known and not i_am_master and (not synced or buf.gap_open)
+
+
 def reset(buf: FollowerBuffer, next_idx: int) -> FollowerBuffer:
     """After adopting a snapshot whose high-water index is `next_idx - 1`: the reducer now
     needs `next_idx`; pending events below it are covered by the snapshot, later ones kept.
@@ -244,6 +252,7 @@ __all__ = [
     "drain",
     "due_bursts",
     "follower_buffer",
+    "follower_needs_ticks",
     "next_due_at",
     "on_tick",
     "receive",

@@ -56,6 +56,7 @@ from skulk.observe.traces import TraceStore, WorkerTraces
 from skulk.routing.router import Router, RouterError
 from skulk.routing.topics import TOPICS
 from skulk.shared.serving import runner_serving
+from skulk.shared.ticks import until_tick_s
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.chunks import DataFrame, StreamTerminal
 from skulk.shared.types.commands import ForwarderCommand, RefuseInstancePlacement
@@ -79,13 +80,19 @@ from skulk.worker.egress import EGRESS_BOUND, EGRESS_CAPACITY, TERMINAL_RESERVE,
 from skulk.worker.runner.breaker import CrashBreaker
 from skulk.worker.runner.messages import Frame, StatusChanged, TaskAccepted, TaskDone, TraceSpans
 from skulk.worker.runner.supervisor import RunnerSupervisor
-from skulk.worker.shell_rules import refusal_wait_s, refuse_again, status_to_report, task_status_of
+from skulk.worker.shell_rules import (
+    PASS_INTERVAL_S,
+    pass_wait_s,
+    refusal_wait_s,
+    refuse_again,
+    status_to_report,
+    task_status_of,
+)
 from skulk.worker.staged_copies import eviction_applies
 from skulk.worker.task_inputs import TaskInputStore
 
 logger = logging.getLogger(__name__)
 
-PASS_INTERVAL_S = 0.25
 MAX_ACTIONS_PER_PASS = 64
 TEST_RAM_AVAILABLE_ENV = "SKULK_TEST_WORKER_RAM_AVAILABLE_BYTES"
 """Test-only knob: when set (an integer), the pre-spawn memory guard reads this many bytes
@@ -220,12 +227,16 @@ class Worker:
             task_inputs=self.task_inputs.ready(),
         )
 
-    async def _pass(self) -> None:
+    async def _pass(self) -> worker_plan.WorkerView | None:
+        """Act until the plan has nothing to do; the view it settled on, or None when the
+        pass stopped at MAX_ACTIONS_PER_PASS with more to do."""
         for _ in range(MAX_ACTIONS_PER_PASS):
-            action = worker_plan.plan(self._view())
+            view = self._view()
+            action = worker_plan.plan(view)
             if action is None:
-                return
+                return view
             await self._act(action)
+        return None
 
     async def _act(self, action: worker_plan.WorkerAction) -> None:
         if isinstance(action, worker_plan.StopRunner):
@@ -634,16 +645,20 @@ class Worker:
     async def run(self) -> None:
         self._replica.on_applied(self._forget_evicted)
         self._replica.on_applied(lambda _event: self.wake())
+        self._replica.on_synced(self.wake)  # a snapshot may change State without applying an event
         egress = asyncio.create_task(self._egress_loop(), name="worker-egress")
+        loop = asyncio.get_running_loop()
         try:
             while True:
-                if self._replica.synced:
-                    await self._pass()
+                settled_on = await self._pass() if self._replica.synced else None
                 self.task_inputs.expire()
-                try:
-                    await asyncio.wait_for(self._wake.wait(), PASS_INTERVAL_S)
-                except TimeoutError:
-                    pass
+                wait_s = PASS_INTERVAL_S if settled_on is None else pass_wait_s(
+                    settled_on, (failure.retry_at for failure in self._artifact_failures.values()), self._clock())
+                with contextlib.suppress(TimeoutError):
+                    # On the tick grid (`shared.ticks`): the other periodic loops wake with it.
+                    # asyncio.timeout, unlike wait_for, starts no helper task per wait.
+                    async with asyncio.timeout(until_tick_s(loop.time(), wait_s)):
+                        await self._wake.wait()
                 self._wake.clear()
         finally:
             egress.cancel()

@@ -10,18 +10,33 @@ is decided here, over plain values, so each rule has a table test
 - `refusal_wait_s` / `refuse_again`: after asking the master to re-place an instance this
   node refused, how long to wait before asking again, and whether to (only while the
   instance still exists: the master ignores a refusal of an instance it already repaired).
+- `pass_wait_s`: how long the shell may wait for a wake-up before its next planning pass
+  (short while anything is in motion, long once the node is settled).
 
 Nothing here does I/O or reads the clock.
 """
 
 from __future__ import annotations
 
-from collections.abc import Container, Mapping
+from collections.abc import Container, Iterable, Mapping
 from types import MappingProxyType
 
 from skulk.shared.types.chunks import StreamOutcome
-from skulk.shared.types.common import TaskStatus
+from skulk.shared.types.common import RunnerState, TaskStatus
 from skulk.shared.types.instances import RunnerStatus
+from skulk.worker.plan import WorkerView
+
+PASS_INTERVAL_S = 0.25
+"""The longest the worker goes without a planning pass while anything is in motion on this
+node (a model being resolved, a task on a runner, a runner starting or stopping)."""
+IDLE_PASS_INTERVAL_S = 5.0
+"""The longest a settled worker goes without a planning pass. Every input the plan reads
+wakes the shell at once (an applied event, a replica sync, a runner's report, a task's
+input, a resolved artifact), so the timed pass is only a backstop for what the clock alone
+changes (task inputs' TTL; an artifact failure's retry time is waited for exactly). Passing
+every PASS_INTERVAL_S when nothing moved cost an idle node 4 wake-ups a second."""
+RESTING_RUNNER_STATES: frozenset[RunnerState] = frozenset({"Ready", "Failed", "Shutdown"})
+"""Runner states that change only by a report (which wakes the shell): nothing to watch."""
 
 REFUSAL_RETRY_S = 1.0
 """Pause before re-sending a RefuseInstancePlacement that could not be published (no master
@@ -60,12 +75,34 @@ def refuse_again(instance_id: str, instances: Container[str]) -> bool:
     return instance_id in instances
 
 
+def settled(view: WorkerView) -> bool:
+    """Nothing in motion on this node: no model being resolved, no task on a runner (or
+    awaiting State's word that it ended), and every local runner at rest."""
+    return (not view.resolving and not view.dispatched
+            and all(runner.status.state in RESTING_RUNNER_STATES for runner in view.runners.values()))
+
+
+def pass_wait_s(view: WorkerView, retry_at: Iterable[float | None], now: float) -> float:
+    """How long the shell may wait for a wake-up before planning again: PASS_INTERVAL_S
+    while anything moves, else until the next artifact failure's retry time (`retry_at`,
+    when it is sooner), at most IDLE_PASS_INTERVAL_S and never less than PASS_INTERVAL_S."""
+    if not settled(view):
+        return PASS_INTERVAL_S
+    due_in_s = [at - now for at in retry_at if at is not None]
+    return max(PASS_INTERVAL_S, min([IDLE_PASS_INTERVAL_S, *due_in_s]))
+
+
 __all__ = [
+    "IDLE_PASS_INTERVAL_S",
+    "PASS_INTERVAL_S",
     "REFUSAL_RESEND_S",
     "REFUSAL_RETRY_S",
+    "RESTING_RUNNER_STATES",
     "TASK_STATUS_OF_OUTCOME",
+    "pass_wait_s",
     "refusal_wait_s",
     "refuse_again",
+    "settled",
     "status_to_report",
     "task_status_of",
 ]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from skulk.shared.residency import KeepAliveInvalid, idle_ttl, parse_keep_alive, unload_due
+from skulk.shared.residency import KeepAliveInvalid, idle_check_in_s, idle_ttl, parse_keep_alive, unload_due
 from skulk.worker.runner.messages import StatusChanged
 from skulk.worker.runner.supervisor import RunnerSupervisor
 from tests.worker.runner.test_supervisor import READY_TIMEOUT_S, Reports
@@ -38,6 +38,23 @@ def test_idle_ttl(placement, keep_alive, ttl) -> None:
 )
 def test_unload_due(ttl, loaded, busy, idle_for, due) -> None:
     assert unload_due(ttl, loaded, busy, idle_for) is due
+
+
+@pytest.mark.parametrize(
+    "ttl, loaded, busy, idle_for, wait_s",
+    [(None, True, False, 1e9, None),   # no TTL: only a message can change anything
+     (10.0, False, False, 99.0, None),  # unloaded already: the next request reloads
+     (None, True, True, 0.0, None),
+     (10.0, True, True, 0.0, 0.2),      # busy: the last task may end at any moment
+     (10.0, True, False, 4.0, 6.0),     # idle: wake exactly when the TTL runs out
+     (10.0, True, False, 10.0, 0.0),    # due now
+     (10.0, True, False, 12.0, 0.0),    # overdue (a long message): at once
+     (0.0, True, False, 0.0, 0.0)],     # keep_alive 0: unload as soon as idle
+)
+def test_idle_check_in_s(ttl, loaded, busy, idle_for, wait_s) -> None:
+    assert idle_check_in_s(ttl, loaded, busy, idle_for, busy_recheck_s=0.2) == wait_s
+    if wait_s == 0.0:
+        assert unload_due(ttl, loaded, busy, idle_for)  # the wake-up finds the unload due
 
 
 def test_parse_keep_alive_refuses_non_durations() -> None:

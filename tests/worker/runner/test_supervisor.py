@@ -246,6 +246,17 @@ async def test_shutdown_is_clean_and_ends_in_flight_work(spawn) -> None:
     assert supervisor.stats().crashes == 0
 
 
+async def test_an_idle_runner_blocked_on_its_inbox_still_ends_on_sigterm(spawn) -> None:
+    # Idle, with no TTL, the runner's main thread blocks on its inbox with no timeout; the
+    # SIGTERM is relayed into it. Exit code 0: the runner shut down by itself (SIGTERM's
+    # default action would leave -15); the wait only guards against a hang.
+    supervisor, reports = await start_ready(spawn)
+    os.kill(supervisor.pid, signal.SIGTERM)
+    await reports.wait_for(lambda: supervisor.exited, HANG_GUARD_S)
+    assert supervisor.exitcode == 0
+    assert "ShuttingDown" in [state for state, _ in reports.statuses()]
+
+
 async def test_killed_runner_fails_its_streams_and_reports_failed(spawn) -> None:
     supervisor, reports = await start_ready(spawn)
     task = text_task("killed", LONG)

@@ -14,13 +14,19 @@ through the inbox queue and the outbox pipe it was given. The only network it to
 own group's (an MLX ring, or a llama.cpp pool's authenticated channel, `skulk.pool`): ranks
 1..n of a multi-node llama_cpp instance run the pool donor instead of the engine. It must never outlive its parent either (a
 watchdog thread exits it when the parent pid goes away).
+
+An idle runner does not wake on a timer: its main thread blocks on the inbox until a message
+comes or an idle unload falls due (`residency.idle_check_in_s`), SIGTERM is relayed into the
+inbox, and the watchdog waits on the parent's pidfd where the OS has one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
+import select
 import signal
 import sys
 import threading
@@ -31,7 +37,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.queues import Queue as MpQueue
 from typing import Any
 
-from skulk.shared.residency import idle_ttl, unload_due
+from skulk.shared.residency import idle_check_in_s, idle_ttl, unload_due
 from skulk.shared.types.cards import backend_engine
 from skulk.shared.types.chunks import EmbeddingChunk, StreamPayload, StreamStarted, StreamTerminal, TokenChunk
 from skulk.shared.types.common import RunnerState
@@ -65,13 +71,16 @@ from skulk.worker.runner.spans import RunnerSpans
 
 log = logging.getLogger(__name__)
 
-INBOX_POLL_S = 0.2
-"""How long the main loop blocks on its inbox before re-checking SIGTERM; bounds how late a
-SIGTERM that arrived between messages is noticed."""
+BUSY_IDLE_CHECK_S = 0.2
+"""While a task runs, how often the main loop (else blocked on its inbox) checks whether the
+runner went idle, so an idle unload (`residency`) is at most this late after the last task."""
 
 PARENT_WATCH_INTERVAL_S = 1.0
-"""How often the watchdog checks that the parent is alive; an orphaned runner (holding a
-whole model's memory) lives at most this long."""
+"""How often the watchdog checks that the parent is alive where it cannot wait on the
+parent's pidfd (not Linux, or an old kernel); an orphaned runner (holding a whole model's
+memory) lives at most this long. Waiting on a pidfd, it exits as soon as the parent does,
+and wakes for nothing before (an idle runner polling once a second was 1 of its 6 wake-ups
+a second, bench/idle.py)."""
 
 EXIT_OK = 0
 EXIT_LOAD_FAILED = 1
@@ -132,6 +141,7 @@ def runner_main(inbox: MpQueue, outbox: Connection, parent_pid: int) -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent's Ctrl-C is the parent's to handle
+    _relay_sigterm(inbox, stop)
 
     load = _await_load(inbox, stop)
     if load is None:
@@ -232,6 +242,13 @@ class Runner:
 
     # -- residency (skulk.shared.residency) -------------------------------------------
 
+    def _idle_check_in_s(self) -> float | None:
+        """How long the main loop may block on its inbox (None: until a message comes)."""
+        busy = self._dispatcher is not None and self._dispatcher.in_flight > 0
+        return idle_check_in_s(idle_ttl(self._load.instance.idle_ttl_s, self._keep_alive_s),
+                               self._engine is not None, busy, time.monotonic() - self._idle_since,
+                               busy_recheck_s=BUSY_IDLE_CHECK_S)
+
     def _check_idle(self) -> None:
         """Unload the model once idle past the TTL in force; the runner stays Ready."""
         now = time.monotonic()
@@ -275,7 +292,7 @@ class Runner:
         }
         while not stop.is_set():
             try:
-                message = inbox.get(timeout=INBOX_POLL_S)
+                message = inbox.get(timeout=self._idle_check_in_s())
             except queue.Empty:
                 self._check_idle()
                 continue
@@ -481,10 +498,7 @@ def _chunk_of(command_id: CommandId, token: GeneratedToken | GeneratedEmbedding)
 def _await_load(inbox: MpQueue, stop: threading.Event) -> LoadShard | None:
     """Block until LoadShard; None when told to stop first."""
     while not stop.is_set():
-        try:
-            message = inbox.get(timeout=INBOX_POLL_S)
-        except queue.Empty:
-            continue
+        message = inbox.get()
         if isinstance(message, LoadShard):
             return message
         if isinstance(message, ShutdownRunner):
@@ -493,8 +507,57 @@ def _await_load(inbox: MpQueue, stop: threading.Event) -> LoadShard | None:
     return None
 
 
+def _relay_sigterm(inbox: MpQueue, stop: threading.Event) -> None:
+    """Make SIGTERM end a runner whose main thread is blocked on its inbox with no timeout.
+    Python runs the handler (which sets `stop`) only when the main thread next runs bytecode,
+    which a blocked read never does; so the interpreter also writes each caught signal's
+    number to a pipe (`signal.set_wakeup_fd`), and a thread reading it sets `stop` and puts a
+    ShutdownRunner in the inbox, which the main thread then reads. Main thread only."""
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+
+    def relay() -> None:
+        while True:
+            try:
+                caught = os.read(read_fd, 64)
+            except OSError:
+                return
+            if not caught:
+                return
+            if signal.SIGTERM in caught:
+                stop.set()
+                with contextlib.suppress(Exception):  # full or closed: the main loop sees `stop` anyway
+                    inbox.put(ShutdownRunner(), timeout=1.0)
+                return
+
+    threading.Thread(target=relay, name="sigterm-relay", daemon=True).start()
+
+
+def _parent_pidfd(parent_pid: int) -> int | None:
+    """A pidfd of the parent (readable once it exits), or None where there is none (not
+    Linux, a kernel before 5.3, a sandbox that forbids it). A pid can be reused once its
+    process is gone, so the fd counts only if the parent is still ours after opening it."""
+    pidfd_open = getattr(os, "pidfd_open", None)
+    if pidfd_open is None:
+        return None
+    try:
+        pidfd = pidfd_open(parent_pid)
+    except OSError:
+        return None
+    if os.getppid() != parent_pid:
+        os.close(pidfd)
+        return None
+    return pidfd
+
+
 def _start_parent_watchdog(parent_pid: int) -> None:
     def watch() -> None:
+        pidfd = _parent_pidfd(parent_pid)
+        if pidfd is not None:
+            while not select.select([pidfd], [], [])[0]:
+                pass
+            os._exit(EXIT_PARENT_GONE)
         while True:
             if os.getppid() != parent_pid:
                 # Re-parented: the worker is gone and nobody will ever read our output.
@@ -515,11 +578,11 @@ def _configure_logging() -> None:
 
 
 __all__ = [
+    "BUSY_IDLE_CHECK_S",
     "ENGINES",
     "EXIT_LOAD_FAILED",
     "EXIT_OK",
     "EXIT_PARENT_GONE",
-    "INBOX_POLL_S",
     "PARENT_WATCH_INTERVAL_S",
     "Runner",
     "runner_main",

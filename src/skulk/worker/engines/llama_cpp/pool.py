@@ -29,6 +29,8 @@ from skulk.pool.channel import ChannelRefused, DonorGate, DriverLink, Remote
 from skulk.pool.layout import PoolLayoutError, channel_key, device_split, donor_host, donors, pool_port
 from skulk.shared.types.tasks import TextGenerationParams
 from skulk.worker.engines.base import EngineError, GeneratedToken, ModelLoadFailed, ShardSpec
+from skulk.worker.engines.llama_cpp.rpc_server_process import configured_rpc_server, start_rpc_server_process
+from skulk.worker.engines.served.process import ServerProcess
 
 log = logging.getLogger(__name__)
 
@@ -162,10 +164,13 @@ class PoolDriver:
 
 class PoolDonorEngine:
     """`Engine` for ranks 1..n of a pool: lends this node's memory and compute through a
-    loopback ggml RPC server, reachable only through its authenticated gate."""
+    loopback ggml RPC server, reachable only through its authenticated gate. The server is
+    the managed build's `ggml-rpc-server` when the node exported one (its CPU or GPU,
+    `rpc_server_process.py`), else llama-cpp-python's own, in-process (the CPU)."""
 
     def __init__(self) -> None:
         self._gate: DonorGate | None = None
+        self._server: ServerProcess | None = None
         self.rpc_port: int | None = None
 
     @property
@@ -192,14 +197,22 @@ class PoolDonorEngine:
             raise ModelLoadFailed(str(exc)) from exc
         from skulk.worker.engines.llama_cpp.engine import physical_cores
 
+        n_threads = spec.n_threads or physical_cores()
+        binary = configured_rpc_server()
+        if binary is not None:
+            self._server = start_rpc_server_process(binary, n_threads, tensor_cache_dir())
+            self.rpc_port = self._server.port
         try:
-            self.rpc_port = rpc.start_server(spec.n_threads or physical_cores(), tensor_cache_dir())
+            if self.rpc_port is None:
+                self.rpc_port = rpc.start_server(n_threads, tensor_cache_dir())
             self._gate = DonorGate(host, port, channel_key(key, spec.instance, shard.rank), self.rpc_port,
                                    encrypt=encrypt_enabled())
         except (OSError, rpc.RpcUnavailable) as exc:
+            self.close()
             raise ModelLoadFailed(f"pool donor could not open its channel on {host}:{port}: {exc}") from exc
         self._gate.start()
-        log.info("pool donor rank %d: gate %s:%d -> ggml RPC 127.0.0.1:%d", shard.rank, host, port, self.rpc_port)
+        log.info("pool donor rank %d: gate %s:%d -> ggml RPC 127.0.0.1:%d (%s)", shard.rank, host, port, self.rpc_port,
+                 binary or "in-process, CPU")
 
     def warm_up(self) -> None:
         return None
@@ -213,6 +226,8 @@ class PoolDonorEngine:
     def close(self) -> None:
         if self._gate is not None:
             self._gate.close()
+        if self._server is not None:
+            self._server.stop()
 
 
 __all__ = ["DONOR_CONNECT_DEADLINE_S", "ENCRYPT_ENV", "TENSOR_CACHE_ENV", "PoolDonorEngine", "PoolDriver", "PoolMemberLost"]
