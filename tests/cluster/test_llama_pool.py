@@ -24,6 +24,7 @@ from skulk.shared.types.instances import Instance
 from skulk.shared.types.tasks import TextGenerationParams
 from skulk.worker.engines.hugepages import HUGEPAGE_MALLOC, thp_mode, weights_in_malloc
 from tests.cluster.harness import start_linked, wait_agreed
+from tests.llama_server_kit import require_native_rpc_server
 from tests.nodeproc import NodeProcess, wait_for
 from tests.worker.tiny_gguf import TINY_GGUF_MODEL_ID, tiny_gguf, tiny_gguf_card, tiny_instance  # noqa: F401
 
@@ -229,3 +230,16 @@ def test_three_node_pool_then_kill_9_of_a_donors_node(spawn_node, tiny_gguf) -> 
                              f"repairs {state.get('repairFailures')}") from None
     assert victim_id not in {s["nodeId"] for s in new["shards"]}
     assert chat(driver) == expected
+
+
+def test_a_pool_whose_donor_lends_through_the_managed_rpc_server(spawn_node, tiny_gguf) -> None:
+    # The managed build's ggml-rpc-server (what a node exports when one is built: its CPU or
+    # GPU) speaks the driver's RPC protocol: the pool serves the same greedy tokens.
+    binary = require_native_rpc_server()
+    expected = one_node_text(tiny_gguf)
+    nodes, preview = start_pool(spawn_node, 2, env={"SKULK_POOL_RPC_SERVER_BIN": str(binary)})
+    check_pool(nodes, preview, expected, 2)
+    ids = {n.get("/node_id").json()["nodeId"]: n for n in nodes}
+    donor = ids[next(s["nodeId"] for s in preview["shards"] if s["rank"] == 1)]
+    lent = [p for p in psutil.Process(donor.proc.pid).children(recursive=True) if p.name() == binary.name]
+    assert len(lent) == 1, donor.log()[-3000:]
