@@ -522,7 +522,7 @@ def test_a_family_the_engine_loads_but_cannot_shard_stays_on_one_node(monkeypatc
     table["mlx"] = replace(table["mlx"], sharded_families=frozenset({"mistral"}))
     monkeypatch.setattr(engines, "ENGINE_TRAITS", MappingProxyType(table))
     two = _fails(TINY, cluster("ab", ["a-b"]), {n: res(n, 4 * GB) for n in "ab"}, request(TINY, min_nodes=2))
-    assert isinstance(two, ShardingUnsupported) and "'llama' family" in two.message
+    assert isinstance(two, ShardingUnsupported) and "'llama' serves on one node here: mlx shards only mistral" in two.message
     big = LLAMA_1B  # ~1.6 GB whole: two 1.2 GB nodes could hold it split, but llama may not be split now
     short = _fails(big, cluster("ab", ["a-b"]), {n: res(n, int(1.2 * GB)) for n in "ab"}, request(big))
     assert isinstance(short, MemoryShortfall)

@@ -15,6 +15,7 @@ from skulk.models.card_builder import (
     is_filename_query,
     local_model_id,
     match_basename,
+    parse_gguf_header,
     parse_gguf_metadata,
 )
 from skulk.models.hub_files import RepoFile
@@ -53,7 +54,7 @@ def test_card_from_config(config, expected):
 @pytest.mark.parametrize(
     ("config", "message"),
     [
-        ({**LLAMA_CONFIG, "model_type": "mamba"}, "not supported"),
+        ({**LLAMA_CONFIG, "model_type": "gpt9"}, "model_type 'gpt9' is not one mlx-lm"),
         ({k: v for k, v in LLAMA_CONFIG.items() if k != "num_hidden_layers"}, "num_hidden_layers"),
         ({**LLAMA_CONFIG, "num_key_value_heads": 7}, "valid card"),
     ],
@@ -63,12 +64,13 @@ def test_card_from_config_errors(config, message):
         card_from_config("org/m", config, 1000)
 
 
-def _gguf(meta: dict) -> bytes:
+def _gguf(meta: dict, tensors: dict[str, tuple[int, ...]] | None = None) -> bytes:
     def string(s: str) -> bytes:
         raw = s.encode()
         return struct.pack("<Q", len(raw)) + raw
 
-    out = b"GGUF" + struct.pack("<IQQ", 3, 0, len(meta))
+    tensors = tensors or {}
+    out = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(meta))
     for key, value in meta.items():
         out += string(key)
         if isinstance(value, str):
@@ -77,6 +79,9 @@ def _gguf(meta: dict) -> bytes:
             out += struct.pack("<IIQ", 9, 8, len(value)) + b"".join(string(v) for v in value)
         else:
             out += struct.pack("<II", 4, value)
+    for name, shape in tensors.items():
+        out += string(name) + struct.pack("<I", len(shape)) + b"".join(struct.pack("<Q", d) for d in shape)
+        out += struct.pack("<IQ", 0, 0)
     return out
 
 
@@ -142,3 +147,68 @@ def test_match_basename_prefers_the_shallowest_exact_match():
 )
 def test_local_model_id(name, expected):
     assert local_model_id(name) == expected
+
+
+MOE_META = {
+    "general.architecture": "qwen3moe", "qwen3moe.block_count": 2, "qwen3moe.embedding_length": 64,
+    "qwen3moe.attention.head_count": 4, "qwen3moe.attention.head_count_kv": 2, "qwen3moe.context_length": 2048,
+    "qwen3moe.attention.key_length": 16, "qwen3moe.attention.value_length": 16,
+    "qwen3moe.expert_count": 8, "qwen3moe.expert_used_count": 2, "tokenizer.ggml.tokens": ["a", "b"],
+}
+MOE_TENSORS = {
+    "token_embd.weight": (64, 2), "blk.0.attn_q.weight": (64, 64),
+    "blk.0.ffn_gate_inp.weight": (64, 8), "blk.0.ffn_up_exps.weight": (64, 32, 8),
+    "blk.0.ffn_down_exps.weight": (32, 64, 8), "blk.0.ffn_up_shexp.weight": (64, 32),
+}
+
+
+def test_a_moe_card_counts_every_expert_and_the_active_share():
+    header = parse_gguf_header(_gguf(MOE_META, MOE_TENSORS))
+    assert header.tensor_elements["blk.0.ffn_up_exps.weight"] == 64 * 32 * 8
+    card = card_from_gguf("local/moe", header.meta, "moe.gguf", 10, local_path="/m",
+                          tensor_elements=header.tensor_elements)
+    experts = 2 * 64 * 32 * 8
+    total = 128 + 64 * 64 + 64 * 8 + experts + 64 * 32
+    assert (card.family, card.num_experts, card.num_experts_used) == ("qwen3moe", 8, 2)
+    assert (card.total_parameters, card.active_parameters) == (total, total - experts + experts // 4)
+    assert card.value_head_dim is None  # the same as the keys'
+
+
+def test_a_split_gguf_has_no_parameter_count_from_its_first_shard():
+    header = parse_gguf_header(_gguf({**MOE_META, "split.count": 3}, MOE_TENSORS))
+    card = card_from_gguf("local/moe", header.meta, "moe-00001-of-00003.gguf", 10, local_path="/m",
+                          tensor_elements=header.tensor_elements)
+    assert card.total_parameters is None and card.num_experts == 8
+
+
+def test_value_heads_wider_than_keys_are_kept():
+    meta = parse_gguf_metadata(_gguf({**MOE_META, "qwen3moe.attention.value_length": 32}))
+    card = card_from_gguf("local/moe", meta, "moe.gguf", 10, local_path="/m")
+    assert (card.head_dim, card.value_head_dim) == (16, 32)
+
+
+@pytest.mark.parametrize(("arch", "message"), [
+    ("qwen3_moe", "architecture 'qwen3_moe' is not one the llama.cpp of llama-cpp-python"),  # an MLX name
+    ("clip", "architecture 'clip' is not one"),  # llama-quantize's placeholder, no model
+    (None, "names no architecture"),
+])
+def test_a_gguf_architecture_the_engine_cannot_load_is_refused_by_name(arch, message):
+    meta = {k.replace("qwen3moe", str(arch)): v for k, v in MOE_META.items()}
+    meta["general.architecture"] = arch
+    with pytest.raises(CardBuildError, match=message):
+        card_from_gguf("local/x", meta, "x.gguf", 10, local_path="/m")
+
+
+@pytest.mark.parametrize(("config", "expected"), [
+    ({**LLAMA_CONFIG, "model_type": "qwen3_moe", "num_experts": 128, "num_experts_per_tok": 8},
+     {"family": "qwen3_moe", "num_experts": 128, "num_experts_used": 8}),
+    ({**LLAMA_CONFIG, "model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 2},
+     {"family": "mixtral", "num_experts": 8, "num_experts_used": 2}),
+    ({**LLAMA_CONFIG, "model_type": "deepseek_v3", "n_routed_experts": 256, "num_experts_per_tok": 8,
+      "v_head_dim": 128}, {"family": "deepseek_v3", "num_experts": 256, "value_head_dim": 128}),
+    ({**LLAMA_CONFIG, "model_type": "olmo2"}, {"family": "olmo2", "num_experts": None}),
+])
+def test_mlx_cards_of_any_model_type_mlx_lm_loads(config, expected):
+    card = card_from_config("org/m", config, 1000)
+    for field, value in expected.items():
+        assert getattr(card, field) == value, field

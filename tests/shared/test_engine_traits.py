@@ -90,7 +90,11 @@ def test_the_mlx_row_matches_the_mlx_family_adapters():
 
 
 @pytest.mark.parametrize(("engine", "family", "loads"), [
-    ("mlx", "llama", True), ("mlx", "gemma3", True), ("llama_cpp", "gemma3", True), ("no_such_engine", "llama", True),
+    ("mlx", "llama", True), ("mlx", "gemma3", True), ("mlx", "qwen3_moe", True), ("mlx", "mistral", True),
+    ("mlx", "qwen3moe", False), ("mlx", "gpt9", False),
+    ("llama_cpp", "gemma3", True), ("llama_cpp", "qwen3moe", True), ("llama_cpp", "gpt-oss", True),
+    ("llama_server", "olmo2", True), ("llama_cpp", "qwen3_moe", False), ("llama_cpp", "clip", False),
+    ("vllm", "anything", True), ("no_such_engine", "llama", True),
 ])
 def test_loads_family(engine, family, loads):
     from skulk.shared.types.engines import loads_family
@@ -99,9 +103,12 @@ def test_loads_family(engine, family, loads):
 
 
 def test_mlx_loads_every_family_on_one_rank():
-    """Any family mlx-lm loads runs whole on one rank (tests/worker/engines/test_mlx_features.py
+    """Any model type mlx-lm loads runs whole on one rank (tests/worker/engines/test_mlx_features.py
     runs a tiny Gemma 3); only families with an adapter span ranks."""
-    assert ENGINE_TRAITS["mlx"].families is None
+    families = ENGINE_TRAITS["mlx"].families
+    sharded = ENGINE_TRAITS["mlx"].sharded_families
+    assert families is not None and sharded is not None and sharded <= families
+    assert {"gemma3", "qwen3_moe", "gpt_oss", "olmo2"} <= families - sharded
 
 
 # -- the table's invariants: facts that must hold together for every row --------------------

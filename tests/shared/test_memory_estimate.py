@@ -39,6 +39,8 @@ def shard(node, start, end, backend="mlx-cpu", rank=0, world=1):
         (TINY, 2 * 6 * 2 * 32 * 2),
         (LLAMA_1B, 2 * 16 * 8 * 64 * 2),
         (GEMMA3, 2 * 34 * 4 * 256 * 2),
+        # values wider than keys (MLA-style): each layer holds kv_heads x (k + v) dims
+        (TINY.model_copy(update={"value_head_dim": 64}), 6 * 2 * (32 + 64) * 2),
     ],
 )
 def test_kv_bytes_per_token(card, expected):

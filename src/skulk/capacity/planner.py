@@ -78,11 +78,15 @@ class ModelMeta:
     trained_context_tokens: int
     sliding_window: int | None = None
     sliding_window_pattern: int | None = None
+    value_head_dim: int | None = None
+    """The values' per-head dimension where it differs from the keys' (None: head_dim)."""
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_kv_heads", "head_dim", "trained_context_tokens"):
             if getattr(self, name) <= 0:
                 raise ModelShapeError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.value_head_dim is not None and self.value_head_dim <= 0:
+            raise ModelShapeError(f"value_head_dim must be positive, got {self.value_head_dim}")
         if self.weights_bytes < 0:
             raise ModelShapeError(f"weights_bytes must not be negative, got {self.weights_bytes}")
         if self.sliding_window is not None and self.sliding_window <= 0:
@@ -111,6 +115,7 @@ def model_meta_from_card(card: ModelCard) -> ModelMeta:
         trained_context_tokens=card.context_length,
         sliding_window=card.sliding_window,
         sliding_window_pattern=card.sliding_window_pattern,
+        value_head_dim=card.value_head_dim,
     )
 
 
@@ -170,6 +175,7 @@ def model_meta_from_config(config_json: Mapping[str, Any], weights_bytes: int) -
         trained_context_tokens=context,
         sliding_window=int(window) if window else None,
         sliding_window_pattern=pattern,
+        value_head_dim=int(config["v_head_dim"]) if config.get("v_head_dim") else None,
     )
 
 
@@ -200,6 +206,7 @@ def model_meta_from_gguf(path: Path) -> ModelMeta:
     kv_heads = value(f"{arch}.attention.head_count_kv")
     key_length = value(f"{arch}.attention.key_length")
     head_dim = int(key_length) if key_length is not None else required("embedding_length") // heads
+    value_length = value(f"{arch}.attention.value_length")
     window = value(f"{arch}.attention.sliding_window")
     pattern: int | None = None
     raw_pattern = value(f"{arch}.attention.sliding_window_pattern")
@@ -218,6 +225,7 @@ def model_meta_from_gguf(path: Path) -> ModelMeta:
         trained_context_tokens=required("context_length"),
         sliding_window=int(window) if window else None,
         sliding_window_pattern=pattern,
+        value_head_dim=int(value_length) if value_length is not None and int(value_length) != head_dim else None,
     )
 
 
@@ -225,8 +233,8 @@ def model_meta_from_gguf(path: Path) -> ModelMeta:
 
 
 def kv_bytes_per_token_per_layer(meta: ModelMeta, dtype_bytes: int = KV_DTYPE_BYTES_F16) -> int:
-    """K and V for one token in one layer: 2 x kv_heads x head_dim x dtype."""
-    return 2 * meta.num_kv_heads * meta.head_dim * dtype_bytes
+    """K and V for one token in one layer: kv_heads x (key + value head dims) x dtype."""
+    return meta.num_kv_heads * (meta.head_dim + (meta.value_head_dim or meta.head_dim)) * dtype_bytes
 
 
 def kv_rates(meta: ModelMeta, layers: range | None = None, dtype_bytes: int = KV_DTYPE_BYTES_F16) -> tuple[int, int]:

@@ -721,9 +721,10 @@ def _sharding_unsupported(card: ModelCard, sharding: Sharding, min_nodes: int) -
         return ShardingUnsupported(
             card.model_id,
             sharding,
-            f"min_nodes={min_nodes} but none of its multi-node engines "
-            f"{sorted(card.engines & MULTI_NODE_ENGINES)} has a sharding layout for the {card.family!r} family; "
-            "it serves on a single node",
+            f"min_nodes={min_nodes} but {card.family!r} serves on one node here: "
+            + "; ".join(f"{e} shards only {', '.join(sorted(traits_of(e).sharded_families or ()))}"
+                        for e in sorted(card.engines & MULTI_NODE_ENGINES))
+            + " (a GGUF of any architecture llama.cpp loads pools across nodes)",
         )
     if min_nodes > 1 and not any(spans_with(e, sharding) for e in spanning):
         return ShardingUnsupported(

@@ -10,9 +10,11 @@ helpers of the filename-shaped search fallback. It never does I/O; the routes fe
 
 from __future__ import annotations
 
+import math
 import re
 import struct
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -20,21 +22,14 @@ from pydantic import ValidationError
 
 from skulk.models.hub_files import RepoFile, is_gguf, quant_of
 from skulk.shared.types.cards import ModelCard
+from skulk.shared.types.engine_architectures import LLAMA_CPP_VERSION, MLX_LM_VERSION
+from skulk.shared.types.engines import loads_family
 
-FAMILIES: Mapping[str, str] = {
-    "llama": "llama",
-    "qwen2": "qwen2",
-    "qwen3": "qwen3",
-    "mistral": "mistral",
-    "gemma2": "gemma2",
-    "gemma3": "gemma3",
-    "gemma3_text": "gemma3",
-    "phi3": "phi3",
-}
-"""config.json `model_type` / GGUF `general.architecture` -> card family. Anything else has
-no family adapter in this build and is refused by name rather than guessed."""
+EXPERT_TENSOR_MARK = "_exps."
+"""GGUF tensors holding every expert of a MoE layer (`blk.N.ffn_up_exps.weight`, ...): a
+token computes through `expert_used_count` of `expert_count` of them."""
 
-WINDOW_PATTERNS: Mapping[str, int] = {"gemma2": 2, "gemma3": 6}
+WINDOW_PATTERNS: Mapping[str, int] = {"gemma2": 2, "gemma3": 6, "gemma3_text": 6}
 """Global/windowed interleave period of families whose configs may omit it."""
 
 MLX_BACKENDS = ("mlx", "mlx-cpu", "mlx-metal")
@@ -105,22 +100,49 @@ class _Reader:
         raise CardBuildError(self.source, f"unknown GGUF value type {kind}")
 
 
-def parse_gguf_metadata(data: bytes, source: str = "gguf") -> dict[str, Any]:
-    """The key/value metadata of a GGUF file from its first bytes. Array values are replaced
-    by their length. Raises GgufTruncated when `data` ends inside the header."""
+@dataclass(frozen=True)
+class GgufHeader:
+    """A GGUF file's header: its metadata (arrays replaced by their length) and the element
+    count of each tensor it describes (the weights themselves follow the header)."""
+
+    meta: Mapping[str, Any]
+    tensor_elements: Mapping[str, int]
+
+
+MAX_TENSOR_DIMS = 8
+"""GGML_MAX_DIMS is 4; a header claiming more is corrupt."""
+
+
+def parse_gguf_header(data: bytes, source: str = "gguf") -> GgufHeader:
+    """The header of a GGUF file from its first bytes. Raises GgufTruncated when `data` ends
+    inside it (metadata and tensor table)."""
     reader = _Reader(data, source)
     if reader.take(4) != b"GGUF":
         raise CardBuildError(source, "not a GGUF file (bad magic)")
     version = reader.unpack("<I")
     if version < 2:
         raise CardBuildError(source, f"GGUF version {version} is too old (need 2 or later)")
-    reader.unpack("<Q")  # tensor count
+    tensor_count = reader.unpack("<Q")
     count = reader.unpack("<Q")
     meta: dict[str, Any] = {}
     for _ in range(count):
         key = reader.string()
         meta[key] = reader.value(reader.unpack("<I"))
-    return meta
+    tensors: dict[str, int] = {}
+    for _ in range(tensor_count):
+        name = reader.string()
+        dims = reader.unpack("<I")
+        if dims > MAX_TENSOR_DIMS:
+            raise CardBuildError(source, f"tensor {name!r} claims {dims} dimensions")
+        tensors[name] = math.prod(reader.unpack("<Q") for _ in range(dims))
+        reader.unpack("<I")  # ggml type
+        reader.unpack("<Q")  # data offset
+    return GgufHeader(meta=meta, tensor_elements=tensors)
+
+
+def parse_gguf_metadata(data: bytes, source: str = "gguf") -> dict[str, Any]:
+    """The key/value metadata of a GGUF file from its first bytes (see parse_gguf_header)."""
+    return dict(parse_gguf_header(data, source).meta)
 
 
 # ---------------------------------------------------------------------------------------
@@ -128,13 +150,39 @@ def parse_gguf_metadata(data: bytes, source: str = "gguf") -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------
 
 
-def _family(source: str, architecture: str | None) -> str:
-    family = FAMILIES.get(architecture or "")
-    if family is None:
-        raise CardBuildError(
-            source, f"architecture {architecture!r} is not supported (supported: {', '.join(sorted(FAMILIES))})"
-        )
-    return family
+def _family(source: str, architecture: object, engine: str, what: str) -> str:
+    """The architecture when `engine` loads it: the engines' own tables decide
+    (`skulk.shared.types.engine_architectures`, generated from them), never a list of ours."""
+    if not isinstance(architecture, str) or not architecture:
+        raise CardBuildError(source, f"the metadata names no {what}")
+    if not loads_family(engine, architecture):
+        if engine == "mlx":
+            engine_name = f"mlx-lm {MLX_LM_VERSION}"
+        else:
+            engine_name = f"the llama.cpp of llama-cpp-python {LLAMA_CPP_VERSION}"
+        raise CardBuildError(source, f"{what} {architecture!r} is not one {engine_name} can load")
+    return architecture
+
+
+def _experts(source: str, data: Mapping[str, Any], count_keys: Sequence[str], used_keys: Sequence[str]) -> dict:
+    count = next((data[k] for k in count_keys if isinstance(data.get(k), int) and data[k] > 1), None)
+    if count is None:
+        return {}
+    used = _int(source, data, *used_keys)
+    return {"num_experts": count, "num_experts_used": used}
+
+
+def _parameters(tensors: Mapping[str, int] | None, experts: Mapping[str, int]) -> dict:
+    """Total parameters from the tensor table, and active ones: every expert tensor counts
+    only its used share (shared experts and everything else are always computed)."""
+    if not tensors:
+        return {}
+    total = sum(tensors.values())
+    if not experts:
+        return {"total_parameters": total, "active_parameters": total}
+    expert = sum(n for name, n in tensors.items() if EXPERT_TENSOR_MARK in name)
+    active = total - expert + expert * experts["num_experts_used"] // experts["num_experts"]
+    return {"total_parameters": total, "active_parameters": active}
 
 
 def _validated(source: str, data: Mapping[str, Any]) -> ModelCard:
@@ -188,7 +236,7 @@ def card_from_config(
     language model's shape in `text_config`, which wins over the top level."""
     text = config.get("text_config")
     merged = {**config, **text} if isinstance(text, Mapping) else dict(config)
-    family = _family(model_id, merged.get("model_type") or config.get("model_type"))
+    family = _family(model_id, config.get("model_type") or merged.get("model_type"), "mlx", "model_type")
     heads = _int(model_id, merged, "num_attention_heads")
     hidden = _int(model_id, merged, "hidden_size")
     window = merged.get("sliding_window")
@@ -205,6 +253,9 @@ def card_from_config(
         "num_attention_heads": heads,
         "num_key_value_heads": _int(model_id, merged, "num_key_value_heads", default=heads),
         "head_dim": _int(model_id, merged, "head_dim", default=hidden // heads),
+        **({"value_head_dim": merged["v_head_dim"]} if isinstance(merged.get("v_head_dim"), int) else {}),
+        **_experts(model_id, merged, ("num_experts", "num_local_experts", "n_routed_experts"),
+                   ("num_experts_per_tok", "num_experts_per_token", "moe_topk")),
         "vocab_size": _int(model_id, merged, "vocab_size"),
         "context_length": _int(model_id, merged, "max_position_embeddings"),
         "sliding_window": window,
@@ -222,16 +273,23 @@ def card_from_gguf(
     revision: str | None = None,
     local_path: str | None = None,
     name: str | None = None,
+    tensor_elements: Mapping[str, int] | None = None,
 ) -> ModelCard:
     """A llama.cpp card from a GGUF file's metadata; `gguf_file` is pinned on the card (the
-    first shard of a split file)."""
+    first shard of a split file). `tensor_elements` (the header's tensor table) gives the
+    parameter counts; a split file's first shard holds only some tensors, so none then."""
     arch = meta.get("general.architecture")
-    family = _family(model_id, arch if isinstance(arch, str) else None)
+    family = _family(model_id, arch, "llama_cpp", "architecture")
     prefixed = {k.removeprefix(f"{arch}."): v for k, v in meta.items()}
     heads = _int(model_id, prefixed, "attention.head_count")
     hidden = _int(model_id, prefixed, "embedding_length")
     window = prefixed.get("attention.sliding_window")
     window = window if isinstance(window, int) and window > 0 else None
+    key_length = _int(model_id, prefixed, "attention.key_length", default=hidden // heads)
+    value_length = prefixed.get("attention.value_length")
+    experts = _experts(model_id, prefixed, ("expert_count",), ("expert_used_count",))
+    split = meta.get("split.count")
+    whole = tensor_elements if not (isinstance(split, int) and split > 1) else None
     return _validated(model_id, {
         **_identity(model_id, name, "local-path" if local_path else "huggingface", revision, local_path),
         "family": family,
@@ -242,7 +300,10 @@ def card_from_gguf(
         "hidden_size": hidden,
         "num_attention_heads": heads,
         "num_key_value_heads": _int(model_id, prefixed, "attention.head_count_kv", default=heads),
-        "head_dim": _int(model_id, prefixed, "attention.key_length", default=hidden // heads),
+        "head_dim": key_length,
+        **({"value_head_dim": value_length} if isinstance(value_length, int) and value_length != key_length else {}),
+        **experts,
+        **_parameters(whole, experts),
         "vocab_size": _int(model_id, prefixed, "vocab_size", "tokenizer.ggml.tokens"),
         "context_length": _int(model_id, prefixed, "context_length"),
         "sliding_window": window,
@@ -305,11 +366,12 @@ def match_basename(files: Sequence[RepoFile], query: str) -> str | None:
 
 
 __all__ = [
-    "FAMILIES",
+    "EXPERT_TENSOR_MARK",
     "GGUF_HEADER_LIMIT_BYTES",
     "MAX_INSPECTED_REPOS",
     "MAX_PREFIX_STEPS",
     "CardBuildError",
+    "GgufHeader",
     "GgufTruncated",
     "broadening_prefixes",
     "card_from_config",
@@ -317,5 +379,6 @@ __all__ = [
     "is_filename_query",
     "local_model_id",
     "match_basename",
+    "parse_gguf_header",
     "parse_gguf_metadata",
 ]

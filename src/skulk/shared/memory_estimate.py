@@ -119,8 +119,10 @@ def admission_context_tokens(card: ModelCard) -> int:
 
 
 def kv_bytes_per_token_per_layer(card: ModelCard, dtype_bytes: int = KV_DTYPE_BYTES) -> int:
-    """K and V for one token in one layer: 2 x kv_heads x head_dim x dtype."""
-    return 2 * card.num_key_value_heads * card.head_dim * dtype_bytes
+    """K and V for one token in one layer: kv_heads x (key + value head dims) x dtype (the
+    value's dimension differs from the key's in some models, DeepSeek's among them)."""
+    value_dim = card.value_head_dim or card.head_dim
+    return card.num_key_value_heads * (card.head_dim + value_dim) * dtype_bytes
 
 
 def kv_bytes_per_token(card: ModelCard, dtype_bytes: int = KV_DTYPE_BYTES, layers: range | None = None) -> int:

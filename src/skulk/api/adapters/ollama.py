@@ -467,7 +467,17 @@ def details(card: ModelCard | None) -> dict[str, Any]:
         return {"parent_model": "", "format": "", "family": "", "families": None, "parameter_size": "",
                 "quantization_level": ""}
     return {"parent_model": "", "format": card.artifact_format, "family": card.family, "families": [card.family],
-            "parameter_size": "", "quantization_level": card.quantization}
+            "parameter_size": parameter_size(card.total_parameters), "quantization_level": card.quantization}
+
+
+def parameter_size(count: int | None) -> str:
+    """Ollama's short form of a parameter count ('30.5B', '596.0M'); '' when unknown."""
+    if count is None:
+        return ""
+    for unit, scale in (("B", 10**9), ("M", 10**6), ("K", 10**3)):
+        if count >= scale:
+            return f"{count / scale:.1f}{unit}"
+    return str(count)
 
 
 def _placed(instances: Iterable[Instance]) -> dict[ModelId, int]:
@@ -517,6 +527,10 @@ def show(model_id: str, card: ModelCard | None, context_length: int, modified_at
             f"{arch}.attention.head_count_kv": card.num_key_value_heads,
             f"{arch}.context_length": card.context_length,
         })
+        if card.total_parameters is not None:
+            info["general.parameter_count"] = card.total_parameters
+        if card.num_experts is not None:
+            info.update({f"{arch}.expert_count": card.num_experts, f"{arch}.expert_used_count": card.num_experts_used})
         capabilities += [c for c in ("tools", "thinking", "vision") if c in card.capabilities]
     return {
         "modelfile": f"FROM {model_id}\n", "parameters": f"num_ctx {context_length}", "template": "",

@@ -36,6 +36,7 @@ from skulk.models.card_builder import (
     GGUF_HEADER_LIMIT_BYTES,
     MAX_INSPECTED_REPOS,
     CardBuildError,
+    GgufHeader,
     GgufTruncated,
     broadening_prefixes,
     card_from_config,
@@ -43,7 +44,7 @@ from skulk.models.card_builder import (
     is_filename_query,
     local_model_id,
     match_basename,
-    parse_gguf_metadata,
+    parse_gguf_header,
 )
 from skulk.models.downloads import HubSource
 from skulk.models.hub_files import (
@@ -178,11 +179,11 @@ class AddModelBody(BaseModel):
     """Replace a card that already has this id (built-in or custom); without it that is a 409."""
 
 
-def _gguf_meta(read, source: str) -> dict[str, Any]:
+def _gguf_header(read, source: str) -> GgufHeader:
     for size in hub_meta.growing_prefixes(GGUF_HEADER_LIMIT_BYTES):
         data = read(size)
         try:
-            return parse_gguf_metadata(data, source)
+            return parse_gguf_header(data, source)
         except GgufTruncated:
             if len(data) < size:  # the file itself ended: it is truncated, not our read
                 raise CardBuildError(source, "the GGUF file ends inside its header") from None
@@ -197,9 +198,10 @@ def _card_from_hub(body: AddModelBody, hub: HubSource) -> ModelCard:
     if is_gguf_repo(files):
         gguf_file = choose_gguf_file(model_id, files, pinned=body.gguf_file)
         group = shard_group(model_id, files, gguf_file)
-        meta = _gguf_meta(lambda n: hub_meta.read_prefix(model_id, gguf_file, listing.revision, hub, n),
-                          f"{model_id}/{gguf_file}")
-        return card_from_gguf(model_id, meta, gguf_file, total_size_bytes(files, group), revision=pin, name=body.name)
+        header = _gguf_header(lambda n: hub_meta.read_prefix(model_id, gguf_file, listing.revision, hub, n),
+                              f"{model_id}/{gguf_file}")
+        return card_from_gguf(model_id, header.meta, gguf_file, total_size_bytes(files, group), revision=pin,
+                              name=body.name, tensor_elements=header.tensor_elements)
     if body.gguf_file is not None:
         raise CardBuildError(model_id, "ggufFile given, but the repository holds no GGUF files")
     selected = select_safetensors(model_id, files)
@@ -232,9 +234,9 @@ def _card_from_path(body: AddModelBody, roots: tuple[Path, ...]) -> ModelCard:
         stem = info[0] if info else path.name[: -len(".gguf")]
         model_id = body.model_id or local_model_id(stem)
         group = shard_group(model_id, _local_files(path.parent), path.name)
-        meta = _gguf_meta(_read_file_prefix(path), str(path))
-        return card_from_gguf(model_id, meta, path.name, total_size_bytes(_local_files(path.parent), group),
-                              local_path=str(path.parent), name=body.name)
+        header = _gguf_header(_read_file_prefix(path), str(path))
+        return card_from_gguf(model_id, header.meta, path.name, total_size_bytes(_local_files(path.parent), group),
+                              local_path=str(path.parent), name=body.name, tensor_elements=header.tensor_elements)
     files = _local_files(path)
     model_id = body.model_id or local_model_id(path.name)
     if (path / CONFIG_FILE).is_file() and any(f.path.endswith(".safetensors") for f in files):

@@ -26,6 +26,7 @@ from skulk.shared.types.engines import (  # the engine vocabularies derive from 
     KNOWN_ENGINES,
     SAFETENSORS_ONLY_ENGINES,
     ArtifactFormat,
+    traits_of,
 )
 from skulk.shared.types.ids import ModelId
 
@@ -34,7 +35,11 @@ from skulk.shared.types.ids import ModelId
 # engine or family this build does not know must fail loudly, not land nowhere silently.
 # ---------------------------------------------------------------------------------------
 
-Family = Literal["llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "phi3"]
+Family = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
+"""The architecture as its engine names it: a GGUF's `general.architecture` ('qwen3moe'), a
+config.json's `model_type` ('qwen3_moe'). Which names a card may carry is a fact of the
+engines it lists (`skulk.shared.types.engine_architectures`, generated from them), checked
+below; there is no list of ours."""
 ModelTask = Literal["TextGeneration", "Embedding"]
 Capability = Literal["text", "tools", "thinking", "vision", "embedding"]
 CardSource = Literal["huggingface", "local-generated", "local-path"]
@@ -246,7 +251,8 @@ class ModelCard(WireModel):
     name: NonEmptyStr
     """Display name."""
     family: Family
-    """Architecture family; selects the per-family adapter."""
+    """Architecture: GGUF `general.architecture` or config.json `model_type`. Every engine
+    the card lists must load it; sharding over nodes may need a per-family layout."""
 
     source: CardSource = "huggingface"
     """Where the artifacts come from. huggingface: downloaded from the hub (or the store);
@@ -295,7 +301,20 @@ class ModelCard(WireModel):
     num_key_value_heads: PositiveInt
     """KV heads (GQA); num_attention_heads must be a multiple of it."""
     head_dim: PositiveInt
-    """Per-head dimension, stated explicitly: it is not always hidden_size / heads (Gemma 3)."""
+    """Per-head dimension, stated explicitly: it is not always hidden_size / heads (Gemma 3).
+    It is the key's; see value_head_dim."""
+    value_head_dim: PositiveInt | None = None
+    """Per-head dimension of the values when it differs from the keys' (DeepSeek's MLA,
+    GGUF `attention.value_length`); None = head_dim. KV sizing counts both."""
+    num_experts: Annotated[int, Strict(), Field(ge=2)] | None = None
+    """Experts per MoE layer (None: a dense model). Every expert's weights are loaded, so
+    memory counts them all (storage_size_bytes already does)."""
+    num_experts_used: PositiveInt | None = None
+    """Experts each token is routed through; set exactly when num_experts is."""
+    total_parameters: PositiveInt | None = None
+    """Parameters in the weights, when the builder could count them (GGUF tensor table)."""
+    active_parameters: PositiveInt | None = None
+    """Parameters one token computes through: total less the unused experts' share."""
     vocab_size: PositiveInt
     context_length: PositiveInt
     """Largest context the model was trained/published for, in tokens."""
@@ -355,6 +374,8 @@ class ModelCard(WireModel):
             _tooling_matches_capabilities,
             _reasoning_matches_capabilities,
             _companions_consistent,
+            _engines_load_family,
+            _experts_consistent,
         ):
             rule(self)
         return self
@@ -456,6 +477,25 @@ def _companions_consistent(card: ModelCard) -> None:
             raise card_field_error(name, "names the model's own repo")
         if repo.startswith(LOCAL_MODEL_PREFIX):
             raise card_field_error(name, f"'{LOCAL_MODEL_PREFIX}...' ids are not hub repos")
+
+
+def _engines_load_family(card: ModelCard) -> None:
+    for engine in sorted(card.engines):
+        known = traits_of(engine).families
+        if known is not None and card.family not in known:
+            raise card_field_error(
+                "family", f"{card.family!r} is not an architecture the {engine} engine loads "
+                f"(it loads {len(known)}: see skulk.shared.types.engine_architectures)")
+
+
+def _experts_consistent(card: ModelCard) -> None:
+    if (card.num_experts is None) != (card.num_experts_used is None):
+        raise card_field_error("num_experts_used", "set exactly when num_experts is (a mixture of experts)")
+    if card.num_experts is not None and card.num_experts_used is not None and card.num_experts_used > card.num_experts:
+        raise card_field_error("num_experts_used", f"{card.num_experts_used} exceeds num_experts ({card.num_experts})")
+    if card.active_parameters is not None and (card.total_parameters is None
+                                               or card.active_parameters > card.total_parameters):
+        raise card_field_error("active_parameters", "needs total_parameters, and cannot exceed it")
 
 
 __all__ = [

@@ -22,6 +22,12 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Literal
 
+from skulk.shared.types.engine_architectures import (
+    LLAMA_CPP_ARCHITECTURES,
+    MLX_MODEL_REMAPPING,
+    MLX_MODEL_TYPES,
+)
+
 if TYPE_CHECKING:
     from skulk.shared.types.tasks import TextGenerationParams
 
@@ -115,6 +121,9 @@ class EngineTraits:
         return self.binary_env is not None
 
 
+MLX_FAMILIES: frozenset[str] = MLX_MODEL_TYPES | frozenset(MLX_MODEL_REMAPPING)
+"""config.json `model_type` values mlx-lm loads: its model modules and its own aliases."""
+
 _GGUF_COMPUTES: Mapping[str, str] = MappingProxyType({"nvidia": "cuda", "amd": "vulkan", "apple": "metal"})
 """AMD maps to Vulkan, the lane the managed builds and the AMD guide use; a ROCm/HIP build
 is declared (SKULK_LLAMA_CPP_BACKENDS=rocm)."""
@@ -128,6 +137,7 @@ over an hour to bring up; its placements are capped here until vLLM-aware admiss
 ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
     "llama_cpp": EngineTraits(
         formats=frozenset({"gguf"}),
+        families=LLAMA_CPP_ARCHITECTURES,
         # Pooled over llama.cpp's RPC backend (skulk.pool): rank 0 drives, the other ranks
         # lend their memory as ggml RPC servers; layers split in contiguous ranges.
         multi_node=True,
@@ -143,6 +153,7 @@ ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
     ),
     "llama_server": EngineTraits(
         formats=frozenset({"gguf"}),
+        families=LLAMA_CPP_ARCHITECTURES,
         window_at_load=True,
         # Embeddings need a server started in embeddings-only mode: not served. Prompt
         # logprobs: the server scores generated tokens only.
@@ -157,9 +168,9 @@ ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
     ),
     "mlx": EngineTraits(
         formats=frozenset({"safetensors"}),
-        # Any family mlx-lm loads runs on one rank (the whole mlx-lm model); a family with a
-        # layer adapter (skulk.worker.engines.mlx.family) also spans ranks.
-        families=None,
+        # Any model type mlx-lm loads runs on one rank (the whole mlx-lm model); a family
+        # with a layer adapter (skulk.worker.engines.mlx.family) also spans ranks.
+        families=MLX_FAMILIES,
         multi_node=True,
         # The families skulk.worker.engines.mlx.family has a layer/tensor layout for.
         sharded_families=frozenset({"llama", "mistral", "qwen2", "qwen3"}),
@@ -309,6 +320,7 @@ __all__ = [
     "ENGINE_TRAITS",
     "GGUF_ENGINES",
     "KNOWN_ENGINES",
+    "MLX_FAMILIES",
     "MULTI_NODE_ENGINES",
     "PROBED_MODULES",
     "RING_ENGINES",
