@@ -212,3 +212,25 @@ def test_mlx_cards_of_any_model_type_mlx_lm_loads(config, expected):
     card = card_from_config("org/m", config, 1000)
     for field, value in expected.items():
         assert getattr(card, field) == value, field
+
+
+@pytest.mark.parametrize(("arch", "template", "expected"), [
+    ("qwen3moe", "{{ '<|start|>assistant<|channel|>final<|message|>' }}", ("harmony", None)),
+    ("gpt-oss", None, ("harmony", None)),
+    ("qwen3moe", "{% if thinking %}<think>\n\n</think>{% endif %}", ("think_tags", "<think>")),
+    ("qwen3moe", "{{ messages[0].content }}", ("none", None)),
+])
+def test_the_reasoning_format_comes_from_the_models_own_template(arch, template, expected):
+    meta = {k.replace("qwen3moe", arch): v for k, v in MOE_META.items()}
+    meta["general.architecture"] = arch
+    if template is not None:
+        meta["tokenizer.chat_template"] = template
+    card = card_from_gguf("local/r", parse_gguf_metadata(_gguf(meta)), "r.gguf", 10, local_path="/m")
+    assert (card.reasoning.format, card.reasoning.start_tag) == expected
+    assert ("thinking" in card.capabilities) == (expected[0] != "none")
+
+
+def test_an_mlx_gpt_oss_card_reads_harmony():
+    card = card_from_config("org/g", {**LLAMA_CONFIG, "model_type": "gpt_oss", "num_local_experts": 32,
+                                      "num_experts_per_tok": 4}, 1000)
+    assert card.reasoning.format == "harmony" and "thinking" in card.capabilities

@@ -144,7 +144,10 @@ async def drive(
 
     With `params`, the chunks are shaped for the request (`skulk.api.output`): reasoning
     marked apart, tool calls assembled once the output is complete."""
-    shaper = OutputShaper(params, _call_id_factory(stream.command_id)) if params is not None else None
+    shaper = None
+    if params is not None:
+        card = context.get_cards().get(params.model_id)
+        shaper = OutputShaper(params, _call_id_factory(stream.command_id), card.reasoning if card else None)
     async with aclosing(_follow(request, context, stream, TokenChunk)) as chunks:
         async for chunk in chunks:
             if shaper is None:

@@ -2,8 +2,9 @@
 marked apart from the answer, and tool calls assembled from the finished text.
 
 `OutputShaper.push(chunk)` returns the chunks releasable now; `finish()` the rest, once
-the stream has ended normally. For chat requests a leading `<think>` block becomes
-`reasoning=True` chunks (`skulk.api.reasoning`). When the request offers tools (and
+the stream has ended normally. For chat requests reasoning becomes `reasoning=True`
+chunks, told apart as the model card's reasoning format says (`splitter_for`: a leading
+`<think>` block, the card's own tags, or gpt-oss's harmony channels). When the request offers tools (and
 `tool_choice` is not "none"), the answer is held until the end and parsed once
 (`skulk.api.tool_calls`): a found call leaves as one chunk with `tool_calls` and
 finish_reason "tool_calls"; otherwise the held chunks leave unchanged (reasoning is not
@@ -17,8 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from skulk.api.harmony import HarmonySplitter
 from skulk.api.reasoning import ReasoningSplitter
 from skulk.api.tool_calls import parse_tool_calls
+from skulk.shared.types.cards import ReasoningSection
 from skulk.shared.types.chunks import TokenChunk
 from skulk.shared.types.common import ToolCall
 from skulk.shared.types.tasks import TextGenerationParams
@@ -28,9 +31,22 @@ def wants_tool_parsing(params: TextGenerationParams) -> bool:
     return bool(params.tools) and params.tool_choice != "none"
 
 
+def splitter_for(reasoning: ReasoningSection | None) -> ReasoningSplitter | HarmonySplitter:
+    """The card's reasoning format decides how reasoning is told from the answer: harmony
+    channels (gpt-oss), the card's own think tags, or a leading `<think>` block (any model
+    may open one; a card that says nothing gets that)."""
+    if reasoning is not None and reasoning.format == "harmony":
+        return HarmonySplitter()
+    if reasoning is not None and reasoning.start_tag and reasoning.end_tag:
+        return ReasoningSplitter(reasoning.start_tag, reasoning.end_tag)
+    return ReasoningSplitter()
+
+
 class OutputShaper:
-    def __init__(self, params: TextGenerationParams, new_call_id: Callable[[int], str]) -> None:
-        self._splitter = ReasoningSplitter() if params.prompt is None else None
+    def __init__(self, params: TextGenerationParams, new_call_id: Callable[[int], str],
+                 reasoning: ReasoningSection | None = None) -> None:
+        """`reasoning`: the model card's section (None: no card, the default splitter)."""
+        self._splitter = splitter_for(reasoning) if params.prompt is None else None
         self._tool_names = frozenset(t.name for t in params.tools) if wants_tool_parsing(params) else frozenset()
         self._new_call_id = new_call_id
         self._held: list[TokenChunk] = []
@@ -97,4 +113,4 @@ class OutputShaper:
         return out
 
 
-__all__ = ["OutputShaper", "wants_tool_parsing"]
+__all__ = ["OutputShaper", "splitter_for", "wants_tool_parsing"]

@@ -33,7 +33,10 @@ def _partial_suffix(text: str, tag: str) -> int:
 
 
 class ReasoningSplitter:
-    def __init__(self) -> None:
+    def __init__(self, open_tag: str = OPEN_TAG, close_tag: str = CLOSE_TAG) -> None:
+        """`open_tag`/`close_tag`: the card's `reasoning.start_tag`/`end_tag` when it names
+        them (`think_tags`), else `<think>`/`</think>`."""
+        self._open, self._close = open_tag, close_tag
         self._mode: _Mode = "start"
         self._held = ""
 
@@ -57,24 +60,24 @@ class ReasoningSplitter:
                 break
             if self._mode == "start":
                 head = buffer.lstrip()
-                if head.startswith(OPEN_TAG):
+                if head.startswith(self._open):
                     self._mode = "reasoning"
-                    buffer = head[len(OPEN_TAG):]
+                    buffer = head[len(self._open):]
                     continue
-                if OPEN_TAG.startswith(head):  # empty, or could still become the tag
+                if self._open.startswith(head):  # empty, or could still become the tag
                     self._held = buffer
                     break
                 self._mode = "content"
                 continue
             if self._mode == "reasoning":
-                at = buffer.find(CLOSE_TAG)
+                at = buffer.find(self._close)
                 if at != -1:
                     if at:
                         out.append((buffer[:at], True))
                     self._mode = "after"
-                    buffer = buffer[at + len(CLOSE_TAG):]
+                    buffer = buffer[at + len(self._close):]
                     continue
-                keep = _partial_suffix(buffer, CLOSE_TAG)
+                keep = _partial_suffix(buffer, self._close)
                 if len(buffer) > keep:
                     out.append((buffer[: len(buffer) - keep], True))
                 self._held = buffer[len(buffer) - keep:]

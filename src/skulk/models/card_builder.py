@@ -164,6 +164,27 @@ def _family(source: str, architecture: object, engine: str, what: str) -> str:
     return architecture
 
 
+HARMONY_MARK = "<|channel|>"
+"""In a chat template: the model answers in harmony channels (gpt-oss)."""
+THINK_TAGS = ("<think>", "</think>")
+HARMONY_MODEL_TYPES = frozenset({"gpt-oss", "gpt_oss"})
+"""The harmony family as llama.cpp and mlx-lm name it (an MLX card has no template to read)."""
+
+
+def _reasoning(family: str, template: object) -> dict:
+    """How the model marks its reasoning, from its own chat template (the GGUF's, where the
+    card builder can read one) or its family: harmony channels, `<think>` tags, or none. A
+    card that says so gets the `thinking` capability with it (the card's rule)."""
+    text = template if isinstance(template, str) else ""
+    if HARMONY_MARK in text or family in HARMONY_MODEL_TYPES:
+        section = {"format": "harmony"}
+    elif THINK_TAGS[0] in text and THINK_TAGS[1] in text:
+        section = {"format": "think_tags", "start_tag": THINK_TAGS[0], "end_tag": THINK_TAGS[1]}
+    else:
+        return {}
+    return {"reasoning": section, "capabilities": ["text", "thinking"]}
+
+
 def _experts(source: str, data: Mapping[str, Any], count_keys: Sequence[str], used_keys: Sequence[str]) -> dict:
     count = next((data[k] for k in count_keys if isinstance(data.get(k), int) and data[k] > 1), None)
     if count is None:
@@ -261,6 +282,7 @@ def card_from_config(
         "sliding_window": window,
         "sliding_window_pattern": pattern if window else None,
         "placement": {"compatible_backends": list(MLX_BACKENDS), "backend_preference": list(MLX_PREFERENCE)},
+        **_reasoning(family, None),
     })
 
 
@@ -309,6 +331,7 @@ def card_from_gguf(
         "sliding_window": window,
         "sliding_window_pattern": WINDOW_PATTERNS.get(family) if window else None,
         "placement": {"compatible_backends": list(GGUF_BACKENDS), "backend_preference": list(GGUF_PREFERENCE)},
+        **_reasoning(family, meta.get("tokenizer.chat_template")),
     })
 
 
