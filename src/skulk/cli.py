@@ -322,14 +322,17 @@ def models_list(data_dir: DataDir = None) -> None:
 
 @models_app.command("pull")
 def models_pull(
-    model_id: Annotated[str, typer.Argument(help="Model id of a built-in or custom card, e.g. mlx-community/Llama-3.2-1B-Instruct-4bit.")],
+    model_id: Annotated[str, typer.Argument(help="Model id of a built-in or custom card (mlx-community/Llama-3.2-1B-Instruct-4bit), "
+                                                 "a Hugging Face repo (owner/repo[:QUANT]) or an Ollama name (llama3.2:1b).")],
     data_dir: DataDir = None,
 ) -> None:
     """Download a model's weights into this node's models dir, with a progress bar.
 
     Hugging Face cards download through HF_ENDPOINT (default huggingface.co) with HF_TOKEN
-    for private or gated repos; local cards are generated or checked in place. Exits 1 with
-    the reason when the download fails, 2 when no card has this id."""
+    for private or gated repos; local cards are generated or checked in place. A repo or an
+    Ollama library name without a card gets one built from the hub's metadata for the
+    download (add it to the cluster with `skulk models add`). Exits 1 with the reason when
+    the download fails, 2 when the name is no card, repo or library name."""
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
@@ -343,10 +346,11 @@ def models_pull(
     for noisy in ("huggingface_hub", "httpx2"):  # one line per request; our bar and errors say it
         logging.getLogger(noisy).setLevel(logging.ERROR)
     paths = _paths(data_dir)
-    card = resolve_cards(builtin_cards_dir(), paths.custom_cards_dir).cards.get(ModelId(model_id))
+    cards = resolve_cards(builtin_cards_dir(), paths.custom_cards_dir).cards
+    card = cards.get(ModelId(model_id))
     if card is None:
-        typer.echo(f"skulk: no model card for {model_id}; see `skulk models list`", err=True)
-        raise typer.Exit(ExitCode.USAGE)
+        card = _card_for_name(model_id, frozenset(cards))
+        model_id = card.model_id
     try:  # the same disk reserve the node keeps (skulk.yaml, then SKULK_DISK_RESERVE_GB)
         store_section = with_env_overrides(load_config(paths.config_file), os.environ).model_store
     except ConfigError as exc:
@@ -373,6 +377,30 @@ def models_pull(
     typer.echo(f"{model_id}: {pulled.path}")
     for repo_id, companion_path in pulled.companions.items():
         typer.echo(f"{model_id} companion {repo_id}: {companion_path}")
+
+
+def _card_for_name(typed: str, card_ids: frozenset[str]):
+    """The card a typed repo or Ollama library name stands for, built from the hub (exit 2
+    naming what is known when the name is none, 1 when the hub cannot build it)."""
+    from skulk.models import hub_meta
+    from skulk.models.card_builder import CardBuildError
+    from skulk.models.downloads import HubSource
+    from skulk.models.hub_cards import card_from_hub
+    from skulk.models.hub_files import SelectionError
+    from skulk.models.model_names import UnknownModelName, load_library, resolve_model_name
+
+    try:
+        resolved = resolve_model_name(typed, card_ids, load_library())
+    except UnknownModelName as exc:
+        typer.echo(f"skulk: {exc}; see `skulk models list`", err=True)
+        raise typer.Exit(ExitCode.USAGE) from None
+    try:
+        card = card_from_hub(resolved.model_id, HubSource.from_env(), quant=resolved.quant)
+    except (hub_meta.HubError, CardBuildError, SelectionError) as exc:
+        typer.echo(f"skulk: {typed}: {exc}", err=True)
+        raise typer.Exit(ExitCode.FAILURE) from None
+    typer.echo(f"{typed}: {card.model_id} {card.gguf_file or ''}".rstrip(), err=True)
+    return card
 
 
 @models_app.command("rm")

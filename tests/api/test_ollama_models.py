@@ -124,7 +124,8 @@ async def test_pull_fetches_into_the_store_with_ollama_progress_then_delete_remo
     assert gone.value.status_code == 404
 
 
-async def test_pull_of_a_model_without_a_card_is_an_ollama_404(tmp_path):
+async def test_pull_of_a_model_without_a_card_is_an_ollama_404(tmp_path, mock_hub):
+    # No card, and the hub has no such repo to build one from.
     app = store_app(tmp_path, {}, [])
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://skulk") as http:
         reply = await http.post("/ollama/api/pull", json={"model": "acme/unknown"})
@@ -141,3 +142,59 @@ async def test_an_option_skulk_does_not_honour_is_refused(option, says):
         reply = await http.post("/ollama/api/chat", json={**CHAT, "options": {"temperature": 0, **option}})
     assert reply.status_code == 400 and says in reply.json()["error"]
     assert f"options.{next(iter(option))}" in reply.json()["error"] and not cluster.commands
+
+
+LIBRARY_REPO = "bartowski/Llama-3.2-1B-Instruct-GGUF"
+"""Where resources/ollama_library.toml maps llama3.2:1b."""
+
+
+def publish_library_repo(hub, artifacts) -> None:
+    gguf = artifacts.gguf_path.read_bytes()
+    hub.add_repo(LIBRARY_REPO, {"Llama-3.2-1B-Instruct-Q4_K_M.gguf": gguf, "Llama-3.2-1B-Instruct-Q8_0.gguf": gguf,
+                                "README.md": b"# mock\n"}, tags=("gguf", "llama"))
+
+
+def master_store_app(tmp_path, cards: dict, commands: list):
+    """store_app whose submit also plays the master for AddCustomModelCard (the card applies)."""
+    from skulk.shared.types.commands import AddCustomModelCard
+
+    class Recorder(list):
+        def append(self, command) -> None:
+            if isinstance(command, AddCustomModelCard):
+                cards[command.card.model_id] = command.card
+            super().append(command)
+
+    recorder = Recorder()
+    app = store_app(tmp_path, cards, recorder)
+    return app, recorder
+
+
+async def test_pull_of_an_ollama_name_adds_the_mapped_card_and_downloads_its_file(tmp_path, mock_hub, tiny_artifacts):
+    publish_library_repo(mock_hub, tiny_artifacts)
+    cards: dict = {}
+    app, commands = master_store_app(tmp_path, cards, [])
+    reply = await ollama_sdk(app).pull("llama3.2:1b", stream=False)
+    assert reply.status == "success"
+    card = cards[LIBRARY_REPO]
+    assert card.gguf_file == "Llama-3.2-1B-Instruct-Q4_K_M.gguf" and card.family == "llama"
+    assert [p.name for p in (tmp_path / "models").rglob("*.gguf")] == ["Llama-3.2-1B-Instruct-Q4_K_M.gguf"]
+    # pulled again under its repo id: the card is there, nothing is added twice
+    assert (await ollama_sdk(app).pull(LIBRARY_REPO, stream=False)).status == "success"
+    assert len(commands) == 1
+
+
+async def test_pull_of_repo_colon_quant_picks_that_quant(tmp_path, mock_hub, tiny_artifacts):
+    publish_library_repo(mock_hub, tiny_artifacts)
+    cards: dict = {}
+    app, _ = master_store_app(tmp_path, cards, [])
+    progress = [p async for p in await ollama_sdk(app).pull(f"hf.co/{LIBRARY_REPO}:Q8_0", stream=True)]
+    assert progress[-1].status == "success"
+    assert cards[LIBRARY_REPO].gguf_file == "Llama-3.2-1B-Instruct-Q8_0.gguf"
+
+
+async def test_pull_of_an_unknown_name_is_an_ollama_404_saying_what_is_known(tmp_path, mock_hub):
+    app, commands = master_store_app(tmp_path, {}, [])
+    async with asgi_http(app) as http:
+        reply = await http.post("/ollama/api/pull", json={"model": "llama3.2:70b"})
+    assert reply.status_code == 404 and "llama3.2:1b, llama3.2:3b" in reply.json()["error"]
+    assert not commands

@@ -50,8 +50,11 @@ def test_pull_failures_exit_with_the_reason(mock_hub, tmp_path):
     data_dir = tmp_path / "node"
     write_custom_card(data_dir / "custom_model_cards", hub_card("mock-org/gone"))
 
+    # no card, so the hub is asked for the repo's metadata: it has no such repo
     missing_card = _invoke("models", "pull", "mock-org/no-card", "--data-dir", str(data_dir))
-    assert missing_card.exit_code == 2 and "no model card" in missing_card.stderr
+    assert missing_card.exit_code == 1 and "does not exist on the hub" in missing_card.stderr
+    unknown_name = _invoke("models", "pull", "llama3.2:70b", "--data-dir", str(data_dir))
+    assert unknown_name.exit_code == 2 and "Known here: llama3.2:1b, llama3.2:3b" in unknown_name.stderr
 
     missing_repo = _invoke("models", "pull", "mock-org/gone", "--data-dir", str(data_dir))
     assert missing_repo.exit_code == 1
@@ -82,3 +85,15 @@ def test_pull_refuses_to_eat_the_disk_reserve(mock_hub, tmp_path, monkeypatch):
     refused = _invoke("models", "pull", TINY_GGUF_REPO, "--data-dir", str(data_dir))
     assert refused.exit_code == 1 and "(disk)" in refused.stderr and "reserve" in refused.stderr
     assert not (data_dir / "models" / "mock-org--tiny-llama-GGUF").exists()
+
+
+def test_pull_of_an_ollama_name_downloads_the_mapped_quant(mock_hub, tiny_artifacts, tmp_path):
+    gguf = tiny_artifacts.gguf_path.read_bytes()
+    mock_hub.add_repo("bartowski/Llama-3.2-1B-Instruct-GGUF", {
+        "Llama-3.2-1B-Instruct-Q4_K_M.gguf": gguf, "Llama-3.2-1B-Instruct-Q8_0.gguf": gguf}, tags=("gguf",))
+    data_dir = tmp_path / "node"
+    pulled = _invoke("models", "pull", "llama3.2:1b", "--data-dir", str(data_dir))
+    assert pulled.exit_code == 0, pulled.output
+    folder = data_dir / "models" / "bartowski--Llama-3.2-1B-Instruct-GGUF"
+    assert [p.name for p in folder.glob("*.gguf")] == ["Llama-3.2-1B-Instruct-Q4_K_M.gguf"]
+    assert "llama3.2:1b: bartowski/Llama-3.2-1B-Instruct-GGUF Llama-3.2-1B-Instruct-Q4_K_M.gguf" in pulled.stderr

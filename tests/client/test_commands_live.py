@@ -115,7 +115,9 @@ REFUSALS = [
     (("place", MODEL, "--exclude", "solo"), "exclusions_removed_all", ("400", "exclude fewer")),
     (("place", MODEL, "--sharding", "Diagonal"), "invalid_request", ("Pipeline or Tensor",)),
     (("place", MODEL, "--slots", "0"), "invalid_slot_setting", ("400", "llama_server takes 1..64")),
-    (("chat", "no/such-model", "-p", "hi"), "model_not_found", ("404", "place")),
+    # chat places what is not placed: a repo the hub does not have fails at adding its card
+    (("chat", "no/such-model", "-p", "hi"), "", ("404", "no/such-model", "does not exist on the hub")),
+    (("chat", "llama3.2:70b", "-p", "hi"), "", ("404", "llama3.2:1b, llama3.2:3b")),
     (("unplace", "no/such-model"), "not_found", ("no/such-model",)),
     (("models", "add", "owner/missing-repo"), "", ("404",)),
 ]
@@ -147,3 +149,21 @@ def test_an_unreachable_node_is_a_plain_error(tmp_path):
     closed = NodeProcess(data_dir=tmp_path / "none", api_port=9)  # discard port: nothing listens
     result = skulk(closed, "status")
     assert result.returncode == 1 and "cannot reach a Skulk node" in result.stderr
+
+
+def test_chat_places_an_unplaced_model_named_as_ollama_names_it(node, mock_hub, tiny_artifacts):
+    """`skulk chat llama3.2:1b` as `ollama run` does: the library table maps the name to a
+    GGUF repo, the node adds its card from the (mock) hub, places it, downloads, answers."""
+    gguf = tiny_artifacts.gguf_path.read_bytes()
+    mock_hub.add_repo("bartowski/Llama-3.2-1B-Instruct-GGUF", {"Llama-3.2-1B-Instruct-Q4_K_M.gguf": gguf},
+                      tags=("gguf", "llama"))
+    result = skulk(node, "chat", "llama3.2:1b", "-p", "Tell me about the weather.", "--max-tokens", "8",
+                   "--temperature", "0")
+    assert result.returncode == 0, result.stderr
+    assert "added bartowski/Llama-3.2-1B-Instruct-GGUF (Llama-3.2-1B-Instruct-Q4_K_M.gguf)" in result.stderr
+    assert "placed bartowski/Llama-3.2-1B-Instruct-GGUF" in result.stderr and "solo" in result.stderr
+    assert result.stdout.strip()
+    (instance,) = instances(node).values()
+    assert instance["modelId"] == "bartowski/Llama-3.2-1B-Instruct-GGUF"
+    again = skulk(node, "chat", "bartowski/Llama-3.2-1B-Instruct-GGUF", "-p", "hi", "--max-tokens", "4")
+    assert again.returncode == 0 and "placed" not in again.stderr  # already placed: straight to the answer

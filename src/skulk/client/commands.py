@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated
@@ -162,23 +163,99 @@ def _answer(client: NodeClient, model: str, messages: list[dict], max_tokens: in
     return "".join(text)
 
 
+PLACE_READY_DEADLINE_S = 900.0
+"""How long `skulk chat` waits for a model it placed to download and load."""
+PLACE_POLL_S = 0.5
+CARD_SPREAD_DEADLINE_S = 15.0
+"""How long a just-added card may take to reach the node that places it."""
+
+
+def _placed_model_ids(state: dict) -> set[str]:
+    return {i["modelId"] for i in state.get("instances", {}).values()}
+
+
+def _place_new(client: NodeClient, model_id: str) -> dict:
+    deadline = time.monotonic() + CARD_SPREAD_DEADLINE_S
+    while True:
+        try:
+            return client.post("/place_instance", {"modelId": model_id})
+        except ClientError as exc:
+            if exc.status not in (404, 503) or time.monotonic() > deadline:
+                raise
+            time.sleep(PLACE_POLL_S)
+
+
+def ensure_placed(client: NodeClient, typed: str) -> str:
+    """The placed model id for what the user typed, placing it first when it is not placed,
+    as `ollama run` does: a card id, a Hugging Face repo (`owner/repo[:QUANT]`) or an Ollama
+    library name (`llama3.2:1b`; the node adds its card from the hub). The planner's choice
+    is printed (stderr); returns once every runner is Ready."""
+    state = client.get("/state")
+    if typed in _placed_model_ids(state):
+        return typed
+    model_id = typed
+    try:
+        answer = client.post("/place_instance", {"modelId": typed})
+    except ClientError as exc:
+        if exc.status != 404:
+            raise
+        added = client.post("/models/add", {"modelId": typed}, timeout_s=ADD_TIMEOUT_S)
+        model_id = added["modelId"]
+        typer.echo(f"added {model_id} ({added.get('card', {}).get('ggufFile') or added.get('card', {}).get('family')})",
+                   err=True)
+        if model_id in _placed_model_ids(client.get("/state")):
+            return model_id
+        answer = _place_new(client, model_id)
+    err = Console(stderr=True)
+    err.print(f"placed {model_id} as {answer['instanceId']} ({answer['preview'].get('sharding')}, "
+              f"context {answer['preview'].get('contextTokenLimit')} tokens)")
+    err.print(_table("shards", ("node", "rank", "layers", "backend", "slots"),
+                     views.preview_rows(answer["preview"], client.get("/state"))))
+    _wait_ready(client, answer["instanceId"], err)
+    return model_id
+
+
+def _wait_ready(client: NodeClient, instance_id: str, err: Console) -> None:
+    deadline = time.monotonic() + PLACE_READY_DEADLINE_S
+    with err.status("downloading and loading...") as spinner:
+        while time.monotonic() < deadline:
+            state = client.get("/state")
+            instance = state.get("instances", {}).get(instance_id)
+            if instance is None:
+                raise ClientError(0, "instance_gone", f"instance {instance_id} was removed while loading; see `skulk status`")
+            runners = [state.get("runners", {}).get(s["runnerId"], {}) for s in instance.get("shards", [])]
+            states = [r.get("state", "Pending") for r in runners]
+            if states and all(s == "Ready" for s in states):
+                return
+            failed = [r for r in runners if r.get("state") == "Failed"]
+            if failed:
+                raise ClientError(0, "runner_failed", f"a runner of {instance_id} failed: "
+                                  f"{failed[0].get('reason') or failed[0]}; see `skulk status`")
+            spinner.update(f"loading: runners {', '.join(states) or 'pending'}")
+            time.sleep(PLACE_POLL_S)
+    raise ClientError(0, "timeout", f"{instance_id} was not Ready within {PLACE_READY_DEADLINE_S:.0f} s; "
+                      "see `skulk status`")
+
+
 def chat(
-    model: Annotated[str, typer.Argument(help="A placed model's id (see `skulk ps`).")],
+    model: Annotated[str, typer.Argument(help="A model id, Hugging Face repo (owner/repo[:QUANT]) or Ollama name "
+                                              "(llama3.2:1b); placed first when it is not placed yet.")],
     prompt: Annotated[str | None, typer.Option("-p", "--prompt", help="Ask once and exit (stdin is read when it is not a terminal).")] = None,
     max_tokens: Annotated[int | None, typer.Option("--max-tokens", min=1, help="Cap on each answer's tokens.")] = None,
     temperature: Annotated[float | None, typer.Option("--temperature", min=0.0, help="Sampling temperature.")] = None,
     url: Url = DEFAULT_URL,
 ) -> None:
-    """Chat with a placed model: streamed answers; an interactive REPL without -p (/exit or Ctrl-D
-    leaves, Ctrl-C stops an answer)."""
+    """Chat with a model, placing it first if needed (like `ollama run`): streamed answers; an
+    interactive REPL without -p (/exit or Ctrl-D leaves, Ctrl-C stops an answer)."""
     def action() -> None:
         with _client(url) as client:
+            placed = ensure_placed(client, model)
             prompts = _prompts(prompt)
             if prompts is not None:
                 for text in prompts:
-                    _answer(client, model, [{"role": "user", "content": text}], max_tokens, temperature)
+                    _answer(client, placed, [{"role": "user", "content": text}], max_tokens, temperature)
                 return
-            _repl(client, model, max_tokens, temperature)
+            _repl(client, placed, max_tokens, temperature)
     _run(action)
 
 

@@ -6,7 +6,8 @@ delete a custom card.
   (`card_builder.broadening_prefixes`), read at most `MAX_INSPECTED_REPOS` listings, keep
   repos holding that exact file, and return the matched path (`matchedFile`) with each.
 - `POST /models/add` `{"modelId": "owner/repo", "ggufFile"?, "revision"?}` builds a card from
-  the repo's metadata (config.json -> MLX card; a GGUF repo -> llama.cpp card pinned to one
+  the repo's metadata (`modelId` may also be `owner/repo:QUANT`, `hf.co/owner/repo:QUANT` or
+  an Ollama library name such as `llama3.2:1b`: `skulk.models.model_names`) (config.json -> MLX card; a GGUF repo -> llama.cpp card pinned to one
   quant file), `{"path": "/abs/file.gguf" | "/abs/mlx-dir", "modelId"?: "local/..."}` from a
   local model; either way it submits AddCustomModelCard and answers with the card's modelId.
 - `DELETE /models/custom/{modelId}` submits DeleteCustomModelCard for a custom card.
@@ -33,33 +34,29 @@ from skulk.api.errors import ApiError, ClusterNotReady, Conflict, InvalidRequest
 from skulk.api.local_paths import allowed_local_path
 from skulk.models import hub_meta
 from skulk.models.card_builder import (
-    GGUF_HEADER_LIMIT_BYTES,
     MAX_INSPECTED_REPOS,
     CardBuildError,
-    GgufHeader,
-    GgufTruncated,
     broadening_prefixes,
     card_from_config,
     card_from_gguf,
     is_filename_query,
     local_model_id,
     match_basename,
-    parse_gguf_header,
 )
 from skulk.models.downloads import HubSource
+from skulk.models.hub_cards import card_from_hub, read_gguf_header
 from skulk.models.hub_files import (
     CONFIG_FILE,
     RepoFile,
     SelectionError,
-    choose_gguf_file,
     is_gguf,
-    is_gguf_repo,
     select_safetensors,
     shard_group,
     shard_info,
     total_size_bytes,
 )
-from skulk.shared.types.cards import LOCAL_MODEL_PREFIX, ModelCard, is_model_id
+from skulk.models.model_names import UnknownModelName, load_library, resolve_model_name
+from skulk.shared.types.cards import LOCAL_MODEL_PREFIX, ModelCard
 from skulk.shared.types.commands import AddCustomModelCard, DeleteCustomModelCard
 from skulk.shared.types.ids import CommandId, ModelId, new_id
 
@@ -179,34 +176,15 @@ class AddModelBody(BaseModel):
     """Replace a card that already has this id (built-in or custom); without it that is a 409."""
 
 
-def _gguf_header(read, source: str) -> GgufHeader:
-    for size in hub_meta.growing_prefixes(GGUF_HEADER_LIMIT_BYTES):
-        data = read(size)
-        try:
-            return parse_gguf_header(data, source)
-        except GgufTruncated:
-            if len(data) < size:  # the file itself ended: it is truncated, not our read
-                raise CardBuildError(source, "the GGUF file ends inside its header") from None
-    raise CardBuildError(source, f"the GGUF header is larger than {GGUF_HEADER_LIMIT_BYTES} bytes")
-
-
-def _card_from_hub(body: AddModelBody, hub: HubSource) -> ModelCard:
-    model_id = body.model_id or ""
-    listing = hub_meta.repo_listing(model_id, hub, body.revision)
-    pin = listing.revision if body.revision else None  # a branch or tag resolves to its commit
-    files = list(listing.files)
-    if is_gguf_repo(files):
-        gguf_file = choose_gguf_file(model_id, files, pinned=body.gguf_file)
-        group = shard_group(model_id, files, gguf_file)
-        header = _gguf_header(lambda n: hub_meta.read_prefix(model_id, gguf_file, listing.revision, hub, n),
-                              f"{model_id}/{gguf_file}")
-        return card_from_gguf(model_id, header.meta, gguf_file, total_size_bytes(files, group), revision=pin,
-                              name=body.name, tensor_elements=header.tensor_elements)
-    if body.gguf_file is not None:
-        raise CardBuildError(model_id, "ggufFile given, but the repository holds no GGUF files")
-    selected = select_safetensors(model_id, files)
-    config = hub_meta.read_json(model_id, CONFIG_FILE, listing.revision, hub)
-    return card_from_config(model_id, config, total_size_bytes(files, selected), revision=pin, name=body.name)
+def _card_from_hub(body: AddModelBody, hub: HubSource, card_ids: frozenset[str]) -> ModelCard:
+    """The card for a repo id, `owner/repo:QUANT`, `hf.co/owner/repo:QUANT` or an Ollama
+    library name (`skulk.models.model_names`)."""
+    try:
+        resolved = resolve_model_name(body.model_id or "", card_ids, load_library())
+    except UnknownModelName as exc:
+        raise NotFound(str(exc), code="unknown_model_name", param="modelId") from None
+    return card_from_hub(resolved.model_id, hub, revision=body.revision, gguf_file=body.gguf_file,
+                         quant=resolved.quant, name=body.name)
 
 
 def _local_files(directory: Path) -> list[RepoFile]:
@@ -234,7 +212,7 @@ def _card_from_path(body: AddModelBody, roots: tuple[Path, ...]) -> ModelCard:
         stem = info[0] if info else path.name[: -len(".gguf")]
         model_id = body.model_id or local_model_id(stem)
         group = shard_group(model_id, _local_files(path.parent), path.name)
-        header = _gguf_header(_read_file_prefix(path), str(path))
+        header = read_gguf_header(_read_file_prefix(path), str(path))
         return card_from_gguf(model_id, header.meta, path.name, total_size_bytes(_local_files(path.parent), group),
                               local_path=str(path.parent), name=body.name, tensor_elements=header.tensor_elements)
     files = _local_files(path)
@@ -263,18 +241,32 @@ async def add_model(request: Request, body: AddModelBody) -> Any:
     if body.model_id is None and body.path is None:
         raise InvalidRequest('Give "modelId" (a Hugging Face repo) or "path" (a local model)', param="modelId")
     if body.path is None:
-        if not is_model_id(body.model_id or "") or (body.model_id or "").startswith(LOCAL_MODEL_PREFIX):
-            raise InvalidRequest(f"{body.model_id!r} is not a Hugging Face repo id ('owner/name')", param="modelId")
+        if (body.model_id or "").startswith(LOCAL_MODEL_PREFIX):
+            raise InvalidRequest(f"{body.model_id!r} is a local id: give \"path\" to add a local model", param="modelId")
         if body.gguf_file is not None and (PurePosixPath(body.gguf_file).is_absolute() or not is_gguf(body.gguf_file)):
             raise InvalidRequest("ggufFile must be a repo-relative path ending in .gguf", param="ggufFile")
-        hub = HubSource.from_env()
-        card = await _off_loop(lambda: _card_from_hub(body, hub), ADD_DEADLINE_S)
+        card = await build_hub_card(request, body)
     else:
         roots = request.app.state.skulk.local_model_dirs
         card = await _off_loop(lambda: _card_from_path(body, roots), ADD_DEADLINE_S)
+    applied = await register_card(request, card, override=body.override)
+    return {"modelId": card.model_id, "applied": applied, "card": card.to_wire()}
+
+
+async def build_hub_card(request: Request, body: AddModelBody) -> ModelCard:
+    """The card a hub repo or a typed name (`model_names`) stands for, read from the hub
+    under ADD_DEADLINE_S; typed errors (404 unknown name or repo, 400 unusable, 502 hub)."""
+    hub = HubSource.from_env()
+    card_ids = frozenset(request.app.state.skulk.get_cards())
+    return await _off_loop(lambda: _card_from_hub(body, hub, card_ids), ADD_DEADLINE_S)
+
+
+async def register_card(request: Request, card: ModelCard, *, override: bool = False) -> bool:
+    """Submit `card` as a custom card and wait up to APPLY_WAIT_S to see it applied; whether
+    it was. A different card with the same id is a 409 unless `override`."""
     context = request.app.state.skulk
     existing = context.get_cards().get(card.model_id)
-    if existing is not None and existing != card and not body.override:
+    if existing is not None and existing != card and not override:
         raise Conflict(f"A card with the id {card.model_id!r} exists already; give another modelId, or send "
                        '"override": true to replace it for the whole cluster.', param="modelId", code="card_exists")
     deadline = time.monotonic() + APPLY_WAIT_S
@@ -286,8 +278,7 @@ async def add_model(request: Request, body: AddModelBody) -> Any:
             await _submit(request, AddCustomModelCard(command_id=CommandId(new_id()), card=card))
             next_submit = time.monotonic() + RESUBMIT_INTERVAL_S
         await asyncio.sleep(APPLY_POLL_S)
-    return {"modelId": card.model_id, "applied": context.get_cards().get(card.model_id) == card,
-            "card": card.to_wire()}
+    return context.get_cards().get(card.model_id) == card
 
 
 # ---------------------------------------------------------------------------------------

@@ -3,8 +3,10 @@
 - `POST /api/pull` fetches the model into the store (the store host downloads it from
   Hugging Face, `skulk.api.routes.store.fetch_step`) and reports Ollama's NDJSON progress
   (`pulling manifest`, `pulling <model>` with total/completed bytes, `success`), or one
-  object when `stream` is false. The model needs a card (built in, or added with
-  `POST /models/add`); pulling does not place it (`POST /place_instance` does).
+  object when `stream` is false. The name is a card id, or an Ollama library name
+  (`llama3.2:1b`), `owner/repo[:QUANT]` or `hf.co/owner/repo:QUANT`, whose card is built
+  from the hub and added first (`skulk.models.model_names`). Pulling does not place the
+  model (`POST /place_instance` does).
 - `DELETE /api/delete` removes the model's weights from the store and every node's
   staged copy (`skulk.api.routes.store.delete_model`).
 - `POST /api/copy`, `/api/create` and `/api/push` have no Skulk equivalent (models are
@@ -29,7 +31,8 @@ from skulk.api.adapters.ollama import ndjson
 from skulk.api.errors import ApiError, InvalidRequest, StreamFailed, ollama_error_body
 from skulk.api.generation import SSE_HEADERS
 from skulk.api.openapi_errors import OLLAMA_ERROR_RESPONSES
-from skulk.api.routes.store import delete_model, fetch_step
+from skulk.api.routes.model_cards import AddModelBody, build_hub_card, register_card
+from skulk.api.routes.store import FetchBody, delete_model, fetch_step
 from skulk.model_store.fetch import FETCH_DEADLINE_S, FetchStatus
 
 router = APIRouter(prefix="/ollama", responses=OLLAMA_ERROR_RESPONSES)
@@ -73,7 +76,20 @@ def _failed(status: FetchStatus) -> StreamFailed:
                         origin="api")
 
 
-async def _follow(request: Request, model: str, status: FetchStatus) -> AsyncIterator[FetchStatus]:
+async def _pull_target(request: Request, typed: str) -> tuple[str, FetchBody | None]:
+    """The model id to fetch for what the user typed: a card id as is; an Ollama library
+    name (`llama3.2:1b`), `owner/repo:QUANT` or a repo with no card yet gets its card built
+    from the hub and added to the cluster first (`skulk.models.model_names`), and the fetch
+    carries that card so it need not wait for the master to apply it."""
+    if typed in request.app.state.skulk.get_cards():
+        return typed, None
+    card = await build_hub_card(request, AddModelBody(model_id=typed))
+    await register_card(request, card)
+    return card.model_id, FetchBody(revision=card.source_revision, card=card.to_wire())
+
+
+async def _follow(request: Request, model: str, status: FetchStatus,
+                  fetch: FetchBody | None = None) -> AsyncIterator[FetchStatus]:
     """`status`, then the fetch's status every PULL_POLL_S until it settles or the deadline."""
     deadline = time.monotonic() + PULL_DEADLINE_S
     yield status
@@ -82,16 +98,16 @@ async def _follow(request: Request, model: str, status: FetchStatus) -> AsyncIte
             raise StreamFailed("pull_timeout", f"pulling {model} did not finish within {PULL_DEADLINE_S:g}s; "
                                "pull again to follow it", origin="api")
         await asyncio.sleep(PULL_POLL_S)
-        status = await fetch_step(request, model)
+        status = await fetch_step(request, model, fetch)
         yield status
 
 
 @router.post("/api/pull", response_model=None)
 async def pull(request: Request, body: ModelRequest) -> StreamingResponse | dict[str, Any]:
-    model = _model(body)
-    first = await fetch_step(request, model)  # no store here, no card: an error status, before any line
+    model, fetch = await _pull_target(request, _model(body))
+    first = await fetch_step(request, model, fetch)  # no store here, no card: an error status, before any line
     if not body.stream:
-        async for status in _follow(request, model, first):
+        async for status in _follow(request, model, first, fetch):
             if status.state == "failed":
                 raise _failed(status)
         return {"status": "success"}
@@ -99,7 +115,7 @@ async def pull(request: Request, body: ModelRequest) -> StreamingResponse | dict
     async def lines() -> AsyncIterator[str]:
         yield ndjson({"status": "pulling manifest"})
         try:
-            async for status in _follow(request, model, first):
+            async for status in _follow(request, model, first, fetch):
                 if status.state == "failed":
                     raise _failed(status)
                 yield ndjson(_progress(status))

@@ -1,0 +1,73 @@
+"""A model card built from a Hugging Face repo's own metadata (blocking hub reads).
+
+The repo's listing says whether it is a GGUF repo (one quant file is chosen and its header
+read, no more than `GGUF_HEADER_LIMIT_BYTES`) or a safetensors repo (its config.json is
+read); `skulk.models.card_builder` turns either into a card. `POST /models/add`, Ollama's
+`/api/pull` of a name Skulk has no card for, and `skulk models pull` share it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from skulk.models import hub_meta
+from skulk.models.card_builder import (
+    GGUF_HEADER_LIMIT_BYTES,
+    CardBuildError,
+    GgufHeader,
+    GgufTruncated,
+    card_from_config,
+    card_from_gguf,
+    parse_gguf_header,
+)
+from skulk.models.downloads import HubSource
+from skulk.models.hub_files import (
+    CONFIG_FILE,
+    GGUF_QUANT_PREFERENCE,
+    choose_gguf_file,
+    is_gguf_repo,
+    select_safetensors,
+    shard_group,
+    total_size_bytes,
+)
+from skulk.shared.types.cards import ModelCard
+
+
+def read_gguf_header(read: Callable[[int], bytes], source: str) -> GgufHeader:
+    """The GGUF header through `read(n)` (the first n bytes), reading more until it fits."""
+    for size in hub_meta.growing_prefixes(GGUF_HEADER_LIMIT_BYTES):
+        data = read(size)
+        try:
+            return parse_gguf_header(data, source)
+        except GgufTruncated:
+            if len(data) < size:  # the file itself ended: it is truncated, not our read
+                raise CardBuildError(source, "the GGUF file ends inside its header") from None
+    raise CardBuildError(source, f"the GGUF header is larger than {GGUF_HEADER_LIMIT_BYTES} bytes")
+
+
+def card_from_hub(model_id: str, hub: HubSource, *, revision: str | None = None, gguf_file: str | None = None,
+                  quant: str | None = None, name: str | None = None) -> ModelCard:
+    """The card for `model_id` at `revision` (a branch or tag resolves to its commit, which
+    the card pins). A GGUF repo's file: `gguf_file` when given, else the `quant` asked for,
+    else the default quant preference. Raises hub_meta.HubError, CardBuildError or
+    SelectionError."""
+    listing = hub_meta.repo_listing(model_id, hub, revision)
+    pin = listing.revision if revision else None
+    files = list(listing.files)
+    if is_gguf_repo(files):
+        preference = (quant,) if quant else GGUF_QUANT_PREFERENCE
+        chosen = choose_gguf_file(model_id, files, preference, pinned=gguf_file)
+        group = shard_group(model_id, files, chosen)
+        header = read_gguf_header(lambda n: hub_meta.read_prefix(model_id, chosen, listing.revision, hub, n),
+                                  f"{model_id}/{chosen}")
+        return card_from_gguf(model_id, header.meta, chosen, total_size_bytes(files, group), revision=pin,
+                              name=name, tensor_elements=header.tensor_elements)
+    if gguf_file is not None or quant is not None:
+        raise CardBuildError(model_id, f"{'ggufFile' if gguf_file else f'quant {quant}'} given, but the repository "
+                             "holds no GGUF files")
+    selected = select_safetensors(model_id, files)
+    config = hub_meta.read_json(model_id, CONFIG_FILE, listing.revision, hub)
+    return card_from_config(model_id, config, total_size_bytes(files, selected), revision=pin, name=name)
+
+
+__all__ = ["card_from_hub", "read_gguf_header"]
