@@ -198,3 +198,20 @@ async def test_pull_of_an_unknown_name_is_an_ollama_404_saying_what_is_known(tmp
         reply = await http.post("/ollama/api/pull", json={"model": "llama3.2:70b"})
     assert reply.status_code == 404 and "llama3.2:1b, llama3.2:3b" in reply.json()["error"]
     assert not commands
+
+
+async def test_an_ollama_name_chats_with_the_placed_repo_it_maps_to():
+    """`ollama run llama3.2:1b` after a pull: the name reaches the placed repo's instance, and
+    the reply names the model as the client typed it."""
+    from tests.api.test_openai_routes import INSTANCE, STATE
+
+    state = STATE.model_copy(update={"instances": {"i1": INSTANCE.model_copy(update={"model_id": LIBRARY_REPO})}})
+    app, cluster = scripted_app(["Hi"], state=state)
+    reply = await ollama_sdk(app).chat(model="llama3.2:1b", messages=[{"role": "user", "content": "hi"}])
+    assert reply.message.content == "Hi" and reply.model == "llama3.2:1b"
+    assert cluster.params().model_id == LIBRARY_REPO
+    shown = await ollama_sdk(app).show("llama3.2:1b")
+    assert shown.modelinfo is not None
+    with pytest.raises(ollama.ResponseError) as missing:
+        await ollama_sdk(app).chat(model="llama3.2:3b", messages=[{"role": "user", "content": "hi"}])
+    assert missing.value.status_code == 404 and "llama3.2:3b" in str(missing.value)

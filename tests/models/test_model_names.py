@@ -59,3 +59,16 @@ def test_every_library_entry_is_a_repo_and_quant_and_every_latest_names_one():
 def test_a_malformed_table_is_refused_by_entry(text, says):
     with pytest.raises(ValueError, match=says):
         parse_library(text)
+
+
+@pytest.mark.parametrize(("typed", "placed", "expected"), [
+    ("llama3.2:1b", {"bartowski/Llama-3.2-1B-Instruct-GGUF"}, "bartowski/Llama-3.2-1B-Instruct-GGUF"),
+    ("llama3.2:1b", set(), "llama3.2:1b"),  # not placed: the 404 names what was typed
+    ("local/tiny-llama-gguf", {"local/tiny-llama-gguf"}, "local/tiny-llama-gguf"),
+    ("no-such:thing", {"a/b"}, "no-such:thing"),
+    ("hf.co/unsloth/Qwen3-8B-GGUF:Q4_K_M", {"unsloth/Qwen3-8B-GGUF"}, "unsloth/Qwen3-8B-GGUF"),
+])
+def test_placed_model_id(typed, placed, expected):
+    from skulk.models.model_names import placed_model_id
+
+    assert placed_model_id(typed, placed, CARDS, LIBRARY) == expected

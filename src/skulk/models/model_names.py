@@ -10,6 +10,7 @@ same names and refuse the same ones with the same words.
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 import tomllib
 from collections.abc import Collection, Mapping
@@ -72,7 +73,29 @@ def parse_library(text: str) -> OllamaLibrary:
 
 
 def load_library(path: Path | None = None) -> OllamaLibrary:
-    return parse_library((path or library_path()).read_text(encoding="utf-8"))
+    """The table at `path` (default: the shipped one, read once per process)."""
+    if path is None:
+        return _shipped_library()
+    return parse_library(path.read_text(encoding="utf-8"))
+
+
+@functools.cache
+def _shipped_library() -> OllamaLibrary:
+    return parse_library(library_path().read_text(encoding="utf-8"))
+
+
+def placed_model_id(typed: str, placed: Collection[str], card_ids: Collection[str],
+                    library: OllamaLibrary) -> str:
+    """The placed model a request's `model` means: itself when placed; else the repo its
+    name resolves to, when that is placed (`ollama run llama3.2:1b` after a pull); else
+    itself (the caller's 404 then names what was typed)."""
+    if typed in placed:
+        return typed
+    try:
+        resolved = resolve_model_name(typed, card_ids, library)
+    except UnknownModelName:
+        return typed
+    return resolved.model_id if resolved.model_id in placed else typed
 
 
 def _repo_and_quant(text: str) -> tuple[str, str | None]:
@@ -123,5 +146,6 @@ __all__ = [
     "library_path",
     "load_library",
     "parse_library",
+    "placed_model_id",
     "resolve_model_name",
 ]

@@ -58,6 +58,7 @@ from skulk.api.generation import (
 )
 from skulk.api.openapi_errors import OLLAMA_ERROR_RESPONSES
 from skulk.api.streams import CommandStream
+from skulk.models.model_names import load_library, placed_model_id
 from skulk.shared.types.chunks import TokenChunk
 from skulk.shared.types.tasks import TextGenerationParams
 
@@ -98,12 +99,20 @@ def list_running(request: Request) -> dict[str, Any]:
     return ps(context.list_instances(), context.get_cards(), KEEP_ALIVE_EXPIRY)
 
 
+def _placed(context: Any, typed: str) -> str:
+    """The placed model an Ollama name means (`llama3.2:1b` -> its mapped repo, once placed):
+    `skulk.models.model_names.placed_model_id`."""
+    placed = {i.model_id for i in context.list_instances()}
+    return placed_model_id(typed, placed, context.get_cards(), load_library())
+
+
 @router.post("/api/show")
 def show_model(request: Request, body: ShowRequest) -> dict[str, Any]:
     context = api_context(request)
     model_id = body.model or body.name
     if not model_id:
         raise InvalidRequest("model is required", param="model")
+    model_id = _placed(context, model_id)
     limits = [i.context_token_limit for i in context.list_instances() if i.model_id == model_id]
     if not limits:
         raise ModelNotFound(model_id)
@@ -145,7 +154,7 @@ async def embeddings(request: Request, body: LegacyEmbeddingsRequest) -> dict[st
 
 def _load(request: Request, endpoint: Endpoint, model: str) -> dict[str, Any]:
     context = api_context(request)
-    if context.find_instance(model) is None:
+    if context.find_instance(_placed(context, model)) is None:
         raise ModelNotFound(model)
     return load_response(endpoint, model)
 
@@ -155,7 +164,8 @@ async def _generate(
 ) -> StreamingResponse | JSONResponse | dict[str, Any]:
     context = api_context(request)
     started_ns = time.monotonic_ns()
-    instance = context.find_instance(model)
+    params = params.model_copy(update={"model_id": _placed(context, model)})
+    instance = context.find_instance(params.model_id)
     clamped = None
     if instance is not None:
         params, clamped = clamp_context(params, instance.context_token_limit)
