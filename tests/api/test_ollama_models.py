@@ -133,7 +133,7 @@ async def test_pull_of_a_model_without_a_card_is_an_ollama_404(tmp_path, mock_hu
 
 
 @pytest.mark.parametrize(("option", "says"), [
-    ({"mirostat": 2}, "not supported"), ({"min_p": 0.1}, "not supported"), ({"num_gpu": 10}, "placement"),
+    ({"mirostat": 2}, "not supported"), ({"typical_p": 0.9}, "not supported"), ({"num_gpu": 10}, "placement"),
     ({"num_thread": 4}, "placement"),
 ])
 async def test_an_option_skulk_does_not_honour_is_refused(option, says):
@@ -215,3 +215,16 @@ async def test_an_ollama_name_chats_with_the_placed_repo_it_maps_to():
     with pytest.raises(ollama.ResponseError) as missing:
         await ollama_sdk(app).chat(model="llama3.2:3b", messages=[{"role": "user", "content": "hi"}])
     assert missing.value.status_code == 404 and "llama3.2:3b" in str(missing.value)
+
+
+async def test_min_p_is_honoured_on_both_ollama_and_openai_and_bounded():
+    app, cluster = scripted_app(["Hi"])
+    async with asgi_http(app) as http:
+        ok = await http.post("/ollama/api/chat", json={**CHAT, "options": {"min_p": 0.1}})
+        openai = await http.post("/v1/chat/completions", json={**CHAT, "min_p": 0.2})
+        bad = await http.post("/ollama/api/chat", json={**CHAT, "options": {"min_p": 1.5}})
+        bad_openai = await http.post("/v1/chat/completions", json={**CHAT, "min_p": -0.1})
+    assert ok.status_code == 200 and openai.status_code == 200, (ok.text, openai.text)
+    assert [p.min_p for p in cluster.all_params()] == [0.1, 0.2]
+    assert bad.status_code == 400 and "options.min_p" in bad.json()["error"]
+    assert bad_openai.status_code == 400 and bad_openai.json()["error"]["param"] == "min_p"

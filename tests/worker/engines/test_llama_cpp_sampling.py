@@ -122,3 +122,10 @@ def test_prompt_logprobs_score_each_prompt_token_as_generation_would(engine):
     # Scoring leaves the context as generation expects it: greedy output is unchanged.
     plain = token_ids(engine, prompt_params(PROMPT, max_tokens=2, temperature=0))
     assert [t.token_id for t in scored] == plain
+
+
+def test_min_p_of_one_keeps_only_the_most_likely_token(engine):
+    """min_p drops every token below min_p x the top probability: at 1.0 sampling at any
+    temperature gives the greedy tokens (the default 0.05 does not)."""
+    sampled = prompt_params(PROMPT, temperature=1.5, top_k=0, top_p=1.0, min_p=1.0, seed=3, max_tokens=16)
+    assert token_ids(engine, sampled) == token_ids(engine, prompt_params(PROMPT, temperature=0.0, max_tokens=16))

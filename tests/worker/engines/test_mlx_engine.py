@@ -219,6 +219,7 @@ def test_seconds_from_env(raw, expected) -> None:
     "header",
     [
         Header(OP_BEGIN, seed=123456789, temperature=0.7, top_p=0.9, top_k=40),
+        Header(OP_BEGIN, seed=5, temperature=1.0, top_p=1.0, top_k=0, min_p=0.25),
         Header(OP_STEP, n_tokens=512, sample=False, tokens_follow=True),
         Header(OP_STEP, n_tokens=1, sample=True),
     ],
@@ -229,7 +230,7 @@ def test_header_round_trips_exactly(header: Header) -> None:
     decoded = Header.decode(header.encode())
     f32 = lambda v: struct.unpack("<f", struct.pack("<f", v))[0]  # noqa: E731
     assert decoded == Header(header.op, header.n_tokens, header.sample, header.tokens_follow, header.seed,
-                             f32(header.temperature), f32(header.top_p), header.top_k)
+                             f32(header.temperature), f32(header.top_p), header.top_k, f32(header.min_p))
 
 
 @pytest.mark.parametrize(
@@ -328,6 +329,13 @@ def test_seeded_sampling_is_reproducible_and_seeds_differ(one_rank) -> None:
     first, second = ids(run(one_rank, request)), ids(run(one_rank, request))
     assert first == second
     assert first != ids(run(one_rank, params("What is a node?", max_tokens=16, temperature=1.0, seed=12)))
+
+
+def test_min_p_of_one_keeps_only_the_most_likely_token(one_rank) -> None:
+    """min_p drops every token below min_p x the top probability: at 1.0 only the top one
+    is left, so sampling at any temperature gives the greedy tokens."""
+    sampled = params("What is a node?", max_tokens=16, temperature=1.5, top_k=0, top_p=1.0, min_p=1.0, seed=11)
+    assert ids(run(one_rank, sampled)) == ids(run(one_rank, greedy("What is a node?", max_tokens=16)))
 
 
 def test_seeded_sampling_is_the_same_batched_or_not(engine, unbatched) -> None:

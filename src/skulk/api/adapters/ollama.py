@@ -2,7 +2,7 @@
 `/api/tags`, `/api/ps`, `/api/show`, `/api/version`), both ways; Skulk serves it under `/ollama`.
 
 Incoming: `ChatRequest` / `GenerateRequest` with their `options` (temperature, top_p,
-top_k, seed, num_predict, stop, repeat_penalty, frequency_penalty, presence_penalty, and
+top_k, min_p, seed, num_predict, stop, repeat_penalty, frequency_penalty, presence_penalty, and
 num_ctx, clamped to the placed context and said in a response header; any other option is
 refused naming it: load-time ones such as num_gpu are placement's), `format` ("json" or a JSON
 Schema, enforced by constrained decoding), `keep_alive` (the runner's idle TTL from that request on: 0 unloads once idle),
@@ -77,6 +77,7 @@ class Options(BaseModel):
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
+    min_p: float | None = None
     seed: int | None = None
     num_predict: int | None = None
     stop: str | list[str] | None = None
@@ -166,7 +167,7 @@ def check_options(options: Options) -> None:
             raise InvalidRequest(f"options.{name} is set when a model is placed, not per request: Skulk's placement "
                                  "chooses it (POST /place_instance).", param=f"options.{name}")
         raise InvalidRequest(f"options.{name} is not supported; the options served are temperature, top_p, top_k, "
-                             "seed, num_predict, stop, repeat_penalty, frequency_penalty, presence_penalty and "
+                             "min_p, seed, num_predict, stop, repeat_penalty, frequency_penalty, presence_penalty and "
                              "num_ctx.", param=f"options.{name}")
 
 
@@ -180,6 +181,8 @@ def _sampling(options: Options | None) -> dict[str, Any]:
         raise InvalidRequest(f"options.top_p must be between 0 and 1, got {options.top_p}", param="options.top_p")
     if options.top_k is not None and options.top_k < 0:
         raise InvalidRequest(f"options.top_k must be at least 0, got {options.top_k}", param="options.top_k")
+    if options.min_p is not None and not (0 <= options.min_p <= 1):
+        raise InvalidRequest(f"options.min_p must be between 0 and 1, got {options.min_p}", param="options.min_p")
     if options.num_predict == 0:
         raise InvalidRequest("options.num_predict must not be 0", param="options.num_predict")
     if options.num_ctx is not None and options.num_ctx < 1:
@@ -191,6 +194,7 @@ def _sampling(options: Options | None) -> dict[str, Any]:
         "temperature": options.temperature,
         "top_p": None if options.top_p is None else max(options.top_p, MIN_TOP_P),
         "top_k": options.top_k,
+        "min_p": options.min_p,
         "seed": options.seed,
         "max_tokens": max_tokens,
         "stop": [s for s in stops if s],

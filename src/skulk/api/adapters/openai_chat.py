@@ -119,6 +119,8 @@ class ChatCompletionRequest(_Lenient):
     top_p: float | None = None
     top_k: int | None = None
     """Not OpenAI's; accepted as the common extension that llama.cpp and vLLM servers take."""
+    min_p: float | None = None
+    """Not OpenAI's either; the same extension (llama-server, vLLM and Ollama's /v1 take it)."""
     n: int | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
@@ -325,6 +327,7 @@ def to_params(request: ChatCompletionRequest) -> TextGenerationParams:
     top_p = _in_range(request.top_p, 0.0, 1.0, "top_p")
     if request.top_k is not None and request.top_k < 0:
         raise InvalidRequest(f"'top_k' must be at least 0, got {request.top_k}.", param="top_k")
+    min_p = _in_range(request.min_p, 0.0, 1.0, "min_p")
     if request.top_logprobs is not None:
         _in_range(request.top_logprobs, 0, MAX_TOP_LOGPROBS, "top_logprobs")
         if not request.logprobs:
@@ -341,6 +344,7 @@ def to_params(request: ChatCompletionRequest) -> TextGenerationParams:
             temperature=temperature,
             top_p=None if top_p is None else max(top_p, MIN_TOP_P),
             top_k=request.top_k,
+            min_p=min_p,
             seed=request.seed,
             stop=_stops(request.stop),
             tools=tools,

@@ -43,6 +43,9 @@ class TextGenerationParams(WireModel):
     temperature: FiniteFloat | None = Field(default=None, ge=0)
     top_p: FiniteFloat | None = Field(default=None, gt=0, le=1)
     top_k: int | None = Field(default=None, ge=0)
+    min_p: FiniteFloat | None = Field(default=None, ge=0, le=1)
+    """Drop tokens less likely than min_p x the most likely one's probability (None: the
+    engine's default: 0.05 on llama.cpp, 0 on MLX and vLLM)."""
     seed: int | None = None
     stop: list[str] = Field(default_factory=list)
     tools: list[ToolSpec] = Field(default_factory=list)

@@ -364,7 +364,8 @@ class MlxEngine:
         if len(prompt) >= n_ctx:
             raise PromptTooLong(len(prompt), n_ctx)
         max_new = max_new_tokens(request.max_tokens, len(prompt), n_ctx)
-        params = resolve_sampling(request.temperature, request.top_p, request.top_k, request.seed, secrets.randbits(31))
+        params = resolve_sampling(request.temperature, request.top_p, request.top_k, request.seed, secrets.randbits(31),
+                                  request.min_p)
         vocab = self._vocab_size or len(self._token_bytes)
         chooser = None if shaping.idle else TokenChooser(Sampler(params), shaping, vocab, self._grammar_matcher)
         return prompt, max_new, params, chooser
@@ -386,7 +387,7 @@ class MlxEngine:
         cached = prefixes.prepare(prompt) if prefixes is not None else 0
         self._chooser = chooser
         self._command(Header(OP_BEGIN, seed=params.seed, temperature=params.temperature,
-                             top_p=params.top_p, top_k=params.top_k))
+                             top_p=params.top_p, top_k=params.top_k, min_p=params.min_p))
         state: dict[str, int | None] = {"last": None}
 
         def next_token() -> int:
@@ -579,7 +580,8 @@ class MlxEngine:
             # A single rank decodes on its prefix cache's hot cache, already trimmed (or
             # restored) to the prompt's cached prefix; a group starts every request afresh.
             self._cache = self._prefixes.hot if self._prefixes is not None else stage.make_cache()
-            self._sampler = Sampler(SamplingParams(header.temperature, header.top_p, header.top_k, header.seed))
+            self._sampler = Sampler(SamplingParams(header.temperature, header.top_p, header.top_k, header.seed,
+                                                   header.min_p))
             return None
         if header.op == OP_END:
             self._cache, self._sampler = [], None

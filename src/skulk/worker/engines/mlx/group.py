@@ -182,6 +182,7 @@ class Header:
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0
 
     def encode(self) -> list[int]:
         import struct
@@ -191,7 +192,7 @@ class Header:
 
         flags = (1 if self.sample else 0) | (2 if self.tokens_follow else 0)
         return [self.op, self.n_tokens, flags, self.seed & 0x7FFFFFFF, bits(self.temperature),
-                bits(self.top_p), self.top_k, 0]
+                bits(self.top_p), self.top_k, bits(self.min_p)]
 
     @staticmethod
     def decode(values: Sequence[int]) -> Header:
@@ -200,8 +201,9 @@ class Header:
         def real(value: int) -> float:
             return struct.unpack("<f", struct.pack("<i", int(value)))[0]
 
-        op, n_tokens, flags, seed, temperature, top_p, top_k, _ = (int(v) for v in values)
-        return Header(op, n_tokens, bool(flags & 1), bool(flags & 2), seed, real(temperature), real(top_p), top_k)
+        op, n_tokens, flags, seed, temperature, top_p, top_k, min_p = (int(v) for v in values)
+        return Header(op, n_tokens, bool(flags & 1), bool(flags & 2), seed, real(temperature), real(top_p), top_k,
+                      real(min_p))
 
 
 # ---------------------------------------------------------------------------------------

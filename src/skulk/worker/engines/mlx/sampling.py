@@ -45,6 +45,7 @@ from skulk.worker.engines.logits import (
 DEFAULT_TEMPERATURE = 0.8
 DEFAULT_TOP_P = 0.95
 DEFAULT_TOP_K = 40
+DEFAULT_MIN_P = 0.0
 """Used when a request leaves a knob unset: the same defaults as the llama.cpp engine, so a
 request means the same thing whichever engine serves it."""
 
@@ -55,6 +56,7 @@ class SamplingParams:
     top_p: float
     top_k: int
     seed: int
+    min_p: float = 0.0
 
     @property
     def greedy(self) -> bool:
@@ -62,7 +64,8 @@ class SamplingParams:
 
 
 def resolve_sampling(
-    temperature: float | None, top_p: float | None, top_k: int | None, seed: int | None, fresh_seed: int
+    temperature: float | None, top_p: float | None, top_k: int | None, seed: int | None, fresh_seed: int,
+    min_p: float | None = None,
 ) -> SamplingParams:
     """Fill unset knobs with the defaults; `fresh_seed` (drawn by the caller) stands in for
     a missing seed. Seeds are kept to 31 bits so they travel in an int32 header."""
@@ -71,6 +74,7 @@ def resolve_sampling(
         top_p=DEFAULT_TOP_P if top_p is None else float(top_p),
         top_k=DEFAULT_TOP_K if top_k is None else int(top_k),
         seed=(fresh_seed if seed is None else seed) & 0x7FFFFFFF,
+        min_p=DEFAULT_MIN_P if min_p is None else float(min_p),
     )
 
 
@@ -104,6 +108,9 @@ class Sampler:
             # The smallest probability still inside the nucleus; the top token always is.
             floor = mx.min(mx.where(before < self.params.top_p, ordered, mx.inf))
             scaled = mx.where(probs < floor, -mx.inf, scaled)
+        if self.params.min_p > 0.0:
+            probs = mx.softmax(scaled, axis=-1)
+            scaled = mx.where(probs < self.params.min_p * mx.max(probs), -mx.inf, scaled)
         return mx.random.categorical(scaled, key=draw).astype(mx.int32).reshape(1)
 
 

@@ -125,7 +125,7 @@ def completion_body(
         "temperature": DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
         "top_p": DEFAULT_TOP_P if request.top_p is None else request.top_p,
         "top_k": DEFAULT_TOP_K if request.top_k is None else request.top_k,
-        "min_p": DEFAULT_MIN_P,
+        "min_p": DEFAULT_MIN_P if request.min_p is None else request.min_p,
         "repeat_penalty": 1.0 if request.repeat_penalty is None else request.repeat_penalty,
         "frequency_penalty": request.frequency_penalty or 0.0,
         "presence_penalty": request.presence_penalty or 0.0,

@@ -181,7 +181,7 @@ class VllmEngine(ServedEngineShell):
             "model": SERVED_NAME, "stream": True, "stream_options": {"include_usage": True},
             "max_tokens": request.max_tokens, "stop": list(request.stop) or None,
         }
-        for name in ("temperature", "top_p", "top_k", "seed"):
+        for name in ("temperature", "top_p", "top_k", "min_p", "seed"):
             if getattr(request, name) is not None:
                 body[name] = getattr(request, name)
         if request.prompt is not None:
