@@ -47,6 +47,10 @@ JSON_OBJECT = ResponseFormat(type="json_object")
     (request_options.openai_response_format, None, None),
     (request_options.openai_response_format, {"type": "text"}, None),
     (request_options.openai_response_format, {"type": "json_object"}, JSON_OBJECT),
+    (request_options.openai_response_format, {"type": "json_object", "schema": None}, JSON_OBJECT),
+    # llama-server's extension: a json_object's schema is enforced like a json_schema
+    (request_options.openai_response_format, {"type": "json_object", "schema": SCHEMA},
+     ResponseFormat(type="json_schema", name="json_object", json_schema=SCHEMA)),
     (request_options.openai_response_format,
      {"type": "json_schema", "json_schema": {"name": "who", "schema": SCHEMA, "strict": True}},
      ResponseFormat(type="json_schema", name="who", json_schema=SCHEMA)),
@@ -63,6 +67,9 @@ def test_each_spelling_of_structured_output_reads_the_same(read, value, expected
 
 @pytest.mark.parametrize(("read", "value", "param"), [
     (request_options.openai_response_format, {"type": "xml"}, "response_format.type"),
+    (request_options.openai_response_format, {"type": "json_object", "schema": "x"}, "response_format.schema"),
+    (request_options.openai_response_format, {"type": "json_object", "schema": {"type": "integer", "minimum": 3}},
+     "response_format.schema.minimum"),
     (request_options.openai_response_format, {"type": "json_schema"}, "response_format.json_schema"),
     (request_options.openai_response_format, {"type": "json_schema", "json_schema": {"name": "x"}},
      "response_format.json_schema.schema"),

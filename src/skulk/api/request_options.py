@@ -89,6 +89,12 @@ def _format_of(value: Any, param: str,
     if kind == "text":
         return None
     if kind == "json_object":
+        # llama-server's extension (its test suite sends it): a json_object with a `schema`
+        # is that schema, enforced like json_schema, never dropped to "any object".
+        if "schema" in value and value["schema"] is not None:
+            if not isinstance(value["schema"], Mapping):
+                raise _bad_type(value["schema"], f"{param}.schema", "a JSON Schema object")
+            return _schema_format("json_object", value["schema"], f"{param}.schema", schema_param=f"{param}.schema")
         return ResponseFormat(type="json_object")
     if kind == "json_schema":
         return schema(value)
