@@ -228,3 +228,18 @@ async def test_min_p_is_honoured_on_both_ollama_and_openai_and_bounded():
     assert [p.min_p for p in cluster.all_params()] == [0.1, 0.2]
     assert bad.status_code == 400 and "options.min_p" in bad.json()["error"]
     assert bad_openai.status_code == 400 and bad_openai.json()["error"]["param"] == "min_p"
+
+
+async def test_ollamas_openai_compatible_paths_answer_as_openai():
+    """A client pointed at Ollama's base URL + /v1 (the OpenAI SDK with base_url .../ollama/v1)."""
+    import openai
+
+    app, cluster = scripted_app(["Hi"])
+    sdk = openai.AsyncOpenAI(base_url="http://skulk/ollama/v1", api_key="unused",
+                             http_client=httpx.AsyncClient(transport=httpx.ASGITransport(app=app)))
+    reply = await sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+    assert reply.choices[0].message.content == "Hi"
+    assert [m.id async for m in sdk.models.list()] == [MODEL]
+    async with asgi_http(app) as http:
+        missing = await http.post("/ollama/v1/chat/completions", json={**CHAT, "model": "nobody/here"})
+    assert missing.status_code == 404 and missing.json()["error"]["code"]  # OpenAI's shape, not Ollama's

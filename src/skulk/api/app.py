@@ -44,6 +44,9 @@ from skulk.shared.types.state import State
 from skulk.shared.types.task_inputs import TaskInput
 from skulk.shared.types.telemetry import NodeResources
 
+OLLAMA_OPENAI_PREFIX = "/ollama"
+"""Ollama serves the OpenAI API under its own base URL (`/v1/...` there is `/ollama/v1/...` here)."""
+
 
 async def _no_cluster(_command: Command) -> None:
     raise RuntimeError("this node is not connected to a cluster")
@@ -160,6 +163,9 @@ def create_app(context: ApiContext) -> FastAPI:
     app.include_router(instances.router)
     app.include_router(model_cards.router)
     app.include_router(openai_routes.router)
+    # Ollama's OpenAI-compatible paths (clients pointed at an Ollama base URL + /v1): the
+    # same routes, OpenAI's wire shape (skulk.api.errors), not in the schema twice.
+    app.include_router(openai_routes.router, prefix=OLLAMA_OPENAI_PREFIX, include_in_schema=False)
     app.include_router(anthropic_routes.router)
     app.include_router(ollama_routes.router)
     app.include_router(store_routes.router)

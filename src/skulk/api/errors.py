@@ -308,6 +308,7 @@ _SHAPES: tuple[tuple[str, WireShape], ...] = (
     ("/v1/", "openai"),
     ("/v1/messages", "anthropic"),
     ("/ollama", "ollama"),
+    ("/ollama/v1/", "openai"),  # Ollama's OpenAI-compatible paths answer as OpenAI does
     # The model store's routes answer in the OpenAI shape (`{"error": {...code}}`), which is
     # what `skulk models pull` and the store fetcher on other nodes parse.
     ("/store/", "openai"),
