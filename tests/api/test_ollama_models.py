@@ -234,7 +234,7 @@ async def test_ollamas_openai_compatible_paths_answer_as_openai():
     """A client pointed at Ollama's base URL + /v1 (the OpenAI SDK with base_url .../ollama/v1)."""
     import openai
 
-    app, cluster = scripted_app(["Hi"])
+    app, _ = scripted_app(["Hi"])
     sdk = openai.AsyncOpenAI(base_url="http://skulk/ollama/v1", api_key="unused",
                              http_client=httpx.AsyncClient(transport=httpx.ASGITransport(app=app)))
     reply = await sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])

@@ -118,7 +118,7 @@ async def test_response_non_streaming():
     assert body["status"] == "completed" and body["incomplete_details"] is None
     [item] = body["output"]
     assert item["type"] == "message" and item["role"] == "assistant" and item["status"] == "completed"
-    assert item["content"] == [{"type": "output_text", "text": "Hello", "annotations": []}]
+    assert item["content"] == [{"type": "output_text", "text": "Hello", "annotations": [], "logprobs": []}]
     assert {k: body["usage"][k] for k in ("input_tokens", "output_tokens", "total_tokens")} == {
         "input_tokens": 3, "output_tokens": 2, "total_tokens": 5}
     params = cluster.params_of(GenerateText)[0]

@@ -25,7 +25,17 @@ from skulk.api.limits import RequestLimits
 from skulk.api.openapi_errors import drop_validation_422
 from skulk.api.request_metrics import RequestMetricsMiddleware
 from skulk.api.routes import anthropic as anthropic_routes
-from skulk.api.routes import control, dashboard, diagnostics, events, instances, model_cards, ollama_models, traces
+from skulk.api.routes import (
+    control,
+    dashboard,
+    diagnostics,
+    events,
+    instances,
+    model_cards,
+    ollama_models,
+    responses_socket,
+    traces,
+)
 from skulk.api.routes import ollama as ollama_routes
 from skulk.api.routes import openai as openai_routes
 from skulk.api.routes import sessions as sessions_routes
@@ -163,6 +173,7 @@ def create_app(context: ApiContext) -> FastAPI:
     app.include_router(instances.router)
     app.include_router(model_cards.router)
     app.include_router(openai_routes.router)
+    app.include_router(responses_socket.router)
     # Ollama's OpenAI-compatible paths (clients pointed at an Ollama base URL + /v1): the
     # same routes, OpenAI's wire shape (skulk.api.errors), not in the schema twice.
     app.include_router(openai_routes.router, prefix=OLLAMA_OPENAI_PREFIX, include_in_schema=False)

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from fastapi import Request
+from starlette.requests import HTTPConnection
 
 from skulk.api.auth import current_principal
 from skulk.api.errors import (
@@ -62,7 +63,8 @@ _background: set[asyncio.Task[None]] = set()
 """Commands sent after a request ended, held until sent (the loop keeps only weak refs)."""
 
 
-def api_context(request: Request):
+def api_context(request: HTTPConnection):
+    """The node's ApiContext, from any HTTP request or WebSocket of its app."""
     return request.app.state.skulk
 
 
@@ -97,7 +99,16 @@ def finished_later(context: ApiContext, command_id: str) -> None:
     send_later(context, TaskFinished(command_id=CommandId(new_id()), finished_command_id=CommandId(command_id)))
 
 
-async def _close_on_disconnect(request: Request, context: ApiContext, stream: CommandStream) -> None:
+class ClientChannel(Protocol):
+    """What a generation watches for its client going away: an HTTP request, or a WebSocket
+    turn's stand-in (`skulk.api.routes.responses_socket`) answering `http.disconnect` once
+    the socket closes."""
+
+    @property
+    def receive(self) -> Callable[[], Awaitable[Any]]: ...
+
+
+async def _close_on_disconnect(request: ClientChannel, context: ApiContext, stream: CommandStream) -> None:
     """Wait for the client to go away; then close its stream and cancel the command."""
     while True:
         message = await request.receive()
@@ -109,7 +120,7 @@ async def _close_on_disconnect(request: Request, context: ApiContext, stream: Co
 
 
 async def _follow(
-    request: Request, context: ApiContext, stream: CommandStream, kind: type[Any]
+    request: ClientChannel, context: ApiContext, stream: CommandStream, kind: type[Any]
 ) -> AsyncGenerator[Any, None]:
     """The chunks of `stream` (all of type `kind`) until it ends, telling the cluster how it
     ended: TaskFinished after the runner's terminal, CancelCommand when this node or the
@@ -137,7 +148,7 @@ async def _follow(
 
 
 async def drive(
-    request: Request, context: ApiContext, stream: CommandStream, params: TextGenerationParams | None = None
+    request: ClientChannel, context: ApiContext, stream: CommandStream, params: TextGenerationParams | None = None
 ) -> AsyncGenerator[TokenChunk, None]:
     """The token chunks of `stream` until it ends (see `_follow`). Callers wrap it in
     `contextlib.aclosing` so that leaving early cancels the command.
@@ -161,7 +172,7 @@ async def drive(
 
 
 async def open_output(
-    request: Request, context: ApiContext, stream: CommandStream, params: TextGenerationParams | None = None
+    request: ClientChannel, context: ApiContext, stream: CommandStream, params: TextGenerationParams | None = None
 ) -> AsyncGenerator[TokenChunk, None]:
     """`drive(...)` with its first chunk already awaited, for a streamed response: a failure
     before any output (a prompt longer than the context, a runner that refused the request,

@@ -3,8 +3,10 @@
 Incoming: `ResponsesRequest` (`input` as a string or a list of message items, `instructions`
 as the system message, `max_output_tokens`, sampling) and `to_params`, which normalises it
 into chat `TextGenerationParams` or raises `InvalidRequest` naming the parameter at fault.
-Features that need server-side state or tools (`previous_response_id`, `tools`, non-message
-input items) are refused with a 400 rather than silently ignored.
+Every field of the Open Responses request is declared: each is honoured (penalties,
+`top_logprobs`, `max_tool_calls`, `parallel_tool_calls`, echoed identifiers) or refused with a
+400 naming it when a client sets it (`background`, other service tiers, `truncation: auto`,
+`reasoning` settings, conversations, prompt templates); an unknown field is refused too.
 
 Outgoing: `collect_response` builds one `response` object; `ResponseStreamEncoder` emits the
 documented event sequence (`response.created`, `response.in_progress`,
@@ -27,13 +29,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from skulk.api import request_options
-from skulk.api.adapters.openai_chat import MIN_TOP_P, _in_range, _Lenient
+from skulk.api.adapters.openai_chat import MAX_TOP_LOGPROBS, MIN_TOP_P, _in_range, _Lenient, _logprob_entry
 from skulk.api.errors import ApiError, InvalidRequest, invalid_request_from_validation
 from skulk.api.tool_calls import check_enforceable
 from skulk.shared.json_shapes import is_json_object
+from skulk.shared.sampling_defaults import DEFAULT_TEMPERATURE, DEFAULT_TOP_P
 from skulk.shared.types.chunks import TokenChunk
 from skulk.shared.types.common import ChatMessage, ChatRole, ToolCall, ToolSpec, Usage
 from skulk.shared.types.ids import ModelId
@@ -60,9 +63,16 @@ class InputItem(_Lenient):
     name: str | None = None
     arguments: str | None = None
     output: str | None = None
+    encrypted_content: str | None = None
+    """On a `compaction` item (what `/v1/responses/compact` returned): the summary."""
 
 
-class ResponsesRequest(_Lenient):
+class ResponsesRequest(BaseModel):
+    """Every field of the Open Responses request; any other is refused by name (`to_params`),
+    and each field the engines cannot honour is refused when a client sets it."""
+
+    model_config = ConfigDict(extra="allow")
+
     model: str
     input: str | list[InputItem]
     instructions: str | None = None
@@ -84,10 +94,47 @@ class ResponsesRequest(_Lenient):
     user: str | None = None
     text: dict[str, Any] | None = None
     """`text.format`: structured output (`json_object`, `json_schema`)."""
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    top_logprobs: int | None = None
+    """Alternatives per output token, reported on each output_text part (and delta)."""
+    max_tool_calls: int | None = None
+    """Most function calls one response returns; the model's later calls are dropped."""
+    parallel_tool_calls: bool | None = None
+    """False: at most one function call per response."""
+    include: list[str] | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    """Echoed; every request reuses the node's prefix cache without a key."""
+    prompt_cache_retention: str | None = None
+    background: bool | None = None
+    service_tier: str | None = None
+    reasoning: dict[str, Any] | None = None
+    truncation: str | None = None
+    stream_options: dict[str, Any] | None = None
+    conversation: Any = None
+    prompt: Any = None
+
+
+COMPACTION_ID_PREFIX = "cmp_"
+SUMMARY_LEAD = "Summary of our conversation so far:\n"
+"""How a compaction item's summary reads to the model: an assistant turn that carries it."""
+COMPACTION_PROMPT = (
+    "Write a summary of this whole conversation that lets it be continued from the summary alone: "
+    "keep every fact, decision, name, number and open task; leave out pleasantries. "
+    "Reply with the summary only."
+)
+"""The instruction the compaction pass ends the conversation with (`/v1/responses/compact`)."""
 
 
 def _item_message(item: InputItem, index: int) -> ChatMessage:
     where = f"input[{index}]"
+    if item.type == "compaction":
+        # Skulk's compaction items carry the summary itself (opaque to clients, not encrypted).
+        if not item.encrypted_content:
+            raise InvalidRequest("A compaction item needs its 'encrypted_content'.",
+                                 param=f"{where}.encrypted_content")
+        return ChatMessage(role="assistant", content=SUMMARY_LEAD + item.encrypted_content)
     if item.type in ("function_call", "function_call_output"):
         if not item.call_id:
             raise InvalidRequest(f"A {item.type} item needs its 'call_id'.", param=f"{where}.call_id")
@@ -98,8 +145,8 @@ def _item_message(item: InputItem, index: int) -> ChatMessage:
                                tool_calls=[ToolCall(id=item.call_id, name=item.name, arguments=item.arguments or "")])
         return ChatMessage(role="tool", content=item.output or "", tool_call_id=item.call_id)
     if item.type not in (None, "message"):
-        raise InvalidRequest(f"Input items of type {item.type!r} are not supported; only messages, function_call "
-                             "and function_call_output are.", param=f"{where}.type")
+        raise InvalidRequest(f"Input items of type {item.type!r} are not supported; only messages, function_call, "
+                             "function_call_output and compaction are.", param=f"{where}.type")
     role = _ROLES.get(item.role or "")
     if role is None:
         raise InvalidRequest(f"Invalid role {item.role!r}; expected one of {', '.join(sorted(_ROLES))}.",
@@ -165,12 +212,55 @@ def _tool_choice(choice: str | dict[str, Any] | None, tools: list[ToolSpec]) -> 
     return {"type": "function", "function": {"name": name}}
 
 
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+"""The one `include` value Skulk serves (the same as `top_logprobs`: each token's logprob)."""
+SERVICE_TIERS = frozenset({"auto", "default"})
+CACHE_RETENTIONS = frozenset({"in_memory"})
+"""The node's prefix cache lives in memory; nothing is kept for 24 h."""
+
+
+def _refuse_unhonoured(request: ResponsesRequest) -> None:
+    """InvalidRequest naming the first field a client set that Skulk cannot honour."""
+    for name in sorted(request.model_extra or {}):
+        raise InvalidRequest(f"'{name}' is not a Responses parameter Skulk serves.", param=name)
+    refusals: list[tuple[bool, str, str]] = [
+        (bool(request.background), "background", "Background responses are not supported: send the request "
+         "without it (stream it to follow it as it is made)."),
+        (request.service_tier not in (None, *SERVICE_TIERS), "service_tier",
+         f"Service tier {request.service_tier!r} is not offered; use 'auto' or 'default'."),
+        (request.truncation not in (None, "disabled"), "truncation",
+         "Only 'disabled' truncation is served: an input longer than the context is a 400, never cut silently."),
+        (request.prompt_cache_retention not in (None, *CACHE_RETENTIONS), "prompt_cache_retention",
+         "The prompt cache is kept in memory only ('in_memory')."),
+        (request.conversation is not None, "conversation",
+         "Conversations are not supported; continue a response with 'previous_response_id'."),
+        (request.prompt is not None, "prompt", "Stored prompt templates are not supported; send 'input'."),
+        (any(v is not None for v in (request.reasoning or {}).values()), "reasoning",
+         "Reasoning effort and summaries are the model's own here; they cannot be set per request."),
+        (any(k != "include_obfuscation" or v for k, v in (request.stream_options or {}).items()), "stream_options",
+         "Stream obfuscation is not served; send 'stream_options' without it."),
+    ]
+    for refused, param, message in refusals:
+        if refused:
+            raise InvalidRequest(message, param=param)
+    for index, item in enumerate(request.include or []):
+        if item != LOGPROBS_INCLUDE:
+            raise InvalidRequest(f"include value {item!r} is not served (only {LOGPROBS_INCLUDE!r}).",
+                                 param=f"include[{index}]")
+    if request.max_tool_calls is not None and request.max_tool_calls < 0:
+        raise InvalidRequest(f"'max_tool_calls' must be at least 0, got {request.max_tool_calls}.",
+                             param="max_tool_calls")
+
+
 def to_params(request: ResponsesRequest, history: Sequence[ChatMessage] = ()) -> TextGenerationParams:
     """Chat generation params for a Responses request, or `InvalidRequest` naming the param.
     `history` is the stored conversation `previous_response_id` continues (the route looks
     it up): it comes after this request's `instructions` and before its `input`."""
     if not request.model.strip():
         raise InvalidRequest("'model' must name a model.", param="model")
+    _refuse_unhonoured(request)
+    if request.top_logprobs is not None:
+        _in_range(request.top_logprobs, 0, MAX_TOP_LOGPROBS, "top_logprobs")
     tools = _tools(request)
     tool_choice = _tool_choice(request.tool_choice, tools)
     check_enforceable(tools, tool_choice, lambda index: f"tools[{index}].parameters")
@@ -199,6 +289,10 @@ def to_params(request: ResponsesRequest, history: Sequence[ChatMessage] = ()) ->
             top_k=request.top_k,
             seed=request.seed,
             stream=bool(request.stream),
+            presence_penalty=request_options.penalty(request.presence_penalty, "presence_penalty"),
+            frequency_penalty=request_options.penalty(request.frequency_penalty, "frequency_penalty"),
+            logprobs=wants_logprobs(request),
+            top_logprobs=request.top_logprobs if wants_logprobs(request) else None,
             tools=tools,
             tool_choice=tool_choice,
             response_format=request_options.responses_text_format((request.text or {}).get("format")),
@@ -230,8 +324,36 @@ def _usage(usage: Usage) -> dict[str, Any]:
     }
 
 
-def _text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": []}
+def _text_part(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
+
+
+def wants_logprobs(request: ResponsesRequest) -> bool:
+    return request.top_logprobs is not None or LOGPROBS_INCLUDE in (request.include or [])
+
+
+def _logprobs_of(request: ResponsesRequest, chunk: TokenChunk) -> list[dict[str, Any]]:
+    """The output token's logprob entry (with its alternatives), when the request asked."""
+    if not wants_logprobs(request) or chunk.logprob is None or chunk.reasoning:
+        return []
+    return [_logprob_entry(chunk)]
+
+
+def capped_calls(request: ResponsesRequest, calls: list[ToolCall]) -> list[ToolCall]:
+    """The calls a response returns: one when `parallel_tool_calls` is false, at most
+    `max_tool_calls`; the model's later calls are dropped (the caller asked for no more)."""
+    limit = len(calls)
+    if request.parallel_tool_calls is False:
+        limit = min(limit, 1)
+    if request.max_tool_calls is not None:
+        limit = min(limit, request.max_tool_calls)
+    return calls[:limit]
+
+
+def _echoed_tools(request: ResponsesRequest) -> list[dict[str, Any]]:
+    """The tools as the response reports them: each function tool with its `strict`."""
+    return [{**tool, "strict": bool(tool.get("strict", False))} if tool.get("type") == "function" else tool
+            for tool in request.tools or []]
 
 
 def _message(command_id: str, status: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -241,31 +363,44 @@ def _message(command_id: str, status: str, parts: list[dict[str, Any]]) -> dict[
 def response_object(
     request: ResponsesRequest, *, command_id: str, created: int, status: str,
     output: list[dict[str, Any]], usage: Usage | None = None, error: dict[str, Any] | None = None,
+    completed_at: int | None = None,
 ) -> dict[str, Any]:
-    """A `response` object in any state (`in_progress`, `completed`, `incomplete`, `failed`)."""
+    """A `response` object in any state (`in_progress`, `completed`, `incomplete`, `failed`),
+    with every field the Open Responses specification requires. The sampling values are the
+    ones used: the request's, else the engines' defaults (numbers, never null)."""
     return {
         "id": response_id(command_id),
         "object": "response",
         "created_at": created,
+        "completed_at": completed_at if status == "completed" else None,
         "status": status,
         "error": error,
         "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
         "instructions": request.instructions,
         "max_output_tokens": request.max_output_tokens,
+        "max_tool_calls": request.max_tool_calls,
         "model": request.model,
         "output": output,
-        "parallel_tool_calls": False,
+        "parallel_tool_calls": request.parallel_tool_calls is not False,
         "previous_response_id": request.previous_response_id,
-        "temperature": request.temperature,
-        "top_p": request.top_p,
+        "temperature": DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
+        "top_p": DEFAULT_TOP_P if request.top_p is None else request.top_p,
+        "presence_penalty": request.presence_penalty or 0.0,
+        "frequency_penalty": request.frequency_penalty or 0.0,
+        "top_logprobs": request.top_logprobs or 0,
+        "reasoning": None,
         "tool_choice": request.tool_choice or "auto",
-        "tools": request.tools or [],
+        "tools": _echoed_tools(request),
         "store": request.store is not False,
+        "background": False,
+        "service_tier": "default",
         "text": {"format": (request.text or {}).get("format") or {"type": "text"}},
         "truncation": "disabled",
         "usage": None if usage is None else _usage(usage),
         "user": request.user,
         "metadata": request.metadata or {},
+        "safety_identifier": request.safety_identifier,
+        "prompt_cache_key": request.prompt_cache_key,
     }
 
 
@@ -292,10 +427,12 @@ def conversation_of(params: TextGenerationParams, request: ResponsesRequest,
 
 
 def collect_response(
-    chunks: Iterable[TokenChunk], *, command_id: str, request: ResponsesRequest, created: int
+    chunks: Iterable[TokenChunk], *, command_id: str, request: ResponsesRequest, created: int,
+    completed_at: int | None = None,
 ) -> dict[str, Any]:
     """The non-streaming `response` for a completed stream's chunks."""
     texts: list[str] = []
+    logprobs: list[dict[str, Any]] = []
     calls: list[ToolCall] = []
     finish_reason: str | None = None
     usage: Usage | None = None
@@ -304,15 +441,18 @@ def collect_response(
         count += 1
         if not chunk.reasoning:
             texts.append(chunk.text)
+            logprobs += _logprobs_of(request, chunk)
         calls.extend(chunk.tool_calls or [])
         finish_reason = chunk.finish_reason or finish_reason
         usage = chunk.usage or usage
     status = _final_status(finish_reason)
     text = "".join(texts)
-    output = [_message(command_id, status, [_text_part(text)])] if text or not calls else []
+    calls = capped_calls(request, calls)
+    output = [_message(command_id, status, [_text_part(text, logprobs)])] if text or not calls else []
     output += [_function_call(call) for call in calls]
     return response_object(request, command_id=command_id, created=created, status=status, output=output,
-                           usage=usage or Usage(completion_tokens=count, total_tokens=count))
+                           usage=usage or Usage(completion_tokens=count, total_tokens=count),
+                           completed_at=completed_at if completed_at is not None else created)
 
 
 @dataclass
@@ -324,8 +464,13 @@ class ResponseStreamEncoder:
     created: int
     on_done: Callable[[dict[str, Any]], None] | None = None
     """Called with the final response object (the route stores it)."""
+    clock: Callable[[], int] | None = None
+    """Unix seconds now, for `completed_at` (None: the creation time)."""
+    sse: bool = True
+    """Each event as an SSE block; False: its JSON alone (one WebSocket text frame each)."""
     _sequence: int = field(default=0, init=False)
     _texts: list[str] = field(default_factory=list, init=False)
+    _logprobs: list[dict[str, Any]] = field(default_factory=list, init=False)
     _calls: list[ToolCall] = field(default_factory=list, init=False)
     _finish_reason: str | None = field(default=None, init=False)
     _usage: Usage | None = field(default=None, init=False)
@@ -335,7 +480,7 @@ class ResponseStreamEncoder:
         payload = {"type": type_, "sequence_number": self._sequence, **fields}
         self._sequence += 1
         data = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
-        return f"event: {type_}\ndata: {data}\n\n"
+        return f"event: {type_}\ndata: {data}\n\n" if self.sse else data
 
     def _response(self, status: str, output: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         return response_object(self.request, command_id=self.command_id, created=self.created, status=status,
@@ -361,20 +506,22 @@ class ResponseStreamEncoder:
         if not chunk.text or chunk.reasoning:
             return []
         self._texts.append(chunk.text)
-        return [self._event("response.output_text.delta", delta=chunk.text, logprobs=[], **self._where())]
+        logprobs = _logprobs_of(self.request, chunk)
+        self._logprobs += logprobs
+        return [self._event("response.output_text.delta", delta=chunk.text, logprobs=logprobs, **self._where())]
 
     def finish(self) -> list[str]:
         text = "".join(self._texts)
         status = _final_status(self._finish_reason)
-        item = _message(self.command_id, status, [_text_part(text)])
+        item = _message(self.command_id, status, [_text_part(text, self._logprobs)])
         usage = self._usage or Usage(completion_tokens=self._count, total_tokens=self._count)
         events = [
-            self._event("response.output_text.done", text=text, logprobs=[], **self._where()),
-            self._event("response.content_part.done", part=_text_part(text), **self._where()),
+            self._event("response.output_text.done", text=text, logprobs=self._logprobs, **self._where()),
+            self._event("response.content_part.done", part=_text_part(text, self._logprobs), **self._where()),
             self._event("response.output_item.done", output_index=0, item=item),
         ]
         output = [item]
-        for index, call in enumerate(self._calls, start=1):
+        for index, call in enumerate(capped_calls(self.request, self._calls), start=1):
             done = _function_call(call)
             where = {"item_id": done["id"], "output_index": index}
             events += [
@@ -385,7 +532,8 @@ class ResponseStreamEncoder:
                 self._event("response.output_item.done", output_index=index, item=done),
             ]
             output.append(done)
-        final = self._response(status, output, usage=usage)
+        final = self._response(status, output, usage=usage,
+                               completed_at=self.clock() if self.clock is not None else self.created)
         if self.on_done is not None:
             self.on_done(final)
         return [*events, self._event(f"response.{status}", response=final)]
@@ -400,17 +548,74 @@ class ResponseStreamEncoder:
         ]
 
 
+# ---------------------------------------------------------------------------------------
+# Compaction (`POST /v1/responses/compact`)
+# ---------------------------------------------------------------------------------------
+
+
+class CompactRequest(BaseModel):
+    """The compaction request: a conversation (`previous_response_id` and/or `input`) to fold
+    into its user messages and one compaction item. Unknown fields are refused by name."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    input: str | list[InputItem] | None = None
+    previous_response_id: str | None = None
+    instructions: str | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+
+
+def compaction_params(request: CompactRequest, history: Sequence[ChatMessage] = ()) -> TextGenerationParams:
+    """The generation that writes the summary: the conversation, then COMPACTION_PROMPT."""
+    if request.input is None and not history:
+        raise InvalidRequest("Give the conversation to compact: 'input' and/or 'previous_response_id'.",
+                             param="input")
+    items = [InputItem(role="user", content=request.input)] if isinstance(request.input, str) \
+        else list(request.input or [])
+    as_response = ResponsesRequest(model=request.model, input=[*items, InputItem(role="user", content=COMPACTION_PROMPT)],
+                                   instructions=request.instructions, service_tier=request.service_tier,
+                                   prompt_cache_key=request.prompt_cache_key,
+                                   prompt_cache_retention=request.prompt_cache_retention,
+                                   **(request.model_extra or {}))
+    return to_params(as_response, history)
+
+
+def compacted(params: TextGenerationParams, chunks: Iterable[TokenChunk], *, command_id: str,
+              created: int) -> dict[str, Any]:
+    """The `response.compaction` object: every user message of the compacted conversation
+    (the compaction prompt aside), then one compaction item holding the summary."""
+    chunks = list(chunks)
+    summary = "".join(c.text for c in chunks if not c.reasoning).strip()
+    usage = next((c.usage for c in reversed(chunks) if c.usage is not None), None) or Usage()
+    users = [m for m in params.messages if m.role == "user" and m.content != COMPACTION_PROMPT]
+    output: list[dict[str, Any]] = [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": m.content or ""}]}
+        for m in users]
+    output.append({"type": "compaction", "id": f"{COMPACTION_ID_PREFIX}{command_id}", "encrypted_content": summary})
+    return {"id": response_id(command_id), "object": "response.compaction", "created_at": created,
+            "output": output, "usage": _usage(usage)}
+
+
 __all__ = [
+    "COMPACTION_PROMPT",
     "MESSAGE_ID_PREFIX",
     "RESPONSE_ID_PREFIX",
+    "CompactRequest",
     "InputItem",
     "InputPart",
     "ResponseStreamEncoder",
     "ResponsesRequest",
+    "capped_calls",
     "collect_response",
+    "compacted",
+    "compaction_params",
     "conversation_of",
     "message_id",
     "response_id",
     "response_object",
     "to_params",
+    "wants_logprobs",
 ]

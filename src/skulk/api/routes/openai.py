@@ -24,6 +24,7 @@ from urllib.parse import quote
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
+from starlette.requests import HTTPConnection
 
 from skulk.api.adapters import openai_completions, openai_embeddings, openai_responses
 from skulk.api.adapters.openai_chat import (
@@ -177,14 +178,14 @@ async def completions(
                                                  echo=prompts[0] if body.echo else None)
 
 
-def _responses_kept(request: Request) -> ResponseStore:
+def kept_responses(request: HTTPConnection) -> ResponseStore:
     store = getattr(request.app.state, "response_store", None)
     if store is None:
         store = request.app.state.response_store = ResponseStore()
     return store
 
 
-def _scope(request: Request) -> str:
+def caller_scope(request: HTTPConnection) -> str:
     return key_scope(next(iter(presented_keys(request.headers)), None))
 
 
@@ -197,11 +198,11 @@ def _conversation_path(response_id: str) -> str:
     return f"/v1/responses/{quote(response_id, safe='')}/conversation"
 
 
-async def _stored(request: Request, response_id: str, param: str = "response_id") -> StoredResponse:
+async def stored_response(request: HTTPConnection, response_id: str, param: str = "response_id") -> StoredResponse:
     """The stored response `response_id` of this caller's key: kept here, or by the peer
     that answered it (asked all at once, each within the peer deadline)."""
-    scope = _scope(request)
-    found = _responses_kept(request).get(response_id, scope, time.monotonic())
+    scope = caller_scope(request)
+    found = kept_responses(request).get(response_id, scope, time.monotonic())
     if found is not None:
         return found
     context = _context(request)
@@ -225,7 +226,7 @@ async def peer_stored_response(request: Request, response_id: str) -> dict[str, 
     if current_principal().id not in ("peer", "anonymous-unchecked"):
         raise NotFound("Not found.", code="not_found")
     scope = request.headers.get(KEY_SCOPE_HEADER, "")
-    found = _responses_kept(request).get(response_id, scope, time.monotonic())
+    found = kept_responses(request).get(response_id, scope, time.monotonic())
     if found is None:
         raise NotFound(f"No stored response {response_id!r} for this key scope on this node.",
                        param="response_id", code="response_not_found")
@@ -237,22 +238,22 @@ async def responses(request: Request, body: openai_responses.ResponsesRequest) -
     """The Responses API, with function tools and stored responses (`store`,
     `previous_response_id`; see `skulk.api.response_store`)."""
     context = _context(request)
-    history = (await _stored(request, body.previous_response_id, "previous_response_id")).conversation \
+    history = (await stored_response(request, body.previous_response_id, "previous_response_id")).conversation \
         if body.previous_response_id else ()
     params = openai_responses.to_params(body, history)
     stream = await start_generation(context, params, max_tokens_param="max_output_tokens",
                                     param_names={"response_format": "text.format"})
     created = int(time.time())
-    scope = _scope(request)
+    scope = caller_scope(request)
 
     def keep(response: dict[str, Any]) -> None:
         if body.store is not False and response["status"] in ("completed", "incomplete"):
-            _responses_kept(request).put(response["id"], StoredResponse(
+            kept_responses(request).put(response["id"], StoredResponse(
                 scope, time.monotonic(), response, openai_responses.conversation_of(params, body, response)))
 
     if body.stream:
         encoder = openai_responses.ResponseStreamEncoder(command_id=stream.command_id, request=body, created=created,
-                                                         on_done=keep)
+                                                         on_done=keep, clock=lambda: int(time.time()))
         output = await open_output(request, context, stream, params)
         return StreamingResponse(
             encoded_events(request, context, stream, encoder, encoder.error_events, params, output),
@@ -260,21 +261,38 @@ async def responses(request: Request, body: openai_responses.ResponsesRequest) -
         )
     async with aclosing(_drive(request, context, stream, params)) as output:
         chunks = [chunk async for chunk in output]
-    response = openai_responses.collect_response(chunks, command_id=stream.command_id, request=body, created=created)
+    response = openai_responses.collect_response(chunks, command_id=stream.command_id, request=body, created=created,
+                                                 completed_at=int(time.time()))
     keep(response)
     return response
+
+
+@router.post("/v1/responses/compact")
+async def compact_response(request: Request, body: openai_responses.CompactRequest) -> dict[str, Any]:
+    """Compaction: the conversation (`previous_response_id`, stored by any node, and/or
+    `input`) folded into its user messages and one compaction item holding a summary the
+    model writes. Sending those items as a later request's input continues from the summary."""
+    context = _context(request)
+    history = (await stored_response(request, body.previous_response_id, "previous_response_id")).conversation \
+        if body.previous_response_id else ()
+    params = openai_responses.compaction_params(body, history)
+    stream = await start_generation(context, params, max_tokens_param="input")
+    created = int(time.time())
+    async with aclosing(_drive(request, context, stream, params)) as output:
+        chunks = [chunk async for chunk in output]
+    return openai_responses.compacted(params, chunks, command_id=stream.command_id, created=created)
 
 
 @router.get("/v1/responses/{response_id}")
 async def get_response(request: Request, response_id: str) -> dict[str, Any]:
     """A stored response, for the API key that created it (whichever node stored it)."""
-    return (await _stored(request, response_id)).body
+    return (await stored_response(request, response_id)).body
 
 
 @router.delete("/v1/responses/{response_id}")
 async def delete_response(request: Request, response_id: str) -> dict[str, Any]:
-    if not _responses_kept(request).delete(response_id, _scope(request)):
-        await _stored(request, response_id)  # 404 unless a peer holds it
+    if not kept_responses(request).delete(response_id, caller_scope(request)):
+        await stored_response(request, response_id)  # 404 unless a peer holds it
         raise InvalidRequest(f"Stored response {response_id!r} is kept by another node of the cluster: delete it "
                              "through the node that answered it (any node can read it).", param="response_id",
                              code="stored_on_another_node")

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from skulk.shared.prefix_cache import cold_budget_bytes
+from skulk.shared.sampling_defaults import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, LLAMA_CPP_DEFAULT_MIN_P
 from skulk.shared.tool_grammar import SchemaNotSupported, request_grammar
 from skulk.shared.types.cards import backend_engine
 from skulk.shared.types.chunks import TopLogprob
@@ -76,10 +77,7 @@ FLASH_ATTN_ENV = "SKULK_LLAMA_CPP_FLASH_ATTN"
 A card's `runtime.flash_attn` pin overrides it for that model."""
 
 # llama.cpp's own sampling defaults, used when a request leaves a knob unset.
-DEFAULT_TEMPERATURE = 0.8
-DEFAULT_TOP_P = 0.95
-DEFAULT_TOP_K = 40
-DEFAULT_MIN_P = 0.05
+DEFAULT_MIN_P = LLAMA_CPP_DEFAULT_MIN_P
 
 WARM_UP_PROMPT = b"Hello"
 """A few tokens through the whole graph: pages the weights in and builds the compute graph

@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from skulk.shared.sampling_defaults import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
 from skulk.shared.tool_grammar import SchemaNotSupported, request_grammar, request_json_schema
 from skulk.shared.types.tasks import TextGenerationParams
 from skulk.worker.engines.logits import (
@@ -42,9 +43,6 @@ from skulk.worker.engines.logits import (
     log_softmax_at,
 )
 
-DEFAULT_TEMPERATURE = 0.8
-DEFAULT_TOP_P = 0.95
-DEFAULT_TOP_K = 40
 DEFAULT_MIN_P = 0.0
 """Used when a request leaves a knob unset: the same defaults as the llama.cpp engine, so a
 request means the same thing whichever engine serves it."""
