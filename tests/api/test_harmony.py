@@ -31,8 +31,13 @@ CASES = [
     (FULL.removesuffix("<|return|>"), "User asks capital. Easy.", "Paris."),
     ("Plain answer, no channels.", "", "Plain answer, no channels."),
     ("<|channel|>analysis<|message|>still thinking", "still thinking", ""),
-    # commentary (preambles, tool calls) is answer text; the header's recipient is dropped
-    ("<|channel|>commentary to=functions.f <|constrain|>json<|message|>{\"a\":1}<|call|>", "", "{\"a\":1}"),
+    # a message to a function is a call, wrapped for the tool parser; commentary is answer text
+    ("<|channel|>commentary to=functions.f <|constrain|>json<|message|>{\"a\":1}<|call|>", "",
+     "<function=f>{\"a\":1}</function>"),
+    ("<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant to=functions.get_weather"
+     "<|channel|>commentary json<|message|>{\"city\":\"Paris\"}<|call|>", "Need weather.",
+     "<function=get_weather>{\"city\":\"Paris\"}</function>"),
+    ("<|channel|>commentary<|message|>Let me check.<|end|>", "", "Let me check."),
     # prose with '<' and '<|' that are no markers stays
     ("<|channel|>final<|message|>a < b and x<|y", "", "a < b and x<|y"),
     ("", "", ""),
@@ -76,9 +81,12 @@ def test_the_cards_format_picks_the_splitter(section, kind, tags):
 
 
 def harmony_app(pieces: list[str]):
+    from skulk.shared.types.cards import ToolingSection
+
     card = load_card(builtin_cards_dir() / "local--tiny-llama.toml")
     card = card.model_copy(update={"reasoning": ReasoningSection(format="harmony"),
-                                   "capabilities": (*card.capabilities, "thinking")})
+                                   "tooling": ToolingSection(tool_call_format="harmony"),
+                                   "capabilities": (*card.capabilities, "thinking", "tools")})
     return scripted_app(pieces, context_fields={"get_cards": lambda: {MODEL: card}})
 
 
@@ -116,3 +124,18 @@ async def test_ollama_thinking_and_content():
     app, _ = harmony_app(SCRIPT)
     reply = await ollama_sdk(app).chat(model=MODEL, messages=[{"role": "user", "content": "?"}])
     assert (reply.message.thinking, reply.message.content) == ("Capital of France.", "Paris.")
+
+
+async def test_a_harmony_tool_call_comes_back_as_a_call():
+    from tests.api.test_tools_sdk import WEATHER_TOOL
+
+    app, _ = harmony_app(["<|channel|>analysis<|message|>Weather needed.<|end|><|start|>assistant",
+                          "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>",
+                          '{"city": "Paris"}', "<|call|>"])
+    reply = await openai_sdk(app).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Weather in Paris?"}], tools=[WEATHER_TOOL])
+    message = reply.choices[0].message
+    assert reply.choices[0].finish_reason == "tool_calls"
+    assert [(c.function.name, c.function.arguments) for c in message.tool_calls] == [("get_weather",
+                                                                                     '{"city":"Paris"}')]
+    assert message.model_extra["reasoning_content"] == "Weather needed."

@@ -79,3 +79,11 @@ def test_prose_stays_prose(text):
 def test_no_tools_offered_means_no_calls():
     text = '{"name": "get_weather", "parameters": {}}'
     assert parse_tool_calls(text, ()).calls == []
+
+
+def test_the_cards_format_is_tried_first():
+    from skulk.api.tool_calls import parse_tool_calls
+
+    text = '<tool_call>{"name": "f", "arguments": {"a": 2}}</tool_call> [TOOL_CALLS][{"name": "f", "arguments": {"a": 1}}]'
+    assert [c.arguments for c in parse_tool_calls(text, {"f"}).calls] == ['{"a":2}']  # hermes first by default
+    assert [c.arguments for c in parse_tool_calls(text, {"f"}, "mistral").calls] == ['{"a":1}']

@@ -234,3 +234,30 @@ def test_an_mlx_gpt_oss_card_reads_harmony():
     card = card_from_config("org/g", {**LLAMA_CONFIG, "model_type": "gpt_oss", "num_local_experts": 32,
                                       "num_experts_per_tok": 4}, 1000)
     assert card.reasoning.format == "harmony" and "thinking" in card.capabilities
+
+
+
+@pytest.mark.parametrize(("template", "family", "expected"), [
+    ("{{ '<tool_call>' }}{{ '<think>' }}{{ '</think>' }}", "qwen3moe", ("hermes", "think_tags")),
+    ("{{ '[TOOL_CALLS]' }}", "qwen3moe", ("mistral", "none")),
+    ("{{ '<|python_tag|>' }}", "qwen3moe", ("llama3_json", "none")),
+    (None, "gpt-oss", ("harmony", "harmony")),
+    ("{{ messages }}", "qwen3moe", ("none", "none")),
+])
+def test_the_tool_call_format_comes_from_the_template_too(template, family, expected):
+    meta = {k.replace("qwen3moe", family): v for k, v in MOE_META.items()}
+    meta["general.architecture"] = family
+    if template is not None:
+        meta["tokenizer.chat_template"] = template
+    card = card_from_gguf("local/t", parse_gguf_metadata(_gguf(meta)), "t.gguf", 10, local_path="/m")
+    assert (card.tooling.tool_call_format, card.reasoning.format) == expected
+    assert ("tools" in card.capabilities) == (expected[0] != "none")
+
+
+def test_every_card_tool_format_has_a_parser():
+    from typing import get_args
+
+    from skulk.api.tool_calls import BY_CARD_FORMAT
+    from skulk.shared.types.cards import ToolCallFormat
+
+    assert set(get_args(ToolCallFormat)) - {"none"} == set(BY_CARD_FORMAT)

@@ -158,7 +158,8 @@ async def drive(
     shaper = None
     if params is not None:
         card = context.get_cards().get(params.model_id)
-        shaper = OutputShaper(params, _call_id_factory(stream.command_id), card.reasoning if card else None)
+        shaper = OutputShaper(params, _call_id_factory(stream.command_id), card.reasoning if card else None,
+                              card.tooling.tool_call_format if card else None)
     async with aclosing(_follow(request, context, stream, TokenChunk)) as chunks:
         async for chunk in chunks:
             if shaper is None:

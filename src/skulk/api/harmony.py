@@ -4,8 +4,10 @@ A harmony model answers in messages, each `<|channel|>NAME<|message|>BODY` close
 `<|end|>` (more follows, after `<|start|>assistant`), `<|return|>` (the answer is done) or
 `<|call|>` (a tool call). The `analysis` channel is the model's reasoning; `final` is the
 answer; `commentary` holds what the model says to the user around tool calls, so it is
-answer text too. Markers never reach a client: without this splitter they would leak into
-answers (the reason a card says `reasoning.format = "harmony"`).
+answer text too. A message addressed `to=functions.NAME` is a tool call: its JSON body
+leaves as `<function=NAME>{..}</function>`, which the tool parser turns into a call.
+Markers never reach a client: without this splitter they would leak into answers (the
+reason a card says `reasoning.format = "harmony"`).
 
 `HarmonySplitter` has `ReasoningSplitter`'s interface (push/flush/settled/in_reasoning):
 text is held only while it could still be a marker. Text before any marker is answer text
@@ -14,6 +16,7 @@ text is held only while it could still be a marker. Text before any marker is an
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from skulk.api.reasoning import Piece
@@ -30,11 +33,17 @@ BODY_ENDS = frozenset({"<|end|>", "<|return|>", "<|call|>", "<|start|>"})
 _Mode = Literal["body", "header", "between"]
 
 
+RECIPIENT_RE = re.compile(r"\bto=functions\.([A-Za-z0-9_.-]+)")
+"""A message addressed to a function tool: a harmony tool call."""
+
+
 class HarmonySplitter:
     def __init__(self) -> None:
         self._mode: _Mode = "body"
         self._channel = "final"
         self._header = ""
+        self._role = ""
+        self._calling = False
         self._held = ""
 
     @property
@@ -71,12 +80,13 @@ class HarmonySplitter:
                 self._take(buffer[at: at + len(MARKER_OPEN)], out)
                 buffer = buffer[at + len(MARKER_OPEN):]
                 continue
-            self._marker(marker)
+            self._marker(marker, out)
             buffer = buffer[end + len(MARKER_CLOSE):]
         return _merged(out)
 
     def flush(self) -> list[Piece]:
-        """What is still held at the end: an unfinished marker is just text."""
+        """What is still held at the end: an unfinished marker is just text (and a call cut
+        off before its end stays an unclosed tag: text, never a call)."""
         held, self._held = self._held, ""
         out: list[Piece] = []
         self._take(held, out)
@@ -85,22 +95,31 @@ class HarmonySplitter:
     def _take(self, text: str, out: list[Piece]) -> None:
         if not text:
             return
-        if self._mode == "header":
-            self._header += text
-        elif self._mode == "body":
+        if self._mode == "body":
             out.append((text, self._channel in REASONING_CHANNELS))
-        # "between": the role name after <|start|> ('assistant') is no text of the answer
+        else:
+            # the role after <|start|> and the channel header ('commentary to=functions.f')
+            self._header += text
 
-    def _marker(self, marker: str) -> None:
+    def _marker(self, marker: str, out: list[Piece]) -> None:
         if marker == "<|channel|>":
-            self._mode, self._header = "header", ""
+            # The role part ('assistant', or 'assistant to=functions.f') is kept for its recipient.
+            self._role, self._header, self._mode = self._header, "", "header"
         elif marker == "<|message|>":
+            recipient = RECIPIENT_RE.search(f"{self._role} {self._header}")
             if self._mode == "header":
                 # 'analysis', or 'commentary to=functions.f <|constrain|>json': the first word
                 self._channel = (self._header.split() or ["final"])[0]
-            self._mode = "body"
+            self._mode, self._header, self._role = "body", "", ""
+            if recipient is not None:
+                # A tool call: its JSON arguments, wrapped as a function tag for the tool
+                # parser (`skulk.api.tool_calls`, the card format 'harmony').
+                self._channel, self._calling = "commentary", True
+                out.append((f"<function={recipient.group(1)}>", False))
         elif marker in BODY_ENDS:
-            self._mode = "between"
+            if self._calling and self._mode == "body":
+                out.append(("</function>", False))
+            self._mode, self._header, self._role, self._calling = "between", "", "", False
         # '<|constrain|>' and any other marker inside a header: dropped
 
 
@@ -115,4 +134,4 @@ def _merged(pieces: list[Piece]) -> list[Piece]:
     return out
 
 
-__all__ = ["REASONING_CHANNELS", "HarmonySplitter"]
+__all__ = ["REASONING_CHANNELS", "RECIPIENT_RE", "HarmonySplitter"]

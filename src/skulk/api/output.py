@@ -44,9 +44,11 @@ def splitter_for(reasoning: ReasoningSection | None) -> ReasoningSplitter | Harm
 
 class OutputShaper:
     def __init__(self, params: TextGenerationParams, new_call_id: Callable[[int], str],
-                 reasoning: ReasoningSection | None = None) -> None:
-        """`reasoning`: the model card's section (None: no card, the default splitter)."""
+                 reasoning: ReasoningSection | None = None, tool_call_format: str | None = None) -> None:
+        """`reasoning`: the model card's section (None: no card, the default splitter);
+        `tool_call_format`: the card's, whose parser is tried first."""
         self._splitter = splitter_for(reasoning) if params.prompt is None else None
+        self._tool_format = tool_call_format
         self._tool_names = frozenset(t.name for t in params.tools) if wants_tool_parsing(params) else frozenset()
         self._new_call_id = new_call_id
         self._held: list[TokenChunk] = []
@@ -70,7 +72,7 @@ class OutputShaper:
             return out
         held, self._held = self._held, []
         text = "".join(c.text for c in held)
-        parsed = parse_tool_calls(text, self._tool_names)
+        parsed = parse_tool_calls(text, self._tool_names, self._tool_format)
         if not parsed.calls:
             return out + held
         last = self._last

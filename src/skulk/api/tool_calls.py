@@ -167,11 +167,24 @@ _FORMATS: tuple[Callable[[str, Collection[str]], ParsedOutput | None], ...] = (
 )
 
 
-def parse_tool_calls(text: str, tool_names: Collection[str]) -> ParsedOutput:
+BY_CARD_FORMAT: dict[str, Callable[[str, Collection[str]], ParsedOutput | None]] = {
+    "hermes": _hermes,
+    "mistral": _mistral,
+    "llama3_json": _llama_json,
+    # skulk.api.harmony rewrites a harmony call (`to=functions.NAME ... <|message|>{..}`)
+    # into a `<function=NAME>{..}</function>` tag on its way out of the splitter.
+    "harmony": _function_tags,
+}
+"""A card's `tooling.tool_call_format` -> the parser tried first."""
+
+
+def parse_tool_calls(text: str, tool_names: Collection[str], card_format: str | None = None) -> ParsedOutput:
     """The content and tool calls in a model's finished `text`; with no recognisable call
-    of an offered tool, the text is returned unchanged as content."""
+    of an offered tool, the text is returned unchanged as content. The card's format (when
+    it names one) is tried first, then every other."""
+    preferred = BY_CARD_FORMAT.get(card_format or "")
     if tool_names:
-        for parse in _FORMATS:
+        for parse in ((preferred,) if preferred else ()) + tuple(p for p in _FORMATS if p is not preferred):
             parsed = parse(text, tool_names)
             if parsed is not None and parsed.calls:
                 return parsed

@@ -171,18 +171,36 @@ HARMONY_MODEL_TYPES = frozenset({"gpt-oss", "gpt_oss"})
 """The harmony family as llama.cpp and mlx-lm name it (an MLX card has no template to read)."""
 
 
-def _reasoning(family: str, template: object) -> dict:
-    """How the model marks its reasoning, from its own chat template (the GGUF's, where the
-    card builder can read one) or its family: harmony channels, `<think>` tags, or none. A
-    card that says so gets the `thinking` capability with it (the card's rule)."""
+TOOL_MARKS: tuple[tuple[str, str], ...] = (
+    ("<tool_call>", "hermes"),
+    ("[TOOL_CALLS]", "mistral"),
+    ("<|python_tag|>", "llama3_json"),
+)
+"""In a chat template: how the model writes tool calls (first match wins; harmony aside)."""
+
+
+def _chat_format(family: str, template: object) -> dict:
+    """How the model marks its reasoning and its tool calls, from its own chat template (the
+    GGUF's, where the card builder can read one) or its family: harmony channels, `<think>`
+    tags, the common tool-call shapes. A card that names a format gets the capability with
+    it (the card's rule); a template that names none leaves the card's defaults."""
     text = template if isinstance(template, str) else ""
-    if HARMONY_MARK in text or family in HARMONY_MODEL_TYPES:
-        section = {"format": "harmony"}
+    harmony = HARMONY_MARK in text or family in HARMONY_MODEL_TYPES
+    out: dict = {}
+    capabilities = ["text"]
+    if harmony:
+        out["reasoning"] = {"format": "harmony"}
     elif THINK_TAGS[0] in text and THINK_TAGS[1] in text:
-        section = {"format": "think_tags", "start_tag": THINK_TAGS[0], "end_tag": THINK_TAGS[1]}
-    else:
-        return {}
-    return {"reasoning": section, "capabilities": ["text", "thinking"]}
+        out["reasoning"] = {"format": "think_tags", "start_tag": THINK_TAGS[0], "end_tag": THINK_TAGS[1]}
+    if "reasoning" in out:
+        capabilities.append("thinking")
+    tools = "harmony" if harmony else next((fmt for mark, fmt in TOOL_MARKS if mark in text), None)
+    if tools is not None:
+        out["tooling"] = {"tool_call_format": tools}
+        capabilities.append("tools")
+    if len(capabilities) > 1:
+        out["capabilities"] = capabilities
+    return out
 
 
 def _experts(source: str, data: Mapping[str, Any], count_keys: Sequence[str], used_keys: Sequence[str]) -> dict:
@@ -282,7 +300,7 @@ def card_from_config(
         "sliding_window": window,
         "sliding_window_pattern": pattern if window else None,
         "placement": {"compatible_backends": list(MLX_BACKENDS), "backend_preference": list(MLX_PREFERENCE)},
-        **_reasoning(family, None),
+        **_chat_format(family, None),
     })
 
 
@@ -331,7 +349,7 @@ def card_from_gguf(
         "sliding_window": window,
         "sliding_window_pattern": WINDOW_PATTERNS.get(family) if window else None,
         "placement": {"compatible_backends": list(GGUF_BACKENDS), "backend_preference": list(GGUF_PREFERENCE)},
-        **_reasoning(family, meta.get("tokenizer.chat_template")),
+        **_chat_format(family, meta.get("tokenizer.chat_template")),
     })
 
 

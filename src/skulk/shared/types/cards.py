@@ -43,7 +43,7 @@ below; there is no list of ours."""
 ModelTask = Literal["TextGeneration", "Embedding"]
 Capability = Literal["text", "tools", "thinking", "vision", "embedding"]
 CardSource = Literal["huggingface", "local-generated", "local-path"]
-ToolCallFormat = Literal["hermes", "llama3_json", "mistral", "none"]
+ToolCallFormat = Literal["hermes", "llama3_json", "mistral", "harmony", "none"]
 ReasoningFormat = Literal["none", "think_tags", "harmony"]
 
 KNOWN_COMPUTES: frozenset[str] = frozenset({"metal", "cuda", "rocm", "vulkan", "cpu"})
