@@ -139,3 +139,40 @@ async def test_a_harmony_tool_call_comes_back_as_a_call():
     assert [(c.function.name, c.function.arguments) for c in message.tool_calls] == [("get_weather",
                                                                                      '{"city":"Paris"}')]
     assert message.model_extra["reasoning_content"] == "Weather needed."
+
+
+def switch_app(switches: tuple[str, ...], fmt: str = "think_tags"):
+    card = load_card(builtin_cards_dir() / "local--tiny-llama.toml")
+    reasoning = ReasoningSection(format=fmt, start_tag="<think>", end_tag="</think>", switches=switches) \
+        if fmt == "think_tags" else ReasoningSection(format=fmt, switches=switches)
+    card = card.model_copy(update={"reasoning": reasoning, "capabilities": (*card.capabilities, "thinking")})
+    return scripted_app(["Hi"], context_fields={"get_cards": lambda: {MODEL: card}})
+
+
+async def test_reasoning_switches_reach_the_engine_or_are_refused_by_name():
+    from tests.api.scripted_cluster import asgi_http
+
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": False}
+    app, cluster = switch_app(("enable_thinking",))
+    async with asgi_http(app) as http:
+        off = await http.post("/ollama/api/chat", json={**chat, "think": False})
+        effort = await http.post("/ollama/api/chat", json={**chat, "think": "high"})
+        openai_off = await http.post("/v1/chat/completions", json={**chat, "reasoning_effort": "none"})
+        bad = await http.post("/v1/chat/completions", json={**chat, "reasoning_effort": "extreme"})
+    assert off.status_code == 200 and cluster.all_params()[0].thinking is False
+    assert effort.status_code == 400 and effort.json()["error"].startswith(f"{MODEL} takes no reasoning level")
+    assert openai_off.status_code == 200 and cluster.all_params()[1].thinking is False
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "reasoning_effort"
+
+    app, cluster = switch_app(("reasoning_effort",), fmt="harmony")
+    async with asgi_http(app) as http:
+        high = await http.post("/v1/responses", json={"model": MODEL, "input": "hi", "reasoning": {"effort": "high"}})
+        off = await http.post("/v1/chat/completions", json={**chat, "reasoning_effort": "minimal"})
+    assert high.status_code == 200 and high.json()["reasoning"] == {"effort": "high", "summary": None}
+    assert cluster.all_params()[0].reasoning_effort == "high"
+    assert off.status_code == 400 and "always reasons" in off.json()["error"]["message"]
+
+    app, cluster = scripted_app(["Hi"])  # the tiny model's card names no reasoning at all
+    async with asgi_http(app) as http:
+        on = await http.post("/ollama/api/chat", json={**chat, "think": True})
+    assert on.status_code == 400 and "does not reason" in on.json()["error"] and not cluster.commands

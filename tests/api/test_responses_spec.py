@@ -140,7 +140,7 @@ async def test_tool_call_limits_are_honoured(limits, calls):
 
 
 @pytest.mark.parametrize(("field", "value"), [
-    ("background", True), ("service_tier", "flex"), ("truncation", "auto"), ("reasoning", {"effort": "high"}),
+    ("background", True), ("service_tier", "flex"), ("truncation", "auto"), ("reasoning", {"summary": "auto"}),
     ("conversation", "conv_1"), ("prompt", {"id": "pmpt_1"}), ("include", ["reasoning.encrypted_content"]),
     ("stream_options", {"include_obfuscation": True}), ("prompt_cache_retention", "24h"), ("max_tool_calls", -1),
     ("top_logprobs", 21), ("presence_penalty", 3), ("not_a_field", 1),

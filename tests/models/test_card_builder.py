@@ -261,3 +261,18 @@ def test_every_card_tool_format_has_a_parser():
     from skulk.shared.types.cards import ToolCallFormat
 
     assert set(get_args(ToolCallFormat)) - {"none"} == set(BY_CARD_FORMAT)
+
+
+@pytest.mark.parametrize(("template", "family", "switches"), [
+    ("{%- if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>{% endif %}", "qwen3moe",
+     ("enable_thinking",)),
+    ("{% if thinking %}<think>{% else %}</think>{% endif %}", "qwen3moe", ("thinking",)),
+    ("<|channel|>{{ reasoning_effort }}", "gpt-oss", ("reasoning_effort",)),
+    ("<think></think>", "qwen3moe", ()),
+])
+def test_reasoning_switches_come_from_the_template(template, family, switches):
+    meta = {k.replace("qwen3moe", family): v for k, v in MOE_META.items()}
+    meta["general.architecture"] = family
+    meta["tokenizer.chat_template"] = template
+    card = card_from_gguf("local/s", parse_gguf_metadata(_gguf(meta)), "s.gguf", 10, local_path="/m")
+    assert card.reasoning.switches == switches

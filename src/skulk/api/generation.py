@@ -37,6 +37,7 @@ from skulk.api.streams import CommandStream
 from skulk.observe.structured_logs import bind_request_ids
 from skulk.observe.traces import RequestTrace
 from skulk.shared.codec import pack
+from skulk.shared.reasoning_switches import refusal as reasoning_refusal
 from skulk.shared.serving import model_serving
 from skulk.shared.types.cards import backend_engine
 from skulk.shared.types.chunks import EmbeddingChunk, TokenChunk
@@ -408,6 +409,24 @@ def check_features(instance: Instance, params: TextGenerationParams,
                                  param=(param_names or {}).get(param, param))
 
 
+def check_reasoning_switch(context: ApiContext, params: TextGenerationParams,
+                           param_names: Mapping[str, str] | None = None) -> None:
+    """A 400 naming the caller's parameter when the model cannot turn its reasoning on, off
+    or to the level asked (`skulk.shared.reasoning_switches`)."""
+    if params.thinking is None and params.reasoning_effort is None:
+        return
+    card = context.get_cards().get(params.model_id)
+    reasoning = card.reasoning if card is not None else None
+    why = reasoning_refusal(reasoning is not None and reasoning.format != "none",
+                            reasoning.switches if reasoning is not None else (),
+                            params.thinking, params.reasoning_effort)
+    if why is not None:
+        internal = "reasoning_effort" if params.reasoning_effort is not None and "level" in why else "thinking"
+        param = (param_names or {}).get(internal, internal)
+        raise InvalidRequest(f"{params.model_id} {why}; leave '{param}' unset for this model.", param=param,
+                             code="reasoning_switch_unsupported")
+
+
 def bind_instance(context: ApiContext, params: TextGenerationParams, *, max_tokens_param: str = "max_tokens",
                   param_names: Mapping[str, str] | None = None) -> Instance:
     """The placed instance `params` will run on, after the checks every wire format shares:
@@ -419,6 +438,7 @@ def bind_instance(context: ApiContext, params: TextGenerationParams, *, max_toke
     down runners otherwise), and there is a master (503)."""
     instance = _placed_instance(context, params, generation_limits_error)
     check_features(instance, params, param_names)
+    check_reasoning_switch(context, params, param_names)
     if (too_long := context_error(params, instance.context_token_limit)) is not None:
         raise too_long
     if params.max_tokens is not None and params.max_tokens > instance.context_token_limit:

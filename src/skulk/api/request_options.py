@@ -112,6 +112,26 @@ def ollama_format(value: Any, param: str = "format") -> ResponseFormat | None:
     raise _bad_type(value, param, "'json' or a JSON Schema object")
 
 
+REASONING_LEVELS = ("low", "medium", "high")
+OFF_LEVELS = ("none", "minimal")
+"""OpenAI's efforts that mean "do not reason": a model with an on/off switch turns it off."""
+
+
+def reasoning_choice(value: Any, param: str, *, booleans: bool = False) -> dict[str, Any]:
+    """A wire format's reasoning setting as params fields (`thinking`, `reasoning_effort`):
+    a level, an off level ('none', 'minimal'), or (Ollama's `think`) true/false."""
+    if value is None:
+        return {}
+    if booleans and isinstance(value, bool):
+        return {"thinking": value}
+    if value in REASONING_LEVELS:
+        return {"reasoning_effort": value}
+    if value in OFF_LEVELS:
+        return {"thinking": False}
+    allowed = ("true, false, " if booleans else "") + ", ".join(f"'{v}'" for v in (*REASONING_LEVELS, *OFF_LEVELS))
+    raise InvalidRequest(f"Invalid {param} {value!r}; expected {allowed}.", param=param)
+
+
 def penalty(value: float | None, param: str) -> float | None:
     """A frequency or presence penalty within OpenAI's range."""
     low, high = PENALTY_RANGE

@@ -171,6 +171,14 @@ HARMONY_MODEL_TYPES = frozenset({"gpt-oss", "gpt_oss"})
 """The harmony family as llama.cpp and mlx-lm name it (an MLX card has no template to read)."""
 
 
+SWITCH_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("enable_thinking", re.compile(r"\benable_thinking\b")),
+    ("thinking", re.compile(r"{%-?\s*(?:if|elif)\s+(?:not\s+)?thinking\b")),
+    ("reasoning_effort", re.compile(r"\breasoning_effort\b")),
+)
+"""Template variables that switch reasoning (`skulk.shared.reasoning_switches`), as a
+template reads them."""
+
 TOOL_MARKS: tuple[tuple[str, str], ...] = (
     ("<tool_call>", "hermes"),
     ("[TOOL_CALLS]", "mistral"),
@@ -186,14 +194,21 @@ def _chat_format(family: str, template: object) -> dict:
     it (the card's rule); a template that names none leaves the card's defaults."""
     text = template if isinstance(template, str) else ""
     harmony = HARMONY_MARK in text or family in HARMONY_MODEL_TYPES
-    out: dict = {}
+    out: dict[str, Any] = {}
     capabilities = ["text"]
+    reasoning: dict[str, Any] | None = None
     if harmony:
-        out["reasoning"] = {"format": "harmony"}
+        reasoning = {"format": "harmony"}
     elif THINK_TAGS[0] in text and THINK_TAGS[1] in text:
-        out["reasoning"] = {"format": "think_tags", "start_tag": THINK_TAGS[0], "end_tag": THINK_TAGS[1]}
-    if "reasoning" in out:
+        reasoning = {"format": "think_tags", "start_tag": THINK_TAGS[0], "end_tag": THINK_TAGS[1]}
+    if reasoning is not None:
         capabilities.append("thinking")
+        switches = [name for name, pattern in SWITCH_PATTERNS if pattern.search(text)]
+        if family in HARMONY_MODEL_TYPES and "reasoning_effort" not in switches and not text:
+            switches.append("reasoning_effort")  # an MLX gpt-oss card: its template is not read here
+        if switches:
+            reasoning["switches"] = switches
+        out["reasoning"] = reasoning
     tools = "harmony" if harmony else next((fmt for mark, fmt in TOOL_MARKS if mark in text), None)
     if tools is not None:
         out["tooling"] = {"tool_call_format": tools}

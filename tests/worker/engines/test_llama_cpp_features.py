@@ -181,7 +181,7 @@ def test_output_of_a_template_opened_think_block_starts_with_the_tag(engine, mon
                                   max_tokens=3, temperature=0)
     plain = run(engine, params)
     render = engine._render
-    monkeypatch.setattr(engine, "_render", lambda messages, tools: render(messages, tools) + "<think>\n")
+    monkeypatch.setattr(engine, "_render", lambda messages, tools, switches=None: render(messages, tools) + "<think>\n")
     tokens = run(engine, params)
     assert tokens[0].text == "<think>" and tokens[0].token_id is None
     assert len(tokens) == 4 and tokens[-1].usage.completion_tokens == 3
@@ -234,3 +234,31 @@ def test_a_per_request_context_is_honoured(engine):
     with pytest.raises(PromptTooLong) as caught:
         run(engine, prompt_params(PROMPT, context_tokens=n_prompt))
     assert caught.value.context_tokens == n_prompt
+
+
+SWITCHED_TEMPLATE = (
+    "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}<|assistant|>"
+    "{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}"
+    "{% if reasoning_effort is defined %}[effort={{ reasoning_effort }}]{% endif %}"
+)
+
+
+@pytest.mark.parametrize(("switches", "fields", "tail"), [
+    (("enable_thinking",), {"thinking": False}, "<|assistant|><think></think>"),
+    (("enable_thinking",), {}, "<|assistant|>"),
+    (("reasoning_effort",), {"reasoning_effort": "low"}, "<|assistant|>[effort=low]"),
+    ((), {"thinking": False}, "<|assistant|>"),  # no switch: the API refuses; nothing reaches the template
+])
+def test_the_chat_template_gets_the_cards_reasoning_switches(switches, fields, tail):
+    """llama-cpp-python's own Jinja formatter renders the template with the request's switch."""
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    from skulk.shared.types.common import ChatMessage
+    from skulk.shared.types.tasks import TextGenerationParams
+    from skulk.worker.engines.llama_cpp.engine import LlamaCppEngine
+
+    engine = LlamaCppEngine()
+    engine._formatter = Jinja2ChatFormatter(template=SWITCHED_TEMPLATE, eos_token="", bos_token="")
+    engine._reasoning_switches = switches  # what load() takes from the card
+    request = TextGenerationParams(model_id="local/x", messages=[ChatMessage(role="user", content="hi")], **fields)
+    assert engine.render_chat(request) == "<|user|>hi" + tail

@@ -130,6 +130,7 @@ class GenerateRequest(_Lenient):
     images: list[str] | None = None
     format: Any = None
     keep_alive: Any = None
+    think: Any = None
 
 
 class EmbedRequest(_Lenient):
@@ -230,7 +231,8 @@ def keep_alive_seconds(value: Any) -> float | None:
 
 
 OPTION_PARAMS = {
-    "response_format": "format", "repeat_penalty": "options.repeat_penalty",
+    "response_format": "format", "repeat_penalty": "options.repeat_penalty", "thinking": "think",
+    "reasoning_effort": "think",
     "frequency_penalty": "options.frequency_penalty", "presence_penalty": "options.presence_penalty",
 }
 """Internal parameter names -> Ollama's, for errors about them."""
@@ -287,7 +289,8 @@ def chat_params(request: ChatRequest) -> TextGenerationParams:
         ))
     tools = _tools(request.tools or [])
     return _params(request.model, request.stream, request.options, request.format, request.keep_alive,
-                   messages=messages, tools=tools)
+                   messages=messages, tools=tools, **request_options.reasoning_choice(request.think, "think",
+                                                                                       booleans=True))
 
 
 def embed_params(model: str, inputs: str | list[str], dimensions: int | None = None) -> EmbeddingParams:
@@ -329,7 +332,7 @@ def generate_params(request: GenerateRequest) -> TextGenerationParams:
     messages = [ChatMessage(role="system", content=request.system)] if request.system else []
     messages.append(ChatMessage(role="user", content=prompt))
     return _params(request.model, request.stream, request.options, request.format, request.keep_alive,
-                   messages=messages)
+                   messages=messages, **request_options.reasoning_choice(request.think, "think", booleans=True))
 
 
 # ---------------------------------------------------------------------------------------

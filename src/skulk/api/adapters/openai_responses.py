@@ -235,8 +235,8 @@ def _refuse_unhonoured(request: ResponsesRequest) -> None:
         (request.conversation is not None, "conversation",
          "Conversations are not supported; continue a response with 'previous_response_id'."),
         (request.prompt is not None, "prompt", "Stored prompt templates are not supported; send 'input'."),
-        (any(v is not None for v in (request.reasoning or {}).values()), "reasoning",
-         "Reasoning effort and summaries are the model's own here; they cannot be set per request."),
+        (any(v is not None for k, v in (request.reasoning or {}).items() if k != "effort"), "reasoning",
+         "Reasoning summaries are not served; 'reasoning' takes an 'effort' only."),
         (any(k != "include_obfuscation" or v for k, v in (request.stream_options or {}).items()), "stream_options",
          "Stream obfuscation is not served; send 'stream_options' without it."),
     ]
@@ -292,6 +292,7 @@ def to_params(request: ResponsesRequest, history: Sequence[ChatMessage] = ()) ->
             presence_penalty=request_options.penalty(request.presence_penalty, "presence_penalty"),
             frequency_penalty=request_options.penalty(request.frequency_penalty, "frequency_penalty"),
             logprobs=wants_logprobs(request),
+            **request_options.reasoning_choice((request.reasoning or {}).get("effort"), "reasoning.effort"),
             top_logprobs=request.top_logprobs if wants_logprobs(request) else None,
             tools=tools,
             tool_choice=tool_choice,
@@ -388,7 +389,8 @@ def response_object(
         "presence_penalty": request.presence_penalty or 0.0,
         "frequency_penalty": request.frequency_penalty or 0.0,
         "top_logprobs": request.top_logprobs or 0,
-        "reasoning": None,
+        "reasoning": ({"effort": effort, "summary": None}
+                      if (effort := (request.reasoning or {}).get("effort")) is not None else None),
         "tool_choice": request.tool_choice or "auto",
         "tools": _echoed_tools(request),
         "store": request.store is not False,

@@ -189,6 +189,10 @@ def caller_scope(request: HTTPConnection) -> str:
     return key_scope(next(iter(presented_keys(request.headers)), None))
 
 
+RESPONSES_PARAMS = {"response_format": "text.format", "thinking": "reasoning.effort",
+                    "reasoning_effort": "reasoning.effort"}
+"""Internal parameter names -> the Responses API's, for errors about them."""
+
 KEY_SCOPE_HEADER = "X-Skulk-Key-Scope"
 """What a node asking a peer for a stored response sends: the caller's key scope (a digest
 of its API key, `key_scope`), so the peer answers only what that key stored."""
@@ -242,7 +246,7 @@ async def responses(request: Request, body: openai_responses.ResponsesRequest) -
         if body.previous_response_id else ()
     params = openai_responses.to_params(body, history)
     stream = await start_generation(context, params, max_tokens_param="max_output_tokens",
-                                    param_names={"response_format": "text.format"})
+                                    param_names=RESPONSES_PARAMS)
     created = int(time.time())
     scope = caller_scope(request)
 

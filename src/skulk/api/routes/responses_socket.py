@@ -35,7 +35,7 @@ from skulk.api.cors import LOCAL_ORIGIN_REGEX
 from skulk.api.errors import ApiError, InvalidRequest, StreamFailed, invalid_request_from_validation
 from skulk.api.generation import api_context, drive, start_generation
 from skulk.api.response_store import StoredResponse
-from skulk.api.routes.openai import caller_scope, kept_responses, stored_response
+from skulk.api.routes.openai import RESPONSES_PARAMS, caller_scope, kept_responses, stored_response
 from skulk.shared.types.common import ChatMessage
 
 logger = logging.getLogger(__name__)
@@ -186,7 +186,7 @@ async def _turn(websocket: WebSocket, socket: _Socket, body: openai_responses.Re
     params = openai_responses.to_params(body, history)
     params = params.model_copy(update={"stream": True})
     stream = await start_generation(context, params, max_tokens_param="max_output_tokens",
-                                    param_names={"response_format": "text.format"})
+                                    param_names=RESPONSES_PARAMS)
     scope = caller_scope(websocket)
 
     def keep(response: dict[str, Any]) -> None:

@@ -45,6 +45,9 @@ Capability = Literal["text", "tools", "thinking", "vision", "embedding"]
 CardSource = Literal["huggingface", "local-generated", "local-path"]
 ToolCallFormat = Literal["hermes", "llama3_json", "mistral", "harmony", "none"]
 ReasoningFormat = Literal["none", "think_tags", "harmony"]
+ReasoningSwitch = Literal["enable_thinking", "thinking", "reasoning_effort"]
+"""Chat-template variables that turn reasoning on or off (`enable_thinking`: Qwen 3;
+`thinking`: DeepSeek V3.1, Granite) or set its level (`reasoning_effort`: gpt-oss)."""
 
 KNOWN_COMPUTES: frozenset[str] = frozenset({"metal", "cuda", "rocm", "vulkan", "cpu"})
 """Accelerators a backend tag may name (the part after the first '-')."""
@@ -213,6 +216,9 @@ class ReasoningSection(WireModel):
     """For think_tags: the opening marker, e.g. '<think>'."""
     end_tag: NonEmptyStr | None = None
     """For think_tags: the closing marker, e.g. '</think>'."""
+    switches: Annotated[tuple[ReasoningSwitch, ...], AfterValidator(_unique)] = ()
+    """The template variables that control reasoning: what a request's thinking on/off or
+    effort is rendered through. Empty: the model's reasoning cannot be switched."""
 
     @model_validator(mode="after")
     def _tags_match_format(self) -> ReasoningSection:
@@ -224,6 +230,8 @@ class ReasoningSection(WireModel):
             for name in ("start_tag", "end_tag"):
                 if getattr(self, name) is not None:
                     raise card_field_error(name, f"only meaningful when format is 'think_tags', not {self.format!r}")
+        if self.switches and self.format == "none":
+            raise card_field_error("switches", "a model that does not reason has no reasoning switches")
         return self
 
 

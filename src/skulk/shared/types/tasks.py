@@ -43,6 +43,11 @@ class TextGenerationParams(WireModel):
     temperature: FiniteFloat | None = Field(default=None, ge=0)
     top_p: FiniteFloat | None = Field(default=None, gt=0, le=1)
     top_k: int | None = Field(default=None, ge=0)
+    thinking: bool | None = None
+    """Turn the model's reasoning on or off through its chat template's switch (None: the
+    template's default). The API refuses it for a model whose card has no switch."""
+    reasoning_effort: Literal["low", "medium", "high"] | None = None
+    """A reasoning level, for templates that take one (gpt-oss's `reasoning_effort`)."""
     min_p: FiniteFloat | None = Field(default=None, ge=0, le=1)
     """Drop tokens less likely than min_p x the most likely one's probability (None: the
     engine's default: 0.05 on llama.cpp, 0 on MLX and vLLM)."""

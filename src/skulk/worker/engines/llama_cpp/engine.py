@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from skulk.shared.prefix_cache import cold_budget_bytes
+from skulk.shared.reasoning_switches import template_kwargs
 from skulk.shared.sampling_defaults import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, LLAMA_CPP_DEFAULT_MIN_P
 from skulk.shared.tool_grammar import SchemaNotSupported, request_grammar
 from skulk.shared.types.cards import backend_engine
@@ -206,6 +207,7 @@ class LlamaCppEngine:
         self._llama: Any = None
         self._vocab: Any = None
         self._formatter: Any = None
+        self._reasoning_switches: tuple[str, ...] = ()
         self._special_ids: dict[str, int] = {}
         self._special_pattern: re.Pattern[str] | None = None
         self._n_ctx = 0
@@ -273,6 +275,7 @@ class LlamaCppEngine:
             self._pool.connect()
             pooled, placing = self._pool.options(spec.card.num_layers)
         n_ctx = min(spec.instance.context_token_limit, spec.card.context_length)
+        self._reasoning_switches = spec.card.reasoning.switches
         threads = spec.n_threads or physical_cores()
         options = dict(
             model_path=spec.model_path,
@@ -315,7 +318,7 @@ class LlamaCppEngine:
             options["flash_attn"], options["use_mmap"],
         )
 
-    def load_tokenizer(self, model_path: str, n_ctx: int) -> None:
+    def load_tokenizer(self, model_path: str, n_ctx: int, reasoning_switches: tuple[str, ...] = ()) -> None:
         """Only the GGUF's vocabulary and chat template (no weights): the prompt machinery
         (`prompt_and_tokens`) for an engine that generates elsewhere, so a llama-server
         sees exactly the tokens this engine would feed (caller text never parsed as special
@@ -326,6 +329,7 @@ class LlamaCppEngine:
         self._llama = llama
         self._vocab = llama_cpp.llama_model_get_vocab(llama.model)
         self._n_ctx = n_ctx
+        self._reasoning_switches = reasoning_switches
         self._formatter = self._chat_formatter(llama)
         self._special_ids = control_tokens(llama_cpp, self._vocab)
         self._special_pattern = special_token_pattern(self._special_ids)
@@ -443,11 +447,17 @@ class LlamaCppEngine:
     def render_chat(self, request: TextGenerationParams) -> str:
         """The messages as the GGUF's chat template writes them."""
         messages, tools = self._chat_inputs(request)
-        return self._render(messages, tools)
+        return self._render(messages, tools, self._switches_for(request))
 
     def _chat_segments(self, request: TextGenerationParams) -> tuple[str, list[Segment]]:
         messages, tools = self._chat_inputs(request)
-        return render_segments(self._render, messages, tools)
+        switches = self._switches_for(request)
+        return render_segments(lambda m, t: self._render(m, t, switches), messages, tools)
+
+    def _switches_for(self, request: TextGenerationParams) -> dict[str, Any]:
+        """The template variables carrying the request's thinking / effort (the API already
+        refused what the card's switches cannot do)."""
+        return template_kwargs(self._reasoning_switches, request.thinking, request.reasoning_effort)
 
     def _chat_inputs(self, request: TextGenerationParams) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
         if self._formatter is None:
@@ -460,8 +470,9 @@ class LlamaCppEngine:
         ] or None
         return [chat_message_dict(m) for m in request.messages], tools
 
-    def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
-        return self._formatter(messages=messages, tools=tools).prompt
+    def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                switches: dict[str, Any] | None = None) -> str:
+        return self._formatter(messages=messages, tools=tools, **(switches or {})).prompt
 
     # -- internals ----------------------------------------------------------------------
 

@@ -266,6 +266,7 @@ class MlxEngine:
         self._activation_dtype = _activation_dtype(stage)
         self._n_ctx = min(spec.instance.context_token_limit, spec.card.context_length)
         self._model_id = ModelId(spec.card.model_id)
+        self._reasoning_switches: tuple[str, ...] = spec.card.reasoning.switches
         if role.world == 1 and make_cache is not None:
             capacity = spec.instance.capacity
             planned = capacity.cold_budget_bytes if capacity is not None else None
@@ -343,7 +344,7 @@ class MlxEngine:
         self._require_loaded()
         try:
             return prompt_tokens(self._tokenizer, request, specials=self._specials, limit=self._n_ctx,
-                                 cancelled=cancelled)
+                                 cancelled=cancelled, switches=self._reasoning_switches)
         except PromptOverContext as over:
             raise PromptTooLong(over.tokens_so_far, self._n_ctx) from None
 

@@ -19,6 +19,7 @@ import sys
 import threading
 from typing import Any
 
+from skulk.shared.reasoning_switches import template_kwargs
 from skulk.shared.types.tasks import TextGenerationParams
 from skulk.worker.engines.base import ChatTemplateMissing, chat_message_dict
 from skulk.worker.engines.prompt_pieces import (
@@ -100,6 +101,7 @@ def prompt_tokens(
     specials: dict[str, int] | None = None,
     limit: int | None = None,
     cancelled: threading.Event | None = None,
+    switches: tuple[str, ...] = (),
 ) -> list[int]:
     """The exact ids the model sees for `request`. Special-token text is parsed only where
     the chat template (or a raw prompt's author) wrote it; caller content is encoded with
@@ -116,8 +118,12 @@ def prompt_tokens(
             for t in request.tools
         ] or None
 
+        # The card's reasoning switches carry the request's thinking / effort into the template.
+        extra = template_kwargs(switches, request.thinking, request.reasoning_effort)
+
         def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
-            return tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+            return tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False,
+                                                 **extra)
 
         _, segments = render_segments(render, [chat_message_dict(m) for m in request.messages], tools)
     specials = special_tokens(tokenizer) if specials is None else specials

@@ -130,7 +130,7 @@ class LlamaServerEngine(ServedEngineShell):
             raise ModelLoadFailed(f"GGUF file not found: {spec.model_path}")
         slots = assigned_slots("llama_server", shard.slots)  # placement admitted KV for this many
         self._context_tokens = min(spec.instance.context_token_limit, spec.card.context_length)
-        self._tokenizer.load_tokenizer(spec.model_path, self._context_tokens)
+        self._tokenizer.load_tokenizer(spec.model_path, self._context_tokens, spec.card.reasoning.switches)
         binary = self._env.get(ENGINE_BINARY_ENV["llama_server"], "").strip()
         if not binary:
             raise ModelLoadFailed(

@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 
 from skulk.shared.memory_estimate import VLLM_CONTEXT_CAP_TOKENS
+from skulk.shared.reasoning_switches import template_kwargs
 from skulk.shared.types.cards import backend_engine
 from skulk.shared.types.common import FinishReason
 from skulk.shared.types.node_facts import ENGINE_BINARY_ENV
@@ -139,6 +140,7 @@ class VllmEngine(ServedEngineShell):
         super().__init__()
         self._env = dict(os.environ if env is None else env)
         self._seqs = 1
+        self._reasoning_switches: tuple[str, ...] = ()
 
     @property
     def concurrency(self) -> int:
@@ -160,6 +162,7 @@ class VllmEngine(ServedEngineShell):
         server = start_healthy(lambda port: vllm_argv(binary, spec.model_path, port, seqs, context),
                                server_env(self._env))
         self._server, self._seqs = server, seqs
+        self._reasoning_switches = spec.card.reasoning.switches
         self._client = httpx.Client(base_url=server.base_url, timeout=httpx.Timeout(READ_TIMEOUT_S, connect=5.0),
                                     limits=httpx.Limits(max_connections=seqs + 2))
 
@@ -188,6 +191,9 @@ class VllmEngine(ServedEngineShell):
             path, body["prompt"] = "/v1/completions", request.prompt
         else:
             path, body["messages"] = "/v1/chat/completions", [chat_message_dict(m) for m in request.messages]
+            switches = template_kwargs(self._reasoning_switches, request.thinking, request.reasoning_effort)
+            if switches:  # vLLM renders the template: the card's switches ride along
+                body["chat_template_kwargs"] = switches
         finish: GeneratedToken | None = None
 
         def tokens_of_line(line: str) -> Iterator[GeneratedToken]:
