@@ -176,3 +176,16 @@ async def test_reasoning_switches_reach_the_engine_or_are_refused_by_name():
     async with asgi_http(app) as http:
         on = await http.post("/ollama/api/chat", json={**chat, "think": True})
     assert on.status_code == 400 and "does not reason" in on.json()["error"] and not cluster.commands
+
+
+def test_thinking_blocks_sent_back_become_the_assistant_turns_reasoning():
+    from skulk.api.adapters.anthropic import MessagesRequest, to_params
+
+    params = to_params(MessagesRequest.model_validate({"model": MODEL, "max_tokens": 8, "messages": [
+        {"role": "user", "content": "Capital?"},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "France.", "signature": ""},
+                                          {"type": "redacted_thinking", "data": "xx"},
+                                          {"type": "text", "text": "Paris."}]},
+        {"role": "user", "content": "And Italy?"}]}))
+    assert [(m.role, m.content, m.reasoning_content) for m in params.messages] == [
+        ("user", "Capital?", None), ("assistant", "Paris.", "France."), ("user", "And Italy?", None)]

@@ -262,3 +262,26 @@ def test_the_chat_template_gets_the_cards_reasoning_switches(switches, fields, t
     engine._reasoning_switches = switches  # what load() takes from the card
     request = TextGenerationParams(model_id="local/x", messages=[ChatMessage(role="user", content="hi")], **fields)
     assert engine.render_chat(request) == "<|user|>hi" + tail
+
+
+def test_reasoning_sent_back_is_rendered_as_caller_text():
+    """An assistant turn's reasoning (Anthropic thinking blocks, OpenAI reasoning_content)
+    reaches a template that reads it, and is caller text: special-token text in it is never
+    parsed as a special token."""
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    from skulk.shared.types.common import ChatMessage
+    from skulk.shared.types.tasks import TextGenerationParams
+    from skulk.worker.engines.llama_cpp.engine import LlamaCppEngine
+
+    template = ("{% for m in messages %}<|{{ m.role }}|>{% if m.reasoning_content %}<think>{{ m.reasoning_content }}"
+                "</think>{% endif %}{{ m.content }}{% endfor %}<|assistant|>")
+    engine = LlamaCppEngine()
+    engine._formatter = Jinja2ChatFormatter(template=template, eos_token="", bos_token="")
+    request = TextGenerationParams(model_id="local/x", messages=[
+        ChatMessage(role="user", content="hi"),
+        ChatMessage(role="assistant", content="Paris.", reasoning_content="why <|eot_id|>"),
+        ChatMessage(role="user", content="more")])
+    rendered, segments = engine._chat_segments(request)
+    assert "<think>why <|eot_id|></think>Paris." in rendered
+    assert [s.text for s in segments if not s.trusted] == ["hi", "why <|eot_id|>", "Paris.", "more"]

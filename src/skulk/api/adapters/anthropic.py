@@ -63,6 +63,7 @@ class ContentBlock(_Lenient):
 
     type: str
     text: str | None = None
+    thinking: str | None = None
     id: str | None = None
     name: str | None = None
     input: Any = None
@@ -182,16 +183,22 @@ def _tool_choice(choice: ToolChoice | None, tools: Sequence[ToolSpec]) -> str | 
 def _turn(message: InputMessage, where: str) -> list[ChatMessage]:
     """One Anthropic turn as chat messages: tool results become tool messages (ahead of the
     turn's text, as they answer the previous turn's calls), tool_use blocks become the
-    assistant's tool calls, thinking blocks are dropped."""
+    assistant's tool calls, thinking blocks its reasoning (the template decides whether the
+    model sees it again, and count_tokens counts what it renders)."""
     role = cast(ChatRole, message.role)  # to_params checked it against _ROLES
     if isinstance(message.content, str):
         return [ChatMessage(role=role, content=message.content)]
     results: list[ChatMessage] = []
     texts: list[str] = []
+    thoughts: list[str] = []
     calls: list[ToolCall] = []
     for index, block in enumerate(message.content):
         at = f"{where}.content[{index}]"
-        if block.type in ("thinking", "redacted_thinking"):
+        if block.type == "redacted_thinking":
+            continue  # encrypted by another provider: nothing a template can show
+        if block.type == "thinking":
+            if message.role == "assistant" and block.thinking:
+                thoughts.append(block.thinking)
             continue
         if block.type == "tool_use" and message.role == "assistant":
             if not block.id or not block.name:
@@ -216,7 +223,8 @@ def _turn(message: InputMessage, where: str) -> list[ChatMessage]:
     turn: list[ChatMessage] = []
     if texts or calls or not results:
         # Separate blocks are separate passages; a newline keeps their words apart.
-        turn.append(ChatMessage(role=role, content="\n".join(texts) if texts else None, tool_calls=calls))
+        turn.append(ChatMessage(role=role, content="\n".join(texts) if texts else None, tool_calls=calls,
+                                reasoning_content="\n".join(thoughts) or None))
     return results + turn
 
 

@@ -286,6 +286,7 @@ def chat_params(request: ChatRequest) -> TextGenerationParams:
         messages.append(ChatMessage(
             role=role, content=message.content or "", tool_calls=_calls(message, index),
             name=message.tool_name if role == "tool" else None,
+            reasoning_content=message.thinking if role == "assistant" else None,
         ))
     tools = _tools(request.tools or [])
     return _params(request.model, request.stream, request.options, request.format, request.keep_alive,

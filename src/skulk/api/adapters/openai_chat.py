@@ -90,6 +90,8 @@ class Message(_Lenient):
     name: str | None = None
     tool_calls: list[MessageToolCall] | None = None
     tool_call_id: str | None = None
+    reasoning_content: str | None = None
+    """An assistant turn's reasoning sent back (the extension Skulk and llama-server answer with)."""
 
 
 class FunctionDefinition(_Lenient):
@@ -200,7 +202,8 @@ def _to_message(message: Message, index: int) -> ChatMessage:
     if content is None and not tool_calls:
         raise InvalidRequest("A message needs 'content' (or, for an assistant, 'tool_calls').", param=f"{where}.content")
     return ChatMessage(role=role, content=content, name=message.name, tool_calls=tool_calls,
-                       tool_call_id=message.tool_call_id)
+                       tool_call_id=message.tool_call_id,
+                       reasoning_content=message.reasoning_content if role == "assistant" else None)
 
 
 def _to_tools(request: ChatCompletionRequest) -> list[ToolSpec]:

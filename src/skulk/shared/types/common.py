@@ -89,6 +89,10 @@ class ChatMessage(WireModel):
     name: str | None = None
     tool_calls: list[ToolCall] = Field(default_factory=list)
     tool_call_id: str | None = None
+    reasoning_content: str | None = None
+    """An assistant turn's reasoning, as the client sends it back (Anthropic thinking blocks,
+    OpenAI's `reasoning_content`, Ollama's `thinking`); the chat template decides whether
+    it is shown to the model again (most show only the latest turn's)."""
 
 
 class Usage(WireModel):

@@ -125,6 +125,9 @@ def chat_message_dict(message: ChatMessage) -> dict[str, Any]:
         ]
     if message.tool_call_id is not None:
         out["tool_call_id"] = message.tool_call_id
+    if message.reasoning_content:
+        # Qwen 3 and DeepSeek templates read `reasoning_content`, gpt-oss's `thinking`.
+        out["reasoning_content"] = out["thinking"] = message.reasoning_content
     return out
 
 

@@ -108,7 +108,7 @@ def mark_caller_text(
     marked_messages: list[dict[str, Any]] = []
     for message in messages:
         copy = dict(message)
-        for field in ("content", "name", "tool_call_id"):
+        for field in ("content", "name", "tool_call_id", "reasoning_content", "thinking"):
             if field in copy:
                 copy[field] = slot(copy[field])
         if copy.get("tool_calls"):
