@@ -166,6 +166,9 @@ async def test_compaction_folds_a_conversation_into_its_user_messages_and_a_summ
     assert summary.encrypted_content == "France's capital is Paris."
     asked = cluster.params().messages
     assert [m.role for m in asked] == ["user", "assistant", "user"] and "summary" in asked[-1].content
+    # the summary is bounded, so the compacted conversation fits the context again
+    from tests.api.test_openai_routes import INSTANCE
+    assert cluster.params().max_tokens == min(1024, INSTANCE.context_token_limit // 4)
     # the compacted items continue the conversation: the summary becomes an assistant turn
     app2, cluster2 = scripted_app(["Lyon."])
     items = [item.model_dump(exclude_none=True, warnings=False) for item in compacted.output]

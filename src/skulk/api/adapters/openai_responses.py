@@ -570,6 +570,15 @@ class CompactRequest(BaseModel):
     prompt_cache_retention: str | None = None
 
 
+COMPACTION_MAX_TOKENS = 1024
+"""Most tokens a summary may take; a quarter of the placed context when that is less, so the
+compacted conversation always fits again with room to go on."""
+
+
+def compaction_max_tokens(context_tokens: int) -> int:
+    return max(1, min(COMPACTION_MAX_TOKENS, context_tokens // 4))
+
+
 def compaction_params(request: CompactRequest, history: Sequence[ChatMessage] = ()) -> TextGenerationParams:
     """The generation that writes the summary: the conversation, then COMPACTION_PROMPT."""
     if request.input is None and not history:
@@ -602,6 +611,7 @@ def compacted(params: TextGenerationParams, chunks: Iterable[TokenChunk], *, com
 
 
 __all__ = [
+    "COMPACTION_MAX_TOKENS",
     "COMPACTION_PROMPT",
     "MESSAGE_ID_PREFIX",
     "RESPONSE_ID_PREFIX",
@@ -613,6 +623,7 @@ __all__ = [
     "capped_calls",
     "collect_response",
     "compacted",
+    "compaction_max_tokens",
     "compaction_params",
     "conversation_of",
     "message_id",

@@ -280,6 +280,10 @@ async def compact_response(request: Request, body: openai_responses.CompactReque
     history = (await stored_response(request, body.previous_response_id, "previous_response_id")).conversation \
         if body.previous_response_id else ()
     params = openai_responses.compaction_params(body, history)
+    placed = context.find_instance(params.model_id)
+    if placed is not None:  # a summary is bounded: the compacted conversation must fit again
+        params = params.model_copy(update={
+            "max_tokens": openai_responses.compaction_max_tokens(placed.context_token_limit)})
     stream = await start_generation(context, params, max_tokens_param="input")
     created = int(time.time())
     async with aclosing(_drive(request, context, stream, params)) as output:
