@@ -166,6 +166,8 @@ def _answer(client: NodeClient, model: str, messages: list[dict], max_tokens: in
 PLACE_READY_DEADLINE_S = 900.0
 """How long `skulk chat` waits for a model it placed to download and load."""
 PLACE_POLL_S = 0.5
+SERVING_STATES = frozenset({"Ready", "Running"})
+"""Runner states in which a placed model answers (Running: already serving another client)."""
 CARD_SPREAD_DEADLINE_S = 15.0
 """How long a just-added card may take to reach the node that places it."""
 
@@ -225,12 +227,12 @@ def _wait_ready(client: NodeClient, instance_id: str, err: Console) -> None:
                 raise ClientError(0, "instance_gone", f"instance {instance_id} was removed while loading; see `skulk status`")
             runners = [state.get("runners", {}).get(s["runnerId"], {}) for s in instance.get("shards", [])]
             states = [r.get("state", "Pending") for r in runners]
-            if states and all(s == "Ready" for s in states):
+            if states and all(s in SERVING_STATES for s in states):
                 return
             failed = [r for r in runners if r.get("state") == "Failed"]
             if failed:
                 raise ClientError(0, "runner_failed", f"a runner of {instance_id} failed: "
-                                  f"{failed[0].get('reason') or failed[0]}; see `skulk status`")
+                                  f"{failed[0].get('errorMessage') or 'no reason given'}; see `skulk status`")
             spinner.update(f"loading: runners {', '.join(states) or 'pending'}")
             time.sleep(PLACE_POLL_S)
     raise ClientError(0, "timeout", f"{instance_id} was not Ready within {PLACE_READY_DEADLINE_S:.0f} s; "
