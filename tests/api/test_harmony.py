@@ -106,10 +106,43 @@ async def test_openai_chat_splits_harmony():
     assert "".join(content) == "Paris."
 
 
-async def test_responses_answer_has_no_channels():
-    app, _ = harmony_app(SCRIPT)
-    reply = await openai_sdk(app).responses.create(model=MODEL, input="?")
+async def test_responses_answer_has_no_channels_and_reasoning_is_its_own_item():
+    from tests.api.test_responses_spec import valid
+
+    app, cluster = harmony_app(SCRIPT)
+    client = openai_sdk(app)
+    reply = await client.responses.create(model=MODEL, input="?")
     assert reply.output_text == "Paris."
+    assert [item.type for item in reply.output] == ["reasoning", "message"]
+    assert [c.text for c in reply.output[0].content] == ["Capital of France."] and reply.output[0].summary == []
+    assert reply.usage.output_tokens_details.reasoning_tokens > 0
+    valid(reply.model_dump(mode="json"))
+
+    # Sending the output back (the SDK's way of keeping context) gives the turn its reasoning,
+    # and so does continuing the stored response.
+    await client.responses.create(model=MODEL, input=[{"role": "user", "content": "?"},
+                                                      *[item.model_dump(exclude_none=True) for item in reply.output],
+                                                      {"role": "user", "content": "And Italy?"}])
+    await client.responses.create(model=MODEL, input="And Italy?", previous_response_id=reply.id)
+    for params in cluster.all_params()[1:]:
+        assert [(m.role, m.content, m.reasoning_content) for m in params.messages] == [
+            ("user", "?", None), ("assistant", "Paris.", "Capital of France."), ("user", "And Italy?", None)]
+
+
+async def test_responses_stream_reasoning_then_the_answer():
+    app, _ = harmony_app(SCRIPT)
+    stream = await openai_sdk(app).responses.create(model=MODEL, input="?", stream=True)
+    events = [event async for event in stream]
+    kinds = [e.type for e in events]
+    assert kinds[:5] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added", "response.reasoning_text.delta"]
+    assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == "Capital of France."
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "Paris."
+    done = [e.item for e in events if e.type == "response.output_item.done"]
+    assert [(i.type, i.id.split("_")[0]) for i in done] == [("reasoning", "rs"), ("message", "msg")]
+    assert [e.output_index for e in events if e.type == "response.output_item.added"] == [0, 1]
+    assert kinds[-1] == "response.completed" and [i.type for i in events[-1].response.output] == [
+        "reasoning", "message"]
 
 
 async def test_anthropic_thinking_block_and_text():
@@ -189,3 +222,33 @@ def test_thinking_blocks_sent_back_become_the_assistant_turns_reasoning():
         {"role": "user", "content": "And Italy?"}]}))
     assert [(m.role, m.content, m.reasoning_content) for m in params.messages] == [
         ("user", "Capital?", None), ("assistant", "Paris.", "France."), ("user", "And Italy?", None)]
+
+
+async def test_anthropic_thinking_setting_is_the_reasoning_switch():
+    from tests.api.scripted_cluster import asgi_http
+
+    message = {"model": MODEL, "max_tokens": 2048, "messages": [{"role": "user", "content": "hi"}]}
+    app, cluster = switch_app(("enable_thinking",))
+    async with asgi_http(app) as http:
+        on = await http.post("/v1/messages", json={**message, "thinking": {"type": "enabled", "budget_tokens": 1024}})
+        off = await http.post("/v1/messages", json={**message, "thinking": {"type": "disabled"}})
+        adaptive = await http.post("/v1/messages", json={**message, "thinking": {"type": "adaptive"}})
+        counted = await http.post("/v1/messages/count_tokens", json={
+            "model": MODEL, "messages": message["messages"], "thinking": {"type": "enabled", "budget_tokens": 4096}})
+        small = await http.post("/v1/messages", json={**message, "thinking": {"type": "enabled", "budget_tokens": 10}})
+        over = await http.post("/v1/messages", json={**message, "thinking": {"type": "enabled", "budget_tokens": 2048}})
+        unknown = await http.post("/v1/messages", json={**message, "thinking": {"type": "deep"}})
+    assert [r.status_code for r in (on, off, adaptive, counted)] == [200] * 4
+    assert [p.thinking for p in cluster.all_params()] == [True, False, None, True]
+    assert cluster.all_params()[3].count_only
+    for refused, param in ((small, "thinking.budget_tokens"), (over, "thinking.budget_tokens"),
+                           (unknown, "thinking.type")):
+        assert refused.status_code == 400 and refused.json()["type"] == "error", refused.text
+        assert param in refused.json()["error"]["message"]
+    assert len(cluster.all_params()) == 4  # nothing refused ran
+
+    app, cluster = scripted_app(["Hi"])  # the tiny model's card names no reasoning at all
+    async with asgi_http(app) as http:
+        on = await http.post("/v1/messages", json={**message, "thinking": {"type": "enabled", "budget_tokens": 1024}})
+    assert on.status_code == 400 and not cluster.commands
+    assert "does not reason" in on.json()["error"]["message"] and "'thinking.type'" in on.json()["error"]["message"]

@@ -9,6 +9,7 @@ import json
 
 import httpx
 import ollama
+import openai
 import pytest
 
 from skulk.api.adapters.ollama import CONTEXT_HEADER, clamp_context, keep_alive_seconds
@@ -215,6 +216,24 @@ async def test_an_ollama_name_chats_with_the_placed_repo_it_maps_to():
     with pytest.raises(ollama.ResponseError) as missing:
         await ollama_sdk(app).chat(model="llama3.2:3b", messages=[{"role": "user", "content": "hi"}])
     assert missing.value.status_code == 404 and "llama3.2:3b" in str(missing.value)
+
+
+async def test_every_api_maps_an_ollama_name_to_the_placed_repo_and_echoes_the_name():
+    from tests.api.test_openai_routes import INSTANCE, STATE
+    from tests.api.test_tools_sdk import anthropic_sdk, openai_sdk
+
+    state = STATE.model_copy(update={"instances": {"i1": INSTANCE.model_copy(update={"model_id": LIBRARY_REPO})}})
+    app, cluster = scripted_app(["Hi"], state=state)
+    chat = await openai_sdk(app).chat.completions.create(model="llama3.2:1b",
+                                                         messages=[{"role": "user", "content": "hi"}])
+    response = await openai_sdk(app).responses.create(model="llama3.2:1b", input="hi")
+    message = await anthropic_sdk(app).messages.create(model="llama3.2:1b", max_tokens=8,
+                                                       messages=[{"role": "user", "content": "hi"}])
+    assert (chat.model, response.model, message.model) == ("llama3.2:1b",) * 3
+    assert (chat.choices[0].message.content, response.output_text, message.content[0].text) == ("Hi",) * 3
+    assert [p.model_id for p in cluster.all_params()] == [LIBRARY_REPO] * 3
+    with pytest.raises(openai.NotFoundError):
+        await openai_sdk(app).chat.completions.create(model="llama3.2:3b", messages=[{"role": "user", "content": "hi"}])
 
 
 async def test_min_p_is_honoured_on_both_ollama_and_openai_and_bounded():

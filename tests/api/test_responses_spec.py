@@ -31,6 +31,10 @@ OUTPUT_TEXT = {
     "properties": {"type": {"const": "output_text"}, "text": {"type": "string"},
                    "annotations": {"type": "array"}, "logprobs": {"type": "array"}},
 }
+REASONING_TEXT = {
+    "type": "object", "required": ["type", "text"],
+    "properties": {"type": {"const": "reasoning_text"}, "text": {"type": "string"}},
+}
 FUNCTION_TOOL = {
     "type": "object", "required": ["type", "name", "parameters", "strict"],
     "properties": {"type": {"const": "function"}, "name": {"type": "string"}, "strict": {"type": "boolean"}},
@@ -51,10 +55,14 @@ RESPONSE_SCHEMA = {
         "completed_at": NULLABLE_INT, "status": {"type": "string"},
         "incomplete_details": {"type": ["object", "null"]}, "model": {"type": "string"},
         "previous_response_id": NULLABLE_STRING, "instructions": {"type": ["string", "array", "null"]},
-        "output": {"type": "array", "items": {"type": "object", "required": ["type"], "if": {
-            "properties": {"type": {"const": "message"}}}, "then": {
-            "required": ["id", "role", "status", "content"],
-            "properties": {"content": {"type": "array", "items": OUTPUT_TEXT}}}}},
+        "output": {"type": "array", "items": {"type": "object", "required": ["type"], "allOf": [
+            {"if": {"properties": {"type": {"const": "message"}}}, "then": {
+                "required": ["id", "role", "status", "content"],
+                "properties": {"content": {"type": "array", "items": OUTPUT_TEXT}}}},
+            {"if": {"properties": {"type": {"const": "reasoning"}}}, "then": {
+                "required": ["id", "summary"],
+                "properties": {"summary": {"type": "array"}, "content": {"type": "array", "items": REASONING_TEXT}}}},
+        ]}},
         "error": {"type": ["object", "null"]},
         "tools": {"type": "array", "items": FUNCTION_TOOL},
         "tool_choice": {"type": ["string", "object"]}, "truncation": {"enum": ["auto", "disabled"]},

@@ -34,6 +34,7 @@ from skulk.api.errors import (
 from skulk.api.limits import context_error, embedding_limits_error, generation_limits_error
 from skulk.api.output import OutputShaper
 from skulk.api.streams import CommandStream
+from skulk.models.model_names import load_library, placed_model_id
 from skulk.observe.structured_logs import bind_request_ids
 from skulk.observe.traces import RequestTrace
 from skulk.shared.codec import pack
@@ -44,7 +45,7 @@ from skulk.shared.types.chunks import EmbeddingChunk, TokenChunk
 from skulk.shared.types.commands import CancelCommand, Command, Embed, GenerateText, TaskFinished
 from skulk.shared.types.common import Usage
 from skulk.shared.types.engines import Feature, is_pipelined, missing_features, traits_of
-from skulk.shared.types.ids import CommandId, new_id
+from skulk.shared.types.ids import CommandId, ModelId, new_id
 from skulk.shared.types.instances import Instance
 from skulk.shared.types.stream_errors import StreamErrorType
 from skulk.shared.types.task_inputs import TaskInput, redacted_embedding_params, redacted_generation_params
@@ -427,6 +428,22 @@ def check_reasoning_switch(context: ApiContext, params: TextGenerationParams,
                              code="reasoning_switch_unsupported")
 
 
+def placed_model(context: ApiContext, typed: str) -> str:
+    """The placed model a request's `model` means: itself, or the repo an Ollama library
+    name (`llama3.2:1b`) or `repo:QUANT` resolves to once that repo is placed
+    (`skulk.models.model_names.placed_model_id`). Responses still echo what was typed."""
+    list_instances = context.list_instances
+    assert list_instances is not None  # set by ApiContext.__post_init__
+    placed = {instance.model_id for instance in list_instances()}
+    return placed_model_id(typed, placed, context.get_cards(), load_library())
+
+
+def for_placed_model(context: ApiContext, params: P) -> P:
+    """`params` naming the placed model its `model_id` means (`placed_model`)."""
+    model_id = placed_model(context, params.model_id)
+    return params if model_id == params.model_id else params.model_copy(update={"model_id": ModelId(model_id)})
+
+
 def bind_instance(context: ApiContext, params: TextGenerationParams, *, max_tokens_param: str = "max_tokens",
                   param_names: Mapping[str, str] | None = None) -> Instance:
     """The placed instance `params` will run on, after the checks every wire format shares:
@@ -552,9 +569,11 @@ __all__ = [
     "drive",
     "encoded_choice_events",
     "finished_later",
+    "for_placed_model",
     "interleaved",
     "open_output",
     "open_outputs",
+    "placed_model",
     "refuse_if_not_serving",
     "send_later",
     "start_choices",

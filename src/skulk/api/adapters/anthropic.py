@@ -14,7 +14,9 @@ the whole exchange. Output tool calls leave as `tool_use` blocks (stop_reason "t
 and reasoning as `thinking` blocks. A forcing `tool_choice` ("any", or "tool" with a name) is
 decoded under a grammar on the engine, and a forced tool whose `input_schema` no grammar can
 enforce is refused with a 400 naming it. Images and documents are refused with a 400 naming the
-block; `thinking` blocks sent back by a client are dropped (the template cannot show them).
+block; `thinking` blocks sent back by a client reach the template as the turn's reasoning.
+The request's `thinking` setting turns the model's reasoning on or off through its template
+(`skulk.shared.reasoning_switches`), or is refused by name when the model cannot.
 
 Pure translation only: this module must never touch streams, commands or the cluster.
 """
@@ -90,6 +92,18 @@ class ToolChoice(_Lenient):
     name: str | None = None
 
 
+class ThinkingConfig(_Lenient):
+    """Anthropic's extended-thinking switch: `{"type": "enabled", "budget_tokens": N}`,
+    `{"type": "disabled"}` or `{"type": "adaptive"}` (the model decides)."""
+
+    type: str
+    budget_tokens: int | None = None
+
+
+MIN_THINKING_BUDGET = 1024
+"""Anthropic's smallest `thinking.budget_tokens`."""
+
+
 class MessagesRequest(_Lenient):
     """`POST /v1/messages`, as Anthropic documents it. Range rules live in `to_params`."""
 
@@ -104,6 +118,7 @@ class MessagesRequest(_Lenient):
     stream: bool | None = False
     tools: list[ToolDefinition] | None = None
     tool_choice: ToolChoice | None = None
+    thinking: ThinkingConfig | None = None
 
 
 class CountTokensRequest(_Lenient):
@@ -114,13 +129,19 @@ class CountTokensRequest(_Lenient):
     system: str | list[ContentBlock] | None = None
     tools: list[ToolDefinition] | None = None
     tool_choice: ToolChoice | None = None
+    thinking: ThinkingConfig | None = None
+
+
+PARAM_NAMES = {"thinking": "thinking.type"}
+"""The Anthropic names of internal params, for refusals (`reasoning_switch_unsupported`)."""
 
 
 def count_params(request: CountTokensRequest) -> TextGenerationParams:
     """The count-only generation request for `request`: rendered exactly as the message
     request with the same fields would be, so the count equals that request's input usage."""
-    full = MessagesRequest(**request.model_dump(exclude_none=True), max_tokens=1)
-    return to_params(full).model_copy(update={"count_only": True})
+    # The thinking budget is checked without max_tokens, which a count has not.
+    full = MessagesRequest(**request.model_dump(exclude_none=True, exclude={"thinking"}), max_tokens=1)
+    return to_params(full).model_copy(update={"count_only": True, **_thinking(request.thinking, None)})
 
 
 def _text(content: str | Sequence[ContentBlock | TextBlock], where: str) -> str:
@@ -145,6 +166,29 @@ def _in_range(value: float | None, low: float, high: float, param: str) -> float
     if value is not None and not (low <= value <= high):
         raise InvalidRequest(f"{param}: must be between {low:g} and {high:g}, got {value}.", param=param)
     return value
+
+
+def _thinking(config: ThinkingConfig | None, max_tokens: int | None) -> dict[str, Any]:
+    """Anthropic's `thinking` as the params' reasoning switch: enabled turns the model's
+    reasoning on, disabled off, adaptive leaves the model's own default. The budget is
+    checked as Anthropic checks it (at least 1024, below max_tokens); reasoning and answer
+    together stay within max_tokens, and the reasoning is not cut off at the budget."""
+    if config is None or config.type == "adaptive":
+        return {}
+    if config.type == "disabled":
+        return {"thinking": False}
+    if config.type != "enabled":
+        raise InvalidRequest(f"thinking.type: unexpected {config.type!r}; expected 'enabled', 'disabled' or "
+                             "'adaptive'.", param="thinking.type")
+    budget = config.budget_tokens
+    if budget is None:
+        raise InvalidRequest("thinking.budget_tokens: required when thinking is enabled.",
+                             param="thinking.budget_tokens")
+    if budget < MIN_THINKING_BUDGET or (max_tokens is not None and budget >= max_tokens):
+        below = f" and less than max_tokens ({max_tokens})" if max_tokens is not None else ""
+        raise InvalidRequest(f"thinking.budget_tokens: must be at least {MIN_THINKING_BUDGET}{below}, got {budget}.",
+                             param="thinking.budget_tokens")
+    return {"thinking": True}
 
 
 def _tools(definitions: Sequence[ToolDefinition]) -> list[ToolSpec]:
@@ -271,6 +315,7 @@ def to_params(request: MessagesRequest) -> TextGenerationParams:
             tools=tools,
             tool_choice=tool_choice,
             stream=bool(request.stream),
+            **_thinking(request.thinking, request.max_tokens),
         )
     except ValidationError as error:
         raise invalid_request_from_validation(error) from None

@@ -44,9 +44,11 @@ from skulk.shared.types.tasks import TextGenerationParams
 
 RESPONSE_ID_PREFIX = "resp_"
 MESSAGE_ID_PREFIX = "msg_"
+REASONING_ID_PREFIX = "rs_"
 
 _ROLES: dict[str, ChatRole] = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
+_REASONING_PARTS = frozenset({"reasoning_text", "summary_text"})
 
 
 class InputPart(_Lenient):
@@ -65,6 +67,8 @@ class InputItem(_Lenient):
     output: str | None = None
     encrypted_content: str | None = None
     """On a `compaction` item (what `/v1/responses/compact` returned): the summary."""
+    summary: list[InputPart] | None = None
+    """On a `reasoning` item: its summary parts (used when it has no `content`)."""
 
 
 class ResponsesRequest(BaseModel):
@@ -127,8 +131,24 @@ COMPACTION_PROMPT = (
 """The instruction the compaction pass ends the conversation with (`/v1/responses/compact`)."""
 
 
+def _reasoning_text(item: InputItem, where: str) -> str:
+    """A reasoning item's text: its `reasoning_text` parts, else its summary. An item that
+    carries only another provider's `encrypted_content` has none (it is dropped)."""
+    parts = item.content if isinstance(item.content, list) else item.summary or []
+    if isinstance(item.content, str):
+        return item.content
+    for part_index, part in enumerate(parts):
+        if part.type not in _REASONING_PARTS:
+            raise InvalidRequest(f"Reasoning parts of type {part.type!r} are not supported; only 'reasoning_text' "
+                                 "and 'summary_text' are.", param=f"{where}.content[{part_index}].type")
+    return "\n".join(part.text or "" for part in parts)
+
+
 def _item_message(item: InputItem, index: int) -> ChatMessage:
     where = f"input[{index}]"
+    if item.type == "reasoning":
+        # The reasoning of the assistant turn that follows (`_merge_turns` joins them).
+        return ChatMessage(role="assistant", content=None, reasoning_content=_reasoning_text(item, where) or None)
     if item.type == "compaction":
         # Skulk's compaction items carry the summary itself (opaque to clients, not encrypted).
         if not item.encrypted_content:
@@ -146,7 +166,7 @@ def _item_message(item: InputItem, index: int) -> ChatMessage:
         return ChatMessage(role="tool", content=item.output or "", tool_call_id=item.call_id)
     if item.type not in (None, "message"):
         raise InvalidRequest(f"Input items of type {item.type!r} are not supported; only messages, function_call, "
-                             "function_call_output and compaction are.", param=f"{where}.type")
+                             "function_call_output, reasoning and compaction are.", param=f"{where}.type")
     role = _ROLES.get(item.role or "")
     if role is None:
         raise InvalidRequest(f"Invalid role {item.role!r}; expected one of {', '.join(sorted(_ROLES))}.",
@@ -166,16 +186,29 @@ def _item_message(item: InputItem, index: int) -> ChatMessage:
     return ChatMessage(role=role, content="\n".join(texts))
 
 
-def _merge_calls(messages: list[ChatMessage]) -> list[ChatMessage]:
-    """Consecutive function_call items are one assistant turn that made several calls."""
+def _reasoning_only(message: ChatMessage) -> bool:
+    return message.role == "assistant" and message.content is None and not message.tool_calls
+
+
+def _merge_turns(messages: list[ChatMessage]) -> list[ChatMessage]:
+    """Input items as chat turns: consecutive function_call items are one assistant turn
+    that made several calls, and a reasoning item is the reasoning of the assistant turn
+    after it (a reasoning item with nothing after it, or with no text, is dropped)."""
     merged: list[ChatMessage] = []
     for message in messages:
         previous = merged[-1] if merged else None
-        if (previous is not None and message.role == previous.role == "assistant" and message.tool_calls
+        if previous is not None and _reasoning_only(previous) and message.role == "assistant":
+            reasoning = "\n".join(r for r in (previous.reasoning_content, message.reasoning_content) if r)
+            merged[-1] = message.model_copy(update={"reasoning_content": reasoning or None})
+        elif (previous is not None and message.role == previous.role == "assistant" and message.tool_calls
                 and previous.tool_calls and not message.content):
             merged[-1] = previous.model_copy(update={"tool_calls": [*previous.tool_calls, *message.tool_calls]})
         else:
+            if previous is not None and _reasoning_only(previous):
+                merged.pop()
             merged.append(message)
+    if merged and _reasoning_only(merged[-1]):
+        merged.pop()
     return merged
 
 
@@ -278,7 +311,7 @@ def to_params(request: ResponsesRequest, history: Sequence[ChatMessage] = ()) ->
     else:
         if not request.input:
             raise InvalidRequest("'input' must contain at least one item.", param="input")
-        messages.extend(_merge_calls([_item_message(item, i) for i, item in enumerate(request.input)]))
+        messages.extend(_merge_turns([_item_message(item, i) for i, item in enumerate(request.input)]))
     try:
         return TextGenerationParams(
             model_id=ModelId(request.model),
@@ -315,12 +348,16 @@ def message_id(command_id: str) -> str:
     return f"{MESSAGE_ID_PREFIX}{command_id}"
 
 
-def _usage(usage: Usage) -> dict[str, Any]:
+def reasoning_id(command_id: str) -> str:
+    return f"{REASONING_ID_PREFIX}{command_id}"
+
+
+def _usage(usage: Usage, reasoning_tokens: int = 0) -> dict[str, Any]:
     return {
         "input_tokens": usage.prompt_tokens,
         "input_tokens_details": {"cached_tokens": usage.cached_tokens},
         "output_tokens": usage.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": min(reasoning_tokens, usage.completion_tokens)},
         "total_tokens": usage.total_tokens,
     }
 
@@ -361,10 +398,20 @@ def _message(command_id: str, status: str, parts: list[dict[str, Any]]) -> dict[
     return {"id": message_id(command_id), "type": "message", "status": status, "role": "assistant", "content": parts}
 
 
+def _reasoning_part(text: str) -> dict[str, Any]:
+    return {"type": "reasoning_text", "text": text}
+
+
+def _reasoning_item(command_id: str, status: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The model's reasoning, as its own output item before the answer (its text in
+    `content`; Skulk writes no summaries and encrypts nothing)."""
+    return {"id": reasoning_id(command_id), "type": "reasoning", "status": status, "summary": [], "content": parts}
+
+
 def response_object(
     request: ResponsesRequest, *, command_id: str, created: int, status: str,
     output: list[dict[str, Any]], usage: Usage | None = None, error: dict[str, Any] | None = None,
-    completed_at: int | None = None,
+    completed_at: int | None = None, reasoning_tokens: int = 0,
 ) -> dict[str, Any]:
     """A `response` object in any state (`in_progress`, `completed`, `incomplete`, `failed`),
     with every field the Open Responses specification requires. The sampling values are the
@@ -398,7 +445,7 @@ def response_object(
         "service_tier": "default",
         "text": {"format": (request.text or {}).get("format") or {"type": "text"}},
         "truncation": "disabled",
-        "usage": None if usage is None else _usage(usage),
+        "usage": None if usage is None else _usage(usage, reasoning_tokens),
         "user": request.user,
         "metadata": request.metadata or {},
         "safety_identifier": request.safety_identifier,
@@ -421,11 +468,16 @@ def conversation_of(params: TextGenerationParams, request: ResponsesRequest,
     its `instructions`, which a continuation does not inherit, as OpenAI's do not) and its
     output as one assistant turn (text and function calls)."""
     messages = params.messages[1:] if request.instructions else params.messages
-    text = "".join(part.get("text", "") for item in response["output"] if item["type"] == "message"
-                   for part in item["content"])
+
+    def text_of(kind: str) -> str:
+        return "".join(part.get("text", "") for item in response["output"] if item["type"] == kind
+                       for part in item["content"])
+
     calls = [ToolCall(id=item["call_id"], name=item["name"], arguments=item["arguments"])
              for item in response["output"] if item["type"] == "function_call"]
-    return (*messages, ChatMessage(role="assistant", content=text or None if calls else text, tool_calls=calls))
+    text = text_of("message")
+    return (*messages, ChatMessage(role="assistant", content=text or None if calls else text, tool_calls=calls,
+                                   reasoning_content=text_of("reasoning") or None))
 
 
 def collect_response(
@@ -434,6 +486,7 @@ def collect_response(
 ) -> dict[str, Any]:
     """The non-streaming `response` for a completed stream's chunks."""
     texts: list[str] = []
+    thoughts: list[str] = []
     logprobs: list[dict[str, Any]] = []
     calls: list[ToolCall] = []
     finish_reason: str | None = None
@@ -441,7 +494,9 @@ def collect_response(
     count = 0
     for chunk in chunks:
         count += 1
-        if not chunk.reasoning:
+        if chunk.reasoning:
+            thoughts.append(chunk.text)
+        else:
             texts.append(chunk.text)
             logprobs += _logprobs_of(request, chunk)
         calls.extend(chunk.tool_calls or [])
@@ -450,16 +505,24 @@ def collect_response(
     status = _final_status(finish_reason)
     text = "".join(texts)
     calls = capped_calls(request, calls)
-    output = [_message(command_id, status, [_text_part(text, logprobs)])] if text or not calls else []
+    thought = "".join(thoughts)
+    output = [_reasoning_item(command_id, status, [_reasoning_part(thought)])] if thought else []
+    output += [_message(command_id, status, [_text_part(text, logprobs)])] if text or not calls else []
     output += [_function_call(call) for call in calls]
     return response_object(request, command_id=command_id, created=created, status=status, output=output,
                            usage=usage or Usage(completion_tokens=count, total_tokens=count),
-                           completed_at=completed_at if completed_at is not None else created)
+                           completed_at=completed_at if completed_at is not None else created,
+                           reasoning_tokens=sum(1 for _ in thoughts))
 
 
 @dataclass
 class ResponseStreamEncoder:
-    """The Responses streaming events for one response; `error_events` on failure."""
+    """The Responses streaming events for one response; `error_events` on failure.
+
+    Output items open as their text arrives: leading reasoning as a `reasoning` item
+    (`response.reasoning_text.delta` events), then the answer as a `message` item
+    (`response.output_text.delta`), then the function calls once the output is complete.
+    The message item is always present, empty when the model only called tools."""
 
     command_id: str
     request: ResponsesRequest
@@ -472,6 +535,12 @@ class ResponseStreamEncoder:
     """Each event as an SSE block; False: its JSON alone (one WebSocket text frame each)."""
     _sequence: int = field(default=0, init=False)
     _texts: list[str] = field(default_factory=list, init=False)
+    _thoughts: list[str] = field(default_factory=list, init=False)
+    _reasoning_chunks: int = field(default=0, init=False)
+    _items: list[dict[str, Any]] = field(default_factory=list, init=False)
+    """The output items done so far (the reasoning item, once the answer begins)."""
+    _open: str | None = field(default=None, init=False)
+    """The kind of the item now streaming: "reasoning", "message" or None."""
     _logprobs: list[dict[str, Any]] = field(default_factory=list, init=False)
     _calls: list[ToolCall] = field(default_factory=list, init=False)
     _finish_reason: str | None = field(default=None, init=False)
@@ -486,44 +555,76 @@ class ResponseStreamEncoder:
 
     def _response(self, status: str, output: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         return response_object(self.request, command_id=self.command_id, created=self.created, status=status,
-                               output=output, **extra)
+                               output=output, reasoning_tokens=self._reasoning_chunks, **extra)
 
     def _where(self) -> dict[str, Any]:
-        return {"item_id": message_id(self.command_id), "output_index": 0, "content_index": 0}
+        item_id = reasoning_id(self.command_id) if self._open == "reasoning" else message_id(self.command_id)
+        return {"item_id": item_id, "output_index": len(self._items), "content_index": 0}
 
     def start(self) -> list[str]:
         return [
             self._event("response.created", response=self._response("in_progress", [])),
             self._event("response.in_progress", response=self._response("in_progress", [])),
-            self._event("response.output_item.added", output_index=0,
-                        item=_message(self.command_id, "in_progress", [])),
-            self._event("response.content_part.added", part=_text_part(""), **self._where()),
         ]
+
+    def _begin(self, kind: str) -> list[str]:
+        """Close the item now streaming (reasoning) and open one of `kind`."""
+        events = self._close_reasoning("completed") if self._open == "reasoning" else []
+        self._open = kind
+        index = len(self._items)
+        if kind == "reasoning":
+            item, part = _reasoning_item(self.command_id, "in_progress", []), _reasoning_part("")
+        else:
+            item, part = _message(self.command_id, "in_progress", []), _text_part("")
+        return [*events, self._event("response.output_item.added", output_index=index, item=item),
+                self._event("response.content_part.added", part=part, **self._where())]
+
+    def _close_reasoning(self, status: str) -> list[str]:
+        text = "".join(self._thoughts)
+        item = _reasoning_item(self.command_id, status, [_reasoning_part(text)])
+        events = [
+            self._event("response.reasoning_text.done", text=text, **self._where()),
+            self._event("response.content_part.done", part=_reasoning_part(text), **self._where()),
+            self._event("response.output_item.done", output_index=len(self._items), item=item),
+        ]
+        self._items.append(item)
+        self._open = None
+        return events
 
     def chunk_to_sse(self, chunk: TokenChunk) -> list[str]:
         self._count += 1
         self._finish_reason = chunk.finish_reason or self._finish_reason
         self._usage = chunk.usage or self._usage
         self._calls.extend(chunk.tool_calls or [])
-        if not chunk.text or chunk.reasoning:
+        if not chunk.text:
             return []
+        if chunk.reasoning:
+            self._reasoning_chunks += 1
+            if self._open == "message" or any(item["type"] == "message" for item in self._items):
+                return []  # reasoning after the answer began has no item of its own
+            events = self._begin("reasoning") if self._open is None else []
+            self._thoughts.append(chunk.text)
+            return [*events, self._event("response.reasoning_text.delta", delta=chunk.text, **self._where())]
+        events = self._begin("message") if self._open != "message" else []
         self._texts.append(chunk.text)
         logprobs = _logprobs_of(self.request, chunk)
         self._logprobs += logprobs
-        return [self._event("response.output_text.delta", delta=chunk.text, logprobs=logprobs, **self._where())]
+        return [*events, self._event("response.output_text.delta", delta=chunk.text, logprobs=logprobs,
+                                     **self._where())]
 
     def finish(self) -> list[str]:
-        text = "".join(self._texts)
         status = _final_status(self._finish_reason)
+        events = self._begin("message") if self._open != "message" else []
+        text = "".join(self._texts)
         item = _message(self.command_id, status, [_text_part(text, self._logprobs)])
         usage = self._usage or Usage(completion_tokens=self._count, total_tokens=self._count)
-        events = [
+        events += [
             self._event("response.output_text.done", text=text, logprobs=self._logprobs, **self._where()),
             self._event("response.content_part.done", part=_text_part(text, self._logprobs), **self._where()),
-            self._event("response.output_item.done", output_index=0, item=item),
+            self._event("response.output_item.done", output_index=len(self._items), item=item),
         ]
-        output = [item]
-        for index, call in enumerate(capped_calls(self.request, self._calls), start=1):
+        output = [*self._items, item]
+        for index, call in enumerate(capped_calls(self.request, self._calls), start=len(output)):
             done = _function_call(call)
             where = {"item_id": done["id"], "output_index": index}
             events += [
@@ -541,12 +642,16 @@ class ResponseStreamEncoder:
         return [*events, self._event(f"response.{status}", response=final)]
 
     def error_events(self, error: ApiError) -> list[str]:
-        """A failure after the 200: an `error` event, then `response.failed`."""
-        item = _message(self.command_id, "incomplete", [_text_part("".join(self._texts))])
+        """A failure after the 200: an `error` event, then `response.failed` with what was
+        produced so far (the reasoning, then the answer's text)."""
+        output = list(self._items)
+        if self._thoughts and self._open == "reasoning":
+            output.append(_reasoning_item(self.command_id, "incomplete", [_reasoning_part("".join(self._thoughts))]))
+        output.append(_message(self.command_id, "incomplete", [_text_part("".join(self._texts))]))
         return [
             self._event("error", code=error.code, message=error.message, param=error.param),
             self._event("response.failed", response=self._response(
-                "failed", [item], error={"code": "server_error", "message": error.message})),
+                "failed", output, error={"code": "server_error", "message": error.message})),
         ]
 
 

@@ -17,6 +17,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from skulk.api.adapters.anthropic import (
+    PARAM_NAMES,
     CountTokensRequest,
     MessagesRequest,
     MessageStreamEncoder,
@@ -25,7 +26,15 @@ from skulk.api.adapters.anthropic import (
     sse_error,
     to_params,
 )
-from skulk.api.generation import SSE_HEADERS, api_context, drive, encoded_events, open_output, start_generation
+from skulk.api.generation import (
+    SSE_HEADERS,
+    api_context,
+    drive,
+    encoded_events,
+    for_placed_model,
+    open_output,
+    start_generation,
+)
 from skulk.api.openapi_errors import ANTHROPIC_ERROR_RESPONSES
 
 router = APIRouter(responses=ANTHROPIC_ERROR_RESPONSES)
@@ -34,8 +43,8 @@ router = APIRouter(responses=ANTHROPIC_ERROR_RESPONSES)
 @router.post("/v1/messages", response_model=None)
 async def create_message(request: Request, body: MessagesRequest) -> StreamingResponse | dict[str, Any]:
     context = api_context(request)
-    params = to_params(body)
-    stream = await start_generation(context, params)
+    params = for_placed_model(context, to_params(body))
+    stream = await start_generation(context, params, param_names=PARAM_NAMES)
     if body.stream:
         encoder = MessageStreamEncoder(command_id=stream.command_id, model=body.model, stop_sequences=params.stop)
         output = await open_output(request, context, stream, params)
@@ -52,7 +61,8 @@ async def count_tokens(request: Request, body: CountTokensRequest) -> dict[str, 
     """The input tokens the same message request would use: the runner renders and
     tokenizes it exactly as for generation, and generates nothing."""
     context = api_context(request)
-    stream = await start_generation(context, count_params(body))
+    stream = await start_generation(context, for_placed_model(context, count_params(body)),
+                                    param_names=PARAM_NAMES)
     async with aclosing(drive(request, context, stream)) as output:
         usage = [chunk.usage async for chunk in output if chunk.usage is not None]
     return {"input_tokens": usage[-1].prompt_tokens if usage else 0}

@@ -56,6 +56,7 @@ from skulk.models.hub_files import (
     total_size_bytes,
 )
 from skulk.models.model_names import UnknownModelName, load_library, resolve_model_name
+from skulk.models.template_files import chat_template
 from skulk.shared.types.cards import LOCAL_MODEL_PREFIX, ModelCard
 from skulk.shared.types.commands import AddCustomModelCard, DeleteCustomModelCard
 from skulk.shared.types.ids import CommandId, ModelId, new_id
@@ -199,6 +200,19 @@ def _read_file_prefix(path: Path):
     return read
 
 
+def _text_file_reader(directory: Path):
+    """A reader of a model folder's small text files (None: no such file)."""
+
+    def read(name: str) -> str | None:
+        file = directory / name
+        if not file.is_file():
+            return None
+        with file.open("rb") as handle:
+            return handle.read(hub_meta.CONFIG_LIMIT_BYTES).decode("utf-8", errors="replace")
+
+    return read
+
+
 def _card_from_path(body: AddModelBody, roots: tuple[Path, ...]) -> ModelCard:
     path = allowed_local_path(body.path or "", roots)
     if not path.exists():
@@ -224,7 +238,7 @@ def _card_from_path(body: AddModelBody, roots: tuple[Path, ...]) -> ModelCard:
         except (OSError, ValueError) as exc:
             raise CardBuildError(str(path), f"unreadable {CONFIG_FILE}: {exc}") from None
         return card_from_config(model_id, config, total_size_bytes(files, selected), local_path=str(path),
-                                name=body.name)
+                                name=body.name, chat_template=chat_template(_text_file_reader(path)))
     raise InvalidRequest(f"{path} is a directory but not an MLX model folder (config.json with *.safetensors); "
                          "for a GGUF model give the path of the .gguf file itself", param="path")
 

@@ -52,13 +52,14 @@ from skulk.api.generation import (
     api_context,
     collect_embedding,
     drive,
+    for_placed_model,
     open_output,
+    placed_model,
     start_embedding,
     start_generation,
 )
 from skulk.api.openapi_errors import OLLAMA_ERROR_RESPONSES
 from skulk.api.streams import CommandStream
-from skulk.models.model_names import load_library, placed_model_id
 from skulk.shared.types.chunks import TokenChunk
 from skulk.shared.types.tasks import TextGenerationParams
 
@@ -99,20 +100,13 @@ def list_running(request: Request) -> dict[str, Any]:
     return ps(context.list_instances(), context.get_cards(), KEEP_ALIVE_EXPIRY)
 
 
-def _placed(context: Any, typed: str) -> str:
-    """The placed model an Ollama name means (`llama3.2:1b` -> its mapped repo, once placed):
-    `skulk.models.model_names.placed_model_id`."""
-    placed = {i.model_id for i in context.list_instances()}
-    return placed_model_id(typed, placed, context.get_cards(), load_library())
-
-
 @router.post("/api/show")
 def show_model(request: Request, body: ShowRequest) -> dict[str, Any]:
     context = api_context(request)
     model_id = body.model or body.name
     if not model_id:
         raise InvalidRequest("model is required", param="model")
-    model_id = _placed(context, model_id)
+    model_id = placed_model(context, model_id)
     limits = [i.context_token_limit for i in context.list_instances() if i.model_id == model_id]
     if not limits:
         raise ModelNotFound(model_id)
@@ -137,7 +131,7 @@ async def generate(request: Request, body: GenerateRequest) -> StreamingResponse
 async def embed(request: Request, body: EmbedRequest) -> dict[str, Any]:
     started_ns = time.monotonic_ns()
     context = api_context(request)
-    stream = await start_embedding(context, embed_params(body.model, body.input, body.dimensions))
+    stream = await start_embedding(context, for_placed_model(context, embed_params(body.model, body.input, body.dimensions)))
     chunk = await collect_embedding(request, context, stream)
     ended_ns = time.monotonic_ns()
     return embed_response(body.model, chunk.embeddings, chunk.usage, Timing(started_ns, ended_ns, ended_ns))
@@ -147,14 +141,14 @@ async def embed(request: Request, body: EmbedRequest) -> dict[str, Any]:
 async def embeddings(request: Request, body: LegacyEmbeddingsRequest) -> dict[str, Any]:
     """The legacy single-prompt form: `{"embedding": [...]}`."""
     context = api_context(request)
-    stream = await start_embedding(context, embed_params(body.model, body.prompt))
+    stream = await start_embedding(context, for_placed_model(context, embed_params(body.model, body.prompt)))
     chunk = await collect_embedding(request, context, stream)
     return {"embedding": chunk.embeddings[0]}
 
 
 def _load(request: Request, endpoint: Endpoint, model: str) -> dict[str, Any]:
     context = api_context(request)
-    if context.find_instance(_placed(context, model)) is None:
+    if context.find_instance(placed_model(context, model)) is None:
         raise ModelNotFound(model)
     return load_response(endpoint, model)
 
@@ -164,7 +158,7 @@ async def _generate(
 ) -> StreamingResponse | JSONResponse | dict[str, Any]:
     context = api_context(request)
     started_ns = time.monotonic_ns()
-    params = params.model_copy(update={"model_id": _placed(context, model)})
+    params = params.model_copy(update={"model_id": placed_model(context, model)})
     instance = context.find_instance(params.model_id)
     clamped = None
     if instance is not None:

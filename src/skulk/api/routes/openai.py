@@ -50,6 +50,7 @@ from skulk.api.generation import (
     drive,
     encoded_choice_events,
     encoded_events,
+    for_placed_model,
     open_output,
     open_outputs,
     start_choices,
@@ -98,7 +99,7 @@ def get_model(request: Request, model_id: str) -> dict[str, Any]:
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(request: Request, body: ChatCompletionRequest) -> StreamingResponse | dict[str, Any]:
     context = _context(request)
-    params = to_params(body)
+    params = for_placed_model(context, to_params(body))
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     n = choice_count(body.n)
     if n > 1:
@@ -143,10 +144,10 @@ async def completions(
     """Legacy text completions: the prompt is sent raw (no chat template)."""
     context = _context(request)
     prompts = openai_completions.prompts(body)
-    params = openai_completions.to_params(body, prompts[0])
+    params = for_placed_model(context, openai_completions.to_params(body, prompts[0]))
     n = choice_count(body.n)
     if n > 1 or len(prompts) > 1:
-        every = [openai_completions.to_params(body, prompt) for prompt in prompts]
+        every = [for_placed_model(context, openai_completions.to_params(body, prompt)) for prompt in prompts]
         streams = [s for one in every for s in await start_choices(context, one, n)]
         created = int(time.time())
         echoes = [prompt if body.echo else None for prompt in prompts for _ in range(n)]
@@ -244,7 +245,7 @@ async def responses(request: Request, body: openai_responses.ResponsesRequest) -
     context = _context(request)
     history = (await stored_response(request, body.previous_response_id, "previous_response_id")).conversation \
         if body.previous_response_id else ()
-    params = openai_responses.to_params(body, history)
+    params = for_placed_model(context, openai_responses.to_params(body, history))
     stream = await start_generation(context, params, max_tokens_param="max_output_tokens",
                                     param_names=RESPONSES_PARAMS)
     created = int(time.time())
@@ -279,7 +280,7 @@ async def compact_response(request: Request, body: openai_responses.CompactReque
     context = _context(request)
     history = (await stored_response(request, body.previous_response_id, "previous_response_id")).conversation \
         if body.previous_response_id else ()
-    params = openai_responses.compaction_params(body, history)
+    params = for_placed_model(context, openai_responses.compaction_params(body, history))
     placed = context.find_instance(params.model_id)
     if placed is not None:  # a summary is bounded: the compacted conversation must fit again
         params = params.model_copy(update={
@@ -311,7 +312,7 @@ async def delete_response(request: Request, response_id: str) -> dict[str, Any]:
 async def embeddings(request: Request, body: openai_embeddings.EmbeddingRequest) -> dict[str, Any]:
     """Embeddings from a placed model's engine, answered once all inputs are done."""
     context = _context(request)
-    params = openai_embeddings.to_params(body)
+    params = for_placed_model(context, openai_embeddings.to_params(body))
     stream = await start_embedding(context, params)
     chunk = await collect_embedding(request, context, stream, expected=len(params.embedding_inputs))
     return openai_embeddings.embedding_response(chunk.embeddings, chunk.usage, model=body.model,

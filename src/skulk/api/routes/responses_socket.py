@@ -33,7 +33,7 @@ from pydantic import ValidationError
 from skulk.api.adapters import openai_responses
 from skulk.api.cors import LOCAL_ORIGIN_REGEX
 from skulk.api.errors import ApiError, InvalidRequest, StreamFailed, invalid_request_from_validation
-from skulk.api.generation import api_context, drive, start_generation
+from skulk.api.generation import api_context, drive, for_placed_model, start_generation
 from skulk.api.response_store import StoredResponse
 from skulk.api.routes.openai import RESPONSES_PARAMS, caller_scope, kept_responses, stored_response
 from skulk.shared.types.common import ChatMessage
@@ -183,8 +183,7 @@ async def _turn(websocket: WebSocket, socket: _Socket, body: openai_responses.Re
     """One response, streamed as frames. ApiErrors before the first event propagate."""
     context = api_context(websocket)
     history = await _history(websocket, socket, body.previous_response_id) if body.previous_response_id else ()
-    params = openai_responses.to_params(body, history)
-    params = params.model_copy(update={"stream": True})
+    params = for_placed_model(context, openai_responses.to_params(body, history)).model_copy(update={"stream": True})
     stream = await start_generation(context, params, max_tokens_param="max_output_tokens",
                                     param_names=RESPONSES_PARAMS)
     scope = caller_scope(websocket)
