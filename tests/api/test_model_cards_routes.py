@@ -112,6 +112,28 @@ def test_add_safetensors_repo_builds_an_mlx_card_with_a_revision_pin(mock_hub):
     assert pinned["sourceRevision"] == main  # a branch name resolves to the commit it names
 
 
+def test_an_mlx_card_reads_the_models_own_chat_template(mock_hub, tiny_artifacts, tmp_path):
+    """The hub repo's and the local folder's tokenizer_config.json template decides the
+    reasoning format, its switches and the tool-call format, as a GGUF's does."""
+    import json
+    import shutil
+
+    template = json.dumps({"chat_template": "{% if enable_thinking %}<think></think>{% endif %}<tool_call>"})
+    files = {p.name: p.read_bytes() for p in tiny_artifacts.hf_dir.iterdir() if p.is_file()}
+    mock_hub.add_repo("mock-org/thinking-mlx", {**files, "tokenizer_config.json": template.encode()},
+                      tags=("mlx", "safetensors"))
+    folder = tmp_path / "thinking"
+    shutil.copytree(tiny_artifacts.hf_dir, folder)
+    (folder / "tokenizer_config.json").write_text(template)
+    client = _client(Cluster(), [tmp_path])
+    for body in ({"modelId": "mock-org/thinking-mlx"}, {"path": str(folder)}):
+        reply = client.post("/models/add", json=body)
+        assert reply.status_code == 200, reply.text
+        card = reply.json()["card"]
+        assert (card["reasoning"]["format"], card["reasoning"]["switches"]) == ("think_tags", ["enable_thinking"])
+        assert card["tooling"]["toolCallFormat"] == "hermes" and "thinking" in card["capabilities"]
+
+
 def test_add_errors_are_typed(mock_hub):
     client = _client(Cluster())
     missing = client.post("/models/add", json={"modelId": "mock-org/nope"})

@@ -230,6 +230,17 @@ def test_the_reasoning_format_comes_from_the_models_own_template(arch, template,
     assert ("thinking" in card.capabilities) == (expected[0] != "none")
 
 
+@pytest.mark.parametrize(("template", "expected"), [
+    (None, ("none", (), "none")),
+    ("{%- if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>{% endif %}"
+     "{{ '<tool_call>' }}", ("think_tags", ("enable_thinking",), "hermes")),
+    ("<|channel|>{{ reasoning_effort }}", ("harmony", ("reasoning_effort",), "harmony")),
+])
+def test_an_mlx_card_reads_its_chat_template(template, expected):
+    card = card_from_config("org/q", {**LLAMA_CONFIG, "model_type": "qwen3"}, 1000, chat_template=template)
+    assert (card.reasoning.format, card.reasoning.switches, card.tooling.tool_call_format) == expected
+
+
 def test_an_mlx_gpt_oss_card_reads_harmony():
     card = card_from_config("org/g", {**LLAMA_CONFIG, "model_type": "gpt_oss", "num_local_experts": 32,
                                       "num_experts_per_tok": 4}, 1000)

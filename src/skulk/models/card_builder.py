@@ -205,7 +205,7 @@ def _chat_format(family: str, template: object) -> dict:
         capabilities.append("thinking")
         switches = [name for name, pattern in SWITCH_PATTERNS if pattern.search(text)]
         if family in HARMONY_MODEL_TYPES and "reasoning_effort" not in switches and not text:
-            switches.append("reasoning_effort")  # an MLX gpt-oss card: its template is not read here
+            switches.append("reasoning_effort")  # a gpt-oss card built without its template
         if switches:
             reasoning["switches"] = switches
         out["reasoning"] = reasoning
@@ -285,8 +285,10 @@ def card_from_config(
     revision: str | None = None,
     local_path: str | None = None,
     name: str | None = None,
+    chat_template: str | None = None,
 ) -> ModelCard:
-    """An MLX card from a safetensors model's config.json. Multimodal configs keep the
+    """An MLX card from a safetensors model's config.json and its chat template (read by
+    `skulk.models.template_files`; None: the family decides). Multimodal configs keep the
     language model's shape in `text_config`, which wins over the top level."""
     text = config.get("text_config")
     merged = {**config, **text} if isinstance(text, Mapping) else dict(config)
@@ -315,7 +317,7 @@ def card_from_config(
         "sliding_window": window,
         "sliding_window_pattern": pattern if window else None,
         "placement": {"compatible_backends": list(MLX_BACKENDS), "backend_preference": list(MLX_PREFERENCE)},
-        **_chat_format(family, None),
+        **_chat_format(family, chat_template),
     })
 
 

@@ -30,6 +30,7 @@ from skulk.models.hub_files import (
     shard_group,
     total_size_bytes,
 )
+from skulk.models.template_files import chat_template
 from skulk.shared.types.cards import ModelCard
 
 
@@ -67,7 +68,16 @@ def card_from_hub(model_id: str, hub: HubSource, *, revision: str | None = None,
                              "holds no GGUF files")
     selected = select_safetensors(model_id, files)
     config = hub_meta.read_json(model_id, CONFIG_FILE, listing.revision, hub)
-    return card_from_config(model_id, config, total_size_bytes(files, selected), revision=pin, name=name)
+    present = {f.path for f in files}
+
+    def read(path: str) -> str | None:
+        if path not in present:
+            return None
+        data = hub_meta.read_prefix(model_id, path, listing.revision, hub, hub_meta.CONFIG_LIMIT_BYTES)
+        return data.decode("utf-8", errors="replace")
+
+    return card_from_config(model_id, config, total_size_bytes(files, selected), revision=pin, name=name,
+                            chat_template=chat_template(read))
 
 
 __all__ = ["card_from_hub", "read_gguf_header"]
