@@ -33,10 +33,8 @@ from skulk.shared.types.events import (
 from skulk.shared.types.instances import Instance, ShardAssignment
 from skulk.shared.types.state import NodeInfo, State
 from skulk.shared.types.tasks import (
-    CreateRunner,
     Embedding,
     EmbeddingParams,
-    Shutdown,
     TextGeneration,
     TextGenerationParams,
 )
@@ -65,8 +63,8 @@ def _emb(task_id: str, instance_id: str, status: str = "Pending") -> Embedding:
                      params=EmbeddingParams(model_id="m", inputs=["x"]))
 
 
-def _life(task_id: str, instance_id: str, status: str = "Running") -> Shutdown:
-    return Shutdown(task_id=task_id, instance_id=instance_id, runner_id=f"{instance_id}-r0", status=status)
+def _life(task_id: str, instance_id: str, status: str = "Running") -> Embedding:
+    return _emb(task_id, instance_id, status)
 
 
 def _node(node_id: str) -> NodeInfo:
@@ -86,7 +84,7 @@ STATE = State(
         "t3": _life("t3", "ia"),
         "t4": _gen("t4", "ia", status="Complete"),
         "t5": _gen("t5", "ic"),
-        "t6": CreateRunner(task_id="t6", instance_id="iab", runner_id="iab-r0", status="Cancelled"),
+        "t6": _gen("t6", "iab", status="Cancelled"),
     },
     last_event_applied_idx=10,
 )

@@ -44,8 +44,6 @@ from skulk.shared.types.events import (
 from skulk.shared.types.instances import Instance, RunnerStatus, ShardAssignment
 from skulk.shared.types.state import State
 from skulk.shared.types.tasks import (
-    CancelTask,
-    CreateRunner,
     Embedding,
     EmbeddingParams,
     TextGeneration,
@@ -119,7 +117,7 @@ def tasks(draw: st.DrawFn):  # type: ignore[no-untyped-def]
         "instance_id": draw(st.sampled_from(INSTANCES)),
         "status": draw(st.sampled_from(TASK_STATUSES)),
     }
-    kind = draw(st.sampled_from(["text", "embed", "create", "cancel"]))
+    kind = draw(st.sampled_from(["text", "embed"]))
     if kind == "text":
         params = TextGenerationParams(
             model_id=draw(model),
@@ -128,13 +126,8 @@ def tasks(draw: st.DrawFn):  # type: ignore[no-untyped-def]
             stop=draw(st.lists(text, max_size=2)),
         )
         return TextGeneration(owner_node_id="n1", command_id=draw(event_id), params=params, **common)
-    if kind == "embed":
-        params = EmbeddingParams(model_id=draw(model), inputs=draw(st.lists(text, min_size=1, max_size=2)))
-        return Embedding(owner_node_id="n1", command_id=draw(event_id), params=params, **common)
-    runner = draw(st.sampled_from(RUNNERS))
-    if kind == "create":
-        return CreateRunner(runner_id=runner, **common)
-    return CancelTask(runner_id=runner, cancelled_task_id=draw(task_id), **common)
+    params = EmbeddingParams(model_id=draw(model), inputs=draw(st.lists(text, min_size=1, max_size=2)))
+    return Embedding(owner_node_id="n1", command_id=draw(event_id), params=params, **common)
 
 
 def _model(cls, **fields):  # type: ignore[no-untyped-def]

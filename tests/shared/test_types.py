@@ -85,15 +85,8 @@ from skulk.shared.types.state import (
 )
 from skulk.shared.types.tasks import (
     TASK_ADAPTER,
-    CancelTask,
-    ConnectToGroup,
-    CreateRunner,
-    DownloadModel,
     Embedding,
     EmbeddingParams,
-    LoadModel,
-    Shutdown,
-    StartWarmup,
     TextGeneration,
     TextGenerationParams,
 )
@@ -258,13 +251,8 @@ COMMANDS: list[BaseModel] = [
 TASKS: list[BaseModel] = [
     TEXT_TASK,
     Embedding(owner_node_id="n1", task_id="t2", instance_id="i1", command_id="c5", params=EMBED_PARAMS, status="Running"),
-    CreateRunner(task_id="t3", instance_id="i1", runner_id="r1"),
-    DownloadModel(task_id="t4", instance_id="i1", runner_id="r1", node_id="n1", model_id=MODEL),
-    ConnectToGroup(task_id="t5", instance_id="i1", runner_id="r1"),
-    LoadModel(task_id="t6", instance_id="i1", runner_id="r1"),
-    StartWarmup(task_id="t7", instance_id="i1", runner_id="r1"),
-    Shutdown(task_id="t8", instance_id="i1", runner_id="r1", status="Failed", error_message="x"),
-    CancelTask(task_id="t9", instance_id="i1", runner_id="r1", cancelled_task_id="t1"),
+    Embedding(owner_node_id="n1", task_id="t3", instance_id="i1", command_id="c6", params=EMBED_PARAMS,
+              status="Failed", error_type="RunnerCrashed", error_message="x"),
 ]
 CHUNKS: list[BaseModel] = [
     TOKEN,

@@ -1,8 +1,8 @@
 """Tasks: units of work the master assigns to a worker and its runners.
 
-API tasks (`TextGeneration`, `Embedding`) carry a caller's request to an instance's rank 0;
-lifecycle tasks (`CreateRunner` .. `Shutdown`) move one runner through its states. Tasks
-live in State, so everything here must be deterministic data, never handles or clocks.
+Every task (`TextGeneration`, `Embedding`) carries a caller's request to an instance's rank
+0; runners move through their states by the worker's own plan, not by tasks. Tasks live in
+State, so everything here must be deterministic data, never handles or clocks.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pydantic import Field, TypeAdapter, model_validator
 
 from skulk.shared.types.base import WireModel
 from skulk.shared.types.common import ChatMessage, FiniteFloat, TaskStatus, ToolSpec
-from skulk.shared.types.ids import CommandId, InstanceId, ModelId, NodeId, RunnerId, TaskId
+from skulk.shared.types.ids import CommandId, InstanceId, ModelId, NodeId, TaskId
 from skulk.shared.types.stream_errors import StreamErrorType
 
 
@@ -136,63 +136,18 @@ class Embedding(_TaskBase):
     params: EmbeddingParams
 
 
-class _RunnerTaskBase(_TaskBase):
-    runner_id: RunnerId
-
-
-class CreateRunner(_RunnerTaskBase):
-    type: Literal["CreateRunner"] = "CreateRunner"
-
-
-class DownloadModel(_RunnerTaskBase):
-    type: Literal["DownloadModel"] = "DownloadModel"
-    node_id: NodeId
-    model_id: ModelId
-
-
-class ConnectToGroup(_RunnerTaskBase):
-    type: Literal["ConnectToGroup"] = "ConnectToGroup"
-
-
-class LoadModel(_RunnerTaskBase):
-    type: Literal["LoadModel"] = "LoadModel"
-
-
-class StartWarmup(_RunnerTaskBase):
-    type: Literal["StartWarmup"] = "StartWarmup"
-
-
-class Shutdown(_RunnerTaskBase):
-    type: Literal["Shutdown"] = "Shutdown"
-
-
-class CancelTask(_RunnerTaskBase):
-    type: Literal["CancelTask"] = "CancelTask"
-    cancelled_task_id: TaskId
-
-
 ApiTask = TextGeneration | Embedding
 """Tasks that answer a caller's command; they own a data-plane stream."""
 
-Task = Annotated[
-    TextGeneration | Embedding | CreateRunner | DownloadModel | ConnectToGroup | LoadModel | StartWarmup | Shutdown | CancelTask,
-    Field(discriminator="type"),
-]
+Task = Annotated[TextGeneration | Embedding, Field(discriminator="type")]
 TASK_ADAPTER: TypeAdapter[Task] = TypeAdapter(Task)
 
 __all__ = [
     "TASK_ADAPTER",
     "ApiTask",
-    "CancelTask",
-    "ConnectToGroup",
-    "CreateRunner",
-    "DownloadModel",
     "Embedding",
     "EmbeddingParams",
-    "LoadModel",
     "ResponseFormat",
-    "Shutdown",
-    "StartWarmup",
     "Task",
     "TextGeneration",
     "TextGenerationParams",
