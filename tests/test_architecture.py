@@ -33,9 +33,10 @@ ALLOWED: dict[str, set[str]] = {
     "worker.engines": SHARED | {"facts", "pool", "provision"},
     "worker": SHARED | {"cluster", "routing", "observe", "models", "model_store", "artifacts", "worker.engines"},
     "api.adapters": SHARED | {"api"},
-    "api": SHARED | {"datadir", "observe", "api.routes"},
+    "api": SHARED | {"datadir", "observe", "models", "api.routes"},
     "api.routes": SHARED | {"api", "api.adapters", "observe", "master", "models", "model_store", "dashboard", "datadir"},
     "client": {"api"},
+    "node_settings": SHARED | {"datadir", "facts"},
     "dashboard": set(),
 }
 """Package -> the packages it may import. `node`, `cli`, `cli_engines` and `__main__` are
@@ -97,3 +98,57 @@ def test_imports_follow_the_table(path: Path) -> None:
         if package_of(module) not in allowed and package_of(module) != ""
     ]
     assert not bad, f"{source} may not import these (docs/ARCHITECTURE.md): {bad}"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SRC).with_suffix("").parts
+    return ".".join(("skulk", *(parts[:-1] if parts[-1] == "__init__" else parts)))
+
+
+def _top_level_imports(tree: ast.Module, known: set[str]) -> set[str]:
+    """The skulk modules a module imports when it is imported: its top-level imports,
+    those under `if TYPE_CHECKING:` included (a type checker follows them too); imports
+    inside functions are lazy and left out. `from skulk.a import b` names the module
+    `skulk.a.b` when there is one, else `skulk.a`."""
+    statements: list[ast.stmt] = []
+    pending = list(tree.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (ast.If, ast.Try)):
+            pending.extend(node.body + node.orelse + [s for h in getattr(node, "handlers", []) for s in h.body])
+        else:
+            statements.append(node)
+    found: set[str] = set()
+    for node in statements:
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("skulk") and node.level == 0:
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in known else node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("skulk"))
+    return found & known
+
+
+def test_the_module_import_graph_has_no_circle() -> None:
+    """No module imports itself back through others, at module level. A circle makes import
+    order matter and hides which module is the lower one; break it by moving the shared
+    part down (as `api/context.py` and `node_settings.py` were)."""
+    paths = {_module_name(p): p for p in _modules()}
+    known = set(paths)
+    graph = {m: _top_level_imports(ast.parse(p.read_text(encoding="utf-8")), known) - {m} for m, p in paths.items()}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    circles: list[list[str]] = []
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for target in sorted(graph[module]):
+            if state.get(target) == 1:
+                circles.append([*path[path.index(target):], target])
+            elif target not in state:
+                visit(target, [*path, target])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert not circles, "import circles:\n" + "\n".join(" -> ".join(c) for c in circles)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from skulk.datadir.paths import SkulkPaths
-from skulk.node import NodeSettings, settings_wire
+from skulk.node_settings import NodeSettings, settings_wire
 
 PATHS = SkulkPaths(data_home=Path("/d"), models_dir=Path("/d/models"), cache_home=Path("/c"),
                    custom_cards_dir=Path("/d/cards"))

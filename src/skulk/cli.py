@@ -20,7 +20,8 @@ from skulk.api.auth import API_KEY_ENV
 from skulk.cli_engines import engines_app
 from skulk.datadir.config import ConfigError, SkulkConfig, load_config, with_env_overrides
 from skulk.datadir.paths import SkulkPaths, resolve_paths
-from skulk.node import ExitCode, NodeSettings, default_node_name, run_node
+from skulk.node import ExitCode, default_node_name, run_node
+from skulk.node_settings import NodeSettings
 from skulk.provision.llama_build import engine_search_dirs
 from skulk.provision.node_engine import export_managed_llama_server
 from skulk.worker.engines.hugepages import export_hugepage_malloc

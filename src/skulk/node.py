@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import os
 import signal
 import socket
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +26,7 @@ from skulk import __version__
 from skulk.api.access import AccessPolicy
 from skulk.api.app import ApiContext, create_app
 from skulk.api.failover import failover_failures
-from skulk.api.limits import DEFAULT_MAX_BODY_BYTES, RequestLimits
+from skulk.api.limits import RequestLimits
 from skulk.api.node_access import access_policy, access_warnings, with_api_key, with_own_hosts
 from skulk.api.streams import CommandStreams
 from skulk.api.task_stream_ends import awaiting_terminal, completed_in, stream_end_for, stream_ends_in
@@ -40,10 +38,9 @@ from skulk.cluster.producer import EventProducer
 from skulk.cluster.replica import StateReplica
 from skulk.cluster.task_inputs import TaskInputRelay
 from skulk.cluster.telemetry import TelemetryService
-from skulk.datadir.config import EventLogSection, LoggingSection, ModelStoreSection, TracingSection
 from skulk.datadir.intent_record import INTENT_FILE, IntentRecord
 from skulk.datadir.lease import Lease, LeaseHeldError
-from skulk.datadir.paths import SkulkPaths, ensure_dirs
+from skulk.datadir.paths import ensure_dirs
 from skulk.datadir.secret_file import SecretFileError
 from skulk.datadir.superseded_logs import retention_from
 from skulk.facts.derive import DerivedBackends, derive_node_backends
@@ -57,6 +54,7 @@ from skulk.model_store.node_store import NodeStore, StoreBinding, bind_store, bi
 from skulk.model_store.staging import staging_root_for
 from skulk.models.cards import builtin_cards_dir, resolve_cards
 from skulk.models.companions import companions_of
+from skulk.node_settings import NodeSettings, settings_wire
 from skulk.observe.lost_members import LostMembers
 from skulk.observe.node_report import redacted_config, versions
 from skulk.observe.peer_http import peer_api_urls
@@ -113,75 +111,6 @@ class ExitCode:
     USAGE = 2
     LEASE_HELD = 3
     FENCED = 4
-
-
-@dataclass(frozen=True)
-class NodeSettings:
-    paths: SkulkPaths
-    node_name: str
-    api_host: str = "0.0.0.0"
-    api_port: int = 52415
-    listen: tuple[str, ...] = ()
-    bootstrap_peers: tuple[str, ...] = ()
-    multicast: bool = True
-    cluster_key: str | None = field(default=None, repr=False)
-    cluster_key_file: Path | None = None
-    api_key: str | None = field(default=None, repr=False)
-    """The key non-loopback clients present; None: the data dir's `api.key` (created on
-    first start). See `skulk.api.access` for the whole policy."""
-    operator_key: str | None = field(default=None, repr=False)
-    require_key_on_loopback: bool = False
-    open_to_lan: bool = False
-    allowed_hosts: tuple[str, ...] = ()
-    local_model_dirs: tuple[Path, ...] = ()
-    """Directories `/models/add` may register local models from, besides the models dir."""
-    cors_origins: tuple[str, ...] = ()
-    """Browser origins allowed beside this machine's own (skulk.api.cors)."""
-    api_enabled: bool = True
-    api_max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    """Request bodies above this get 413 before they are parsed (`api.max_body_bytes`)."""
-    worker_enabled: bool = True
-    model_store: ModelStoreSection = ModelStoreSection()
-    tracing: TracingSection = TracingSection()
-    logging: LoggingSection = LoggingSection()
-    event_log: EventLogSection = EventLogSection()
-
-    @property
-    def api_endpoint(self) -> str | None:
-        """The address peers and clients should use for this node's API."""
-        if not self.api_enabled:
-            return None
-        host = self.api_host
-        if host in ("0.0.0.0", "::", ""):
-            host = _primary_address()
-        if ":" in host:
-            host = f"[{host}]"
-        return f"http://{host}:{self.api_port}"
-
-
-def settings_wire(settings: NodeSettings) -> dict[str, Any]:
-    """The node's effective settings as operators read them (diagnostics, dashboard). Secrets
-    are reported as set or not, never shown. Pure."""
-    return {
-        "nodeName": settings.node_name, "apiHost": settings.api_host, "apiPort": settings.api_port,
-        "apiEndpoint": settings.api_endpoint if settings.api_enabled else None,
-        "listen": list(settings.listen), "bootstrapPeers": list(settings.bootstrap_peers),
-        "multicast": settings.multicast, "apiKeySet": bool(settings.api_key),
-        "clusterKeyGiven": settings.cluster_key is not None,
-        "apiEnabled": settings.api_enabled, "workerEnabled": settings.worker_enabled,
-        "dataDir": str(settings.paths.data_home), "modelsDir": str(settings.paths.models_dir),
-        "configFile": str(settings.paths.config_file),
-        "modelStore": to_camel_keys(settings.model_store.model_dump()),
-    }
-
-
-def _primary_address() -> str:
-    """First non-loopback IPv4 of this machine, or loopback on an offline host."""
-    for interface in probe_interfaces():
-        for address in interface.addresses:
-            if not ipaddress.ip_address(address).is_loopback:
-                return address
-    return "127.0.0.1"
 
 
 API_TICK_S = 1.0
@@ -718,7 +647,7 @@ class Node:
             access=self._access,
             local_model_dirs=(self.settings.paths.models_dir, *self.settings.local_model_dirs),
             cors_origins=self.settings.cors_origins,
-            get_store=self._current_store,
+            store_lookup=self._current_store,
             limits=RequestLimits(max_body_bytes=self.settings.api_max_body_bytes),
             traces=self.traces,
             sessions_dir=self.settings.paths.data_home / "sessions",

@@ -23,7 +23,7 @@ more finds nothing new and costs seconds per route."""
 # Every model name binds to the placed instance, so requests that pass validation go all
 # the way through generation (or embedding) and serialisation instead of stopping at 404.
 APP, _CLUSTER = scripted_app(["<think>a</think>", "Hel", "lo"], vectors=lambda n: [[0.6, 0.8]] * n,
-                             context_fields={"find_instance": lambda _model_id: INSTANCE})
+                             context_fields={"instance_lookup": lambda _model_id: INSTANCE})
 OUTSIDE_THE_PROCESS = r"^/(models/(search|add)|store(/|$)|ollama/api/(pull|delete)$|v1/events$)"
 """Routes this in-process fuzz leaves out, because what they answer depends on the world
 outside the app: the Hugging Face hub (model search and add: no network here, and retries

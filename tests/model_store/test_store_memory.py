@@ -63,7 +63,8 @@ def test_a_malformed_memory_is_ignored(tmp_path, text):
 def test_the_node_uses_its_remembered_store_only_until_a_master_speaks(tmp_path, monkeypatch):
     """The node's shell: remembered store in the startup window, the master's once heard
     (and persisted), never the remembered one again this session."""
-    from skulk.node import Node, NodeSettings
+    from skulk.node import Node
+    from skulk.node_settings import NodeSettings
 
     paths = SkulkPaths(data_home=tmp_path, models_dir=tmp_path / "models", cache_home=tmp_path / "cache",
                        custom_cards_dir=tmp_path / "cards")

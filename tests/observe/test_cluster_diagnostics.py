@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from skulk.datadir.paths import resolve_paths
-from skulk.node import NodeSettings
+from skulk.node_settings import NodeSettings
 from skulk.observe.capture import capture_files, write_archive
 from skulk.observe.cluster_diagnostics import PeerAnswer, cluster_report, cluster_timeline, version_report
 from skulk.observe.node_report import REDACTED, redacted_config

@@ -34,7 +34,7 @@ SMALL_LIMIT = 64 * 1024
 
 
 def app_with(limit: int = DEFAULT_MAX_BODY_BYTES):
-    return scripted_app(["Hel", "lo"], context_fields={"find_instance": lambda _m: INSTANCE,
+    return scripted_app(["Hel", "lo"], context_fields={"instance_lookup": lambda _m: INSTANCE,
                                                        "limits": RequestLimits(max_body_bytes=limit)})
 
 

@@ -11,7 +11,7 @@ from skulk.api.node_access import access_policy, access_warnings, with_api_key
 from skulk.cli import key_on_command_line
 from skulk.datadir.config import ConfigError, SkulkConfig, with_env_overrides
 from skulk.datadir.paths import SkulkPaths
-from skulk.node import NodeSettings
+from skulk.node_settings import NodeSettings
 from skulk.routing.cluster_key import ClusterKeyError, derive_peer_token, resolve_cluster_key
 
 

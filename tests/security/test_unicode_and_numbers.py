@@ -21,7 +21,7 @@ from tests.api.test_openai_routes import INSTANCE, MODEL
 
 pytestmark = pytest.mark.timeout(120)
 
-APP, CLUSTER = scripted_app(["ok"], context_fields={"find_instance": lambda _m: INSTANCE})
+APP, CLUSTER = scripted_app(["ok"], context_fields={"instance_lookup": lambda _m: INSTANCE})
 
 
 def body_routes() -> list[tuple[str, str]]:

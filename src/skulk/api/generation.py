@@ -16,12 +16,12 @@ import asyncio
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from fastapi import Request
-from starlette.requests import HTTPConnection
 
 from skulk.api.auth import current_principal
+from skulk.api.context import ApiContext, api_context
 from skulk.api.errors import (
     ApiError,
     ClusterNotReady,
@@ -51,9 +51,6 @@ from skulk.shared.types.stream_errors import StreamErrorType
 from skulk.shared.types.task_inputs import TaskInput, redacted_embedding_params, redacted_generation_params
 from skulk.shared.types.tasks import EmbeddingParams, TextGenerationParams
 
-if TYPE_CHECKING:  # the context's module imports these routes
-    from skulk.api.app import ApiContext
-
 logger = logging.getLogger(__name__)
 
 P = TypeVar("P", TextGenerationParams, EmbeddingParams)
@@ -63,11 +60,6 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 _background: set[asyncio.Task[None]] = set()
 """Commands sent after a request ended, held until sent (the loop keeps only weak refs)."""
-
-
-def api_context(request: HTTPConnection):
-    """The node's ApiContext, from any HTTP request or WebSocket of its app."""
-    return request.app.state.skulk
 
 
 def send_later(context: ApiContext, command: Command) -> None:
@@ -432,9 +424,7 @@ def placed_model(context: ApiContext, typed: str) -> str:
     """The placed model a request's `model` means: itself, or the repo an Ollama library
     name (`llama3.2:1b`) or `repo:QUANT` resolves to once that repo is placed
     (`skulk.models.model_names.placed_model_id`). Responses still echo what was typed."""
-    list_instances = context.list_instances
-    assert list_instances is not None  # set by ApiContext.__post_init__
-    placed = {instance.model_id for instance in list_instances()}
+    placed = {instance.model_id for instance in context.list_instances()}
     return placed_model_id(typed, placed, context.get_cards(), load_library())
 
 

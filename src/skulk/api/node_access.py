@@ -19,7 +19,7 @@ from skulk.datadir.secret_file import load_or_create_secret
 
 if TYPE_CHECKING:
     from skulk.datadir.paths import SkulkPaths
-    from skulk.node import NodeSettings
+    from skulk.node_settings import NodeSettings
     from skulk.shared.types.common import NetworkInterface
 
 

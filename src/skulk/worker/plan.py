@@ -18,7 +18,7 @@ from skulk.shared.types.common import TERMINAL_TASK_STATUSES
 from skulk.shared.types.ids import CommandId, InstanceId, ModelId, NodeId, RunnerId, TaskId
 from skulk.shared.types.instances import Instance, RunnerStatus, ShardAssignment
 from skulk.shared.types.state import State
-from skulk.shared.types.tasks import ApiTask, Embedding, TextGeneration
+from skulk.shared.types.tasks import ApiTask
 
 MEMORY_FIT_TOLERANCE = 0.10
 """The pre-spawn guard allows a shard to exceed live free memory by this fraction of it: the
@@ -194,7 +194,7 @@ def still_unconfirmed(done: frozenset[TaskId], state: State) -> frozenset[TaskId
 
 def dispatch_pending_tasks(view: WorkerView) -> WorkerAction | None:
     for task_id, task in sorted(view.state.tasks.items()):
-        if not isinstance(task, (TextGeneration, Embedding)) or task.status in TERMINAL_TASK_STATUSES:
+        if task.status in TERMINAL_TASK_STATUSES:
             continue
         if task_id in view.dispatched or task.command_id not in view.task_inputs:
             continue

@@ -26,9 +26,9 @@ from skulk.api.adapters.anthropic import (
     sse_error,
     to_params,
 )
+from skulk.api.context import api_context
 from skulk.api.generation import (
     SSE_HEADERS,
-    api_context,
     drive,
     encoded_events,
     for_placed_model,

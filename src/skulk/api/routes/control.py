@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict
 
+from skulk.api.context import api_context
 from skulk.observe.downloads import download_report
 from skulk.shared.apply import state_hash
 from skulk.shared.health import derive_node_health
@@ -23,7 +24,7 @@ ALIVE_HEARTBEAT_AGE_S = 10.0
 
 
 def _context(request: Request):
-    return request.app.state.skulk
+    return api_context(request)
 
 
 @router.get("/node_id")

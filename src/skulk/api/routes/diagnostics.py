@@ -3,10 +3,11 @@ gathered from every member (`/v1/diagnostics/cluster`), and Prometheus metrics."
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
+from skulk.api.context import ApiContext, api_context
 from skulk.api.errors import NotFound, PeerUnreachable
 from skulk.observe.cluster_diagnostics import (
     NODE_REPORT_PATH,
@@ -16,9 +17,6 @@ from skulk.observe.cluster_diagnostics import (
     gather_from_peers,
 )
 from skulk.observe.metrics import CONTENT_TYPE, exposition
-
-if TYPE_CHECKING:  # the context's module imports these routes
-    from skulk.api.app import ApiContext
 
 router = APIRouter()
 
@@ -30,14 +28,14 @@ def _own_report(context: ApiContext) -> dict[str, Any]:
 
 @router.get("/v1/diagnostics/node")
 def node_diagnostics(request: Request) -> dict[str, Any]:
-    return _own_report(request.app.state.skulk)
+    return _own_report(api_context(request))
 
 
 @router.get("/v1/diagnostics/cluster")
 async def cluster_diagnostics(request: Request) -> dict[str, Any]:
     """Every member's own diagnostics, gathered now with a deadline per member; a member
     that does not answer is listed under `unreachable` with the reason."""
-    context = request.app.state.skulk
+    context = api_context(request)
     urls = context.get_peer_urls()
     answers = await gather_from_peers(urls, NODE_REPORT_PATH, api_key=context.peer_credential)
     for node_id, reason in context.get_lost_members().items():
@@ -58,7 +56,7 @@ async def cluster_timeline_route(request: Request) -> dict[str, Any]:
 async def member_diagnostics(request: Request, node_id: str) -> dict[str, Any]:
     """One member's own diagnostics, asked through this node (404: not a member; 502: it did
     not answer in time)."""
-    context = request.app.state.skulk
+    context = api_context(request)
     if node_id == context.node_id:
         return _own_report(context)
     urls = context.get_peer_urls()

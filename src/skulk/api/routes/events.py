@@ -15,17 +15,15 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
+from skulk.api.context import ApiContext, api_context
 from skulk.api.errors import ApiError, Overloaded
 from skulk.api.routes.control import cluster_body, state_body
 from skulk.api.state_feed import StateFeed, TooManySubscribers
-
-if TYPE_CHECKING:  # the context's module imports these routes
-    from skulk.api.app import ApiContext
 
 router = APIRouter()
 
@@ -82,7 +80,7 @@ async def _frames(context: ApiContext) -> AsyncIterator[bytes]:
 
 @router.get("/v1/events")
 async def events(request: Request) -> StreamingResponse:
-    context = request.app.state.skulk
+    context = api_context(request)
     if context.state_feed.closed:
         raise NodeStopping("this node is stopping; reconnect to another node or after it restarts")
     try:

@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from skulk.api.context import api_context
 from skulk.master.placement import PlacementError, PlacementInfoPending, PlacementRequest, place, preview
 from skulk.master.ring_hosts import unreported_ring_nodes
 from skulk.shared.slots import DEFAULT_SLOTS, slot_choices
@@ -52,7 +53,7 @@ def _placement_error(exc: PlacementError) -> JSONResponse:
 
 @router.post("/place_instance")
 async def place_instance(request: Request, body: PlaceInstanceBody) -> Any:
-    context = request.app.state.skulk
+    context = api_context(request)
     card = context.get_cards().get(body.model_id)
     if card is None:
         return JSONResponse(status_code=404, content={"error": {
@@ -89,8 +90,8 @@ def instance_previews(request: Request, modelId: str, slots: int | None = None) 
     """Every feasible placement, best first; with `slots`, those serving that many.
     `slotChoices` names the engines with slots this model can be placed on in this cluster
     (each with its range and default), so a form offers a slot count only where one applies."""
-    context = request.app.state.skulk
-    card = context.get_cards().get(modelId)
+    context = api_context(request)
+    card = context.get_cards().get(ModelId(modelId))
     if card is None:
         raise HTTPException(404, f"no model card for {modelId}")
     state, resources = context.get_state(), context.get_resources()
@@ -119,8 +120,8 @@ def _wire(value: Any) -> Any:
 
 @router.get("/instance/{instance_id}")
 def get_instance(request: Request, instance_id: str) -> Any:
-    state = request.app.state.skulk.get_state()
-    instance = state.instances.get(instance_id)
+    state = api_context(request).get_state()
+    instance = state.instances.get(InstanceId(instance_id))
     if instance is None:
         raise HTTPException(404, f"no instance {instance_id}")
     body = instance.to_wire()
@@ -130,7 +131,7 @@ def get_instance(request: Request, instance_id: str) -> Any:
 
 @router.delete("/instance/{instance_id}")
 async def delete_instance(request: Request, instance_id: str) -> Any:
-    context = request.app.state.skulk
+    context = api_context(request)
     if instance_id not in context.get_state().instances:
         raise HTTPException(404, f"no instance {instance_id}")
     command = DeleteInstance(command_id=CommandId(new_id()), instance_id=InstanceId(instance_id))
@@ -143,7 +144,7 @@ def list_models(request: Request) -> Any:
     """Every card this node resolves; a model with placed instances also lists them, each
     with its stamped context and the capacity planner's outputs (effective context, hot KV
     tokens, GPU layers), and a model whose last repair was abandoned says why."""
-    context = request.app.state.skulk
+    context = api_context(request)
     cards = context.get_cards()
     state = context.get_state()
     placed: dict[str, list[dict[str, Any]]] = {}

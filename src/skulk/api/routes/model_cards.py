@@ -30,6 +30,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
+from skulk.api.context import api_context
 from skulk.api.errors import ApiError, ClusterNotReady, Conflict, InvalidRequest, NotFound
 from skulk.api.local_paths import allowed_local_path
 from skulk.models import hub_meta
@@ -245,7 +246,7 @@ def _card_from_path(body: AddModelBody, roots: tuple[Path, ...]) -> ModelCard:
 
 async def _submit(request: Request, command) -> None:
     try:
-        await request.app.state.skulk.submit_command(command)
+        await api_context(request).submit_command(command)
     except Exception as exc:
         raise ClusterNotReady(f"the card could not reach the master: {exc}") from exc
 
@@ -261,7 +262,7 @@ async def add_model(request: Request, body: AddModelBody) -> Any:
             raise InvalidRequest("ggufFile must be a repo-relative path ending in .gguf", param="ggufFile")
         card = await build_hub_card(request, body)
     else:
-        roots = request.app.state.skulk.local_model_dirs
+        roots = api_context(request).local_model_dirs
         card = await _off_loop(lambda: _card_from_path(body, roots), ADD_DEADLINE_S)
     applied = await register_card(request, card, override=body.override)
     return {"modelId": card.model_id, "applied": applied, "card": card.to_wire()}
@@ -271,14 +272,14 @@ async def build_hub_card(request: Request, body: AddModelBody) -> ModelCard:
     """The card a hub repo or a typed name (`model_names`) stands for, read from the hub
     under ADD_DEADLINE_S; typed errors (404 unknown name or repo, 400 unusable, 502 hub)."""
     hub = HubSource.from_env()
-    card_ids = frozenset(request.app.state.skulk.get_cards())
+    card_ids = frozenset(api_context(request).get_cards())
     return await _off_loop(lambda: _card_from_hub(body, hub, card_ids), ADD_DEADLINE_S)
 
 
 async def register_card(request: Request, card: ModelCard, *, override: bool = False) -> bool:
     """Submit `card` as a custom card and wait up to APPLY_WAIT_S to see it applied; whether
     it was. A different card with the same id is a 409 unless `override`."""
-    context = request.app.state.skulk
+    context = api_context(request)
     existing = context.get_cards().get(card.model_id)
     if existing is not None and existing != card and not override:
         raise Conflict(f"A card with the id {card.model_id!r} exists already; give another modelId, or send "
@@ -302,7 +303,7 @@ async def register_card(request: Request, card: ModelCard, *, override: bool = F
 
 @router.delete("/models/custom/{model_id:path}")
 async def delete_custom_model(request: Request, model_id: str) -> Any:
-    state = request.app.state.skulk.get_state()
+    state = api_context(request).get_state()
     if model_id not in state.custom_cards:
         raise NotFound(f"no custom card {model_id}; built-in cards cannot be deleted", code="unknown_card")
     await _submit(request, DeleteCustomModelCard(command_id=CommandId(new_id()), model_id=ModelId(model_id)))

@@ -46,10 +46,10 @@ from skulk.api.adapters.ollama import (
     tags,
     timestamp,
 )
+from skulk.api.context import api_context
 from skulk.api.errors import InvalidRequest, ModelNotFound, StreamFailed
 from skulk.api.generation import (
     SSE_HEADERS,
-    api_context,
     collect_embedding,
     drive,
     for_placed_model,
@@ -61,6 +61,7 @@ from skulk.api.generation import (
 from skulk.api.openapi_errors import OLLAMA_ERROR_RESPONSES
 from skulk.api.streams import CommandStream
 from skulk.shared.types.chunks import TokenChunk
+from skulk.shared.types.ids import ModelId
 from skulk.shared.types.tasks import TextGenerationParams
 
 logger = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ def show_model(request: Request, body: ShowRequest) -> dict[str, Any]:
     limits = [i.context_token_limit for i in context.list_instances() if i.model_id == model_id]
     if not limits:
         raise ModelNotFound(model_id)
-    return show(model_id, context.get_cards().get(model_id), max(limits), timestamp())
+    return show(model_id, context.get_cards().get(ModelId(model_id)), max(limits), timestamp())
 
 
 @router.post("/api/chat", response_model=None)

@@ -28,6 +28,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict
 
 from skulk.api.adapters.ollama import ndjson
+from skulk.api.context import api_context
 from skulk.api.errors import ApiError, InvalidRequest, StreamFailed, ollama_error_body
 from skulk.api.generation import SSE_HEADERS
 from skulk.api.openapi_errors import OLLAMA_ERROR_RESPONSES
@@ -81,7 +82,7 @@ async def _pull_target(request: Request, typed: str) -> tuple[str, FetchBody | N
     name (`llama3.2:1b`), `owner/repo:QUANT` or a repo with no card yet gets its card built
     from the hub and added to the cluster first (`skulk.models.model_names`), and the fetch
     carries that card so it need not wait for the master to apply it."""
-    if typed in request.app.state.skulk.get_cards():
+    if typed in api_context(request).get_cards():
         return typed, None
     card = await build_hub_card(request, AddModelBody(model_id=typed))
     await register_card(request, card)

@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import quote
 
 from fastapi import APIRouter, Request
@@ -41,10 +41,10 @@ from skulk.api.adapters.openai_chat import (
     to_params,
 )
 from skulk.api.auth import current_principal, presented_keys
+from skulk.api.context import ApiContext, api_context
 from skulk.api.errors import ClusterNotReady, InvalidRequest, ModelNotFound, NotFound
 from skulk.api.generation import (
     SSE_HEADERS,
-    api_context,
     collect_choices,
     collect_embedding,
     drive,
@@ -64,9 +64,6 @@ from skulk.observe.cluster_diagnostics import gather_from_peers
 from skulk.shared.types.commands import CancelCommand
 from skulk.shared.types.common import ChatMessage
 from skulk.shared.types.ids import CommandId, new_id
-
-if TYPE_CHECKING:  # the context's module imports these routes
-    from skulk.api.app import ApiContext
 
 logger = logging.getLogger(__name__)
 

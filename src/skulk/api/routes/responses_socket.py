@@ -31,9 +31,10 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 
 from skulk.api.adapters import openai_responses
+from skulk.api.context import api_context
 from skulk.api.cors import LOCAL_ORIGIN_REGEX
 from skulk.api.errors import ApiError, InvalidRequest, StreamFailed, invalid_request_from_validation
-from skulk.api.generation import api_context, drive, for_placed_model, start_generation
+from skulk.api.generation import drive, for_placed_model, start_generation
 from skulk.api.response_store import StoredResponse
 from skulk.api.routes.openai import RESPONSES_PARAMS, caller_scope, kept_responses, stored_response
 from skulk.shared.types.common import ChatMessage

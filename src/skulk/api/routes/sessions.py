@@ -22,8 +22,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from skulk.api.auth import current_principal
+from skulk.api.context import api_context
 from skulk.api.errors import InvalidRequest, ModelNotFound, NotFound, StreamFailed
-from skulk.api.generation import api_context, drive, open_output, start_generation
+from skulk.api.generation import drive, open_output, start_generation
 from skulk.api.sessions import (
     Session,
     SessionBook,

@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, ValidationError
 
+from skulk.api.context import ApiContext, api_context
 from skulk.api.errors import ApiError, ClusterNotReady, NotFound
 from skulk.model_store.eviction import in_use_model_ids
 from skulk.model_store.fetch import FetchStatus, StoreFetcher
@@ -44,9 +45,6 @@ from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.commands import EvictStagedModel
 from skulk.shared.types.ids import CommandId, ModelId, new_id
 from skulk.shared.types.state import DownloadStatusCompleted
-
-if TYPE_CHECKING:  # the context's module imports these routes
-    from skulk.api.app import ApiContext
 
 router = APIRouter()
 
@@ -80,7 +78,7 @@ class StoreNotConfigured(ApiError):
 
 
 def _store(request: Request) -> StoreContext:
-    context = request.app.state.skulk
+    context = api_context(request)
     get_store = getattr(context, "get_store", None)
     store = get_store() if get_store is not None else getattr(context, "store", None)
     if store is None:
@@ -131,7 +129,7 @@ def _local_storage(store: StoreContext, in_use: frozenset[str]) -> dict[str, Any
 
 @router.get("/store/storage")
 async def storage(request: Request) -> Any:
-    context = request.app.state.skulk
+    context = api_context(request)
     store = _store(request)
     in_use = in_use_model_ids(context.get_state(), context.node_id, companions_of(context.get_cards))
     local = await asyncio.to_thread(_local_storage, store, in_use)
@@ -217,7 +215,7 @@ async def fetch_step(request: Request, model_id: str, body: FetchBody | None = N
     """Start (or follow) the store host's fetch of `model_id`: its status now. Raises the
     `ApiError` that explains why not (no store here, no Hugging Face card). Ollama's
     `/api/pull` polls this too."""
-    context = request.app.state.skulk
+    context = api_context(request)
     store = _store(request)
     root = _canonical(store)
     card = _fetch_card(context, model_id, body)
@@ -248,7 +246,7 @@ def _known_anywhere(context: ApiContext, store: StoreContext, model_id: str) -> 
 async def delete_model(request: Request, model_id: str) -> dict[str, Any]:
     """Evict `model_id` everywhere (staged copies) and remove its canonical copy. Raises the
     `ApiError` that explains why not. Ollama's `/api/delete` does the same."""
-    context = request.app.state.skulk
+    context = api_context(request)
     store = _store(request)
     root = _canonical(store)
     has_canonical = bool(await asyncio.to_thread(lambda: downloaded_models(root).get(model_id)))
@@ -272,7 +270,7 @@ async def delete_store_model(request: Request, model_id: str) -> Any:
 
 @router.post("/store/purge-staging")
 async def purge_staging(request: Request) -> Any:
-    context = request.app.state.skulk
+    context = api_context(request)
     store = _store(request)
     in_use = in_use_model_ids(context.get_state(), context.node_id, companions_of(context.get_cards))
     result = await asyncio.to_thread(remove_staged, store.staging_root, in_use, store.canonical_root)

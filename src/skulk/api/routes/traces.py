@@ -7,16 +7,14 @@ gathers from its peers (`skulk.observe.peer_http`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 
+from skulk.api.context import ApiContext, api_context
 from skulk.api.errors import NotFound
 from skulk.observe.cluster_diagnostics import gather_from_peers
 from skulk.observe.traces import chrome_trace, merge_listings, valid_trace_id
-
-if TYPE_CHECKING:  # the context's module imports these routes
-    from skulk.api.app import ApiContext
 
 router = APIRouter()
 
@@ -32,7 +30,7 @@ def _store(context: ApiContext):
 
 @router.get("/v1/traces")
 async def list_traces(request: Request, scope: Scope = "cluster") -> dict[str, Any]:
-    context = request.app.state.skulk
+    context = api_context(request)
     own = _store(context).listing()
     if scope == "local":
         return {"nodeId": context.node_id, "traces": own}
@@ -48,7 +46,7 @@ def _not_found(trace_id: str) -> NotFound:
 
 @router.get("/v1/traces/{trace_id}")
 async def get_trace(request: Request, trace_id: str, scope: Scope = "cluster") -> dict[str, Any]:
-    context = request.app.state.skulk
+    context = api_context(request)
     store = _store(context)
     if not valid_trace_id(trace_id):
         raise _not_found(trace_id)

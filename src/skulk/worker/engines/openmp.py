@@ -1,4 +1,5 @@
-"""How llama.cpp's OpenMP threads wait at a barrier, chosen before the library loads.
+"""How many CPU threads llama.cpp runs, and how its OpenMP threads wait at a barrier
+(chosen before the library loads).
 
 A CPU decode step is hundreds of parallel regions, each ending at a barrier. libgomp's
 threads spin there (by default ~300k iterations) before sleeping: on a quiet machine that
@@ -15,6 +16,7 @@ affects nothing else.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, MutableMapping
 
 DEFAULT_SPIN_COUNT = 30_000
@@ -23,6 +25,19 @@ matrix operation, so a barrier reached on time is caught spinning and a starved 
 spun on for long."""
 
 OPERATOR_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+
+
+def physical_cores() -> int:
+    """The CPU threads a llama.cpp engine uses by default: one per physical core (hyper-
+    threads share a core's math units, and an OpenMP team larger than the cores stalls at
+    every barrier)."""
+    try:
+        import psutil
+
+        cores = psutil.cpu_count(logical=False)
+    except Exception:  # psutil may not know on exotic platforms
+        cores = None
+    return max(1, cores or os.cpu_count() or 1)
 
 
 def wait_policy_overrides(env: Mapping[str, str]) -> dict[str, str]:
@@ -39,4 +54,4 @@ def apply_wait_policy(env: MutableMapping[str, str]) -> dict[str, str]:
     return overrides
 
 
-__all__ = ["DEFAULT_SPIN_COUNT", "OPERATOR_KEYS", "apply_wait_policy", "wait_policy_overrides"]
+__all__ = ["DEFAULT_SPIN_COUNT", "OPERATOR_KEYS", "apply_wait_policy", "physical_cores", "wait_policy_overrides"]

@@ -60,6 +60,7 @@ from skulk.worker.engines.logits import (
     prompt_entries,
     with_prompt_logprobs,
 )
+from skulk.worker.engines.openmp import physical_cores
 from skulk.worker.engines.prompt_pieces import (
     PromptCancelled,
     PromptOverContext,
@@ -169,16 +170,6 @@ def flash_attn_enabled(card_pin: bool | None, env: dict[str, str] | os._Environ[
     if card_pin is not None:
         return card_pin
     return env.get(FLASH_ATTN_ENV, "1").strip() != "0"
-
-
-def physical_cores() -> int:
-    try:
-        import psutil
-
-        cores = psutil.cpu_count(logical=False)
-    except Exception:  # psutil may not know on exotic platforms
-        cores = None
-    return max(1, cores or os.cpu_count() or 1)
 
 
 def gpu_layers_for(backend_tag: str) -> int:
@@ -753,6 +744,5 @@ __all__ = [
     "logit_bias_processor",
     "normalise",
     "opens_reasoning",
-    "physical_cores",
     "planned_gpu_layers",
 ]

@@ -195,7 +195,7 @@ class PoolDonorEngine:
             port = pool_port(spec.instance, shard.rank)
         except PoolLayoutError as exc:
             raise ModelLoadFailed(str(exc)) from exc
-        from skulk.worker.engines.llama_cpp.engine import physical_cores
+        from skulk.worker.engines.openmp import physical_cores
 
         n_threads = spec.n_threads or physical_cores()
         binary = configured_rpc_server()

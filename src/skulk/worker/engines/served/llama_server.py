@@ -53,9 +53,9 @@ from skulk.worker.engines.llama_cpp.engine import (
     LlamaCppEngine,
     flash_attn_enabled,
     opens_reasoning,
-    physical_cores,
     planned_gpu_layers,
 )
+from skulk.worker.engines.openmp import physical_cores
 from skulk.worker.engines.served.launch import (
     HOST,
     ServerLaunch,
