@@ -35,9 +35,9 @@ ALLOWED: dict[str, set[str]] = {
     "api.adapters": SHARED | {"api"},
     "api": SHARED | {"datadir", "observe", "models", "api.routes"},
     "api.routes": SHARED | {"api", "api.adapters", "observe", "master", "models", "model_store", "dashboard", "datadir"},
-    "client": {"api"},
+    "client": {"api", "shared"},
     "node_settings": SHARED | {"datadir", "facts"},
-    "dashboard": set(),
+    "dashboard": {"shared"},
 }
 """Package -> the packages it may import. `node`, `cli`, `cli_engines` and `__main__` are
 the composition roots and may import anything."""

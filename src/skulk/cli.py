@@ -24,6 +24,7 @@ from skulk.node import ExitCode, default_node_name, run_node
 from skulk.node_settings import NodeSettings
 from skulk.provision.llama_build import engine_search_dirs
 from skulk.provision.node_engine import export_managed_llama_server
+from skulk.shared.settings import setting
 from skulk.worker.engines.hugepages import export_hugepage_malloc
 
 app = typer.Typer(
@@ -102,7 +103,7 @@ def _paths(data_dir: Path | None) -> SkulkPaths:
 
 def _configure_logging() -> None:
     logging.basicConfig(
-        level=os.environ.get("SKULK_LOG_LEVEL", "INFO").upper(),
+        level=(setting("SKULK_LOG_LEVEL") or "INFO").upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
@@ -145,7 +146,7 @@ def _run(flags: RunFlags) -> None:
     except ConfigError as exc:
         typer.echo(f"skulk: {exc}", err=True)
         raise typer.Exit(ExitCode.USAGE) from None
-    settings = resolve_settings(flags, config, paths, default_node_name(), os.environ.get(API_KEY_ENV) or None)
+    settings = resolve_settings(flags, config, paths, default_node_name(), setting(API_KEY_ENV) or None)
     export_managed_llama_server(  # before the probe reads it
         os.environ, engine_search_dirs(os.environ, Path.home(), paths.data_home))
     export_hugepage_malloc(os.environ)  # before any engine process starts: glibc reads it at process start
@@ -208,7 +209,7 @@ def api_key(data_dir: DataDir = None) -> None:
     paths = _paths(data_dir)
     try:
         config = with_env_overrides(load_config(paths.config_file), os.environ)
-        typer.echo(os.environ.get(API_KEY_ENV) or config.api.api_key or load_or_create_api_key(paths))
+        typer.echo(setting(API_KEY_ENV) or config.api.api_key or load_or_create_api_key(paths))
     except (ConfigError, SecretFileError) as exc:
         typer.echo(f"skulk: {exc}", err=True)
         raise typer.Exit(ExitCode.USAGE) from None
@@ -437,7 +438,7 @@ def diagnostics_capture(
 
     created = datetime.now(UTC)
     try:
-        report, state, summary = fetch_capture_inputs(url, os.environ.get(API_KEY_ENV) or None)
+        report, state, summary = fetch_capture_inputs(url, setting(API_KEY_ENV) or None)
     except CaptureFailed as exc:
         typer.echo(f"skulk: capture failed: {exc}", err=True)
         raise typer.Exit(ExitCode.FAILURE) from None

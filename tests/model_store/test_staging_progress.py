@@ -54,7 +54,7 @@ async def test_the_worker_publishes_staging_progress_as_download_telemetry(tmp_p
                                free_bytes=lambda _p: FREE)
         binding = StoreBinding(node_store, StoreChoice(StoreAddress(host, int(port)), "master", False))
         worker, producer = _store_worker(tmp_path / "b", {card.model_id: card}, binding, telemetry)
-        await worker._resolve(card.model_id)
+        await worker.downloads.resolve(card.model_id)
 
     pending, completed = producer.events
     assert isinstance(pending, DownloadPending) and isinstance(completed, DownloadCompleted)

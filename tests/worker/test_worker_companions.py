@@ -30,7 +30,7 @@ async def test_a_required_companion_is_downloaded_before_the_model_is_ready(mock
     card = card_with(vision_weights_repo=TINY_MLX_REPO)
     worker, producer, _replica, _router = _worker(tmp_path, {card.model_id: card})
 
-    await worker._resolve(card.model_id)
+    await worker.downloads.resolve(card.model_id)
 
     assert [type(e) for e in producer.events] == [DownloadPending, DownloadCompleted]
     assert (tmp_path / COMPANION_DIR / MARKER_FILE_NAME).is_file()
@@ -42,20 +42,20 @@ async def test_a_missing_required_companion_fails_the_model_naming_it(mock_hub, 
     card = card_with(vision_weights_repo=MISSING)
     worker, producer, _replica, _router = _worker(tmp_path, {card.model_id: card})
 
-    await worker._resolve(card.model_id)
+    await worker.downloads.resolve(card.model_id)
 
     pending, failed = producer.events
     assert isinstance(pending, DownloadPending) and isinstance(failed, DownloadFailed)
     assert failed.attempt_id == pending.attempt_id and MISSING in failed.error_message
     assert card.model_id not in worker.stats()["artifacts"]
-    assert MISSING in worker._artifact_failures[card.model_id].reason
+    assert MISSING in worker.downloads.failures[card.model_id].reason
 
 
 async def test_a_missing_best_effort_companion_is_skipped(mock_hub, tmp_path, caplog):
     card = card_with(assistant_model_repo=MISSING, mtp_sidecar_repo=TINY_MLX_REPO)
     worker, producer, _replica, _router = _worker(tmp_path, {card.model_id: card})
 
-    await worker._resolve(card.model_id)
+    await worker.downloads.resolve(card.model_id)
 
     assert [type(e) for e in producer.events] == [DownloadPending, DownloadCompleted]
     assert (tmp_path / COMPANION_DIR / MARKER_FILE_NAME).is_file()
@@ -67,14 +67,14 @@ async def test_the_on_disk_fast_path_ensures_companions_too(mock_hub, tmp_path):
     download_model(hub_card(TINY_GGUF_REPO, gguf_file=GGUF_FILE), tmp_path)  # the model, not its companion
     worker, producer, _replica, _router = _worker(tmp_path, {card.model_id: card})
 
-    await worker._resolve(card.model_id)
+    await worker.downloads.resolve(card.model_id)
 
     assert [type(e) for e in producer.events] == [DownloadCompleted]
     assert (tmp_path / COMPANION_DIR / MARKER_FILE_NAME).is_file()
 
     missing = card_with(vision_weights_repo=MISSING)
     worker, producer, _replica, _router = _worker(tmp_path, {missing.model_id: missing})
-    await worker._resolve(missing.model_id)
+    await worker.downloads.resolve(missing.model_id)
     assert [type(e) for e in producer.events] == [DownloadFailed]
     assert MISSING in producer.events[0].error_message
 
@@ -85,7 +85,7 @@ async def test_companions_are_staged_through_the_store(mock_hub, tmp_path):
     card = card_with(vision_weights_repo=TINY_MLX_REPO)
     worker, producer = _store_worker(tmp_path, {card.model_id: card}, _self_binding(tmp_path))
 
-    await worker._resolve(card.model_id)
+    await worker.downloads.resolve(card.model_id)
 
     assert [type(e) for e in producer.events] == [DownloadPending, DownloadCompleted]
     staged = tmp_path / "staging" / COMPANION_DIR / "config.json"
@@ -95,7 +95,7 @@ async def test_companions_are_staged_through_the_store(mock_hub, tmp_path):
     # Staged already, companion included: completed once, nothing asked of the hub.
     seen = len(mock_hub.requests)
     again, again_producer = _store_worker(tmp_path, {card.model_id: card}, _self_binding(tmp_path))
-    await again._resolve(card.model_id)
+    await again.downloads.resolve(card.model_id)
     assert [type(e) for e in again_producer.events] == [DownloadCompleted]
     assert len(mock_hub.requests) == seen
 
@@ -105,17 +105,17 @@ async def test_a_remote_store_fetches_and_stages_companions_too(mock_hub, tmp_pa
     it from the hub once (from the derived companion card), the follower stages it."""
     import functools
 
-    import skulk.worker.main as worker_main
+    import skulk.worker.downloads as worker_downloads
     from tests.api.live_server import live_server
     from tests.model_store.test_store_fetch import FAST, remote_binding, store_host_app
 
-    monkeypatch.setattr(worker_main, "stage_card", functools.partial(worker_main.stage_card, retry=FAST,
+    monkeypatch.setattr(worker_downloads, "stage_card", functools.partial(worker_downloads.stage_card, retry=FAST,
                                                                      fetch_poll_s=0.05))
     card = card_with(vision_weights_repo=TINY_MLX_REPO)
     app = store_host_app(tmp_path / "a" / "models", tmp_path / "a" / "staging", {})  # the asker's cards are used
     with live_server(app) as url:
         worker, producer = _store_worker(tmp_path / "b", {card.model_id: card}, remote_binding(tmp_path, url))
-        await worker._resolve(card.model_id)
+        await worker.downloads.resolve(card.model_id)
 
     assert [type(e) for e in producer.events] == [DownloadPending, DownloadCompleted]
     for dir_name in (BASE_DIR, COMPANION_DIR):

@@ -60,7 +60,7 @@ async def test_download_emits_pending_progress_then_completed(mock_hub, tmp_path
     telemetry: list = []
     worker, producer, _replica, _router = _worker(tmp_path, {card.model_id: card}, telemetry)
 
-    await worker._resolve(card.model_id)
+    await worker.downloads.resolve(card.model_id)
 
     size = len(mock_hub.repos[TINY_GGUF_REPO].commits[mock_hub.repos[TINY_GGUF_REPO].main][GGUF_FILE])
     assert worker.stats()["artifacts"][card.model_id] == str(tmp_path / "mock-org--tiny-llama-GGUF" / GGUF_FILE)
@@ -77,7 +77,7 @@ async def test_download_emits_pending_progress_then_completed(mock_hub, tmp_path
     again, again_producer, again_replica, _ = _worker(tmp_path, {card.model_id: card})
     again_replica.state = State(downloads={"node-a": {card.model_id: DownloadStatusCompleted(
         attempt_id=completed.attempt_id, total_bytes=completed.total_bytes)}})
-    await again._resolve(card.model_id)
+    await again.downloads.resolve(card.model_id)
     assert again_producer.events == []
     assert again.stats()["artifacts"][card.model_id].endswith(GGUF_FILE)
 
@@ -85,7 +85,7 @@ async def test_download_emits_pending_progress_then_completed(mock_hub, tmp_path
 async def test_a_copy_on_disk_is_reported_completed_once(mock_hub, tmp_path):
     card = hub_card(TINY_GGUF_REPO, gguf_file=GGUF_FILE)
     first, _, _, router = _worker(tmp_path, {card.model_id: card})  # no telemetry sink: the router
-    await first._resolve(card.model_id)
+    await first.downloads.resolve(card.model_id)
     for _ in range(100):  # the fallback publishes from background tasks
         if router.published:
             break
@@ -93,7 +93,7 @@ async def test_a_copy_on_disk_is_reported_completed_once(mock_hub, tmp_path):
     assert router.published and isinstance(router.published[-1], DownloadProgress)
     seen = len(mock_hub.requests)
     worker, producer, _replica, _ = _worker(tmp_path, {card.model_id: card}, [])
-    await worker._resolve(card.model_id)
+    await worker.downloads.resolve(card.model_id)
     assert [type(e) for e in producer.events] == [DownloadCompleted]
     size = len(mock_hub.repos[TINY_GGUF_REPO].commits[mock_hub.repos[TINY_GGUF_REPO].main][GGUF_FILE])
     assert producer.events[0].total_bytes == size
@@ -104,7 +104,7 @@ async def test_failed_download_emits_failed_with_reason_and_fails_the_artifact(m
     card = hub_card("mock-org/missing")
     worker, producer, _replica, _router = _worker(tmp_path, {card.model_id: card})  # no telemetry sink
 
-    await worker._resolve(card.model_id)
+    await worker.downloads.resolve(card.model_id)
 
     pending, failed = producer.events
     assert isinstance(pending, DownloadPending) and isinstance(failed, DownloadFailed)
@@ -118,8 +118,8 @@ async def test_a_passing_download_failure_is_forgotten_after_a_cool_down(mock_hu
     card = hub_card(TINY_GGUF_REPO, gguf_file=GGUF_FILE)
     worker, producer, _replica, _ = _worker(tmp_path, {card.model_id: card}, [])
     worker.failure_cooldown = FailureCooldown(cooldown_s=0.05)
-    worker._download_cancel.set()  # as at shutdown: a passing failure
-    await worker._resolve(card.model_id)
+    worker.downloads.cancel()  # as at shutdown: a passing failure
+    await worker.downloads.resolve(card.model_id)
     assert "cancelled" in worker.stats()["artifactFailures"][card.model_id]
     assert isinstance(producer.events[-1], DownloadFailed)
 
@@ -132,7 +132,7 @@ async def test_a_passing_download_failure_is_forgotten_after_a_cool_down(mock_hu
     # A 404 needs an operator: it is kept.
     missing = hub_card("mock-org/missing")
     worker2, _, _, _ = _worker(tmp_path, {missing.model_id: missing}, [])
-    await worker2._resolve(missing.model_id)
+    await worker2.downloads.resolve(missing.model_id)
     await asyncio.sleep(0.2)
     assert missing.model_id in worker2.stats()["artifactFailures"]
 
@@ -164,7 +164,7 @@ async def test_the_store_host_downloads_into_its_store_and_stages_by_hardlink(mo
     telemetry: list = []
     worker, producer = _store_worker(tmp_path, {card.model_id: card}, _self_binding(tmp_path), telemetry)
 
-    await worker._resolve(card.model_id)
+    await worker.downloads.resolve(card.model_id)
 
     staged = tmp_path / "staging" / "mock-org--tiny-llama-GGUF" / GGUF_FILE
     canonical = tmp_path / "models" / "mock-org--tiny-llama-GGUF" / GGUF_FILE
@@ -178,7 +178,7 @@ async def test_the_store_host_downloads_into_its_store_and_stages_by_hardlink(mo
     # Staged already: reported completed once, no network.
     seen = len(mock_hub.requests)
     again, again_producer = _store_worker(tmp_path, {card.model_id: card}, _self_binding(tmp_path))
-    await again._resolve(card.model_id)
+    await again.downloads.resolve(card.model_id)
     assert [type(e) for e in again_producer.events] == [DownloadCompleted]
     assert len(mock_hub.requests) == seen
 
@@ -187,21 +187,21 @@ async def test_an_unreachable_store_falls_back_to_a_direct_download_and_says_so_
                                                                                       caplog):
     import functools
 
-    import skulk.worker.main as worker_main
+    import skulk.worker.downloads as worker_downloads
     from skulk.model_store.host import StoreAddress, StoreChoice
     from skulk.model_store.node_store import NodeStore, StoreBinding
     from skulk.model_store.staging import RetryPolicy
     from tests.nodeproc import free_port
 
-    monkeypatch.setattr(worker_main, "stage_card", functools.partial(
-        worker_main.stage_card, retry=RetryPolicy(max_attempts=1), fetch_poll_s=0.01))
+    monkeypatch.setattr(worker_downloads, "stage_card", functools.partial(
+        worker_downloads.stage_card, retry=RetryPolicy(max_attempts=1), fetch_poll_s=0.01))
     card = hub_card(TINY_GGUF_REPO, gguf_file=GGUF_FILE)
     store = NodeStore(staging_root=tmp_path / "staging", canonical_root=None, free_bytes=lambda _p: 10**15)
     binding = StoreBinding(store, StoreChoice(StoreAddress("127.0.0.1", free_port()), "master", False))
     worker, producer = _store_worker(tmp_path, {card.model_id: card}, binding)
 
-    await worker._resolve(card.model_id)
-    await worker._resolve(card.model_id)
+    await worker.downloads.resolve(card.model_id)
+    await worker.downloads.resolve(card.model_id)
 
     direct = tmp_path / "models" / "mock-org--tiny-llama-GGUF" / GGUF_FILE
     assert worker.stats()["artifacts"][card.model_id] == str(direct)

@@ -5,7 +5,7 @@ the worker, the `skulk models pull` command), and the worker kept the rest of th
 its async code: a store it cannot reach falls back to the hub, a staging failure becomes a
 download failure of some kind, a passing failure is forgotten after a `sleep`. Every one of
 those decisions is here, over plain data, with table tests (`tests/artifacts/`); the shells
-(`skulk.artifacts.resolve` for blocking callers, `skulk.worker.main` for the node) only
+(`skulk.artifacts.resolve` for blocking callers, `skulk.worker.downloads` for the node) only
 carry them out.
 
 - `route_for(card, store_bound)`: generate, check a local path, download from the hub, or

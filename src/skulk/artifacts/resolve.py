@@ -1,6 +1,6 @@
 """Getting a model's files without a node around it: for `skulk models pull`, the tests and
 the benchmarks. Blocking; the node's worker runs the same routes (`plan.route_for`) with the
-cluster's events and the model store around them (`skulk.worker.main`).
+cluster's events and the model store around them (`skulk.worker.downloads`).
 """
 
 from __future__ import annotations

@@ -5,7 +5,6 @@ what `views` made of the answer; an API error is printed plainly and exits 1.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -20,6 +19,7 @@ from skulk.api.auth import API_KEY_ENV
 from skulk.client import views
 from skulk.client.http import ADD_TIMEOUT_S, DEFAULT_URL, URL_ENV, NodeClient
 from skulk.client.views import ClientError
+from skulk.shared.settings import setting
 
 FAILURE_EXIT = 1
 
@@ -27,7 +27,7 @@ Url = Annotated[str, typer.Option("--url", envvar=URL_ENV, help="The node's API 
 
 
 def _client(url: str) -> NodeClient:
-    return NodeClient(url, os.environ.get(API_KEY_ENV) or None)
+    return NodeClient(url, setting(API_KEY_ENV) or None)
 
 
 def _run(action: Callable[[], None]) -> None:

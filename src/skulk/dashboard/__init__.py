@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from skulk.shared.settings import setting
+
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 """The dashboard's files as the package ships them; `index.html` is the page served at `/`."""
 
@@ -19,4 +21,4 @@ INDEX_NAME = "index.html"
 
 def dashboard_dir(env: Mapping[str, str]) -> Path:
     """Where this node's dashboard files are: the override, else the packaged ones. Pure."""
-    return Path(env[DASHBOARD_DIR_ENV]) if env.get(DASHBOARD_DIR_ENV) else STATIC_DIR
+    return Path(setting(DASHBOARD_DIR_ENV, env)) if setting(DASHBOARD_DIR_ENV, env) else STATIC_DIR

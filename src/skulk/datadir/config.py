@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic_core import ErrorDetails
 
 from skulk.shared.body_limits import DEFAULT_MAX_BODY_BYTES, MAX_MAX_BODY_BYTES, MIN_MAX_BODY_BYTES
+from skulk.shared.settings import setting
 
 DEFAULT_API_PORT = 52415
 
@@ -205,7 +206,7 @@ def with_env_overrides(config: SkulkConfig, env: Mapping[str, str]) -> SkulkConf
     """`config` with the environment's overrides applied (environment beats the file, as
     the CLI's flags beat both). Pure; a malformed value is a ConfigError naming it."""
     for variable, section_name, key, parse, expected in ENV_OVERRIDES:
-        raw = (env.get(variable) or "").strip()
+        raw = setting(variable, env)
         if not raw:
             continue
         value = parse(raw)

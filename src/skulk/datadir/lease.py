@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from skulk.shared.settings import setting
 from skulk.shared.ticks import until_tick_s
 
 logger = logging.getLogger(__name__)
@@ -273,7 +274,7 @@ class Lease:
 
 
 def device_lease_dir(env: dict[str, str] | os._Environ[str] = os.environ) -> Path:
-    override = env.get(DEVICE_LEASE_DIR_ENV)
+    override = setting(DEVICE_LEASE_DIR_ENV, env)
     return Path(override) if override else DEFAULT_DEVICE_LEASE_DIR
 
 

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from skulk.shared.settings import setting
+
 CONFIG_FILE_NAME = "skulk.yaml"
 LEASE_FILE_NAME = "skulk.lease"
 EVENT_LOG_DIR_NAME = "event_log"
@@ -82,23 +84,23 @@ def resolve_paths(
 ) -> SkulkPaths:
     """Resolve every storage path. An explicit data root (flag or SKULK_HOME) also holds the
     cache, so that two nodes on one machine with distinct data dirs never share traces."""
-    explicit_root = data_dir_flag or (Path(env["SKULK_HOME"]) if env.get("SKULK_HOME") else None)
+    explicit_root = data_dir_flag or (Path(setting("SKULK_HOME", env)) if setting("SKULK_HOME", env) else None)
     if explicit_root is not None:
         data_home = explicit_root
-    elif env.get("SKULK_DATA_HOME"):
-        data_home = Path(env["SKULK_DATA_HOME"])
+    elif setting("SKULK_DATA_HOME", env):
+        data_home = Path(setting("SKULK_DATA_HOME", env))
     else:
         data_home = default_data_home(env, platform, home)
 
-    if env.get("SKULK_CACHE_HOME"):
-        cache_home = Path(env["SKULK_CACHE_HOME"])
+    if setting("SKULK_CACHE_HOME", env):
+        cache_home = Path(setting("SKULK_CACHE_HOME", env))
     elif explicit_root is not None:
         cache_home = data_home / "cache"
     else:
         cache_home = default_cache_home(env, platform, home, data_home)
 
-    models_dir = Path(env["SKULK_MODELS_DIR"]) if env.get("SKULK_MODELS_DIR") else data_home / "models"
-    cards_env = env.get("SKULK_CUSTOM_MODEL_CARDS_DIR")
+    models_dir = Path(setting("SKULK_MODELS_DIR", env)) if setting("SKULK_MODELS_DIR", env) else data_home / "models"
+    cards_env = setting("SKULK_CUSTOM_MODEL_CARDS_DIR", env)
     custom_cards_dir = Path(cards_env) if cards_env else data_home / "custom_model_cards"
     return SkulkPaths(
         data_home=data_home.expanduser(),

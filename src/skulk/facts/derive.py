@@ -136,7 +136,7 @@ class DerivedBackends:
 class _Computes:
     computes: tuple[str, ...]
     source: str
-    """Why, for messages: 'declared SKULK_X=...', 'build reports no GPU offload', ..."""
+    """Why, for messages: 'declared SKULK_LLAMA_CPP_BACKENDS=...', 'build reports no GPU offload', ..."""
 
 
 def derive_node_backends(facts: NodeFacts) -> DerivedBackends:

@@ -30,6 +30,7 @@ from skulk.datadir.lease import Held, LeaseRecord, lease_decision, pid_alive, re
 from skulk.datadir.paths import SkulkPaths
 from skulk.facts.derive import DerivedBackends, derive_node_backends
 from skulk.provision.autoprovision import BuildInBackground, NoBuild
+from skulk.shared.settings import setting
 from skulk.shared.types.node_facts import NodeFacts
 
 Status = Literal["ok", "warn", "error"]
@@ -400,7 +401,7 @@ def path_state(path: Path) -> PathState:
 
 
 def cluster_key_state(path: Path, env: Mapping[str, str]) -> ClusterKeyState:
-    from_env = bool(env.get(CLUSTER_KEY_ENV, "").strip())
+    from_env = bool(setting(CLUSTER_KEY_ENV, env))
     try:
         mode = path.stat().st_mode
     except OSError:

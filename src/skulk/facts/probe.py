@@ -26,6 +26,7 @@ from typing import TypeVar
 
 from skulk.provision.llama_binary import probe_version
 from skulk.provision.node_engine import MANAGED_BACKEND_ENV
+from skulk.shared.settings import setting
 from skulk.shared.types.engines import traits_of
 from skulk.shared.types.node_facts import (
     ENGINE_BINARY_ENV,
@@ -48,7 +49,6 @@ DECLARATION_NAMES: frozenset[str] = frozenset(
     {
         "SKULK_LLAMA_CPP_FLASH_ATTN",
         "SKULK_LLAMA_SERVER_PARALLEL",
-        "SKULK_LLAMA_SERVER_FORCE_NO_SPEC",
         "SKULK_VLLM_MAX_CONCURRENT_REQUESTS",
         "SKULK_NO_ENGINE_AUTOPROVISION",
         "SKULK_ENGINES_DIR",
@@ -205,8 +205,8 @@ def _read_int(path: Path) -> int | None:
 def _engine_binaries(env: Mapping[str, str]) -> dict[str, EngineBinary]:
     binaries: dict[str, EngineBinary] = {}
     for engine, var in ENGINE_BINARY_ENV.items():
-        value = env.get(var)
-        if value is None or not value.strip():
+        value = setting(var, env)
+        if not value:
             continue
         state = _binary_state(value, env)
         version = None
@@ -214,7 +214,7 @@ def _engine_binaries(env: Mapping[str, str]) -> dict[str, EngineBinary]:
             path = os.path.expanduser(value.strip())
             version = probe_version(shutil.which(path, path=env.get("PATH")) or path if os.sep not in path else path)
             state = "usable" if version is not None else "broken"
-        backend = env.get(MANAGED_BACKEND_ENV) or None if traits_of(engine).managed_build else None
+        backend = setting(MANAGED_BACKEND_ENV, env) or None if traits_of(engine).managed_build else None
         binaries[engine] = EngineBinary(path=value, state=state, version=version, backend=backend)
     return binaries
 

@@ -38,6 +38,7 @@ from skulk.routing.router import Router, RouterError, TypedSubscription
 from skulk.routing.topics import TOPICS
 from skulk.shared.election import STALL_HOLD_AFTER_S, STALL_HOLD_S
 from skulk.shared.intent import ClusterIntent, PlacementIntent, restore_cards
+from skulk.shared.settings import setting
 from skulk.shared.sync import due_bursts, next_due_at, replay_scheduler, request
 from skulk.shared.telemetry_view import NODE_TIMEOUT_S, TelemetryView, freshness, node_resources
 from skulk.shared.ticks import until_tick_s
@@ -80,7 +81,7 @@ above that. Never set it in production."""
 
 def node_timeout_s(env: Mapping[str, str] = os.environ) -> float:
     """The prune timeout: NODE_TIMEOUT_S, or the test knob when it is set to a positive number."""
-    raw = env.get(TEST_NODE_TIMEOUT_ENV)
+    raw = setting(TEST_NODE_TIMEOUT_ENV, env)
     if not raw:
         return NODE_TIMEOUT_S
     try:
@@ -101,7 +102,7 @@ makes the lost-command race deterministic with it. Never set it in production.""
 
 def dropped_generations(env: Mapping[str, str] = os.environ) -> int:
     """How many first GenerateText commands the master ignores: 0, or the test knob."""
-    raw = env.get(TEST_DROP_GENERATIONS_ENV)
+    raw = setting(TEST_DROP_GENERATIONS_ENV, env)
     if not raw:
         return 0
     try:

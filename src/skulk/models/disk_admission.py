@@ -23,6 +23,7 @@ from pathlib import Path
 
 from skulk.datadir.config import DISK_RESERVE_ENV
 from skulk.shared.health import DEFAULT_RESERVE_BYTES, GIB
+from skulk.shared.settings import setting
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ def reserve_bytes_from_env(env: Mapping[str, str], default: int = DEFAULT_RESERV
     """The reserve SKULK_DISK_RESERVE_GB asks for, else `default`: for callers without a
     node config (`skulk models pull`, a bare `download_model`). A malformed value is an
     error naming the variable, never a silently different reserve."""
-    raw = (env.get(DISK_RESERVE_ENV) or "").strip()
+    raw = setting(DISK_RESERVE_ENV, env)
     if not raw:
         return default
     try:

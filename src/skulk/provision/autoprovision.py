@@ -18,6 +18,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from skulk.provision.gpu_wheel import WHEEL_BACKENDS
+from skulk.shared.settings import setting
 from skulk.shared.types.telemetry import EngineProvision
 
 AUTOPROVISION_OFF_ENV = "SKULK_NO_ENGINE_AUTOPROVISION"
@@ -40,7 +41,7 @@ TOOLCHAIN_PACKAGES: Mapping[str, str] = {
 
 
 def opted_out(env: Mapping[str, str]) -> bool:
-    return env.get(AUTOPROVISION_OFF_ENV, "").strip().lower() in TRUTHY
+    return setting(AUTOPROVISION_OFF_ENV, env).lower() in TRUTHY
 
 
 def missing_tools(backend: str, which: Callable[[str], str | None]) -> tuple[str, ...]:

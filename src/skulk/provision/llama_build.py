@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from skulk.shared.settings import setting
 from skulk.shared.types.node_facts import NodeFacts
 
 LlamaBackend = Literal["cpu", "cuda", "vulkan", "metal"]
@@ -136,7 +137,7 @@ def engines_dir(env: Mapping[str, str], home: Path) -> Path:
     $XDG_CACHE_HOME/skulk/engines (~/.cache/skulk/engines). A build belongs to the machine
     (it was compiled for this CPU and GPU), not to one node's data dir: every node on the
     machine finds it, whatever its --data-dir says."""
-    configured = env.get(ENGINES_DIR_ENV, "").strip()
+    configured = setting(ENGINES_DIR_ENV, env)
     if configured:
         return Path(configured).expanduser()
     xdg = env.get("XDG_CACHE_HOME", "").strip()
@@ -148,7 +149,7 @@ def engine_search_dirs(env: Mapping[str, str], home: Path, data_home: Path) -> t
     then (unless SKULK_ENGINES_DIR names one) <data home>/engines, where installs made before
     builds belonged to the machine still sit."""
     machine = engines_dir(env, home)
-    if env.get(ENGINES_DIR_ENV, "").strip():
+    if setting(ENGINES_DIR_ENV, env):
         return (machine,)
     legacy = data_home / "engines"
     return (machine,) if legacy == machine else (machine, legacy)
@@ -157,7 +158,7 @@ def engine_search_dirs(env: Mapping[str, str], home: Path, data_home: Path) -> t
 def build_cache_root(env: Mapping[str, str], home: Path) -> Path:
     """SKULK_ENGINE_BUILD_CACHE, else $XDG_CACHE_HOME/skulk/engines (~/.cache/...): shared by
     every node and checkout on the machine, so a second install of a version is a copy."""
-    configured = env.get("SKULK_ENGINE_BUILD_CACHE", "").strip()
+    configured = setting("SKULK_ENGINE_BUILD_CACHE", env)
     if configured:
         return Path(configured).expanduser()
     xdg = env.get("XDG_CACHE_HOME", "").strip()

@@ -39,6 +39,7 @@ from skulk.provision.llama_binary import (
     installed_wheels,
     probe_version,
 )
+from skulk.shared.settings import setting
 from skulk.shared.types.node_facts import ENGINE_BINARY_ENV
 
 LLAMA_SERVER_ENV = ENGINE_BINARY_ENV["llama_server"]
@@ -86,16 +87,16 @@ class BundledServer:
 
 
 def bundled_allowed(env: Mapping[str, str]) -> bool:
-    return env.get(BUNDLED_ENV, "").strip().lower() not in ("0", "false", "no", "off")
+    return setting(BUNDLED_ENV, env).lower() not in ("0", "false", "no", "off")
 
 
 def choose_server(env: Mapping[str, str], managed: ManagedInstall | None,
                   bundled: BundledServer | None) -> ResolvedServer | None:
     """The operator's override; else the GPU before the CPU, and on one compute the native
     build before the bundled server (when allowed): a CUDA wheel beats a native CPU build."""
-    override = env.get(LLAMA_SERVER_ENV, "").strip()
+    override = setting(LLAMA_SERVER_ENV, env)
     if override:
-        return ResolvedServer(Path(override).expanduser(), "override", env.get(MANAGED_BACKEND_ENV) or None)
+        return ResolvedServer(Path(override).expanduser(), "override", setting(MANAGED_BACKEND_ENV, env) or None)
     candidates: list[ResolvedServer] = []
     if managed is not None:
         candidates.append(ResolvedServer(managed.server, "managed", managed.backend))
@@ -151,7 +152,7 @@ def find_bundled_server(engines_dirs: Sequence[Path] = ()) -> BundledServer | No
 
 
 def resolve_llama_server(env: Mapping[str, str], engines_dirs: Sequence[Path]) -> ResolvedServer | None:
-    if env.get(LLAMA_SERVER_ENV, "").strip():
+    if setting(LLAMA_SERVER_ENV, env):
         return choose_server(env, None, None)
     managed = managed_install(engines_dirs)
     gpu_native = managed is not None and managed.backend != "cpu"
@@ -169,8 +170,8 @@ def export_pool_rpc_server(env: MutableMapping[str, str], managed: ManagedInstal
     or an earlier export stands (a CPU build never replaces one; a GPU build replaces a CPU
     one). True when `env` changed."""
     server = pool_rpc_server(managed)
-    current = env.get(POOL_RPC_SERVER_ENV, "").strip()
-    if server is None or managed is None or (current and env.get(POOL_RPC_SOURCE_ENV) != "managed"):
+    current = setting(POOL_RPC_SERVER_ENV, env)
+    if server is None or managed is None or (current and setting(POOL_RPC_SOURCE_ENV, env) != "managed"):
         return False
     if current and (managed.backend == "cpu" or current == str(server)):
         return False
@@ -183,7 +184,7 @@ def export_managed_llama_server(env: MutableMapping[str, str], engines_dirs: Seq
     """Point SKULK_LLAMA_SERVER_BIN at the managed or bundled build unless an override is set,
     and a pool donor's RPC server at the managed build's (`export_pool_rpc_server`)."""
     export_pool_rpc_server(env, managed_install(engines_dirs))
-    if env.get(LLAMA_SERVER_ENV, "").strip():
+    if setting(LLAMA_SERVER_ENV, env):
         return None
     resolved = resolve_llama_server(env, engines_dirs)
     if resolved is not None:
@@ -203,9 +204,9 @@ def _set_site(env: MutableMapping[str, str], site: Path | None) -> None:
 
 def server_source(env: Mapping[str, str]) -> ServerSource | None:
     """Where the llama-server in `env` came from: None when there is none."""
-    if not env.get(LLAMA_SERVER_ENV, "").strip():
+    if not setting(LLAMA_SERVER_ENV, env):
         return None
-    source = env.get(SOURCE_ENV, "")
+    source = setting(SOURCE_ENV, env)
     return source if source in ("managed", "bundled") else "override"  # type: ignore[return-value]
 
 
@@ -216,7 +217,7 @@ def adopt_install(env: MutableMapping[str, str], install: ManagedInstall | Wheel
     pool_changed = isinstance(install, ManagedInstall) and export_pool_rpc_server(env, install)
     if server_source(env) == "override":
         return pool_changed
-    if install.backend == "cpu" and env.get(MANAGED_BACKEND_ENV, "cpu") not in ("", "cpu"):
+    if install.backend == "cpu" and setting(MANAGED_BACKEND_ENV, env) not in ("", "cpu"):
         return pool_changed
     if isinstance(install, WheelInstall):
         env[LLAMA_SERVER_ENV] = str(Path(sys.executable).parent / BUNDLED_SCRIPT)

@@ -19,6 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from skulk.shared.settings import setting
+
 COLD_BUDGET_ENV = "SKULK_KV_COLD_BUDGET_MB"
 """Host-RAM MiB per runner for cold KV prefixes; 0 turns the cold store off."""
 
@@ -160,7 +162,7 @@ def cold_budget_bytes(planned: int | None, env: Mapping[str, str]) -> int:
     """The cold store's budget: the node setting (`SKULK_KV_COLD_BUDGET_MB`) when set, else
     the capacity planner's `cold_budget_bytes` when it planned one, else the default.
     A malformed setting is refused rather than silently replaced."""
-    raw = (env.get(COLD_BUDGET_ENV) or "").strip()
+    raw = setting(COLD_BUDGET_ENV, env)
     if raw:
         try:
             mib = float(raw)

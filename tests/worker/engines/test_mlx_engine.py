@@ -211,8 +211,9 @@ def test_hostfile_is_one_address_list_per_rank() -> None:
     ("raw", "expected"), [(None, 5.0), ("", 5.0), ("2.5", 2.5), ("x", 5.0), ("-1", 5.0), ("0", 5.0)]
 )
 def test_seconds_from_env(raw, expected) -> None:
-    env = {} if raw is None else {"S": raw}
-    assert seconds_from_env(env, "S", 5.0) == expected
+    name = "SKULK_PIPELINE_EVAL_TIMEOUT_SECONDS"
+    env = {} if raw is None else {name: raw}
+    assert seconds_from_env(env, name, 5.0) == expected
 
 
 @pytest.mark.parametrize(

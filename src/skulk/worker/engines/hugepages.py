@@ -35,6 +35,8 @@ import sys
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
+from skulk.shared.settings import setting
+
 HUGEPAGES_ENV = "SKULK_HUGEPAGES"
 """'0' leaves engine processes' malloc on its default pages."""
 TUNABLES_ENV = "GLIBC_TUNABLES"
@@ -44,7 +46,7 @@ HUGEPAGE_MALLOC = f"{HUGETLB_TUNABLE}=1"
 
 
 def hugepages_wanted(env: Mapping[str, str]) -> bool:
-    return env.get(HUGEPAGES_ENV, "1").strip() != "0"
+    return setting(HUGEPAGES_ENV, env) != "0"
 
 
 def _hugetlb_setting(tunables: str | None) -> str | None:

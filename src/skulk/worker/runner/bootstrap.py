@@ -38,6 +38,7 @@ from multiprocessing.queues import Queue as MpQueue
 from typing import Any
 
 from skulk.shared.residency import idle_check_in_s, idle_ttl, unload_due
+from skulk.shared.settings import setting
 from skulk.shared.types.cards import backend_engine
 from skulk.shared.types.chunks import EmbeddingChunk, StreamPayload, StreamStarted, StreamTerminal, TokenChunk
 from skulk.shared.types.common import RunnerState
@@ -571,7 +572,7 @@ def _configure_logging() -> None:
     root = logging.getLogger()
     if not root.handlers:
         logging.basicConfig(
-            level=os.environ.get("SKULK_RUNNER_LOG_LEVEL", "INFO"),
+            level=setting("SKULK_RUNNER_LOG_LEVEL") or "INFO",
             format=f"%(asctime)s runner[{os.getpid()}] %(levelname)s %(name)s: %(message)s",
             stream=sys.stderr,
         )

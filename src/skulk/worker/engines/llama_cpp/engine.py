@@ -31,6 +31,7 @@ import numpy as np
 from skulk.shared.prefix_cache import cold_budget_bytes
 from skulk.shared.reasoning_switches import template_kwargs
 from skulk.shared.sampling_defaults import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, LLAMA_CPP_DEFAULT_MIN_P
+from skulk.shared.settings import setting
 from skulk.shared.tool_grammar import SchemaNotSupported, request_grammar
 from skulk.shared.types.cards import backend_engine
 from skulk.shared.types.chunks import TopLogprob
@@ -169,7 +170,7 @@ def flash_attn_enabled(card_pin: bool | None, env: dict[str, str] | os._Environ[
     """The card's explicit pin wins; otherwise the node setting; otherwise on."""
     if card_pin is not None:
         return card_pin
-    return env.get(FLASH_ATTN_ENV, "1").strip() != "0"
+    return setting(FLASH_ATTN_ENV, env) != "0"
 
 
 def gpu_layers_for(backend_tag: str) -> int:

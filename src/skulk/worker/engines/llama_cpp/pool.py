@@ -27,6 +27,7 @@ from typing import Any
 from skulk.pool import rpc
 from skulk.pool.channel import ChannelRefused, DonorGate, DriverLink, Remote
 from skulk.pool.layout import PoolLayoutError, channel_key, device_split, donor_host, donors, pool_port
+from skulk.shared.settings import setting
 from skulk.shared.types.tasks import TextGenerationParams
 from skulk.worker.engines.base import EngineError, GeneratedToken, ModelLoadFailed, ShardSpec
 from skulk.worker.engines.llama_cpp.rpc_server_process import configured_rpc_server, start_rpc_server_process
@@ -34,7 +35,7 @@ from skulk.worker.engines.served.process import ServerProcess
 
 log = logging.getLogger(__name__)
 
-DONOR_CONNECT_DEADLINE_S = float(os.environ.get("SKULK_POOL_CONNECT_DEADLINE_SECONDS", "120"))
+DONOR_CONNECT_DEADLINE_S = float(setting("SKULK_POOL_CONNECT_DEADLINE_SECONDS") or "120")
 """How long the driver waits for every donor's gate to accept it (donors load concurrently
 with the driver). Past it the driver fails to load, naming the donors it could not reach."""
 PROBE_INTERVAL_S = 0.25
@@ -48,7 +49,7 @@ donor share ever loaded."""
 
 
 def tensor_cache_dir() -> str | None:
-    path = os.environ.get(TENSOR_CACHE_ENV, "").strip()
+    path = setting(TENSOR_CACHE_ENV)
     if not path:
         return None
     os.makedirs(path, mode=0o700, exist_ok=True)
@@ -65,7 +66,7 @@ class PoolMemberLost(EngineError):
 
 
 def encrypt_enabled() -> bool:
-    return os.environ.get(ENCRYPT_ENV, "1").strip() != "0"
+    return setting(ENCRYPT_ENV) != "0"
 
 
 @contextlib.contextmanager

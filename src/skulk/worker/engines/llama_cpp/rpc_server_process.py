@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from skulk.provision.node_engine import POOL_RPC_SERVER_ENV
+from skulk.shared.settings import setting
 from skulk.worker.engines.served.process import (
     HEALTH_POLL_S,
     ServerBinaryMissing,
@@ -40,7 +41,7 @@ and binding it)."""
 
 def configured_rpc_server() -> str | None:
     """The RPC server binary this runner's donor should start, or None (in-process)."""
-    return os.environ.get(POOL_RPC_SERVER_ENV, "").strip() or None
+    return setting(POOL_RPC_SERVER_ENV) or None
 
 
 def rpc_server_argv(binary: str, port: int, n_threads: int, cache: bool) -> list[str]:

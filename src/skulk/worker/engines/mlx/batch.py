@@ -39,6 +39,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from skulk.shared.settings import setting
 from skulk.worker.engines.base import EngineBroken
 
 if TYPE_CHECKING:
@@ -92,7 +93,7 @@ class BatchSequence:
 
 def batch_width(env: Mapping[str, str]) -> int:
     """The width a setting asks for (the default when unset or malformed), within 1..MAX."""
-    raw = env.get(BATCH_WIDTH_ENV, "")
+    raw = setting(BATCH_WIDTH_ENV, env)
     try:
         width = int(raw) if raw.strip() else DEFAULT_BATCH_WIDTH
     except ValueError:

@@ -35,6 +35,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from skulk.shared.settings import setting
 from skulk.shared.types.instances import Instance
 from skulk.shared.types.stream_errors import StreamErrorType
 from skulk.worker.engines.base import ModelLoadFailed
@@ -139,8 +140,8 @@ def hostfile_json(addresses: Sequence[str]) -> str:
 
 def seconds_from_env(env: Mapping[str, str], name: str, default: float) -> float:
     """A positive number of seconds from `env[name]`, else `default` (bad values logged)."""
-    raw = env.get(name)
-    if raw is None or not raw.strip():
+    raw = setting(name, env)
+    if not raw:
         return default
     try:
         value = float(raw)

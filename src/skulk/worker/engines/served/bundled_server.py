@@ -28,6 +28,7 @@ from typing import Any
 
 from skulk.provision.bundled_report import backend_of_devices, version_report
 from skulk.provision.node_engine import SITE_ENV
+from skulk.shared.settings import setting
 
 SCRIPT_NAME = "skulk-llama-server"
 EXIT_USAGE = 2
@@ -158,7 +159,7 @@ def _package_version() -> str:
 
 def main(argv: Sequence[str] | None = None, *, on_ready: Callable[[str], None] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    site = os.environ.get(SITE_ENV, "").strip()
+    site = setting(SITE_ENV)
     if site:  # a GPU wheel installed beside the engines (`skulk engines install --wheel`)
         sys.path.insert(0, site)
     try:

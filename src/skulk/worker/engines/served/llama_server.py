@@ -34,6 +34,7 @@ from typing import Any
 import httpx
 
 from skulk.shared.prefix_cache import cold_budget_bytes
+from skulk.shared.settings import setting
 from skulk.shared.tool_grammar import SchemaNotSupported, request_grammar
 from skulk.shared.types.cards import backend_engine
 from skulk.shared.types.node_facts import ENGINE_BINARY_ENV
@@ -131,7 +132,7 @@ class LlamaServerEngine(ServedEngineShell):
         slots = assigned_slots("llama_server", shard.slots)  # placement admitted KV for this many
         self._context_tokens = min(spec.instance.context_token_limit, spec.card.context_length)
         self._tokenizer.load_tokenizer(spec.model_path, self._context_tokens, spec.card.reasoning.switches)
-        binary = self._env.get(ENGINE_BINARY_ENV["llama_server"], "").strip()
+        binary = setting(ENGINE_BINARY_ENV["llama_server"], self._env)
         if not binary:
             raise ModelLoadFailed(
                 f"no llama-server: set {ENGINE_BINARY_ENV['llama_server']} or run `skulk engines install`"

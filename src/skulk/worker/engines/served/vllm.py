@@ -29,6 +29,7 @@ import httpx
 
 from skulk.shared.memory_estimate import VLLM_CONTEXT_CAP_TOKENS
 from skulk.shared.reasoning_switches import template_kwargs
+from skulk.shared.settings import setting
 from skulk.shared.types.cards import backend_engine
 from skulk.shared.types.common import FinishReason
 from skulk.shared.types.node_facts import ENGINE_BINARY_ENV
@@ -150,7 +151,7 @@ class VllmEngine(ServedEngineShell):
         if backend_engine(spec.shard.backend) != "vllm":
             raise ModelLoadFailed(f"shard backend {spec.shard.backend!r} is not a vllm backend")
         seqs = assigned_slots("vllm", spec.shard.slots)  # placement stamps the node's setting
-        binary = self._env.get(ENGINE_BINARY_ENV["vllm"], "").strip()
+        binary = setting(ENGINE_BINARY_ENV["vllm"], self._env)
         if not binary:
             raise VllmUnavailable(f"no vLLM: set {ENGINE_BINARY_ENV['vllm']} to the `vllm` executable of its venv")
         if not _cuda_visible():
