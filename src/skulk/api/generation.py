@@ -195,7 +195,7 @@ async def open_output(
 
 
 async def open_outputs(
-    request: Request, context: ApiContext, streams: list[CommandStream], params: TextGenerationParams | None = None
+    request: ClientChannel, context: ApiContext, streams: list[CommandStream], params: TextGenerationParams | None = None
 ) -> list[AsyncGenerator[TokenChunk, None]]:
     """`open_output` for each of several choices: any failure before the first chunk of any
     of them raises here (the route answers an HTTP error before the response starts), after
@@ -529,7 +529,7 @@ async def start_choices(
 
 
 async def collect_choices(
-    request: Request, context: ApiContext, streams: list[CommandStream], params: TextGenerationParams
+    request: ClientChannel, context: ApiContext, streams: list[CommandStream], params: TextGenerationParams
 ) -> list[list[TokenChunk]]:
     """The shaped chunks of every choice, driven side by side; the first failure fails the
     request (and leaving cancels the other choices, through `drive`)."""
@@ -548,6 +548,9 @@ async def collect_choices(
 
 __all__ = [
     "SSE_HEADERS",
+    "ChoiceEncoder",
+    "ClientChannel",
+    "StreamEncoder",
     "api_context",
     "bind_instance",
     "cancel_later",
@@ -558,6 +561,7 @@ __all__ = [
     "collect_embedding",
     "drive",
     "encoded_choice_events",
+    "encoded_events",
     "finished_later",
     "for_placed_model",
     "interleaved",
@@ -588,7 +592,7 @@ class ChoiceEncoder(StreamEncoder, Protocol):
 
 
 async def encoded_events(
-    request: Request,
+    request: ClientChannel,
     context: ApiContext,
     stream: CommandStream,
     encoder: StreamEncoder,

@@ -134,9 +134,9 @@ COMPACTION_PROMPT = (
 def _reasoning_text(item: InputItem, where: str) -> str:
     """A reasoning item's text: its `reasoning_text` parts, else its summary. An item that
     carries only another provider's `encrypted_content` has none (it is dropped)."""
-    parts = item.content if isinstance(item.content, list) else item.summary or []
     if isinstance(item.content, str):
         return item.content
+    parts = item.content or item.summary or []
     for part_index, part in enumerate(parts):
         if part.type not in _REASONING_PARTS:
             raise InvalidRequest(f"Reasoning parts of type {part.type!r} are not supported; only 'reasoning_text' "

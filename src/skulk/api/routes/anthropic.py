@@ -10,7 +10,6 @@ path render in Anthropic's shape (`skulk.api.errors`, selected by path). No poli
 
 from __future__ import annotations
 
-from contextlib import aclosing
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -28,13 +27,9 @@ from skulk.api.adapters.anthropic import (
 )
 from skulk.api.context import api_context
 from skulk.api.generation import (
-    SSE_HEADERS,
-    drive,
-    encoded_events,
     for_placed_model,
-    open_output,
-    start_generation,
 )
+from skulk.api.generation_handle import Generation
 from skulk.api.openapi_errors import ANTHROPIC_ERROR_RESPONSES
 
 router = APIRouter(responses=ANTHROPIC_ERROR_RESPONSES)
@@ -44,16 +39,12 @@ router = APIRouter(responses=ANTHROPIC_ERROR_RESPONSES)
 async def create_message(request: Request, body: MessagesRequest) -> StreamingResponse | dict[str, Any]:
     context = api_context(request)
     params = for_placed_model(context, to_params(body))
-    stream = await start_generation(context, params, param_names=PARAM_NAMES)
+    generation = await Generation.start(request, context, params, param_names=PARAM_NAMES)
     if body.stream:
-        encoder = MessageStreamEncoder(command_id=stream.command_id, model=body.model, stop_sequences=params.stop)
-        output = await open_output(request, context, stream, params)
-        return StreamingResponse(encoded_events(request, context, stream, encoder, sse_error, params, output),
-                                 media_type="text/event-stream", headers=SSE_HEADERS)
-    async with aclosing(drive(request, context, stream, params)) as output:
-        chunks = [chunk async for chunk in output]
-    return collect_message(chunks, command_id=stream.command_id, model=body.model, stop_sequences=params.stop)
-
+        encoder = MessageStreamEncoder(command_id=generation.command_id, model=body.model, stop_sequences=params.stop)
+        return await generation.stream(lambda _: encoder, sse_error)
+    [chunks] = await generation.collect()
+    return collect_message(chunks, command_id=generation.command_id, model=body.model, stop_sequences=params.stop)
 
 
 @router.post("/v1/messages/count_tokens")
@@ -61,8 +52,8 @@ async def count_tokens(request: Request, body: CountTokensRequest) -> dict[str, 
     """The input tokens the same message request would use: the runner renders and
     tokenizes it exactly as for generation, and generates nothing."""
     context = api_context(request)
-    stream = await start_generation(context, for_placed_model(context, count_params(body)),
-                                    param_names=PARAM_NAMES)
-    async with aclosing(drive(request, context, stream)) as output:
-        usage = [chunk.usage async for chunk in output if chunk.usage is not None]
+    generation = await Generation.start(request, context, for_placed_model(context, count_params(body)),
+                                        param_names=PARAM_NAMES)
+    [chunks] = await generation.collect()
+    usage = [chunk.usage for chunk in chunks if chunk.usage is not None]
     return {"input_tokens": usage[-1].prompt_tokens if usage else 0}

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
-from contextlib import aclosing
 from typing import Any
 from urllib.parse import quote
 
@@ -41,25 +39,16 @@ from skulk.api.adapters.openai_chat import (
     to_params,
 )
 from skulk.api.auth import current_principal, presented_keys
-from skulk.api.context import ApiContext, api_context
+from skulk.api.context import api_context
 from skulk.api.errors import ClusterNotReady, InvalidRequest, ModelNotFound, NotFound
 from skulk.api.generation import (
-    SSE_HEADERS,
-    collect_choices,
     collect_embedding,
-    drive,
-    encoded_choice_events,
-    encoded_events,
     for_placed_model,
-    open_output,
-    open_outputs,
-    start_choices,
     start_embedding,
-    start_generation,
 )
+from skulk.api.generation_handle import Generation
 from skulk.api.openapi_errors import OPENAI_ERROR_RESPONSES
 from skulk.api.response_store import RESPONSE_TTL_S, ResponseStore, StoredResponse, key_scope
-from skulk.api.streams import CommandStream
 from skulk.observe.cluster_diagnostics import gather_from_peers
 from skulk.shared.types.commands import CancelCommand
 from skulk.shared.types.common import ChatMessage
@@ -71,7 +60,6 @@ router = APIRouter(responses=OPENAI_ERROR_RESPONSES)
 
 
 _context = api_context
-_drive = drive
 
 
 # ---------------------------------------------------------------------------------------
@@ -97,41 +85,19 @@ def get_model(request: Request, model_id: str) -> dict[str, Any]:
 async def chat_completions(request: Request, body: ChatCompletionRequest) -> StreamingResponse | dict[str, Any]:
     context = _context(request)
     params = for_placed_model(context, to_params(body))
-    param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     n = choice_count(body.n)
-    if n > 1:
-        streams = await start_choices(context, params, n, max_tokens_param=param)
-        created = int(time.time())
-        if body.stream:
-            # One response id for the request (the first choice's), every chunk with its index.
-            encoders = [ChatStreamEncoder(command_id=streams[0].command_id, model=body.model, created=created,
-                                          include_usage=body.include_usage, logprobs=params.logprobs, index=i,
-                                          one_of_several=True) for i in range(n)]
-            outputs = await open_outputs(request, context, streams, params)
-            return StreamingResponse(encoded_choice_events(streams, outputs, encoders, sse_error),
-                                     media_type="text/event-stream", headers=SSE_HEADERS)
-        return merge_choices([
-            collect_response(chunks, command_id=streams[0].command_id, model=body.model, created=created,
-                             logprobs=params.logprobs)
-            for chunks in await collect_choices(request, context, streams, params)
-        ])
-    stream = await start_generation(context, params, max_tokens_param=param)
-    command_id = stream.command_id
+    generation = await Generation.start(
+        request, context, params, n,
+        max_tokens_param="max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens")
     created = int(time.time())
-
     if body.stream:
-        encoder = ChatStreamEncoder(
-            command_id=command_id, model=body.model, created=created,
-            include_usage=body.include_usage, logprobs=params.logprobs,
-        )
-        output = await open_output(request, context, stream, params)
-        return StreamingResponse(_sse(request, context, stream, encoder, params, output),
-                                 media_type="text/event-stream", headers=SSE_HEADERS)
-
-    async with aclosing(_drive(request, context, stream, params)) as output:
-        chunks = [chunk async for chunk in output]
-    return collect_response(chunks, command_id=command_id, model=body.model, created=created,
-                            logprobs=params.logprobs)
+        # One response id for the request (the first choice's), every chunk with its index.
+        return await generation.stream(lambda i: ChatStreamEncoder(
+            command_id=generation.command_id, model=body.model, created=created, include_usage=body.include_usage,
+            logprobs=params.logprobs, index=i, one_of_several=generation.several), sse_error)
+    bodies = [collect_response(chunks, command_id=generation.command_id, model=body.model, created=created,
+                               logprobs=params.logprobs) for chunks in await generation.collect()]
+    return merge_choices(bodies) if generation.several else bodies[0]
 
 
 @router.post("/v1/completions", response_model=None)
@@ -141,39 +107,20 @@ async def completions(
     """Legacy text completions: the prompt is sent raw (no chat template)."""
     context = _context(request)
     prompts = openai_completions.prompts(body)
-    params = for_placed_model(context, openai_completions.to_params(body, prompts[0]))
+    every = [for_placed_model(context, openai_completions.to_params(body, prompt)) for prompt in prompts]
+    params = every[0]
     n = choice_count(body.n)
-    if n > 1 or len(prompts) > 1:
-        every = [for_placed_model(context, openai_completions.to_params(body, prompt)) for prompt in prompts]
-        streams = [s for one in every for s in await start_choices(context, one, n)]
-        created = int(time.time())
-        echoes = [prompt if body.echo else None for prompt in prompts for _ in range(n)]
-        if body.stream:
-            encoders = [openai_completions.CompletionStreamEncoder(
-                command_id=streams[0].command_id, model=body.model, created=created, logprobs=params.logprobs,
-                echo=echo, index=i, one_of_several=True, prompts=len(prompts)) for i, echo in enumerate(echoes)]
-            outputs = await open_outputs(request, context, streams)
-            return StreamingResponse(encoded_choice_events(streams, outputs, encoders, sse_error),
-                                     media_type="text/event-stream", headers=SSE_HEADERS)
-        return merge_choices([
-            openai_completions.collect_completion(chunks, command_id=streams[0].command_id, model=body.model,
-                                                  created=created, logprobs=params.logprobs, echo=echo)
-            for chunks, echo in zip(await collect_choices(request, context, streams, params), echoes, strict=True)
-        ], prompts=len(prompts))
-    stream = await start_generation(context, params)
+    generation = await Generation.start(request, context, every, n)
     created = int(time.time())
+    echoes = [prompt if body.echo else None for prompt in prompts for _ in range(n)]
     if body.stream:
-        encoder = openai_completions.CompletionStreamEncoder(command_id=stream.command_id, model=body.model,
-                                                             created=created, logprobs=params.logprobs,
-                                                             echo=prompts[0] if body.echo else None)
-        output = await open_output(request, context, stream)
-        return StreamingResponse(_sse(request, context, stream, encoder, None, output),
-                                 media_type="text/event-stream", headers=SSE_HEADERS)
-    async with aclosing(_drive(request, context, stream)) as output:
-        chunks = [chunk async for chunk in output]
-    return openai_completions.collect_completion(chunks, command_id=stream.command_id, model=body.model,
-                                                 created=created, logprobs=params.logprobs,
-                                                 echo=prompts[0] if body.echo else None)
+        return await generation.stream(lambda i: openai_completions.CompletionStreamEncoder(
+            command_id=generation.command_id, model=body.model, created=created, logprobs=params.logprobs,
+            echo=echoes[i], index=i, one_of_several=generation.several, prompts=len(prompts)), sse_error)
+    bodies = [openai_completions.collect_completion(chunks, command_id=generation.command_id, model=body.model,
+                                                    created=created, logprobs=params.logprobs, echo=echo)
+              for chunks, echo in zip(await generation.collect(), echoes, strict=True)]
+    return merge_choices(bodies, prompts=len(prompts)) if generation.several else bodies[0]
 
 
 def kept_responses(request: HTTPConnection) -> ResponseStore:
@@ -243,8 +190,8 @@ async def responses(request: Request, body: openai_responses.ResponsesRequest) -
     history = (await stored_response(request, body.previous_response_id, "previous_response_id")).conversation \
         if body.previous_response_id else ()
     params = for_placed_model(context, openai_responses.to_params(body, history))
-    stream = await start_generation(context, params, max_tokens_param="max_output_tokens",
-                                    param_names=RESPONSES_PARAMS)
+    generation = await Generation.start(request, context, params, max_tokens_param="max_output_tokens",
+                                        param_names=RESPONSES_PARAMS)
     created = int(time.time())
     scope = caller_scope(request)
 
@@ -254,17 +201,12 @@ async def responses(request: Request, body: openai_responses.ResponsesRequest) -
                 scope, time.monotonic(), response, openai_responses.conversation_of(params, body, response)))
 
     if body.stream:
-        encoder = openai_responses.ResponseStreamEncoder(command_id=stream.command_id, request=body, created=created,
-                                                         on_done=keep, clock=lambda: int(time.time()))
-        output = await open_output(request, context, stream, params)
-        return StreamingResponse(
-            encoded_events(request, context, stream, encoder, encoder.error_events, params, output),
-            media_type="text/event-stream", headers=SSE_HEADERS,
-        )
-    async with aclosing(_drive(request, context, stream, params)) as output:
-        chunks = [chunk async for chunk in output]
-    response = openai_responses.collect_response(chunks, command_id=stream.command_id, request=body, created=created,
-                                                 completed_at=int(time.time()))
+        encoder = openai_responses.ResponseStreamEncoder(command_id=generation.command_id, request=body,
+                                                         created=created, on_done=keep, clock=lambda: int(time.time()))
+        return await generation.stream(lambda _: encoder, encoder.error_events)
+    [chunks] = await generation.collect()
+    response = openai_responses.collect_response(chunks, command_id=generation.command_id, request=body,
+                                                 created=created, completed_at=int(time.time()))
     keep(response)
     return response
 
@@ -282,11 +224,10 @@ async def compact_response(request: Request, body: openai_responses.CompactReque
     if placed is not None:  # a summary is bounded: the compacted conversation must fit again
         params = params.model_copy(update={
             "max_tokens": openai_responses.compaction_max_tokens(placed.context_token_limit)})
-    stream = await start_generation(context, params, max_tokens_param="input")
+    generation = await Generation.start(request, context, params, max_tokens_param="input")
     created = int(time.time())
-    async with aclosing(_drive(request, context, stream, params)) as output:
-        chunks = [chunk async for chunk in output]
-    return openai_responses.compacted(params, chunks, command_id=stream.command_id, created=created)
+    [chunks] = await generation.collect()
+    return openai_responses.compacted(params, chunks, command_id=generation.command_id, created=created)
 
 
 @router.get("/v1/responses/{response_id}")
@@ -314,11 +255,6 @@ async def embeddings(request: Request, body: openai_embeddings.EmbeddingRequest)
     chunk = await collect_embedding(request, context, stream, expected=len(params.embedding_inputs))
     return openai_embeddings.embedding_response(chunk.embeddings, chunk.usage, model=body.model,
                                                 encoding_format=body.encoding_format)
-
-
-def _sse(request: Request, context: ApiContext, stream: CommandStream, encoder: Any,
-         params: Any = None, output: AsyncGenerator[Any, None] | None = None) -> AsyncIterator[str]:
-    return encoded_events(request, context, stream, encoder, sse_error, params, output)
 
 
 @router.post("/v1/cancel/{command_id}")
