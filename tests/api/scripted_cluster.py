@@ -1,7 +1,7 @@
 """A scripted cluster for API tests that drive the app with the official SDKs in-process:
 `submit_command` plays the master and a rank-0 runner, answering GenerateText with the
 TokenChunks a test chose (e.g. a model's tool-call text, which the tiny test model cannot be
-made to write) and Embed with an EmbeddingChunk."""
+made to write) and RunWorkload with a ResultChunk."""
 
 from __future__ import annotations
 
@@ -13,16 +13,17 @@ from skulk.api.app import ApiContext, create_app
 from skulk.api.streams import CommandStreams
 from skulk.shared.codec import pack
 from skulk.shared.types.chunks import (
-    EmbeddingChunk,
     PromptTokenLogprob,
+    ResultChunk,
     StreamPayload,
     StreamStarted,
     StreamTerminal,
     TokenChunk,
     TopLogprob,
 )
-from skulk.shared.types.commands import Embed, GenerateText
+from skulk.shared.types.commands import GenerateText, RunWorkload
 from skulk.shared.types.common import Usage
+from skulk.shared.types.workload_io import EchoResult, EmbeddingResult
 from tests.api.test_openai_routes import STATE
 
 USAGE = Usage(prompt_tokens=7, completion_tokens=3, total_tokens=10)
@@ -53,7 +54,7 @@ class ScriptedCluster:
     async def submit(self, command) -> None:
         pack(command)  # what the real transport does first: a command that cannot be framed fails here
         self.commands.append(command)
-        if isinstance(command, (GenerateText, Embed)):
+        if isinstance(command, (GenerateText, RunWorkload)):
             self._tasks.append(asyncio.create_task(self._run(command)))
 
     def all_params(self, kind=GenerateText) -> list:
@@ -66,13 +67,17 @@ class ScriptedCluster:
 
     def _chunks(self, command) -> list:
         cid = command.command_id
-        if isinstance(command, Embed):
+        if isinstance(command, RunWorkload) and command.params.workload == "echo":
+            text = self.inputs[cid].params.text
+            return [ResultChunk(command_id=cid, result=EchoResult(text=text, tokens=list(range(len(text.split())))),
+                                usage=Usage(prompt_tokens=len(text.split()), total_tokens=len(text.split())))]
+        if isinstance(command, RunWorkload):
             tokens = sum(len(item.split()) if isinstance(item, str) else len(item)
                          for item in self.inputs[cid].params.embedding_inputs)
             # A callable answers per request (one vector per input, as a runner does); a list
             # is sent as is, so a test can script a runner that breaks the protocol.
             vectors = self.vectors(len(self.inputs[cid].params.embedding_inputs)) if callable(self.vectors) else self.vectors
-            return [EmbeddingChunk(command_id=cid, embeddings=vectors,
+            return [ResultChunk(command_id=cid, result=EmbeddingResult(embeddings=vectors),
                                    usage=Usage(prompt_tokens=tokens, total_tokens=tokens))]
         last = len(self.texts) - 1
         chunks = [

@@ -1,6 +1,6 @@
 """Embeddings on the OpenAI and Ollama surfaces: request normalisation and response shapes
 as units, then the routes in-process with the official SDKs (the scripted runner answers
-Embed with fixed vectors)."""
+RunWorkload with fixed vectors)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from skulk.api.adapters.openai_embeddings import (
     to_params,
 )
 from skulk.api.errors import InvalidRequest
-from skulk.shared.types.commands import CancelCommand, Embed, TaskFinished
+from skulk.shared.types.commands import CancelCommand, RunWorkload, TaskFinished
 from skulk.shared.types.common import Usage
 from tests.api.scripted_cluster import asgi_http, scripted_app
 from tests.api.test_openai_routes import MODEL, until
@@ -93,7 +93,7 @@ async def test_openai_sdk_embeddings(encoding_format):
     assert got == pytest.approx(VECTORS[0], abs=1e-6)
     assert [d.index for d in reply.data] == [0, 1]
     assert reply.usage.prompt_tokens == 3
-    (command,) = [c for c in cluster.commands if isinstance(c, Embed)]
+    (command,) = [c for c in cluster.commands if isinstance(c, RunWorkload)]
     sent = cluster.inputs[command.command_id].params
     assert (sent.inputs, sent.dimensions) == (["one two", "three"], 3)
     assert command.params.inputs == ["", ""]  # the master sees no text
@@ -125,7 +125,7 @@ async def test_token_arrays_reach_the_runner_and_are_answered_per_input():
     app, cluster = scripted_app(vectors=VECTORS)
     reply = await openai_sdk(app).embeddings.create(model=MODEL, input=[[1, 2], [3]], encoding_format="float")
     assert [d.embedding for d in reply.data] == VECTORS
-    params = cluster.params(Embed)
+    params = cluster.params(RunWorkload)
     assert (params.inputs, params.token_inputs) == ([], [[1, 2], [3]])
 
 

@@ -234,7 +234,7 @@ async def test_embeddings_follow_the_table(engine):
     app, cluster = scripted_app(vectors=lambda n: [[1.0, 0.0]] * n, state=served_by(f"{engine}-cpu"))
     async with asgi_http(app) as http:
         reply = await http.post("/v1/embeddings", json={"model": MODEL, "input": "hi"})
-    if Feature.EMBEDDINGS in ENGINE_TRAITS[engine].features:
+    if "embeddings" in ENGINE_TRAITS[engine].workloads:
         assert reply.status_code == 200, reply.text
     else:
         assert reply.status_code == 400 and reply.json()["error"]["code"] == "unsupported_feature"

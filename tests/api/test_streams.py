@@ -9,13 +9,14 @@ import pytest
 from skulk.api.errors import Overloaded, StreamFailed
 from skulk.api.streams import CommandStreams, check_frame
 from skulk.shared.types.chunks import (
-    EmbeddingChunk,
     ErrorChunk,
+    ResultChunk,
     StreamPayload,
     StreamStarted,
     StreamTerminal,
     TokenChunk,
 )
+from skulk.shared.types.workload_io import EmbeddingResult
 from tests.api.test_openai_routes import HANG_GUARD_S
 
 CID = "c1"
@@ -294,7 +295,7 @@ async def test_fail_and_cancel_end_open_streams_only():
 
 
 async def test_other_chunk_types_pass_through():
-    embedding = EmbeddingChunk(command_id=CID, embeddings=[[0.5]])
+    embedding = ResultChunk(command_id=CID, result=EmbeddingResult(embeddings=[[0.5]]))
     streams = CommandStreams()
     stream = streams.open(CID)
     for frame in (started(), StreamPayload(command_id=CID, seq=1, chunk=embedding), terminal(2)):

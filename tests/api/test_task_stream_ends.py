@@ -15,12 +15,12 @@ from skulk.shared.types.chunks import StreamStarted, StreamTerminal
 from skulk.shared.types.events import IndexedEvent, TaskAcknowledged, TaskFailed, TaskStatusUpdated
 from skulk.shared.types.state import State
 from skulk.shared.types.stream_errors import StreamErrorType
-from skulk.shared.types.tasks import Embedding, EmbeddingParams, TextGeneration, TextGenerationParams
+from skulk.shared.types.tasks import EmbeddingParams, TextGeneration, TextGenerationParams, WorkloadTask
 
 MINE = TextGeneration(task_id="t1", instance_id="i1", command_id="c1", owner_node_id="me",
                       params=TextGenerationParams(model_id="m", prompt="x"))
 THEIRS = MINE.model_copy(update={"task_id": "t2", "command_id": "c2", "owner_node_id": "other"})
-EMBED = Embedding(task_id="t3", instance_id="i1", command_id="c3", owner_node_id="me",
+EMBED = WorkloadTask(task_id="t3", instance_id="i1", command_id="c3", owner_node_id="me",
                   params=EmbeddingParams(model_id="m", inputs=["x"]))
 BEFORE = State(tasks={"t1": MINE, "t2": THEIRS, "t3": EMBED})
 

@@ -25,7 +25,7 @@ from skulk.shared.types.events import (
 )
 from skulk.shared.types.instances import Instance, RunnerStatus, ShardAssignment
 from skulk.shared.types.state import NodeInfo, State
-from skulk.shared.types.tasks import Embedding, EmbeddingParams, TextGeneration, TextGenerationParams
+from skulk.shared.types.tasks import EmbeddingParams, TextGeneration, TextGenerationParams, WorkloadTask
 
 INSTANCE = Instance(
     instance_id="i1", model_id="local/tiny-llama", sharding="Pipeline",
@@ -33,8 +33,8 @@ INSTANCE = Instance(
                             backend="mlx-cpu")],
     context_token_limit=2048,
 )
-OPEN = Embedding(owner_node_id="n1", task_id="t1", instance_id="i1", command_id="c", params=EmbeddingParams(model_id="m", inputs=["x"]))
-DONE = Embedding(owner_node_id="n1", task_id="t2", instance_id="i1", command_id="c", params=EmbeddingParams(model_id="m", inputs=["x"]),
+OPEN = WorkloadTask(owner_node_id="n1", task_id="t1", instance_id="i1", command_id="c", params=EmbeddingParams(model_id="m", inputs=["x"]))
+DONE = WorkloadTask(owner_node_id="n1", task_id="t2", instance_id="i1", command_id="c", params=EmbeddingParams(model_id="m", inputs=["x"]),
                  status="Complete")
 STATE = State(nodes={"n1": NodeInfo(node_id="n1", node_name="a", version="1")}, instances={"i1": INSTANCE},
               tasks={"t1": OPEN, "t2": DONE})
@@ -125,12 +125,12 @@ def test_finished_and_cancelled_commands_clean_their_tasks_up():
     [(SERVING, "Pending", "i1"), (State(), "Failed", UNPLACED_INSTANCE)],
 )
 def test_embed_binds_like_generate(state, status, instance_id):
-    from skulk.shared.types.commands import Embed
+    from skulk.shared.types.commands import RunWorkload
 
     params = EmbeddingParams(model_id="local/tiny-llama", inputs=["hello"])
-    (event,) = decide(state, Embed(command_id="e1", params=params), ids())
+    (event,) = decide(state, RunWorkload(command_id="e1", params=params), ids())
     task = event.task
-    assert isinstance(task, Embedding)
+    assert isinstance(task, WorkloadTask)
     assert (task.instance_id, task.command_id, task.owner_node_id, task.status) == (instance_id, "e1", "n1", status)
     assert task.params == params
     if status == "Failed":
@@ -165,9 +165,9 @@ def test_a_command_is_bound_once_however_often_it_is_published(existing, expecte
                                status=status) for t, status in existing.items()}
     state = SERVING.model_copy(update={"tasks": tasks})
     assert kinds(decide(state, GenerateText(command_id="g1", params=PARAMS), ids())) == expected
-    from skulk.shared.types.commands import Embed
+    from skulk.shared.types.commands import RunWorkload
 
-    embedding = Embedding(owner_node_id="n1", task_id="t6", instance_id="i1", command_id="e1",
+    embedding = WorkloadTask(owner_node_id="n1", task_id="t6", instance_id="i1", command_id="e1",
                           params=EmbeddingParams(model_id="local/tiny-llama", inputs=["x"]))
     with_embedding = SERVING.model_copy(update={"tasks": {"t6": embedding}})
-    assert decide(with_embedding, Embed(command_id="e1", params=embedding.params), ids()) == []
+    assert decide(with_embedding, RunWorkload(command_id="e1", params=embedding.params), ids()) == []

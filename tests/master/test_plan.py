@@ -33,10 +33,10 @@ from skulk.shared.types.events import (
 from skulk.shared.types.instances import Instance, ShardAssignment
 from skulk.shared.types.state import NodeInfo, State
 from skulk.shared.types.tasks import (
-    Embedding,
     EmbeddingParams,
     TextGeneration,
     TextGenerationParams,
+    WorkloadTask,
 )
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
@@ -58,12 +58,12 @@ def _gen(task_id: str, instance_id: str, status: str = "Running") -> TextGenerat
                           params=TextGenerationParams(model_id="m", prompt="hi"))
 
 
-def _emb(task_id: str, instance_id: str, status: str = "Pending") -> Embedding:
-    return Embedding(owner_node_id="n1", task_id=task_id, instance_id=instance_id, status=status, command_id=f"c-{task_id}",
+def _emb(task_id: str, instance_id: str, status: str = "Pending") -> WorkloadTask:
+    return WorkloadTask(owner_node_id="n1", task_id=task_id, instance_id=instance_id, status=status, command_id=f"c-{task_id}",
                      params=EmbeddingParams(model_id="m", inputs=["x"]))
 
 
-def _life(task_id: str, instance_id: str, status: str = "Running") -> Embedding:
+def _life(task_id: str, instance_id: str, status: str = "Running") -> WorkloadTask:
     return _emb(task_id, instance_id, status)
 
 

@@ -50,7 +50,7 @@ from skulk.shared.types.state import (
     RepairFailure,
     State,
 )
-from skulk.shared.types.tasks import Embedding, EmbeddingParams
+from skulk.shared.types.tasks import EmbeddingParams, WorkloadTask
 
 CARD = load_card(builtin_cards_dir() / "local--tiny-llama.toml")
 
@@ -81,7 +81,7 @@ I2 = _instance("i2", ["n3"], ["r3"])
 E12 = Edge(source="n1", sink="n2", kind="session")
 E21 = Edge(source="n2", sink="n1", kind="probed", address="10.0.0.1:52415")
 E2G = Edge(source="n2", sink="ghost", kind="session")
-PENDING = Embedding(owner_node_id="n1", task_id="t1", instance_id="i1", command_id="c1", params=EmbeddingParams(model_id=M, inputs=["x"]))
+PENDING = WorkloadTask(owner_node_id="n1", task_id="t1", instance_id="i1", command_id="c1", params=EmbeddingParams(model_id=M, inputs=["x"]))
 DONE = PENDING.model_copy(update={"task_id": "t2", "command_id": "c2", "status": "Complete"})
 NEW_TASK = PENDING.model_copy(update={"task_id": "t9", "command_id": "c9"})
 LAN = [NetworkInterface(name="en0", addresses=["10.0.0.1"], kind="ethernet")]

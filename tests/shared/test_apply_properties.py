@@ -44,10 +44,10 @@ from skulk.shared.types.events import (
 from skulk.shared.types.instances import Instance, RunnerStatus, ShardAssignment
 from skulk.shared.types.state import State
 from skulk.shared.types.tasks import (
-    Embedding,
     EmbeddingParams,
     TextGeneration,
     TextGenerationParams,
+    WorkloadTask,
 )
 
 PROPERTY_SETTINGS = settings(
@@ -127,7 +127,7 @@ def tasks(draw: st.DrawFn):  # type: ignore[no-untyped-def]
         )
         return TextGeneration(owner_node_id="n1", command_id=draw(event_id), params=params, **common)
     params = EmbeddingParams(model_id=draw(model), inputs=draw(st.lists(text, min_size=1, max_size=2)))
-    return Embedding(owner_node_id="n1", command_id=draw(event_id), params=params, **common)
+    return WorkloadTask(owner_node_id="n1", command_id=draw(event_id), params=params, **common)
 
 
 def _model(cls, **fields):  # type: ignore[no-untyped-def]

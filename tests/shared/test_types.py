@@ -16,8 +16,8 @@ from skulk.shared.types.chunks import (
     CHUNK_ADAPTER,
     DATA_FRAME_ADAPTER,
     LOGPROB_FLOOR,
-    EmbeddingChunk,
     ErrorChunk,
+    ResultChunk,
     StreamPayload,
     StreamStarted,
     StreamTerminal,
@@ -32,13 +32,13 @@ from skulk.shared.types.commands import (
     CreateInstance,
     DeleteCustomModelCard,
     DeleteInstance,
-    Embed,
     EvictStagedModel,
     ForwarderCommand,
     GenerateText,
     PlaceInstance,
     RefuseInstancePlacement,
     RequestEventLog,
+    RunWorkload,
     SetTracingEnabled,
     StartDownload,
     TaskFinished,
@@ -85,10 +85,10 @@ from skulk.shared.types.state import (
 )
 from skulk.shared.types.tasks import (
     TASK_ADAPTER,
-    Embedding,
     EmbeddingParams,
     TextGeneration,
     TextGenerationParams,
+    WorkloadTask,
 )
 from skulk.shared.types.telemetry import (
     TELEMETRY_ADAPTER,
@@ -99,6 +99,7 @@ from skulk.shared.types.telemetry import (
     NodeHeartbeat,
     NodeResources,
 )
+from skulk.shared.types.workload_io import EmbeddingResult
 
 CARD = load_card(builtin_cards_dir() / "local--tiny-llama.toml")
 
@@ -234,7 +235,7 @@ COMMANDS: list[BaseModel] = [
     DeleteInstance(command_id="c3", instance_id="i1"),
     GenerateText(command_id="c4", params=CHAT_PARAMS),
     GenerateText(command_id="c4b", params=RAW_PARAMS),
-    Embed(command_id="c5", params=EMBED_PARAMS),
+    RunWorkload(command_id="c5", params=EMBED_PARAMS),
     TaskFinished(command_id="c6", finished_command_id="c4"),
     CancelCommand(command_id="c7", cancelled_command_id="c4"),
     SetTracingEnabled(command_id="c8", enabled=False),
@@ -250,14 +251,14 @@ COMMANDS: list[BaseModel] = [
 ]
 TASKS: list[BaseModel] = [
     TEXT_TASK,
-    Embedding(owner_node_id="n1", task_id="t2", instance_id="i1", command_id="c5", params=EMBED_PARAMS, status="Running"),
-    Embedding(owner_node_id="n1", task_id="t3", instance_id="i1", command_id="c6", params=EMBED_PARAMS,
+    WorkloadTask(owner_node_id="n1", task_id="t2", instance_id="i1", command_id="c5", params=EMBED_PARAMS, status="Running"),
+    WorkloadTask(owner_node_id="n1", task_id="t3", instance_id="i1", command_id="c6", params=EMBED_PARAMS,
               status="Failed", error_type="RunnerCrashed", error_message="x"),
 ]
 CHUNKS: list[BaseModel] = [
     TOKEN,
     TokenChunk(command_id="c1", text=""),
-    EmbeddingChunk(command_id="c5", embeddings=[[0.5, -1.25], [3.0, 0.0]], usage=USAGE),
+    ResultChunk(command_id="c5", result=EmbeddingResult(embeddings=[[0.5, -1.25], [3.0, 0.0]]), usage=USAGE),
     ErrorChunk(command_id="c1", error_type="ContextOverflow", message="too long"),
 ]
 DATA_FRAMES: list[BaseModel] = [
@@ -484,7 +485,7 @@ def _shard(rank: int, world: int, runner: str = "") -> ShardAssignment:
         pytest.param(lambda: StreamPayload(command_id="c1", seq=0, chunk=TOKEN), id="payload-seq-zero"),
         pytest.param(lambda: StreamStarted(command_id="c1", runner_id="r", seq=1), id="started-not-first"),
         pytest.param(lambda: StreamTerminal(command_id="c1", seq=1, outcome="failed"), id="unexplained-failure"),
-        pytest.param(lambda: EmbeddingChunk(command_id="c", embeddings=[[math.inf]]), id="inf-embedding"),
+        pytest.param(lambda: ResultChunk(command_id="c", result=EmbeddingResult(embeddings=[[math.inf]])), id="inf-embedding"),
         pytest.param(lambda: TokenChunk(command_id="c", text="", logprob=math.nan), id="nan-logprob"),
         pytest.param(lambda: NodeTimedOut(event_id="e", node_id="n", last_event_age_s=-1, effective_age_s=1, timeout_s=1), id="negative-age"),
         pytest.param(lambda: PlaceInstance(command_id="c", model_id="m", min_nodes=0), id="zero-min-nodes"),

@@ -127,9 +127,9 @@ def test_memory_guard_refuses_once_and_only_its_own_unstarted_shards(name, v):
 
 
 def test_embedding_tasks_dispatch_to_rank_zero_like_generations():
-    from skulk.shared.types.tasks import Embedding, EmbeddingParams
+    from skulk.shared.types.tasks import EmbeddingParams, WorkloadTask
 
-    task = Embedding(task_id="t1", instance_id="i1", command_id="c1", owner_node_id="api",
+    task = WorkloadTask(task_id="t1", instance_id="i1", command_id="c1", owner_node_id="api",
                      params=EmbeddingParams(model_id=CARD.model_id, inputs=["hi"]))
     v = view(state=STATE.model_copy(update={"tasks": {"t1": task}}), artifacts=PATH, runners=runner())
     assert plan(v) == DispatchTask("r1", task)

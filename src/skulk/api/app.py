@@ -30,6 +30,7 @@ from skulk.api.routes import (
     ollama_models,
     responses_socket,
     traces,
+    workloads,
 )
 from skulk.api.routes import ollama as ollama_routes
 from skulk.api.routes import openai as openai_routes
@@ -72,6 +73,7 @@ def create_app(context: ApiContext) -> FastAPI:
     app.include_router(ollama_routes.router)
     app.include_router(store_routes.router)
     app.include_router(traces.router)
+    app.include_router(workloads.router)
     app.include_router(sessions_routes.router)
     app.include_router(events.router)
     dashboard.mount(app)

@@ -1,5 +1,5 @@
 """The generation path every inference wire format shares: bind a normalised request to a
-placed instance, open its command stream, submit `GenerateText` (or `Embed`), and drive the
+placed instance, open its command stream, submit `GenerateText` (or `RunWorkload`), and drive the
 stream to its end, telling the cluster how it ended exactly once (`TaskFinished` when the
 runner ended it, `CancelCommand` when this side or the client did). Token chunks are shaped
 on the way (`skulk.api.output`: reasoning apart, tool calls assembled).
@@ -16,7 +16,7 @@ import asyncio
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import aclosing
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, Self, TypeVar
 
 from fastapi import Request
 
@@ -31,7 +31,7 @@ from skulk.api.errors import (
     ModelNotServing,
     StreamFailed,
 )
-from skulk.api.limits import context_error, embedding_limits_error, generation_limits_error
+from skulk.api.limits import context_error, generation_limits_error, workload_limits_error
 from skulk.api.output import OutputShaper
 from skulk.api.streams import CommandStream
 from skulk.models.model_names import load_library, placed_model_id
@@ -41,19 +41,31 @@ from skulk.shared.codec import pack
 from skulk.shared.reasoning_switches import refusal as reasoning_refusal
 from skulk.shared.serving import model_serving
 from skulk.shared.types.cards import backend_engine
-from skulk.shared.types.chunks import EmbeddingChunk, TokenChunk
-from skulk.shared.types.commands import CancelCommand, Command, Embed, GenerateText, TaskFinished
+from skulk.shared.types.chunks import ResultChunk, TokenChunk
+from skulk.shared.types.commands import CancelCommand, Command, GenerateText, RunWorkload, TaskFinished
 from skulk.shared.types.common import Usage
-from skulk.shared.types.engines import Feature, is_pipelined, missing_features, traits_of
+from skulk.shared.types.engines import is_pipelined, missing_features, serves_workload
 from skulk.shared.types.ids import CommandId, ModelId, new_id
 from skulk.shared.types.instances import Instance
 from skulk.shared.types.stream_errors import StreamErrorType
-from skulk.shared.types.task_inputs import TaskInput, redacted_embedding_params, redacted_generation_params
-from skulk.shared.types.tasks import EmbeddingParams, TextGenerationParams
+from skulk.shared.types.task_inputs import TaskInput
+from skulk.shared.types.tasks import TextGenerationParams
+from skulk.shared.types.workload_io import EmbeddingParams, EmbeddingResult, OneResultParams
+from skulk.shared.types.workloads import workload_of
 
 logger = logging.getLogger(__name__)
 
-P = TypeVar("P", TextGenerationParams, EmbeddingParams)
+class _ForAModel(Protocol):
+    """Any workload's params: they name a model."""
+
+    @property
+    def model_id(self) -> ModelId: ...
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self: ...
+
+
+P = TypeVar("P", bound=_ForAModel)
+R = TypeVar("R")
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 """Keep proxies from buffering a streamed response (SSE or NDJSON)."""
@@ -289,47 +301,58 @@ def _placed_instance(context: ApiContext, params: P, limits_error: Callable[[P],
     return instance
 
 
-async def start_embedding(context: ApiContext, params: EmbeddingParams) -> CommandStream:
-    """Check the model is placed (404) and there is a master (503), open the command's
-    stream and submit `Embed`. The caller then reads it with `collect_embedding`."""
-    instance = _placed_instance(context, params, embedding_limits_error)
+async def start_workload(context: ApiContext, params: OneResultParams) -> CommandStream:
+    """Check the request is within its workload's limits, its model is placed (404), the
+    placed engine serves the workload (400 naming both) and there is a master (503); then
+    open the command's stream and submit `RunWorkload`. The caller reads its one result
+    with `collect_result`. Any one-result workload (`skulk.shared.types.workloads`) takes
+    this path: nothing here knows which."""
+    row = workload_of(params)
+    instance = _placed_instance(context, params, workload_limits_error)
     engine = backend_engine(instance.shards[0].backend)
-    if Feature.EMBEDDINGS not in traits_of(engine).features:
-        raise FeatureUnsupported(Feature.EMBEDDINGS.value, engine, params.model_id, param="model")
+    if not serves_workload(engine, row.kind):
+        raise FeatureUnsupported(row.kind, engine, params.model_id, param="model")
     refuse_if_not_serving(context, params.model_id)
     if context.get_master()[0] is None:
         raise ClusterNotReady("The cluster has no master yet (election in progress); retry shortly.")
     command_id = CommandId(new_id())
     stream = context.streams.open(command_id, params.model_id, requested_by=current_principal().id)
-    hold_input(context, stream, TaskInput(command_id=command_id, embedding=params))
-    await submit(context, stream, Embed(command_id=command_id, params=redacted_embedding_params(params)))
+    hold_input(context, stream, TaskInput(command_id=command_id, params=params))
+    await submit(context, stream, RunWorkload(command_id=command_id, params=row.redact(params)))
     return stream
 
 
-async def collect_embedding(
-    request: Request, context: ApiContext, stream: CommandStream, expected: int | None = None
-) -> EmbeddingChunk:
-    """The one embedding chunk of a completed stream (several are concatenated in order).
-    With `expected`, a count of vectors other than one per input is a protocol violation
-    (502), never a short answer passed off as complete."""
-    chunks: list[EmbeddingChunk] = []
-    async with aclosing(_follow(request, context, stream, EmbeddingChunk)) as output:
+async def collect_result(
+    request: Request, context: ApiContext, stream: CommandStream, result_type: type[R]
+) -> tuple[R, Usage | None]:
+    """The one result of a completed one-result stream, and its usage. No result, several,
+    or one of another workload is a protocol violation (502), never an answer passed off as
+    complete."""
+    chunks: list[ResultChunk] = []
+    async with aclosing(_follow(request, context, stream, ResultChunk)) as output:
         async for chunk in output:
             chunks.append(chunk)
-    if not chunks:
-        raise StreamFailed(StreamErrorType.PROTOCOL_VIOLATION, "The embedding stream ended without embeddings.", origin="api")
-    returned = sum(len(c.embeddings) for c in chunks)
-    if expected is not None and returned != expected:
+    if len(chunks) != 1 or not isinstance(chunks[0].result, result_type):
+        got = "no result" if not chunks else f"{len(chunks)} results" if len(chunks) > 1 else (
+            f"a {chunks[0].result.workload} result")
         raise StreamFailed(StreamErrorType.PROTOCOL_VIOLATION,
-                           f"The runner returned {returned} embeddings for {expected} inputs.", origin="api")
-    if len(chunks) == 1:
-        return chunks[0]
-    prompt_tokens = sum(c.usage.prompt_tokens for c in chunks if c.usage is not None)
-    return EmbeddingChunk(
-        command_id=CommandId(stream.command_id),
-        embeddings=[vector for c in chunks for vector in c.embeddings],
-        usage=Usage(prompt_tokens=prompt_tokens, total_tokens=prompt_tokens),
-    )
+                           f"The runner returned {got} for one {result_type.__name__}.", origin="api")
+    return chunks[0].result, chunks[0].usage
+
+
+async def embeddings_of(
+    request: Request, context: ApiContext, params: EmbeddingParams
+) -> tuple[list[list[float]], Usage | None]:
+    """Run an embeddings request: one vector per input, checked (a count other than one per
+    input is a protocol violation, 502, never a short answer passed off as complete)."""
+    stream = await start_workload(context, params)
+    result, usage = await collect_result(request, context, stream, EmbeddingResult)
+    expected = len(params.embedding_inputs)
+    if len(result.embeddings) != expected:
+        raise StreamFailed(StreamErrorType.PROTOCOL_VIOLATION,
+                           f"The runner returned {len(result.embeddings)} embeddings for {expected} inputs.",
+                           origin="api")
+    return result.embeddings, usage
 
 
 def _call_id_factory(command_id: str) -> Callable[[int], str]:
@@ -373,7 +396,7 @@ framed, reading as an unreachable master (503) instead of the caller's mistake."
 _BOUNDED_INT_FIELDS = ("seed", "top_k", "max_tokens", "top_logprobs", "dimensions")
 
 
-def check_wire_ints(params: TextGenerationParams | EmbeddingParams) -> None:
+def check_wire_ints(params: object) -> None:
     """`InvalidRequest` naming the first integer parameter the cluster cannot carry."""
     for name in _BOUNDED_INT_FIELDS:
         value = getattr(params, name, None)
@@ -482,8 +505,8 @@ async def _submit_generation(context: ApiContext, params: TextGenerationParams, 
         stream.trace = trace
     # The text travels to the serving node over the data plane; the master (and so the event
     # log and /state) sees only the redacted request (`skulk.shared.types.task_inputs`).
-    hold_input(context, stream, TaskInput(command_id=command_id, generation=params))
-    await submit(context, stream, GenerateText(command_id=command_id, params=redacted_generation_params(params),
+    hold_input(context, stream, TaskInput(command_id=command_id, params=params))
+    await submit(context, stream, GenerateText(command_id=command_id, params=params.redacted(),
                                               traced=trace is not None))
     if trace is not None:
         trace.mark("api.wait_runner")
@@ -558,8 +581,9 @@ __all__ = [
     "check_wire_ints",
     "choice_params",
     "collect_choices",
-    "collect_embedding",
+    "collect_result",
     "drive",
+    "embeddings_of",
     "encoded_choice_events",
     "encoded_events",
     "finished_later",
@@ -571,8 +595,8 @@ __all__ = [
     "refuse_if_not_serving",
     "send_later",
     "start_choices",
-    "start_embedding",
     "start_generation",
+    "start_workload",
     "submit",
 ]
 

@@ -22,7 +22,8 @@ from typing import Any, Final
 
 from skulk.api.errors import ApiError, InvalidRequest, PayloadTooLarge
 from skulk.shared.body_limits import DEFAULT_MAX_BODY_BYTES, MAX_MAX_BODY_BYTES, MIN_MAX_BODY_BYTES
-from skulk.shared.types.tasks import EmbeddingParams, TextGenerationParams
+from skulk.shared.types.tasks import TextGenerationParams
+from skulk.shared.types.workload_io import EmbeddingParams, OneResultParams
 
 MAX_MESSAGES: Final = 8192
 """Messages in one chat request. Every message costs a few template tokens (role headers),
@@ -228,6 +229,14 @@ def embedding_limits_error(params: EmbeddingParams) -> InvalidRequest | None:
                     for i, item in enumerate(params.token_inputs) if len(item) > MAX_TEXT_CHARS))
 
 
+def workload_limits_error(params: OneResultParams) -> InvalidRequest | None:
+    """The first bound a one-result workload's request breaks (embeddings: inputs and their
+    lengths; echo: its params model bounds its text), or None."""
+    if isinstance(params, EmbeddingParams):
+        return embedding_limits_error(params)
+    return None
+
+
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
     "MAX_ARRAY_OBJECTS",
@@ -248,4 +257,5 @@ __all__ = [
     "generation_limits_error",
     "json_value_error",
     "prompt_bytes_lower_bound",
+    "workload_limits_error",
 ]

@@ -1,6 +1,6 @@
 """The owning API's per-command output streams.
 
-A request that becomes a command (`GenerateText`, `Embed`) opens one `CommandStream` here
+A request that becomes a command (`GenerateText`, `RunWorkload`) opens one `CommandStream` here
 before the command is submitted; the runner's data-plane frames for that command, addressed
 to this node, come back through `CommandStreams.deliver`. This module validates each
 stream's lifecycle (StreamStarted seq 0, StreamPayload seq 1, 2, ..., one StreamTerminal at

@@ -1,6 +1,6 @@
 """The API side of never losing a request's command: publish it again until its task is logged.
 
-An API node publishes `GenerateText` / `Embed` on the COMMANDS topic once, and pub/sub keeps
+An API node publishes `GenerateText` / `RunWorkload` on the COMMANDS topic once, and pub/sub keeps
 no history. A command published while no master listens is gone: the old master just died
 and this node has not noticed yet, or (the chaos suite's CI hang) this node already follows
 a new master whose command subscription is not up yet. Clients that got `MasterFailover`
@@ -28,7 +28,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from skulk.shared.types.commands import Command, Embed, GenerateText
+from skulk.shared.types.commands import Command, GenerateText, RunWorkload
 from skulk.shared.types.state import State
 
 logger = logging.getLogger(__name__)
@@ -72,20 +72,20 @@ def resend_plan(
 class CommandResender:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self._tracked: OrderedDict[str, tuple[GenerateText | Embed, float]] = OrderedDict()
+        self._tracked: OrderedDict[str, tuple[GenerateText | RunWorkload, float]] = OrderedDict()
         self.resent = 0
         self.dropped = 0
 
     def published(self, command: Command) -> None:
         """`command` was just published: track it if it opens a stream (generation, embedding)."""
-        if not isinstance(command, (GenerateText, Embed)):
+        if not isinstance(command, (GenerateText, RunWorkload)):
             return
         if command.command_id not in self._tracked and len(self._tracked) >= MAX_TRACKED_COMMANDS:
             self._tracked.popitem(last=False)
             self.dropped += 1
         self._tracked[command.command_id] = (command, self._clock())
 
-    def tick(self, state: State, waiting: Iterable[str]) -> list[GenerateText | Embed]:
+    def tick(self, state: State, waiting: Iterable[str]) -> list[GenerateText | RunWorkload]:
         """Forget what is settled; the commands to publish again now (still missing from
         State). `waiting`: the open streams with no first frame yet."""
         if not self._tracked:

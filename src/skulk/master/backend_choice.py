@@ -11,23 +11,22 @@ card's `backend_preference` (the card then decides), drop `llama_server*` from i
 `compatible_backends`, or leave a node without a llama-server (no SKULK_LLAMA_SERVER_BIN,
 no `skulk engines install`, SKULK_BUNDLED_LLAMA_SERVER=0), which then never advertises it.
 
-A twin is promoted only when it serves every task the card declares: an embedding model
-(`tasks` holds "Embedding") stays on the in-process engine, which computes embeddings, where
-llama-server (started for generation) cannot. Pure; no I/O.
+A twin is promoted only when it serves every workload the card's tasks promise
+(`skulk.shared.types.workloads.card_workloads`): an embedding model (`tasks` holds
+"Embedding") stays on the in-process engine, which computes embeddings, where llama-server
+(started for generation) cannot. Pure; no I/O.
 """
 
 from __future__ import annotations
 
 from skulk.shared.types.cards import ModelCard
-from skulk.shared.types.engines import SERVED_TWIN, Feature, traits_of  # in-process engine -> its served twin
-
-TASK_FEATURE: dict[str, Feature] = {"Embedding": Feature.EMBEDDINGS}
-"""A card task that an engine serves only when it has this feature."""
+from skulk.shared.types.engines import SERVED_TWIN, serves_workload  # in-process engine -> its served twin
+from skulk.shared.types.workloads import card_workloads
 
 
 def _serves_tasks(tag: str, card: ModelCard) -> bool:
-    features = traits_of(tag.partition("-")[0]).features
-    return all(TASK_FEATURE[task] in features for task in card.tasks if task in TASK_FEATURE)
+    engine = tag.partition("-")[0]
+    return all(serves_workload(engine, kind) for kind in card_workloads(card.tasks))
 
 
 def _twin(tag: str) -> str | None:

@@ -27,11 +27,11 @@ from skulk.shared.types.commands import (
     CreateInstance,
     DeleteCustomModelCard,
     DeleteInstance,
-    Embed,
     EvictStagedModel,
     GenerateText,
     PlaceInstance,
     RefuseInstancePlacement,
+    RunWorkload,
     SetTracingEnabled,
     TaskFinished,
 )
@@ -51,7 +51,7 @@ from skulk.shared.types.events import (
 from skulk.shared.types.ids import EventId, ModelId, NodeId
 from skulk.shared.types.instances import Instance
 from skulk.shared.types.state import State
-from skulk.shared.types.tasks import Embedding, Task, TextGeneration
+from skulk.shared.types.tasks import Task, TextGeneration, WorkloadTask
 from skulk.shared.types.telemetry import NodeResources
 
 
@@ -136,7 +136,7 @@ def unplaced_message(state: State, model_id: str) -> str:
     return f"no instance of {model_id} is placed{why}; place it first: POST /place_instance {{\"modelId\": \"{model_id}\"}}"
 
 
-def _bind(state: State, command: GenerateText | Embed, ctx: DecisionContext, task_type: type) -> Decision:
+def _bind(state: State, command: GenerateText | RunWorkload, ctx: DecisionContext, task_type: type) -> Decision:
     """An API request becomes a task on the least busy serving instance of its model, or a
     task born failed that names the fix (and an abandoned repair, when that is the cause).
     A command that already has its task is bound once only: the API publishes a command again
@@ -161,8 +161,8 @@ def _generate(state: State, command: GenerateText, ctx: DecisionContext) -> Deci
     return _bind(state, command, ctx, TextGeneration)
 
 
-def _embed(state: State, command: Embed, ctx: DecisionContext) -> Decision:
-    return _bind(state, command, ctx, Embedding)
+def _run_workload(state: State, command: RunWorkload, ctx: DecisionContext) -> Decision:
+    return _bind(state, command, ctx, WorkloadTask)
 
 
 def _tasks_of_command(state: State, command_id: str) -> list[Task]:
@@ -236,7 +236,7 @@ def _delete_card(state: State, command: DeleteCustomModelCard, ctx: DecisionCont
 _DECIDERS: dict[type, Callable[[State, Any, DecisionContext], Decision]] = {
     SetTracingEnabled: _set_tracing,
     GenerateText: _generate,
-    Embed: _embed,
+    RunWorkload: _run_workload,
     TaskFinished: _task_finished,
     CancelCommand: _cancel,
     PlaceInstance: _place,

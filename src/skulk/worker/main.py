@@ -38,7 +38,6 @@ from skulk.shared.types.events import RunnerStatusUpdated, TaskAcknowledged, Tas
 from skulk.shared.types.ids import CommandId, EventId, ModelId, NodeId, RunnerId, TaskId, new_id
 from skulk.shared.types.instances import RunnerStatus
 from skulk.shared.types.task_inputs import TaskInput
-from skulk.shared.types.tasks import TextGeneration
 from skulk.shared.types.telemetry import TelemetryReading
 from skulk.shared.wire_keys import to_camel_keys
 from skulk.worker import plan as worker_plan
@@ -55,7 +54,7 @@ from skulk.worker.shell_rules import (
     status_to_report,
     task_status_of,
 )
-from skulk.worker.task_inputs import TaskInputStore
+from skulk.worker.task_inputs import TaskInputStore, input_params
 
 logger = logging.getLogger(__name__)
 
@@ -225,9 +224,7 @@ class Worker:
             await self._spawn_runner(action)
         elif isinstance(action, worker_plan.DispatchTask):
             task = action.task
-            task_input = self.task_inputs.get(task.command_id)
-            params = None if task_input is None else (
-                task_input.generation if isinstance(task, TextGeneration) else task_input.embedding)
+            params = input_params(task, self.task_inputs.get(task.command_id))
             if params is None:
                 logger.warning("task %s: its input is not of its kind; waiting for a proper one", task.task_id)
                 self.task_inputs.forget(task.command_id)

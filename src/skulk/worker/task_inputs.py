@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from skulk.shared.types.ids import CommandId
 from skulk.shared.types.task_inputs import TaskInput
+from skulk.shared.types.tasks import ApiTask, WorkloadParams
 
 logger = logging.getLogger(__name__)
 
@@ -24,6 +25,15 @@ MAX_INPUTS = 1024
 INPUT_TTL_S = 30 * 60.0
 """An input is kept at most this long (the API stream's idle lease): a task that long in
 flight has long been dispatched or failed."""
+
+
+def input_params(task: ApiTask, item: TaskInput | None) -> WorkloadParams | None:
+    """The params a dispatched task runs with: its input's, when the input is of the task's
+    own workload (State holds the redacted params; the runner gets the request's own). None:
+    no input yet, or one of another workload (a bad sender's; the task waits for a proper one)."""
+    if item is None or item.params.workload != task.params.workload:
+        return None
+    return item.params
 
 
 class TaskInputStore:
@@ -62,4 +72,4 @@ class TaskInputStore:
         return {"held": len(self._inputs), "capacity": MAX_INPUTS, "received": self.received, "evicted": self.evicted}
 
 
-__all__ = ["INPUT_TTL_S", "MAX_INPUTS", "TaskInputStore"]
+__all__ = ["INPUT_TTL_S", "MAX_INPUTS", "TaskInputStore", "input_params"]

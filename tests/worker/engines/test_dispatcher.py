@@ -12,12 +12,13 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from skulk.shared.types.tasks import EmbeddingParams, TextGenerationParams
+from skulk.shared.types.workload_io import EmbeddingResult
 from skulk.worker.engines.base import (
     Dispatcher,
     DispatchRejected,
     EngineBroken,
     EngineError,
-    GeneratedEmbedding,
+    GeneratedResult,
     GeneratedToken,
     GenerationResult,
     usage_of,
@@ -475,7 +476,7 @@ def test_an_embedding_request_yields_one_embedding_then_completes(make) -> None:
     kinds = sink.of("e")
     assert [kind for kind, _ in kinds] == ["start", "token", "finish"]
     embedding = kinds[1][1]
-    assert isinstance(embedding, GeneratedEmbedding) and embedding.embeddings == [[2.0], [3.0]]
+    assert isinstance(embedding, GeneratedResult) and embedding.result == EmbeddingResult(embeddings=[[2.0], [3.0]])
     assert embedding.usage == usage_of(5, 0)
     assert sink.results()["e"].outcome == "completed"
 
@@ -485,7 +486,7 @@ def test_an_engine_without_embeddings_refuses_them_typed(make) -> None:
     dispatcher.submit("e", EmbeddingParams(model_id="local/fake", inputs=["ab"]))
     wait_until(lambda: sink.finished("e"))
     result = sink.results()["e"]
-    assert (result.outcome, result.error_type) == ("failed", "EmbeddingsUnsupported")
+    assert (result.outcome, result.error_type) == ("failed", "WorkloadUnsupported")
 
 
 @pytest.mark.parametrize(("engine_name", "pipelined", "fields", "refused"), [

@@ -16,10 +16,11 @@ import psutil
 import pytest
 import pytest_asyncio
 
-from skulk.shared.types.chunks import EmbeddingChunk, StreamPayload, StreamStarted, StreamTerminal, TokenChunk
+from skulk.shared.types.chunks import ResultChunk, StreamPayload, StreamStarted, StreamTerminal, TokenChunk
 from skulk.shared.types.ids import CommandId, ModelId, TaskId
 from skulk.shared.types.instances import RunnerStatus
-from skulk.shared.types.tasks import Embedding, EmbeddingParams, TextGeneration
+from skulk.shared.types.tasks import EmbeddingParams, TextGeneration, WorkloadTask
+from skulk.shared.types.workload_io import EmbeddingResult
 from skulk.worker.runner import supervisor as supervisor_module
 from skulk.worker.runner.bootstrap import PARENT_WATCH_INTERVAL_S, runner_main
 from skulk.worker.runner.messages import Frame, StatusChanged, TaskAccepted, TaskDone, pack
@@ -175,7 +176,7 @@ async def test_runner_loads_to_ready_and_streams_in_lifecycle_order(spawn) -> No
 
 async def test_an_embedding_task_streams_one_embedding_chunk_and_logprobs_ride_token_chunks(spawn) -> None:
     supervisor, reports = await start_ready(spawn)
-    task = Embedding(
+    task = WorkloadTask(
         task_id=TaskId("task-embed"), instance_id=INSTANCE, command_id=CommandId("cmd-embed"), owner_node_id=OWNER,
         params=EmbeddingParams(model_id=ModelId("local/tiny-llama-gguf"), inputs=["the weather", "a cat"]),
     )
@@ -183,9 +184,10 @@ async def test_an_embedding_task_streams_one_embedding_chunk_and_logprobs_ride_t
     await reports.wait_for(lambda: reports.done(task))
     (payload,) = reports.payloads(task)
     chunk = payload.chunk
-    assert isinstance(chunk, EmbeddingChunk) and len(chunk.embeddings) == 2
-    assert chunk.embeddings[0] != chunk.embeddings[1]
-    assert all(abs(sum(x * x for x in vector) - 1.0) < 1e-3 for vector in chunk.embeddings)  # unit length
+    assert isinstance(chunk, ResultChunk) and isinstance(chunk.result, EmbeddingResult)
+    vectors = chunk.result.embeddings
+    assert len(vectors) == 2 and vectors[0] != vectors[1]
+    assert all(abs(sum(x * x for x in vector) - 1.0) < 1e-3 for vector in vectors)  # unit length  # unit length
     assert chunk.usage is not None and chunk.usage.prompt_tokens >= 4
     assert reports.terminal(task).outcome == "completed"
 

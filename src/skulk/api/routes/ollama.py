@@ -50,12 +50,11 @@ from skulk.api.context import api_context
 from skulk.api.errors import InvalidRequest, ModelNotFound, StreamFailed
 from skulk.api.generation import (
     SSE_HEADERS,
-    collect_embedding,
     drive,
+    embeddings_of,
     for_placed_model,
     open_output,
     placed_model,
-    start_embedding,
     start_generation,
 )
 from skulk.api.openapi_errors import OLLAMA_ERROR_RESPONSES
@@ -132,19 +131,18 @@ async def generate(request: Request, body: GenerateRequest) -> StreamingResponse
 async def embed(request: Request, body: EmbedRequest) -> dict[str, Any]:
     started_ns = time.monotonic_ns()
     context = api_context(request)
-    stream = await start_embedding(context, for_placed_model(context, embed_params(body.model, body.input, body.dimensions)))
-    chunk = await collect_embedding(request, context, stream)
+    params = for_placed_model(context, embed_params(body.model, body.input, body.dimensions))
+    vectors, usage = await embeddings_of(request, context, params)
     ended_ns = time.monotonic_ns()
-    return embed_response(body.model, chunk.embeddings, chunk.usage, Timing(started_ns, ended_ns, ended_ns))
+    return embed_response(body.model, vectors, usage, Timing(started_ns, ended_ns, ended_ns))
 
 
 @router.post("/api/embeddings")
 async def embeddings(request: Request, body: LegacyEmbeddingsRequest) -> dict[str, Any]:
     """The legacy single-prompt form: `{"embedding": [...]}`."""
     context = api_context(request)
-    stream = await start_embedding(context, for_placed_model(context, embed_params(body.model, body.prompt)))
-    chunk = await collect_embedding(request, context, stream)
-    return {"embedding": chunk.embeddings[0]}
+    vectors, _ = await embeddings_of(request, context, for_placed_model(context, embed_params(body.model, body.prompt)))
+    return {"embedding": vectors[0]}
 
 
 def _load(request: Request, endpoint: Endpoint, model: str) -> dict[str, Any]:

@@ -42,9 +42,8 @@ from skulk.api.auth import current_principal, presented_keys
 from skulk.api.context import api_context
 from skulk.api.errors import ClusterNotReady, InvalidRequest, ModelNotFound, NotFound
 from skulk.api.generation import (
-    collect_embedding,
+    embeddings_of,
     for_placed_model,
-    start_embedding,
 )
 from skulk.api.generation_handle import Generation
 from skulk.api.openapi_errors import OPENAI_ERROR_RESPONSES
@@ -251,9 +250,8 @@ async def embeddings(request: Request, body: openai_embeddings.EmbeddingRequest)
     """Embeddings from a placed model's engine, answered once all inputs are done."""
     context = _context(request)
     params = for_placed_model(context, openai_embeddings.to_params(body))
-    stream = await start_embedding(context, params)
-    chunk = await collect_embedding(request, context, stream, expected=len(params.embedding_inputs))
-    return openai_embeddings.embedding_response(chunk.embeddings, chunk.usage, model=body.model,
+    vectors, usage = await embeddings_of(request, context, params)
+    return openai_embeddings.embedding_response(vectors, usage, model=body.model,
                                                 encoding_format=body.encoding_format)
 
 

@@ -17,6 +17,7 @@ from skulk.shared.types.base import WireModel
 from skulk.shared.types.common import FinishReason, FiniteFloat, NonNegInt, ToolCall, Usage
 from skulk.shared.types.ids import CommandId, RunnerId
 from skulk.shared.types.stream_errors import StreamErrorType
+from skulk.shared.types.workload_io import WorkloadResult
 
 LOGPROB_FLOOR = -9999.0
 """Engines report log(0) as -inf, which JSON cannot carry; it is clamped to this floor
@@ -68,10 +69,13 @@ class TokenChunk(WireModel):
     """On the first chunk, when the request asked (`prompt_logprobs`): the prompt scored."""
 
 
-class EmbeddingChunk(WireModel):
-    type: Literal["EmbeddingChunk"] = "EmbeddingChunk"
+class ResultChunk(WireModel):
+    """A one-result workload's answer (`skulk.shared.types.workload_io`): its stream's only
+    payload."""
+
+    type: Literal["ResultChunk"] = "ResultChunk"
     command_id: CommandId
-    embeddings: list[list[FiniteFloat]]
+    result: WorkloadResult
     usage: Usage | None = None
 
 
@@ -83,7 +87,7 @@ class ErrorChunk(WireModel):
 
 
 Chunk = Annotated[
-    TokenChunk | EmbeddingChunk | ErrorChunk,
+    TokenChunk | ResultChunk | ErrorChunk,
     Field(discriminator="type"),
 ]
 CHUNK_ADAPTER: TypeAdapter[Chunk] = TypeAdapter(Chunk)
@@ -141,9 +145,9 @@ __all__ = [
     "LOGPROB_FLOOR",
     "Chunk",
     "DataFrame",
-    "EmbeddingChunk",
     "ErrorChunk",
     "Logprob",
+    "ResultChunk",
     "StreamOutcome",
     "StreamPayload",
     "StreamStarted",

@@ -17,7 +17,8 @@ from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.common import NonNegInt, Sharding
 from skulk.shared.types.ids import CommandId, InstanceId, ModelId, NodeId
 from skulk.shared.types.instances import Instance
-from skulk.shared.types.tasks import EmbeddingParams, TextGenerationParams
+from skulk.shared.types.tasks import TextGenerationParams
+from skulk.shared.types.workload_io import OneResultParams
 
 
 class _CommandBase(WireModel):
@@ -62,9 +63,11 @@ class GenerateText(_CommandBase):
     in); the trace id is the command id."""
 
 
-class Embed(_CommandBase):
-    type: Literal["Embed"] = "Embed"
-    params: EmbeddingParams
+class RunWorkload(_CommandBase):
+    """Run a one-result workload (embeddings, echo) on a placed instance of its model."""
+
+    type: Literal["RunWorkload"] = "RunWorkload"
+    params: OneResultParams
 
 
 class TaskFinished(_CommandBase):
@@ -131,7 +134,7 @@ class DeleteCustomModelCard(_CommandBase):
 
 
 Command = Annotated[
-    PlaceInstance | CreateInstance | AddCustomModelCard | DeleteCustomModelCard | DeleteInstance | GenerateText | Embed | TaskFinished | CancelCommand | SetTracingEnabled | RefuseInstancePlacement | EvictStagedModel | RequestEventLog | StartDownload | CancelDownload,
+    PlaceInstance | CreateInstance | AddCustomModelCard | DeleteCustomModelCard | DeleteInstance | GenerateText | RunWorkload | TaskFinished | CancelCommand | SetTracingEnabled | RefuseInstancePlacement | EvictStagedModel | RequestEventLog | StartDownload | CancelDownload,
     Field(discriminator="type"),
 ]
 COMMAND_ADAPTER: TypeAdapter[Command] = TypeAdapter(Command)
@@ -154,13 +157,13 @@ __all__ = [
     "CreateInstance",
     "DeleteCustomModelCard",
     "DeleteInstance",
-    "Embed",
     "EvictStagedModel",
     "ForwarderCommand",
     "GenerateText",
     "PlaceInstance",
     "RefuseInstancePlacement",
     "RequestEventLog",
+    "RunWorkload",
     "SetTracingEnabled",
     "StartDownload",
     "TaskFinished",

@@ -43,7 +43,6 @@ class Feature(StrEnum):
     FORCED_TOOL_CALLS = "forced tool calls"
     PENALTIES = "repetition penalties"
     LOGIT_BIAS = "logit bias"
-    EMBEDDINGS = "embeddings"
     N = "several choices (n)"
     PROMPT_LOGPROBS = "prompt logprobs (echo with logprobs)"
 
@@ -76,7 +75,8 @@ class EngineTraits:
     window to discrete VRAM), where the others grow their cache per request. `features`:
     the request features it honours; a request asking for another is refused.
     `pipeline_features`: the features it honours when one instance is a pipeline over
-    several ranks (None: the same as `features`).
+    several ranks (None: the same as `features`). `workloads`: the kinds of work it serves
+    (`skulk.shared.types.workloads`: text, embeddings, echo); a request for another is refused.
     `families`: the model families it can load at all (None: any its formats hold);
     placement never puts a model of another family on it (it would only fail at load).
 
@@ -103,6 +103,7 @@ class EngineTraits:
     window_at_load: bool = False
     features: frozenset[Feature] = frozenset()
     pipeline_features: frozenset[Feature] | None = None
+    workloads: frozenset[str] = frozenset({"text"})
     binary_env: str | None = None
     managed_build: bool = False
     modules: tuple[str, ...] = ()
@@ -145,6 +146,7 @@ ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
         span_shardings=frozenset({"Pipeline"}),
         window_at_load=True,
         features=frozenset(Feature),
+        workloads=frozenset({"text", "embeddings", "echo"}),
         modules=("llama_cpp",),
         vendor_computes=_GGUF_COMPUTES,
         ranks_dial=True,
@@ -155,9 +157,9 @@ ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
         formats=frozenset({"gguf"}),
         families=LLAMA_CPP_ARCHITECTURES,
         window_at_load=True,
-        # Embeddings need a server started in embeddings-only mode: not served. Prompt
-        # logprobs: the server scores generated tokens only.
-        features=frozenset(Feature) - {Feature.EMBEDDINGS, Feature.PROMPT_LOGPROBS},
+        # Prompt logprobs: the server scores generated tokens only. Embeddings need a server
+        # started in embeddings-only mode: not served (its workloads are text only).
+        features=frozenset(Feature) - {Feature.PROMPT_LOGPROBS},
         binary_env="SKULK_LLAMA_SERVER_BIN",
         managed_build=True,
         vendor_computes=_GGUF_COMPUTES,
@@ -177,9 +179,9 @@ ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
         # Rank 0 shapes the logits (skulk.worker.engines.mlx.sampling.TokenChooser: logprobs,
         # llguidance grammars, penalties, bias) where it computes them: on one rank or in a
         # tensor group. A pipeline's last rank samples without the tokenizer or the prompt,
-        # so a pipeline serves plain sampling only. Embeddings: no MLX embedding path; the
-        # stage computes the head for the last position only, so no prompt logprobs.
-        features=frozenset(Feature) - {Feature.EMBEDDINGS, Feature.PROMPT_LOGPROBS},
+        # so a pipeline serves plain sampling only. The stage computes the head for the last
+        # position only, so no prompt logprobs. No MLX embedding path: text only.
+        features=frozenset(Feature) - {Feature.PROMPT_LOGPROBS},
         pipeline_features=frozenset({Feature.N}),
         # MLX needs mlx-lm for its model implementations; on Linux mlx[cpu] serves on CPU.
         modules=("mlx", "mlx_lm"),
@@ -187,7 +189,7 @@ ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
         ranks_dial=True,
     ),
     # Speech runs only where the upstream package serves it: Apple Silicon.
-    "mlx_audio": EngineTraits(formats=frozenset({"safetensors"}), modules=("mlx", "mlx_audio"),
+    "mlx_audio": EngineTraits(formats=frozenset({"safetensors"}), workloads=frozenset(), modules=("mlx", "mlx_audio"),
                               apple_only=True, vendor_computes=_APPLE_COMPUTES, cpu_floor=False),
     # Skulk's vLLM path passes no logprobs, grammars, penalties or biases yet. GPU-only: no
     # CPU floor. It pages one shared KV pool between its sequences, so more sequences cost
@@ -201,6 +203,11 @@ ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
                          context_cap_tokens=VLLM_CONTEXT_CAP_TOKENS),
 })
 """Every runner engine a backend tag may name (the part before the first '-')."""
+
+
+def serves_workload(engine: str, kind: str) -> bool:
+    """Whether `engine` (a bare engine name) serves workload `kind`."""
+    return kind in traits_of(engine).workloads
 
 
 def engines_where(predicate: Callable[[EngineTraits], bool]) -> frozenset[str]:
@@ -341,6 +348,7 @@ __all__ = [
     "loads_family",
     "missing_features",
     "required_features",
+    "serves_workload",
     "shards_family",
     "spans_with",
     "traits_of",

@@ -72,7 +72,7 @@ class StreamErrorType(StrEnum):
     ENGINE_START_FAILED = "EngineStartFailed"
     MODEL_LOAD_FAILED = "ModelLoadFailed"
     CHAT_TEMPLATE_MISSING = "ChatTemplateMissing"
-    EMBEDDINGS_UNSUPPORTED = "EmbeddingsUnsupported"
+    WORKLOAD_UNSUPPORTED = "WorkloadUnsupported"
     EMBEDDING_FAILED = "EmbeddingFailed"
     CONTEXT_LENGTH_EXCEEDED = "ContextLengthExceeded"
     INVALID_REQUEST = "InvalidRequest"

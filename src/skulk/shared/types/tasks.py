@@ -1,6 +1,6 @@
 """Tasks: units of work the master assigns to a worker and its runners.
 
-Every task (`TextGeneration`, `Embedding`) carries a caller's request to an instance's rank
+Every task (`TextGeneration`, `WorkloadTask`) carries a caller's request to an instance's rank
 0; runners move through their states by the worker's own plan, not by tasks. Tasks live in
 State, so everything here must be deterministic data, never handles or clocks.
 """
@@ -15,6 +15,7 @@ from skulk.shared.types.base import WireModel
 from skulk.shared.types.common import ChatMessage, FiniteFloat, TaskStatus, ToolSpec
 from skulk.shared.types.ids import CommandId, InstanceId, ModelId, NodeId, TaskId
 from skulk.shared.types.stream_errors import StreamErrorType
+from skulk.shared.types.workload_io import EmbeddingParams, OneResultParams
 
 
 class ResponseFormat(WireModel):
@@ -36,6 +37,7 @@ class TextGenerationParams(WireModel):
     """A normalised generation request: either chat `messages` (rendered with the model's
     chat template) or a raw completion `prompt`, never both."""
 
+    workload: Literal["text"] = "text"
     model_id: ModelId
     messages: list[ChatMessage] = Field(default_factory=list)
     prompt: str | None = None
@@ -85,28 +87,20 @@ class TextGenerationParams(WireModel):
             raise ValueError("exactly one of `messages` (non-empty) or `prompt` is required")
         return self
 
-
-class EmbeddingParams(WireModel):
-    """A normalised embedding request: text `inputs`, or `token_inputs` (token id lists,
-    embedded as given), never both. One vector per input, in order."""
-
-    model_id: ModelId
-    inputs: list[str] = Field(default_factory=list)
-    dimensions: int | None = Field(default=None, ge=1)
-    token_inputs: list[list[int]] = Field(default_factory=list)
-
-    @model_validator(mode="after")
-    def _one_input_kind(self) -> EmbeddingParams:
-        if bool(self.inputs) == bool(self.token_inputs):
-            raise ValueError("exactly one of `inputs` or `token_inputs` (non-empty) is required")
-        if any(not tokens for tokens in self.token_inputs):
-            raise ValueError("every `token_inputs` item must hold at least one token id")
-        return self
-
-    @property
-    def embedding_inputs(self) -> list[str] | list[list[int]]:
-        """The inputs to embed, whichever kind was given."""
-        return self.token_inputs or self.inputs
+    def redacted(self) -> TextGenerationParams:
+        """These params without any caller text, for State (`skulk.shared.types.task_inputs`):
+        message contents, tool calls and names, the raw prompt, tool definitions, stop strings
+        and a response schema are emptied; roles, counts and sampling stay (the master and
+        the operator views need nothing more)."""
+        return self.model_copy(update={
+            "messages": [ChatMessage(role=m.role, content="" if m.content is not None else None)
+                         for m in self.messages],
+            "prompt": "" if self.prompt is not None else None,
+            "tools": [],
+            "stop": [],
+            "response_format": None if self.response_format is None else self.response_format.model_copy(
+                update={"json_schema": {} if self.response_format.json_schema is not None else None}),
+        })
 
 
 class _TaskBase(WireModel):
@@ -129,26 +123,33 @@ class TextGeneration(_TaskBase):
     """Copied from `GenerateText.traced`: the worker and runner record spans for it."""
 
 
-class Embedding(_TaskBase):
-    type: Literal["Embedding"] = "Embedding"
+class WorkloadTask(_TaskBase):
+    """A one-result workload's task (embeddings, echo: `skulk.shared.types.workload_io`)."""
+
+    type: Literal["WorkloadTask"] = "WorkloadTask"
     command_id: CommandId
     owner_node_id: NodeId
-    params: EmbeddingParams
+    params: OneResultParams
 
 
-ApiTask = TextGeneration | Embedding
+ApiTask = TextGeneration | WorkloadTask
 """Tasks that answer a caller's command; they own a data-plane stream."""
 
-Task = Annotated[TextGeneration | Embedding, Field(discriminator="type")]
+Task = Annotated[TextGeneration | WorkloadTask, Field(discriminator="type")]
+
+WorkloadParams = Annotated[TextGenerationParams | OneResultParams, Field(discriminator="workload")]
+"""Any workload's params, told apart by their `workload` tag (a task input carries one)."""
+
 TASK_ADAPTER: TypeAdapter[Task] = TypeAdapter(Task)
 
 __all__ = [
     "TASK_ADAPTER",
     "ApiTask",
-    "Embedding",
     "EmbeddingParams",
     "ResponseFormat",
     "Task",
     "TextGeneration",
     "TextGenerationParams",
+    "WorkloadParams",
+    "WorkloadTask",
 ]

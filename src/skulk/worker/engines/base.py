@@ -27,7 +27,9 @@ from skulk.shared.types.engines import missing_features
 from skulk.shared.types.ids import RunnerId
 from skulk.shared.types.instances import Instance, ShardAssignment
 from skulk.shared.types.stream_errors import StreamErrorType
-from skulk.shared.types.tasks import EmbeddingParams, TextGenerationParams
+from skulk.shared.types.tasks import TextGenerationParams
+from skulk.shared.types.workload_io import OneResultParams, WorkloadResult
+from skulk.shared.types.workloads import workload_of
 
 log = logging.getLogger(__name__)
 
@@ -89,10 +91,11 @@ class GeneratedToken:
 
 
 @dataclass(frozen=True, slots=True)
-class GeneratedEmbedding:
-    """The whole answer to an embedding request: one vector per input, in input order."""
+class GeneratedResult:
+    """The whole answer to a one-result workload (embeddings, echo): its result model
+    (`skulk.shared.types.workload_io.WorkloadResult`) and the tokens it read."""
 
-    embeddings: list[list[float]]
+    result: WorkloadResult
     usage: Usage
 
 
@@ -178,8 +181,8 @@ class ChatTemplateMissing(EngineError):
     error_type = StreamErrorType.CHAT_TEMPLATE_MISSING
 
 
-class EmbeddingsUnsupported(EngineError):
-    error_type = StreamErrorType.EMBEDDINGS_UNSUPPORTED
+class WorkloadUnsupported(EngineError):
+    error_type = StreamErrorType.WORKLOAD_UNSUPPORTED
 
 
 class PromptTooLong(EngineError):
@@ -242,19 +245,7 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
-@runtime_checkable
-class EmbeddingEngine(Protocol):
-    """An engine that can also embed text (optional: the dispatcher refuses embedding
-    requests, typed, for an engine without it)."""
-
-    def embed(
-        self, inputs: Sequence[str] | Sequence[Sequence[int]], dimensions: int | None = None
-    ) -> tuple[list[list[float]], int]:
-        """One vector per input (text, or token ids) and the prompt tokens consumed."""
-        ...
-
-
-ApiRequest = TextGenerationParams | EmbeddingParams
+ApiRequest = TextGenerationParams | OneResultParams
 
 
 # ---------------------------------------------------------------------------------------
@@ -338,7 +329,7 @@ class DispatchSink(Protocol):
 
     def on_start(self, request_id: str) -> None: ...
 
-    def on_token(self, request_id: str, token: GeneratedToken | GeneratedEmbedding) -> None: ...
+    def on_token(self, request_id: str, token: GeneratedToken | GeneratedResult) -> None: ...
 
     def on_finish(self, request_id: str, result: GenerationResult) -> None: ...
 
@@ -584,8 +575,8 @@ class Dispatcher:
             call.done.set()
 
     def _run(self, job: _Job) -> GenerationResult:
-        if isinstance(job.request, EmbeddingParams):
-            return self._embed(job, job.request)
+        if not isinstance(job.request, TextGenerationParams):
+            return self._one_result(job, job.request)
         if job.request.count_only:
             return self._count(job, job.request)
         last: GeneratedToken | None = None
@@ -648,24 +639,29 @@ class Dispatcher:
                                     error_message=str(exc) or repr(exc))
         return GenerationResult(outcome="completed", finish_reason="stop", usage=usage)
 
-    def _embed(self, job: _Job, request: EmbeddingParams) -> GenerationResult:
-        """An embedding runs as one step: it is not interruptible, so a cancel that arrives
-        meanwhile only decides that its result is dropped."""
+    def _one_result(self, job: _Job, request: OneResultParams) -> GenerationResult:
+        """A one-result workload runs as one step through the engine method its row names
+        (`skulk.shared.types.workloads`): it is not interruptible, so a cancel that arrives
+        meanwhile only decides that its result is dropped. An engine without the method
+        refuses it, typed."""
+        row = workload_of(request)
         try:
             self._sink.on_start(job.request_id)
-            if not isinstance(self._engine, EmbeddingEngine):
-                raise EmbeddingsUnsupported(f"the {type(self._engine).__name__} engine does not compute embeddings")
+            method = getattr(self._engine, row.engine_method, None)
+            if method is None or row.serve is None:
+                raise WorkloadUnsupported(
+                    f"the {type(self._engine).__name__} engine does not serve {row.kind} ({row.meaning})")
             if not job.cancelled.is_set():
-                vectors, prompt_tokens = self._engine.embed(request.embedding_inputs, request.dimensions)
+                result, prompt_tokens = row.serve(method, request)
                 if not job.cancelled.is_set():
-                    self._sink.on_token(job.request_id, GeneratedEmbedding(vectors, usage_of(prompt_tokens, 0)))
+                    self._sink.on_token(job.request_id, GeneratedResult(result, usage_of(prompt_tokens, 0)))
                     return GenerationResult(outcome="completed", finish_reason="stop", usage=usage_of(prompt_tokens, 0))
         except EngineError as exc:
             return GenerationResult(
                 outcome="failed", finish_reason="error", error_type=exc.error_type, error_message=str(exc)
             )
         except Exception as exc:  # an engine bug must end this request, not the runner
-            log.exception("embedding %s failed", job.request_id)
+            log.exception("%s %s failed", row.kind, job.request_id)
             return GenerationResult(
                 outcome="failed", finish_reason="error", error_type=type(exc).__name__, error_message=str(exc) or repr(exc)
             )
@@ -682,14 +678,12 @@ __all__ = [
     "DispatchSink",
     "DispatchStats",
     "Dispatcher",
-    "EmbeddingEngine",
-    "EmbeddingsUnsupported",
     "Engine",
     "EngineBroken",
     "EngineBusy",
     "EngineError",
     "EngineNotLoaded",
-    "GeneratedEmbedding",
+    "GeneratedResult",
     "GeneratedToken",
     "GenerationOutcome",
     "GenerationResult",
@@ -698,6 +692,7 @@ __all__ = [
     "ShardSpec",
     "StopStringFilter",
     "Utf8StreamDecoder",
+    "WorkloadUnsupported",
     "chat_message_dict",
     "usage_of",
 ]

@@ -40,7 +40,7 @@ from typing import Any
 from skulk.shared.residency import idle_check_in_s, idle_ttl, unload_due
 from skulk.shared.settings import setting
 from skulk.shared.types.cards import backend_engine
-from skulk.shared.types.chunks import EmbeddingChunk, StreamPayload, StreamStarted, StreamTerminal, TokenChunk
+from skulk.shared.types.chunks import ResultChunk, StreamPayload, StreamStarted, StreamTerminal, TokenChunk
 from skulk.shared.types.common import RunnerState
 from skulk.shared.types.engines import is_pipelined, is_pool_donor
 from skulk.shared.types.ids import CommandId, RunnerId, TaskId
@@ -50,7 +50,7 @@ from skulk.worker.engines.base import (
     Dispatcher,
     DispatchRejected,
     Engine,
-    GeneratedEmbedding,
+    GeneratedResult,
     GeneratedToken,
     GenerationResult,
     ShardSpec,
@@ -384,7 +384,7 @@ class Runner:
             with stream.lock:
                 stream.spans.started()
 
-    def on_token(self, request_id: str, token: GeneratedToken | GeneratedEmbedding) -> None:
+    def on_token(self, request_id: str, token: GeneratedToken | GeneratedResult) -> None:
         stream = self._streams[TaskId(request_id)]
         task = stream.task
         with stream.lock:
@@ -479,11 +479,12 @@ class Runner:
                                      resident=resident))
 
 
-def _chunk_of(command_id: CommandId, token: GeneratedToken | GeneratedEmbedding) -> TokenChunk | EmbeddingChunk:
-    """The chunk for output that is more than plain text: an embedding, or a token that
-    carries extras an engine computed on request (logprobs, reasoning, tool calls)."""
-    if isinstance(token, GeneratedEmbedding):
-        return EmbeddingChunk(command_id=command_id, embeddings=token.embeddings, usage=token.usage)
+def _chunk_of(command_id: CommandId, token: GeneratedToken | GeneratedResult) -> TokenChunk | ResultChunk:
+    """The chunk for output that is more than plain text: a one-result workload's result,
+    or a token that carries extras an engine computed on request (logprobs, reasoning, tool
+    calls)."""
+    if isinstance(token, GeneratedResult):
+        return ResultChunk(command_id=command_id, result=token.result, usage=token.usage)
     extras = {
         name: value
         for name in ("logprob", "top_logprobs", "tool_calls", "reasoning", "stop_sequence", "prompt_tokens",

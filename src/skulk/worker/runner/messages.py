@@ -43,7 +43,7 @@ from skulk.shared.types.common import FinishReason, NonNegInt, Usage
 from skulk.shared.types.ids import NodeId, RunnerId, TaskId
 from skulk.shared.types.instances import Instance, RunnerStatus
 from skulk.shared.types.stream_errors import StreamErrorType
-from skulk.shared.types.tasks import Embedding, TextGeneration
+from skulk.shared.types.tasks import TextGeneration, WorkloadTask
 from skulk.shared.types.traces import TraceSpan
 
 # ---------------------------------------------------------------------------------------
@@ -68,11 +68,11 @@ class LoadShard(WireModel):
 
 
 class Generate(WireModel):
-    """Run one API task: a text generation (token frames) or an embedding (one
-    EmbeddingChunk frame)."""
+    """Run one API task: a text generation (token frames) or a one-result workload (one
+    ResultChunk frame)."""
 
     type: Literal["Generate"] = "Generate"
-    task: Annotated[TextGeneration | Embedding, Field(discriminator="type")]
+    task: Annotated[TextGeneration | WorkloadTask, Field(discriminator="type")]
 
 
 class Cancel(WireModel):

@@ -208,7 +208,7 @@ def test_chat_logprobs_stop_strings_and_embeddings(engine):
         sink.wait(lambda s: s.result("emb") is not None)
     finally:
         dispatcher.close()
-    assert sink.result("emb").error_type == "EmbeddingsUnsupported"
+    assert sink.result("emb").error_type == "WorkloadUnsupported"
 
 
 def test_a_forced_tool_call_is_sampled_under_the_grammar(engine):

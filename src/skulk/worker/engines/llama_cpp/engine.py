@@ -371,6 +371,14 @@ class LlamaCppEngine:
             self._in_flight = 0
             self._busy.release()
 
+    def echo(self, text: str) -> tuple[list[int], str]:
+        """The echo workload (`skulk.shared.types.workloads`): `text` as this model's
+        tokenizer reads it (no BOS added) and those tokens detokenized again. It reads the
+        vocabulary only, never the context, so it needs no lock."""
+        llama = self._require_loaded()
+        tokens = list(llama.tokenize(text.encode("utf-8"), add_bos=False, special=False)) if text else []
+        return tokens, llama.detokenize(tokens).decode("utf-8", errors="replace")
+
     def close(self) -> None:
         self._prefixes.clear()
         llama, self._llama = self._llama, None

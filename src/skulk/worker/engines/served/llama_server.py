@@ -16,7 +16,7 @@ streams go over `sse.LoopbackStreams` (plain keep-alive sockets, half httpx's pe
 CPU); the rest (health, warm-up) over httpx.
 
 Embeddings are not served: llama-server computes them only in an embeddings-only mode, so
-an embedding request gets the dispatcher's typed `EmbeddingsUnsupported`.
+an embedding request gets the dispatcher's typed `WorkloadUnsupported`.
 This module never decides how many slots or which flags (that is `launch`), and never
 handles a process directly (that is `process`).
 """
