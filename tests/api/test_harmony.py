@@ -252,3 +252,62 @@ async def test_anthropic_thinking_setting_is_the_reasoning_switch():
         on = await http.post("/v1/messages", json={**message, "thinking": {"type": "enabled", "budget_tokens": 1024}})
     assert on.status_code == 400 and not cluster.commands
     assert "does not reason" in on.json()["error"]["message"] and "'thinking.type'" in on.json()["error"]["message"]
+
+
+# -- scripted token ids through the engines' real token loop ----------------------------------
+
+GPT_OSS_PIECES: list[bytes] = [
+    b"<|channel|>", b"analysis", b"<|message|>", b"Capital", b" of", b" Fr", b"ance", b".", b"<|end|>",
+    b"<|start|>", b"assistant", b"<|channel|>", b"final", b"<|message|>", b"Paris", b" caf", b"\xc3", b"\xa9",
+    b".", b"<|return|>",
+]
+"""A gpt-oss generation as token ids (id = index): special tokens detokenize to their marker
+text (as the llama.cpp engine renders them), a multi-byte character spans two tokens, and
+`<|return|>` ends the generation (an end-of-generation id, whose text never reaches a client)."""
+
+
+def token_loop_texts() -> list[str]:
+    import threading
+
+    from skulk.worker.engines.token_loop import token_loop
+
+    ids = iter(range(len(GPT_OSS_PIECES)))
+    end = len(GPT_OSS_PIECES) - 1
+    tokens = list(token_loop(ids.__next__, GPT_OSS_PIECES.__getitem__, lambda token: token == end,
+                             n_prompt=5, max_new=64, stop=[], cancelled=threading.Event()))
+    assert tokens[-1].finish_reason == "stop" and "<|return|>" not in "".join(t.text for t in tokens)
+    return [t.text for t in tokens]
+
+
+async def test_harmony_tokens_from_the_token_loop_split_on_all_four_apis():
+    from tests.api.test_responses_spec import valid
+
+    texts = token_loop_texts()
+    reasoning, answer = "Capital of France.", "Paris café."
+
+    app, _ = harmony_app(texts)
+    chat = await openai_sdk(app).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "?"}])
+    assert (chat.choices[0].message.model_extra["reasoning_content"], chat.choices[0].message.content) == (
+        reasoning, answer)
+
+    app, _ = harmony_app(texts)
+    response = await openai_sdk(app).responses.create(model=MODEL, input="?")
+    assert response.output_text == answer and [c.text for c in response.output[0].content] == [reasoning]
+    valid(response.model_dump(mode="json"))
+
+    app, _ = harmony_app(texts)
+    message = await anthropic_sdk(app).messages.create(model=MODEL, max_tokens=64,
+                                                       messages=[{"role": "user", "content": "?"}])
+    assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in message.content] == [
+        ("thinking", reasoning), ("text", answer)]
+
+    app, _ = harmony_app(texts)
+    ollama = await ollama_sdk(app).chat(model=MODEL, messages=[{"role": "user", "content": "?"}])
+    assert (ollama.message.thinking, ollama.message.content) == (reasoning, answer)
+
+    # Streamed, the answer's deltas carry no marker either.
+    app, _ = harmony_app(texts)
+    stream = await openai_sdk(app).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "?"}], stream=True)
+    deltas = [c.choices[0].delta.content async for c in stream if c.choices and c.choices[0].delta.content]
+    assert "".join(deltas) == answer

@@ -55,6 +55,7 @@ from skulk.shared.types.workloads import workload_of
 
 logger = logging.getLogger(__name__)
 
+
 class _ForAModel(Protocol):
     """Any workload's params: they name a model."""
 
