@@ -105,6 +105,8 @@ def test_add_safetensors_repo_builds_an_mlx_card_with_a_revision_pin(mock_hub):
     assert card["placement"]["compatibleBackends"][0] == "mlx"
     assert card["ggufFile"] is None and card["sourceRevision"] is None
     assert _shape(card) == TINY_SHAPE and card["quantization"] == "f32"
+    # Counted from the safetensors header, read through the hub with a Range request.
+    assert card["totalParameters"] == card["activeParameters"] == TINY_SPEC.parameter_count
 
     main = mock_hub.repos[TINY_MLX_REPO].main
     pinned = client.post("/models/add", json={"modelId": TINY_MLX_REPO, "revision": "main",

@@ -107,8 +107,10 @@ def test_every_tiny_mlx_model_type_is_added_placed_and_answered(spawn_node, tmp_
     for model_type in TINY_MLX_TYPES:
         card = add_local(node, root / f"tiny-{model_type}")
         assert card["family"] == model_type and card["placement"]["compatibleBackends"][0].startswith("mlx"), card
+        assert card["totalParameters"] > 0, card
         if model_type == MLX_MOE_TYPE:
             assert (card["numExperts"], card["numExpertsUsed"]) == (4, 2)
+            assert card["activeParameters"] < card["totalParameters"]
         instance_id = place(node, card["modelId"])
         answered[model_type] = openai_chat(node, card["modelId"])
         remove(node, instance_id)

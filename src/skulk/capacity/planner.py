@@ -37,6 +37,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, Literal
 
+from skulk.shared.kv_shape import config_key_head_dim, gguf_value_head_dim, value_dim
 from skulk.shared.types.cards import ModelCard, windowed_layer
 
 KV_DTYPE_BYTES_F16 = 2
@@ -79,14 +80,15 @@ class ModelMeta:
     sliding_window: int | None = None
     sliding_window_pattern: int | None = None
     value_head_dim: int | None = None
-    """The values' per-head dimension where it differs from the keys' (None: head_dim)."""
+    """The values' per-head dimension where it differs from the keys' (None: head_dim; 0:
+    keys only, llama.cpp's MLA latent)."""
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_kv_heads", "head_dim", "trained_context_tokens"):
             if getattr(self, name) <= 0:
                 raise ModelShapeError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.value_head_dim is not None and self.value_head_dim <= 0:
-            raise ModelShapeError(f"value_head_dim must be positive, got {self.value_head_dim}")
+        if self.value_head_dim is not None and self.value_head_dim < 0:
+            raise ModelShapeError(f"value_head_dim must not be negative, got {self.value_head_dim}")
         if self.weights_bytes < 0:
             raise ModelShapeError(f"weights_bytes must not be negative, got {self.weights_bytes}")
         if self.sliding_window is not None and self.sliding_window <= 0:
@@ -150,7 +152,7 @@ def model_meta_from_config(config_json: Mapping[str, Any], weights_bytes: int) -
         num_layers = int(config["num_hidden_layers"])
         heads = int(config["num_attention_heads"])
         kv_heads = int(config.get("num_key_value_heads") or heads)
-        head_dim = config.get("head_dim") or int(config["hidden_size"]) // heads
+        head_dim = config_key_head_dim(config, heads, int(config["hidden_size"]))
         context = int(config["max_position_embeddings"])
     except KeyError as exc:
         raise ModelShapeError(f"config.json lacks {exc.args[0]!r}") from None
@@ -206,7 +208,6 @@ def model_meta_from_gguf(path: Path) -> ModelMeta:
     kv_heads = value(f"{arch}.attention.head_count_kv")
     key_length = value(f"{arch}.attention.key_length")
     head_dim = int(key_length) if key_length is not None else required("embedding_length") // heads
-    value_length = value(f"{arch}.attention.value_length")
     window = value(f"{arch}.attention.sliding_window")
     pattern: int | None = None
     raw_pattern = value(f"{arch}.attention.sliding_window_pattern")
@@ -225,7 +226,8 @@ def model_meta_from_gguf(path: Path) -> ModelMeta:
         trained_context_tokens=required("context_length"),
         sliding_window=int(window) if window else None,
         sliding_window_pattern=pattern,
-        value_head_dim=int(value_length) if value_length is not None and int(value_length) != head_dim else None,
+        value_head_dim=gguf_value_head_dim(
+            {key: value(f"{arch}.{key}") for key in ("attention.key_length_mla", "attention.value_length")}, head_dim),
     )
 
 
@@ -234,7 +236,7 @@ def model_meta_from_gguf(path: Path) -> ModelMeta:
 
 def kv_bytes_per_token_per_layer(meta: ModelMeta, dtype_bytes: int = KV_DTYPE_BYTES_F16) -> int:
     """K and V for one token in one layer: kv_heads x (key + value head dims) x dtype."""
-    return meta.num_kv_heads * (meta.head_dim + (meta.value_head_dim or meta.head_dim)) * dtype_bytes
+    return meta.num_kv_heads * (meta.head_dim + value_dim(meta.head_dim, meta.value_head_dim)) * dtype_bytes
 
 
 def kv_rates(meta: ModelMeta, layers: range | None = None, dtype_bytes: int = KV_DTYPE_BYTES_F16) -> tuple[int, int]:

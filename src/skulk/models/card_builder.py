@@ -21,11 +21,16 @@ from typing import Any
 from pydantic import ValidationError
 
 from skulk.models.hub_files import RepoFile, is_gguf, quant_of
+from skulk.shared.kv_shape import config_key_head_dim, gguf_value_head_dim
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.engine_architectures import LLAMA_CPP_VERSION, MLX_LM_VERSION
 from skulk.shared.types.engines import loads_family
 
 EXPERT_TENSOR_MARK = "_exps."
+"""llama.cpp names stacked expert tensors `blk.N.ffn_{gate,up,down}_exps.weight`."""
+MLX_EXPERT_TENSOR_MARKS = (".switch_mlp.", ".experts.")
+"""mlx-lm stacks experts under `switch_mlp`; Hugging Face checkpoints keep `experts.N`
+(a shared expert, `shared_expert(s).`, is computed for every token and does not match)."""
 """GGUF tensors holding every expert of a MoE layer (`blk.N.ffn_up_exps.weight`, ...): a
 token computes through `expert_used_count` of `expert_count` of them."""
 
@@ -226,15 +231,17 @@ def _experts(source: str, data: Mapping[str, Any], count_keys: Sequence[str], us
     return {"num_experts": count, "num_experts_used": used}
 
 
-def _parameters(tensors: Mapping[str, int] | None, experts: Mapping[str, int]) -> dict:
-    """Total parameters from the tensor table, and active ones: every expert tensor counts
-    only its used share (shared experts and everything else are always computed)."""
+def _parameters(tensors: Mapping[str, int] | None, experts: Mapping[str, int],
+                marks: Sequence[str] = (EXPERT_TENSOR_MARK,)) -> dict:
+    """Total parameters from the tensor table, and active ones: every expert tensor (its
+    name holds one of `marks`) counts only its used share (shared experts and everything
+    else are always computed)."""
     if not tensors:
         return {}
     total = sum(tensors.values())
     if not experts:
         return {"total_parameters": total, "active_parameters": total}
-    expert = sum(n for name, n in tensors.items() if EXPERT_TENSOR_MARK in name)
+    expert = sum(n for name, n in tensors.items() if any(mark in name for mark in marks))
     active = total - expert + expert * experts["num_experts_used"] // experts["num_experts"]
     return {"total_parameters": total, "active_parameters": active}
 
@@ -286,10 +293,13 @@ def card_from_config(
     local_path: str | None = None,
     name: str | None = None,
     chat_template: str | None = None,
+    tensor_elements: Mapping[str, int] | None = None,
 ) -> ModelCard:
     """An MLX card from a safetensors model's config.json and its chat template (read by
     `skulk.models.template_files`; None: the family decides). Multimodal configs keep the
-    language model's shape in `text_config`, which wins over the top level."""
+    language model's shape in `text_config`, which wins over the top level.
+    `tensor_elements` (parameters per tensor over every weight file, see
+    `skulk.models.safetensors_header`) gives the parameter counts."""
     text = config.get("text_config")
     merged = {**config, **text} if isinstance(text, Mapping) else dict(config)
     family = _family(model_id, config.get("model_type") or merged.get("model_type"), "mlx", "model_type")
@@ -299,6 +309,8 @@ def card_from_config(
     if merged.get("use_sliding_window") is False or not isinstance(window, int) or window <= 0:
         window = None
     pattern = merged.get("sliding_window_pattern") or (WINDOW_PATTERNS.get(family) if window else None)
+    experts = _experts(model_id, merged, ("num_experts", "num_local_experts", "n_routed_experts"),
+                       ("num_experts_per_tok", "num_experts_per_token", "moe_topk"))
     return _validated(model_id, {
         **_identity(model_id, name, "local-path" if local_path else "huggingface", revision, local_path),
         "family": family,
@@ -308,10 +320,10 @@ def card_from_config(
         "hidden_size": hidden,
         "num_attention_heads": heads,
         "num_key_value_heads": _int(model_id, merged, "num_key_value_heads", default=heads),
-        "head_dim": _int(model_id, merged, "head_dim", default=hidden // heads),
+        "head_dim": config_key_head_dim(merged, heads, hidden),
         **({"value_head_dim": merged["v_head_dim"]} if isinstance(merged.get("v_head_dim"), int) else {}),
-        **_experts(model_id, merged, ("num_experts", "num_local_experts", "n_routed_experts"),
-                   ("num_experts_per_tok", "num_experts_per_token", "moe_topk")),
+        **experts,
+        **_parameters(tensor_elements, experts, MLX_EXPERT_TENSOR_MARKS),
         "vocab_size": _int(model_id, merged, "vocab_size"),
         "context_length": _int(model_id, merged, "max_position_embeddings"),
         "sliding_window": window,
@@ -343,7 +355,6 @@ def card_from_gguf(
     window = prefixed.get("attention.sliding_window")
     window = window if isinstance(window, int) and window > 0 else None
     key_length = _int(model_id, prefixed, "attention.key_length", default=hidden // heads)
-    value_length = prefixed.get("attention.value_length")
     experts = _experts(model_id, prefixed, ("expert_count",), ("expert_used_count",))
     split = meta.get("split.count")
     whole = tensor_elements if not (isinstance(split, int) and split > 1) else None
@@ -358,7 +369,7 @@ def card_from_gguf(
         "num_attention_heads": heads,
         "num_key_value_heads": _int(model_id, prefixed, "attention.head_count_kv", default=heads),
         "head_dim": key_length,
-        **({"value_head_dim": value_length} if isinstance(value_length, int) and value_length != key_length else {}),
+        "value_head_dim": gguf_value_head_dim(prefixed, key_length),
         **experts,
         **_parameters(whole, experts),
         "vocab_size": _int(model_id, prefixed, "vocab_size", "tokenizer.ggml.tokens"),
@@ -428,6 +439,7 @@ __all__ = [
     "GGUF_HEADER_LIMIT_BYTES",
     "MAX_INSPECTED_REPOS",
     "MAX_PREFIX_STEPS",
+    "MLX_EXPERT_TENSOR_MARKS",
     "CardBuildError",
     "GgufHeader",
     "GgufTruncated",

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
+from skulk.shared.kv_shape import value_dim
 from skulk.shared.slots import kv_copies as slot_kv_copies
 from skulk.shared.types.cards import ModelCard, backend_engine
 from skulk.shared.types.engines import VLLM_CONTEXT_CAP_TOKENS, WINDOW_AT_LOAD_ENGINES, context_cap
@@ -121,8 +122,7 @@ def admission_context_tokens(card: ModelCard) -> int:
 def kv_bytes_per_token_per_layer(card: ModelCard, dtype_bytes: int = KV_DTYPE_BYTES) -> int:
     """K and V for one token in one layer: kv_heads x (key + value head dims) x dtype (the
     value's dimension differs from the key's in some models, DeepSeek's among them)."""
-    value_dim = card.value_head_dim or card.head_dim
-    return card.num_key_value_heads * (card.head_dim + value_dim) * dtype_bytes
+    return card.num_key_value_heads * (card.head_dim + value_dim(card.head_dim, card.value_head_dim)) * dtype_bytes
 
 
 def kv_bytes_per_token(card: ModelCard, dtype_bytes: int = KV_DTYPE_BYTES, layers: range | None = None) -> int:

@@ -57,6 +57,7 @@ from skulk.models.hub_files import (
     total_size_bytes,
 )
 from skulk.models.model_names import UnknownModelName, load_library, resolve_model_name
+from skulk.models.safetensors_header import model_parameter_elements
 from skulk.models.template_files import chat_template
 from skulk.shared.types.cards import LOCAL_MODEL_PREFIX, ModelCard
 from skulk.shared.types.commands import AddCustomModelCard, DeleteCustomModelCard
@@ -238,8 +239,11 @@ def _card_from_path(body: AddModelBody, roots: tuple[Path, ...]) -> ModelCard:
             config = json.loads((path / CONFIG_FILE).read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise CardBuildError(str(path), f"unreadable {CONFIG_FILE}: {exc}") from None
+        weights = [name for name in selected if name.endswith(".safetensors")]
         return card_from_config(model_id, config, total_size_bytes(files, selected), local_path=str(path),
-                                name=body.name, chat_template=chat_template(_text_file_reader(path)))
+                                name=body.name, chat_template=chat_template(_text_file_reader(path)),
+                                tensor_elements=model_parameter_elements(
+                                    weights, lambda name: _read_file_prefix(path / name), config))
     raise InvalidRequest(f"{path} is a directory but not an MLX model folder (config.json with *.safetensors); "
                          "for a GGUF model give the path of the .gguf file itself", param="path")
 

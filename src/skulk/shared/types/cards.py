@@ -147,6 +147,7 @@ def _unique(values: tuple[str, ...]) -> tuple[str, ...]:
 # Strict scalars: TOML already gives native types, so a quoted "16" where a count belongs is a
 # mistake to report, not a value to coerce.
 PositiveInt = Annotated[int, Strict(), Field(gt=0)]
+NonNegativeInt = Annotated[int, Strict(), Field(ge=0)]
 NonEmptyStr = Annotated[str, Strict(), Field(min_length=1)]
 StrictBool = Annotated[bool, Strict()]
 CardModelId = Annotated[ModelId, Strict(), AfterValidator(_check_model_id)]
@@ -311,9 +312,10 @@ class ModelCard(WireModel):
     head_dim: PositiveInt
     """Per-head dimension, stated explicitly: it is not always hidden_size / heads (Gemma 3).
     It is the key's; see value_head_dim."""
-    value_head_dim: PositiveInt | None = None
-    """Per-head dimension of the values when it differs from the keys' (DeepSeek's MLA,
-    GGUF `attention.value_length`); None = head_dim. KV sizing counts both."""
+    value_head_dim: NonNegativeInt | None = None
+    """Per-head dimension of the values when it differs from the keys' (GGUF
+    `attention.value_length`, config `v_head_dim`); None = head_dim; 0 = the engine caches
+    keys only (llama.cpp's MLA latent, see skulk.shared.kv_shape). KV sizing counts both."""
     num_experts: Annotated[int, Strict(), Field(ge=2)] | None = None
     """Experts per MoE layer (None: a dense model). Every expert's weights are loaded, so
     memory counts them all (storage_size_bytes already does)."""

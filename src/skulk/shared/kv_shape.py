@@ -1,0 +1,52 @@
+"""What one token leaves in the KV cache, read the way the engines read a model's metadata.
+
+Both the card builder and the capacity planner size the KV cache from a model's own
+metadata; these rules keep them agreeing with each other and with the engines:
+
+- the key's per-head dimension is `head_dim` when stated; a multi-head latent attention
+  model (DeepSeek, Kimi, GLM-4 MoE Lite) states none, and its keys are
+  `qk_nope_head_dim + qk_rope_head_dim` wide (hidden_size / heads would be far too small);
+- a GGUF converted with MLA metadata (`attention.key_length_mla`) is cached by llama.cpp
+  as one compressed latent per token in the keys alone (`llama-kv-cache.cpp` allocates no
+  V tensor when `hparams.is_mla()`): its value dimension is 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+KEYS_ONLY = 0
+"""A value dimension of 0: the engine caches keys only (llama.cpp's MLA latent)."""
+
+
+def config_key_head_dim(config: Mapping[str, Any], heads: int, hidden_size: int) -> int:
+    """The key's per-head dimension from a (text) config.json: `head_dim`, else an MLA
+    model's nope + rope split, else hidden_size / heads."""
+    stated = config.get("head_dim")
+    if isinstance(stated, int) and not isinstance(stated, bool) and stated > 0:
+        return stated
+    nope, rope = config.get("qk_nope_head_dim"), config.get("qk_rope_head_dim")
+    if isinstance(nope, int) and isinstance(rope, int) and nope + rope > 0:
+        return nope + rope
+    return hidden_size // heads
+
+
+def gguf_value_head_dim(prefixed: Mapping[str, Any], key_length: int) -> int | None:
+    """The value dimension to cost from a GGUF's metadata (keys without the architecture
+    prefix): KEYS_ONLY for an MLA conversion, `attention.value_length` where it differs
+    from the key's, None (the key's) otherwise."""
+    if isinstance(prefixed.get("attention.key_length_mla"), int):
+        return KEYS_ONLY
+    value_length = prefixed.get("attention.value_length")
+    if isinstance(value_length, int) and value_length != key_length:
+        return value_length
+    return None
+
+
+def value_dim(head_dim: int, value_head_dim: int | None) -> int:
+    """The cached value width per KV head: the key's when None, 0 when keys only."""
+    return head_dim if value_head_dim is None else value_head_dim
+
+
+__all__ = ["KEYS_ONLY", "config_key_head_dim", "gguf_value_head_dim", "value_dim"]
