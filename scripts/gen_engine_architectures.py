@@ -5,7 +5,10 @@ The architectures Skulk accepts are a fact of the engines, not a list of ours:
   llama-cpp-python sdist that uv.lock pins (the same source the in-process engine's wheel and
   the managed llama-server build come from);
 - mlx-lm: every `mlx_lm.models.<type>` module that defines `Model` and `ModelArgs`, plus
-  mlx-lm's own `MODEL_REMAPPING` aliases, read from the installed package.
+  mlx-lm's own `MODEL_REMAPPING` aliases, read from the installed package; and the types
+  whose attention caches multi-head latent attention's compressed latent (the module hands
+  `kv_latent` to `cache.update_and_fetch`) rather than per-head keys and values, which sizes
+  their KV cache (`skulk.shared.kv_shape`).
 
 Run after bumping llama-cpp-python or mlx-lm (tests/shared/test_engine_architectures.py
 fails until then):
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import inspect
 import pkgutil
 import re
 import sys
@@ -80,7 +84,45 @@ def mlx_model_types() -> tuple[list[str], dict[str, str]]:
     return sorted(types), dict(sorted(remap.items()))
 
 
-def render(llama_version: str, llama: list[str], mlx_version: str, mlx: list[str], remap: dict[str, str]) -> str:
+CACHE_CALL = re.compile(r"\.update_and_fetch\(\s*(\w+)")
+"""A cache write and its first argument: `cache.update_and_fetch(kv_latent, k_pe)` is how an
+mlx-lm attention caches the MLA latent."""
+SIBLING_IMPORT = re.compile(r"^from \.(\w+) import", re.M)
+
+
+def _sources(model_type: str, types: list[str]) -> list[str]:
+    """The source of a model module and of the sibling model modules it imports from
+    (kimi_vl's language model is deepseek_v3's), transitively; mlx-lm's shared modules
+    (cache, base, ...) are framework, not a model's attention."""
+    seen: dict[str, str] = {}
+    pending = [model_type]
+    while pending:
+        name = pending.pop()
+        if name in seen:
+            continue
+        try:
+            seen[name] = inspect.getsource(importlib.import_module(f"mlx_lm.models.{name}"))
+        except (ImportError, SystemExit):
+            seen[name] = ""
+        pending.extend(n for n in SIBLING_IMPORT.findall(seen[name]) if n in types)
+    return list(seen.values())
+
+
+def mlx_latent_kv_types(types: list[str]) -> list[str]:
+    """The model types whose attention caches only the MLA latent (one head of kv_lora_rank
+    keys and qk_rope_head_dim values per token): every cache write in their code writes
+    `kv_latent`. A type that also caches something else per token (deepseek_v32's indexer
+    keys) is left out, so it is costed high rather than low."""
+    latent = []
+    for model_type in types:
+        writes = [arg for source in _sources(model_type, types) for arg in CACHE_CALL.findall(source)]
+        if writes and all(arg == "kv_latent" for arg in writes):
+            latent.append(model_type)
+    return sorted(latent)
+
+
+def render(llama_version: str, llama: list[str], mlx_version: str, mlx: list[str], remap: dict[str, str],
+           latent: list[str]) -> str:
     def words(names: list[str]) -> str:
         lines, line = [], "    "
         for name in names:
@@ -127,8 +169,14 @@ MLX_MODEL_REMAPPING: Mapping[str, str] = MappingProxyType({{
 }})
 """mlx-lm's aliases: a config's `model_type` that loads through another type's class."""
 
-__all__ = ["LLAMA_CPP_ARCHITECTURES", "LLAMA_CPP_VERSION", "MLX_LM_VERSION", "MLX_MODEL_REMAPPING",
-           "MLX_MODEL_TYPES"]
+MLX_LATENT_KV_TYPES: frozenset[str] = frozenset({{
+{words(latent)}
+}})
+"""Types whose mlx-lm attention caches the MLA latent (`kv_lora_rank` keys and
+`qk_rope_head_dim` values, one head) rather than per-head keys and values."""
+
+__all__ = ["LLAMA_CPP_ARCHITECTURES", "LLAMA_CPP_VERSION", "MLX_LATENT_KV_TYPES", "MLX_LM_VERSION",
+           "MLX_MODEL_REMAPPING", "MLX_MODEL_TYPES"]
 '''
 
 
@@ -138,7 +186,8 @@ def main() -> None:
 
     sdist = Path(sys.argv[1]) if len(sys.argv) > 1 else _llama_sdist(llama_cpp.__version__)
     mlx, remap = mlx_model_types()
-    OUT.write_text(render(llama_cpp.__version__, llama_architectures(sdist), mlx_lm.__version__, mlx, remap))
+    OUT.write_text(render(llama_cpp.__version__, llama_architectures(sdist), mlx_lm.__version__, mlx, remap,
+                          mlx_latent_kv_types(mlx)))
     print(f"wrote {OUT.relative_to(ROOT)}")
 
 

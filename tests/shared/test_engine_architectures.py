@@ -12,6 +12,7 @@ import pytest
 from skulk.shared.types.engine_architectures import (
     LLAMA_CPP_ARCHITECTURES,
     LLAMA_CPP_VERSION,
+    MLX_LATENT_KV_TYPES,
     MLX_LM_VERSION,
     MLX_MODEL_REMAPPING,
     MLX_MODEL_TYPES,
@@ -45,8 +46,9 @@ def test_the_mlx_table_is_what_the_installed_mlx_lm_loads():
     pytest.importorskip("mlx_lm")
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
     try:
-        from gen_engine_architectures import mlx_model_types
+        from gen_engine_architectures import mlx_latent_kv_types, mlx_model_types
     finally:
         sys.path.pop(0)
     types, remap = mlx_model_types()
     assert (frozenset(types), dict(remap)) == (MLX_MODEL_TYPES, dict(MLX_MODEL_REMAPPING)), REGENERATE
+    assert frozenset(mlx_latent_kv_types(types)) == MLX_LATENT_KV_TYPES, REGENERATE

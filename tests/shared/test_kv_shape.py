@@ -1,6 +1,7 @@
 """The KV shape rules the card builder and the capacity planner share: an MLA model's key
-width from its nope + rope split, and llama.cpp's keys-only latent cache for a GGUF with MLA
-metadata; the card and the planner cost the same bytes from the same GGUF."""
+width from its nope + rope split, llama.cpp's keys-only latent cache for a GGUF with MLA
+metadata, mlx-lm's latent cache for the types whose class keeps it; the card and the
+planner cost the same bytes from the same model."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from skulk.capacity.planner import model_meta_from_config, model_meta_from_gguf
 from skulk.models.card_builder import card_from_config, card_from_gguf
 from skulk.shared.kv_shape import KEYS_ONLY, config_key_head_dim, gguf_value_head_dim, value_dim
 from skulk.shared.memory_estimate import kv_bytes_per_token_per_layer as card_kv_bytes
+from skulk.shared.types.engine_architectures import MLX_LATENT_KV_TYPES, MLX_MODEL_TYPES
 
 DEEPSEEK_V3_ATTENTION = {"num_attention_heads": 128, "hidden_size": 7168, "qk_nope_head_dim": 128,
                          "qk_rope_head_dim": 64, "v_head_dim": 128, "kv_lora_rank": 512}
@@ -69,9 +71,22 @@ def test_card_and_planner_cost_an_mla_gguf_as_llama_cpp_caches_it(tmp_path: Path
     assert card_kv_bytes(card) == planner_kv_bytes(model_meta_from_gguf(path)) == 576 * 2  # f16 keys only
 
 
-def test_card_and_planner_cost_an_mla_config_with_full_keys():
-    config = {"model_type": "deepseek_v3", "num_hidden_layers": 2, "num_key_value_heads": 128,
+@pytest.mark.parametrize(("model_type", "shape"), [
+    # mlx-lm's deepseek_v3 caches the latent: one head of kv_lora_rank keys and rope values.
+    ("deepseek_v3", (1, 512, 64)),
+    ("kimi_k2", (1, 512, 64)),             # an alias of deepseek_v3
+    # deepseek_v2 decompresses and caches per-head keys (nope + rope) and values.
+    ("deepseek_v2", (128, 192, 128)),
+])
+def test_card_and_planner_cost_an_mla_config_as_mlx_lm_caches_it(model_type, shape):
+    config = {"model_type": model_type, "num_hidden_layers": 2, "num_key_value_heads": 128,
               "vocab_size": 32, "max_position_embeddings": 4096, **DEEPSEEK_V3_ATTENTION}
-    card = card_from_config("org/dsv3", config, 1000)
-    assert (card.head_dim, card.value_head_dim) == (192, 128)
-    assert card_kv_bytes(card) == planner_kv_bytes(model_meta_from_config(config, 1000)) == 128 * (192 + 128) * 2
+    card = card_from_config("org/mla", config, 1000)
+    assert (card.num_key_value_heads, card.head_dim, card.value_head_dim) == shape
+    heads, keys, values = shape
+    assert card_kv_bytes(card) == planner_kv_bytes(model_meta_from_config(config, 1000)) == heads * (keys + values) * 2
+
+
+def test_every_latent_type_is_one_mlx_lm_loads():
+    assert {"deepseek_v3", "glm4_moe_lite", "kimi_vl"} <= MLX_LATENT_KV_TYPES <= MLX_MODEL_TYPES
+    assert "deepseek_v32" not in MLX_LATENT_KV_TYPES  # its indexer caches keys too: costed high, not low

@@ -37,7 +37,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, Literal
 
-from skulk.shared.kv_shape import config_key_head_dim, gguf_value_head_dim, value_dim
+from skulk.shared.kv_shape import config_kv_shape, gguf_value_head_dim, value_dim
 from skulk.shared.types.cards import ModelCard, windowed_layer
 
 KV_DTYPE_BYTES_F16 = 2
@@ -151,8 +151,7 @@ def model_meta_from_config(config_json: Mapping[str, Any], weights_bytes: int) -
     try:
         num_layers = int(config["num_hidden_layers"])
         heads = int(config["num_attention_heads"])
-        kv_heads = int(config.get("num_key_value_heads") or heads)
-        head_dim = config_key_head_dim(config, heads, int(config["hidden_size"]))
+        kv = config_kv_shape(config, heads, int(config["hidden_size"]))
         context = int(config["max_position_embeddings"])
     except KeyError as exc:
         raise ModelShapeError(f"config.json lacks {exc.args[0]!r}") from None
@@ -171,13 +170,13 @@ def model_meta_from_config(config_json: Mapping[str, Any], weights_bytes: int) -
         pattern = int(config["sliding_window_pattern"])
     return ModelMeta(
         num_layers=num_layers,
-        num_kv_heads=kv_heads,
-        head_dim=int(head_dim),
+        num_kv_heads=kv.kv_heads,
+        head_dim=kv.head_dim,
         weights_bytes=weights_bytes,
         trained_context_tokens=context,
         sliding_window=int(window) if window else None,
         sliding_window_pattern=pattern,
-        value_head_dim=int(config["v_head_dim"]) if config.get("v_head_dim") else None,
+        value_head_dim=kv.value_head_dim,
     )
 
 

@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from skulk.models.hub_files import RepoFile, is_gguf, quant_of
-from skulk.shared.kv_shape import config_key_head_dim, gguf_value_head_dim
+from skulk.shared.kv_shape import config_kv_shape, gguf_value_head_dim
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.engine_architectures import LLAMA_CPP_VERSION, MLX_LM_VERSION
 from skulk.shared.types.engines import loads_family
@@ -309,6 +309,7 @@ def card_from_config(
     if merged.get("use_sliding_window") is False or not isinstance(window, int) or window <= 0:
         window = None
     pattern = merged.get("sliding_window_pattern") or (WINDOW_PATTERNS.get(family) if window else None)
+    kv = config_kv_shape(merged, heads, hidden)
     experts = _experts(model_id, merged, ("num_experts", "num_local_experts", "n_routed_experts"),
                        ("num_experts_per_tok", "num_experts_per_token", "moe_topk"))
     return _validated(model_id, {
@@ -319,9 +320,9 @@ def card_from_config(
         "num_layers": _int(model_id, merged, "num_hidden_layers"),
         "hidden_size": hidden,
         "num_attention_heads": heads,
-        "num_key_value_heads": _int(model_id, merged, "num_key_value_heads", default=heads),
-        "head_dim": config_key_head_dim(merged, heads, hidden),
-        **({"value_head_dim": merged["v_head_dim"]} if isinstance(merged.get("v_head_dim"), int) else {}),
+        "num_key_value_heads": kv.kv_heads,
+        "head_dim": kv.head_dim,
+        "value_head_dim": kv.value_head_dim,
         **experts,
         **_parameters(tensor_elements, experts, MLX_EXPERT_TENSOR_MARKS),
         "vocab_size": _int(model_id, merged, "vocab_size"),

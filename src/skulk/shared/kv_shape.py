@@ -8,13 +8,19 @@ metadata; these rules keep them agreeing with each other and with the engines:
   `qk_nope_head_dim + qk_rope_head_dim` wide (hidden_size / heads would be far too small);
 - a GGUF converted with MLA metadata (`attention.key_length_mla`) is cached by llama.cpp
   as one compressed latent per token in the keys alone (`llama-kv-cache.cpp` allocates no
-  V tensor when `hparams.is_mla()`): its value dimension is 0.
+  V tensor when `hparams.is_mla()`): its value dimension is 0;
+- an MLX model whose mlx-lm class caches the latent (`MLX_LATENT_KV_TYPES`, generated from
+  mlx-lm's code) holds one head of `kv_lora_rank` keys and `qk_rope_head_dim` values per
+  token; every other config is costed as per-head keys and values.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
+
+from skulk.shared.types.engine_architectures import MLX_LATENT_KV_TYPES, MLX_MODEL_REMAPPING
 
 KEYS_ONLY = 0
 """A value dimension of 0: the engine caches keys only (llama.cpp's MLA latent)."""
@@ -30,6 +36,33 @@ def config_key_head_dim(config: Mapping[str, Any], heads: int, hidden_size: int)
     if isinstance(nope, int) and isinstance(rope, int) and nope + rope > 0:
         return nope + rope
     return hidden_size // heads
+
+
+@dataclass(frozen=True)
+class ConfigKvShape:
+    """What a config.json model caches per token and layer: heads x (keys + values)."""
+
+    kv_heads: int
+    head_dim: int
+    value_head_dim: int | None
+    """None: the key's."""
+
+
+def _positive_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def config_kv_shape(config: Mapping[str, Any], heads: int, hidden_size: int) -> ConfigKvShape:
+    """The KV shape of a (text) config.json as mlx-lm caches it: the MLA latent for the types
+    whose class caches it, per-head keys (see config_key_head_dim) and values otherwise."""
+    model_type = config.get("model_type")
+    rank, rope = _positive_int(config.get("kv_lora_rank")), _positive_int(config.get("qk_rope_head_dim"))
+    if (isinstance(model_type, str) and MLX_MODEL_REMAPPING.get(model_type, model_type) in MLX_LATENT_KV_TYPES
+            and rank and rope):
+        return ConfigKvShape(kv_heads=1, head_dim=rank, value_head_dim=rope)
+    return ConfigKvShape(kv_heads=_positive_int(config.get("num_key_value_heads")) or heads,
+                         head_dim=config_key_head_dim(config, heads, hidden_size),
+                         value_head_dim=_positive_int(config.get("v_head_dim")))
 
 
 def gguf_value_head_dim(prefixed: Mapping[str, Any], key_length: int) -> int | None:
@@ -49,4 +82,4 @@ def value_dim(head_dim: int, value_head_dim: int | None) -> int:
     return head_dim if value_head_dim is None else value_head_dim
 
 
-__all__ = ["KEYS_ONLY", "config_key_head_dim", "gguf_value_head_dim", "value_dim"]
+__all__ = ["KEYS_ONLY", "ConfigKvShape", "config_key_head_dim", "config_kv_shape", "gguf_value_head_dim", "value_dim"]

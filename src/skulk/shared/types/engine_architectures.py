@@ -75,5 +75,12 @@ MLX_MODEL_REMAPPING: Mapping[str, str] = MappingProxyType({
 })
 """mlx-lm's aliases: a config's `model_type` that loads through another type's class."""
 
-__all__ = ["LLAMA_CPP_ARCHITECTURES", "LLAMA_CPP_VERSION", "MLX_LM_VERSION", "MLX_MODEL_REMAPPING",
-           "MLX_MODEL_TYPES"]
+MLX_LATENT_KV_TYPES: frozenset[str] = frozenset({
+    "bailing_hybrid", "bailing_moe_v3", "deepseek_v3", "glm4_moe_lite", "kimi_k25", "kimi_k3", "kimi_linear",
+    "kimi_vl", "longcat_flash", "longcat_flash_ngram",
+})
+"""Types whose mlx-lm attention caches the MLA latent (`kv_lora_rank` keys and
+`qk_rope_head_dim` values, one head) rather than per-head keys and values."""
+
+__all__ = ["LLAMA_CPP_ARCHITECTURES", "LLAMA_CPP_VERSION", "MLX_LATENT_KV_TYPES", "MLX_LM_VERSION",
+           "MLX_MODEL_REMAPPING", "MLX_MODEL_TYPES"]
