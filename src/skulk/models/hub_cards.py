@@ -30,7 +30,7 @@ from skulk.models.hub_files import (
     shard_group,
     total_size_bytes,
 )
-from skulk.models.safetensors_header import model_parameter_elements
+from skulk.models.safetensors_header import MAX_HUB_WEIGHT_FILES, model_parameter_elements
 from skulk.models.template_files import chat_template
 from skulk.shared.types.cards import ModelCard
 
@@ -81,9 +81,10 @@ def card_from_hub(model_id: str, hub: HubSource, *, revision: str | None = None,
         return lambda size: hub_meta.read_prefix(model_id, path, listing.revision, hub, size)
 
     weights = [path for path in selected if path.endswith(".safetensors")]
+    counted = len(weights) <= MAX_HUB_WEIGHT_FILES
     return card_from_config(model_id, config, total_size_bytes(files, selected), revision=pin, name=name,
                             chat_template=chat_template(read),
-                            tensor_elements=model_parameter_elements(weights, prefix_reader, config))
+                            tensor_elements=model_parameter_elements(weights, prefix_reader, config) if counted else None)
 
 
 __all__ = ["card_from_hub", "read_gguf_header"]

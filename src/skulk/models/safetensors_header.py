@@ -20,8 +20,12 @@ from skulk.models.card_builder import CardBuildError
 
 SAFETENSORS_HEADER_LIMIT_BYTES = 100 * 1024 * 1024
 """The format's own cap on a header (safetensors refuses larger ones)."""
-FIRST_READ_BYTES = 1024 * 1024
-"""One read covers most headers; a larger one is read again at its stated size."""
+FIRST_READ_BYTES = 256 * 1024
+"""One read covers most headers (a shard's is tens of KB); a larger one is read again at
+its stated size."""
+MAX_HUB_WEIGHT_FILES = 64
+"""Most weight files whose headers a hub card reads (two small Range requests at most
+each); a checkpoint in more files gets no parameter count, as a split GGUF gets none."""
 PACKED_DTYPE = "U32"
 """MLX packs quantized weights into uint32 words."""
 PACKED_WORD_BITS = 32
@@ -114,6 +118,7 @@ def model_parameter_elements(weight_files: Sequence[str], prefix_reader: Callabl
 
 
 __all__ = [
+    "MAX_HUB_WEIGHT_FILES",
     "SAFETENSORS_HEADER_LIMIT_BYTES",
     "StoredTensor",
     "model_parameter_elements",
