@@ -34,7 +34,9 @@ class ScriptedCluster:
                  vectors=None, fail: tuple[str, str] | None = None, fail_after_output: bool = False,
                  stop_sequence: str | None = None) -> None:
         self.streams = streams
-        self.texts = list(texts)
+        self.texts = texts if callable(texts) else list(texts)
+        """The token texts every generation answers, or a callable of the request's params
+        that returns them (a test that scripts a second generation differently)."""
         self.finish = finish
         self.logprobs = logprobs
         self.vectors = vectors or []
@@ -79,7 +81,8 @@ class ScriptedCluster:
             vectors = self.vectors(len(self.inputs[cid].params.embedding_inputs)) if callable(self.vectors) else self.vectors
             return [ResultChunk(command_id=cid, result=EmbeddingResult(embeddings=vectors),
                                    usage=Usage(prompt_tokens=tokens, total_tokens=tokens))]
-        last = len(self.texts) - 1
+        texts = self.texts(self.inputs[cid].params) if callable(self.texts) else self.texts
+        last = len(texts) - 1
         chunks = [
             TokenChunk(command_id=cid, text=text, token_id=i,
                        logprob=-0.25 if self.logprobs else None,
@@ -87,7 +90,7 @@ class ScriptedCluster:
                        finish_reason=self.finish if i == last else None, usage=USAGE if i == last else None,
                        stop_sequence=self.stop_sequence if i == last else None,
                        prompt_tokens=USAGE.prompt_tokens if i == 0 else None)
-            for i, text in enumerate(self.texts)
+            for i, text in enumerate(texts)
         ]
         prompt = self.inputs[cid].params.prompt
         if chunks and self.inputs[cid].params.prompt_logprobs and prompt:

@@ -168,6 +168,7 @@ STREAM_ERROR_KINDS: dict[str, ErrorKind] = {
     StreamErrorType.CLIENT_TOO_SLOW: "overloaded",
     StreamErrorType.POOL_MEMBER_LOST: "unavailable",  # a llama.cpp pool lost a donor: the instance is being re-placed
     StreamErrorType.PROTOCOL_VIOLATION: "upstream",
+    StreamErrorType.TOOL_CALL_INVALID: "upstream",  # the model broke a strict tool's schema
     StreamErrorType.TERMINAL_LOST: "upstream",  # the runner finished; its last frame was lost on the way
     # Runner errors that are the request's fault, reported before any output went out
     # (embeddings answer only once everything is computed): the caller gets a 4xx.

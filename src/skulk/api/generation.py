@@ -34,6 +34,7 @@ from skulk.api.errors import (
 from skulk.api.limits import context_error, generation_limits_error, workload_limits_error
 from skulk.api.output import OutputShaper
 from skulk.api.streams import CommandStream
+from skulk.api.strict_tools import TOOL_CALL_INVALID, combined_usage, strict_retry_params
 from skulk.models.model_names import load_library, placed_model_id
 from skulk.observe.structured_logs import bind_request_ids
 from skulk.observe.traces import RequestTrace
@@ -161,12 +162,9 @@ async def drive(
     `contextlib.aclosing` so that leaving early cancels the command.
 
     With `params`, the chunks are shaped for the request (`skulk.api.output`): reasoning
-    marked apart, tool calls assembled once the output is complete."""
-    shaper = None
-    if params is not None:
-        card = context.get_cards().get(params.model_id)
-        shaper = OutputShaper(params, _call_id_factory(stream.command_id), card.reasoning if card else None,
-                              card.tooling.tool_call_format if card else None)
+    marked apart, tool calls assembled once the output is complete, and a strict tool's call
+    that broke its schema generated again with that tool forced (`_strict_retry`)."""
+    shaper = _shaper(context, params, stream.command_id) if params is not None else None
     async with aclosing(_follow(request, context, stream, TokenChunk)) as chunks:
         async for chunk in chunks:
             if shaper is None:
@@ -177,6 +175,54 @@ async def drive(
     if shaper is not None:
         for shaped in shaper.finish():
             yield shaped
+        if shaper.violation is not None:
+            assert params is not None  # a shaper exists only for params
+            async with aclosing(_strict_retry(request, context, stream.command_id, params, shaper)) as retried:
+                async for shaped in retried:
+                    yield shaped
+
+
+def _shaper(context: ApiContext, params: TextGenerationParams, command_id: str) -> OutputShaper:
+    """The output shaper of a request: its model card's reasoning and tool-call formats."""
+    card = context.get_cards().get(params.model_id)
+    return OutputShaper(params, _call_id_factory(command_id), card.reasoning if card else None,
+                        card.tooling.tool_call_format if card else None)
+
+
+async def _strict_retry(request: ClientChannel, context: ApiContext, command_id: str, params: TextGenerationParams,
+                        shaper: OutputShaper) -> AsyncGenerator[TokenChunk, None]:
+    """The call of `shaper.violation`'s strict tool generated again under its grammar, as
+    chunks of the original command (the client sees one answer, its usage both runs'). A
+    schema the grammar cannot enforce, or a retry that breaks it again, is the typed error
+    `tool_call_invalid`."""
+    violation = shaper.violation
+    assert violation is not None
+    retry = strict_retry_params(params, violation)
+    if retry is None:
+        raise StreamFailed(TOOL_CALL_INVALID, f"{violation.message()}; its schema is beyond what this server's "
+                           "grammar enforces, so the call could not be generated again.", origin="api")
+    logger.info("strict tool call broke its schema; generating it again forced", extra={
+        "tool": violation.tool, "path": violation.path, "commandId": command_id})
+    bind_instance(context, retry)
+    stream = await _submit_generation(context, retry, CommandId(new_id()), None)
+    retry_shaper = _shaper(context, retry, command_id)
+    async with aclosing(_follow(request, context, stream, TokenChunk)) as chunks:
+        async for chunk in chunks:
+            for shaped in retry_shaper.push(chunk):
+                yield _as_original(shaped, command_id, shaper)
+    finished = retry_shaper.finish()
+    if retry_shaper.violation is not None:
+        raise StreamFailed(TOOL_CALL_INVALID, retry_shaper.violation.message(), origin="api")
+    for shaped in finished:
+        yield _as_original(shaped, command_id, shaper)
+
+
+def _as_original(chunk: TokenChunk, command_id: str, first: OutputShaper) -> TokenChunk:
+    """A retry's chunk as the original command's, its usage counting the first run too."""
+    update: dict[str, object] = {"command_id": command_id}
+    if chunk.usage is not None:
+        update["usage"] = combined_usage(first.answer_usage, chunk.usage)
+    return chunk.model_copy(update=update)
 
 
 async def open_output(

@@ -9,7 +9,9 @@ chunks, told apart as the model card's reasoning format says (`splitter_for`: a 
 (`skulk.api.tool_calls`): a found call leaves as one chunk with `tool_calls` and
 finish_reason "tool_calls"; otherwise the held chunks leave unchanged (reasoning is not
 held: it can never be a call). Assembling the call once is what lets every format return
-a whole, valid call instead of fragile token-by-token fragments.
+a whole, valid call instead of fragile token-by-token fragments. A call of a strict tool
+that breaks its schema is not released: `finish` keeps the answer back and sets
+`violation`, and the caller generates the call again (`skulk.api.strict_tools`).
 
 Pure and synchronous: no streams, no clocks; tool-call ids come from the caller.
 """
@@ -20,10 +22,11 @@ from collections.abc import Callable
 
 from skulk.api.harmony import HarmonySplitter
 from skulk.api.reasoning import ReasoningSplitter
+from skulk.api.strict_tools import StrictViolation, strict_violation
 from skulk.api.tool_calls import parse_tool_calls
 from skulk.shared.types.cards import ReasoningSection
 from skulk.shared.types.chunks import TokenChunk
-from skulk.shared.types.common import ToolCall
+from skulk.shared.types.common import ToolCall, Usage
 from skulk.shared.types.tasks import TextGenerationParams
 
 
@@ -50,6 +53,11 @@ class OutputShaper:
         self._splitter = splitter_for(reasoning) if params.prompt is None else None
         self._tool_format = tool_call_format
         self._tool_names = frozenset(t.name for t in params.tools) if wants_tool_parsing(params) else frozenset()
+        self._tools = params.tools
+        self.violation: StrictViolation | None = None
+        """Set by `finish` when the answer is a call of a strict tool that breaks its schema."""
+        self.answer_usage: Usage | None = None
+        """The usage of a held answer that `finish` kept back (see violation)."""
         self._new_call_id = new_call_id
         self._held: list[TokenChunk] = []
         self._last: TokenChunk | None = None
@@ -79,6 +87,10 @@ class OutputShaper:
         assert last is not None  # held is non-empty, so a chunk was pushed
         calls = [ToolCall(id=self._new_call_id(i), name=c.name, arguments=c.arguments) for i, c in enumerate(parsed.calls)]
         usage = next((c.usage for c in reversed(held) if c.usage is not None), last.usage)
+        self.violation = strict_violation(calls, self._tools)
+        if self.violation is not None:
+            self.answer_usage = usage
+            return out
         prompt_tokens = next((c.prompt_tokens for c in held if c.prompt_tokens is not None), None)
         return [*out, TokenChunk(command_id=last.command_id, text=parsed.content, tool_calls=calls, finish_reason="tool_calls", usage=usage, prompt_tokens=prompt_tokens)]
 

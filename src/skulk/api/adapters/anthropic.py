@@ -31,6 +31,7 @@ from typing import Any, cast
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from skulk.api.errors import ApiError, InvalidRequest, anthropic_error_body, invalid_request_from_validation
+from skulk.api.strict_tools import check_strict_schemas
 from skulk.api.tool_calls import check_enforceable
 from skulk.shared.types.chunks import TokenChunk
 from skulk.shared.types.common import ChatMessage, ChatRole, ToolCall, ToolSpec, Usage
@@ -83,6 +84,8 @@ class ToolDefinition(_Lenient):
     name: str
     description: str | None = None
     input_schema: dict[str, Any] | None = None
+    strict: bool | None = None
+    """Anthropic's strict tool use: every call matches input_schema."""
     type: str | None = None
     """Set only on Anthropic's server tools (web search, ...), which Skulk cannot run."""
 
@@ -199,7 +202,7 @@ def _tools(definitions: Sequence[ToolDefinition]) -> list[ToolSpec]:
                 f"tools[{index}]: server tools ({tool.type!r}) are not supported; define a client tool with "
                 "name, description and input_schema.", param=f"tools[{index}].type",
             )
-        tools.append(ToolSpec(name=tool.name, description=tool.description or "",
+        tools.append(ToolSpec(name=tool.name, description=tool.description or "", strict=bool(tool.strict),
                               parameters=tool.input_schema or {"type": "object"}))
     return tools
 
@@ -283,6 +286,7 @@ def to_params(request: MessagesRequest) -> TextGenerationParams:
     tools = _tools(request.tools or [])
     tool_choice = _tool_choice(request.tool_choice, tools)
     check_enforceable(tools, tool_choice, lambda index: f"tools[{index}].input_schema")
+    check_strict_schemas(tools, lambda index: f"tools[{index}].input_schema")
     temperature = _in_range(request.temperature, 0.0, 1.0, "temperature")
     top_p = _in_range(request.top_p, 0.0, 1.0, "top_p")
     if request.top_k is not None and request.top_k < 0:

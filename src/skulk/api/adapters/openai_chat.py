@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from skulk.api import request_options
 from skulk.api.errors import ApiError, InvalidRequest, invalid_request_from_validation, openai_error_body
+from skulk.api.strict_tools import check_strict_schemas
 from skulk.api.tool_calls import check_enforceable
 from skulk.shared.json_shapes import is_json_object
 from skulk.shared.types.chunks import TokenChunk
@@ -98,6 +99,7 @@ class FunctionDefinition(_Lenient):
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None
+    strict: bool | None = None
 
 
 class Tool(_Lenient):
@@ -215,7 +217,7 @@ def _to_tools(request: ChatCompletionRequest) -> list[ToolSpec]:
             )
         tools.append(ToolSpec(
             name=tool.function.name, description=tool.function.description or "",
-            parameters=tool.function.parameters or {},
+            parameters=tool.function.parameters or {}, strict=bool(tool.function.strict),
         ))
     return tools
 
@@ -341,6 +343,7 @@ def to_params(request: ChatCompletionRequest) -> TextGenerationParams:
     tools = _to_tools(request)
     _check_tool_choice(request.tool_choice, tools)
     check_enforceable(tools, request.tool_choice, lambda index: f"tools[{index}].function.parameters")
+    check_strict_schemas(tools, lambda index: f"tools[{index}].function.parameters")
     try:
         return TextGenerationParams(
             model_id=ModelId(request.model),

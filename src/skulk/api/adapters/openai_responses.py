@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from skulk.api import request_options
 from skulk.api.adapters.openai_chat import MAX_TOP_LOGPROBS, MIN_TOP_P, _in_range, _Lenient, _logprob_entry
 from skulk.api.errors import ApiError, InvalidRequest, invalid_request_from_validation
+from skulk.api.strict_tools import check_strict_schemas
 from skulk.api.tool_calls import check_enforceable
 from skulk.shared.json_shapes import is_json_object
 from skulk.shared.sampling_defaults import DEFAULT_TEMPERATURE, DEFAULT_TOP_P
@@ -224,7 +225,11 @@ def _tools(request: ResponsesRequest) -> list[ToolSpec]:
         if not is_json_object(parameters):
             raise InvalidRequest("A function tool's 'parameters' must be a JSON Schema object.",
                                  param=f"tools[{index}].parameters")
-        specs.append(ToolSpec(name=tool["name"], description=tool.get("description") or "", parameters=parameters))
+        strict = tool.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise InvalidRequest("A function tool's 'strict' must be a boolean.", param=f"tools[{index}].strict")
+        specs.append(ToolSpec(name=tool["name"], description=tool.get("description") or "", parameters=parameters,
+                              strict=bool(strict)))
     return specs
 
 
@@ -297,6 +302,7 @@ def to_params(request: ResponsesRequest, history: Sequence[ChatMessage] = ()) ->
     tools = _tools(request)
     tool_choice = _tool_choice(request.tool_choice, tools)
     check_enforceable(tools, tool_choice, lambda index: f"tools[{index}].parameters")
+    check_strict_schemas(tools, lambda index: f"tools[{index}].parameters")
     if request.max_output_tokens is not None and request.max_output_tokens < 1:
         raise InvalidRequest(f"'max_output_tokens' must be at least 1, got {request.max_output_tokens}.",
                              param="max_output_tokens")

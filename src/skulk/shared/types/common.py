@@ -78,6 +78,10 @@ class ToolSpec(WireModel):
     name: str
     description: str = ""
     parameters: dict[str, Any] = Field(default_factory=dict)
+    strict: bool = False
+    """Every call of it must match `parameters` (OpenAI's and Anthropic's `strict`): forced
+    calls are grammar-constrained, chosen ones checked and generated again when they break
+    it (`skulk.api.strict_tools`)."""
 
 
 ChatRole = Literal["system", "user", "assistant", "tool"]

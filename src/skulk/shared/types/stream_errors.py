@@ -38,6 +38,9 @@ class StreamErrorType(StrEnum):
     within the terminal grace (dropped on the way): the reply may be incomplete."""
     RUNNER_FAILED = "runner_failed"
     """A failed terminal that named no error type."""
+    TOOL_CALL_INVALID = "tool_call_invalid"
+    """The model called a strict tool with arguments that break its schema, and the call
+    could not be generated again under the schema's grammar (`skulk.api.strict_tools`)."""
     MASTER_FAILOVER = "MasterFailover"
     """The master changed while the command was in flight; the client should resend."""
 
