@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.worker.engines.mlx_ranks import local_instance
 
+from skulk.artifacts.resolve import ensure_local_model
 from skulk.models.cards import builtin_cards_dir, load_card
-from skulk.models.tiny_models import ensure_local_model
 from skulk.shared.types.tasks import ResponseFormat, TextGenerationParams
 from skulk.worker.engines.base import ShardSpec
 from skulk.worker.engines.mlx.engine import MlxEngine
