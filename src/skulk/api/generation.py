@@ -34,7 +34,7 @@ from skulk.api.errors import (
 from skulk.api.limits import context_error, generation_limits_error, workload_limits_error
 from skulk.api.output import OutputShaper
 from skulk.api.streams import CommandStream
-from skulk.api.strict_tools import TOOL_CALL_INVALID, combined_usage, strict_retry_params
+from skulk.api.strict_tools import combined_usage, strict_retry_params
 from skulk.models.model_names import load_library, placed_model_id
 from skulk.observe.structured_logs import bind_request_ids
 from skulk.observe.traces import RequestTrace
@@ -199,8 +199,9 @@ async def _strict_retry(request: ClientChannel, context: ApiContext, command_id:
     assert violation is not None
     retry = strict_retry_params(params, violation)
     if retry is None:
-        raise StreamFailed(TOOL_CALL_INVALID, f"{violation.message()}; its schema is beyond what this server's "
-                           "grammar enforces, so the call could not be generated again.", origin="api")
+        raise StreamFailed(StreamErrorType.TOOL_CALL_INVALID,
+                           f"{violation.message()}; its schema is beyond what this server's grammar enforces, so "
+                           "the call could not be generated again.", origin="api")
     logger.info("strict tool call broke its schema; generating it again forced", extra={
         "tool": violation.tool, "path": violation.path, "commandId": command_id})
     bind_instance(context, retry)
@@ -212,7 +213,7 @@ async def _strict_retry(request: ClientChannel, context: ApiContext, command_id:
                 yield _as_original(shaped, command_id, shaper)
     finished = retry_shaper.finish()
     if retry_shaper.violation is not None:
-        raise StreamFailed(TOOL_CALL_INVALID, retry_shaper.violation.message(), origin="api")
+        raise StreamFailed(StreamErrorType.TOOL_CALL_INVALID, retry_shaper.violation.message(), origin="api")
     for shaped in finished:
         yield _as_original(shaped, command_id, shaper)
 

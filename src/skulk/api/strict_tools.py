@@ -8,8 +8,8 @@ answer would slow every request), so the finished call is checked against the sc
 (jsonschema, Draft 2020-12, the dialect OpenAI and Anthropic document). A call that breaks
 it is never delivered: the API generates the call again with that tool forced, whose grammar
 makes it valid (`strict_retry_params`), and a schema no grammar here can enforce ends the
-request with the typed error `tool_call_invalid`, naming the tool, the place in the
-arguments and the rule broken.
+request with the typed error `tool_call_invalid` (StreamErrorType.TOOL_CALL_INVALID),
+naming the tool, the place in the arguments and the rule broken.
 
 Pure: no streams, no engines.
 """
@@ -26,10 +26,7 @@ from jsonschema.exceptions import SchemaError, best_match
 from skulk.api.errors import InvalidRequest
 from skulk.shared.tool_grammar import SchemaNotSupported, tool_arguments_schema, tool_call_grammar
 from skulk.shared.types.common import ToolCall, ToolSpec, Usage
-from skulk.shared.types.stream_errors import StreamErrorType
 from skulk.shared.types.tasks import TextGenerationParams
-
-TOOL_CALL_INVALID = StreamErrorType.TOOL_CALL_INVALID
 
 
 @dataclass(frozen=True)
@@ -99,7 +96,6 @@ def combined_usage(first: Usage | None, retry: Usage | None) -> Usage | None:
 
 
 __all__ = [
-    "TOOL_CALL_INVALID",
     "StrictViolation",
     "check_strict_schemas",
     "combined_usage",

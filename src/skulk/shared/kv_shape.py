@@ -26,16 +26,18 @@ KEYS_ONLY = 0
 """A value dimension of 0: the engine caches keys only (llama.cpp's MLA latent)."""
 
 
+def _positive_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 def config_key_head_dim(config: Mapping[str, Any], heads: int, hidden_size: int) -> int:
     """The key's per-head dimension from a (text) config.json: `head_dim`, else an MLA
     model's nope + rope split, else hidden_size / heads."""
-    stated = config.get("head_dim")
-    if isinstance(stated, int) and not isinstance(stated, bool) and stated > 0:
+    stated = _positive_int(config.get("head_dim"))
+    if stated:
         return stated
-    nope, rope = config.get("qk_nope_head_dim"), config.get("qk_rope_head_dim")
-    if isinstance(nope, int) and isinstance(rope, int) and nope + rope > 0:
-        return nope + rope
-    return hidden_size // heads
+    nope, rope = _positive_int(config.get("qk_nope_head_dim")), _positive_int(config.get("qk_rope_head_dim"))
+    return nope + rope if nope and rope else hidden_size // heads
 
 
 @dataclass(frozen=True)
@@ -46,10 +48,6 @@ class ConfigKvShape:
     head_dim: int
     value_head_dim: int | None
     """None: the key's."""
-
-
-def _positive_int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def config_kv_shape(config: Mapping[str, Any], heads: int, hidden_size: int) -> ConfigKvShape:
