@@ -52,3 +52,14 @@ def test_an_embedding_model_keeps_the_in_process_engine_first():
     embedding = card.model_copy(update={"tasks": ("TextGeneration", "Embedding"), "capabilities": ("text", "embedding")})
     assert serving_order(embedding) == ("llama_cpp-cpu", "llama_server-cpu")
     assert serving_order(card) == ("llama_server-cpu", "llama_cpp-cpu")
+
+
+def test_a_card_built_from_a_gguf_serves_on_llama_server_first():
+    """Cards built from a hub repo, a local path or an Ollama name allow llama-server, so a
+    node that has one serves a user's model with its slots, not one request at a time."""
+    from skulk.models.card_builder import GGUF_BACKENDS, GGUF_PREFERENCE
+
+    card = card_with(GGUF_BACKENDS, GGUF_PREFERENCE)
+    order = serving_order(card)
+    assert order.index("llama_server-cpu") < order.index("llama_cpp-cpu")
+    assert order.index("llama_server-cuda") < order.index("llama_cpp-cuda")

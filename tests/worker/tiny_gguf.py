@@ -70,3 +70,27 @@ def tiny_gguf(tmp_path_factory) -> Path:
     path = ensure_local_model(tiny_gguf_card(), tmp_path_factory.mktemp("models"))
     assert path.suffix == ".gguf" and path.is_file(), path
     return path
+
+
+THINKING_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n"
+    "{{ m.content }}<|eot_id|>{% endfor %}<|start_header_id|>assistant<|end_header_id|>\n\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}"
+)
+"""A reasoning model's template (DeepSeek-R1 style: the template opens the think block; Qwen 3's
+`enable_thinking` closes it empty). The tiny model never writes `</think>`, so with it the
+tiny model reasons until its output is cut."""
+
+
+def with_chat_template(source: Path, dest: Path, template: str) -> Path:
+    """A copy of the GGUF `source` at `dest` whose chat template is `template` (weights and
+    every other key unchanged), written with the gguf package's own metadata copier."""
+    import gguf
+    from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
+
+    reader = gguf.GGUFReader(source, "r")
+    arch = reader.fields[gguf.Keys.General.ARCHITECTURE].contents()
+    writer = gguf.GGUFWriter(dest, arch=arch, endianess=reader.endianess)
+    template_key = gguf.Keys.Tokenizer.CHAT_TEMPLATE
+    copy_with_new_metadata(reader, writer, {template_key: MetadataDetails(gguf.GGUFValueType.STRING, template)}, [])
+    return dest

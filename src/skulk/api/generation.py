@@ -35,6 +35,7 @@ from skulk.api.limits import context_error, generation_limits_error, workload_li
 from skulk.api.output import OutputShaper
 from skulk.api.streams import CommandStream
 from skulk.api.strict_tools import combined_usage, strict_retry_params
+from skulk.api.thinking_budget import BudgetMeter, closing_text, continuation_params, continued_usage
 from skulk.models.model_names import load_library, placed_model_id
 from skulk.observe.structured_logs import bind_request_ids
 from skulk.observe.traces import RequestTrace
@@ -165,12 +166,20 @@ async def drive(
     marked apart, tool calls assembled once the output is complete, and a strict tool's call
     that broke its schema generated again with that tool forced (`_strict_retry`)."""
     shaper = _shaper(context, params, stream.command_id) if params is not None else None
+    meter = BudgetMeter(params.thinking_budget) if params is not None and params.thinking_budget else None
     async with aclosing(_follow(request, context, stream, TokenChunk)) as chunks:
         async for chunk in chunks:
             if shaper is None:
                 yield chunk
                 continue
             for shaped in shaper.push(chunk):
+                yield shaped
+            if meter is not None and meter.spent(chunk, shaper.in_reasoning):
+                break  # the budget is spent: leaving the stream cancels the run
+    if meter is not None and meter.cut:
+        assert params is not None and shaper is not None  # a meter exists only for params
+        async with aclosing(_past_budget(request, context, stream.command_id, params, shaper, meter)) as answer:
+            async for shaped in answer:
                 yield shaped
     if shaper is not None:
         for shaped in shaper.finish():
@@ -216,6 +225,29 @@ async def _strict_retry(request: ClientChannel, context: ApiContext, command_id:
         raise StreamFailed(StreamErrorType.TOOL_CALL_INVALID, retry_shaper.violation.message(), origin="api")
     for shaped in finished:
         yield _as_original(shaped, command_id, shaper)
+
+
+async def _past_budget(request: ClientChannel, context: ApiContext, command_id: str, params: TextGenerationParams,
+                       shaper: OutputShaper, meter: BudgetMeter) -> AsyncGenerator[TokenChunk, None]:
+    """The answer of a run whose reasoning was cut at its thinking budget
+    (`skulk.api.thinking_budget`): the closing marker goes to the shaper (it ends the
+    reasoning there), then a continuation runs and its chunks are shaped as the original
+    command's, its usage counting both runs."""
+    card = context.get_cards().get(params.model_id)
+    close = closing_text(card.reasoning if card else None, meter.thought)
+    logger.info("thinking budget spent; the model answers in a continuation", extra={
+        "commandId": command_id, "budget": meter.budget, "outputTokens": meter.tokens})
+    for shaped in shaper.push(TokenChunk(command_id=CommandId(command_id), text=close.strip())):
+        yield shaped
+    more = continuation_params(params, meter, close)
+    bind_instance(context, more)
+    stream = await _submit_generation(context, more, CommandId(new_id()), None)
+    async with aclosing(_follow(request, context, stream, TokenChunk)) as chunks:
+        async for chunk in chunks:
+            original = chunk.model_copy(update={"command_id": command_id, "prompt_tokens": None,
+                                                "usage": continued_usage(meter, chunk.usage)})
+            for shaped in shaper.push(original):
+                yield shaped
 
 
 def _as_original(chunk: TokenChunk, command_id: str, first: OutputShaper) -> TokenChunk:

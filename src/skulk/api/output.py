@@ -62,6 +62,11 @@ class OutputShaper:
         self._held: list[TokenChunk] = []
         self._last: TokenChunk | None = None
 
+    @property
+    def in_reasoning(self) -> bool:
+        """True while the output is inside the model's reasoning (a thinking budget counts it)."""
+        return self._splitter is not None and self._splitter.in_reasoning
+
     def push(self, chunk: TokenChunk) -> list[TokenChunk]:
         self._last = chunk
         return self._route(self._split(chunk))

@@ -39,9 +39,13 @@ WINDOW_PATTERNS: Mapping[str, int] = {"gemma2": 2, "gemma3": 6, "gemma3_text": 6
 
 MLX_BACKENDS = ("mlx", "mlx-cpu", "mlx-metal")
 MLX_PREFERENCE = ("mlx-metal", "mlx-cpu", "mlx")
-GGUF_BACKENDS = ("llama_cpp", "llama_cpp-cuda", "llama_cpp-rocm", "llama_cpp-metal", "llama_cpp-vulkan", "llama_cpp-cpu")
+GGUF_BACKENDS = ("llama_cpp", "llama_cpp-cuda", "llama_cpp-rocm", "llama_cpp-metal", "llama_cpp-vulkan", "llama_cpp-cpu",
+                 "llama_server", "llama_server-cpu", "llama_server-cuda", "llama_server-vulkan", "llama_server-metal")
 GGUF_PREFERENCE = ("llama_cpp-cuda", "llama_cpp-rocm", "llama_cpp-metal", "llama_cpp-vulkan", "llama_cpp-cpu", "llama_cpp")
-"""The same engine lists the built-in cards use (resources/model_cards)."""
+"""The same engine lists the built-in cards use (resources/model_cards): a built card allows
+llama-server too, so a node that has one serves the model with its slots (the preference
+ranks only the in-process tags, so `skulk.master.backend_choice` puts each served twin
+first)."""
 
 GGUF_HEADER_LIMIT_BYTES = 32 * 1024 * 1024
 """Most bytes read to parse a GGUF header. The metadata sits before the tensors but holds

@@ -191,6 +191,29 @@ def test_output_of_a_template_opened_think_block_starts_with_the_tag(engine, mon
     assert len(plain) == 3
 
 
+def test_a_continued_turn_goes_on_where_the_output_was_cut(engine, monkeypatch):
+    """`continue_from` (a spent thinking budget's continuation) writes the model's own output
+    after the generation prompt: the prompt is the first run's prompt plus the tokens it
+    generated, so greedy decoding goes on exactly as the uninterrupted run did; the `<think>`
+    the template opened is not written twice, and the closing marker follows the thought."""
+    render = engine._render
+    monkeypatch.setattr(engine, "_render", lambda messages, tools, switches=None: render(messages, tools) + "<think>\n")
+    params = TextGenerationParams(model_id=ModelId(TINY_GGUF_MODEL_ID), messages=[ChatMessage(role="user", content="hi")],
+                                  max_tokens=24, temperature=0)
+    whole = run(engine, params)
+    assert whole[0].text == "<think>" and len(whole) == 25
+    head, tail = whole[:13], whole[13:]
+    thought = "".join(t.text for t in head)
+    more = params.model_copy(update={"continue_from": thought, "max_tokens": 12})
+    assert engine.prompt_tokens(more) == engine.prompt_tokens(params) + [t.token_id for t in head[1:]]
+    rest = run(engine, more)
+    assert [t.token_id for t in rest] == [t.token_id for t in tail]
+    assert rest[0].prompt_tokens == len(engine.prompt_tokens(more))  # no second think-open token
+    closed = params.model_copy(update={"continue_from": thought + "\n</think>\n\n"})
+    text, _ = engine.prompt_and_tokens(closed)
+    assert text == engine.render_chat(params) + thought.removeprefix("<think>") + "\n</think>\n\n"
+
+
 def test_the_first_token_says_the_prompt_length_and_a_matched_stop_says_which(engine):
     free = run(engine, prompt_params(PROMPT, temperature=0, max_tokens=12))
     assert free[0].prompt_tokens == free[-1].usage.prompt_tokens and all(t.prompt_tokens is None for t in free[1:])

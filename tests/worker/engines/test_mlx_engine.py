@@ -325,6 +325,36 @@ def test_chat_uses_the_template_and_counts_usage(one_rank) -> None:
     assert "".join(t.text for t in tokens)
 
 
+def test_output_of_a_template_opened_think_block_starts_with_the_tag(one_rank, monkeypatch) -> None:
+    """A template that opens the think block itself (DeepSeek-R1 style): the engine says the
+    `<think>` first, so the API tells the reasoning from the answer; not under a grammar."""
+    tokenizer = one_rank._tokenizer
+    render = tokenizer.apply_chat_template
+    monkeypatch.setattr(tokenizer, "apply_chat_template", lambda *args, **kwargs: render(*args, **kwargs) + "<think>\n")
+    request = TextGenerationParams(model_id=MODEL, messages=[ChatMessage(role="user", content="hi")],
+                                   max_tokens=3, temperature=0)
+    tokens = run(one_rank, request)
+    assert (tokens[0].text, tokens[0].token_id, tokens[0].prompt_tokens) == (
+        "<think>", None, len(one_rank.prompt_tokens(request)))
+    assert len(tokens) == 4 and tokens[1].prompt_tokens is None and tokens[-1].usage.completion_tokens == 3
+    forced = request.model_copy(update={"response_format": ResponseFormat(type="json_object")})
+    assert run(one_rank, forced)[0].token_id is not None
+
+
+def test_a_continued_turn_goes_on_where_the_output_was_cut(one_rank) -> None:
+    """`continue_from` (a spent thinking budget's continuation): the prompt is the first
+    run's followed by the text it generated (tokenized afresh: Hugging Face's BPE may merge
+    a greedy output's tokens differently), and the turn goes on from there."""
+    request = TextGenerationParams(model_id=MODEL, messages=[ChatMessage(role="user", content="Hello!")],
+                                   max_tokens=16, temperature=0)
+    head = "".join(t.text for t in run(one_rank, request)[:8])
+    more = request.model_copy(update={"continue_from": head, "max_tokens": 8})
+    prompt, continued = one_rank.prompt_tokens(request), one_rank.prompt_tokens(more)
+    assert continued[:len(prompt)] == prompt and one_rank._tokenizer.decode(continued[len(prompt):]) == head
+    rest = run(one_rank, more)
+    assert rest[-1].usage.prompt_tokens == len(continued) and rest[-1].usage.completion_tokens == 8
+
+
 def test_seeded_sampling_is_reproducible_and_seeds_differ(one_rank) -> None:
     request = params("What is a node?", max_tokens=16, temperature=1.0, seed=11)
     first, second = ids(run(one_rank, request)), ids(run(one_rank, request))

@@ -174,8 +174,9 @@ def _in_range(value: float | None, low: float, high: float, param: str) -> float
 def _thinking(config: ThinkingConfig | None, max_tokens: int | None) -> dict[str, Any]:
     """Anthropic's `thinking` as the params' reasoning switch: enabled turns the model's
     reasoning on, disabled off, adaptive leaves the model's own default. The budget is
-    checked as Anthropic checks it (at least 1024, below max_tokens); reasoning and answer
-    together stay within max_tokens, and the reasoning is not cut off at the budget."""
+    checked as Anthropic checks it (at least 1024, below max_tokens) and is a hard cap on the
+    reasoning (`skulk.api.thinking_budget`); reasoning and answer together stay within
+    max_tokens."""
     if config is None or config.type == "adaptive":
         return {}
     if config.type == "disabled":
@@ -191,7 +192,7 @@ def _thinking(config: ThinkingConfig | None, max_tokens: int | None) -> dict[str
         below = f" and less than max_tokens ({max_tokens})" if max_tokens is not None else ""
         raise InvalidRequest(f"thinking.budget_tokens: must be at least {MIN_THINKING_BUDGET}{below}, got {budget}.",
                              param="thinking.budget_tokens")
-    return {"thinking": True}
+    return {"thinking": True, "thinking_budget": budget}
 
 
 def _tools(definitions: Sequence[ToolDefinition]) -> list[ToolSpec]:

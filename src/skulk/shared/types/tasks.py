@@ -50,6 +50,15 @@ class TextGenerationParams(WireModel):
     template's default). The API refuses it for a model whose card has no switch."""
     reasoning_effort: Literal["low", "medium", "high"] | None = None
     """A reasoning level, for templates that take one (gpt-oss's `reasoning_effort`)."""
+    thinking_budget: int | None = Field(default=None, ge=1)
+    """The most tokens the reasoning may take (Anthropic's `thinking.budget_tokens`). The API
+    holds it (`skulk.api.thinking_budget`): reasoning still open at the budget is closed
+    there and the model answers in a continuation. Engines never read it."""
+    continue_from: str | None = None
+    """Text the assistant turn starts with, written right after the chat template's
+    generation prompt and continued from: the model's own reasoning so far and the marker
+    that closes it (a spent thinking budget). Special-token text in it is parsed: it is
+    the model's output and the card's marker, not caller text. Chat requests only."""
     min_p: FiniteFloat | None = Field(default=None, ge=0, le=1)
     """Drop tokens less likely than min_p x the most likely one's probability (None: the
     engine's default: 0.05 on llama.cpp, 0 on MLX and vLLM)."""
@@ -85,6 +94,8 @@ class TextGenerationParams(WireModel):
     def _one_input(self) -> TextGenerationParams:
         if (self.prompt is None) == (not self.messages):
             raise ValueError("exactly one of `messages` (non-empty) or `prompt` is required")
+        if self.continue_from is not None and self.prompt is not None:
+            raise ValueError("`continue_from` continues a chat turn; a raw `prompt` is continued by extending it")
         return self
 
     def redacted(self) -> TextGenerationParams:
@@ -96,6 +107,7 @@ class TextGenerationParams(WireModel):
             "messages": [ChatMessage(role=m.role, content="" if m.content is not None else None)
                          for m in self.messages],
             "prompt": "" if self.prompt is not None else None,
+            "continue_from": "" if self.continue_from is not None else None,
             "tools": [],
             "stop": [],
             "response_format": None if self.response_format is None else self.response_format.model_copy(

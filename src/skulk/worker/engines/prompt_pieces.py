@@ -39,6 +39,7 @@ can contain one."""
 
 NONCE_HEX_CHARS: Final = 16
 
+REASONING_OPEN: Final = "<think>"
 REASONING_CLOSE: Final = "</think>"
 
 SCHEMA_FREE_TEXT_KEYS: Final = frozenset({"description", "title"})
@@ -277,6 +278,28 @@ def render_segments(
     return rendered, attribute_render(rendered, marked, slots)
 
 
+def opens_reasoning(rendered_prompt: str) -> bool:
+    """True when a rendered chat prompt ends inside an opened think block (the template, not
+    the model, wrote `<think>`: DeepSeek-R1 style). The engine then reports that `<think>`
+    as the output's first token, so the API tells the reasoning from the answer."""
+    return rendered_prompt.rstrip().endswith(REASONING_OPEN)
+
+
+def continued(rendered: str, segments: Sequence[Segment], continue_from: str | None) -> tuple[str, list[Segment]]:
+    """The rendered chat with the assistant turn's opening text after it (a request's
+    `continue_from`), as a template stretch: it is the model's own output and the card's
+    closing marker, so its special-token text is parsed (gpt-oss's channel markers, a
+    `</think>` the vocabulary holds as one token). When the template opened the think block
+    itself, the `<think>` an engine reported for it (it is no output of the model) is not
+    written a second time."""
+    if not continue_from:
+        return rendered, list(segments)
+    text = continue_from
+    if opens_reasoning(rendered) and text.startswith(REASONING_OPEN):
+        text = text[len(REASONING_OPEN):]
+    return rendered + text, [*segments, Segment(text, True)]
+
+
 __all__ = [
     "MARKER_PREFIX",
     "Piece",
@@ -284,8 +307,10 @@ __all__ = [
     "PromptOverContext",
     "Segment",
     "attribute_render",
+    "continued",
     "mark_caller_text",
     "new_nonce",
+    "opens_reasoning",
     "prompt_pieces",
     "render_segments",
     "special_token_pattern",

@@ -193,6 +193,9 @@ def test_chat_logprobs_stop_strings_and_embeddings(engine):
                                 temperature=0, max_tokens=6, logprobs=True, top_logprobs=2)
     tokens = list(engine.generate(chat, threading.Event()))
     assert tokens[-1].finish_reason in ("stop", "length") and tokens[-1].usage.prompt_tokens > 3
+    # The first token says the prompt's length (the API counts a cut-short run's prompt by it).
+    assert tokens[0].prompt_tokens == len(engine.prompt_tokens(chat))
+    assert all(t.prompt_tokens is None for t in tokens[1:])
     scored = [t for t in tokens if getattr(t, "logprob", None) is not None]
     assert scored and all(t.logprob <= 0 and len(t.top_logprobs) == 2 for t in scored)
 

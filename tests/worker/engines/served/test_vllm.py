@@ -9,7 +9,7 @@ import pytest
 
 from skulk.facts.nvml import collect_gpus
 from skulk.shared.memory_estimate import VLLM_CONTEXT_CAP_TOKENS
-from skulk.shared.types.common import Usage
+from skulk.shared.types.common import ChatMessage, Usage
 from skulk.shared.types.ids import ModelId
 from skulk.shared.types.tasks import TextGenerationParams
 from skulk.worker.engines.base import GeneratedToken
@@ -19,6 +19,7 @@ from skulk.worker.engines.served.vllm import (
     VllmUnavailable,
     orphaned_engine_cores,
     refusal,
+    request_body,
     tokens_of_chunk,
     vllm_argv,
 )
@@ -65,6 +66,19 @@ def test_unsupported_fields_are_refused_not_ignored(fields, refused):
 )
 def test_tokens_of_chunk(chunk, tokens):
     assert tokens_of_chunk(chunk) == tokens
+
+
+def test_the_request_body_carries_switches_and_a_turn_to_continue():
+    chat = TextGenerationParams(model_id=ModelId("m"), messages=[ChatMessage(role="user", content="hi")],
+                                thinking=True, max_tokens=9, temperature=0)
+    path, body = request_body(chat, ("enable_thinking",))
+    assert path == "/v1/chat/completions" and body["chat_template_kwargs"] == {"enable_thinking": True}
+    assert "continue_final_message" not in body and body["max_tokens"] == 9 and body["temperature"] == 0
+    _, body = request_body(chat.model_copy(update={"continue_from": "<think>so\n</think>\n\n"}), ("enable_thinking",))
+    assert body["messages"][-1] == {"role": "assistant", "content": "<think>so\n</think>\n\n"}
+    assert (body["continue_final_message"], body["add_generation_prompt"]) == (True, False)
+    path, body = request_body(TextGenerationParams(model_id=ModelId("m"), prompt="x"), ())
+    assert path == "/v1/completions" and body["prompt"] == "x" and "messages" not in body
 
 
 def test_without_a_cuda_gpu_load_is_refused_typed(tmp_path):

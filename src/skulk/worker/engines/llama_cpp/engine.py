@@ -63,9 +63,12 @@ from skulk.worker.engines.logits import (
 )
 from skulk.worker.engines.openmp import physical_cores
 from skulk.worker.engines.prompt_pieces import (
+    REASONING_OPEN,
     PromptCancelled,
     PromptOverContext,
     Segment,
+    continued,
+    opens_reasoning,
     prompt_pieces,
     render_segments,
     special_token_pattern,
@@ -98,14 +101,10 @@ POOLING_NONE = 0
 generative GGUF); other types pool inside llama.cpp and yield one per sequence."""
 
 
-THINK_OPEN = "<think>"
+THINK_OPEN = REASONING_OPEN
 """The tag reasoning models open their reasoning with. The API separates it from the
-answer; the engine only has to say when the chat template, not the model, wrote it."""
-
-
-def opens_reasoning(rendered_prompt: str) -> bool:
-    """True when a rendered chat prompt ends inside an opened think block."""
-    return rendered_prompt.rstrip().endswith(THINK_OPEN)
+answer; the engine only has to say when the chat template, not the model, wrote it
+(`opens_reasoning`)."""
 
 
 class EmbeddingFailed(EngineError):
@@ -452,7 +451,8 @@ class LlamaCppEngine:
     def _chat_segments(self, request: TextGenerationParams) -> tuple[str, list[Segment]]:
         messages, tools = self._chat_inputs(request)
         switches = self._switches_for(request)
-        return render_segments(lambda m, t: self._render(m, t, switches), messages, tools)
+        rendered, segments = render_segments(lambda m, t: self._render(m, t, switches), messages, tools)
+        return continued(rendered, segments, request.continue_from)
 
     def _switches_for(self, request: TextGenerationParams) -> dict[str, Any]:
         """The template variables carrying the request's thinking / effort (the API already

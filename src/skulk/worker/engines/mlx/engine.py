@@ -106,8 +106,8 @@ from skulk.worker.engines.mlx.sampling import (
     shaping_of,
 )
 from skulk.worker.engines.mlx.tensor import shard_layers
-from skulk.worker.engines.mlx.text import prompt_tokens, special_tokens, token_bytes_table
-from skulk.worker.engines.prompt_pieces import PromptCancelled, PromptOverContext
+from skulk.worker.engines.mlx.text import prompt_and_tokens, special_tokens, token_bytes_table
+from skulk.worker.engines.prompt_pieces import REASONING_OPEN, PromptCancelled, PromptOverContext, opens_reasoning
 from skulk.worker.engines.token_loop import max_new_tokens, token_loop
 
 log = logging.getLogger(__name__)
@@ -341,26 +341,33 @@ class MlxEngine:
         """The prompt's ids (linear in its length; caller text never becomes a special
         token). `PromptTooLong` as soon as the context is reached, `PromptCancelled` once
         `cancelled` is set."""
+        return self._prompt(request, cancelled)[1]
+
+    def _prompt(self, request: TextGenerationParams, cancelled: threading.Event | None = None) -> tuple[str, list[int]]:
+        """The rendered prompt and its ids (see `prompt_tokens`)."""
         self._require_loaded()
         try:
-            return prompt_tokens(self._tokenizer, request, specials=self._specials, limit=self._n_ctx,
-                                 cancelled=cancelled, switches=self._reasoning_switches)
+            return prompt_and_tokens(self._tokenizer, request, specials=self._specials, limit=self._n_ctx,
+                                     cancelled=cancelled, switches=self._reasoning_switches)
         except PromptOverContext as over:
             raise PromptTooLong(over.tokens_so_far, self._n_ctx) from None
 
     def _prepare(
         self, request: TextGenerationParams, cancelled: threading.Event | None = None
-    ) -> tuple[list[int], int, SamplingParams, TokenChooser | None]:
-        """Prompt ids, the most tokens this request may generate, its sampling, and the
-        shaped sampler when it asks for more than plain sampling (checked first: a bad
-        logit_bias id or grammar fails before the prompt is tokenized)."""
+    ) -> tuple[list[int], int, SamplingParams, TokenChooser | None, bool]:
+        """Prompt ids, the most tokens this request may generate, its sampling, the shaped
+        sampler when it asks for more than plain sampling (checked first: a bad logit_bias
+        id or grammar fails before the prompt is tokenized), and whether the chat template
+        opened the think block (not under a grammar: the output is then the call or the
+        JSON, never thought)."""
         stage = self._require_loaded()
         shaping = shaping_of(request)
         if not shaping.idle and not stage.role.computes_logits:
             # Only a pipeline group gets here (the traits table refuses it at the API).
             raise EngineError("logprobs, logit bias, penalties and grammars need rank 0 to compute the logits; "
                               "this pipeline group samples on its last rank")
-        prompt = self.prompt_tokens(request, cancelled)
+        text, prompt = self._prompt(request, cancelled)
+        opens = request.prompt is None and shaping.grammar is None and opens_reasoning(text)
         n_ctx = min(self._n_ctx, request.context_tokens or self._n_ctx)
         if len(prompt) >= n_ctx:
             raise PromptTooLong(len(prompt), n_ctx)
@@ -369,7 +376,7 @@ class MlxEngine:
                                   request.min_p)
         vocab = self._vocab_size or len(self._token_bytes)
         chooser = None if shaping.idle else TokenChooser(Sampler(params), shaping, vocab, self._grammar_matcher)
-        return prompt, max_new, params, chooser
+        return prompt, max_new, params, chooser, opens
 
     def _grammar_matcher(self, schema: str) -> GrammarMatcher:
         """A constrained-decoding matcher for the JSON Schema text `schema`; llguidance's
@@ -381,7 +388,7 @@ class MlxEngine:
 
     def _lead(self, request: TextGenerationParams, cancelled: threading.Event) -> Iterator[GeneratedToken]:
         try:
-            prompt, max_new, params, chooser = self._prepare(request, cancelled)
+            prompt, max_new, params, chooser, opens = self._prepare(request, cancelled)
         except PromptCancelled:
             return  # the caller went away while the prompt was tokenized
         prefixes = self._prefixes
@@ -406,7 +413,7 @@ class MlxEngine:
             return token
 
         try:
-            yield from self._text(request, len(prompt), max_new, next_token, cancelled, chooser, cached)
+            yield from self._text(request, len(prompt), max_new, next_token, cancelled, chooser, cached, opens)
         except Exception:
             # A step failed part-way: its KV is not trusted again. (A consumer closing the
             # stream lands between steps, where the hot tokens match the cache exactly.)
@@ -422,7 +429,7 @@ class MlxEngine:
 
     def _batched(self, request: TextGenerationParams, cancelled: threading.Event) -> Iterator[GeneratedToken]:
         try:
-            prompt, max_new, params, chooser = self._prepare(request, cancelled)
+            prompt, max_new, params, chooser, opens = self._prepare(request, cancelled)
         except PromptCancelled:
             return  # the caller went away while the prompt was tokenized
         assert self._batch is not None
@@ -456,17 +463,22 @@ class MlxEngine:
             def next_token() -> int:
                 return pending.pop() if pending else take()
 
-            yield from self._text(request, len(prompt), max_new, next_token, cancelled, chooser, sequence.cached)
+            yield from self._text(request, len(prompt), max_new, next_token, cancelled, chooser, sequence.cached,
+                                  opens)
         finally:
             self._batch.remove(sequence)
             with self._count_lock:
                 self._in_flight -= 1
 
     def _text(self, request: TextGenerationParams, n_prompt: int, max_new: int, next_token: Callable[[], int],
-              cancelled: threading.Event, chooser: TokenChooser | None = None, cached: int = 0) -> Iterator[GeneratedToken]:
+              cancelled: threading.Event, chooser: TokenChooser | None = None, cached: int = 0,
+              opens: bool = False) -> Iterator[GeneratedToken]:
         """Tokens to client text: end-of-generation, stop strings, UTF-8, max_tokens, usage,
-        and each token's logprobs when the request asked."""
-        for out in self._plain_text(request, n_prompt, max_new, next_token, cancelled, cached):
+        and each token's logprobs when the request asked. `opens`: the template opened the
+        think block, so the output starts inside it: said first, as if the model wrote it."""
+        if opens:
+            yield GeneratedToken(REASONING_OPEN, prompt_tokens=n_prompt)
+        for out in self._plain_text(request, n_prompt, max_new, next_token, cancelled, cached, not opens):
             scores = chooser.pop_scores() if chooser is not None else None
             if scores is None or out.token_id is None:
                 yield out
@@ -481,9 +493,10 @@ class MlxEngine:
         return raw.decode("utf-8", errors="replace")
 
     def _plain_text(self, request: TextGenerationParams, n_prompt: int, max_new: int, next_token: Callable[[], int],
-                    cancelled: threading.Event, cached: int = 0) -> Iterator[GeneratedToken]:
+                    cancelled: threading.Event, cached: int = 0, announce_prompt: bool = True) -> Iterator[GeneratedToken]:
         return token_loop(next_token, self._token_bytes.__getitem__, self._eos.__contains__, n_prompt=n_prompt,
-                          max_new=max_new, stop=request.stop, cancelled=cancelled, cached=cached)
+                          max_new=max_new, stop=request.stop, cancelled=cancelled, cached=cached,
+                          announce_prompt=announce_prompt)
 
     def _prefill(self, prompt: list[int]) -> int:
         token: int | None = None

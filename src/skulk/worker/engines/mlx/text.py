@@ -24,6 +24,7 @@ from skulk.shared.types.tasks import TextGenerationParams
 from skulk.worker.engines.base import ChatTemplateMissing, chat_message_dict
 from skulk.worker.engines.prompt_pieces import (
     Segment,
+    continued,
     prompt_pieces,
     render_segments,
     special_token_pattern,
@@ -103,13 +104,27 @@ def prompt_tokens(
     cancelled: threading.Event | None = None,
     switches: tuple[str, ...] = (),
 ) -> list[int]:
-    """The exact ids the model sees for `request`. Special-token text is parsed only where
-    the chat template (or a raw prompt's author) wrote it; caller content is encoded with
-    special-token splitting, so '<|eot_id|>' there is text. With `limit`, stops with
-    `PromptOverContext` once that many tokens are reached; with `cancelled`, stops with
-    `PromptCancelled` once it is set."""
+    """The exact ids the model sees for `request` (see `prompt_and_tokens`)."""
+    return prompt_and_tokens(tokenizer, request, specials=specials, limit=limit, cancelled=cancelled,
+                             switches=switches)[1]
+
+
+def prompt_and_tokens(
+    tokenizer: Any,
+    request: TextGenerationParams,
+    *,
+    specials: dict[str, int] | None = None,
+    limit: int | None = None,
+    cancelled: threading.Event | None = None,
+    switches: tuple[str, ...] = (),
+) -> tuple[str, list[int]]:
+    """The rendered prompt and the exact ids the model sees for `request`. Special-token
+    text is parsed only where the chat template (or a raw prompt's author) wrote it; caller
+    content is encoded with special-token splitting, so '<|eot_id|>' there is text. With
+    `limit`, stops with `PromptOverContext` once that many tokens are reached; with
+    `cancelled`, stops with `PromptCancelled` once it is set."""
     if request.prompt is not None:
-        segments = [Segment(request.prompt, True)]
+        text, segments = request.prompt, [Segment(request.prompt, True)]
     else:
         if not getattr(tokenizer, "chat_template", None):
             raise ChatTemplateMissing("this model has no chat template; send a raw `prompt` instead of `messages`")
@@ -125,7 +140,8 @@ def prompt_tokens(
             return tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False,
                                                  **extra)
 
-        _, segments = render_segments(render, [chat_message_dict(m) for m in request.messages], tools)
+        rendered, segments = render_segments(render, [chat_message_dict(m) for m in request.messages], tools)
+        text, segments = continued(rendered, segments, request.continue_from)
     specials = special_tokens(tokenizer) if specials is None else specials
     pieces = prompt_pieces(segments, special_token_pattern(specials), specials)
     bos = getattr(tokenizer, "bos_token_id", None)
@@ -139,7 +155,7 @@ def prompt_tokens(
     tokens = tokenize_pieces(pieces, encode, limit=bound, cancelled=cancelled)
     if add_bos and bos is not None:  # add_bos implies a bos; this says so to the checker
         tokens.insert(0, bos)
-    return tokens
+    return text, tokens
 
 
-__all__ = ["byte_level_alphabet", "prompt_tokens", "special_tokens", "token_bytes_table"]
+__all__ = ["byte_level_alphabet", "prompt_and_tokens", "prompt_tokens", "special_tokens", "token_bytes_table"]

@@ -28,6 +28,7 @@ import logging
 import os
 import threading
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -196,8 +197,10 @@ class LlamaServerEngine(ServedEngineShell):
             raise PromptTooLong(len(tokens), context)
         body = completion_body(request, tokens, grammar, context - len(tokens))
         top = request.top_logprobs or 0
+        announce = True  # the first token says the prompt's length, as the in-process engine's does
         if request.prompt is None and grammar is None and opens_reasoning(text):
-            yield GeneratedToken(THINK_OPEN)  # the template opened the think block itself
+            yield GeneratedToken(THINK_OPEN, prompt_tokens=len(tokens))  # the template opened the think block
+            announce = False
         streams = self._streams
         if streams is None:
             raise EngineNotLoaded("no model is loaded")
@@ -214,8 +217,14 @@ class LlamaServerEngine(ServedEngineShell):
 
                 # Returning (cancelled) leaves the block, which closes the socket: the
                 # server frees the slot.
-                yield from relay_served(response.lines(), tokens_of_line, cancelled,
-                                        unfinished="llama-server ended the stream without a final event")
+                relayed = relay_served(response.lines(), tokens_of_line, cancelled,
+                                       unfinished="llama-server ended the stream without a final event")
+                if announce:
+                    first = next(relayed, None)
+                    if first is None:
+                        return
+                    yield replace(first, prompt_tokens=len(tokens))
+                yield from relayed
         except TRANSPORT_ERRORS as exc:
             raise self._transport_failure(exc) from exc
 
@@ -233,8 +242,6 @@ class LlamaServerEngine(ServedEngineShell):
 
 
 def _with_port(launch: ServerLaunch, port: int) -> ServerLaunch:
-    from dataclasses import replace
-
     return replace(launch, port=port)
 
 

@@ -95,6 +95,30 @@ def refusal(request: TextGenerationParams) -> str | None:
     return None
 
 
+def request_body(request: TextGenerationParams, reasoning_switches: Sequence[str]) -> tuple[str, dict[str, Any]]:
+    """The path and JSON body vLLM's OpenAI server is sent for `request`: a raw prompt to
+    /v1/completions, messages to /v1/chat/completions (vLLM renders the template, so the
+    card's reasoning switches ride along as `chat_template_kwargs`, and a turn's opening
+    text, `continue_from`, is a final assistant message it continues)."""
+    body: dict[str, Any] = {
+        "model": SERVED_NAME, "stream": True, "stream_options": {"include_usage": True},
+        "max_tokens": request.max_tokens, "stop": list(request.stop) or None,
+    }
+    for name in ("temperature", "top_p", "top_k", "min_p", "seed"):
+        if getattr(request, name) is not None:
+            body[name] = getattr(request, name)
+    if request.prompt is not None:
+        return "/v1/completions", {**body, "prompt": request.prompt}
+    body["messages"] = [chat_message_dict(m) for m in request.messages]
+    if request.continue_from is not None:
+        body["messages"].append({"role": "assistant", "content": request.continue_from})
+        body["continue_final_message"], body["add_generation_prompt"] = True, False
+    switches = template_kwargs(reasoning_switches, request.thinking, request.reasoning_effort)
+    if switches:
+        body["chat_template_kwargs"] = switches
+    return "/v1/chat/completions", body
+
+
 def tokens_of_chunk(chunk: Mapping[str, Any]) -> list[GeneratedToken]:
     """One OpenAI-style stream chunk (completions or chat) -> tokens."""
     out: list[GeneratedToken] = []
@@ -181,20 +205,7 @@ class VllmEngine(ServedEngineShell):
         yield from self._counted(self._stream(client, request, cancelled))
 
     def _stream(self, client: httpx.Client, request: TextGenerationParams, cancelled: threading.Event) -> Iterator[GeneratedToken]:
-        body: dict[str, Any] = {
-            "model": SERVED_NAME, "stream": True, "stream_options": {"include_usage": True},
-            "max_tokens": request.max_tokens, "stop": list(request.stop) or None,
-        }
-        for name in ("temperature", "top_p", "top_k", "min_p", "seed"):
-            if getattr(request, name) is not None:
-                body[name] = getattr(request, name)
-        if request.prompt is not None:
-            path, body["prompt"] = "/v1/completions", request.prompt
-        else:
-            path, body["messages"] = "/v1/chat/completions", [chat_message_dict(m) for m in request.messages]
-            switches = template_kwargs(self._reasoning_switches, request.thinking, request.reasoning_effort)
-            if switches:  # vLLM renders the template: the card's switches ride along
-                body["chat_template_kwargs"] = switches
+        path, body = request_body(request, self._reasoning_switches)
         finish: GeneratedToken | None = None
 
         def tokens_of_line(line: str) -> Iterator[GeneratedToken]:
@@ -229,6 +240,7 @@ __all__ = [
     "VllmUnavailable",
     "orphaned_engine_cores",
     "refusal",
+    "request_body",
     "tokens_of_chunk",
     "vllm_argv",
 ]
