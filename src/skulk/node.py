@@ -646,6 +646,7 @@ class Node:
             get_resources=lambda: node_resources(self.telemetry.view, self.replica.state),
             access=self._access,
             local_model_dirs=(self.settings.paths.models_dir, *self.settings.local_model_dirs),
+            kv_cache_type=self.settings.kv_cache_type,
             cors_origins=self.settings.cors_origins,
             store_lookup=self._current_store,
             limits=RequestLimits(max_body_bytes=self.settings.api_max_body_bytes),

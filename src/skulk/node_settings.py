@@ -15,6 +15,7 @@ from skulk.datadir.config import EventLogSection, LoggingSection, ModelStoreSect
 from skulk.datadir.paths import SkulkPaths
 from skulk.facts.network import probe_interfaces
 from skulk.shared.body_limits import DEFAULT_MAX_BODY_BYTES
+from skulk.shared.types.kv_cache import DEFAULT_KV_CACHE_TYPE, KvCacheType
 from skulk.shared.wire_keys import to_camel_keys
 
 
@@ -37,6 +38,9 @@ class NodeSettings:
     open_to_lan: bool = False
     allowed_hosts: tuple[str, ...] = ()
     local_model_dirs: tuple[Path, ...] = ()
+    kv_cache_type: KvCacheType = DEFAULT_KV_CACHE_TYPE
+    """skulk.yaml's `kv_cache_backend`: the KV cache type of the placements this node's API
+    makes when neither the request nor the card names one."""
     """Directories `/models/add` may register local models from, besides the models dir."""
     cors_origins: tuple[str, ...] = ()
     """Browser origins allowed beside this machine's own (skulk.api.cors)."""

@@ -42,7 +42,7 @@ def _instance(instance_id: str, model: str, nodes: list[str], excluded: tuple[st
 
 M1 = _instance("i1", "m1", ["id-a"], excluded=("id-b",))
 M1_AGAIN = _instance("i2", "m1", ["id-a"], excluded=("id-b",))
-WANT_M1 = PlacementIntent(model_id="m1", min_nodes=1, excluded_node_names=["beta"])
+WANT_M1 = PlacementIntent(model_id="m1", min_nodes=1, excluded_node_names=["beta"], kv_cache_type="f16")
 HELD = ClusterIntent(placements={"m1": WANT_M1})
 
 

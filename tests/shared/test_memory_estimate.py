@@ -45,7 +45,9 @@ def shard(node, start, end, backend="mlx-cpu", rank=0, world=1):
 )
 def test_kv_bytes_per_token(card, expected):
     assert kv_bytes_per_token(card) == expected
-    assert kv_bytes_per_token(card, dtype_bytes=1) == expected // 2
+    # A quantized cache: 34 bytes per block of 32 elements (q8_0), 18 (q4_0).
+    assert kv_bytes_per_token(card, "q8_0") == expected // 2 * 34 // 32
+    assert kv_bytes_per_token(card, "q4_0") == expected // 2 * 18 // 32
     assert kv_bytes_per_token(card, layers=range(2)) == expected * 2 // card.num_layers
 
 

@@ -27,6 +27,7 @@ from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.commands import Command
 from skulk.shared.types.ids import ModelId, NodeId
 from skulk.shared.types.instances import Instance
+from skulk.shared.types.kv_cache import DEFAULT_KV_CACHE_TYPE, KvCacheType
 from skulk.shared.types.state import State
 from skulk.shared.types.task_inputs import TaskInput
 from skulk.shared.types.telemetry import NodeResources
@@ -78,6 +79,8 @@ class ApiContext:
     local_model_dirs: tuple[Path, ...] = ()
     """Directories `POST /models/add` may register local models from (the node passes its
     models dir and `models.local_dirs`); none: local paths are refused."""
+    kv_cache_type: KvCacheType = DEFAULT_KV_CACHE_TYPE
+    """The node's KV cache type for placements that name none (skulk.yaml `kv_cache_backend`)."""
     access: AccessPolicy | None = None
     """The node's full access policy (keys, roles, loopback, Host check: `skulk.api.access`).
     When None, `api_key` alone is required on every route but static assets, from every

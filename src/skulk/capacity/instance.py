@@ -18,6 +18,7 @@ Pure: cards, shard assignments and snapshots in, data out. Never reads telemetry
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TypedDict
 
 from skulk.capacity.planner import (
@@ -102,6 +103,7 @@ def _plan_shard(
                              planner_effective_context_tokens=0, shortfall="no memory reading for the node")
     if ranks_on_node > 1:
         device = DeviceSnapshot(device.kind, device.total_bytes, device.free_bytes // ranks_on_node)
+    policy = replace(policy, kv_cache_type=shard.kv_cache_type)
     result = plan_capacity(meta, device, policy, layers=layers, share=share,
                            kv_copies=kv_copies(shard.backend, shard.slots))
     if not isinstance(result, CapacityPlan):

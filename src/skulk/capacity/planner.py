@@ -39,6 +39,7 @@ from typing import Any, Literal
 
 from skulk.shared.kv_shape import config_kv_shape, gguf_value_head_dim, value_dim
 from skulk.shared.types.cards import ModelCard, windowed_layer
+from skulk.shared.types.kv_cache import DEFAULT_KV_CACHE_TYPE, kv_bytes_per_element_group
 
 KV_DTYPE_BYTES_F16 = 2
 """Bytes per cached K or V element at f16/bf16, the engines' default cache dtype."""
@@ -233,34 +234,36 @@ def model_meta_from_gguf(path: Path) -> ModelMeta:
 # -- KV arithmetic ----------------------------------------------------------------------------
 
 
-def kv_bytes_per_token_per_layer(meta: ModelMeta, dtype_bytes: int = KV_DTYPE_BYTES_F16) -> int:
-    """K and V for one token in one layer: kv_heads x (key + value head dims) x dtype."""
-    return meta.num_kv_heads * (meta.head_dim + value_dim(meta.head_dim, meta.value_head_dim)) * dtype_bytes
+def kv_bytes_per_token_per_layer(meta: ModelMeta, kv_type: str = DEFAULT_KV_CACHE_TYPE) -> int:
+    """K and V for one token in one layer: kv_heads x (key + value head dims) elements of
+    the cache's type (`skulk.shared.types.kv_cache`)."""
+    return kv_bytes_per_element_group(meta.num_kv_heads * (meta.head_dim + value_dim(meta.head_dim, meta.value_head_dim)),
+                                      kv_type)
 
 
-def kv_rates(meta: ModelMeta, layers: range | None = None, dtype_bytes: int = KV_DTYPE_BYTES_F16) -> tuple[int, int]:
+def kv_rates(meta: ModelMeta, layers: range | None = None, kv_type: str = DEFAULT_KV_CACHE_TYPE) -> tuple[int, int]:
     """(bytes/token over the global layers, bytes/token over the windowed layers) in `layers`."""
     span = range(meta.num_layers) if layers is None else layers
-    per_layer = kv_bytes_per_token_per_layer(meta, dtype_bytes)
+    per_layer = kv_bytes_per_token_per_layer(meta, kv_type)
     windowed = sum(1 for i in span if meta.is_windowed_layer(i))
     return (len(span) - windowed) * per_layer, windowed * per_layer
 
 
 def kv_cache_bytes(
-    meta: ModelMeta, context_tokens: int, layers: range | None = None, dtype_bytes: int = KV_DTYPE_BYTES_F16
+    meta: ModelMeta, context_tokens: int, layers: range | None = None, kv_type: str = DEFAULT_KV_CACHE_TYPE
 ) -> int:
     """KV cache over `layers` (all by default) at `context_tokens`; windowed layers cost at
     most `sliding_window` tokens each."""
-    global_rate, windowed_rate = kv_rates(meta, layers, dtype_bytes)
+    global_rate, windowed_rate = kv_rates(meta, layers, kv_type)
     return global_rate * context_tokens + windowed_rate * min(context_tokens, meta.sliding_window or 0)
 
 
-def tokens_fitting(meta: ModelMeta, budget_bytes: int, layers: range | None = None, dtype_bytes: int = KV_DTYPE_BYTES_F16) -> int:
+def tokens_fitting(meta: ModelMeta, budget_bytes: int, layers: range | None = None, kv_type: str = DEFAULT_KV_CACHE_TYPE) -> int:
     """Most tokens whose KV over `layers` fits `budget_bytes`. When the cache stops growing
     (every layer in `layers` windowed, and the window fits) the answer is the trained context."""
     if budget_bytes <= 0:
         return 0
-    global_rate, windowed_rate = kv_rates(meta, layers, dtype_bytes)
+    global_rate, windowed_rate = kv_rates(meta, layers, kv_type)
     rate = global_rate + windowed_rate
     if rate == 0:
         return meta.trained_context_tokens
@@ -295,7 +298,9 @@ class CapacityPolicy:
     """Share of total_bytes additionally kept free."""
     min_hot_context_tokens: int = DEFAULT_MIN_HOT_CONTEXT_TOKENS
     """Floor on the hot context (or the trained context, if smaller)."""
-    kv_dtype_bytes: int = KV_DTYPE_BYTES_F16
+    kv_cache_type: str = DEFAULT_KV_CACHE_TYPE
+    """The KV cache element type (`skulk.shared.types.kv_cache`): a quantized cache holds
+    more tokens in the same bytes."""
     cold_budget_bytes: int = 0
     """Host-RAM bytes for cold KV blocks, extending the logical window past the hot one."""
 
@@ -367,7 +372,7 @@ def plan_capacity(
     kv_share = share * kv_copies  # of one full-model cache, per token of one slot
     usable = usable_bytes(device, policy)
     min_hot = min(policy.min_hot_context_tokens, meta.trained_context_tokens)
-    dense_rate = math.ceil(len(span) * kv_bytes_per_token_per_layer(meta, policy.kv_dtype_bytes) * share)
+    dense_rate = math.ceil(len(span) * kv_bytes_per_token_per_layer(meta, policy.kv_cache_type) * share)
     if device.kind == "ram":
         layers_on_device = len(span)
         weights_all = _layer_weights(meta, len(span), share)
@@ -375,24 +380,24 @@ def plan_capacity(
             return CapacityShortfall("weights_exceed_memory", weights_all, usable, min_hot)
     else:
         layers_on_device = _gpu_layers_for_min_hot(
-            meta, span, share, usable, min_hot, policy.kv_dtype_bytes, kv_share
+            meta, span, share, usable, min_hot, policy.kv_cache_type, kv_share
         )
         if layers_on_device == 0:
             needed = _layer_weights(meta, 1, share) + _kv(meta, min_hot, _last_of(span, 1), kv_share,
-                                                           policy.kv_dtype_bytes)
+                                                           policy.kv_cache_type)
             return CapacityShortfall("min_hot_context_unfit", needed, usable, min_hot)
     resident = _last_of(span, layers_on_device)
     weights = _layer_weights(meta, layers_on_device, share)
     budget = usable - weights
     # A token costs `share` of the layers' full KV, so the budget holds 1/share as many.
-    hot = tokens_fitting(meta, math.floor(budget / kv_share), resident, policy.kv_dtype_bytes)
+    hot = tokens_fitting(meta, math.floor(budget / kv_share), resident, policy.kv_cache_type)
     if hot < min_hot:
-        needed = weights + _kv(meta, min_hot, resident, kv_share, policy.kv_dtype_bytes)
+        needed = weights + _kv(meta, min_hot, resident, kv_share, policy.kv_cache_type)
         return CapacityShortfall("min_hot_context_unfit", needed, usable, min_hot)
     effective = min(hot, meta.trained_context_tokens)
     # Cold blocks hold tokens older than the hot window; windowed layers never need those,
     # so a cold token costs only the global layers' KV.
-    global_rate, _ = kv_rates(meta, span, policy.kv_dtype_bytes)
+    global_rate, _ = kv_rates(meta, span, policy.kv_cache_type)
     global_rate = math.ceil(global_rate * kv_share)
     cold_tokens = policy.cold_budget_bytes // global_rate if global_rate else 0
     return CapacityPlan(
@@ -418,18 +423,18 @@ def _layer_weights(meta: ModelMeta, count: int, share: Fraction = Fraction(1)) -
     return math.ceil(Fraction(meta.weights_bytes * count, meta.num_layers) * share)
 
 
-def _kv(meta: ModelMeta, tokens: int, layers: range, share: Fraction, dtype_bytes: int) -> int:
-    return math.ceil(kv_cache_bytes(meta, tokens, layers, dtype_bytes) * share)
+def _kv(meta: ModelMeta, tokens: int, layers: range, share: Fraction, kv_type: str) -> int:
+    return math.ceil(kv_cache_bytes(meta, tokens, layers, kv_type) * share)
 
 
 def _gpu_layers_for_min_hot(
-    meta: ModelMeta, span: range, share: Fraction, usable: int, min_hot: int, dtype_bytes: int,
+    meta: ModelMeta, span: range, share: Fraction, usable: int, min_hot: int, kv_type: str,
     kv_share: Fraction | None = None,
 ) -> int:
     """Most layers (from the end of `span`) whose weights plus KV for `min_hot` tokens fit; 0 if none."""
     kv_share = share if kv_share is None else kv_share
     for count in range(len(span), 0, -1):
-        if _layer_weights(meta, count, share) + _kv(meta, min_hot, _last_of(span, count), kv_share, dtype_bytes) <= usable:
+        if _layer_weights(meta, count, share) + _kv(meta, min_hot, _last_of(span, count), kv_share, kv_type) <= usable:
             return count
     return 0
 

@@ -92,6 +92,9 @@ def place(
     slots: Annotated[int | None, typer.Option(
         "--slots", help="Requests a served engine (llama-server, vLLM) decodes at once for this placement, "
                         "instead of the node's setting.")] = None,
+    kv_cache: Annotated[str | None, typer.Option(
+        "--kv-cache", help="KV cache type: f16, q8_0 or q4_0 (a quantized cache admits a longer context; "
+                           "default: the model card's, else the node's kv_cache_backend).")] = None,
     url: Url = DEFAULT_URL,
 ) -> None:
     """Place a model on the cluster (the planner's reason is printed when it cannot)."""
@@ -104,11 +107,15 @@ def place(
                     "excludedNodes": views.resolve_nodes(exclude or [], state), "dryRun": dry_run}
             if slots is not None:
                 body["slots"] = slots
+            if kv_cache is not None:
+                body["kvCacheType"] = kv_cache
             answer = client.post("/place_instance", body)
         console = Console()
         head = "would place" if dry_run else f"placed {answer['instanceId']}:"
+        shards = answer["preview"].get("shards") or [{}]
         console.print(f"{head} {model} ({answer['preview'].get('sharding')}, "
-                      f"context {answer['preview'].get('contextTokenLimit')} tokens)")
+                      f"context {answer['preview'].get('contextTokenLimit')} tokens, "
+                      f"{shards[0].get('kvCacheType', 'f16')} KV cache)")
         console.print(_table("shards", ("node", "rank", "layers", "backend", "slots"),
                              views.preview_rows(answer["preview"], state)))
     _run(action)

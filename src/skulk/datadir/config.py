@@ -10,14 +10,15 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import ErrorDetails
 
 from skulk.shared.body_limits import DEFAULT_MAX_BODY_BYTES, MAX_MAX_BODY_BYTES, MIN_MAX_BODY_BYTES
 from skulk.shared.settings import setting
+from skulk.shared.types.kv_cache import parse_kv_cache_type
 
 DEFAULT_API_PORT = 52415
 
@@ -112,7 +113,9 @@ class SkulkConfig(_Strict):
     event_log: EventLogSection = EventLogSection()
     tracing: TracingSection = TracingSection()
     logging: LoggingSection = LoggingSection()
-    kv_cache_backend: Literal["default", "mlx_quantized"] = "default"
+    kv_cache_backend: Annotated[str, AfterValidator(parse_kv_cache_type)] = "f16"
+    """The KV cache type this node's placements use when neither the placement nor the
+    model's card names one: f16, q8_0 or q4_0 (`skulk.shared.types.kv_cache`)."""
     experiments: ExperimentsSection = ExperimentsSection()
 
 

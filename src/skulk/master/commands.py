@@ -191,13 +191,7 @@ def _place(state: State, command: PlaceInstance, ctx: DecisionContext) -> Decisi
     card = ctx.cards.get(command.model_id)
     if card is None:
         return Refusal("unknown_model", f"no model card for {command.model_id}")
-    request = PlacementRequest(
-        model_id=command.model_id,
-        sharding=command.sharding,
-        min_nodes=command.min_nodes,
-        excluded_nodes=frozenset(command.excluded_nodes),
-        slots=command.slots,
-    )
+    request = PlacementRequest.from_command(command)
     try:
         instance = place(card, state, ctx.resources, request, new_id=ctx.new_id, memory_credits=ctx.memory_credits)
     except PlacementError as exc:

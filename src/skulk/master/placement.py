@@ -80,6 +80,12 @@ from skulk.shared.types.common import Sharding
 from skulk.shared.types.engines import MULTI_NODE_ENGINES, loads_family, shards_family, spans_with, traits_of
 from skulk.shared.types.ids import InstanceId, ModelId, NodeId, RunnerId
 from skulk.shared.types.instances import Instance, InstanceCapacity, ShardAssignment
+from skulk.shared.types.kv_cache import (
+    DEFAULT_KV_CACHE_TYPE,
+    KvCacheType,
+    chosen_kv_cache_type,
+    kv_cache_type_refusal,
+)
 from skulk.shared.types.state import State
 from skulk.shared.types.telemetry import NodeResources
 
@@ -117,6 +123,9 @@ class PlacementRequest:
     slots: int | None = None
     """The operator's slot count for this placement (None: each node's setting). Exact:
     never reduced to fit; what cannot hold it is refused (`InvalidSlotSetting`)."""
+    kv_cache_type: str | None = None
+    """The placement's KV cache type (None: the card's, else `default_kv_cache_type`)."""
+    default_kv_cache_type: str = DEFAULT_KV_CACHE_TYPE
 
     @classmethod
     def from_command(cls, command: PlaceInstance) -> PlacementRequest:
@@ -126,7 +135,13 @@ class PlacementRequest:
             min_nodes=command.min_nodes,
             excluded_nodes=frozenset(command.excluded_nodes),
             slots=command.slots,
+            kv_cache_type=command.kv_cache_type,
+            default_kv_cache_type=command.default_kv_cache_type,
         )
+
+    def kv_type(self, card: ModelCard) -> KvCacheType:
+        """The KV cache type this request places `card` with (`chosen_kv_cache_type`)."""
+        return chosen_kv_cache_type(self.kv_cache_type, card.runtime.kv_cache_backend, self.default_kv_cache_type)
 
 
 class PlacementError(Exception):
@@ -252,6 +267,17 @@ class InvalidSlotSetting(PlacementError):
         super().__init__(f"{model_id} cannot be placed with {slots} slots: {'; '.join(self.reasons)}")
 
 
+class KvCacheTypeUnsupported(PlacementError):
+    """A KV cache type none of the card's engines can hold (MLX and vLLM serve f16 here; a
+    quantized V cache needs llama.cpp's flash attention, which a card may pin off)."""
+
+    code = "kv_cache_type_unsupported"
+
+    def __init__(self, model_id: str, kv_type: str, reasons: Sequence[str]) -> None:
+        self.model_id, self.kv_type, self.reasons = model_id, kv_type, tuple(reasons)
+        super().__init__(f"{model_id} cannot be placed with a {kv_type} KV cache: {'; '.join(self.reasons)}")
+
+
 class PlacementInfoPending(PlacementError):
     """Cluster info has not finished gossiping (resources lagging members, or edges lagging
     members): retry shortly."""
@@ -293,6 +319,8 @@ class PlacementPreview(WireModel):
     context_token_limit: int
     capacity: InstanceCapacity
     """The capacity planner's outputs: effective context, hot KV tokens, GPU layers."""
+    kv_cache_type: KvCacheType = DEFAULT_KV_CACHE_TYPE
+    """The KV cache type the shards were admitted with (the window counts its size)."""
 
 
 # ---------------------------------------------------------------------------------------
@@ -323,6 +351,8 @@ def place(
         raise unsupported
     if request.slots is not None:
         _check_slot_request(card, request.slots, request.min_nodes)
+    kv_type = request.kv_type(card)
+    _check_kv_cache_type(card, kv_type)
     search = _search(
         card,
         state,
@@ -334,6 +364,7 @@ def place(
         first_fit_only=True,
         max_nodes=request.max_nodes,
         slots=request.slots,
+        kv_type=kv_type,
     )
     if search.feasible:
         instance = _instantiate(card, resources, request, search.feasible[0], new_id)
@@ -350,6 +381,7 @@ def preview(
     excluded_nodes: frozenset[NodeId] = frozenset(),
     memory_credits: Mapping[NodeId, int] = EMPTY_CREDITS,
     slots: int | None = None,
+    kv_cache_type: KvCacheType = DEFAULT_KV_CACHE_TYPE,
 ) -> list[PlacementPreview]:
     """Every feasible placement (both shardings unless one is given; then a one-node tensor
     option is left out as a duplicate of the pipeline one), best first. Empty when nothing
@@ -357,10 +389,12 @@ def preview(
     (`InvalidSlotSetting` for a count no engine of the card takes)."""
     if slots is not None:
         _check_slot_request(card, slots, 1)
+    _check_kv_cache_type(card, kv_cache_type)
     options: list[_Option] = []
     for mode in ("Pipeline", "Tensor") if sharding is None else (sharding,):
         if _sharding_unsupported(card, mode, 1) is None:
-            found = _search(card, state, resources, mode, 1, excluded_nodes, memory_credits, slots=slots).feasible
+            found = _search(card, state, resources, mode, 1, excluded_nodes, memory_credits, slots=slots,
+                            kv_type=kv_cache_type).feasible
             # A one-rank tensor "split" is the pipeline placement again: list it once.
             options.extend(o for o in found if not (sharding is None and mode == "Tensor" and len(o.shards) == 1))
     options.sort(key=_Option.score)
@@ -455,6 +489,7 @@ class _Option:
     sharding: Sharding
     shards: tuple[_Shard, ...]
     connected: bool
+    kv_type: KvCacheType = DEFAULT_KV_CACHE_TYPE
 
     @property
     def fits(self) -> bool:
@@ -477,14 +512,15 @@ class _Option:
         return (max(-s.headroom_bytes for s in self.shards), len(self.shards), self.node_ids)
 
 
-def _build_option(card: ModelCard, sharding: Sharding, order: Sequence[_Node], connected: bool) -> _Option | None:
+def _build_option(card: ModelCard, sharding: Sharding, order: Sequence[_Node], connected: bool,
+                  kv_type: KvCacheType = DEFAULT_KV_CACHE_TYPE) -> _Option | None:
     tokens = admission_context_tokens(card)
     n = len(order)
     if sharding == "Tensor":
         fraction = Fraction(1, n)
-        shards = tuple(_Shard(node, 0, card.num_layers, *_slotted_footprint(card, node, fraction, tokens))
+        shards = tuple(_Shard(node, 0, card.num_layers, *_slotted_footprint(card, node, fraction, tokens, kv_type))
                        for node in order)
-        return _Option(sharding, shards, connected)
+        return _Option(sharding, shards, connected, kv_type)
     weights = [node.available_bytes for node in order]
     counts = allocate_layers(card.num_layers, weights, card.placement.max_pipeline_split_layer)
     if counts is None:
@@ -493,17 +529,18 @@ def _build_option(card: ModelCard, sharding: Sharding, order: Sequence[_Node], c
     start = 0
     for node, count in zip(order, counts, strict=True):
         end = start + count
-        shards_list.append(_Shard(node, start, end, *_slotted_footprint(card, node, range(start, end), tokens)))
+        shards_list.append(_Shard(node, start, end, *_slotted_footprint(card, node, range(start, end), tokens, kv_type)))
         start = end
-    return _Option(sharding, tuple(shards_list), connected)
+    return _Option(sharding, tuple(shards_list), connected, kv_type)
 
 
-def _slotted_footprint(card: ModelCard, node: _Node, share: ShardShare, tokens: int) -> tuple[Footprint, int]:
+def _slotted_footprint(card: ModelCard, node: _Node, share: ShardShare, tokens: int,
+                       kv_type: KvCacheType = DEFAULT_KV_CACHE_TYPE) -> tuple[Footprint, int]:
     """The shard's footprint with KV for the node's slot setting and that many slots, or, when
     that does not fit, for the most slots that do (at least one: a shard that cannot hold
     one slot's context is a memory shortfall, its arithmetic naming context and slots)."""
     for slots in range(node.slots, 0, -1):
-        footprint = shard_footprint(card, share, tokens, kv_copies(node.backend, slots))
+        footprint = shard_footprint(card, share, tokens, kv_copies(node.backend, slots), kv_type)
         if footprint.total_bytes < node.available_bytes or slots == 1 or node.fixed_slots:
             return footprint, slots
     raise AssertionError("unreachable: slots >= 1")
@@ -515,9 +552,18 @@ def _most_slots_fitting(card: ModelCard, shard: _Shard) -> int:
     share = range(shard.start_layer, shard.end_layer)
     tokens = admission_context_tokens(card)
     for slots in range(shard.slots, 0, -1):
-        if shard_footprint(card, share, tokens, kv_copies(shard.node.backend, slots)).total_bytes < shard.node.available_bytes:
+        footprint = shard_footprint(card, share, tokens, kv_copies(shard.node.backend, slots), shard.footprint.kv_type)
+        if footprint.total_bytes < shard.node.available_bytes:
             return slots
     return 0
+
+
+def _check_kv_cache_type(card: ModelCard, kv_type: str) -> None:
+    """`KvCacheTypeUnsupported` when no backend of the card can hold a `kv_type` cache."""
+    refusals = {tag: kv_cache_type_refusal(tag, kv_type, card.runtime.flash_attn)
+                for tag in card.placement.compatible_backends}
+    if all(why is not None for why in refusals.values()):
+        raise KvCacheTypeUnsupported(card.model_id, kv_type, list(dict.fromkeys(filter(None, refusals.values()))))
 
 
 def _check_slot_request(card: ModelCard, slots: int, min_nodes: int) -> None:
@@ -568,6 +614,8 @@ class _Search:
     """The placement's requested slot count, if any."""
     slot_refused: dict[NodeId, str] = field(default_factory=dict)
     """Nodes left out because none of their backends can serve the requested slots."""
+    kv_type: KvCacheType = DEFAULT_KV_CACHE_TYPE
+    """The KV cache type every shard is admitted with; tags that cannot hold it are skipped."""
 
 
 def _search(
@@ -582,14 +630,18 @@ def _search(
     first_fit_only: bool = False,
     max_nodes: int | None = None,
     slots: int | None = None,
+    kv_type: KvCacheType = DEFAULT_KV_CACHE_TYPE,
 ) -> _Search:
-    s = _Search(card=card, sharding=sharding, min_nodes=min_nodes, excluded=excluded, slots=slots)
+    s = _Search(card=card, sharding=sharding, min_nodes=min_nodes, excluded=excluded, slots=slots, kv_type=kv_type)
     if slots is not None:
         max_nodes = 1  # engines with slots serve on one node
     s.members = sorted(state.nodes)
     s.eligible = [n for n in s.members if n not in excluded]
     s.pending = [n for n in s.eligible if n not in resources]
-    ordered = serving_order(card)  # llama_server before in-process llama_cpp, unless the card ranks it
+    # llama_server before in-process llama_cpp, unless the card ranks it; only the tags
+    # whose engine holds the placement's KV cache type.
+    ordered = tuple(tag for tag in serving_order(card)
+                    if kv_cache_type_refusal(tag, kv_type, card.runtime.flash_attn) is None)
     for node_id in (n for n in s.eligible if n in resources):
         reading = resources[node_id]
         backend = next((tag for tag in ordered if tag in reading.backends), None)
@@ -655,7 +707,7 @@ def _consider(s: _Search, combo: tuple[_Node, ...], adjacency: Mapping[NodeId, f
         return  # ranks of one instance share one engine that can span nodes with this family
     order = _connected_order(combo, adjacency) if len(combo) > 1 else combo
     connected = order is not None
-    option = _build_option(s.card, s.sharding, order if order is not None else combo, connected)
+    option = _build_option(s.card, s.sharding, order if order is not None else combo, connected, s.kv_type)
     if option is None:
         return
     if connected and option.fits:
@@ -896,6 +948,7 @@ def _assignments(option: _Option, runner_ids: Iterator[RunnerId]) -> list[ShardA
             backend=shard.node.backend,
             slots=shard.slots,
             slots_wanted=shard.slots_wanted,
+            kv_cache_type=option.kv_type,
         )
         for rank, shard in enumerate(option.shards)
     ]
@@ -972,6 +1025,7 @@ def _to_preview(card: ModelCard, resources: Mapping[NodeId, NodeResources], opti
         ],
         context_token_limit=context_token_limit,
         capacity=capacity,
+        kv_cache_type=option.kv_type,
     )
 
 

@@ -179,7 +179,8 @@ def _replace(
         return [f"no model card for {instance.model_id}"]
     errors: list[str] = []
     for hop, request in attempts:
-        request = replace(request, slots=instance.requested_slots)  # the operator's slot choice holds
+        # The operator's slot choice and the KV cache type the instance was admitted with hold.
+        request = replace(request, slots=instance.requested_slots, kv_cache_type=instance.shards[0].kv_cache_type)
         try:
             placed = place(card, state, inputs.resources, request, new_id=inputs.new_id, memory_credits=credits)
         except PlacementError as exc:

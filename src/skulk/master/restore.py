@@ -67,7 +67,7 @@ def restore_step(
         for width in widths:
             request = PlacementRequest(model_id=ModelId(wanted.model_id), sharding=wanted.sharding, min_nodes=width,
                                        excluded_nodes=excluded_ids(wanted, state), max_nodes=None if width > 1 else 1,
-                                       slots=wanted.slots)
+                                       slots=wanted.slots, kv_cache_type=wanted.kv_cache_type)
             try:
                 instance = place(cards.get(ModelId(wanted.model_id)), state, resources, request, new_id=new_id,
                                  memory_credits=memory_credits or {})

@@ -34,6 +34,7 @@ from skulk.shared.types.events import (
 )
 from skulk.shared.types.ids import EventId, InstanceId, ModelId, NodeId
 from skulk.shared.types.instances import Instance
+from skulk.shared.types.kv_cache import KvCacheType
 from skulk.shared.types.state import State
 
 OPERATOR_DELETE_REASON: Final = "deleted by operator"
@@ -50,6 +51,8 @@ class PlacementIntent(WireModel):
     excluded_node_names: list[str] = Field(default_factory=list)
     slots: int | None = Field(default=None, ge=1)
     """The operator's slot count for the placement (`Instance.requested_slots`), if any."""
+    kv_cache_type: KvCacheType | None = None
+    """The KV cache type the placement was admitted with (its shards'); None in older intents."""
 
 
 class ClusterIntent(WireModel):
@@ -69,6 +72,7 @@ def placement_intent(instance: Instance, state: State) -> PlacementIntent:
     return PlacementIntent(
         model_id=instance.model_id, sharding=instance.sharding, min_nodes=len(set(instance.node_ids())),
         excluded_node_names=sorted(set(names)), slots=instance.requested_slots,
+        kv_cache_type=instance.shards[0].kv_cache_type,
     )
 
 

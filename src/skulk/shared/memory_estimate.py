@@ -36,6 +36,7 @@ from skulk.shared.types.cards import ModelCard, backend_engine
 from skulk.shared.types.engines import VLLM_CONTEXT_CAP_TOKENS, WINDOW_AT_LOAD_ENGINES, context_cap
 from skulk.shared.types.ids import NodeId
 from skulk.shared.types.instances import Instance, ShardAssignment
+from skulk.shared.types.kv_cache import DEFAULT_KV_CACHE_TYPE, kv_bytes_per_element_group
 
 ENGINE_OVERHEAD_FACTOR = 1.15
 """Runtime memory over the raw weight bytes: activations, engine scratch and allocator
@@ -51,7 +52,8 @@ ADMISSION_CONTEXT_FLOOR_TOKENS = 8192
 smaller). Also the smallest window an instance is ever stamped with."""
 
 KV_DTYPE_BYTES = 2
-"""Bytes per cached K or V element: fp16/bf16, the engines' default cache dtype."""
+"""Bytes per cached K or V element of an f16 cache (the engines' default); a quantized cache
+takes `skulk.shared.types.kv_cache.KV_ELEMENT_BYTES` of its type."""
 
 LOAD_TIME_WINDOW_ENGINES: frozenset[str] = WINDOW_AT_LOAD_ENGINES
 """Engines that commit their whole context window at load (from the engine traits table).
@@ -81,6 +83,8 @@ class Footprint:
     floor_bytes: int = FLAT_FLOOR_BYTES
     kv_copies: int = 1
     """Full contexts of KV reserved: a served engine's slots when each owns its own cache."""
+    kv_type: str = DEFAULT_KV_CACHE_TYPE
+    """The KV cache's element type (`skulk.shared.types.kv_cache`)."""
     overhead_factor: float = ENGINE_OVERHEAD_FACTOR
 
     @property
@@ -101,9 +105,10 @@ class Footprint:
 
 
     def _kv_shape(self) -> str:
+        kind = "" if self.kv_type == DEFAULT_KV_CACHE_TYPE else f" {self.kv_type}"
         if self.kv_copies == 1:
-            return f"{self.context_tokens} tokens"
-        return f"{self.context_tokens} tokens x {self.kv_copies} slots"
+            return f"{self.context_tokens} tokens{kind}"
+        return f"{self.context_tokens} tokens{kind} x {self.kv_copies} slots"
 
 
 def format_gb(size_bytes: int) -> str:
@@ -119,32 +124,34 @@ def admission_context_tokens(card: ModelCard) -> int:
 # -- KV cache ---------------------------------------------------------------------------------
 
 
-def kv_bytes_per_token_per_layer(card: ModelCard, dtype_bytes: int = KV_DTYPE_BYTES) -> int:
-    """K and V for one token in one layer: kv_heads x (key + value head dims) x dtype (the
-    value's dimension differs from the key's in some models, DeepSeek's among them)."""
-    return card.num_key_value_heads * (card.head_dim + value_dim(card.head_dim, card.value_head_dim)) * dtype_bytes
+def kv_bytes_per_token_per_layer(card: ModelCard, kv_type: str = DEFAULT_KV_CACHE_TYPE) -> int:
+    """K and V for one token in one layer: kv_heads x (key + value head dims) elements of the
+    cache's type (the value's dimension differs from the key's in some models, DeepSeek's
+    among them)."""
+    elements = card.num_key_value_heads * (card.head_dim + value_dim(card.head_dim, card.value_head_dim))
+    return kv_bytes_per_element_group(elements, kv_type)
 
 
-def kv_bytes_per_token(card: ModelCard, dtype_bytes: int = KV_DTYPE_BYTES, layers: range | None = None) -> int:
+def kv_bytes_per_token(card: ModelCard, kv_type: str = DEFAULT_KV_CACHE_TYPE, layers: range | None = None) -> int:
     """KV growth per token over `layers` (all by default) while the context is within the
     sliding window: 2 x layers x kv_heads x head_dim x dtype. Past the window only global
     layers keep growing; `kv_cache_bytes` applies that cap."""
     span = range(card.num_layers) if layers is None else layers
-    return len(span) * kv_bytes_per_token_per_layer(card, dtype_bytes)
+    return len(span) * kv_bytes_per_token_per_layer(card, kv_type)
 
 
 def kv_cache_bytes(
-    card: ModelCard, context_tokens: int, layers: range | None = None, dtype_bytes: int = KV_DTYPE_BYTES
+    card: ModelCard, context_tokens: int, layers: range | None = None, kv_type: str = DEFAULT_KV_CACHE_TYPE
 ) -> int:
     """KV cache for `layers` at `context_tokens`, windowed layers capped by the window."""
-    global_rate, windowed_rate = _kv_rates(card, range(card.num_layers) if layers is None else layers, dtype_bytes)
+    global_rate, windowed_rate = _kv_rates(card, range(card.num_layers) if layers is None else layers, kv_type)
     window = card.sliding_window or 0
     return global_rate * context_tokens + windowed_rate * min(context_tokens, window)
 
 
-def _kv_rates(card: ModelCard, layers: range, dtype_bytes: int = KV_DTYPE_BYTES) -> tuple[int, int]:
+def _kv_rates(card: ModelCard, layers: range, kv_type: str = DEFAULT_KV_CACHE_TYPE) -> tuple[int, int]:
     """(bytes/token over global layers, bytes/token over windowed layers) within `layers`."""
-    per_layer = kv_bytes_per_token_per_layer(card, dtype_bytes)
+    per_layer = kv_bytes_per_token_per_layer(card, kv_type)
     windowed = sum(1 for i in layers if card.is_windowed_layer(i))
     return (len(layers) - windowed) * per_layer, windowed * per_layer
 
@@ -159,12 +166,13 @@ counting global layers first), or a `Fraction` of every layer (a tensor rank, 1/
 
 
 def shard_footprint(
-    card: ModelCard, share: ShardShare, context_tokens: int | None = None, kv_copies: int = 1
+    card: ModelCard, share: ShardShare, context_tokens: int | None = None, kv_copies: int = 1,
+    kv_type: str = DEFAULT_KV_CACHE_TYPE,
 ) -> Footprint:
     """Admission footprint of one shard: its weight share x ENGINE_OVERHEAD_FACTOR + its KV
-    cache at `context_tokens` (default: the admission context) times `kv_copies` (a served
-    engine's slots, each with its own cache: `skulk.shared.slots.kv_copies`) +
-    FLAT_FLOOR_BYTES."""
+    cache of `kv_type` at `context_tokens` (default: the admission context) times
+    `kv_copies` (a served engine's slots, each with its own cache:
+    `skulk.shared.slots.kv_copies`) + FLAT_FLOOR_BYTES."""
     if kv_copies < 1:
         raise ValueError(f"kv_copies {kv_copies} < 1")
     tokens = admission_context_tokens(card) if context_tokens is None else context_tokens
@@ -172,33 +180,34 @@ def shard_footprint(
         if not 0 <= share.start < share.stop <= card.num_layers or share.step != 1:
             raise ValueError(f"layers {share} outside [0, {card.num_layers})")
         weights = Fraction(len(share), card.num_layers)
-        kv = kv_cache_bytes(card, tokens, share)
+        kv = kv_cache_bytes(card, tokens, share, kv_type)
     elif isinstance(share, int):
         if not 0 < share <= card.num_layers:
             raise ValueError(f"layer count {share} outside [1, {card.num_layers}]")
         weights = Fraction(share, card.num_layers)
-        kv = _kv_upper_bound(card, share, tokens)
+        kv = _kv_upper_bound(card, share, tokens, kv_type)
     elif isinstance(share, Fraction):  # pyright: ignore[reportUnnecessaryIsInstance] -- untyped callers
         if not 0 < share <= 1:
             raise ValueError(f"weight fraction {share} outside (0, 1]")
         weights = share
-        kv = _ceil(kv_cache_bytes(card, tokens) * share)
+        kv = _ceil(kv_cache_bytes(card, tokens, kv_type=kv_type) * share)
     else:
         raise TypeError(f"share must be a layer range, a layer count or a Fraction, not {type(share).__name__}")
     return Footprint(weights_bytes=_ceil(card.storage_size_bytes * weights), kv_bytes=kv * kv_copies,
-                     context_tokens=tokens, kv_copies=kv_copies)
+                     context_tokens=tokens, kv_copies=kv_copies, kv_type=kv_type)
 
 
 def shard_footprint_bytes(
-    card: ModelCard, share: ShardShare, context_tokens: int | None = None, kv_copies: int = 1
+    card: ModelCard, share: ShardShare, context_tokens: int | None = None, kv_copies: int = 1,
+    kv_type: str = DEFAULT_KV_CACHE_TYPE,
 ) -> int:
     """`shard_footprint(...).total_bytes`."""
-    return shard_footprint(card, share, context_tokens, kv_copies).total_bytes
+    return shard_footprint(card, share, context_tokens, kv_copies, kv_type).total_bytes
 
 
-def _kv_upper_bound(card: ModelCard, layer_count: int, tokens: int) -> int:
+def _kv_upper_bound(card: ModelCard, layer_count: int, tokens: int, kv_type: str = DEFAULT_KV_CACHE_TYPE) -> int:
     global_layers = sum(1 for i in range(card.num_layers) if not card.is_windowed_layer(i))
-    per_layer = kv_bytes_per_token_per_layer(card)
+    per_layer = kv_bytes_per_token_per_layer(card, kv_type)
     as_global = min(layer_count, global_layers)
     window = min(tokens, card.sliding_window or tokens)
     return per_layer * (as_global * tokens + (layer_count - as_global) * window)
@@ -219,7 +228,8 @@ def assignment_footprint(card: ModelCard, shard: ShardAssignment, context_tokens
     for every slot stamped on it."""
     tokens = admission_context_tokens(card) if context_tokens is None else context_tokens
     layers, fraction = assignment_share(card, shard)
-    return shard_footprint(card, layers if fraction == 1 else fraction, tokens, slot_kv_copies(shard.backend, shard.slots))
+    return shard_footprint(card, layers if fraction == 1 else fraction, tokens, slot_kv_copies(shard.backend, shard.slots),
+                           shard.kv_cache_type)
 
 
 def instance_node_footprints(card: ModelCard, instance: Instance) -> dict[NodeId, int]:
@@ -311,7 +321,7 @@ def _node_costs(card: ModelCard, shards: Sequence[ShardAssignment]) -> tuple[int
         layers, fraction = assignment_share(card, shard)
         footprint = assignment_footprint(card, shard, context_tokens=0)
         fixed += footprint.weights_with_overhead_bytes + footprint.floor_bytes
-        g, w = _kv_rates(card, layers)
+        g, w = _kv_rates(card, layers, shard.kv_cache_type)
         copies = slot_kv_copies(shard.backend, shard.slots)  # every slot's cache grows per token
         global_rate += g * fraction * copies
         windowed_rate += w * fraction * copies

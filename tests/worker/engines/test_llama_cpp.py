@@ -39,12 +39,14 @@ pytestmark = pytest.mark.timeout(120)
 PROMPT = "The weather today is"
 
 
-def load_engine(gguf_path, *, context_token_limit: int = 2048) -> LlamaCppEngine:
+def load_engine(gguf_path, *, context_token_limit: int = 2048, kv_cache_type: str = "f16") -> LlamaCppEngine:
     card = tiny_gguf_card()
     engine = LlamaCppEngine()
+    instance = tiny_instance(card, context_token_limit=context_token_limit)
+    shards = [s.model_copy(update={"kv_cache_type": kv_cache_type}) for s in instance.shards]
     engine.load(
         ShardSpec(
-            instance=tiny_instance(card, context_token_limit=context_token_limit),
+            instance=instance.model_copy(update={"shards": shards}),
             runner_id=RUNNER,
             card=card,
             model_path=str(gguf_path),
@@ -247,3 +249,24 @@ def test_flash_attention_setting(pin, env, enabled) -> None:
 )
 def test_gpu_offload_follows_the_backend_tag(tag, layers) -> None:
     assert gpu_layers_for(tag) == layers
+
+
+def test_the_placements_kv_cache_type_reaches_llama_cpp(tiny_gguf):
+    """The shard's KV cache type is the context's: the same tokens evaluated take the bytes
+    of their type in llama.cpp's own state (q8_0: 34 bytes per 32 elements, f16: 64), and
+    greedy decoding still runs."""
+    import llama_cpp
+
+    sizes = {}
+    for kv_type in ("f16", "q8_0", "q4_0"):
+        engine = load_engine(tiny_gguf, kv_cache_type=kv_type)
+        try:
+            llama = engine._llama
+            assert (llama.context_params.type_k, llama.context_params.type_v) == (
+                getattr(llama_cpp, f"GGML_TYPE_{kv_type.upper()}"),) * 2
+            tokens = list(engine.generate(prompt_params(LONG_PROMPT, temperature=0, max_tokens=64), threading.Event()))
+            assert tokens[-1].usage.completion_tokens == 64
+            sizes[kv_type] = llama_cpp.llama_state_seq_get_size(llama._ctx.ctx, 0)
+        finally:
+            engine.close()
+    assert sizes["q8_0"] < sizes["f16"] * 0.6 and sizes["q4_0"] < sizes["q8_0"] * 0.6, sizes

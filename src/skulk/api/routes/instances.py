@@ -24,6 +24,7 @@ from skulk.master.ring_hosts import unreported_ring_nodes
 from skulk.shared.slots import DEFAULT_SLOTS, slot_choices
 from skulk.shared.types.commands import DeleteInstance, PlaceInstance
 from skulk.shared.types.ids import CommandId, InstanceId, ModelId, NodeId, new_id
+from skulk.shared.types.kv_cache import KvCacheType, chosen_kv_cache_type
 
 router = APIRouter()
 
@@ -44,6 +45,11 @@ class PlaceInstanceBody(BaseModel):
     instead of the node's setting; refused as `invalid_slot_setting` (naming the bound)
     for an engine without slots, a count outside the engine's range, or KV for that many
     slots that does not fit."""
+    kv_cache_type: KvCacheType | None = None
+    """The KV cache's element type: f16, q8_0 or q4_0 (unset: the card's
+    `runtime.kv_cache_backend`, else this node's `kv_cache_backend`). A quantized cache
+    admits a longer context in the same memory; refused as `kv_cache_type_unsupported` where
+    no engine of the model can hold it."""
 
 
 def _placement_error(exc: PlacementError) -> JSONResponse:
@@ -63,6 +69,7 @@ async def place_instance(request: Request, body: PlaceInstanceBody) -> Any:
     placement_request = PlacementRequest(
         model_id=body.model_id, sharding=body.sharding, min_nodes=body.min_nodes,
         excluded_nodes=frozenset(body.excluded_nodes), slots=body.slots,
+        kv_cache_type=body.kv_cache_type, default_kv_cache_type=context.kv_cache_type,
     )
     state = context.get_state()
     try:
@@ -79,24 +86,30 @@ async def place_instance(request: Request, body: PlaceInstanceBody) -> Any:
     command = PlaceInstance(
         command_id=CommandId(new_id()), model_id=body.model_id, sharding=body.sharding, min_nodes=body.min_nodes,
         excluded_nodes=sorted(body.excluded_nodes), instance_id=instance.instance_id, idle_ttl_s=body.idle_ttl,
-        slots=body.slots,
+        slots=body.slots, kv_cache_type=body.kv_cache_type, default_kv_cache_type=context.kv_cache_type,
     )
     await context.submit_command(command)
     return {"instanceId": instance.instance_id, "commandId": command.command_id, "preview": instance.to_wire()}
 
 
 @router.get("/instance/previews")
-def instance_previews(request: Request, modelId: str, slots: int | None = None) -> Any:
-    """Every feasible placement, best first; with `slots`, those serving that many.
-    `slotChoices` names the engines with slots this model can be placed on in this cluster
-    (each with its range and default), so a form offers a slot count only where one applies."""
+def instance_previews(request: Request, modelId: str, slots: int | None = None, kvCacheType: str | None = None) -> Any:
+    """Every feasible placement, best first; with `slots`, those serving that many; with
+    `kvCacheType` (f16, q8_0, q4_0), admitted with that KV cache (unset: the card's, else
+    this node's). `slotChoices` names the engines with slots this model can be placed on in
+    this cluster (each with its range and default), so a form offers a slot count only where
+    one applies."""
     context = api_context(request)
     card = context.get_cards().get(ModelId(modelId))
     if card is None:
         raise HTTPException(404, f"no model card for {modelId}")
     state, resources = context.get_state(), context.get_resources()
     try:
-        options = preview(card, state, resources, slots=slots)
+        kv_type = chosen_kv_cache_type(kvCacheType, card.runtime.kv_cache_backend, context.kv_cache_type)
+    except ValueError as exc:
+        return JSONResponse(status_code=400, content={"error": {"code": "invalid_kv_cache_type", "message": str(exc)}})
+    try:
+        options = preview(card, state, resources, slots=slots, kv_cache_type=kv_type)
     except PlacementError as exc:
         return _placement_error(exc)
     choices = slot_choices(card.placement.compatible_backends,

@@ -29,6 +29,7 @@ from skulk.shared.types.engines import (  # the engine vocabularies derive from 
     traits_of,
 )
 from skulk.shared.types.ids import ModelId
+from skulk.shared.types.kv_cache import parse_kv_cache_type
 
 # ---------------------------------------------------------------------------------------
 # Vocabularies. Extending one of these is a schema change on purpose: a card naming an
@@ -58,7 +59,6 @@ LOCAL_MODEL_PREFIX = "local/"
 _REPO_PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
 _MODEL_ID_RE = re.compile(rf"^{_REPO_PART}/{_REPO_PART}$")
 _REVISION_RE = re.compile(r"^[0-9a-f]{40}$")
-_KV_BACKEND_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
 def card_field_error(field: str, message: str) -> PydanticCustomError:
@@ -132,9 +132,7 @@ def _check_absolute(value: str) -> str:
 
 
 def _check_kv_backend(value: str) -> str:
-    if not _KV_BACKEND_RE.match(value):
-        raise ValueError(f"{value!r} is not a KV cache backend name (lowercase identifier)")
-    return value
+    return parse_kv_cache_type(value)
 
 
 def _unique(values: tuple[str, ...]) -> tuple[str, ...]:
@@ -197,7 +195,8 @@ class RuntimeSection(WireModel):
     """llama.cpp Flash Attention pin; the node default is on."""
 
     kv_cache_backend: KvCacheBackend | None = None
-    """MLX KV cache backend name ('default', 'mlx_quantized', ...); the engine owns the set."""
+    """The KV cache element type this model is placed with unless a placement names one:
+    'f16', 'q8_0' or 'q4_0' (`skulk.shared.types.kv_cache`; 'default' reads as f16)."""
 
     speculative_multi_node: StrictBool | None = None
     """Only an explicit False gates: multi-node speculation measured slower than plain decode."""

@@ -17,6 +17,7 @@ from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.common import NonNegInt, Sharding
 from skulk.shared.types.ids import CommandId, InstanceId, ModelId, NodeId
 from skulk.shared.types.instances import Instance
+from skulk.shared.types.kv_cache import DEFAULT_KV_CACHE_TYPE, KvCacheType
 from skulk.shared.types.tasks import TextGenerationParams
 from skulk.shared.types.workload_io import OneResultParams
 
@@ -41,6 +42,11 @@ class PlaceInstance(_CommandBase):
     slots: int | None = None
     """The operator's slot count for a served engine (None: the node's setting); checked by
     placement, which refuses a bad one as `invalid_slot_setting`."""
+    kv_cache_type: KvCacheType | None = None
+    """The placement's KV cache type (None: the card's `runtime.kv_cache_backend`, else
+    `default_kv_cache_type`); placement refuses one no engine of the card serves."""
+    default_kv_cache_type: KvCacheType = DEFAULT_KV_CACHE_TYPE
+    """The placing node's own default (skulk.yaml `kv_cache_backend`)."""
 
 
 class CreateInstance(_CommandBase):

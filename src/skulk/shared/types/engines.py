@@ -115,6 +115,8 @@ class EngineTraits:
     pool_donors: bool = False
     served_twin: str | None = None
     context_cap_tokens: int | None = None
+    kv_cache_types: tuple[str, ...] = ("f16",)
+    """The KV cache element types it serves (`skulk.shared.types.kv_cache`)."""
 
     @property
     def served(self) -> bool:
@@ -152,6 +154,7 @@ ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
         ranks_dial=True,
         pool_donors=True,
         served_twin="llama_server",
+        kv_cache_types=("f16", "q8_0", "q4_0"),
     ),
     "llama_server": EngineTraits(
         formats=frozenset({"gguf"}),
@@ -167,6 +170,7 @@ ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
         # context still fits beside the weights; above 64 the per-slot context and the
         # dispatcher's thread count stop making sense.
         slots=SlotTraits("SKULK_LLAMA_SERVER_PARALLEL", default=4, maximum=64, kv_per_slot=True),
+        kv_cache_types=("f16", "q8_0", "q4_0"),
     ),
     "mlx": EngineTraits(
         formats=frozenset({"safetensors"}),

@@ -14,6 +14,7 @@ from pydantic import Field, model_validator
 from skulk.shared.types.base import WireModel
 from skulk.shared.types.common import NonNegInt, RunnerState, Sharding
 from skulk.shared.types.ids import CommandId, InstanceId, ModelId, NodeId, RunnerId
+from skulk.shared.types.kv_cache import DEFAULT_KV_CACHE_TYPE, KvCacheType
 
 MAX_REPAIR_HOP = 2
 """Bound on automatic re-placement after a refusal: 0 is the original placement, 1 the
@@ -40,6 +41,9 @@ class ShardAssignment(WireModel):
     slots_wanted: int | None = Field(default=None, ge=1, le=256)
     """The node's slot setting when placement had to reduce `slots` to what fits in memory;
     None when the setting was granted."""
+    kv_cache_type: KvCacheType = DEFAULT_KV_CACHE_TYPE
+    """The KV cache element type placement admitted this rank's cache as (every rank of an
+    instance has the same); the engine loads its cache as that type."""
 
     @model_validator(mode="after")
     def _consistent(self) -> ShardAssignment:

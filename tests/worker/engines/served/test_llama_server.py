@@ -363,3 +363,25 @@ def test_interleaved_conversations_come_back_from_the_host_ram_prompt_cache(tiny
     finally:
         cached.close()
         plain.close()
+
+
+def test_the_placements_kv_cache_type_reaches_llama_server(tiny_gguf):
+    """The shard's KV cache type is the server's: its command line asks llama-server for a
+    q8_0 cache with flash attention on (llama.cpp quantizes V only with it, so the node's
+    setting that turns it off gives way), and the server, which refuses a quantized V cache
+    without flash attention, starts and serves."""
+    spec = spec_for(tiny_gguf, slots=1)
+    shards = [s.model_copy(update={"kv_cache_type": "q8_0"}) for s in spec.instance.shards]
+    spec = ShardSpec(instance=spec.instance.model_copy(update={"shards": shards}), runner_id=spec.runner_id,
+                     card=spec.card, model_path=spec.model_path, n_threads=spec.n_threads)
+    engine = LlamaServerEngine(engine_env(require_llama_server(), SKULK_LLAMA_CPP_FLASH_ATTN="0"))
+    try:
+        engine.load(spec)
+        tokens = list(engine.generate(prompt_params(LONG_PROMPT, temperature=0, max_tokens=8), threading.Event()))
+        assert tokens[-1].usage.completion_tokens == 8
+        server = engine.server
+        assert server is not None
+        argv = " ".join(_cmdline(psutil.Process(server.pid)))
+        assert "--cache-type-k q8_0 --cache-type-v q8_0" in argv and "--flash-attn on" in argv, argv
+    finally:
+        engine.close()

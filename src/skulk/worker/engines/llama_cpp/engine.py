@@ -36,6 +36,7 @@ from skulk.shared.tool_grammar import SchemaNotSupported, request_grammar
 from skulk.shared.types.cards import backend_engine
 from skulk.shared.types.chunks import TopLogprob
 from skulk.shared.types.common import FinishReason, Usage
+from skulk.shared.types.kv_cache import DEFAULT_KV_CACHE_TYPE
 from skulk.shared.types.stream_errors import StreamErrorType
 from skulk.shared.types.tasks import TextGenerationParams
 from skulk.worker.engines.base import (
@@ -268,12 +269,23 @@ class LlamaCppEngine:
         n_ctx = min(spec.instance.context_token_limit, spec.card.context_length)
         self._reasoning_switches = spec.card.reasoning.switches
         threads = spec.n_threads or physical_cores()
+        kv_type = spec.shard.kv_cache_type
+        flash_attn = flash_attn_enabled(spec.card.runtime.flash_attn, os.environ)
+        if kv_type != DEFAULT_KV_CACHE_TYPE and not flash_attn:
+            # llama.cpp quantizes the V cache only with flash attention; the placement's
+            # choice is the more specific one (a card pinned off was refused at placement).
+            log.info("%s: flash attention on for the %s KV cache (the node setting turns it off)", spec.model_path,
+                     kv_type)
+            flash_attn = True
+        ggml_type = getattr(llama_cpp, f"GGML_TYPE_{kv_type.upper()}")
         options = dict(
             model_path=spec.model_path,
             n_threads=threads,
             n_threads_batch=threads,
             n_gpu_layers=planned_gpu_layers(spec),
-            flash_attn=flash_attn_enabled(spec.card.runtime.flash_attn, os.environ),
+            flash_attn=flash_attn,
+            type_k=ggml_type,
+            type_v=ggml_type,
             use_mmap=not this_process_weights_in_malloc(os.environ),  # weights on huge pages (see hugepages)
             logits_all=False,
             verbose=False,
@@ -305,8 +317,8 @@ class LlamaCppEngine:
             raise ModelLoadFailed(str(exc)) from exc
         self._prefixes = LlamaPrefixStore(budget)
         log.info(
-            "loaded %s: n_ctx=%d threads=%d flash_attn=%s mmap=%s", spec.model_path, self._n_ctx, threads,
-            options["flash_attn"], options["use_mmap"],
+            "loaded %s: n_ctx=%d threads=%d flash_attn=%s kv_cache=%s mmap=%s", spec.model_path, self._n_ctx,
+            threads, options["flash_attn"], kv_type, options["use_mmap"],
         )
 
     def load_tokenizer(self, model_path: str, n_ctx: int, reasoning_switches: tuple[str, ...] = ()) -> None:

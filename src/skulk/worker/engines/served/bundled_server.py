@@ -58,6 +58,8 @@ class HostSettings:
     jinja: bool = True
     webui: bool = True
     cache_ram_mib: int | None = None
+    cache_type_k: str | None = None
+    cache_type_v: str | None = None
     extras: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -73,6 +75,10 @@ _SWITCHES: Mapping[str, tuple[str, bool]] = {
     "--jinja": ("jinja", True), "--no-jinja": ("jinja", False), "--no-webui": ("webui", False),
 }
 _ON_OFF: Mapping[str, bool] = {"on": True, "off": False}
+_CACHE_TYPE_FLAGS: Mapping[str, str] = {"--cache-type-k": "cache_type_k", "-ctk": "cache_type_k",
+                                        "--cache-type-v": "cache_type_v", "-ctv": "cache_type_v"}
+CACHE_TYPES: tuple[str, ...] = ("f16", "q8_0", "q4_0")
+"""The KV cache types this host takes (`skulk.shared.types.kv_cache`)."""
 
 
 def parse_server_argv(argv: Sequence[str]) -> HostSettings:
@@ -107,6 +113,11 @@ def parse_server_argv(argv: Sequence[str]) -> HostSettings:
             if raw not in ("on", "off", "auto"):
                 raise UnsupportedFlag(f"{flag} takes on, off or auto, not {raw!r}")
             values["flash_attn"] = raw
+        elif flag in _CACHE_TYPE_FLAGS:
+            raw = value_of(flag)
+            if raw not in CACHE_TYPES:
+                raise UnsupportedFlag(f"{flag} takes {', '.join(CACHE_TYPES)} here, not {raw!r}")
+            values[_CACHE_TYPE_FLAGS[flag]] = raw
         elif flag == "--fit":
             raw = value_of(flag)
             if raw not in _ON_OFF:
@@ -120,9 +131,9 @@ def parse_server_argv(argv: Sequence[str]) -> HostSettings:
     return HostSettings(**values)
 
 
-def apply_settings(settings: HostSettings, params: Any, flash_types: Any) -> None:
+def apply_settings(settings: HostSettings, params: Any, flash_types: Any, ggml_types: Any = None) -> None:
     """Copy `settings` onto an `xllamacpp.CommonParams` (`flash_types`: its
-    `llama_flash_attn_type` enum)."""
+    `llama_flash_attn_type` enum; `ggml_types`: its `ggml_type` enum, for the cache types)."""
     params.model.path = settings.model
     params.hostnames = [settings.host]
     params.port = settings.port
@@ -146,6 +157,10 @@ def apply_settings(settings: HostSettings, params: Any, flash_types: Any) -> Non
     params.ui = settings.webui
     if settings.cache_ram_mib is not None:
         params.cache_ram_mib = settings.cache_ram_mib
+    for name in ("cache_type_k", "cache_type_v"):
+        value = getattr(settings, name)
+        if value is not None:
+            setattr(params, name, getattr(ggml_types, f"GGML_TYPE_{value.upper()}"))
 
 
 def _package_version() -> str:
@@ -179,7 +194,8 @@ def main(argv: Sequence[str] | None = None, *, on_ready: Callable[[str], None] |
     # SIGTERM reaches the `sigwait` below and nothing else: no polling while idle.
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     params = xllamacpp.CommonParams()
-    apply_settings(settings, params, xllamacpp.llama_flash_attn_type)
+    ggml_types = xllamacpp.ggml_type  # pyright: ignore[reportAttributeAccessIssue] -- in the wheel, not its stubs
+    apply_settings(settings, params, xllamacpp.llama_flash_attn_type, ggml_types)
     try:
         server = xllamacpp.Server(params)
     except Exception as exc:  # the wheel raises plain RuntimeErrors for a model it cannot load

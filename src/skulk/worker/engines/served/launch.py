@@ -76,6 +76,8 @@ class ServerLaunch:
     """llama-server's host-RAM prompt cache (`--cache-ram`): the cold KV budget
     (`prefix_cache.cold_budget_bytes`), so conversations evicted from a slot come back from
     RAM instead of being re-evaluated; 0 turns it off."""
+    kv_cache_type: str = "f16"
+    """The KV cache's element type (`--cache-type-k/-v`), as placement admitted it."""
 
     def argv(self) -> list[str]:
         return [
@@ -99,6 +101,8 @@ class ServerLaunch:
             # The host-RAM prompt cache is exactly the cold budget, never llama-server's own
             # default (8 GiB): the memory the node admitted is the memory used.
             "--cache-ram", str(self.cache_ram_mib),
+            "--cache-type-k", self.kv_cache_type,
+            "--cache-type-v", self.kv_cache_type,
         ]
 
 

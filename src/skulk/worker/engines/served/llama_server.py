@@ -146,8 +146,11 @@ class LlamaServerEngine(ServedEngineShell):
             context_per_slot=min(spec.instance.context_token_limit, spec.card.context_length),
             threads=spec.n_threads or physical_cores(),
             gpu_layers=planned_gpu_layers(spec),
-            flash_attn=flash_attn_enabled(spec.card.runtime.flash_attn, self._env),
+            # llama.cpp quantizes the V cache only with flash attention: a quantized cache
+            # turns it on (a card that pins it off was refused at placement).
+            flash_attn=flash_attn_enabled(spec.card.runtime.flash_attn, self._env) or shard.kv_cache_type != "f16",
             cache_ram_mib=self._cache_ram_mib(spec),
+            kv_cache_type=shard.kv_cache_type,
         )
         self._server = self._start(launch)
         self._slots = slots
@@ -157,8 +160,9 @@ class LlamaServerEngine(ServedEngineShell):
             timeout=httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
             limits=httpx.Limits(max_connections=slots + 2, max_keepalive_connections=slots + 2),
         )
-        log.info("llama-server pid %d on port %d: %d slots x %d tokens, %s",
-                 self._server.pid, self._server.port, slots, launch.context_per_slot, spec.model_path)
+        log.info("llama-server pid %d on port %d: %d slots x %d tokens, %s KV cache, %s",
+                 self._server.pid, self._server.port, slots, launch.context_per_slot, launch.kv_cache_type,
+                 spec.model_path)
 
     def _start(self, launch: ServerLaunch) -> ServerProcess:
         return start_healthy(lambda port: _with_port(launch, port).argv(), server_env(self._env),
