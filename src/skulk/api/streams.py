@@ -77,7 +77,8 @@ class StreamObserver(Protocol):
     loop, in the frame's path: it must be cheap and must never raise."""
 
     def on_chunk(self, model_id: str, since_previous_s: float, first: bool, is_token: bool) -> None: ...
-    def on_end(self, model_id: str, outcome: str, prompt_tokens: int, cached_tokens: int = 0) -> None: ...
+    def on_end(self, model_id: str, outcome: str, prompt_tokens: int, cached_tokens: int = 0,
+               drafted_tokens: int = 0, accepted_draft_tokens: int = 0) -> None: ...
 
 
 class StreamTrace(Protocol):
@@ -134,6 +135,8 @@ class CommandStream:
         self.last_chunk_at: float | None = None
         self.prompt_tokens = 0
         self.cached_tokens = 0
+        self.drafted_tokens = 0
+        self.accepted_draft_tokens = 0
         self.trace: StreamTrace | None = None
         """Set when the request is traced: told when the runner starts, of each chunk, of the end."""
         self._owner = owner
@@ -377,6 +380,8 @@ class CommandStreams:
         if usage is not None:
             stream.prompt_tokens = usage.prompt_tokens
             stream.cached_tokens = usage.cached_tokens
+            stream.drafted_tokens = usage.drafted_tokens
+            stream.accepted_draft_tokens = usage.accepted_draft_tokens
 
     @staticmethod
     def _terminal_end(stream: CommandStream, frame: StreamTerminal) -> _End:
@@ -517,7 +522,8 @@ class CommandStreams:
             outcome = "failed"
         self._counters[_OUTCOME_COUNTER[outcome]] += 1
         if self.observer is not None:
-            self.observer.on_end(stream.model_id, outcome, stream.prompt_tokens, stream.cached_tokens)
+            self.observer.on_end(stream.model_id, outcome, stream.prompt_tokens, stream.cached_tokens,
+                                 stream.drafted_tokens, stream.accepted_draft_tokens)
         if self.on_lifecycle is not None:
             self.on_lifecycle("ended", stream.command_id, stream.model_id, outcome)
         if stream.trace is not None:

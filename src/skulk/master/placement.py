@@ -86,6 +86,7 @@ from skulk.shared.types.kv_cache import (
     chosen_kv_cache_type,
     kv_cache_type_refusal,
 )
+from skulk.shared.types.speculative import speculative_refusal
 from skulk.shared.types.state import State
 from skulk.shared.types.telemetry import NodeResources
 
@@ -276,6 +277,16 @@ class KvCacheTypeUnsupported(PlacementError):
     def __init__(self, model_id: str, kv_type: str, reasons: Sequence[str]) -> None:
         self.model_id, self.kv_type, self.reasons = model_id, kv_type, tuple(reasons)
         super().__init__(f"{model_id} cannot be placed with a {kv_type} KV cache: {'; '.join(self.reasons)}")
+
+
+class SpeculativeUnsupported(PlacementError):
+    """A card's speculative method (`runtime.speculative`) none of its engines serves."""
+
+    code = "speculative_unsupported"
+
+    def __init__(self, model_id: str, method: str, reasons: Sequence[str]) -> None:
+        self.model_id, self.method, self.reasons = model_id, method, tuple(reasons)
+        super().__init__(f"{model_id} asks for {method} speculative decoding: {'; '.join(self.reasons)}")
 
 
 class PlacementInfoPending(PlacementError):
@@ -559,11 +570,22 @@ def _most_slots_fitting(card: ModelCard, shard: _Shard) -> int:
 
 
 def _check_kv_cache_type(card: ModelCard, kv_type: str) -> None:
-    """`KvCacheTypeUnsupported` when no backend of the card can hold a `kv_type` cache."""
+    """`KvCacheTypeUnsupported` when no backend of the card can hold a `kv_type` cache, and
+    `SpeculativeUnsupported` when none serves the card's speculative method."""
+    method = card.runtime.speculative or "none"
+    spec_refusals = [speculative_refusal(tag, method) for tag in card.placement.compatible_backends]
+    if all(why is not None for why in spec_refusals):
+        raise SpeculativeUnsupported(card.model_id, method, list(dict.fromkeys(filter(None, spec_refusals))))
     refusals = {tag: kv_cache_type_refusal(tag, kv_type, card.runtime.flash_attn)
-                for tag in card.placement.compatible_backends}
+                for tag in card.placement.compatible_backends if speculative_refusal(tag, method) is None}
     if all(why is not None for why in refusals.values()):
         raise KvCacheTypeUnsupported(card.model_id, kv_type, list(dict.fromkeys(filter(None, refusals.values()))))
+
+
+def _runtime_refusal(card: ModelCard, tag: str, kv_type: str) -> str | None:
+    """Why `tag` cannot serve the card's runtime choices (KV cache type, speculation), or None."""
+    return (kv_cache_type_refusal(tag, kv_type, card.runtime.flash_attn)
+            or speculative_refusal(tag, card.runtime.speculative or "none"))
 
 
 def _check_slot_request(card: ModelCard, slots: int, min_nodes: int) -> None:
@@ -639,9 +661,8 @@ def _search(
     s.eligible = [n for n in s.members if n not in excluded]
     s.pending = [n for n in s.eligible if n not in resources]
     # llama_server before in-process llama_cpp, unless the card ranks it; only the tags
-    # whose engine holds the placement's KV cache type.
-    ordered = tuple(tag for tag in serving_order(card)
-                    if kv_cache_type_refusal(tag, kv_type, card.runtime.flash_attn) is None)
+    # whose engine holds the placement's KV cache type and serves the card's speculation.
+    ordered = tuple(tag for tag in serving_order(card) if _runtime_refusal(card, tag, kv_type) is None)
     for node_id in (n for n in s.eligible if n in resources):
         reading = resources[node_id]
         backend = next((tag for tag in ordered if tag in reading.backends), None)

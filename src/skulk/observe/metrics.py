@@ -82,6 +82,16 @@ class ServingMetrics:
             "Prompt tokens of ended generations whose KV the engine re-used from its prefix cache.",
             ["model"], registry=registry,
         )
+        self.drafted_tokens = Counter(
+            "skulk_speculative_drafted_tokens",
+            "Tokens a speculative drafter proposed for ended generations (the target model checked each).",
+            ["model"], registry=registry,
+        )
+        self.accepted_draft_tokens = Counter(
+            "skulk_speculative_accepted_tokens",
+            "Drafted tokens the target model accepted; over drafted: the acceptance rate.",
+            ["model"], registry=registry,
+        )
         self.generated_tokens = Counter(
             "skulk_generated_tokens", "Output chunks (tokens) delivered to clients.",
             ["model"], registry=registry,
@@ -105,12 +115,16 @@ class ServingMetrics:
         if is_token:
             self.generated_tokens.labels(model_id).inc()
 
-    def on_end(self, model_id: str, outcome: str, prompt_tokens: int, cached_tokens: int = 0) -> None:
+    def on_end(self, model_id: str, outcome: str, prompt_tokens: int, cached_tokens: int = 0,
+               drafted_tokens: int = 0, accepted_draft_tokens: int = 0) -> None:
         self.generations.labels(model_id, outcome).inc()
         if prompt_tokens:
             self.prompt_tokens.labels(model_id).inc(prompt_tokens)
         if cached_tokens:
             self.cached_prompt_tokens.labels(model_id).inc(cached_tokens)
+        if drafted_tokens:
+            self.drafted_tokens.labels(model_id).inc(drafted_tokens)
+            self.accepted_draft_tokens.labels(model_id).inc(accepted_draft_tokens)
 
 
 def new_registry() -> CollectorRegistry:

@@ -389,10 +389,18 @@ def command_id_from(value: str) -> str:
 
 def _usage(usage: Usage) -> dict[str, Any]:
     """OpenAI's usage; prompt tokens served from the engine's prefix cache are
-    `prompt_tokens_details.cached_tokens` (still counted in `prompt_tokens`, as OpenAI does)."""
-    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
-            "total_tokens": usage.total_tokens,
-            "prompt_tokens_details": {"cached_tokens": usage.cached_tokens}}
+    `prompt_tokens_details.cached_tokens` (still counted in `prompt_tokens`, as OpenAI does).
+    A speculating engine's drafted tokens are OpenAI's predicted-output counts: the accepted
+    ones `completion_tokens_details.accepted_prediction_tokens`, the rest rejected."""
+    body: dict[str, Any] = {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+                            "total_tokens": usage.total_tokens,
+                            "prompt_tokens_details": {"cached_tokens": usage.cached_tokens}}
+    if usage.drafted_tokens:
+        body["completion_tokens_details"] = {
+            "accepted_prediction_tokens": usage.accepted_draft_tokens,
+            "rejected_prediction_tokens": usage.drafted_tokens - usage.accepted_draft_tokens,
+        }
+    return body
 
 
 def _finish_reason(reported: str | None, saw_tool_calls: bool) -> str:

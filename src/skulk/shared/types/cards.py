@@ -198,6 +198,11 @@ class RuntimeSection(WireModel):
     """The KV cache element type this model is placed with unless a placement names one:
     'f16', 'q8_0' or 'q4_0' (`skulk.shared.types.kv_cache`; 'default' reads as f16)."""
 
+    speculative: Literal["none", "ngram"] | None = None
+    """Speculative decoding for this model (`skulk.shared.types.speculative`): 'ngram'
+    drafts from n-grams already in the context (no second model); 'none' or unset: off.
+    Placement serves a card that asks for it only on an engine that can (llama-server)."""
+
     speculative_multi_node: StrictBool | None = None
     """Only an explicit False gates: multi-node speculation measured slower than plain decode."""
 

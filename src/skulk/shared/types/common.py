@@ -106,6 +106,12 @@ class Usage(WireModel):
     cached_tokens: NonNegInt = 0
     """Prompt tokens whose KV was re-used from a cached prefix instead of evaluated
     (OpenAI `prompt_tokens_details.cached_tokens`, Anthropic `cache_read_input_tokens`)."""
+    drafted_tokens: NonNegInt = 0
+    """Tokens a speculative drafter proposed (`skulk.shared.types.speculative`); the target
+    model checked each, so the output is the same as without drafting."""
+    accepted_draft_tokens: NonNegInt = 0
+    """Drafted tokens the target model accepted (OpenAI
+    `completion_tokens_details.accepted_prediction_tokens`)."""
 
 
 InterfaceKind = Literal["thunderbolt", "ethernet", "wifi", "loopback", "overlay", "other"]

@@ -117,6 +117,8 @@ class EngineTraits:
     context_cap_tokens: int | None = None
     kv_cache_types: tuple[str, ...] = ("f16",)
     """The KV cache element types it serves (`skulk.shared.types.kv_cache`)."""
+    speculative: tuple[str, ...] = ()
+    """The speculative decoding methods it serves (`skulk.shared.types.speculative`)."""
 
     @property
     def served(self) -> bool:
@@ -171,6 +173,7 @@ ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
         # dispatcher's thread count stop making sense.
         slots=SlotTraits("SKULK_LLAMA_SERVER_PARALLEL", default=4, maximum=64, kv_per_slot=True),
         kv_cache_types=("f16", "q8_0", "q4_0"),
+        speculative=("ngram",),
     ),
     "mlx": EngineTraits(
         formats=frozenset({"safetensors"}),

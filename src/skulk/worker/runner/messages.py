@@ -174,7 +174,7 @@ def pack_token(
     finish reason and usage: the per-token hot path, a few microseconds instead of building
     and pickling three models. `unpack` rebuilds the same `Frame`."""
     counts = None if usage is None else (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens,
-                                         usage.cached_tokens)
+                                         usage.cached_tokens, usage.drafted_tokens, usage.accepted_draft_tokens)
     return pickle.dumps(
         (_PLAIN_TOKEN, owner_node_id, command_id, seq, text, token_id, finish_reason, counts), _PICKLE_PROTOCOL
     )
@@ -225,7 +225,8 @@ def unpack(data: bytes | bytearray) -> FromRunner:
     usage = None
     if counts is not None:
         usage = Usage.model_construct(prompt_tokens=counts[0], completion_tokens=counts[1], total_tokens=counts[2],
-                                      cached_tokens=counts[3])
+                                      cached_tokens=counts[3], drafted_tokens=counts[4],
+                                      accepted_draft_tokens=counts[5])
     chunk = _token_chunk(command_id=command_id, text=text, token_id=token_id, finish_reason=finish_reason, usage=usage)
     return _frame(owner_node_id=owner, frame=_stream_payload(command_id=command_id, seq=seq, chunk=chunk))
 

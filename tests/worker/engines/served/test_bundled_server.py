@@ -20,14 +20,14 @@ from tests.llama_server_kit import require_bundled_server
 
 LAUNCH = ServerLaunch(binary=Path("/x/skulk-llama-server"), model_path=Path("/m/model.gguf"), port=4321, slots=4,
                       context_per_slot=512, threads=2, gpu_layers=0, flash_attn=False, cache_ram_mib=64,
-                      kv_cache_type="q8_0")
+                      kv_cache_type="q8_0", spec_type="ngram-simple")
 
 
 def test_the_served_engines_command_line_is_read_whole():
     assert parse_server_argv(LAUNCH.argv()[1:]) == HostSettings(
         model="/m/model.gguf", host="127.0.0.1", port=4321, parallel=4, ctx_size=2048, kv_unified=False,
         cont_batching=True, threads=2, gpu_layers=0, flash_attn="off", fit=False, jinja=True, webui=False,
-        cache_ram_mib=64, cache_type_k="q8_0", cache_type_v="q8_0",
+        cache_ram_mib=64, cache_type_k="q8_0", cache_type_v="q8_0", spec_type="ngram-simple",
     )
 
 
@@ -39,6 +39,7 @@ def test_the_served_engines_command_line_is_read_whole():
         (["--model", "m", "--flash-attn", "maybe"], "on, off or auto"),
         (["--model", "m", "--fit", "sometimes"], "on or off"),
         (["--model", "m", "--cache-type-k", "iq4_nl"], "f16, q8_0, q4_0"),
+        (["--model", "m", "--spec-type", "draft-eagle3"], "none, ngram-simple"),
         (["--model"], "needs a value"),
         (["--port", "1"], "--model is required"),
     ],
@@ -51,7 +52,8 @@ def test_a_flag_it_cannot_honour_is_refused_by_name(argv, says):
 def test_settings_land_on_xllamacpps_parameters():
     xllamacpp = pytest.importorskip("xllamacpp")
     params = xllamacpp.CommonParams()
-    apply_settings(parse_server_argv(LAUNCH.argv()[1:]), params, xllamacpp.llama_flash_attn_type, xllamacpp.ggml_type)
+    apply_settings(parse_server_argv(LAUNCH.argv()[1:]), params, xllamacpp.llama_flash_attn_type, xllamacpp.ggml_type,
+                   xllamacpp.common_speculative_type)
     assert (params.model.path, params.hostnames, params.port, params.n_parallel, params.n_ctx) == (
         "/m/model.gguf", ["127.0.0.1"], 4321, 4, 2048)
     assert (params.kv_unified, params.cont_batching, params.fit_params, params.use_jinja, params.ui) == (
@@ -60,6 +62,7 @@ def test_settings_land_on_xllamacpps_parameters():
     assert params.flash_attn_type == xllamacpp.llama_flash_attn_type.LLAMA_FLASH_ATTN_TYPE_DISABLED
     assert params.cache_ram_mib == 64
     assert params.cache_type_k == params.cache_type_v == xllamacpp.ggml_type.GGML_TYPE_Q8_0
+    assert params.speculative.types == [xllamacpp.common_speculative_type.COMMON_SPECULATIVE_TYPE_NGRAM_SIMPLE]
 
 
 def test_the_script_refuses_an_unknown_flag_with_a_usage_exit():

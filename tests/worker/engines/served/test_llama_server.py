@@ -385,3 +385,30 @@ def test_the_placements_kv_cache_type_reaches_llama_server(tiny_gguf):
         assert "--cache-type-k q8_0 --cache-type-v q8_0" in argv and "--flash-attn on" in argv, argv
     finally:
         engine.close()
+
+
+def test_ngram_speculation_drafts_and_keeps_the_greedy_text(engine, tiny_gguf):
+    """A card with `runtime.speculative = "ngram"`: the server is started with n-gram
+    drafting, the greedy text is exactly the unspeculated server's, and the usage says how
+    many tokens were drafted and accepted."""
+    plain_spec = spec_for(tiny_gguf, slots=1)
+    card = plain_spec.card.model_copy(update={"runtime": plain_spec.card.runtime.model_copy(
+        update={"speculative": "ngram"})})
+    spec = ShardSpec(instance=plain_spec.instance, runner_id=plain_spec.runner_id, card=card,
+                     model_path=plain_spec.model_path, n_threads=plain_spec.n_threads)
+    request = prompt_params(LONG_PROMPT, temperature=0, max_tokens=300)
+    plain = list(engine.generate(request, threading.Event()))
+    drafting = LlamaServerEngine(engine_env(require_llama_server()))
+    try:
+        drafting.load(spec)
+        server = drafting.server
+        assert server is not None
+        assert "--spec-type ngram-simple" in " ".join(_cmdline(psutil.Process(server.pid)))
+        drafted = list(drafting.generate(request, threading.Event()))
+    finally:
+        drafting.close()
+    assert "".join(t.text for t in drafted) == "".join(t.text for t in plain)
+    usage, unspeculated = drafted[-1].usage, plain[-1].usage
+    assert usage is not None and unspeculated is not None
+    assert usage.drafted_tokens > 0 and 0 < usage.accepted_draft_tokens <= usage.drafted_tokens
+    assert unspeculated.drafted_tokens == 0

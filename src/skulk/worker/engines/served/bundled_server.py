@@ -60,6 +60,7 @@ class HostSettings:
     cache_ram_mib: int | None = None
     cache_type_k: str | None = None
     cache_type_v: str | None = None
+    spec_type: str | None = None
     extras: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -79,6 +80,8 @@ _CACHE_TYPE_FLAGS: Mapping[str, str] = {"--cache-type-k": "cache_type_k", "-ctk"
                                         "--cache-type-v": "cache_type_v", "-ctv": "cache_type_v"}
 CACHE_TYPES: tuple[str, ...] = ("f16", "q8_0", "q4_0")
 """The KV cache types this host takes (`skulk.shared.types.kv_cache`)."""
+SPEC_TYPES: Mapping[str, str] = {"none": "COMMON_SPECULATIVE_TYPE_NONE", "ngram-simple": "COMMON_SPECULATIVE_TYPE_NGRAM_SIMPLE"}
+"""The `--spec-type` values this host takes, and xllamacpp's name for each."""
 
 
 def parse_server_argv(argv: Sequence[str]) -> HostSettings:
@@ -118,6 +121,11 @@ def parse_server_argv(argv: Sequence[str]) -> HostSettings:
             if raw not in CACHE_TYPES:
                 raise UnsupportedFlag(f"{flag} takes {', '.join(CACHE_TYPES)} here, not {raw!r}")
             values[_CACHE_TYPE_FLAGS[flag]] = raw
+        elif flag == "--spec-type":
+            raw = value_of(flag)
+            if raw not in SPEC_TYPES:
+                raise UnsupportedFlag(f"--spec-type takes {', '.join(SPEC_TYPES)} here, not {raw!r}")
+            values["spec_type"] = raw
         elif flag == "--fit":
             raw = value_of(flag)
             if raw not in _ON_OFF:
@@ -131,9 +139,11 @@ def parse_server_argv(argv: Sequence[str]) -> HostSettings:
     return HostSettings(**values)
 
 
-def apply_settings(settings: HostSettings, params: Any, flash_types: Any, ggml_types: Any = None) -> None:
+def apply_settings(settings: HostSettings, params: Any, flash_types: Any, ggml_types: Any = None,
+                   spec_types: Any = None) -> None:
     """Copy `settings` onto an `xllamacpp.CommonParams` (`flash_types`: its
-    `llama_flash_attn_type` enum; `ggml_types`: its `ggml_type` enum, for the cache types)."""
+    `llama_flash_attn_type` enum; `ggml_types`: its `ggml_type` enum, for the cache types;
+    `spec_types`: its `common_speculative_type` enum)."""
     params.model.path = settings.model
     params.hostnames = [settings.host]
     params.port = settings.port
@@ -157,6 +167,8 @@ def apply_settings(settings: HostSettings, params: Any, flash_types: Any, ggml_t
     params.ui = settings.webui
     if settings.cache_ram_mib is not None:
         params.cache_ram_mib = settings.cache_ram_mib
+    if settings.spec_type is not None:
+        params.speculative.types = [getattr(spec_types, SPEC_TYPES[settings.spec_type])]
     for name in ("cache_type_k", "cache_type_v"):
         value = getattr(settings, name)
         if value is not None:
@@ -195,7 +207,8 @@ def main(argv: Sequence[str] | None = None, *, on_ready: Callable[[str], None] |
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     params = xllamacpp.CommonParams()
     ggml_types = xllamacpp.ggml_type  # pyright: ignore[reportAttributeAccessIssue] -- in the wheel, not its stubs
-    apply_settings(settings, params, xllamacpp.llama_flash_attn_type, ggml_types)
+    spec_types = xllamacpp.common_speculative_type  # pyright: ignore[reportAttributeAccessIssue] -- likewise
+    apply_settings(settings, params, xllamacpp.llama_flash_attn_type, ggml_types, spec_types)
     try:
         server = xllamacpp.Server(params)
     except Exception as exc:  # the wheel raises plain RuntimeErrors for a model it cannot load

@@ -78,6 +78,9 @@ class ServerLaunch:
     RAM instead of being re-evaluated; 0 turns it off."""
     kv_cache_type: str = "f16"
     """The KV cache's element type (`--cache-type-k/-v`), as placement admitted it."""
+    spec_type: str | None = None
+    """llama-server's `--spec-type` (the card's speculative method,
+    `skulk.shared.types.speculative`); None: no speculation."""
 
     def argv(self) -> list[str]:
         return [
@@ -103,6 +106,7 @@ class ServerLaunch:
             "--cache-ram", str(self.cache_ram_mib),
             "--cache-type-k", self.kv_cache_type,
             "--cache-type-v", self.kv_cache_type,
+            *(("--spec-type", self.spec_type) if self.spec_type is not None else ()),
         ]
 
 
@@ -166,6 +170,10 @@ def tokens_of_event(event: Mapping[str, Any], want_logprobs: bool, top: int) -> 
         timings = event.get("timings") or {}
         usage = usage_of(int(event.get("tokens_evaluated") or 0), int(event.get("tokens_predicted") or 0),
                          max(0, int(timings.get("cache_n") or 0)))
+        drafted = max(0, int(timings.get("draft_n") or 0))
+        if drafted:  # a speculating server says what its drafter proposed and what held
+            usage = usage.model_copy(update={"drafted_tokens": drafted, "accepted_draft_tokens": min(
+                drafted, max(0, int(timings.get("draft_n_accepted") or 0)))})
     probs = event.get("completion_probabilities") or []
     if want_logprobs and probs:
         out: list[GeneratedToken] = []

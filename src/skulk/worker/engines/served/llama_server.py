@@ -39,6 +39,7 @@ from skulk.shared.settings import setting
 from skulk.shared.tool_grammar import SchemaNotSupported, request_grammar
 from skulk.shared.types.cards import backend_engine
 from skulk.shared.types.node_facts import ENGINE_BINARY_ENV
+from skulk.shared.types.speculative import LLAMA_SERVER_SPEC_TYPES
 from skulk.shared.types.tasks import TextGenerationParams
 from skulk.worker.engines.base import (
     EngineBroken,
@@ -151,6 +152,7 @@ class LlamaServerEngine(ServedEngineShell):
             flash_attn=flash_attn_enabled(spec.card.runtime.flash_attn, self._env) or shard.kv_cache_type != "f16",
             cache_ram_mib=self._cache_ram_mib(spec),
             kv_cache_type=shard.kv_cache_type,
+            spec_type=LLAMA_SERVER_SPEC_TYPES.get(spec.card.runtime.speculative or "none"),
         )
         self._server = self._start(launch)
         self._slots = slots
@@ -160,9 +162,9 @@ class LlamaServerEngine(ServedEngineShell):
             timeout=httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
             limits=httpx.Limits(max_connections=slots + 2, max_keepalive_connections=slots + 2),
         )
-        log.info("llama-server pid %d on port %d: %d slots x %d tokens, %s KV cache, %s",
+        log.info("llama-server pid %d on port %d: %d slots x %d tokens, %s KV cache, speculation %s, %s",
                  self._server.pid, self._server.port, slots, launch.context_per_slot, launch.kv_cache_type,
-                 spec.model_path)
+                 launch.spec_type or "off", spec.model_path)
 
     def _start(self, launch: ServerLaunch) -> ServerProcess:
         return start_healthy(lambda port: _with_port(launch, port).argv(), server_env(self._env),

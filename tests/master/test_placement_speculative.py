@@ -1,0 +1,41 @@
+"""A card's speculative method (`runtime.speculative`): served only by an engine that can
+(llama-server's n-gram drafting), refused by name where no engine of the card can."""
+
+import pytest
+
+from skulk.master.placement import SpeculativeUnsupported, place
+from skulk.shared.types.speculative import speculative_refusal
+from tests.master.test_placement import GB, GGUF_8B, LLAMA_CPU, cluster, ids, request, served_res
+
+NGRAM = GGUF_8B.model_copy(update={"runtime": GGUF_8B.runtime.model_copy(update={"speculative": "ngram"})})
+SERVED_AND_IN_PROCESS = ("llama_cpp", "llama_cpp-cpu", "llama_server", "llama_server-cpu")
+
+
+@pytest.mark.parametrize(("backend", "method", "refused"), [
+    ("llama_server-cpu", "ngram", False),
+    ("llama_server-cuda", "ngram", False),
+    ("llama_cpp-cpu", "ngram", True),
+    ("mlx-metal", "ngram", True),
+    ("vllm-cuda", "ngram", True),
+    ("llama_cpp-cpu", "none", False),
+])
+def test_speculative_refusal(backend, method, refused):
+    assert (speculative_refusal(backend, method) is not None) is refused
+
+
+def test_a_speculating_card_is_served_by_llama_server_only():
+    reading = served_res("a", 60 * GB, backends=SERVED_AND_IN_PROCESS)
+    card = NGRAM.model_copy(update={"placement": NGRAM.placement.model_copy(update={
+        "compatible_backends": SERVED_AND_IN_PROCESS, "backend_preference": ("llama_cpp-cpu", "llama_server-cpu")})})
+    instance = place(card, cluster("a"), {"a": reading}, request(card), new_id=ids())
+    # The card ranks the in-process engine first, but only llama-server drafts.
+    assert [s.backend for s in instance.shards] == ["llama_server-cpu"]
+
+
+def test_a_node_without_a_speculating_engine_cannot_serve_the_card():
+    reading = served_res("a", 60 * GB, backends=LLAMA_CPU)
+    only_in_process = NGRAM.model_copy(update={"placement": NGRAM.placement.model_copy(update={
+        "compatible_backends": LLAMA_CPU, "backend_preference": ()})})
+    with pytest.raises(SpeculativeUnsupported, match="llama_cpp engine serves speculative methods: none") as caught:
+        place(only_in_process, cluster("a"), {"a": reading}, request(only_in_process), new_id=ids())
+    assert caught.value.code == "speculative_unsupported"
