@@ -39,3 +39,12 @@ def test_a_node_without_a_speculating_engine_cannot_serve_the_card():
     with pytest.raises(SpeculativeUnsupported, match="llama_cpp engine serves speculative methods: none") as caught:
         place(only_in_process, cluster("a"), {"a": reading}, request(only_in_process), new_id=ids())
     assert caught.value.code == "speculative_unsupported"
+
+
+def test_the_removed_multi_node_gate_is_refused_by_name():
+    from pydantic import ValidationError
+
+    from skulk.shared.types.cards import RuntimeSection
+
+    with pytest.raises(ValidationError, match=r"runtime\.speculative_multi_node was removed: Skulk speculates on one node"):
+        RuntimeSection.model_validate({"speculativeMultiNode": False})

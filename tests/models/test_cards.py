@@ -368,7 +368,7 @@ def test_resolve_without_custom_dir() -> None:
             capabilities=["text", "tools", "thinking"],
             tooling={"tool_call_format": "hermes"},
             reasoning={"format": "think_tags", "start_tag": "<think>", "end_tag": "</think>"},
-            runtime={"metal_fast_synch": False, "kv_cache_backend": "q8_0", "speculative_multi_node": False},
+            runtime={"metal_fast_synch": False, "kv_cache_backend": "q8_0"},
             sliding_window=4096,
             sliding_window_pattern=2,
             placement={"compatible_backends": ["mlx"], "max_pipeline_split_layer": 6, "supports_tensor": True},

@@ -7,6 +7,7 @@ tests/models/test_tiny_models.py holds equal to llama.cpp's greedy tokens."""
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -751,3 +752,20 @@ def test_rendezvous_ignores_a_peer_of_another_instance() -> None:
     for t in threads:
         t.join(10)
     assert len(errors) == 2 and all(isinstance(e, GroupFormationFailed) for e in errors)
+
+
+@pytest.mark.parametrize(("pin", "value"), [(True, "1"), (False, "0"), (None, None)])
+def test_a_cards_metal_fast_synch_pin_reaches_mlx(tiny_hf, monkeypatch, pin, value) -> None:
+    """`runtime.metal_fast_synch` is MLX's own switch (MLX_METAL_FAST_SYNCH) in the runner's
+    process, set before MLX first touches the device; unset leaves the node's setting."""
+    from skulk.worker.engines.mlx.engine import METAL_FAST_SYNCH_ENV
+
+    monkeypatch.setenv(METAL_FAST_SYNCH_ENV, "node")
+    card = CARD.model_copy(update={"runtime": CARD.runtime.model_copy(update={"metal_fast_synch": pin})})
+    engine = MlxEngine()
+    instance = local_instance(CARD, 1)
+    engine.load(ShardSpec(instance=instance, runner_id=instance.shards[0].runner_id, card=card, model_path=str(tiny_hf)))
+    try:
+        assert os.environ[METAL_FAST_SYNCH_ENV] == (value or "node")
+    finally:
+        engine.close()

@@ -14,10 +14,12 @@ tell a user exactly which key of which file to fix.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import PurePosixPath
-from typing import Annotated, Literal
+from typing import Annotated, Literal, cast
 
 from pydantic import AfterValidator, ConfigDict, Field, Strict, model_validator
+from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
 from skulk.shared.types.base import WireModel
@@ -184,6 +186,14 @@ class PlacementSection(WireModel):
         return self
 
 
+REMOVED_RUNTIME_KNOBS: Mapping[str, str] = {
+    "speculative_multi_node": "Skulk speculates on one node only (llama-server's n-gram drafting, "
+                              "runtime.speculative), so there is no multi-node speculation to gate",
+}
+"""Runtime knobs older cards may still set, each with why it is gone: refused by name rather
+than parsed and ignored."""
+
+
 class RuntimeSection(WireModel):
     """Per-model engine knobs. None everywhere means 'use the cluster / node default'; only
     an explicit value overrides it."""
@@ -203,8 +213,14 @@ class RuntimeSection(WireModel):
     drafts from n-grams already in the context (no second model); 'none' or unset: off.
     Placement serves a card that asks for it only on an engine that can (llama-server)."""
 
-    speculative_multi_node: StrictBool | None = None
-    """Only an explicit False gates: multi-node speculation measured slower than plain decode."""
+    @model_validator(mode="before")
+    @classmethod
+    def _removed_knobs(cls, data: object) -> object:
+        keys = set(cast("dict[str, object]", data)) if isinstance(data, dict) else set[str]()
+        for name, why in REMOVED_RUNTIME_KNOBS.items():
+            if name in keys or to_camel(name) in keys:
+                raise ValueError(f"runtime.{name} was removed: {why}; delete it from the card")
+        return data
 
 
 class ToolingSection(WireModel):

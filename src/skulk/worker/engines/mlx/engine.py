@@ -135,6 +135,19 @@ class GroupBroken(EngineBroken):
     error_type = StreamErrorType.GROUP_BROKEN
 
 
+METAL_FAST_SYNCH_ENV = "MLX_METAL_FAST_SYNCH"
+"""MLX's switch for Metal's fast CPU-GPU synchronisation (off unless set to 1)."""
+
+
+def metal_fast_synch_env(pin: bool | None) -> str | None:
+    """The value a card's `runtime.metal_fast_synch` pin gives MLX_METAL_FAST_SYNCH in its
+    runner's process ("1" on, "0" off), or None to leave the node's environment as it is.
+    One runner serves one model, so setting it in the runner's process scopes it to the card."""
+    if pin is None:
+        return None
+    return "1" if pin else "0"
+
+
 class MlxEngine:
     """`Engine` over an mlx-lm model. A group runs at width 1 (one request at a time drives
     every rank in lockstep); a single rank batches by default (`SKULK_MLX_BATCH_WIDTH`, see
@@ -206,6 +219,10 @@ class MlxEngine:
         return self._require_loaded().role.world
 
     def load(self, spec: ShardSpec) -> None:
+        # Before anything touches Metal: MLX reads its FAST_SYNCH switch once, on first use.
+        pinned = metal_fast_synch_env(spec.card.runtime.metal_fast_synch)
+        if pinned is not None:
+            os.environ[METAL_FAST_SYNCH_ENV] = pinned
         import mlx.core as mx
         from mlx_lm.models.cache import make_prompt_cache
         from mlx_lm.utils import load_config, load_model, load_tokenizer
@@ -711,4 +728,4 @@ def _activation_dtype(stage: Stage) -> Any:
     return mx.float32
 
 
-__all__ = ["PREFILL_CHUNK_TOKENS", "GroupBroken", "MlxEngine"]
+__all__ = ["METAL_FAST_SYNCH_ENV", "PREFILL_CHUNK_TOKENS", "GroupBroken", "MlxEngine", "metal_fast_synch_env"]
