@@ -220,7 +220,7 @@ class RuntimeSection(WireModel):
         for name, why in REMOVED_RUNTIME_KNOBS.items():
             if name in keys or to_camel(name) in keys:
                 raise ValueError(f"runtime.{name} was removed: {why}; delete it from the card")
-        return data
+        return cast("object", data)
 
 
 class ToolingSection(WireModel):
