@@ -18,6 +18,7 @@ import typer
 from skulk import __version__
 from skulk.api.auth import API_KEY_ENV
 from skulk.cli_engines import engines_app
+from skulk.cli_service import service_app
 from skulk.datadir.config import ConfigError, SkulkConfig, load_config, with_env_overrides
 from skulk.datadir.paths import SkulkPaths, resolve_paths
 from skulk.node import ExitCode, default_node_name, run_node
@@ -40,6 +41,7 @@ app.add_typer(models_app, name="models")
 diagnostics_app = typer.Typer(help="Look inside a running cluster.", no_args_is_help=True)
 app.add_typer(diagnostics_app, name="diagnostics")
 app.add_typer(engines_app, name="engines")
+app.add_typer(service_app, name="service")
 
 
 @dataclass(frozen=True)
