@@ -54,6 +54,8 @@ def test_the_meter_cuts_only_open_reasoning_at_the_budget(steps, cut_at):
     cuts = [meter.spent(chunk(str(i)), reasoning) for i, reasoning in enumerate(steps)]
     assert cuts == [i == cut_at for i in range(len(steps))]
     assert meter.cut is (cut_at is not None)
+    # Reasoning that closed in time: nothing more is kept (the answer may be long).
+    assert meter.closed is (cut_at is None) and (not meter.closed or meter.raw == [])
 
 
 def test_a_finishing_chunk_never_cuts():

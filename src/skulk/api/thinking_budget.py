@@ -54,14 +54,20 @@ class BudgetMeter:
     """The prompt's length as the run's first chunk said it."""
     raw: list[str] = field(default_factory=list)
     cut: bool = False
+    closed: bool = False
+    """The reasoning ended within the budget: nothing is counted or kept from here on."""
 
     def spent(self, chunk: TokenChunk, in_reasoning: bool) -> bool:
+        if self.closed:
+            return False
         self.tokens += 1
         self.raw.append(chunk.text)
         if chunk.prompt_tokens is not None and self.prompt_tokens is None:
             self.prompt_tokens = chunk.prompt_tokens
         if in_reasoning:
             self.reasoning_tokens += 1
+        elif self.reasoning_tokens:
+            self.closed, self.raw = True, []
         if chunk.finish_reason is not None or not in_reasoning or self.reasoning_tokens < self.budget:
             return False
         self.cut = True
