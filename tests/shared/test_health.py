@@ -181,3 +181,22 @@ def test_disk_under_the_reserve_says_downloads_are_refused_and_how_to_fix_it() -
     [reason] = disk_reasons(_res("a", free=8 * GIB, reserve=10 * GIB))
     assert "8.0 GiB free, under its 10 GiB download reserve" in reason.message
     assert "refused" in reason.message and "disk_reserve_gb" in (reason.remediation or "")
+
+
+@pytest.mark.parametrize(("builds", "message", "remediation"), [
+    # (node -> (version, commit)); the same version on other commits is a mismatch too
+    ({"a": ("0.1.0", "aaa"), "b": ("0.1.0", "aaa"), "c": ("0.1.0", "bbb")},
+     "0.1.0 (aaa) on a, b; 0.1.0 (bbb) on c", "upgrade c to 0.1.0 (aaa)"),
+    ({"a": ("0.1.0", None), "b": ("0.2.0", None)}, "0.1.0 on a; 0.2.0 on b", "upgrade b to 0.1.0"),
+    ({"a": ("0.1.0", "aaa"), "b": ("0.1.0", "aaa")}, None, None),
+])
+def test_a_mismatch_names_the_builds_and_the_nodes_to_upgrade(builds, message, remediation) -> None:
+    from skulk.shared.health import version_mismatch_reason
+
+    resources = {node: _res(node, version).model_copy(update={"commit": commit})
+                 for node, (version, commit) in builds.items()}
+    reason = version_mismatch_reason(resources)
+    if message is None:
+        assert reason is None
+        return
+    assert reason is not None and message in reason.message and reason.remediation.startswith(remediation)

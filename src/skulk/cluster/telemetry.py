@@ -20,6 +20,7 @@ from pathlib import Path
 import psutil
 
 from skulk import __version__
+from skulk.facts.build import build_commit
 from skulk.facts.nvml import collect_gpus
 from skulk.routing.router import Router, RouterError
 from skulk.routing.topics import TOPICS
@@ -122,6 +123,7 @@ class TelemetryService:
             node_id=self.node_id,
             node_name=self._node_name,
             version=__version__,
+            commit=build_commit(),
             memory=MemoryReading(ram_total_bytes=memory.total, ram_available_bytes=memory.available),
             disk=disk_reading,
             backends=self._backends(),

@@ -170,20 +170,29 @@ def capability_reasons(resources: NodeResources | None) -> list[HealthReason]:
     ]
 
 
+def build_of(resources: NodeResources) -> str:
+    """A node's build as people read it: '0.1.0', or '0.1.0 (3f2a9c1d0e4b)' with its commit."""
+    return resources.version if not resources.commit else f"{resources.version} ({resources.commit})"
+
+
 def version_mismatch_reason(resources: Mapping[NodeId, NodeResources]) -> HealthReason | None:
-    """One shared reason when the live members' advertised versions disagree. A member with
-    no resource reading yet is unknown, not a mismatch."""
-    by_version: dict[str, list[NodeId]] = {}
+    """One shared reason when the live members run different builds (package version or
+    source commit), naming the nodes on each and which to upgrade: those off the build most
+    nodes run (a tie goes to the lexically first build). A member with no resource reading
+    yet is unknown, not a mismatch."""
+    by_build: dict[str, list[str]] = {}
     for node_id, r in sorted(resources.items()):
-        by_version.setdefault(r.version, []).append(node_id)
-    if len(by_version) < 2:
+        by_build.setdefault(build_of(r), []).append(r.node_name or node_id)
+    if len(by_build) < 2:
         return None
-    spread = "; ".join(f"{v} on {', '.join(ns)}" for v, ns in sorted(by_version.items()))
+    spread = "; ".join(f"{build} on {', '.join(names)}" for build, names in sorted(by_build.items()))
+    keep = max(sorted(by_build), key=lambda build: len(by_build[build]))
+    behind = sorted(name for build, names in by_build.items() if build != keep for name in names)
     return HealthReason(
         code="version_mismatch",
         level="warn",
-        message=f"nodes run different skulk versions: {spread}",
-        remediation="upgrade every node to the same skulk version",
+        message=f"nodes run different skulk builds: {spread}",
+        remediation=f"upgrade {', '.join(behind)} to {keep} (the build most nodes run), or every node to one build",
     )
 
 

@@ -138,6 +138,9 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     # Test-suite knobs.
     Setting("SKULK_TEST_NODE_TIMEOUT_SECONDS", "number", "", "The master prunes a silent node after this long.",
             "tests/", "test"),
+    Setting("SKULK_BUILD_COMMIT", "text", "the git checkout's HEAD, else the VCS install's commit",
+            "The source commit this node reports (`nodeResources[].commit`): a packager's stamp, or a test "
+            "playing two builds.", "docs/SERVICE.md#upgrades"),
     Setting("SKULK_TEST_MASTER_DROPS_GENERATIONS", "integer", "", "The master ignores this many first "
             "GenerateText commands.", "tests/", "test"),
     Setting("SKULK_TEST_WORKER_RAM_AVAILABLE_BYTES", "integer", "", "The pre-spawn memory guard reads this as "

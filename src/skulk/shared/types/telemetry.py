@@ -83,6 +83,8 @@ class NodeResources(WireModel):
     node_id: NodeId
     node_name: str
     version: str
+    commit: str | None = None
+    """The source commit this node runs (`skulk.facts.build`); None for a plain release install."""
     memory: MemoryReading
     disk: DiskReading
     backends: list[str] = Field(default_factory=list)
