@@ -26,7 +26,6 @@ from skulk.node_settings import NodeSettings
 from skulk.provision.llama_build import engine_search_dirs
 from skulk.provision.node_engine import export_managed_llama_server
 from skulk.shared.settings import setting
-from skulk.shared.types.kv_cache import parse_kv_cache_type
 from skulk.worker.engines.hugepages import export_hugepage_malloc
 
 app = typer.Typer(
@@ -89,7 +88,7 @@ def resolve_settings(
         open_to_lan=config.api.open_to_lan,
         allowed_hosts=tuple(config.api.allowed_hosts),
         local_model_dirs=tuple(Path(d).expanduser() for d in config.models.local_dirs),
-        kv_cache_type=parse_kv_cache_type(config.kv_cache_backend),
+        kv_cache_type=config.kv_cache_backend,
         cors_origins=tuple(config.api.cors_origins),
         api_enabled=not flags.no_api,
         api_max_body_bytes=config.api.max_body_bytes,

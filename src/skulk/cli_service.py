@@ -46,8 +46,12 @@ def _plan(data_dir: Path | None, user_scope: bool, run_as: str | None = None) ->
         typer.echo(f"skulk service: no service manager Skulk writes for on {sys.platform} (systemd, launchd)", err=True)
         raise typer.Exit(EXIT_FAILURE)
     root = resolve_paths(os.environ, sys.platform, Path.home(), data_dir).data_home
-    return service_plan(manager, user_scope=user_scope, python=sys.executable, data_dir=root.resolve(),
-                        home=Path.home(), run_as=run_as)
+    try:
+        return service_plan(manager, user_scope=user_scope, python=sys.executable, data_dir=root.resolve(),
+                            home=Path.home(), run_as=run_as)
+    except ValueError as exc:
+        typer.echo(f"skulk service: {exc}", err=True)
+        raise typer.Exit(EXIT_FAILURE) from None
 
 
 def _run(commands: list[list[str]], *, check: bool = True) -> None:
@@ -67,7 +71,7 @@ def _run(commands: list[list[str]], *, check: bool = True) -> None:
 def install(
     user_scope: UserScope = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the definition and the commands; change nothing.")] = False,
-    run_as: Annotated[str | None, typer.Option("--run-as", help="Account a system-wide systemd unit runs the node as.")] = None,
+    run_as: Annotated[str | None, typer.Option("--run-as", help="Account a system-wide service runs the node as.")] = None,
     data_dir: DataDir = None,
 ) -> None:
     """Write the service definition for this node, enable it and start it."""

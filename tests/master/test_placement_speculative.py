@@ -48,3 +48,16 @@ def test_the_removed_multi_node_gate_is_refused_by_name():
 
     with pytest.raises(ValidationError, match=r"runtime\.speculative_multi_node was removed: Skulk speculates on one node"):
         RuntimeSection.model_validate({"speculativeMultiNode": False})
+
+
+def test_a_node_without_the_engine_the_card_needs_is_named_with_the_reason():
+    """The card allows llama-server and in-process llama.cpp, but only llama-server drafts:
+    a cluster of in-process-only nodes is told which tags remain, and why."""
+    from skulk.master.placement import NoCompatibleBackend
+
+    reading = served_res("a", 60 * GB, backends=LLAMA_CPU)
+    card = NGRAM.model_copy(update={"placement": NGRAM.placement.model_copy(update={
+        "compatible_backends": SERVED_AND_IN_PROCESS, "backend_preference": ()})})
+    with pytest.raises(NoCompatibleBackend, match=r"\['llama_server', 'llama_server-cpu'\] \(for a f16 KV cache, "
+                                                  r"speculation ngram\)"):
+        place(card, cluster("a"), {"a": reading}, request(card), new_id=ids())

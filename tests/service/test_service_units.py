@@ -35,12 +35,12 @@ def plan(manager="systemd", user_scope=False, run_as=None):
     return service_plan(manager, user_scope=user_scope, python=sys.executable, data_dir=DATA, home=HOME, run_as=run_as)
 
 
-@pytest.mark.parametrize(("user_scope", "path", "wanted", "user_line"), [
-    (False, "/etc/systemd/system/skulk.service", "WantedBy=multi-user.target", "User=skulk\n"),
-    (True, "/home/ada/.config/systemd/user/skulk.service", "WantedBy=default.target", ""),
+@pytest.mark.parametrize(("user_scope", "run_as", "path", "wanted", "user_line"), [
+    (False, "skulk", "/etc/systemd/system/skulk.service", "WantedBy=multi-user.target", "User=skulk\n"),
+    (True, None, "/home/ada/.config/systemd/user/skulk.service", "WantedBy=default.target", ""),
 ])
-def test_the_systemd_unit(user_scope, path, wanted, user_line):
-    chosen = plan(user_scope=user_scope, run_as="skulk")
+def test_the_systemd_unit(user_scope, run_as, path, wanted, user_line):
+    chosen = plan(user_scope=user_scope, run_as=run_as)
     text = systemd_unit(chosen)
     assert str(chosen.unit_path) == path
     for line in (f"ExecStart={sys.executable} -m skulk run --data-dir /srv/skulk", "Restart=on-failure",
@@ -60,6 +60,13 @@ def test_systemd_accepts_the_unit(tmp_path, user_scope):
     # verify warns about a value it cannot parse and still exits 0: no output at all is the bar.
     problems = [line for line in done.stderr.splitlines() if "skulk.service" in line]
     assert done.returncode == 0 and not problems, done.stderr
+
+
+def test_run_as_belongs_to_a_system_wide_service():
+    with pytest.raises(ValueError, match="a --user service runs as you"):
+        plan(user_scope=True, run_as="skulk")
+    daemon = plistlib.loads(launchd_plist(plan("launchd", run_as="skulk"), {}))
+    assert daemon["UserName"] == "skulk"
 
 
 def test_the_launchd_agent_parses_and_restarts_on_failure():

@@ -92,7 +92,9 @@ def combined_usage(first: Usage | None, retry: Usage | None) -> Usage | None:
         return retry or first
     completion = first.completion_tokens + retry.completion_tokens
     return Usage(prompt_tokens=first.prompt_tokens, completion_tokens=completion,
-                 total_tokens=first.prompt_tokens + completion, cached_tokens=first.cached_tokens)
+                 total_tokens=first.prompt_tokens + completion, cached_tokens=first.cached_tokens,
+                 drafted_tokens=first.drafted_tokens + retry.drafted_tokens,
+                 accepted_draft_tokens=first.accepted_draft_tokens + retry.accepted_draft_tokens)
 
 
 __all__ = [

@@ -96,8 +96,9 @@ def continued_usage(meter: BudgetMeter, usage: Usage | None) -> Usage | None:
         return None
     prompt = meter.prompt_tokens if meter.prompt_tokens is not None else max(0, usage.prompt_tokens - meter.tokens)
     completion = meter.tokens + usage.completion_tokens
-    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
-                 cached_tokens=min(usage.cached_tokens, prompt))
+    return usage.model_copy(update={"prompt_tokens": prompt, "completion_tokens": completion,
+                                    "total_tokens": prompt + completion,
+                                    "cached_tokens": min(usage.cached_tokens, prompt)})
 
 
 __all__ = ["HARMONY_CLOSE", "BudgetMeter", "closing_text", "continuation_params", "continued_usage"]

@@ -41,9 +41,6 @@ from skulk.shared.kv_shape import config_kv_shape, gguf_value_head_dim, value_di
 from skulk.shared.types.cards import ModelCard, windowed_layer
 from skulk.shared.types.kv_cache import DEFAULT_KV_CACHE_TYPE, kv_bytes_per_element_group
 
-KV_DTYPE_BYTES_F16 = 2
-"""Bytes per cached K or V element at f16/bf16, the engines' default cache dtype."""
-
 DEFAULT_RESERVE_BYTES = 1024**3
 """Memory left to the OS, the driver and other processes: 1 GiB."""
 
@@ -444,7 +441,6 @@ __all__ = [
     "DEFAULT_MIN_HOT_CONTEXT_TOKENS",
     "DEFAULT_RESERVE_BYTES",
     "GGUF_DEFAULT_WINDOW_PATTERN",
-    "KV_DTYPE_BYTES_F16",
     "CapacityPlan",
     "CapacityPolicy",
     "CapacityShortfall",

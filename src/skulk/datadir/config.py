@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import ErrorDetails
 
 from skulk.shared.body_limits import DEFAULT_MAX_BODY_BYTES, MAX_MAX_BODY_BYTES, MIN_MAX_BODY_BYTES
 from skulk.shared.settings import setting
-from skulk.shared.types.kv_cache import parse_kv_cache_type
+from skulk.shared.types.kv_cache import DEFAULT_KV_CACHE_TYPE, KvCacheType, parse_kv_cache_type
 
 DEFAULT_API_PORT = 52415
 
@@ -113,7 +113,7 @@ class SkulkConfig(_Strict):
     event_log: EventLogSection = EventLogSection()
     tracing: TracingSection = TracingSection()
     logging: LoggingSection = LoggingSection()
-    kv_cache_backend: Annotated[str, AfterValidator(parse_kv_cache_type)] = "f16"
+    kv_cache_backend: Annotated[KvCacheType, BeforeValidator(parse_kv_cache_type)] = DEFAULT_KV_CACHE_TYPE
     """The KV cache type this node's placements use when neither the placement nor the
     model's card names one: f16, q8_0 or q4_0 (`skulk.shared.types.kv_cache`)."""
     experiments: ExperimentsSection = ExperimentsSection()

@@ -210,14 +210,17 @@ class NoCompatibleBackend(PlacementError):
     code = "no_compatible_backend"
 
     def __init__(
-        self, model_id: str, card_backends: Sequence[str], node_backends: Mapping[NodeId, Sequence[str]]
+        self, model_id: str, card_backends: Sequence[str], node_backends: Mapping[NodeId, Sequence[str]],
+        narrowed_by: str | None = None,
     ) -> None:
+        """`narrowed_by`: the runtime choices that left only `card_backends` of the card's tags."""
         self.model_id = model_id
         self.card_backends = tuple(card_backends)
         self.node_backends = {n: tuple(b) for n, b in node_backends.items()}
         nodes = "; ".join(f"{n}: {list(b) or 'none'}" for n, b in self.node_backends.items())
+        why = f" (for {narrowed_by})" if narrowed_by else ""
         super().__init__(
-            f"no node can run {model_id}: it needs one of {list(self.card_backends)}, nodes advertise {nodes}"
+            f"no node can run {model_id}: it needs one of {list(self.card_backends)}{why}, nodes advertise {nodes}"
         )
 
 
@@ -363,7 +366,7 @@ def place(
     if request.slots is not None:
         _check_slot_request(card, request.slots, request.min_nodes)
     kv_type = request.kv_type(card)
-    _check_kv_cache_type(card, kv_type)
+    _check_runtime_choices(card, kv_type)
     search = _search(
         card,
         state,
@@ -400,7 +403,7 @@ def preview(
     (`InvalidSlotSetting` for a count no engine of the card takes)."""
     if slots is not None:
         _check_slot_request(card, slots, 1)
-    _check_kv_cache_type(card, kv_cache_type)
+    _check_runtime_choices(card, kv_cache_type)
     options: list[_Option] = []
     for mode in ("Pipeline", "Tensor") if sharding is None else (sharding,):
         if _sharding_unsupported(card, mode, 1) is None:
@@ -569,7 +572,7 @@ def _most_slots_fitting(card: ModelCard, shard: _Shard) -> int:
     return 0
 
 
-def _check_kv_cache_type(card: ModelCard, kv_type: str) -> None:
+def _check_runtime_choices(card: ModelCard, kv_type: str) -> None:
     """`KvCacheTypeUnsupported` when no backend of the card can hold a `kv_type` cache, and
     `SpeculativeUnsupported` when none serves the card's speculative method."""
     method = card.runtime.speculative or "none"
@@ -638,6 +641,9 @@ class _Search:
     """Nodes left out because none of their backends can serve the requested slots."""
     kv_type: KvCacheType = DEFAULT_KV_CACHE_TYPE
     """The KV cache type every shard is admitted with; tags that cannot hold it are skipped."""
+    tags: tuple[str, ...] = ()
+    """The card's backend tags, best first, that can serve its runtime choices (KV cache
+    type, speculation): the only ones a node is matched against."""
 
 
 def _search(
@@ -662,7 +668,7 @@ def _search(
     s.pending = [n for n in s.eligible if n not in resources]
     # llama_server before in-process llama_cpp, unless the card ranks it; only the tags
     # whose engine holds the placement's KV cache type and serves the card's speculation.
-    ordered = tuple(tag for tag in serving_order(card) if _runtime_refusal(card, tag, kv_type) is None)
+    ordered = s.tags = tuple(tag for tag in serving_order(card) if _runtime_refusal(card, tag, kv_type) is None)
     for node_id in (n for n in s.eligible if n in resources):
         reading = resources[node_id]
         backend = next((tag for tag in ordered if tag in reading.backends), None)
@@ -883,7 +889,11 @@ def _no_compatible_backend(s: _Search) -> PlacementError | None:
         return None
     if s.pending:
         return PlacementInfoPending("no reporting node is compatible; waiting for node resources", s.pending)
-    return NoCompatibleBackend(s.card.model_id, s.card.placement.compatible_backends, s.incompatible)
+    usable = [tag for tag in s.card.placement.compatible_backends if tag in s.tags]  # in the card's order
+    narrowed = len(usable) < len(s.card.placement.compatible_backends)
+    return NoCompatibleBackend(s.card.model_id, usable, s.incompatible,
+                               f"a {s.kv_type} KV cache, speculation {s.card.runtime.speculative or 'none'}"
+                               if narrowed else None)
 
 
 def _fits_only_if_connected(s: _Search) -> PlacementError | None:

@@ -52,12 +52,16 @@ class ServicePlan:
     env_file: Path
     unit_path: Path
     run_as: str | None = None
-    """The account a system-wide systemd unit runs the node as (None: root)."""
+    """The account a system-wide service runs the node as (None: root). A per-user service
+    runs as its user: `service_plan` refuses both."""
 
 
 def service_plan(manager: Manager, *, user_scope: bool, python: str, data_dir: Path, home: Path,
                  run_as: str | None = None) -> ServicePlan:
-    """The plan for this machine: where the definition goes and what it runs."""
+    """The plan for this machine: where the definition goes and what it runs. ValueError
+    for `run_as` on a per-user service (it runs as its user)."""
+    if user_scope and run_as:
+        raise ValueError("--run-as names the account of a system-wide service; a --user service runs as you")
     command = (python, "-m", "skulk", "run", "--data-dir", str(data_dir))
     env_file = data_dir / ENV_FILE_NAME
     if manager == "launchd":
@@ -66,7 +70,7 @@ def service_plan(manager: Manager, *, user_scope: bool, python: str, data_dir: P
         unit = home / ".config" / "systemd" / "user" / f"{SERVICE_NAME}.service"
     else:
         unit = Path("/etc/systemd/system") / f"{SERVICE_NAME}.service"
-    return ServicePlan(manager, user_scope, command, data_dir, env_file, unit, None if user_scope else run_as)
+    return ServicePlan(manager, user_scope, command, data_dir, env_file, unit, run_as)
 
 
 def systemd_unit(plan: ServicePlan) -> str:
@@ -128,6 +132,8 @@ def launchd_plist(plan: ServicePlan, environment: Mapping[str, str]) -> bytes:
         "StandardErrorPath": str(logs / "service.err.log"),
         "EnvironmentVariables": dict(environment),
     }
+    if plan.run_as:
+        definition["UserName"] = plan.run_as
     return plistlib.dumps(definition)
 
 

@@ -51,10 +51,6 @@ ADMISSION_CONTEXT_FLOOR_TOKENS = 8192
 """KV cache placement reserves per shard, in tokens (or the card's whole context if
 smaller). Also the smallest window an instance is ever stamped with."""
 
-KV_DTYPE_BYTES = 2
-"""Bytes per cached K or V element of an f16 cache (the engines' default); a quantized cache
-takes `skulk.shared.types.kv_cache.KV_ELEMENT_BYTES` of its type."""
-
 LOAD_TIME_WINDOW_ENGINES: frozenset[str] = WINDOW_AT_LOAD_ENGINES
 """Engines that commit their whole context window at load (from the engine traits table).
 They get a window above the floor only where it lands in discrete GPU VRAM; MLX grows its KV
@@ -336,7 +332,6 @@ __all__ = [
     "ADMISSION_CONTEXT_FLOOR_TOKENS",
     "ENGINE_OVERHEAD_FACTOR",
     "FLAT_FLOOR_BYTES",
-    "KV_DTYPE_BYTES",
     "LOAD_TIME_WINDOW_ENGINES",
     "VLLM_CONTEXT_CAP_TOKENS",
     "Footprint",

@@ -230,17 +230,19 @@ def test_messages_without_a_chat_template_fail_clearly(engine, monkeypatch) -> N
 
 
 @pytest.mark.parametrize(
-    ("pin", "env", "enabled"),
+    ("pin", "env", "kv_type", "enabled"),
     [
-        (None, {}, True),
-        (None, {FLASH_ATTN_ENV: "0"}, False),
-        (None, {FLASH_ATTN_ENV: "1"}, True),
-        (True, {FLASH_ATTN_ENV: "0"}, True),
-        (False, {}, False),
+        (None, {}, "f16", True),
+        (None, {FLASH_ATTN_ENV: "0"}, "f16", False),
+        (None, {FLASH_ATTN_ENV: "1"}, "f16", True),
+        (True, {FLASH_ATTN_ENV: "0"}, "f16", True),
+        (False, {}, "f16", False),
+        # a quantized V cache needs flash attention: it beats the node setting
+        (None, {FLASH_ATTN_ENV: "0"}, "q8_0", True),
     ],
 )
-def test_flash_attention_setting(pin, env, enabled) -> None:
-    assert flash_attn_enabled(pin, env) is enabled
+def test_flash_attention_setting(pin, env, kv_type, enabled) -> None:
+    assert flash_attn_enabled(pin, env, kv_type) is enabled
 
 
 @pytest.mark.parametrize(

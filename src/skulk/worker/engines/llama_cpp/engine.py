@@ -22,7 +22,7 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -166,11 +166,14 @@ def control_tokens(llama_cpp: Any, vocab: Any) -> dict[str, int]:
     return found
 
 
-def flash_attn_enabled(card_pin: bool | None, env: dict[str, str] | os._Environ[str]) -> bool:
-    """The card's explicit pin wins; otherwise the node setting; otherwise on."""
+def flash_attn_enabled(card_pin: bool | None, env: Mapping[str, str], kv_type: str = DEFAULT_KV_CACHE_TYPE) -> bool:
+    """The card's explicit pin wins; otherwise a quantized KV cache turns it on (llama.cpp
+    quantizes the V cache only with flash attention, and the placement's type is the more
+    specific choice; a card pinned off never gets one: placement refuses it); otherwise the
+    node setting; otherwise on."""
     if card_pin is not None:
         return card_pin
-    return setting(FLASH_ATTN_ENV, env) != "0"
+    return kv_type != DEFAULT_KV_CACHE_TYPE or setting(FLASH_ATTN_ENV, env) != "0"
 
 
 def gpu_layers_for(backend_tag: str) -> int:
@@ -270,13 +273,7 @@ class LlamaCppEngine:
         self._reasoning_switches = spec.card.reasoning.switches
         threads = spec.n_threads or physical_cores()
         kv_type = spec.shard.kv_cache_type
-        flash_attn = flash_attn_enabled(spec.card.runtime.flash_attn, os.environ)
-        if kv_type != DEFAULT_KV_CACHE_TYPE and not flash_attn:
-            # llama.cpp quantizes the V cache only with flash attention; the placement's
-            # choice is the more specific one (a card pinned off was refused at placement).
-            log.info("%s: flash attention on for the %s KV cache (the node setting turns it off)", spec.model_path,
-                     kv_type)
-            flash_attn = True
+        flash_attn = flash_attn_enabled(spec.card.runtime.flash_attn, os.environ, kv_type)
         ggml_type = getattr(llama_cpp, f"GGML_TYPE_{kv_type.upper()}")
         options = dict(
             model_path=spec.model_path,

@@ -7,7 +7,7 @@ load, from the vocabulary itself: byte-level BPE (GPT-2/Llama-3/Qwen) through th
 its byte-to-character alphabet, SentencePiece through its '▁' and '<0xNN>' conventions.
 Special tokens map to no bytes: they are control, not text (as llama.cpp detokenizes them).
 
-`prompt_tokens` renders chat messages with the tokenizer's own chat template, or takes a raw
+`prompt_and_tokens` renders chat messages with the tokenizer's own chat template, or takes a raw
 prompt, and adds BOS once, only if the tokenizer wants it and the text did not start with it.
 Special-token text is parsed only where the template wrote it (see `prompt_pieces`).
 """
@@ -95,20 +95,6 @@ def special_tokens(tokenizer: Any) -> dict[str, int]:
     }
 
 
-def prompt_tokens(
-    tokenizer: Any,
-    request: TextGenerationParams,
-    *,
-    specials: dict[str, int] | None = None,
-    limit: int | None = None,
-    cancelled: threading.Event | None = None,
-    switches: tuple[str, ...] = (),
-) -> list[int]:
-    """The exact ids the model sees for `request` (see `prompt_and_tokens`)."""
-    return prompt_and_tokens(tokenizer, request, specials=specials, limit=limit, cancelled=cancelled,
-                             switches=switches)[1]
-
-
 def prompt_and_tokens(
     tokenizer: Any,
     request: TextGenerationParams,
@@ -158,4 +144,4 @@ def prompt_and_tokens(
     return text, tokens
 
 
-__all__ = ["byte_level_alphabet", "prompt_and_tokens", "prompt_tokens", "special_tokens", "token_bytes_table"]
+__all__ = ["byte_level_alphabet", "prompt_and_tokens", "special_tokens", "token_bytes_table"]

@@ -147,9 +147,7 @@ class LlamaServerEngine(ServedEngineShell):
             context_per_slot=min(spec.instance.context_token_limit, spec.card.context_length),
             threads=spec.n_threads or physical_cores(),
             gpu_layers=planned_gpu_layers(spec),
-            # llama.cpp quantizes the V cache only with flash attention: a quantized cache
-            # turns it on (a card that pins it off was refused at placement).
-            flash_attn=flash_attn_enabled(spec.card.runtime.flash_attn, self._env) or shard.kv_cache_type != "f16",
+            flash_attn=flash_attn_enabled(spec.card.runtime.flash_attn, self._env, shard.kv_cache_type),
             cache_ram_mib=self._cache_ram_mib(spec),
             kv_cache_type=shard.kv_cache_type,
             spec_type=LLAMA_SERVER_SPEC_TYPES.get(spec.card.runtime.speculative or "none"),
