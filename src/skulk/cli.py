@@ -25,7 +25,9 @@ from skulk.node import ExitCode, default_node_name, run_node
 from skulk.node_settings import NodeSettings
 from skulk.provision.llama_build import engine_search_dirs
 from skulk.provision.node_engine import export_managed_llama_server
+from skulk.routing.joining import join_cluster, joined_peers, read_token
 from skulk.shared.settings import setting
+from skulk.shared.types.invites import DEFAULT_INVITE_TTL_S, InviteRefused
 from skulk.worker.engines.hugepages import export_hugepage_malloc
 
 app = typer.Typer(
@@ -58,6 +60,8 @@ class RunFlags:
     node_name: str | None = None
     api_host: str | None = None
     cluster_key_file: Path | None = None
+    join: str | None = None
+    join_file: Path | None = None
 
 
 def _split_endpoints(value: str | None) -> tuple[str, ...]:
@@ -67,11 +71,13 @@ def _split_endpoints(value: str | None) -> tuple[str, ...]:
 
 
 def resolve_settings(
-    flags: RunFlags, config: SkulkConfig, paths: SkulkPaths, hostname: str, env_api_key: str | None = None
+    flags: RunFlags, config: SkulkConfig, paths: SkulkPaths, hostname: str, env_api_key: str | None = None,
+    joined_peers: tuple[str, ...] = (),
 ) -> NodeSettings:
-    """Merge flags (with env folded in) over the config file over defaults. Pure."""
+    """Merge flags (with env folded in) over the config file over defaults; the peers a join
+    remembered (`joined.json`) come last. Pure."""
     listen = _split_endpoints(flags.listen) or tuple(config.node.listen)
-    peers = _split_endpoints(flags.bootstrap_peers) or tuple(config.node.bootstrap_peers)
+    peers = _split_endpoints(flags.bootstrap_peers) or tuple(config.node.bootstrap_peers) or joined_peers
     return NodeSettings(
         paths=paths,
         node_name=flags.node_name or config.node.name or hostname,
@@ -127,6 +133,10 @@ ClusterKeyFile = Annotated[Path | None, typer.Option(
     "--cluster-key-file", envvar="SKULK_CLUSTER_KEY_FILE",
     help="File holding the shared cluster secret (keeps it out of `ps`).")]
 ApiHost = Annotated[str | None, typer.Option("--api-host", envvar="SKULK_API_HOST", help="Address the API binds (default 0.0.0.0).")]
+Join = Annotated[str | None, typer.Option(
+    "--join", envvar="SKULK_JOIN_TOKEN",
+    help="Join a cluster with a token from `skulk cluster invite` (- reads it from stdin); the key is then kept.")]
+JoinFile = Annotated[Path | None, typer.Option("--join-file", help="File holding a join token (keeps it out of `ps`).")]
 
 
 KEY_ON_COMMAND_LINE_WARNING = (
@@ -139,6 +149,23 @@ def key_on_command_line(argv: list[str]) -> bool:
     return any(arg == "--cluster-key" or arg.startswith("--cluster-key=") for arg in argv)
 
 
+def _join_if_asked(flags: RunFlags, paths: SkulkPaths, node_name: str) -> None:
+    """Redeem a join token before the node starts (`skulk.routing.joining`); a refused one
+    ends the command with its reason (exit 2) and changes nothing."""
+    log = logging.getLogger("skulk.cli")
+    try:
+        token = read_token(flags.join, flags.join_file, sys.stdin.read)
+        if token is None:
+            return
+        if flags.cluster_key or flags.cluster_key_file:
+            raise InviteRefused("conflict", "--join brings the cluster key; do not give --cluster-key "
+                                            "or --cluster-key-file (or their environment variables) with it")
+        join_cluster(token, paths.data_home, node_name)
+    except InviteRefused as exc:
+        log.error("cannot join: %s (%s)", exc.message, exc.reason)
+        raise typer.Exit(ExitCode.USAGE) from None
+
+
 def _run(flags: RunFlags) -> None:
     _configure_logging()
     if key_on_command_line(sys.argv[1:]):
@@ -149,7 +176,10 @@ def _run(flags: RunFlags) -> None:
     except ConfigError as exc:
         typer.echo(f"skulk: {exc}", err=True)
         raise typer.Exit(ExitCode.USAGE) from None
-    settings = resolve_settings(flags, config, paths, default_node_name(), setting(API_KEY_ENV) or None)
+    node_name = flags.node_name or config.node.name or default_node_name()
+    _join_if_asked(flags, paths, node_name)
+    settings = resolve_settings(flags, config, paths, default_node_name(), setting(API_KEY_ENV) or None,
+                                joined_peers(paths.data_home))
     export_managed_llama_server(  # before the probe reads it
         os.environ, engine_search_dirs(os.environ, Path.home(), paths.data_home))
     export_hugepage_malloc(os.environ)  # before any engine process starts: glibc reads it at process start
@@ -170,6 +200,8 @@ def default(
     node_name: NodeName = None,
     api_host: ApiHost = None,
     cluster_key_file: ClusterKeyFile = None,
+    join: Join = None,
+    join_file: JoinFile = None,
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
 ) -> None:
     """With no sub-command, run a node (same flags as `skulk run`)."""
@@ -178,7 +210,7 @@ def default(
         raise typer.Exit(0)
     if ctx.invoked_subcommand is None:
         _run(RunFlags(api_port, data_dir, listen, bootstrap_peers, no_multicast, cluster_key, no_worker, no_api, node_name,
-                      api_host, cluster_key_file))
+                      api_host, cluster_key_file, join, join_file))
 
 
 @app.command()
@@ -194,10 +226,12 @@ def run(
     node_name: NodeName = None,
     api_host: ApiHost = None,
     cluster_key_file: ClusterKeyFile = None,
+    join: Join = None,
+    join_file: JoinFile = None,
 ) -> None:
     """Run a node: router, election, master, worker and API in one process."""
     _run(RunFlags(api_port, data_dir, listen, bootstrap_peers, no_multicast, cluster_key, no_worker, no_api, node_name,
-                  api_host, cluster_key_file))
+                  api_host, cluster_key_file, join, join_file))
 
 
 @app.command("api-key")
@@ -233,6 +267,52 @@ def cluster_key(data_dir: DataDir = None, cluster_key: ClusterKey = None,
     except ClusterKeyError as exc:
         typer.echo(f"skulk: {exc}", err=True)
         raise typer.Exit(ExitCode.USAGE) from None
+
+
+def parse_duration(text: str) -> float:
+    """`90`, `90s`, `15m`, `2h` -> seconds; ValueError otherwise. Pure."""
+    text = text.strip().lower()
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0}
+    scale = units.get(text[-1:])
+    number = text[:-1] if scale is not None else text
+    value = float(number) * (scale or 1.0)
+    if not value > 0:
+        raise ValueError(f"not a positive duration: {text!r}")
+    return value
+
+
+@cluster_app.command("invite")
+def cluster_invite(
+    url: Annotated[str, typer.Option("--url", envvar="SKULK_URL", help="The inviting node's API.")] = "http://localhost:52415",
+    expires: Annotated[str, typer.Option("--expires", help="How long the token is valid: 90s, 15m, 2h (at most 24h).")]
+    = f"{int(DEFAULT_INVITE_TTL_S // 60)}m",
+) -> None:
+    """Print a single-use, expiring join token (its last line) for a new machine:
+    `skulk run --join TOKEN` there (or --join-file, or --join - from stdin) joins with no key typed.
+
+    The key comes from SKULK_API_KEY when the node is not on this machine."""
+    from skulk.client.http import NodeClient
+    from skulk.client.views import ClientError
+
+    try:
+        ttl_s = parse_duration(expires)
+    except ValueError as exc:
+        typer.echo(f"skulk: --expires: {exc}", err=True)
+        raise typer.Exit(ExitCode.USAGE) from None
+    try:
+        with NodeClient(url, setting(API_KEY_ENV) or None) as client:
+            issued = client.post("/v1/cluster/invites", {"ttlSeconds": ttl_s})
+    except ClientError as exc:
+        typer.echo(f"skulk: {exc}", err=True)
+        raise typer.Exit(ExitCode.FAILURE) from None
+    from datetime import UTC, datetime
+    expiry = datetime.fromtimestamp(issued["expiresAt"], UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    typer.echo(f"invite {issued['inviteId']}: one machine may join until {expiry}")
+    typer.echo(f"  redeemed at: {', '.join(issued['apiEndpoints'])}")
+    typer.echo(f"  bootstrap peers: {', '.join(issued['peers']) or 'none (multicast only)'}")
+    typer.echo("on the new machine run `skulk run --join TOKEN`, or keep it out of `ps` with "
+               "`skulk run --join-file FILE` or `skulk run --join -` (stdin). The token:")
+    typer.echo(issued["token"])
 
 
 @app.command()

@@ -44,7 +44,7 @@ from skulk.datadir.paths import ensure_dirs
 from skulk.datadir.secret_file import SecretFileError
 from skulk.datadir.superseded_logs import retention_from
 from skulk.facts.derive import DerivedBackends, derive_node_backends
-from skulk.facts.network import probe_interfaces
+from skulk.facts.network import listening_tcp, probe_interfaces
 from skulk.facts.probe import probe_node_facts
 from skulk.master.main import EventLogSlot, Master
 from skulk.model_store.eviction import in_use_model_ids
@@ -69,6 +69,8 @@ from skulk.provision.llama_build import engine_search_dirs
 from skulk.provision.node_engine import adopt_install
 from skulk.routing.cluster_key import ClusterKeyError, derive_peer_token, derive_wire_key, resolve_cluster_key
 from skulk.routing.constants import NETWORK_VERSION
+from skulk.routing.invites import InviteBook
+from skulk.routing.reachable import advertised_addresses, api_urls, transport_endpoints
 from skulk.routing.router import Router, RouterError
 from skulk.routing.topics import TOPICS
 from skulk.shared import election as election_machine
@@ -79,6 +81,7 @@ from skulk.shared.ticks import until_tick_s
 from skulk.shared.types.commands import Command, ForwarderCommand
 from skulk.shared.types.events import IndexedEvent
 from skulk.shared.types.ids import NodeId, SessionId, new_id
+from skulk.shared.types.invites import IssuedInvite, JoinRequest
 from skulk.shared.types.node_facts import NodeFacts
 from skulk.shared.types.stream_errors import StreamErrorType
 from skulk.shared.types.task_inputs import TaskInput
@@ -187,6 +190,7 @@ class Node:
         self._own_store: StoreAddress | None = None
         self._own_hosts: frozenset[str] = frozenset()
         self._peer_token: str | None = None
+        self._invites: InviteBook | None = None
         self._pool_key: bytes | None = None
         """This cluster's node-to-node HTTP credential (derived from the cluster key)."""
         self._access: AccessPolicy | None = None
@@ -241,6 +245,7 @@ class Node:
         settings = self.settings
         key = resolve_cluster_key(settings.cluster_key, settings.paths.data_home, settings.cluster_key_file)
         self._peer_token = derive_peer_token(key)
+        self._invites = InviteBook(key)
         self._pool_key = derive_pool_key(key)
         self._access = access_policy(settings, self._peer_token)
         return await Router.open(
@@ -626,6 +631,19 @@ class Node:
         return {"address": choice.address.base_url, "source": choice.source, "isSelf": choice.is_self,
                 "stagedCopyEvictionsDropped": self.staged_copies.dropped_events}
 
+    def _issue_invite(self, ttl_s: float) -> IssuedInvite:
+        """A join invite carrying the endpoints another machine can reach this node at."""
+        settings = self.settings
+        addresses = advertised_addresses(probe_interfaces())
+        assert self._invites is not None  # the API starts after the router (which makes the book)
+        return self._invites.issue(
+            time.time(), ttl_s, api_urls(settings.api_host, settings.api_port, addresses),
+            transport_endpoints(settings.listen, listening_tcp(), settings.api_port, addresses))
+
+    def _redeem_invite(self, join: JoinRequest) -> str:
+        assert self._invites is not None
+        return self._invites.redeem(join.invite_id, join.proof, time.time(), join.node_name)
+
     def _make_api_server(self, router: Router, log_slot: EventLogSlot, lease: Lease) -> _Server:
         async def submit(command: Command) -> None:
             await router.publish(TOPICS.commands, ForwarderCommand(origin=self.node_id, command=command))
@@ -652,6 +670,8 @@ class Node:
             limits=RequestLimits(max_body_bytes=self.settings.api_max_body_bytes),
             traces=self.traces,
             sessions_dir=self.settings.paths.data_home / "sessions",
+            issue_invite=self._issue_invite if self._invites is not None else None,
+            redeem_invite=self._redeem_invite if self._invites is not None else None,
             get_peer_urls=lambda: peer_api_urls(self.replica.state, self.membership.probed, self.node_id),
             get_lost_members=lambda: self.lost_members.recent(self.replica.state),
         )

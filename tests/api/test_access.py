@@ -112,6 +112,10 @@ def test_principals_of_different_keys_differ_and_never_show_the_key():
         ("GET", "/v1/diagnostics/node", Role.OPERATOR),
         ("POST", "/store/purge-staging", Role.OPERATOR),
         ("GET", "/v1/tracing", Role.INFERENCE),
+        ("POST", "/v1/cluster/invites", Role.OPERATOR),
+        ("GET", "/v1/cluster", Role.INFERENCE),
+        ("POST", "/v1/cluster/join", Role.OPEN),
+        ("GET", "/v1/cluster/join", Role.INFERENCE),
     ],
 )
 def test_route_roles(method, path, role):

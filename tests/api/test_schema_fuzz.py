@@ -8,11 +8,14 @@ health checks off, so the whole module runs in seconds on two cores."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 
+from skulk.routing.invites import InviteBook
 from tests.api.scripted_cluster import scripted_app
 from tests.api.test_openai_routes import INSTANCE
 
@@ -22,8 +25,14 @@ more finds nothing new and costs seconds per route."""
 
 # Every model name binds to the placed instance, so requests that pass validation go all
 # the way through generation (or embedding) and serialisation instead of stopping at 404.
+# Invites come from a real book, so the join route's refusals are fuzzed too.
+_INVITES = InviteBook("fuzz-cluster-key")
 APP, _CLUSTER = scripted_app(["<think>a</think>", "Hel", "lo"], vectors=lambda n: [[0.6, 0.8]] * n,
-                             context_fields={"instance_lookup": lambda _model_id: INSTANCE})
+                             context_fields={
+                                 "instance_lookup": lambda _model_id: INSTANCE,
+                                 "issue_invite": lambda ttl: _INVITES.issue(time.time(), ttl, ["http://127.0.0.1:1"], []),
+                                 "redeem_invite": lambda join: _INVITES.redeem(join.invite_id, join.proof, time.time()),
+                             })
 OUTSIDE_THE_PROCESS = r"^/(models/(search|add)|store(/|$)|ollama/api/(pull|delete)$|v1/events$)"
 """Routes this in-process fuzz leaves out, because what they answer depends on the world
 outside the app: the Hugging Face hub (model search and add: no network here, and retries

@@ -1,6 +1,8 @@
 from pathlib import Path
 
-from skulk.cli import RunFlags, resolve_settings
+import pytest
+
+from skulk.cli import RunFlags, parse_duration, resolve_settings
 from skulk.datadir.config import parse_config
 from skulk.datadir.paths import resolve_paths
 
@@ -46,3 +48,25 @@ def test_model_store_section_reaches_the_node_settings():
     s = resolve_settings(RunFlags(), config, PATHS, "h")
     assert s.model_store.store_host == "10.0.0.9:52415" and s.model_store.staging_keep_recent_gb == 5
     assert resolve_settings(RunFlags(), parse_config("", Path("c")), PATHS, "h").model_store.store_host is None
+
+
+def test_joined_peers_come_after_flags_and_config():
+    joined = ("tcp/10.0.0.5:7447",)
+    empty = parse_config("", Path("c"))
+    assert resolve_settings(RunFlags(), empty, PATHS, "h", joined_peers=joined).bootstrap_peers == joined
+    config = parse_config("node:\n  bootstrap_peers: [tcp/cfg:1]\n", Path("c"))
+    assert resolve_settings(RunFlags(), config, PATHS, "h", joined_peers=joined).bootstrap_peers == ("tcp/cfg:1",)
+    flags = RunFlags(bootstrap_peers="tcp/flag:1")
+    assert resolve_settings(flags, empty, PATHS, "h", joined_peers=joined).bootstrap_peers == ("tcp/flag:1",)
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("90", 90.0), ("90s", 90.0), ("15m", 900.0), ("2h", 7200.0),
+                                               (" 1.5M ", 90.0)])
+def test_invite_expiry_durations(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "m", "-5m", "0", "soon", "5d"])
+def test_bad_invite_expiry_durations(text):
+    with pytest.raises(ValueError):
+        parse_duration(text)

@@ -11,6 +11,7 @@ import re
 import httpx
 import pytest
 
+from skulk.routing.join_token import decode_token
 from tests.cluster.harness import node_id, start_linked, wait_agreed
 from tests.e2e.browser import open_page
 from tests.llama_server_kit import require_llama_server
@@ -106,6 +107,11 @@ def test_dashboard_drives_a_two_node_cluster(spawn_node, mock_hub):
         expect(page.locator('[data-role="events"]')).to_contain_text("InstanceCreated")
         page.check('[data-role="tracing"]')
         expect(page.locator('[data-role="tracing"]')).to_be_checked()
+        # Invite a node: the button shows the one line to run on the new machine.
+        page.click('[data-role="invite"]')
+        command = page.locator('[data-role="invite-command"]')
+        expect(command).to_contain_text("skulk run --join skulk-join1-")
+        assert decode_token(command.inner_text().split()[-1]).api_endpoints == (alpha.url,)
         browser.shot("settings")
 
         # Delete the instance from the Models page: it disappears.

@@ -42,9 +42,14 @@ OPEN_PATHS: frozenset[str] = frozenset({"/", "/static", "/favicon.ico"})
 OPEN_PATH_PREFIXES: tuple[str, ...] = ("/static/",)
 """Dashboard assets, served without a key (the dashboard itself then calls the API with one)."""
 
+OPEN_POSTS: frozenset[str] = frozenset({"/v1/cluster/join"})
+"""Redeeming a join invite: the joining node has no key yet; the invite's proof is its
+credential (`skulk.api.routes.invites`)."""
+
 OPERATOR_PREFIXES_ANY_METHOD: tuple[str, ...] = (
     "/store/", "/store",
     "/v1/diagnostics",
+    "/v1/cluster/invites",
     "/v1/traces",
     "/metrics",
     "/ollama/api/pull", "/ollama/api/delete", "/ollama/api/copy", "/ollama/api/create", "/ollama/api/push",
@@ -63,6 +68,8 @@ READ_METHODS = frozenset({"GET", "HEAD"})
 def route_role(method: str, path: str) -> Role:
     """The role a request needs. Unknown paths need inference (then 404 as usual)."""
     if path in OPEN_PATHS or path.startswith(OPEN_PATH_PREFIXES):
+        return Role.OPEN
+    if path in OPEN_POSTS and method.upper() == "POST":
         return Role.OPEN
     if path.startswith(OPERATOR_PREFIXES_ANY_METHOD):
         return Role.OPERATOR

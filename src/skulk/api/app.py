@@ -26,6 +26,7 @@ from skulk.api.routes import (
     diagnostics,
     events,
     instances,
+    invites,
     model_cards,
     ollama_models,
     responses_socket,
@@ -63,6 +64,7 @@ def create_app(context: ApiContext) -> FastAPI:
     app.include_router(control.router)
     app.include_router(diagnostics.router)
     app.include_router(instances.router)
+    app.include_router(invites.router)
     app.include_router(model_cards.router)
     app.include_router(openai_routes.router)
     app.include_router(responses_socket.router)

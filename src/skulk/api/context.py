@@ -27,6 +27,7 @@ from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.commands import Command
 from skulk.shared.types.ids import ModelId, NodeId
 from skulk.shared.types.instances import Instance
+from skulk.shared.types.invites import IssuedInvite, JoinRequest
 from skulk.shared.types.kv_cache import DEFAULT_KV_CACHE_TYPE, KvCacheType
 from skulk.shared.types.state import State
 from skulk.shared.types.task_inputs import TaskInput
@@ -101,6 +102,11 @@ class ApiContext:
     sessions_dir: Path | None = None
     """Where `POST /v1/sessions/{id}/snapshot` writes (`<data>/sessions`); None: snapshots
     are returned but not stored."""
+    issue_invite: Callable[[float], IssuedInvite] | None = None
+    """Issue a join invite valid for this many seconds (`skulk.routing.invites.InviteBook`
+    with this node's endpoints); None: this node issues none (the routes answer 503)."""
+    redeem_invite: Callable[[JoinRequest], str] | None = None
+    """Redeem a joining node's proof: the invite's release, or `InviteRefused`."""
     get_peer_urls: Callable[[], Mapping[str, str | None]] = field(default=dict)
     """Every other member's API base URL (None: it has none), for cluster diagnostics and
     trace gathering (`skulk.observe.peer_http`)."""

@@ -54,3 +54,15 @@ def probe_interfaces() -> list[NetworkInterface]:
         if v4:
             interfaces.append(NetworkInterface(name=name, addresses=v4, kind=classify_interface(name, v4)))
     return interfaces
+
+
+def listening_tcp() -> list[tuple[str, int]]:
+    """(address, port) of this process's listening TCP sockets: the API and the transport's
+    listeners (zenoh's default listener takes a random port). Empty where the platform
+    refuses to say."""
+    try:
+        connections = psutil.Process().net_connections(kind="tcp")
+    except (psutil.Error, OSError):
+        return []
+    return sorted({(c.laddr.ip, c.laddr.port) for c in connections if c.status == psutil.CONN_LISTEN and c.laddr})
+

@@ -65,6 +65,8 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             "node uses the data dir's `cluster.key`.", "README.md#secure-by-default"),
     Setting("SKULK_CLUSTER_KEY_FILE", "path", "", "A file holding the cluster's shared secret "
             "(`--cluster-key-file`).", "README.md#secure-by-default"),
+    Setting("SKULK_JOIN_TOKEN", "secret", "", "A join token from `skulk cluster invite` (`--join`): the node "
+            "redeems it once, then keeps the cluster key in its data dir.", "docs/JOINING.md"),
     Setting("SKULK_API_KEY", "secret", "<data root>/api.key", "The key non-loopback clients present "
             "(`api.api_key`); the CLI client sends it too.", "README.md#secure-by-default"),
     Setting("SKULK_OPERATOR_KEY", "secret", "", "The key operator routes require (`api.operator_key`).",

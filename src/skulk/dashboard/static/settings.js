@@ -1,5 +1,6 @@
 // Settings and diagnostics: the cluster-wide tracing switch, this node's and the cluster's
-// identity, per-node diagnostics (asked for, never polled) and the recent event log.
+// identity, a join invite for a new machine (shown once, never stored by the page),
+// per-node diagnostics (asked for, never polled) and the recent event log.
 import { api } from "./api.js";
 import { onSnapshot } from "./store.js";
 import { esc, setHtml, short } from "./format.js";
@@ -12,6 +13,17 @@ class SkulkSettings extends HTMLElement {
       <div class="card"><h3>Cluster</h3>
         <label class="switch"><input type="checkbox" data-role="tracing"> Tracing of new requests (cluster-wide)</label>
         <dl data-role="cluster" class="facts"></dl></div>
+      <div class="card"><h3>Invite a node</h3>
+        <div class="row"><label>Valid for <select data-role="invite-ttl">
+          <option value="300">5 minutes</option><option value="900" selected>15 minutes</option>
+          <option value="3600">1 hour</option><option value="86400">24 hours</option></select></label>
+          <button type="button" data-role="invite">Create a join token</button></div>
+        <div data-role="invite-result" hidden>
+          <p>On the new machine (single use, until <span data-role="invite-expiry"></span>):</p>
+          <pre data-role="invite-command" class="mono scroll"></pre>
+          <button type="button" data-role="invite-copy">Copy</button>
+          <p class="muted">Redeemed at <span data-role="invite-endpoints"></span>. Keep it out of <code>ps</code>
+            with <code>--join-file FILE</code> or <code>--join -</code> (stdin).</p></div></div>
       <div class="card"><h3>Node settings and diagnostics</h3>
         <div class="row"><label>Node <select data-role="diag-node"></select></label>
           <button type="button" data-role="diag-load">Show diagnostics</button></div>
@@ -22,6 +34,8 @@ class SkulkSettings extends HTMLElement {
     this.$ = (role) => this.querySelector(`[data-role="${role}"]`);
     this.$("tracing").addEventListener("change", (event) => this.setTracing(event.target));
     this.$("diag-load").addEventListener("click", () => this.loadDiagnostics());
+    this.$("invite").addEventListener("click", () => this.createInvite());
+    this.$("invite-copy").addEventListener("click", () => navigator.clipboard?.writeText(this.$("invite-command").textContent));
     this.off = onSnapshot(this, (snapshot) => this.render(snapshot));
     this.loadDiagnostics();  // this node's, once; other nodes' when asked
   }
@@ -55,6 +69,17 @@ class SkulkSettings extends HTMLElement {
       box.checked = !box.checked;
       this.$("error").textContent = error.message;
     } finally { delete box.dataset.pending; }
+  }
+
+  async createInvite() {
+    try {
+      const invite = await api("/v1/cluster/invites", { method: "POST", body: { ttlSeconds: Number(this.$("invite-ttl").value) } });
+      this.$("invite-command").textContent = `skulk run --join ${invite.token}`;
+      this.$("invite-expiry").textContent = new Date(invite.expiresAt * 1000).toLocaleString();
+      this.$("invite-endpoints").textContent = invite.apiEndpoints.join(", ");
+      this.$("invite-result").hidden = false;
+      this.$("error").textContent = "";
+    } catch (error) { this.$("invite-result").hidden = true; this.$("error").textContent = error.message; }
   }
 
   async loadDiagnostics() {
