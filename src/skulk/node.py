@@ -25,6 +25,7 @@ import uvicorn
 from skulk import __version__
 from skulk.api.access import AccessPolicy
 from skulk.api.app import ApiContext, create_app
+from skulk.api.context import LogLevelControl
 from skulk.api.failover import failover_failures
 from skulk.api.limits import RequestLimits
 from skulk.api.node_access import access_policy, access_warnings, with_api_key, with_own_hosts
@@ -56,6 +57,7 @@ from skulk.models.cards import builtin_cards_dir, resolve_cards
 from skulk.models.companions import companions_of
 from skulk.node_settings import NodeSettings, settings_wire
 from skulk.observe.lost_members import LostMembers
+from skulk.observe.metrics import ServingMetrics
 from skulk.observe.node_report import redacted_config, versions
 from skulk.observe.peer_http import peer_api_urls
 from skulk.observe.recorder import FlightRecorder, LogRing
@@ -85,6 +87,7 @@ from skulk.shared.types.invites import IssuedInvite, JoinRequest
 from skulk.shared.types.node_facts import NodeFacts
 from skulk.shared.types.stream_errors import StreamErrorType
 from skulk.shared.types.task_inputs import TaskInput
+from skulk.shared.types.telemetry import ServingCounters
 from skulk.shared.wire_keys import to_camel_keys
 from skulk.worker.main import Worker
 from skulk.worker.staged_copies import StagedCopyKeeper
@@ -191,6 +194,7 @@ class Node:
         self._own_hosts: frozenset[str] = frozenset()
         self._peer_token: str | None = None
         self._invites: InviteBook | None = None
+        self._serving_metrics: ServingMetrics | None = None
         self._pool_key: bytes | None = None
         """This cluster's node-to-node HTTP credential (derived from the cluster key)."""
         self._access: AccessPolicy | None = None
@@ -304,6 +308,7 @@ class Node:
             router, node_name=settings.node_name, models_dir=settings.paths.models_dir, api_endpoint=settings.api_endpoint,
             backends=lambda: list(self._derived.tags), conflicts=lambda: list(self._derived.conflicts),
             engine_slots=lambda: dict(self._derived.slots), engine_provision=lambda: self.engine_build.status,
+            serving=self._serving_counters,
             disk_reserve_bytes=eviction_policy(settings.model_store).reserve_bytes,
         )
         self.replica.on_applied(self._fail_streams_of_failed_tasks)
@@ -640,6 +645,14 @@ class Node:
             time.time(), ttl_s, api_urls(settings.api_host, settings.api_port, addresses),
             transport_endpoints(settings.listen, listening_tcp(), settings.api_port, addresses))
 
+    def _serving_counters(self) -> ServingCounters | None:
+        """The API's serving totals with this node's runner load (telemetry's `serving`)."""
+        loads = self.worker.instance_loads() if self.worker is not None else {}
+        if self._serving_metrics is None and not loads:
+            return None
+        totals = self._serving_metrics.totals() if self._serving_metrics is not None else ServingCounters()
+        return totals.model_copy(update={"instances": loads})
+
     def _redeem_invite(self, join: JoinRequest) -> str:
         assert self._invites is not None
         return self._invites.redeem(join.invite_id, join.proof, time.time(), join.node_name)
@@ -670,6 +683,7 @@ class Node:
             limits=RequestLimits(max_body_bytes=self.settings.api_max_body_bytes),
             traces=self.traces,
             sessions_dir=self.settings.paths.data_home / "sessions",
+            log_level=LogLevelControl(),
             issue_invite=self._issue_invite if self._invites is not None else None,
             redeem_invite=self._redeem_invite if self._invites is not None else None,
             get_peer_urls=lambda: peer_api_urls(self.replica.state, self.membership.probed, self.node_id),
@@ -677,8 +691,10 @@ class Node:
         )
         self.replica.on_applied(context.state_feed.record)
         self._state_feed = context.state_feed
+        app = create_app(context)
+        self._serving_metrics = app.state.metrics
         config = uvicorn.Config(
-            create_app(context),
+            app,
             log_level="warning",
             # uvicorn annotates an int but hands it to asyncio.wait_for, which takes any float.
             timeout_graceful_shutdown=API_GRACEFUL_SHUTDOWN_S,  # pyright: ignore[reportArgumentType]

@@ -107,6 +107,10 @@ def test_dashboard_drives_a_two_node_cluster(spawn_node, mock_hub):
         expect(page.locator('[data-role="events"]')).to_contain_text("InstanceCreated")
         page.check('[data-role="tracing"]')
         expect(page.locator('[data-role="tracing"]')).to_be_checked()
+        # The node's log level, changed from the page, until it restarts.
+        page.select_option('[data-role="log-level"]', "DEBUG")
+        wait_for(lambda: alpha.get("/v1/diagnostics/log-level").json()["level"] == "DEBUG", timeout_s=30,
+                 what="the log level set from the page")
         # Invite a node: the button shows the one line to run on the new machine.
         page.click('[data-role="invite"]')
         command = page.locator('[data-role="invite-command"]')

@@ -108,4 +108,8 @@ def test_streams_feed_ttft_gaps_tokens_and_outcomes():
     assert got[("skulk_time_to_first_token_seconds_sum", m)] == pytest.approx(0.75 * 2)
     assert got[("skulk_inter_token_latency_seconds_count", m)] == 3
     assert got[("skulk_inter_token_latency_seconds_sum", m)] == pytest.approx(0.75)
+    # The same, as the plain totals the node's telemetry carries (`NodeResources.serving`).
+    totals = streams.observer.totals()
+    assert (totals.generated_tokens, totals.generations, totals.failed_generations, totals.ttft_count) == (5, 3, 1, 2)
+    assert totals.ttft_seconds_sum == pytest.approx(1.5) and totals.instances == {}
     assert streams.stats()["completed"] == 1 and streams.stats()["closedByClient"] == 1

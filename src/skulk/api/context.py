@@ -9,6 +9,7 @@ without an import circle.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,17 @@ from skulk.shared.types.telemetry import NodeResources
 
 if TYPE_CHECKING:  # a type only: the API does not use the store's code
     from skulk.model_store.node_store import NodeStore
+
+
+class LogLevelControl:
+    """The process's root log level, as the diagnostics routes read and change it."""
+
+    def get(self) -> str:
+        return logging.getLevelName(logging.getLogger().level)
+
+    def set(self, level: str) -> None:
+        logging.getLogger().setLevel(level)
+        logging.getLogger(__name__).warning("log level set to %s through the API (until restart)", level)
 
 
 async def _no_cluster(_command: Command) -> None:
@@ -102,6 +114,8 @@ class ApiContext:
     sessions_dir: Path | None = None
     """Where `POST /v1/sessions/{id}/snapshot` writes (`<data>/sessions`); None: snapshots
     are returned but not stored."""
+    log_level: LogLevelControl | None = None
+    """This node's log level, read and set at run time (None: an API outside a node)."""
     issue_invite: Callable[[float], IssuedInvite] | None = None
     """Issue a join invite valid for this many seconds (`skulk.routing.invites.InviteBook`
     with this node's endpoints); None: this node issues none (the routes answer 503)."""

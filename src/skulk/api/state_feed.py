@@ -11,6 +11,7 @@ bounded deque and sets an asyncio event.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -36,13 +37,16 @@ class EventEntry:
     idx: int
     type: str
     fields: dict[str, Any]
+    at: float | None = None
+    """When this node applied it (Unix seconds): the dashboard's event timeline."""
 
     def to_wire(self) -> dict[str, Any]:
-        return {"idx": self.idx, "type": self.type, "fields": self.fields}
+        return {"idx": self.idx, "type": self.type, "fields": self.fields, "at": self.at}
 
 
-def summarize(event: IndexedEvent) -> EventEntry:
-    """The log entry of an indexed event: its index, type and identifying fields. Pure."""
+def summarize(event: IndexedEvent, at: float | None = None) -> EventEntry:
+    """The log entry of an indexed event: its index, type, identifying fields and the time
+    it was applied here. Pure."""
     inner = event.event
     sources = [inner, getattr(inner, "instance", None)]  # InstanceCreated nests its ids
     fields: dict[str, Any] = {}
@@ -51,7 +55,7 @@ def summarize(event: IndexedEvent) -> EventEntry:
             value = getattr(source, name, None) if source is not None else None
             if isinstance(value, str | int | bool):
                 fields.setdefault(to_camel(name), value)
-    return EventEntry(idx=event.idx, type=inner.type, fields=fields)
+    return EventEntry(idx=event.idx, type=inner.type, fields=fields, at=at)
 
 
 class TooManySubscribers(Exception):
@@ -70,7 +74,7 @@ class StateFeed:
         self._changed: asyncio.Event | None = None
 
     def record(self, event: IndexedEvent) -> None:
-        self.recent.append(summarize(event))
+        self.recent.append(summarize(event, time.time()))
         self.notify()
 
     def notify(self) -> None:

@@ -34,6 +34,7 @@ from skulk.shared.types.telemetry import (
     MemoryReading,
     NodeHeartbeat,
     NodeResources,
+    ServingCounters,
     TelemetryReading,
 )
 
@@ -89,6 +90,7 @@ class TelemetryService:
         conflicts: Callable[[], list[CapabilityConflict]] = lambda: [],
         engine_slots: Callable[[], dict[str, int]] = lambda: {},
         engine_provision: Callable[[], EngineProvision | None] = lambda: None,
+        serving: Callable[[], ServingCounters | None] = lambda: None,
         disk_reserve_bytes: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -101,6 +103,7 @@ class TelemetryService:
         self._conflicts = conflicts
         self._engine_slots = engine_slots
         self._engine_provision = engine_provision
+        self._serving = serving
         self._clock = clock
         self.view = TelemetryView()
         self.outbox = LatestValueOutbox()
@@ -110,7 +113,9 @@ class TelemetryService:
     def node_id(self) -> NodeId:
         return NodeId(self._router.node_id)
 
-    def resources(self) -> NodeResources:
+    def resources(self, serving: ServingCounters | None = None) -> NodeResources:
+        """This node's reading (blocking: run it on a thread). `serving` is read on the event
+        loop by the caller, where the counters and runner table it comes from live."""
         memory = psutil.virtual_memory()
         try:
             disk = shutil.disk_usage(self._models_dir)
@@ -133,6 +138,7 @@ class TelemetryService:
             gpus=collect_gpus(),
             engine_slots=self._engine_slots(),
             engine_provision=self._engine_provision(),
+            serving=serving,
         )
 
     def publish(self, key: Hashable, reading: TelemetryReading) -> None:
@@ -146,7 +152,7 @@ class TelemetryService:
             now = self._clock()
             self.publish("heartbeat", NodeHeartbeat(node_id=self.node_id))
             if now >= next_resources:
-                resources = await asyncio.to_thread(self.resources)
+                resources = await asyncio.to_thread(self.resources, self._serving())
                 self.publish("resources", resources)
                 next_resources = now + RESOURCES_INTERVAL_S
             # On the process's tick grid (`shared.ticks`): the other periodic loops wake with it.

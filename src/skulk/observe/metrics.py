@@ -20,6 +20,7 @@ in one test process never collide.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -29,6 +30,7 @@ from prometheus_client.registry import Collector
 from skulk.shared.telemetry_view import TelemetryView
 from skulk.shared.types.ids import NodeId
 from skulk.shared.types.state import State
+from skulk.shared.types.telemetry import ServingCounters
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 """The Prometheus text exposition format's content type."""
@@ -48,11 +50,23 @@ STREAM_OUTCOMES = ("completed", "failed", "cancelled", "client_closed")
 """The `outcome` label of `skulk_generations_total`."""
 
 
+@dataclass
+class _Totals:
+    generated_tokens: int = 0
+    generations: int = 0
+    failed_generations: int = 0
+    ttft_seconds_sum: float = 0.0
+    ttft_count: int = 0
+
+
 class ServingMetrics:
     """The request-time metrics of one node, registered on its own registry."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
+        self._totals = _Totals()
+        """Plain running totals beside the labelled series: what the node's telemetry carries
+        (`NodeResources.serving`) without reading the registry back."""
         self.http_requests = Counter(
             "skulk_http_requests", "HTTP requests answered, by route template, method and status code.",
             ["route", "method", "status"], registry=registry,
@@ -110,14 +124,19 @@ class ServingMetrics:
         first output when `first`); only text-generation chunks count as tokens."""
         if first:
             self.time_to_first_token.labels(model_id).observe(since_previous_s)
+            self._totals.ttft_seconds_sum += max(0.0, since_previous_s)
+            self._totals.ttft_count += 1
         else:
             self.inter_token_latency.labels(model_id).observe(since_previous_s)
         if is_token:
             self.generated_tokens.labels(model_id).inc()
+            self._totals.generated_tokens += 1
 
     def on_end(self, model_id: str, outcome: str, prompt_tokens: int, cached_tokens: int = 0,
                drafted_tokens: int = 0, accepted_draft_tokens: int = 0) -> None:
         self.generations.labels(model_id, outcome).inc()
+        self._totals.generations += 1
+        self._totals.failed_generations += outcome == "failed"
         if prompt_tokens:
             self.prompt_tokens.labels(model_id).inc(prompt_tokens)
         if cached_tokens:
@@ -125,6 +144,14 @@ class ServingMetrics:
         if drafted_tokens:
             self.drafted_tokens.labels(model_id).inc(drafted_tokens)
             self.accepted_draft_tokens.labels(model_id).inc(accepted_draft_tokens)
+
+
+    def totals(self) -> ServingCounters:
+        """What this node's API streamed since it started (no runner load: the worker adds it)."""
+        t = self._totals
+        return ServingCounters(generated_tokens=t.generated_tokens, generations=t.generations,
+                               failed_generations=t.failed_generations, ttft_seconds_sum=t.ttft_seconds_sum,
+                               ttft_count=t.ttft_count)
 
 
 def new_registry() -> CollectorRegistry:

@@ -14,13 +14,15 @@ from __future__ import annotations
 import re
 from typing import Final
 
-NETWORK_VERSION: Final = "skulk-net-3"
+NETWORK_VERSION: Final = "skulk-net-4"
 # 2: presence tokens must answer proof challenges (routing/presence.py); a build without
 # them would never count as alive, so it is told apart as another version instead.
 # 3: messages gained fields (KV cache type and speculation counts, a turn's continuation,
 # the build's commit); a model that forbids unknown fields would refuse them from a newer
 # build, so builds told apart by version instead. tests/routing/test_wire_version.py pins
 # the payload schemas to this name.
+# 4: NodeResources carries the node's serving counters and runner load (`serving`), which
+# the dashboard charts over time.
 
 # Every key expression this build publishes or subscribes to starts with this prefix.
 KEY_ROOT: Final = "skulk"

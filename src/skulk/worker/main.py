@@ -38,7 +38,7 @@ from skulk.shared.types.events import RunnerStatusUpdated, TaskAcknowledged, Tas
 from skulk.shared.types.ids import CommandId, EventId, ModelId, NodeId, RunnerId, TaskId, new_id
 from skulk.shared.types.instances import RunnerStatus
 from skulk.shared.types.task_inputs import TaskInput
-from skulk.shared.types.telemetry import TelemetryReading
+from skulk.shared.types.telemetry import InstanceLoad, TelemetryReading
 from skulk.shared.wire_keys import to_camel_keys
 from skulk.worker import plan as worker_plan
 from skulk.worker.downloads import ArtifactDownloads
@@ -408,6 +408,16 @@ class Worker:
         self.downloads.cancel()
         supervisors, self._supervisors = list(self._supervisors.values()), {}
         await asyncio.gather(*(s.shutdown(timeout_s=2.0) for s in supervisors), return_exceptions=True)
+
+    def instance_loads(self) -> dict[str, InstanceLoad]:
+        """Generations running and messages queued, per instance, on this node's runners."""
+        loads: dict[str, InstanceLoad] = {}
+        for supervisor in list(self._supervisors.values()):
+            stats = supervisor.stats()
+            load = loads.get(stats.instance_id, InstanceLoad())
+            loads[stats.instance_id] = InstanceLoad(in_flight=load.in_flight + stats.in_flight,
+                                                    queue_depth=load.queue_depth + (stats.inbox_depth or 0))
+        return loads
 
     def stats(self) -> dict[str, object]:
         return {

@@ -3,12 +3,13 @@ gathered from every member (`/v1/diagnostics/cluster`), and Prometheus metrics."
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel, ConfigDict
 
 from skulk.api.context import ApiContext, api_context
-from skulk.api.errors import NotFound, PeerUnreachable
+from skulk.api.errors import Conflict, NotFound, PeerUnreachable
 from skulk.observe.cluster_diagnostics import (
     NODE_REPORT_PATH,
     PeerAnswer,
@@ -29,6 +30,33 @@ def _own_report(context: ApiContext) -> dict[str, Any]:
 @router.get("/v1/diagnostics/node")
 def node_diagnostics(request: Request) -> dict[str, Any]:
     return _own_report(api_context(request))
+
+
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+
+
+class LogLevelBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    level: LogLevel
+
+
+@router.get("/v1/diagnostics/log-level")
+def get_log_level(request: Request) -> dict[str, str]:
+    """This node's log level now (SKULK_LOG_LEVEL at start, or what was PUT since)."""
+    context = api_context(request)
+    if context.log_level is None:
+        raise Conflict("this API runs outside a node: it has no log level", code="no_log_level")
+    return {"level": context.log_level.get()}
+
+
+@router.put("/v1/diagnostics/log-level")
+def put_log_level(request: Request, body: LogLevelBody) -> dict[str, str]:
+    """Change this node's log level until it restarts (SKULK_LOG_LEVEL then applies again)."""
+    context = api_context(request)
+    if context.log_level is None:
+        raise Conflict("this API runs outside a node: it has no log level", code="no_log_level")
+    context.log_level.set(body.level)
+    return {"level": context.log_level.get()}
 
 
 @router.get("/v1/diagnostics/cluster")

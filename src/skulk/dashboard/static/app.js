@@ -2,6 +2,7 @@
 import { api, apiKey, followEvents } from "./api.js";
 import { publish } from "./store.js";
 import "./topology.js";
+import "./activity.js";
 import "./models.js";
 import "./chat.js";
 import "./settings.js";

@@ -1,21 +1,27 @@
-// Chat: a picker over placed models, streamed answers (reasoning shown apart), a stop
-// button, TTFT and tokens/s per answer, and a visible error when a stream fails.
+// Chat: a picker over placed models, streamed answers rendered as safe Markdown (reasoning
+// collapsed apart), a stop button, TTFT and tokens/s per answer, a visible error when a
+// stream fails, and conversations kept in this browser (`conversations.js`).
 import { authHeaders, errorFrom, readSse } from "./api.js";
 import { onSnapshot } from "./store.js";
 import { esc } from "./format.js";
+import { render as markdown } from "./markdown.js";
+import { load, newConversation, save, titled } from "./conversations.js";
 
 const DEFAULT_MAX_TOKENS = 512;
 
 class SkulkChat extends HTMLElement {
   connectedCallback() {
-    this.history = [];
+    this.conversations = load();
+    this.current = this.conversations[0] || newConversation();
     this.controller = null;
     this.innerHTML = `<section class="page chat">
       <h2>Chat</h2>
       <div class="row">
         <label>Model <select data-role="model"></select></label>
         <label>Max tokens <input data-role="max-tokens" type="number" min="1" value="${DEFAULT_MAX_TOKENS}"></label>
+        <label>Conversation <select data-role="conversation"></select></label>
         <button type="button" class="ghost" data-role="clear">New chat</button>
+        <button type="button" class="ghost" data-role="forget">Delete</button>
       </div>
       <p class="muted" data-role="no-models">Place a model on the Models page to chat with it.</p>
       <ol class="messages" data-role="messages" aria-live="polite"></ol>
@@ -31,15 +37,53 @@ class SkulkChat extends HTMLElement {
       if (event.key === "Enter" && !event.shiftKey) { event.preventDefault(); this.send(); }
     });
     this.$("stop").addEventListener("click", () => this.controller?.abort());
-    this.$("clear").addEventListener("click", () => { this.history = []; this.$("messages").innerHTML = ""; });
+    this.$("clear").addEventListener("click", () => this.open(newConversation(this.$("model").value)));
+    this.$("forget").addEventListener("click", () => {
+      this.conversations = save(this.conversations.filter((c) => c.id !== this.current.id));
+      this.open(this.conversations[0] || newConversation(this.$("model").value));
+    });
+    this.$("conversation").addEventListener("change", (event) => {
+      const chosen = this.conversations.find((c) => c.id === event.target.value);
+      if (chosen) this.open(chosen);
+    });
+    this.open(this.current);
     this.off = onSnapshot(this, ({ state }) => this.renderModels(state));
   }
   disconnectedCallback() { this.off?.(); this.controller?.abort(); }
 
+  open(conversation) {
+    if (this.controller) return;
+    this.current = conversation;
+    this.$("messages").replaceChildren();
+    for (const message of conversation.messages) {
+      const item = this.bubble(message.role, message.content);
+      if (message.reasoning) this.showReasoning(item, message.reasoning);
+      if (message.stats) item.querySelector(".stats").textContent = message.stats;
+      item.dataset.state = "done";
+    }
+    if (conversation.model && [...this.$("model").options].some((o) => o.value === conversation.model)) {
+      this.$("model").value = conversation.model;
+    }
+    this.renderConversations();
+  }
+
+  renderConversations() {
+    const listed = this.conversations.some((c) => c.id === this.current.id) ? this.conversations : [this.current, ...this.conversations];
+    const select = this.$("conversation");
+    select.innerHTML = listed.map((c) => `<option value="${esc(c.id)}">${esc(c.title)}</option>`).join("");
+    select.value = this.current.id;
+  }
+
+  remember() {
+    this.current = titled({ ...this.current, updated: Date.now() });
+    this.conversations = save([this.current, ...this.conversations.filter((c) => c.id !== this.current.id)]);
+    this.renderConversations();
+  }
+
   renderModels(state) {
     const select = this.$("model");
     const models = [...new Set(Object.values(state.instances || {}).map((i) => i.modelId))].sort();
-    const chosen = select.value;
+    const chosen = select.value || this.current.model;
     const current = [...select.options].map((o) => o.value).join("|");
     if (current !== models.join("|")) {
       select.innerHTML = models.map((m) => `<option value="${esc(m)}">${esc(m)}</option>`).join("");
@@ -52,9 +96,25 @@ class SkulkChat extends HTMLElement {
     const item = document.createElement("li");
     item.className = `message ${role}`;
     item.innerHTML = `<div class="who">${role}</div><details class="reasoning" hidden><summary>reasoning</summary><div class="reasoning-text"></div></details><div class="text"></div><div class="stats muted"></div><div class="error" role="alert"></div>`;
-    item.querySelector(".text").textContent = text;
+    this.setText(item, text);
     this.$("messages").append(item);
     return item;
+  }
+
+  setText(item, text) {
+    const target = item.querySelector(".text");
+    if (item.classList.contains("assistant")) {
+      target.classList.add("markdown");
+      target.replaceChildren(markdown(text));
+    } else {
+      target.textContent = text;
+    }
+  }
+
+  showReasoning(item, reasoning) {
+    const box = item.querySelector(".reasoning");
+    box.hidden = false;  // collapsed until opened
+    box.querySelector(".reasoning-text").textContent = reasoning;
   }
 
   async send() {
@@ -64,11 +124,11 @@ class SkulkChat extends HTMLElement {
     if (!text || !model || this.controller) return;
     input.value = "";
     this.bubble("user", text);
-    this.history.push({ role: "user", content: text });
+    this.current = { ...this.current, model, messages: [...this.current.messages, { role: "user", content: text }] };
     const answer = this.bubble("assistant", "");
     answer.dataset.state = "streaming";
-    const body = { model, messages: this.history, stream: true, stream_options: { include_usage: true },
-      max_tokens: Number(this.$("max-tokens").value) || DEFAULT_MAX_TOKENS };
+    const body = { model, messages: this.current.messages.map(({ role, content }) => ({ role, content })), stream: true,
+      stream_options: { include_usage: true }, max_tokens: Number(this.$("max-tokens").value) || DEFAULT_MAX_TOKENS };
     this.controller = new AbortController();
     this.$("stop").disabled = false;
     this.$("send").disabled = true;
@@ -91,13 +151,11 @@ class SkulkChat extends HTMLElement {
         }
         if (delta.reasoning_content) {
           reasoning += delta.reasoning_content;
-          const box = answer.querySelector(".reasoning");
-          box.hidden = false;
-          box.querySelector(".reasoning-text").textContent = reasoning;
+          this.showReasoning(answer, reasoning);
         }
         if (delta.content) {
           content += delta.content;
-          answer.querySelector(".text").textContent = content;
+          this.setText(answer, content);
         }
       });
       answer.dataset.state = "done";
@@ -115,8 +173,6 @@ class SkulkChat extends HTMLElement {
       this.$("stop").disabled = true;
       this.$("send").disabled = false;
     }
-    if (content) this.history.push({ role: "assistant", content });
-    else this.history.pop();
     if (first !== null) {
       const count = usage?.completion_tokens ?? tokens;
       const seconds = Math.max((last - first) / 1000, 1e-3);
@@ -124,6 +180,11 @@ class SkulkChat extends HTMLElement {
       const stats = answer.querySelector(".stats");
       stats.textContent = `${stats.textContent ? `${stats.textContent} · ` : ""}TTFT ${Math.round(first - started)} ms · ${rate} tok/s · ${count} tokens`;
     }
+    const messages = [...this.current.messages];
+    if (content) messages.push({ role: "assistant", content, reasoning, stats: answer.querySelector(".stats").textContent });
+    else messages.pop();
+    this.current = { ...this.current, messages };
+    this.remember();
   }
 }
 customElements.define("skulk-chat", SkulkChat);

@@ -13,6 +13,12 @@ class SkulkSettings extends HTMLElement {
       <div class="card"><h3>Cluster</h3>
         <label class="switch"><input type="checkbox" data-role="tracing"> Tracing of new requests (cluster-wide)</label>
         <dl data-role="cluster" class="facts"></dl></div>
+      <div class="card"><h3>This node</h3>
+        <div class="row"><label>Log level <select data-role="log-level">
+          <option>DEBUG</option><option>INFO</option><option>WARNING</option><option>ERROR</option></select></label>
+          <span class="muted">until the node restarts (then SKULK_LOG_LEVEL applies)</span></div>
+        <p class="muted">The model store host and every other setting live in skulk.yaml and apply at the next start;
+          their effective values are under Node settings below.</p></div>
       <div class="card"><h3>Invite a node</h3>
         <div class="row"><label>Valid for <select data-role="invite-ttl">
           <option value="300">5 minutes</option><option value="900" selected>15 minutes</option>
@@ -35,6 +41,8 @@ class SkulkSettings extends HTMLElement {
     this.$("tracing").addEventListener("change", (event) => this.setTracing(event.target));
     this.$("diag-load").addEventListener("click", () => this.loadDiagnostics());
     this.$("invite").addEventListener("click", () => this.createInvite());
+    this.$("log-level").addEventListener("change", (event) => this.setLogLevel(event.target));
+    this.loadLogLevel();
     this.$("invite-copy").addEventListener("click", () => navigator.clipboard?.writeText(this.$("invite-command").textContent));
     this.off = onSnapshot(this, (snapshot) => this.render(snapshot));
     this.loadDiagnostics();  // this node's, once; other nodes' when asked
@@ -69,6 +77,22 @@ class SkulkSettings extends HTMLElement {
       box.checked = !box.checked;
       this.$("error").textContent = error.message;
     } finally { delete box.dataset.pending; }
+  }
+
+  async loadLogLevel() {
+    try {
+      this.$("log-level").value = (await api("/v1/diagnostics/log-level")).level;
+    } catch (error) { this.$("error").textContent = error.message; }
+  }
+
+  async setLogLevel(select) {
+    try {
+      select.value = (await api("/v1/diagnostics/log-level", { method: "PUT", body: { level: select.value } })).level;
+      this.$("error").textContent = "";
+    } catch (error) {
+      this.$("error").textContent = error.message;
+      this.loadLogLevel();
+    }
   }
 
   async createInvite() {

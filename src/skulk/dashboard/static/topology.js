@@ -1,7 +1,9 @@
-// Topology: the graph of nodes and their edges (master marked, colour = health), and one
-// card per node with memory, accelerators, backends, runners and health detail (problem + fix).
+// Topology: the graph of nodes and their edges (master marked, colour = health, a live
+// fabric session drawn solid and a verified probe dashed), every placed model's shards (which
+// layers sit on which node, a llama.cpp pool's driver and donors), and one card per node
+// with memory, accelerators, backends, runners and health detail (problem + fix).
 import { onSnapshot } from "./store.js";
-import { accelerators, esc, gib, nodeLevel, setHtml, short } from "./format.js";
+import { accelerators, esc, gib, nodeLevel, nodeName, setHtml, short } from "./format.js";
 
 const LEVEL_LABEL = { ok: "healthy", info: "healthy", warn: "warning", error: "unhealthy" };
 // A node that leaves the cluster (pruned within a second or two of its death) stays on the
@@ -30,7 +32,7 @@ function graph(cluster, state) {
     seen.add(key);
     return true;
   });
-  const lines = edges.map((e) => `<line class="edge" x1="${at[e.source].x}" y1="${at[e.source].y}" x2="${at[e.sink].x}" y2="${at[e.sink].y}"><title>${esc(e.kind || "edge")}</title></line>`);
+  const lines = edges.map((e) => `<line class="edge kind-${esc(e.kind || "session")}" x1="${at[e.source].x}" y1="${at[e.source].y}" x2="${at[e.sink].x}" y2="${at[e.sink].y}"><title>${esc(e.kind || "edge")}</title></line>`);
   const dots = cluster.nodes.map((n) => {
     const p = at[n.nodeId];
     const master = n.nodeId === cluster.masterNodeId;
@@ -41,6 +43,32 @@ function graph(cluster, state) {
     </g>`;
   });
   return `<svg viewBox="0 0 400 260" role="img" aria-label="Cluster graph: ${cluster.nodes.length} nodes, ${edges.length} edges">${lines.join("")}${dots.join("")}</svg>`;
+}
+
+// Which layers of each placed model sit on which node: one bar per instance, a segment per
+// shard sized by its layers. A multi-node llama.cpp instance is a pool: rank 0 drives, the
+// others donate their memory and compute over ggml RPC.
+function role(instance, shard) {
+  if (instance.shards.length === 1) return "whole model";
+  if (shard.backend.startsWith("llama_cpp")) return shard.rank === 0 ? "pool driver" : "pool donor";
+  return `rank ${shard.rank}`;
+}
+
+function placements(state) {
+  const instances = Object.values(state.instances || {}).sort((a, b) => a.modelId.localeCompare(b.modelId));
+  if (!instances.length) return '<p class="muted">No model is placed.</p>';
+  return instances.map((inst) => {
+    const shards = [...inst.shards].sort((a, b) => a.startLayer - b.startLayer);
+    const total = Math.max(1, ...shards.map((s) => s.endLayer)) - Math.min(...shards.map((s) => s.startLayer));
+    const segments = shards.map((s) => {
+      const layers = s.endLayer - s.startLayer;
+      const name = nodeName(state, s.nodeId);
+      const text = `${name}: layers ${s.startLayer}-${s.endLayer - 1} (${role(inst, s)}, ${s.backend})`;
+      return `<span class="shard k${s.rank % 4}" style="flex:${layers}" title="${esc(text)}" data-node-id="${esc(s.nodeId)}">${esc(name)} ${layers}/${total}</span>`;
+    }).join("");
+    return `<div class="placement" data-instance-id="${esc(inst.instanceId)}"><h4>${esc(inst.modelId)} <span class="muted">${esc(inst.sharding)}, ${shards.length} ${shards.length === 1 ? "node" : "nodes"}</span></h4>
+      <div class="shards" role="img" aria-label="${esc(shards.map((s) => `${nodeName(state, s.nodeId)} holds layers ${s.startLayer} to ${s.endLayer - 1}`).join("; "))}">${segments}</div></div>`;
+  }).join("");
 }
 
 // The node's background build of a native llama-server (NodeResources.engineProvision).
@@ -84,7 +112,8 @@ function nodeCard(cluster, state, node) {
 
 class SkulkTopology extends HTMLElement {
   connectedCallback() {
-    this.innerHTML = `<section class="page"><h2>Topology</h2><div class="graph card"></div><div class="grid nodes"></div></section>`;
+    this.innerHTML = `<section class="page"><h2>Topology</h2><div class="graph card"></div>
+      <div class="card placements"><h3>Placed models</h3><div data-role="placements"></div></div><div class="grid nodes"></div></section>`;
     this.lost = new Map(); // nodeId -> { node, at }: nodes seen before that left the cluster
     this.previous = [];
     this.off = onSnapshot(this, (snapshot) => {
@@ -108,6 +137,7 @@ class SkulkTopology extends HTMLElement {
     for (const [id, entry] of this.lost) if (now - entry.at >= LOST_SHOWN_MS) this.lost.delete(id);
     const lost = [...this.lost.values()].map(({ node }) => ({ ...node, alive: false, lost: true }));
     setHtml(this.querySelector(".graph"), graph(cluster, state));
+    setHtml(this.querySelector('[data-role="placements"]'), placements(state));
     setHtml(this.querySelector(".nodes"), [...cluster.nodes, ...lost].map((n) => nodeCard(cluster, state, n)).join(""));
     clearTimeout(this.expiry);
     if (lost.length) this.expiry = setTimeout(() => this.render(), 1000);

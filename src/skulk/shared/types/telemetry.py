@@ -78,6 +78,29 @@ class EngineProvision(WireModel):
     """Why it was skipped or failed, with the fix; where the build went when ready."""
 
 
+class InstanceLoad(WireModel):
+    """What one instance's runners on a node hold now."""
+
+    in_flight: NonNegInt = 0
+    """Generations running."""
+    queue_depth: NonNegInt = 0
+    """Messages waiting in the runners' inboxes."""
+
+
+class ServingCounters(WireModel):
+    """A node's serving totals since it started, for rates over time (the dashboard's charts
+    take differences between two readings): what its API streamed to clients, and the load on
+    its runners now. Counts only: no model output, no prompt."""
+
+    generated_tokens: NonNegInt = 0
+    generations: NonNegInt = 0
+    failed_generations: NonNegInt = 0
+    ttft_seconds_sum: float = Field(default=0.0, ge=0)
+    ttft_count: NonNegInt = 0
+    instances: dict[str, InstanceLoad] = Field(default_factory=dict)
+    """Instance id -> its runners' load on this node."""
+
+
 class NodeResources(WireModel):
     type: Literal["NodeResources"] = "NodeResources"
     node_id: NodeId
@@ -100,6 +123,8 @@ class NodeResources(WireModel):
     engine_provision: EngineProvision | None = None
     """The background native build, while one runs or when it ended or was skipped; None
     when the node never considered one (opted out, an override, a build already there)."""
+    serving: ServingCounters | None = None
+    """Serving totals and runner load (None: the node runs no API and no runners yet)."""
 
 
 class DownloadProgress(WireModel):
@@ -128,8 +153,10 @@ __all__ = [
     "DownloadProgress",
     "EngineProvision",
     "GpuReading",
+    "InstanceLoad",
     "MemoryReading",
     "NodeHeartbeat",
     "NodeResources",
+    "ServingCounters",
     "TelemetryReading",
 ]
