@@ -12,6 +12,7 @@ import pytest
 from fastapi.routing import APIRoute
 from starlette.routing import Route
 
+from skulk.api.access import Role, route_role
 from skulk.api.auth import check_api_key, is_open_path
 from skulk.api.errors import wire_shape_for
 from skulk.shared.types.commands import CancelCommand, TaskFinished
@@ -38,15 +39,17 @@ wait for its end): only their refusals are checked here; test_events_route reads
 
 
 def route_calls(app) -> list[tuple[str, str]]:
-    """(method, concrete path) for every registered route and method but the dashboard's
-    open assets (`test_static_assets_stay_open`)."""
+    """(method, concrete path) for every registered route and method but the open ones: the
+    dashboard's assets (`test_static_assets_stay_open`) and redeeming a join invite
+    (`test_redeeming_an_invite_needs_no_key`)."""
     calls = []
     for route in _flatten(app.routes):
         if is_open_path(route.path):
             continue
         path = re.sub(r"\{[^}]+\}", "x", route.path)
         for method in sorted(route.methods or ()):
-            calls.append((method, path))
+            if route_role(method, path) is not Role.OPEN:
+                calls.append((method, path))
     return calls
 
 
@@ -184,3 +187,13 @@ async def test_disconnect_still_cancels_behind_the_key_middleware():
     await asyncio.wait_for(running, timeout=HANG_GUARD_S)
     await until(lambda: len(cluster.of(CancelCommand)) == 1)
     assert cluster.of(TaskFinished) == []
+
+
+async def test_redeeming_an_invite_needs_no_key():
+    """A joining node has no key yet: the invite's proof is its credential, so the route
+    answers (here: the body is missing) instead of refusing for want of a key."""
+    app, _cluster = make(api_key=KEY)
+    async with raw_client(app) as http:
+        response = await http.post("/v1/cluster/join")
+    assert response.status_code not in (401, 403), response.text
+
