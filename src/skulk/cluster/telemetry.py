@@ -31,6 +31,7 @@ from skulk.shared.types.telemetry import (
     CapabilityConflict,
     DiskReading,
     EngineProvision,
+    GpuReading,
     MemoryReading,
     NodeHeartbeat,
     NodeResources,
@@ -92,6 +93,7 @@ class TelemetryService:
         engine_provision: Callable[[], EngineProvision | None] = lambda: None,
         serving: Callable[[], ServingCounters | None] = lambda: None,
         disk_reserve_bytes: int | None = None,
+        hardware_class: Callable[[int, list[GpuReading]], str | None] = lambda _ram, _gpus: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._router = router
@@ -104,6 +106,8 @@ class TelemetryService:
         self._engine_slots = engine_slots
         self._engine_provision = engine_provision
         self._serving = serving
+        self._hardware_class = hardware_class
+        """(RAM total bytes, GPU readings) -> this node's class (`skulk.shared.hardware_class`)."""
         self._clock = clock
         self.view = TelemetryView()
         self.outbox = LatestValueOutbox()
@@ -124,6 +128,7 @@ class TelemetryService:
         except OSError:
             disk_reading = DiskReading(models_dir=str(self._models_dir), total_bytes=0, free_bytes=0,
                                        reserve_bytes=self._disk_reserve_bytes)
+        gpus = collect_gpus()
         return NodeResources(
             node_id=self.node_id,
             node_name=self._node_name,
@@ -135,10 +140,11 @@ class TelemetryService:
             capability_conflicts=self._conflicts(),
             api_endpoint=self._api_endpoint,
             zenoh_connected_peers=self._router.connected_peer_count(),
-            gpus=collect_gpus(),
+            gpus=gpus,
             engine_slots=self._engine_slots(),
             engine_provision=self._engine_provision(),
             serving=serving,
+            hardware_class=self._hardware_class(memory.total, gpus),
         )
 
     def publish(self, key: Hashable, reading: TelemetryReading) -> None:

@@ -20,6 +20,7 @@ import os
 import platform
 import re
 import shutil
+import subprocess
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
@@ -70,6 +71,7 @@ def probe_node_facts(env: Mapping[str, str] = os.environ, *, fs_root: Path = Pat
     return NodeFacts(
         os=system,
         machine=machine,
+        cpu_brand=_step("cpu brand", lambda: _cpu_brand(system), None),
         gpus=_step("gpus", lambda: _gpus(system, machine, fs_root), []),
         importable=importable,
         llama_cpp_gpu_offload=_llama_cpp_gpu_offload() if importable.get("llama_cpp") else None,
@@ -95,6 +97,23 @@ def _platform() -> tuple[str, str]:
         return platform.system().lower() or "unknown", platform.machine().lower() or "unknown"
     except Exception:  # pragma: no cover - platform is stdlib and total in practice
         return "unknown", "unknown"
+
+
+CPU_BRAND_DEADLINE_S = 2.0
+"""Longest the `sysctl` that names a Mac's chip may take (it answers in milliseconds)."""
+
+
+def _cpu_brand(system: str) -> str | None:
+    """The CPU brand string on macOS ('Apple M4 Pro'); None elsewhere or when unreadable."""
+    if system != "darwin":
+        return None
+    try:
+        done = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True,
+                              timeout=CPU_BRAND_DEADLINE_S, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    brand = done.stdout.strip()
+    return brand[:128] if done.returncode == 0 and brand else None
 
 
 def _importable(name: str) -> bool:

@@ -61,6 +61,9 @@ class NodeFacts(WireModel):
     """platform.system(), lowercased: 'linux', 'darwin', 'windows'."""
     machine: str
     """platform.machine(), lowercased: 'x86_64', 'arm64', 'aarch64'."""
+    cpu_brand: str | None = None
+    """The CPU's brand string as the OS reports it ('Apple M4 Pro'); read on macOS only, where
+    it names the Apple Silicon chip (`skulk.shared.hardware_class`). None elsewhere."""
     gpus: list[GpuFact] = Field(default_factory=list)
     importable: dict[str, bool] = Field(default_factory=dict)
     """Module name ('llama_cpp', 'mlx', 'mlx_lm', ...) -> whether `find_spec` found it."""

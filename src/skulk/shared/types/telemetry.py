@@ -125,6 +125,10 @@ class NodeResources(WireModel):
     when the node never considered one (opted out, an override, a build already there)."""
     serving: ServingCounters | None = None
     """Serving totals and runner load (None: the node runs no API and no runners yet)."""
+    hardware_class: str | None = None
+    """The node's canonical hardware class (`skulk.shared.hardware_class`: platform, chip or
+    GPU model, memory; never a name or address), which opted-in field telemetry reports for
+    the generations it serves and for its loss. None when the node did not compute one."""
 
 
 class DownloadProgress(WireModel):
