@@ -103,6 +103,7 @@ def resolve_settings(
         tracing=config.tracing,
         logging=config.logging,
         event_log=config.event_log,
+        telemetry=config.telemetry,
     )
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from skulk.datadir.config import EventLogSection, LoggingSection, ModelStoreSection, TracingSection
+from skulk.datadir.config import EventLogSection, LoggingSection, ModelStoreSection, TelemetrySection, TracingSection
 from skulk.datadir.paths import SkulkPaths
 from skulk.facts.network import probe_interfaces
 from skulk.shared.body_limits import DEFAULT_MAX_BODY_BYTES
@@ -52,6 +52,8 @@ class NodeSettings:
     tracing: TracingSection = TracingSection()
     logging: LoggingSection = LoggingSection()
     event_log: EventLogSection = EventLogSection()
+    telemetry: TelemetrySection = TelemetrySection()
+    """Opt-in field telemetry as skulk.yaml says at start (`PUT /v1/telemetry` changes it)."""
 
     @property
     def api_endpoint(self) -> str | None:

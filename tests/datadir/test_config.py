@@ -75,3 +75,36 @@ def test_cors_origins_from_file_and_environment(text, env, expected):
     from skulk.datadir.config import with_env_overrides
 
     assert with_env_overrides(parse_config(text, P), env).api.cors_origins == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "enabled", "endpoint", "flush_s"),
+    [
+        ("", False, "https://telemetry.foxlight.invalid/v1/skulk/field-samples", 60.0),
+        ("telemetry:\n  enabled: true\n", True, "https://telemetry.foxlight.invalid/v1/skulk/field-samples", 60.0),
+        ("telemetry:\n  endpoint: https://ingest.example/v1\n  flush_seconds: 5\n", False,
+         "https://ingest.example/v1", 5.0),
+        ("telemetry:\n  endpoint: http://127.0.0.1:9999/in\n", False, "http://127.0.0.1:9999/in", 60.0),
+        ("telemetry:\n  endpoint: http://[::1]:9999/in\n", False, "http://[::1]:9999/in", 60.0),
+        ("telemetry:\n  endpoint: http://localhost/in\n", False, "http://localhost/in", 60.0),
+    ],
+)
+def test_telemetry_section(text, enabled, endpoint, flush_s):
+    telemetry = parse_config(text, P).telemetry
+    assert (telemetry.enabled, telemetry.endpoint, telemetry.flush_seconds) == (enabled, endpoint, flush_s)
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("telemetry:\n  endpoint: http://ingest.example/v1\n", "http:// only to a loopback host"),
+        ("telemetry:\n  endpoint: ftp://ingest.example/v1\n", "must be an https:// URL"),
+        ("telemetry:\n  endpoint: ingest.example\n", "must be an https:// URL"),
+        ("telemetry:\n  flush_seconds: 0\n", "telemetry.flush_seconds"),
+        ("telemetry:\n  flush_seconds: 86400\n", "telemetry.flush_seconds"),
+        ("telemetry:\n  enable: true\n", "unknown key 'telemetry.enable'"),
+    ],
+)
+def test_telemetry_section_refuses(text, problem):
+    with pytest.raises(ConfigError, match=problem):
+        parse_config(text, P)

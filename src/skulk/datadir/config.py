@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
@@ -97,6 +98,54 @@ class LoggingSection(_Strict):
         return self
 
 
+DEFAULT_TELEMETRY_ENDPOINT = "https://telemetry.foxlight.invalid/v1/skulk/field-samples"
+"""Where opted-in field telemetry goes when `telemetry.endpoint` is unset: a placeholder
+(`.invalid` never resolves) until the ledger's ingest service has its address; until then a
+node that opts in without an endpoint counts failed sends and affects nothing else."""
+
+DEFAULT_TELEMETRY_FLUSH_S = 60.0
+MIN_TELEMETRY_FLUSH_S = 1.0
+MAX_TELEMETRY_FLUSH_S = 3600.0
+"""How often pending telemetry samples are sent: every minute by default; one second at the
+least (tests), an hour at the most (samples wait in a bounded queue meanwhile)."""
+
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
+"""Hosts a plain http:// telemetry endpoint may name (a local receiver, a test)."""
+
+
+class TelemetrySection(_Strict):
+    """Opt-in field telemetry (docs/TELEMETRY.md; `skulk.observe.field_telemetry`). Off
+    unless an operator turns it on; `SKULK_TELEMETRY_DISABLE=1` wins over this section."""
+
+    enabled: bool = False
+    """The operator's consent; the dashboard's switch (`PUT /v1/telemetry`) writes it here."""
+    endpoint: str = DEFAULT_TELEMETRY_ENDPOINT
+    """The https:// URL batches are POSTed to (http:// only to a loopback host)."""
+    flush_seconds: float = Field(default=DEFAULT_TELEMETRY_FLUSH_S, ge=MIN_TELEMETRY_FLUSH_S,
+                                 le=MAX_TELEMETRY_FLUSH_S)
+
+    @model_validator(mode="after")
+    def _endpoint_is_https(self) -> TelemetrySection:
+        problem = telemetry_endpoint_problem(self.endpoint)
+        if problem is not None:
+            raise ValueError(f"telemetry.endpoint {problem}")
+        return self
+
+
+def telemetry_endpoint_problem(url: str) -> str | None:
+    """Why `url` cannot be a telemetry endpoint (None: it can). Pure."""
+    try:
+        parsed = urlsplit(url)
+        host = parsed.hostname
+    except ValueError:
+        return f"is not a URL: {url!r}"
+    if parsed.scheme not in ("http", "https") or not host:
+        return f"must be an https:// URL, not {url!r}"
+    if parsed.scheme == "http" and host not in LOOPBACK_HOSTS:
+        return f"must be https:// (http:// only to a loopback host such as 127.0.0.1), not {url!r}"
+    return None
+
+
 class ExperimentsSection(_Strict):
     """Deprecated switches kept only so an old skulk.yaml still parses; they do nothing."""
 
@@ -117,6 +166,7 @@ class SkulkConfig(_Strict):
     """The KV cache type this node's placements use when neither the placement nor the
     model's card names one: f16, q8_0 or q4_0 (`skulk.shared.types.kv_cache`)."""
     experiments: ExperimentsSection = ExperimentsSection()
+    telemetry: TelemetrySection = TelemetrySection()
 
 
 class ConfigError(ValueError):

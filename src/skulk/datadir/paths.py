@@ -20,6 +20,9 @@ LEASE_FILE_NAME = "skulk.lease"
 EVENT_LOG_DIR_NAME = "event_log"
 CLUSTER_KEY_FILE_NAME = "cluster.key"
 API_KEY_FILE_NAME = "api.key"
+TELEMETRY_INSTALL_ID_FILE_NAME = "telemetry_install_id"
+"""The random id opted-in field telemetry sends with each batch (docs/TELEMETRY.md): created
+only when the operator opts in, mode 0600."""
 
 PRIVATE_DIR_MODE = 0o700
 PRIVATE_FILE_MODE = 0o600
@@ -52,6 +55,10 @@ class SkulkPaths:
     @property
     def api_key_file(self) -> Path:
         return self.data_home / API_KEY_FILE_NAME
+
+    @property
+    def telemetry_install_id_file(self) -> Path:
+        return self.data_home / TELEMETRY_INSTALL_ID_FILE_NAME
 
     @property
     def traces_dir(self) -> Path:

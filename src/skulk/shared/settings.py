@@ -85,6 +85,9 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             "README.md#dashboard"),
     Setting("SKULK_LOG_LEVEL", "text", "INFO", "The node's log level.", "README.md#observability"),
     Setting("SKULK_RUNNER_LOG_LEVEL", "text", "INFO", "Runner processes' log level.", "README.md#observability"),
+    Setting("SKULK_TELEMETRY_DISABLE", "flag", "false", "`1`: no field telemetry from this node, whatever "
+            "skulk.yaml's `telemetry.enabled` or the dashboard's switch say (any value but `0`, `false`, `no`, "
+            "`off` counts as set).", "docs/TELEMETRY.md"),
     # Engines.
     Setting("SKULK_ENGINES_DIR", "path", "$XDG_CACHE_HOME/skulk/engines", "Where `skulk engines install` puts "
             "builds; every node on the machine finds them there.", "docs/ENGINES.md"),
