@@ -396,7 +396,8 @@ async def start_workload(context: ApiContext, params: OneResultParams) -> Comman
     if context.get_master()[0] is None:
         raise ClusterNotReady("The cluster has no master yet (election in progress); retry shortly.")
     command_id = CommandId(new_id())
-    stream = context.streams.open(command_id, params.model_id, requested_by=current_principal().id)
+    stream = context.streams.open(command_id, params.model_id, requested_by=current_principal().id,
+                                  workload=row.kind)
     hold_input(context, stream, TaskInput(command_id=command_id, params=params))
     await submit(context, stream, RunWorkload(command_id=command_id, params=row.redact(params)))
     return stream

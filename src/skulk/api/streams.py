@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from skulk.api.errors import Overloaded, StreamFailed
+from skulk.observe.field_telemetry import StreamEnded
 from skulk.shared.types.chunks import (
     Chunk,
     DataFrame,
@@ -126,13 +127,18 @@ class CommandStream:
     """
 
     def __init__(self, owner: CommandStreams, command_id: str, opened_at: float, model_id: str = "",
-                 requested_by: str = "anonymous") -> None:
+                 requested_by: str = "anonymous", workload: str = "text") -> None:
         self.command_id = command_id
         self.model_id = model_id
+        self.workload = workload
+        """'text' for a generation, else the one-result workload's kind ('embeddings', ...)."""
         self.requested_by = requested_by
         """The principal that made the request (`skulk.api.access.Principal.id`): only it (or an
         operator) may cancel it."""
         self.last_chunk_at: float | None = None
+        self.first_chunk_at: float | None = None
+        self.token_chunks = 0
+        self.completion_tokens = 0
         self.prompt_tokens = 0
         self.cached_tokens = 0
         self.drafted_tokens = 0
@@ -229,6 +235,19 @@ class CommandStream:
         self._wake()
 
 
+def _ended(stream: CommandStream, outcome: str, error_type: str | None) -> StreamEnded:
+    """What field telemetry learns of an ended stream: timings and counts, no text."""
+    first, last = stream.first_chunk_at, stream.last_chunk_at
+    return StreamEnded(
+        command_id=stream.command_id, model_id=stream.model_id, workload=stream.workload, outcome=outcome,
+        error_type=error_type,
+        first_output_s=None if first is None else first - stream.opened_at,
+        decode_s=None if first is None or last is None else last - first,
+        output_chunks=stream.token_chunks, prompt_tokens=stream.prompt_tokens,
+        completion_tokens=stream.completion_tokens, cached_tokens=stream.cached_tokens,
+    )
+
+
 _OUTCOME_COUNTER = {"completed": "completed", "client_closed": "closedByClient", "cancelled": "cancelled",
                     "failed": "failed"}
 """How a stream ended (the metrics' `outcome` label) -> the diagnostics counter it bumps."""
@@ -260,6 +279,10 @@ class CommandStreams:
         self._clock = clock
         self.observer: StreamObserver | None = None
         """Told about output and ends (the node's metrics); None costs one check per chunk."""
+        self.on_ended: Callable[[StreamEnded], None] | None = None
+        """Told how each stream ended, with its timings and token counts (the node's opt-in
+        field telemetry, `skulk.observe.field_collector`). Cheap and never raises, as the
+        observer."""
         self.on_lifecycle: Callable[[str, str, str, str | None], None] | None = None
         """Called with (phase "opened"|"ended", command id, model id, outcome or None) as a
         stream opens and ends (the node's flight recorder)."""
@@ -285,7 +308,8 @@ class CommandStreams:
 
     # -- admission --
 
-    def open(self, command_id: str, model_id: str = "", requested_by: str = "anonymous") -> CommandStream:
+    def open(self, command_id: str, model_id: str = "", requested_by: str = "anonymous",
+             workload: str = "text") -> CommandStream:
         """A new stream for `command_id`, before its command is submitted. Raises `Overloaded`
         at MAX_OPEN_STREAMS (after reclaiming any stream whose deadline has passed)."""
         if command_id in self._open or command_id in self._recently_ended:
@@ -297,7 +321,7 @@ class CommandStreams:
             raise Overloaded(
                 f"This node is serving its maximum of {self.max_open_streams} concurrent requests; retry shortly."
             )
-        stream = CommandStream(self, command_id, self._clock(), model_id, requested_by)
+        stream = CommandStream(self, command_id, self._clock(), model_id, requested_by, workload)
         self._open[command_id] = stream
         self._counters["opened"] += 1
         if self.on_lifecycle is not None:
@@ -364,20 +388,24 @@ class CommandStreams:
         stream._push(chunk)
         if stream.trace is not None:
             stream.trace.chunk()
-        if self.observer is not None:
+        if self.observer is not None or self.on_ended is not None:
             self._observe_chunk(stream, chunk)
 
     def _observe_chunk(self, stream: CommandStream, chunk: Chunk) -> None:
-        observer = self.observer
-        if observer is None:  # callers check it; this narrows it for the checker
-            return
         now, last = stream.last_frame_at, stream.last_chunk_at
         first = last is None
-        observer.on_chunk(stream.model_id, now - (stream.opened_at if last is None else last), first,
-                          type(chunk) is TokenChunk)
+        is_token = type(chunk) is TokenChunk
+        if self.observer is not None:
+            self.observer.on_chunk(stream.model_id, now - (stream.opened_at if last is None else last), first,
+                                   is_token)
+        if first:
+            stream.first_chunk_at = now
+        if is_token:
+            stream.token_chunks += 1
         stream.last_chunk_at = now
         usage = getattr(chunk, "usage", None)
         if usage is not None:
+            stream.completion_tokens = usage.completion_tokens
             stream.prompt_tokens = usage.prompt_tokens
             stream.cached_tokens = usage.cached_tokens
             stream.drafted_tokens = usage.drafted_tokens
@@ -524,6 +552,8 @@ class CommandStreams:
         if self.observer is not None:
             self.observer.on_end(stream.model_id, outcome, stream.prompt_tokens, stream.cached_tokens,
                                  stream.drafted_tokens, stream.accepted_draft_tokens)
+        if self.on_ended is not None:
+            self.on_ended(_ended(stream, outcome, None if isinstance(end, _Completed) else str(end.error_type)))
         if self.on_lifecycle is not None:
             self.on_lifecycle("ended", stream.command_id, stream.model_id, outcome)
         if stream.trace is not None:
