@@ -56,6 +56,8 @@ from skulk.model_store.staging import staging_root_for
 from skulk.models.cards import builtin_cards_dir, resolve_cards
 from skulk.models.companions import companions_of
 from skulk.node_settings import NodeSettings, settings_wire
+from skulk.observe.field_collector import FieldTelemetry
+from skulk.observe.field_telemetry import env_disables_telemetry, hardware_classes, serving_hardware
 from skulk.observe.lost_members import LostMembers
 from skulk.observe.metrics import ServingMetrics
 from skulk.observe.node_report import redacted_config, versions
@@ -76,6 +78,7 @@ from skulk.routing.reachable import advertised_addresses, api_urls, transport_en
 from skulk.routing.router import Router, RouterError
 from skulk.routing.topics import TOPICS
 from skulk.shared import election as election_machine
+from skulk.shared.hardware_class import hardware_class
 from skulk.shared.membership import SelfInfo
 from skulk.shared.serving import wait_explanation
 from skulk.shared.telemetry_view import node_resources
@@ -310,7 +313,19 @@ class Node:
             engine_slots=lambda: dict(self._derived.slots), engine_provision=lambda: self.engine_build.status,
             serving=self._serving_counters,
             disk_reserve_bytes=eviction_policy(settings.model_store).reserve_bytes,
+            hardware_class=lambda ram_total_bytes, gpus: hardware_class(facts, ram_total_bytes, gpus),
         )
+        self.field_telemetry = FieldTelemetry(
+            settings.telemetry, env_disabled=env_disables_telemetry(), config_file=settings.paths.config_file,
+            install_id_file=settings.paths.telemetry_install_id_file, version=__version__,
+            builtin_model_ids=frozenset(card_set.cards) - card_set.custom_ids,
+            hardware_of=lambda: hardware_classes(self.telemetry.view),
+            serving_hardware=lambda ended, hardware: serving_hardware(
+                self.replica.state, hardware, ended.command_id, ended.model_id),
+            i_am_master=lambda: self._master is not None,
+        )
+        self.replica.on_applied(self.field_telemetry.on_event_applied)
+        self.streams.on_ended = self.field_telemetry.on_stream_ended
         self.replica.on_applied(self._fail_streams_of_failed_tasks)
         self.replica.on_synced(self._fail_streams_failed_in_snapshot)
         self.lost_members = LostMembers()
@@ -365,6 +380,7 @@ class Node:
             asyncio.create_task(self._receive_task_inputs(router), name="task-input-receive"),
             asyncio.create_task(self._expire_streams(), name="stream-expiry"),
             asyncio.create_task(self._resend_commands(router), name="command-resend"),
+            asyncio.create_task(self.field_telemetry.run(), name="field-telemetry"),
         ]
         if self.worker is not None:
             tasks.append(asyncio.create_task(self.worker.run(), name="worker"))
@@ -623,6 +639,7 @@ class Node:
             "flightRecorder": self.recorder.snapshot(),
             "traces": self.traces.stats(),
             "logShipping": self.log_shipper.stats() if self.log_shipper else None,
+            "fieldTelemetry": self.field_telemetry.stats(),
             "recentLogs": self.log_ring.lines(),
             "config": redacted_config(self.settings),
             "versions": versions(),
@@ -688,6 +705,9 @@ class Node:
             redeem_invite=self._redeem_invite if self._invites is not None else None,
             get_peer_urls=lambda: peer_api_urls(self.replica.state, self.membership.probed, self.node_id),
             get_lost_members=lambda: self.lost_members.recent(self.replica.state),
+            get_telemetry_status=self.field_telemetry.status,
+            set_telemetry_enabled=self.field_telemetry.set_enabled,
+            preview_telemetry=self.field_telemetry.preview,
         )
         self.replica.on_applied(context.state_feed.record)
         self._state_feed = context.state_feed

@@ -116,6 +116,9 @@ def test_principals_of_different_keys_differ_and_never_show_the_key():
         ("GET", "/v1/cluster", Role.INFERENCE),
         ("POST", "/v1/cluster/join", Role.OPEN),
         ("GET", "/v1/cluster/join", Role.INFERENCE),
+        ("GET", "/v1/telemetry", Role.OPERATOR),
+        ("PUT", "/v1/telemetry", Role.OPERATOR),
+        ("GET", "/v1/telemetry/preview", Role.OPERATOR),
     ],
 )
 def test_route_roles(method, path, role):

@@ -50,12 +50,14 @@ OPERATOR_PREFIXES_ANY_METHOD: tuple[str, ...] = (
     "/store/", "/store",
     "/v1/diagnostics",
     "/v1/cluster/invites",
+    "/v1/telemetry",
     "/v1/traces",
     "/metrics",
     "/ollama/api/pull", "/ollama/api/delete", "/ollama/api/copy", "/ollama/api/create", "/ollama/api/push",
 )
 """Operator routes whatever the method: the model store (it serves weights and deletes
-canonical copies), diagnostics and traces (they show configuration and timings), and the
+canonical copies), diagnostics and traces (they show configuration and timings), field
+telemetry's consent switch and preview (the operator's choice, the install id), and the
 Ollama routes that change what is on disk."""
 
 OPERATOR_PREFIXES_WRITES: tuple[str, ...] = ("/place_instance", "/instance/", "/models/", "/models", "/v1/tracing")

@@ -30,6 +30,7 @@ from skulk.api.routes import (
     model_cards,
     ollama_models,
     responses_socket,
+    telemetry,
     traces,
     workloads,
 )
@@ -74,6 +75,7 @@ def create_app(context: ApiContext) -> FastAPI:
     app.include_router(anthropic_routes.router)
     app.include_router(ollama_routes.router)
     app.include_router(store_routes.router)
+    app.include_router(telemetry.router)
     app.include_router(traces.router)
     app.include_router(workloads.router)
     app.include_router(sessions_routes.router)

@@ -21,6 +21,7 @@ from skulk.api.access import AccessPolicy
 from skulk.api.limits import RequestLimits
 from skulk.api.state_feed import StateFeed
 from skulk.api.streams import CommandStreams
+from skulk.observe.field_telemetry import TelemetryPreview, TelemetryStatus
 from skulk.observe.traces import TraceStore
 from skulk.shared.serving import serving
 from skulk.shared.telemetry_view import TelemetryView
@@ -124,6 +125,14 @@ class ApiContext:
     get_peer_urls: Callable[[], Mapping[str, str | None]] = field(default=dict)
     """Every other member's API base URL (None: it has none), for cluster diagnostics and
     trace gathering (`skulk.observe.peer_http`)."""
+    get_telemetry_status: Callable[[], TelemetryStatus] | None = None
+    """Opt-in field telemetry's switch, endpoint, queue and counters
+    (`skulk.observe.field_collector.FieldTelemetry.status`); None: the /v1/telemetry routes answer 503."""
+    set_telemetry_enabled: Callable[[bool], Awaitable[TelemetryStatus]] | None = None
+    """The operator's consent switch, persisted in skulk.yaml; raises `TelemetryDisabledByEnv`
+    (turning it on where SKULK_TELEMETRY_DISABLE is set) or `TelemetryConfigUnwritable`."""
+    preview_telemetry: Callable[[], TelemetryPreview] | None = None
+    """The batch the next flush would send, exactly."""
 
     @property
     def peer_credential(self) -> str | None:

@@ -302,6 +302,7 @@ WireShape = Literal["openai", "anthropic", "ollama", "native"]
 
 NATIVE_V1_PREFIXES: tuple[str, ...] = (
     "/v1/cluster", "/v1/diagnostics", "/v1/tracing", "/v1/traces", "/v1/capabilities", "/v1/events",
+    "/v1/telemetry",
 )
 """Skulk's own routes that happen to live under /v1: they keep FastAPI's shapes."""
 
