@@ -77,8 +77,10 @@ async def test_a_hook_that_breaks_never_raises(tmp_path):
 
 async def test_the_switch_is_persisted_and_off_drops_what_was_collected(tmp_path):
     (tmp_path / "skulk.yaml").write_text("# mine\nnode:\n  name: a\n")
+    (tmp_path / "skulk.yaml").chmod(0o640)
     telemetry = collector(tmp_path)
     status = await telemetry.set_enabled(True)
+    assert stat.S_IMODE((tmp_path / "skulk.yaml").stat().st_mode) == 0o640
     assert status.enabled and status.consent and status.install_id
     assert (tmp_path / "skulk.yaml").read_text() == "# mine\nnode:\n  name: a\ntelemetry:\n  enabled: true\n"
     telemetry.on_stream_ended(ENDED)

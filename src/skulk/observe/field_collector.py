@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import stat
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Final
@@ -44,6 +45,7 @@ from skulk.observe.field_telemetry import (
     send_result,
     telemetry_enabled,
 )
+from skulk.shared.ticks import until_tick_s
 from skulk.shared.types.events import IndexedEvent
 from skulk.shared.types.ids import NodeId
 
@@ -197,8 +199,11 @@ class FieldTelemetry:
             text = path.read_text(encoding="utf-8") if path.exists() else ""
             edited = with_telemetry_enabled(text, enabled, path)
             if edited != text:
+                mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else None
                 path.parent.mkdir(parents=True, exist_ok=True)
                 write_atomic(path, edited)
+                if mode is not None:
+                    path.chmod(mode)  # the operator's permissions, not the temporary file's 0600
         except ConfigError as exc:
             raise TelemetryConfigUnwritable(f"{path} is not a valid config now, so the switch was not saved: "
                                             f"{'; '.join(exc.problems)}") from None
@@ -231,8 +236,10 @@ class FieldTelemetry:
     async def run(self) -> None:
         """Flush every `flush_seconds` until cancelled with the node."""
         self._install_id = await asyncio.to_thread(self._read_install_id)
+        loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(self._section.flush_seconds)
+            # On the tick grid (`skulk.shared.ticks`): an idle node's wake-ups coincide.
+            await asyncio.sleep(until_tick_s(loop.time(), self._section.flush_seconds))
             if self.enabled and self._install_id is None:
                 self._install_id = await asyncio.to_thread(self._read_install_id)
             await self.flush()
