@@ -62,6 +62,11 @@ def test_activity_charts_topology_markdown_and_kept_conversations(one_node):
     with open_page("dashboard-activity") as browser:
         page = browser.page
         page.goto(node.url + "/")
+        # Field telemetry is asked about once per browser; declining sends nothing.
+        expect(page.locator("#telemetry-ask")).to_be_visible()
+        page.click("#telemetry-no")
+        expect(page.locator("#telemetry-ask")).to_be_hidden()
+        assert node.get("/v1/telemetry").json()["enabled"] is False
         # Topology: the placed model's layers, all on this one node.
         placement = page.locator(f'.placement[data-instance-id="{instance["instanceId"]}"]')
         expect(placement).to_contain_text(MODEL)
@@ -85,6 +90,8 @@ def test_activity_charts_topology_markdown_and_kept_conversations(one_node):
         expect(answer).to_have_attribute("data-state", "done")
         expect(page.locator('[data-role="conversation"] option')).to_contain_text(["Write a **short** list."])
         page.reload()
+        expect(page.locator("#pages")).to_be_visible()
+        expect(page.locator("#telemetry-ask")).to_be_hidden()  # asked once: the answer is remembered
         page.click('nav [data-page="chat"]')
         expect(page.locator(".message.user .text")).to_have_text(["Write a **short** list."])
         expect(page.locator(".message.assistant")).to_have_count(1)
@@ -101,5 +108,15 @@ def test_activity_charts_topology_markdown_and_kept_conversations(one_node):
         expect(created).to_have_count(1)
         expect(created.locator("time")).to_have_text(re.compile(r"\d\d:\d\d:\d\d"))
         browser.shot("activity")
+
+        # The consent switch in Settings: on, the preview shows the pending batch; off again.
+        page.click('nav [data-page="settings"]')
+        page.check('[data-role="telemetry"]')
+        wait_for(lambda: node.get("/v1/telemetry").json()["enabled"], timeout_s=30, what="telemetry on")
+        expect(page.locator('[data-role="telemetry-status"]')).to_contain_text("install id")
+        page.click('[data-role="telemetry-details"] summary')
+        expect(page.locator('[data-role="telemetry-preview"]')).to_contain_text('"schemaVersion"')
+        page.uncheck('[data-role="telemetry"]')
+        wait_for(lambda: not node.get("/v1/telemetry").json()["enabled"], timeout_s=30, what="telemetry off")
         assert only_from(node.url, browser.requests) == []
         assert browser.errors == []

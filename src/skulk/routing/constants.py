@@ -22,7 +22,8 @@ NETWORK_VERSION: Final = "skulk-net-4"
 # build, so builds told apart by version instead. tests/routing/test_wire_version.py pins
 # the payload schemas to this name.
 # 4: NodeResources carries the node's serving counters and runner load (`serving`), which
-# the dashboard charts over time.
+# the dashboard charts over time, and its hardware class (`hardware_class`, for opted-in
+# field telemetry); NodeFacts carries a Mac's chip name (`cpu_brand`).
 
 # Every key expression this build publishes or subscribes to starts with this prefix.
 KEY_ROOT: Final = "skulk"

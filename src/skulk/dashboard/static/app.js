@@ -8,6 +8,7 @@ import "./chat.js";
 import "./settings.js";
 
 const THEME_STORAGE = "skulk.theme";
+const TELEMETRY_ASKED = "skulk.telemetryAsked";
 const PAGE_STORAGE = "skulk.page";
 
 function applyTheme(theme) {
@@ -75,6 +76,26 @@ async function unlock() {
   }
 }
 
+// Asked once per browser (the marker is this browser's own): opting in or dismissing both
+// end the question; dismissing collects nothing. The switch stays in Settings.
+async function askTelemetryOnce() {
+  if (localStorage.getItem(TELEMETRY_ASKED)) return;
+  let status;
+  try { status = await api("/v1/telemetry"); } catch { return; }
+  if (status.enabled || status.disabledByEnv) return;
+  const ask = document.getElementById("telemetry-ask");
+  ask.hidden = false;
+  const answer = (enabled) => async () => {
+    localStorage.setItem(TELEMETRY_ASKED, "1");
+    ask.hidden = true;
+    if (enabled) {
+      try { await api("/v1/telemetry", { method: "PUT", body: { enabled: true } }); } catch { /* shown in Settings */ }
+    }
+  };
+  document.getElementById("telemetry-yes").addEventListener("click", answer(true), { once: true });
+  document.getElementById("telemetry-no").addEventListener("click", answer(false), { once: true });
+}
+
 async function start() {
   applyTheme(initialTheme());
   document.getElementById("theme-toggle").addEventListener("click", () =>
@@ -88,6 +109,7 @@ async function start() {
       return;
     }
     document.getElementById("pages").hidden = false;
+    askTelemetryOnce();
     const stopped = await new Promise((resolve) => followEvents(publish, (status) => {
       setStatus(status);
       if (status === "unauthorized") resolve(status);

@@ -19,6 +19,12 @@ class SkulkSettings extends HTMLElement {
           <span class="muted">until the node restarts (then SKULK_LOG_LEVEL applies)</span></div>
         <p class="muted">The model store host and every other setting live in skulk.yaml and apply at the next start;
           their effective values are under Node settings below.</p></div>
+      <div class="card"><h3>Field telemetry</h3>
+        <label class="switch"><input type="checkbox" data-role="telemetry"> Send anonymous performance and
+          reliability samples (counts, timings, versions, hardware class; never prompts, output, names or addresses)</label>
+        <p class="muted" data-role="telemetry-status"></p>
+        <details data-role="telemetry-details"><summary>What would be sent now</summary>
+          <pre data-role="telemetry-preview" class="mono scroll"></pre></details></div>
       <div class="card"><h3>Invite a node</h3>
         <div class="row"><label>Valid for <select data-role="invite-ttl">
           <option value="300">5 minutes</option><option value="900" selected>15 minutes</option>
@@ -42,6 +48,9 @@ class SkulkSettings extends HTMLElement {
     this.$("diag-load").addEventListener("click", () => this.loadDiagnostics());
     this.$("invite").addEventListener("click", () => this.createInvite());
     this.$("log-level").addEventListener("change", (event) => this.setLogLevel(event.target));
+    this.$("telemetry").addEventListener("change", (event) => this.setTelemetry(event.target));
+    this.$("telemetry-details").addEventListener("toggle", () => this.loadTelemetryPreview());
+    this.loadTelemetry();
     this.loadLogLevel();
     this.$("invite-copy").addEventListener("click", () => navigator.clipboard?.writeText(this.$("invite-command").textContent));
     this.off = onSnapshot(this, (snapshot) => this.render(snapshot));
@@ -77,6 +86,38 @@ class SkulkSettings extends HTMLElement {
       box.checked = !box.checked;
       this.$("error").textContent = error.message;
     } finally { delete box.dataset.pending; }
+  }
+
+  showTelemetry(status) {
+    const box = this.$("telemetry");
+    box.checked = status.enabled;
+    box.disabled = status.disabledByEnv;
+    const counters = status.counters || {};
+    this.$("telemetry-status").textContent = status.disabledByEnv
+      ? `${status.envVariable}=1 is set on this node: telemetry stays off whatever is chosen here.`
+      : `${status.enabled ? "On" : "Off"}: ${status.pending} samples pending, ${counters.sentBatches || 0} batches sent to ${status.endpoint}`
+        + (status.installId ? ` (install id ${status.installId}: quote it to have what was sent deleted)` : "");
+  }
+
+  async loadTelemetry() {
+    try { this.showTelemetry(await api("/v1/telemetry")); } catch (error) { this.$("telemetry-status").textContent = error.message; }
+  }
+
+  async loadTelemetryPreview() {
+    if (!this.$("telemetry-details").open) return;
+    try {
+      this.$("telemetry-preview").textContent = JSON.stringify((await api("/v1/telemetry/preview")).batch, null, 2);
+    } catch (error) { this.$("telemetry-preview").textContent = error.message; }
+  }
+
+  async setTelemetry(box) {
+    try {
+      this.showTelemetry(await api("/v1/telemetry", { method: "PUT", body: { enabled: box.checked } }));
+      this.$("error").textContent = "";
+    } catch (error) {
+      this.$("error").textContent = error.message;
+      this.loadTelemetry();
+    }
   }
 
   async loadLogLevel() {
