@@ -16,6 +16,7 @@ import re
 
 import pytest
 
+from skulk.api.errors import NATIVE_V1_PREFIXES
 from tests.api.scripted_cluster import asgi_http, scripted_app
 from tests.api.test_openai_routes import INSTANCE, MODEL
 
@@ -54,7 +55,7 @@ def shape_of(path: str, payload) -> str:
     if path.startswith("/ollama") or path.startswith("/api/"):
         return payload["error"]
     openai_shaped = path.startswith("/store/")  # /store answers in the OpenAI shape (issue 13)
-    if openai_shaped or (path.startswith("/v1/") and not path.startswith(("/v1/cluster", "/v1/diagnostics", "/v1/tracing"))):
+    if openai_shaped or (path.startswith("/v1/") and not path.startswith(NATIVE_V1_PREFIXES)):
         assert payload["error"]["type"] == "invalid_request_error"
         return payload["error"]["message"]
     assert payload["errorKind"] == "invalid_request"

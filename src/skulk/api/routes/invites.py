@@ -65,10 +65,10 @@ async def redeem_invite(request: Request, body: JoinRequest) -> JoinGrant:
     try:
         release = context.redeem_invite(body)
     except InviteRefused as exc:
-        log.warning("refused a join through invite %s from %s: %s", body.invite_id[:32],
+        log.warning("refused a join through invite %r from %s: %s", body.invite_id[:32],
                     request.client.host if request.client else "?", exc.reason)
         raise _refusal(exc) from None
-    log.info("node %r joined through invite %s", body.node_name, body.invite_id)
+    log.info("node %r joined through invite %r", body.node_name, body.invite_id)
     return JoinGrant(release=release)
 
 
