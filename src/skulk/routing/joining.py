@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, get_args
 
 import httpx
 
@@ -46,7 +46,7 @@ Post = Callable[[str, dict[str, Any]], tuple[int, dict[str, Any]]]
 """POST a JSON body to a URL: (status, JSON body); raises `OSError`/`httpx.HTTPError` when
 the endpoint cannot be reached."""
 
-_REASONS: Final[frozenset[str]] = frozenset({"malformed", "expired", "used", "unknown", "forged", "conflict"})
+_REASONS: Final[frozenset[str]] = frozenset(get_args(InviteRefusalReason))
 
 
 @dataclass(frozen=True)
