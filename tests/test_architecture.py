@@ -39,6 +39,7 @@ ALLOWED: dict[str, set[str]] = {
     "client": {"api", "shared"},
     "node_settings": SHARED | {"datadir", "facts"},
     "dashboard": {"shared"},
+    "extensions": SHARED,
 }
 """Package -> the packages it may import. `node`, `cli`, `cli_engines`, `cli_service` and `__main__` are
 the composition roots and may import anything."""

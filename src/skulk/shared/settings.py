@@ -88,6 +88,8 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting("SKULK_TELEMETRY_DISABLE", "flag", "false", "`1`: no field telemetry from this node, whatever "
             "skulk.yaml's `telemetry.enabled` or the dashboard's switch say (any value but `0`, `false`, `no`, "
             "`off` counts as set).", "docs/TELEMETRY.md"),
+    Setting("SKULK_EXTENSIONS_DISABLE", "flag", "false", "`1`: skip extension discovery entirely (a node-local "
+            "kill switch; the node runs as if no extension were installed).", "docs/EXTENSIONS.md"),
     # Engines.
     Setting("SKULK_ENGINES_DIR", "path", "$XDG_CACHE_HOME/skulk/engines", "Where `skulk engines install` puts "
             "builds; every node on the machine finds them there.", "docs/ENGINES.md"),
