@@ -7,9 +7,8 @@ enough memory that the timings measure the model, not per-token overhead):
 
   none       no drafting: the baseline
   ngram      `runtime.speculative = "ngram"`: llama-server's n-gram drafting from the context
-  draft      a draft model of the same tokenizer (the generated 1.3 M-parameter tiny model) as
-             `--model-draft`: what a served draft companion would do (Skulk does not serve
-             draft companions yet; the row says what one would buy here)
+  draft      `runtime.speculative = "draft"`: a draft model of the same tokenizer (the generated
+             1.3 M-parameter tiny model) as the card's draft companion (`--model-draft`)
 
 Two workloads, greedy: `edit`, a prompt holding a block of code to rewrite, and `repeat`, a
 prompt of repeated boilerplate (the context then holds many n-grams the output can hit). The
@@ -64,9 +63,7 @@ def model(spec, name: str) -> Path:
 
 def start(binary: Path, gguf: Path, threads: int, spec_type: str | None, draft: Path | None) -> ServerProcess:
     port = free_loopback_port()
-    argv = ServerLaunch(binary, gguf, port, 1, 4096, threads, 0, True, spec_type=spec_type).argv()
-    if draft is not None:
-        argv += ["--model-draft", str(draft), "--threads-draft", str(threads)]
+    argv = ServerLaunch(binary, gguf, port, 1, 4096, threads, 0, True, spec_type=spec_type, draft_model_path=draft).argv()
     server = ServerProcess(argv, server_env(os.environ), port)
     server.wait_healthy()
     return server
@@ -94,7 +91,7 @@ def main() -> int:
     if binary is None:
         raise SystemExit("no llama-server: run `uv run skulk engines install --backend cpu`")
     target, drafter = model(BENCH_SPEC, "bench"), model(TINY_SPEC, "tiny")
-    rows = {"none": (None, None), "ngram": (LLAMA_SERVER_SPEC_TYPES["ngram"], None), "draft": ("draft-simple", drafter)}
+    rows = {"none": (None, None), "ngram": (LLAMA_SERVER_SPEC_TYPES["ngram"], None), "draft": (LLAMA_SERVER_SPEC_TYPES["draft"], drafter)}
     servers = {name: start(binary, target, args.threads, spec, draft) for name, (spec, draft) in rows.items()}
     print(f"llama-server {binary}; target {target.stat().st_size / 1e6:.0f} MB, draft {drafter.stat().st_size / 1e6:.1f} MB; "
           f"{args.tokens} tokens x {args.reps} reps; load average {os.getloadavg()}")

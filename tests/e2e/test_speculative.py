@@ -1,8 +1,10 @@
-"""N-gram speculative decoding on a real node: a custom card asks for it, the node serves the
-model on llama-server with drafting, the OpenAI SDK's answer carries the drafted tokens as
+"""Speculative decoding on a real node: a custom card asks for it, the node serves the model
+on llama-server with drafting, the OpenAI SDK's answer carries the drafted tokens as
 `completion_tokens_details` (accepted and rejected predictions), and `/metrics` counts them.
-That the greedy text is the undrafted text is shown beside the engine
-(tests/worker/engines/served/test_llama_server.py)."""
+N-gram drafting on a local model with the native llama-server; draft-model drafting on a hub
+model whose draft GGUF the node downloads from the (mock) hub with it, served out of the
+box by the bundled llama-server. That the greedy text is the undrafted text is shown beside
+the engine (tests/worker/engines/served/test_llama_server.py)."""
 
 from __future__ import annotations
 
@@ -10,10 +12,11 @@ import httpx
 import openai
 import pytest
 
-from skulk.models.cards import builtin_cards_dir
+from skulk.models.cards import builtin_cards_dir, write_custom_card
 from tests.cluster.harness import start_linked, wait_agreed
 from tests.cluster.test_any_architecture import place
-from tests.llama_server_kit import require_llama_server
+from tests.llama_server_kit import require_bundled_server, require_llama_server
+from tests.mockhub import GGUF_FILE, TINY_GGUF_REPO, hub_card, mock_hub, tiny_artifacts  # noqa: F401
 from tests.worker.tiny_gguf import LONG_PROMPT, tiny_gguf  # noqa: F401
 
 pytestmark = pytest.mark.timeout(300)
@@ -54,10 +57,54 @@ def test_a_speculating_card_drafts_and_the_counts_reach_the_client_and_metrics(s
     rejected = chat.usage.completion_tokens_details.rejected_prediction_tokens
     assert accepted is not None and rejected is not None and accepted + rejected > 0
 
+    # A request may ask for what the model is served with, and is refused the rest by name.
+    asked = sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                        extra_body={"speculative": True})
+    assert asked.choices[0].message.content is not None
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.completions.create(model=MODEL, prompt="hi", max_tokens=4, extra_body={"speculative": False})
+    assert refused.value.code == "speculative_unsupported" and refused.value.param == "speculative"
+    assert "a request cannot turn it off" in refused.value.message
+
     metrics = httpx.get(node.url + "/metrics", timeout=10).text
     drafted = _counter(metrics, "skulk_speculative_drafted_tokens_total", MODEL)
     kept = _counter(metrics, "skulk_speculative_accepted_tokens_total", MODEL)
     assert drafted >= accepted + rejected and 0 < kept <= drafted, (drafted, kept)
+
+
+DRAFT_REPO = "mock-org/tiny-llama-draft-GGUF"
+
+
+def test_a_draft_model_card_fetches_its_draft_and_drafts_with_it(spawn_node, tmp_path, mock_hub, tiny_artifacts):
+    gguf = tiny_artifacts.gguf_path.read_bytes()
+    mock_hub.add_repo(DRAFT_REPO, {GGUF_FILE: gguf}, tags=("gguf", "llama"))
+    base = hub_card(TINY_GGUF_REPO, gguf_file=GGUF_FILE)
+    card = type(base).model_validate({
+        **base.model_dump(by_alias=False), "storage_size_bytes": len(gguf),
+        "served_spec_draft_repo": DRAFT_REPO, "served_spec_draft_file": GGUF_FILE,
+        "served_spec_draft_size_bytes": len(gguf), "runtime": {"speculative": "draft"},
+        "placement": {"compatible_backends": ["llama_server", "llama_server-cpu"]}})
+    data_dir = tmp_path / "draft"
+    write_custom_card(data_dir / "custom_model_cards", card)
+    require_bundled_server()
+    env = {"HF_ENDPOINT": mock_hub.url, "SKULK_LLAMA_SERVER_BIN": "", "SKULK_BUNDLED_LLAMA_SERVER": "1",
+           "SKULK_ENGINES_DIR": str(tmp_path / "no-engines-built")}
+    (node,) = start_linked(lambda name, extra_args: spawn_node(name, data_dir=data_dir, env=env,
+                                                               extra_args=extra_args), ["draft"])
+    wait_agreed([node], members=1)
+    place(node, TINY_GGUF_REPO)
+
+    sdk = openai.OpenAI(base_url=node.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    chat = sdk.chat.completions.create(model=TINY_GGUF_REPO, messages=[{"role": "user", "content": LONG_PROMPT}],
+                                       max_tokens=60, temperature=0)
+    details = chat.usage.completion_tokens_details
+    assert details is not None and details.accepted_prediction_tokens, details  # the same weights agree
+    draft_file = data_dir / "models" / "mock-org--tiny-llama-draft-GGUF" / GGUF_FILE
+    assert draft_file.read_bytes() == gguf  # fetched with the model, from the hub
+    assert f"speculation draft-simple (draft {data_dir}/staging/mock-org--tiny-llama-draft-GGUF/{GGUF_FILE})" in node.log()
+    metrics = httpx.get(node.url + "/metrics", timeout=10).text
+    assert _counter(metrics, "skulk_speculative_accepted_tokens_total", TINY_GGUF_REPO) >= \
+        details.accepted_prediction_tokens
 
 
 def _counter(exposition: str, name: str, model: str) -> float:

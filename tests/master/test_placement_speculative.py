@@ -4,7 +4,7 @@
 import pytest
 
 from skulk.master.placement import SpeculativeUnsupported, place
-from skulk.shared.types.speculative import speculative_refusal
+from skulk.shared.types.speculative import request_refusal, speculative_refusal
 from tests.master.test_placement import GB, GGUF_8B, LLAMA_CPU, cluster, ids, request, served_res
 
 NGRAM = GGUF_8B.model_copy(update={"runtime": GGUF_8B.runtime.model_copy(update={"speculative": "ngram"})})
@@ -15,12 +15,32 @@ SERVED_AND_IN_PROCESS = ("llama_cpp", "llama_cpp-cpu", "llama_server", "llama_se
     ("llama_server-cpu", "ngram", False),
     ("llama_server-cuda", "ngram", False),
     ("llama_cpp-cpu", "ngram", True),
-    ("mlx-metal", "ngram", True),
-    ("vllm-cuda", "ngram", True),
+    ("mlx-metal", "ngram", False),
+    ("mlx-metal", "draft", True),
+    ("vllm-cuda", "ngram", False),
     ("llama_cpp-cpu", "none", False),
+    ("llama_server-cpu", "draft", False),
+    ("llama_cpp-cpu", "draft", True),
+    ("vllm-cuda", "draft", True),
 ])
 def test_speculative_refusal(backend, method, refused):
     assert (speculative_refusal(backend, method) is not None) is refused
+
+
+@pytest.mark.parametrize(("method", "asked", "refused"), [
+    (None, None, None),
+    ("ngram", None, None),
+    ("ngram", True, None),
+    ("draft", True, None),
+    (None, False, None),
+    ("none", False, None),
+    ("ngram", False, "a request cannot turn it off"),
+    ("draft", False, "is served with draft speculation"),
+    (None, True, "a request cannot turn it on"),
+])
+def test_a_requests_speculative_is_honoured_only_as_the_model_is_served(method, asked, refused):
+    why = request_refusal(method, asked)
+    assert (why is None) if refused is None else (why is not None and refused in why)
 
 
 def test_a_speculating_card_is_served_by_llama_server_only():
@@ -61,3 +81,20 @@ def test_a_node_without_the_engine_the_card_needs_is_named_with_the_reason():
     with pytest.raises(NoCompatibleBackend, match=r"\['llama_server', 'llama_server-cpu'\] \(for a f16 KV cache, "
                                                   r"speculation ngram\)"):
         place(card, cluster("a"), {"a": reading}, request(card), new_id=ids())
+
+
+def test_an_mlx_card_asking_for_ngram_speculation_is_placed_on_one_node_or_not_at_all():
+    from skulk.master.placement import MemoryShortfall, ShardingUnsupported
+    from tests.master.test_placement import LLAMA_1B, res
+
+    card = LLAMA_1B.model_copy(update={"runtime": LLAMA_1B.runtime.model_copy(update={"speculative": "ngram"})})
+    roomy = {"a": res("a", 3 * GB), "b": res("b", 3 * GB)}
+    instance = place(card, cluster("ab", ["a-b"]), roomy, request(card), new_id=ids())
+    assert len(instance.shards) == 1 and instance.shards[0].backend.startswith("mlx")
+    with pytest.raises(ShardingUnsupported, match="speculates"):
+        place(card, cluster("ab", ["a-b"]), roomy, request(card, min_nodes=2), new_id=ids())
+    # Too big for either node alone: the plain card spans both, the speculating one does not.
+    tight = {"a": res("a", int(1.2 * GB)), "b": res("b", int(1.2 * GB))}
+    assert len(place(LLAMA_1B, cluster("ab", ["a-b"]), tight, request(LLAMA_1B), new_id=ids()).shards) == 2
+    with pytest.raises(MemoryShortfall):
+        place(card, cluster("ab", ["a-b"]), tight, request(card), new_id=ids())

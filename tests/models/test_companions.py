@@ -1,9 +1,9 @@
-"""Companion repos: the card fields, the one enumeration (`companion_download_specs`), the
-required/best-effort policy, and eviction counting companions of live runners as in use."""
+"""Companion repos: the card fields, the one enumeration (`companion_download_specs`: the
+draft only for a card that drafts with it), the fields that were removed, failures naming
+the companion, and eviction counting companions of live runners as in use."""
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import pytest
@@ -17,6 +17,7 @@ from skulk.models.companions import (
     companion_download_specs,
     companion_repo_ids,
     companions_of,
+    draft_model_path,
     ensure_companions,
 )
 from skulk.models.downloads import DownloadFailed
@@ -25,7 +26,9 @@ from skulk.shared.types.state import State
 from tests.mockhub import GGUF_FILE, TINY_GGUF_REPO, hub_card
 from tests.worker.tiny_gguf import NODE, tiny_instance
 
-VISION, SIDECAR, ASSISTANT, DRAFT = "acme/vision", "acme/mtp", "acme/assistant", "acme/draft-GGUF"
+VISION, DRAFT = "acme/vision", "acme/draft-GGUF"
+DRAFTING = {"served_spec_draft_repo": DRAFT, "served_spec_draft_file": "d-Q4_0.gguf",
+            "served_spec_draft_size_bytes": 1_000_000, "runtime": {"speculative": "draft"}}
 
 
 def card_with(**companions) -> ModelCard:
@@ -37,16 +40,15 @@ def card_with(**companions) -> ModelCard:
     ("fields", "expected"),
     [
         ({}, ()),
-        ({"vision_weights_repo": VISION}, (CompanionSpec("vision", VISION, None, True),)),
+        ({"vision_weights_repo": VISION}, (CompanionSpec("vision", VISION, None),)),
         ({"vision_weights_repo": VISION, "vision_weights_file": "mmproj-f16.gguf"},
-         (CompanionSpec("vision", VISION, "mmproj-f16.gguf", True),)),
-        ({"mtp_sidecar_repo": SIDECAR}, (CompanionSpec("mtp_sidecar", SIDECAR, None, False),)),
-        ({"assistant_model_repo": ASSISTANT}, (CompanionSpec("assistant", ASSISTANT, None, False),)),
-        ({"served_spec_draft_repo": DRAFT, "served_spec_draft_file": "d-Q4_0.gguf"},
-         (CompanionSpec("served_draft", DRAFT, "d-Q4_0.gguf", False),)),
-        # Required first, whatever the declaration order.
-        ({"assistant_model_repo": ASSISTANT, "vision_weights_repo": VISION},
-         (CompanionSpec("vision", VISION, None, True), CompanionSpec("assistant", ASSISTANT, None, False))),
+         (CompanionSpec("vision", VISION, "mmproj-f16.gguf"),)),
+        (DRAFTING, (CompanionSpec("served_draft", DRAFT, "d-Q4_0.gguf"),)),
+        # A draft the card names but does not draft with is never downloaded.
+        ({**DRAFTING, "runtime": {"speculative": "ngram"}}, ()),
+        ({**DRAFTING, "runtime": {}}, ()),
+        ({**DRAFTING, "vision_weights_repo": VISION},
+         (CompanionSpec("vision", VISION, None), CompanionSpec("served_draft", DRAFT, "d-Q4_0.gguf"))),
     ],
 )
 def test_companion_download_specs(fields, expected):
@@ -60,9 +62,12 @@ def test_companion_download_specs(fields, expected):
     [
         ({"served_spec_draft_file": "d.gguf"}, "served_spec_draft_file"),  # a file without its repo
         ({"vision_weights_file": "mmproj.gguf"}, "vision_weights_file"),
-        ({"served_spec_draft_repo": DRAFT}, "served_spec_draft_file"),  # a draft repo must name its GGUF
-        ({"assistant_model_repo": TINY_GGUF_REPO}, "assistant_model_repo"),  # its own repo
-        ({"mtp_sidecar_repo": "local/x"}, "mtp_sidecar_repo"),
+        ({"served_spec_draft_repo": DRAFT, "served_spec_draft_size_bytes": 10}, "served_spec_draft_file"),
+        ({"served_spec_draft_repo": DRAFT, "served_spec_draft_file": "d.gguf"}, "served_spec_draft_size_bytes"),
+        ({"served_spec_draft_size_bytes": 10}, "served_spec_draft_size_bytes"),
+        ({"runtime": {"speculative": "draft"}}, "runtime.speculative"),  # drafting without a draft
+        ({**DRAFTING, "served_spec_draft_repo": TINY_GGUF_REPO}, "served_spec_draft_repo"),  # its own repo
+        ({**DRAFTING, "served_spec_draft_repo": "local/x"}, "served_spec_draft_repo"),
         ({"vision_weights_repo": "not a repo"}, "vision_weights_repo"),
     ],
 )
@@ -77,27 +82,36 @@ def test_inconsistent_companion_fields_name_the_field(fields, field):
 def test_cards_without_companions_stay_valid_and_round_trip():
     base = hub_card(TINY_GGUF_REPO, gguf_file=GGUF_FILE)
     wire = base.to_wire()
-    old_wire = {k: v for k, v in wire.items() if k not in {"mtpSidecarRepo", "assistantModelRepo",
-                                                            "servedSpecDraftRepo", "servedSpecDraftFile",
-                                                            "visionWeightsRepo", "visionWeightsFile"}}
+    old_wire = {k: v for k, v in wire.items() if k not in {"servedSpecDraftRepo", "servedSpecDraftFile",
+                                                            "servedSpecDraftSizeBytes", "visionWeightsRepo",
+                                                            "visionWeightsFile"}}
     assert ModelCard.model_validate(old_wire) == base  # what an older node sent still parses
     with_one = card_with(vision_weights_repo=VISION)
     assert ModelCard.model_validate(with_one.to_wire()) == with_one
 
 
+@pytest.mark.parametrize(("name", "alias"), [("mtp_sidecar_repo", "mtpSidecarRepo"),
+                                             ("assistant_model_repo", "assistantModelRepo")])
+def test_removed_companion_fields_are_refused_by_name_with_what_to_use(name, alias):
+    for key in (name, alias):
+        with pytest.raises(ValidationError, match=f"{name} was removed: no engine Skulk runs loads"):
+            card_with(**{key: "acme/x"})
+
+
 @pytest.mark.parametrize(
     ("spec", "fmt"),
-    [(CompanionSpec("vision", VISION, None, True), "safetensors"),
-     (CompanionSpec("served_draft", DRAFT, "d-Q4_0.gguf", False), "gguf")],
+    [(CompanionSpec("vision", VISION, None), "safetensors"),
+     (CompanionSpec("served_draft", DRAFT, "d-Q4_0.gguf"), "gguf")],
 )
 def test_companion_card_describes_the_companions_artifact(spec, fmt):
-    pinned = card_with(source_revision="a" * 40, vision_weights_repo=VISION)
+    pinned = card_with(source_revision="a" * 40, vision_weights_repo=VISION, **DRAFTING)
     companion = companion_card(pinned, spec)
     assert (companion.model_id, companion.artifact_format, companion.gguf_file) == (spec.repo_id, fmt, spec.gguf_file)
     assert companion.source_revision is None and companion_download_specs(companion) == ()
+    assert companion.runtime.speculative is None
 
 
-# -- the policy ---------------------------------------------------------------------------------
+# -- resolving them -------------------------------------------------------------------------------
 
 
 def resolver(missing: set[str]):
@@ -113,36 +127,40 @@ def resolver(missing: set[str]):
 
 
 def test_every_companion_is_resolved():
-    card = card_with(vision_weights_repo=VISION, assistant_model_repo=ASSISTANT)
+    card = card_with(vision_weights_repo=VISION, **DRAFTING)
     resolve, calls = resolver(set())
-    assert ensure_companions(card, resolve) == {VISION: Path("/models") / VISION,
-                                               ASSISTANT: Path("/models") / ASSISTANT}
-    assert calls == [VISION, ASSISTANT]
+    assert ensure_companions(card, resolve) == {VISION: Path("/models") / VISION, DRAFT: Path("/models") / DRAFT}
+    assert calls == [VISION, DRAFT]
 
 
-def test_a_missing_required_companion_fails_loudly_naming_it():
-    card = card_with(vision_weights_repo=VISION, assistant_model_repo=ASSISTANT)
-    resolve, calls = resolver({VISION})
+@pytest.mark.parametrize("missing", [VISION, DRAFT])
+def test_a_missing_companion_fails_the_model_naming_it(missing):
+    card = card_with(vision_weights_repo=VISION, **DRAFTING)
+    resolve, _calls = resolver({missing})
     with pytest.raises(DownloadFailed) as caught:
         ensure_companions(card, resolve)
     assert caught.value.model_id == card.model_id and caught.value.kind == "not_found"
-    assert VISION in caught.value.reason and "required" in caught.value.reason
-    assert calls == [VISION]  # required first: nothing best-effort was fetched for a doomed model
+    assert missing in caught.value.reason
 
 
-def test_a_missing_best_effort_companion_is_logged_and_skipped(caplog):
-    card = card_with(assistant_model_repo=ASSISTANT, mtp_sidecar_repo=SIDECAR)
-    resolve, _calls = resolver({ASSISTANT})
-    with caplog.at_level(logging.WARNING):
-        assert ensure_companions(card, resolve) == {SIDECAR: Path("/models") / SIDECAR}
-    assert any(ASSISTANT in r.getMessage() and "best-effort" in r.getMessage() for r in caplog.records)
+@pytest.mark.parametrize(
+    ("fields", "resolved", "expected"),
+    [
+        ({}, {}, None),
+        (DRAFTING, {DRAFT: "/m/d.gguf"}, "/m/d.gguf"),
+        (DRAFTING, {}, None),  # not resolved: the engine refuses to load (test_llama_server.py)
+        ({**DRAFTING, "runtime": {"speculative": "ngram"}}, {DRAFT: "/m/d.gguf"}, None),
+    ],
+)
+def test_draft_model_path(fields, resolved, expected):
+    assert draft_model_path(card_with(**fields), resolved) == expected
 
 
 # -- eviction: companions of live runners are in use ---------------------------------------------
 
 
 def test_companions_of_live_runners_are_in_use():
-    card = card_with(served_spec_draft_repo=DRAFT, served_spec_draft_file="d-Q4_0.gguf")
+    card = card_with(**DRAFTING)
     instance = tiny_instance(card)
     state = State(instances={instance.instance_id: instance})
     cards = {card.model_id: card}
@@ -157,7 +175,7 @@ def test_a_live_runners_companion_copy_survives_a_purge(tmp_path):
     for model_id in (TINY_GGUF_REPO, DRAFT, "acme/idle"):
         m = make_canonical(models, model_id)
         stage_from_local(models / m.dir_name, m, staging, StagingOptions(free_bytes=lambda _p: 10**15))
-    card = card_with(served_spec_draft_repo=DRAFT, served_spec_draft_file="d-Q4_0.gguf")
+    card = card_with(**DRAFTING)
     instance = tiny_instance(card)
     in_use = in_use_model_ids(State(instances={instance.instance_id: instance}), NODE,
                               companions_of(lambda: {card.model_id: card}))

@@ -257,3 +257,35 @@ def test_a_vram_window_is_per_slot(backend, slots, divisor):
     budget = vram - _fixed(card, range(card.num_layers))
     expected = min(card.context_length, budget // (kv_bytes_per_token(card) * divisor))
     assert limit == max(admission_context_tokens(card), expected)
+
+
+def drafting(card, draft_bytes: int, method: str = "draft"):
+    """`card` speculating with a draft of `draft_bytes` (validated: the fields go together)."""
+    data = card.model_dump(by_alias=False)
+    data.update(served_spec_draft_repo="acme/draft-GGUF", served_spec_draft_file="d.gguf",
+                served_spec_draft_size_bytes=draft_bytes, runtime={"speculative": method})
+    return type(card).model_validate(data)
+
+
+@pytest.mark.parametrize(("method", "draft_share"), [("draft", Fraction(1, 10)), ("ngram", Fraction(0))])
+def test_a_draft_model_is_admitted_with_the_target(method, draft_share):
+    card = drafting(GGUF_8B, GGUF_8B.storage_size_bytes // 10, method)
+    plain = shard_footprint(GGUF_8B, range(GGUF_8B.num_layers), 8192, kv_copies=2)
+    with_draft = shard_footprint(card, range(card.num_layers), 8192, kv_copies=2)
+    expected = math.ceil((plain.weights_with_overhead_bytes + plain.kv_bytes) * draft_share)
+    assert with_draft.draft_bytes == expected
+    assert with_draft.total_bytes == plain.total_bytes + expected
+    assert ("+ draft" in with_draft.describe()) == (method == "draft")
+
+
+def test_a_draft_model_narrows_the_window_it_shares():
+    card = drafting(GGUF_8B, GGUF_8B.storage_size_bytes // 10)
+    placed = shard("a", 0, card.num_layers, "llama_server-cuda").model_copy(update={"slots": 1})
+    totals = {"a": NodeMemoryTotals(64 * GB, 12 * GB)}
+    plain = instance_context_token_limit(GGUF_8B, [placed], totals)
+    narrowed = instance_context_token_limit(card, [placed], totals)
+    assert admission_context_tokens(card) < narrowed < plain
+    # What is left after the target's and the draft's fixed costs, at their two KV rates.
+    fixed = shard_footprint(card, range(card.num_layers), 0)
+    budget = 12 * GB - (fixed.weights_with_overhead_bytes + fixed.floor_bytes + fixed.draft_bytes)
+    assert narrowed == min(card.context_length, math.floor(budget / (kv_bytes_per_token(card) * Fraction(11, 10))))

@@ -140,7 +140,7 @@ def test_completed_bytes_prefers_what_was_measured(measured, otherwise, size):
 # -- staging and staged copies ----------------------------------------------------------------
 
 
-def _card(**companions: str) -> ModelCard:
+def _card(**companions: object) -> ModelCard:
     base = hub_card(TINY_GGUF_REPO, gguf_file=GGUF_FILE)
     return ModelCard.model_validate({**base.model_dump(by_alias=False), **companions})
 
@@ -149,7 +149,9 @@ def _card(**companions: str) -> ModelCard:
     (frozenset(), {}, {TINY_GGUF_REPO}),
     (frozenset({"other/live"}), {}, {"other/live", TINY_GGUF_REPO}),
     (frozenset(), {"vision_weights_repo": TINY_MLX_REPO}, {TINY_GGUF_REPO, TINY_MLX_REPO}),
-    (frozenset({TINY_GGUF_REPO}), {"assistant_model_repo": "acme/draft"}, {TINY_GGUF_REPO, "acme/draft"}),
+    (frozenset({TINY_GGUF_REPO}), {"served_spec_draft_repo": "acme/draft", "served_spec_draft_file": "d.gguf",
+                                   "served_spec_draft_size_bytes": 10, "runtime": {"speculative": "draft"}},
+     {TINY_GGUF_REPO, "acme/draft"}),
 ])
 def test_staging_never_evicts_what_is_in_use_or_this_transaction(in_use, companions, expected):
     assert staging_in_use(in_use, _card(**companions)) == expected

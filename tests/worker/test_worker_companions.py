@@ -1,5 +1,6 @@
 """The worker resolving a card with companion repos against the mock hub: a second tiny repo
-served as the companion, on the fresh path, the already-on-disk path and store staging."""
+served as the companion, on the fresh path, the already-on-disk path and store staging; a
+draft GGUF fetched only for a card that drafts with it."""
 
 from __future__ import annotations
 
@@ -51,15 +52,37 @@ async def test_a_missing_required_companion_fails_the_model_naming_it(mock_hub, 
     assert MISSING in worker.downloads.failures[card.model_id].reason
 
 
-async def test_a_missing_best_effort_companion_is_skipped(mock_hub, tmp_path, caplog):
-    card = card_with(assistant_model_repo=MISSING, mtp_sidecar_repo=TINY_MLX_REPO)
+DRAFT_REPO = "mock-org/tiny-llama-draft-GGUF"
+
+
+def drafting_card(**runtime: str) -> ModelCard:
+    return card_with(served_spec_draft_repo=DRAFT_REPO, served_spec_draft_file=GGUF_FILE,
+                     served_spec_draft_size_bytes=5_000_000, runtime=runtime)
+
+
+async def test_a_drafting_cards_draft_gguf_is_downloaded_and_its_path_kept(mock_hub, tiny_artifacts, tmp_path):
+    mock_hub.add_repo(DRAFT_REPO, {GGUF_FILE: tiny_artifacts.gguf_path.read_bytes()}, tags=("gguf", "llama"))
+    card = drafting_card(speculative="draft")
     worker, producer, _replica, _router = _worker(tmp_path, {card.model_id: card})
 
     await worker.downloads.resolve(card.model_id)
 
     assert [type(e) for e in producer.events] == [DownloadPending, DownloadCompleted]
-    assert (tmp_path / COMPANION_DIR / MARKER_FILE_NAME).is_file()
-    assert any(MISSING in r.getMessage() and "best-effort" in r.getMessage() for r in caplog.records)
+    draft = tmp_path / "mock-org--tiny-llama-draft-GGUF" / GGUF_FILE
+    assert draft.is_file()
+    assert worker.stats()["companionArtifacts"][card.model_id] == {DRAFT_REPO: str(draft)}
+
+
+async def test_a_draft_the_card_does_not_draft_with_is_never_downloaded(mock_hub, tiny_artifacts, tmp_path):
+    mock_hub.add_repo(DRAFT_REPO, {GGUF_FILE: tiny_artifacts.gguf_path.read_bytes()}, tags=("gguf", "llama"))
+    card = drafting_card(speculative="ngram")
+    worker, producer, _replica, _router = _worker(tmp_path, {card.model_id: card})
+
+    await worker.downloads.resolve(card.model_id)
+
+    assert [type(e) for e in producer.events] == [DownloadPending, DownloadCompleted]
+    assert not (tmp_path / "mock-org--tiny-llama-draft-GGUF").exists()
+    assert mock_hub.listing_requests(DRAFT_REPO) == [] and worker.stats()["companionArtifacts"][card.model_id] == {}
 
 
 async def test_the_on_disk_fast_path_ensures_companions_too(mock_hub, tmp_path):

@@ -49,6 +49,7 @@ from skulk.shared.types.common import Usage
 from skulk.shared.types.engines import is_pipelined, missing_features, serves_workload
 from skulk.shared.types.ids import CommandId, ModelId, new_id
 from skulk.shared.types.instances import Instance
+from skulk.shared.types.speculative import request_refusal as speculative_request_refusal
 from skulk.shared.types.stream_errors import StreamErrorType
 from skulk.shared.types.task_inputs import TaskInput
 from skulk.shared.types.tasks import TextGenerationParams
@@ -524,6 +525,20 @@ def check_reasoning_switch(context: ApiContext, params: TextGenerationParams,
                              code="reasoning_switch_unsupported")
 
 
+def check_speculative(context: ApiContext, params: TextGenerationParams,
+                      param_names: Mapping[str, str] | None = None) -> None:
+    """A 400 naming the caller's parameter when the request's `speculative` is not how the
+    model is served (`skulk.shared.types.speculative.request_refusal`)."""
+    if params.speculative is None:
+        return
+    card = context.get_cards().get(params.model_id)
+    why = speculative_request_refusal(card.runtime.speculative if card is not None else None, params.speculative)
+    if why is not None:
+        param = (param_names or {}).get("speculative", "speculative")
+        raise InvalidRequest(f"{params.model_id} {why}; leave '{param}' unset for this model.", param=param,
+                             code="speculative_unsupported")
+
+
 def placed_model(context: ApiContext, typed: str) -> str:
     """The placed model a request's `model` means: itself, or the repo an Ollama library
     name (`llama3.2:1b`) or `repo:QUANT` resolves to once that repo is placed
@@ -550,6 +565,7 @@ def bind_instance(context: ApiContext, params: TextGenerationParams, *, max_toke
     instance = _placed_instance(context, params, generation_limits_error)
     check_features(instance, params, param_names)
     check_reasoning_switch(context, params, param_names)
+    check_speculative(context, params, param_names)
     if (too_long := context_error(params, instance.context_token_limit)) is not None:
         raise too_long
     if params.max_tokens is not None and params.max_tokens > instance.context_token_limit:

@@ -585,6 +585,11 @@ def _check_runtime_choices(card: ModelCard, kv_type: str) -> None:
         raise KvCacheTypeUnsupported(card.model_id, kv_type, list(dict.fromkeys(filter(None, refusals.values()))))
 
 
+def speculates(card: ModelCard) -> bool:
+    """Whether the card asks for speculative decoding (then it is placed on one node)."""
+    return (card.runtime.speculative or "none") != "none"
+
+
 def _runtime_refusal(card: ModelCard, tag: str, kv_type: str) -> str | None:
     """Why `tag` cannot serve the card's runtime choices (KV cache type, speculation), or None."""
     return (kv_cache_type_refusal(tag, kv_type, card.runtime.flash_attn)
@@ -661,8 +666,8 @@ def _search(
     kv_type: KvCacheType = DEFAULT_KV_CACHE_TYPE,
 ) -> _Search:
     s = _Search(card=card, sharding=sharding, min_nodes=min_nodes, excluded=excluded, slots=slots, kv_type=kv_type)
-    if slots is not None:
-        max_nodes = 1  # engines with slots serve on one node
+    if slots is not None or speculates(card):
+        max_nodes = 1  # engines with slots, and every drafting engine, serve on one node
     s.members = sorted(state.nodes)
     s.eligible = [n for n in s.members if n not in excluded]
     s.pending = [n for n in s.eligible if n not in resources]
@@ -788,6 +793,9 @@ def _sharding_unsupported(card: ModelCard, sharding: Sharding, min_nodes: int) -
     """Card-level refusals that no cluster state can change."""
     if sharding == "Tensor" and not card.placement.supports_tensor:
         return ShardingUnsupported(card.model_id, sharding, "the card does not support tensor parallelism")
+    if min_nodes > 1 and speculates(card):
+        return ShardingUnsupported(card.model_id, sharding, f"min_nodes={min_nodes} but the card speculates "
+                                   f"({card.runtime.speculative}), which every engine does on one node")
     if min_nodes > 1 and not card.engines & MULTI_NODE_ENGINES:
         return ShardingUnsupported(
             card.model_id,

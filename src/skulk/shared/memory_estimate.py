@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from skulk.shared.kv_shape import value_dim
@@ -82,6 +82,8 @@ class Footprint:
     kv_type: str = DEFAULT_KV_CACHE_TYPE
     """The KV cache's element type (`skulk.shared.types.kv_cache`)."""
     overhead_factor: float = ENGINE_OVERHEAD_FACTOR
+    draft_bytes: int = 0
+    """A speculative draft model's weights and KV cache (`draft_ratio`), 0 without one."""
 
     @property
     def weights_with_overhead_bytes(self) -> int:
@@ -89,14 +91,15 @@ class Footprint:
 
     @property
     def total_bytes(self) -> int:
-        return self.weights_with_overhead_bytes + self.kv_bytes + self.floor_bytes
+        return self.weights_with_overhead_bytes + self.kv_bytes + self.floor_bytes + self.draft_bytes
 
     def describe(self) -> str:
         """'weights 1.20 GB x 1.15 + KV 0.30 GB (8192 tokens) + floor 0.54 GB = 2.22 GB'."""
         return (
             f"weights {format_gb(self.weights_bytes)} x {self.overhead_factor:.2f} "
             f"+ KV {format_gb(self.kv_bytes)} ({self._kv_shape()}) "
-            f"+ floor {format_gb(self.floor_bytes)} = {format_gb(self.total_bytes)}"
+            + (f"+ draft {format_gb(self.draft_bytes)} " if self.draft_bytes else "")
+            + f"+ floor {format_gb(self.floor_bytes)} = {format_gb(self.total_bytes)}"
         )
 
 
@@ -168,7 +171,7 @@ def shard_footprint(
     """Admission footprint of one shard: its weight share x ENGINE_OVERHEAD_FACTOR + its KV
     cache of `kv_type` at `context_tokens` (default: the admission context) times
     `kv_copies` (a served engine's slots, each with its own cache:
-    `skulk.shared.slots.kv_copies`) + FLAT_FLOOR_BYTES."""
+    `skulk.shared.slots.kv_copies`) + FLAT_FLOOR_BYTES, + a draft model's share (`draft_ratio`)."""
     if kv_copies < 1:
         raise ValueError(f"kv_copies {kv_copies} < 1")
     tokens = admission_context_tokens(card) if context_tokens is None else context_tokens
@@ -189,8 +192,20 @@ def shard_footprint(
         kv = _ceil(kv_cache_bytes(card, tokens, kv_type=kv_type) * share)
     else:
         raise TypeError(f"share must be a layer range, a layer count or a Fraction, not {type(share).__name__}")
-    return Footprint(weights_bytes=_ceil(card.storage_size_bytes * weights), kv_bytes=kv * kv_copies,
-                     context_tokens=tokens, kv_copies=kv_copies, kv_type=kv_type)
+    target = Footprint(weights_bytes=_ceil(card.storage_size_bytes * weights), kv_bytes=kv * kv_copies,
+                       context_tokens=tokens, kv_copies=kv_copies, kv_type=kv_type)
+    return replace(target, draft_bytes=_ceil((target.weights_with_overhead_bytes + target.kv_bytes) * draft_ratio(card)))
+
+
+def draft_ratio(card: ModelCard) -> Fraction:
+    """What a speculative draft model adds, as a fraction of the target's weights and KV
+    cache: its size over the target's for a card that drafts with one (`runtime.speculative
+    = "draft"`), else 0. The draft's KV cache is taken to scale with its size (layers x KV
+    width grow together across a family), and it holds the target's context in the target's
+    element type, as llama-server runs it (`ServerLaunch`)."""
+    if card.runtime.speculative != "draft" or card.served_spec_draft_size_bytes is None:
+        return Fraction(0)
+    return Fraction(card.served_spec_draft_size_bytes, card.storage_size_bytes)
 
 
 def shard_footprint_bytes(
@@ -316,11 +331,12 @@ def _node_costs(card: ModelCard, shards: Sequence[ShardAssignment]) -> tuple[int
     for shard in shards:
         layers, fraction = assignment_share(card, shard)
         footprint = assignment_footprint(card, shard, context_tokens=0)
-        fixed += footprint.weights_with_overhead_bytes + footprint.floor_bytes
+        fixed += footprint.weights_with_overhead_bytes + footprint.floor_bytes + footprint.draft_bytes
         g, w = _kv_rates(card, layers, shard.kv_cache_type)
         copies = slot_kv_copies(shard.backend, shard.slots)  # every slot's cache grows per token
-        global_rate += g * fraction * copies
-        windowed_rate += w * fraction * copies
+        with_draft = 1 + draft_ratio(card)  # a draft's cache grows with the target's
+        global_rate += g * fraction * copies * with_draft
+        windowed_rate += w * fraction * copies * with_draft
     return fixed, global_rate, windowed_rate
 
 
@@ -340,6 +356,7 @@ __all__ = [
     "admission_context_tokens",
     "assignment_footprint",
     "assignment_share",
+    "draft_ratio",
     "format_gb",
     "instance_context_token_limit",
     "instance_node_footprints",

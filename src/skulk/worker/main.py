@@ -25,6 +25,7 @@ from skulk.artifacts.plan import FailureCooldown
 from skulk.cluster.producer import EventProducer
 from skulk.cluster.replica import StateReplica
 from skulk.model_store.node_store import StoreBinding
+from skulk.models.companions import draft_model_path
 from skulk.observe.traces import TraceStore, WorkerTraces
 from skulk.routing.router import Router, RouterError
 from skulk.routing.topics import TOPICS
@@ -284,6 +285,7 @@ class Worker:
             runner_id=runner_id,
             card=action.card,
             model_path=action.model_path,
+            draft_model_path=draft_model_path(action.card, self.downloads.companion_artifacts.get(action.card.model_id, {})),
             on_report=lambda message, rid=runner_id: self._on_report(rid, message),
             pool_key=self._pool_key,
         )

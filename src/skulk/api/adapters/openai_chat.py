@@ -125,6 +125,9 @@ class ChatCompletionRequest(_Lenient):
     """Not OpenAI's; accepted as the common extension that llama.cpp and vLLM servers take."""
     min_p: float | None = None
     """Not OpenAI's either; the same extension (llama-server, vLLM and Ollama's /v1 take it)."""
+    speculative: bool | None = None
+    """Skulk's: whether the request is drafted; refused unless it is how the model is served
+    (`skulk.shared.types.speculative.request_refusal`)."""
     reasoning_effort: str | None = None
     """A level for a template that takes one; 'none'/'minimal' turn reasoning off."""
     n: int | None = None
@@ -353,6 +356,7 @@ def to_params(request: ChatCompletionRequest) -> TextGenerationParams:
             top_p=None if top_p is None else max(top_p, MIN_TOP_P),
             top_k=request.top_k,
             min_p=min_p,
+            speculative=request.speculative,
             **request_options.reasoning_choice(request.reasoning_effort, "reasoning_effort"),
             seed=request.seed,
             stop=_stops(request.stop),

@@ -86,6 +86,8 @@ class CompletionRequest(_Lenient):
     top_k: int | None = None
     n: int | None = None
     seed: int | None = None
+    speculative: bool | None = None
+    """Skulk's, as on chat completions (`openai_chat.ChatCompletionRequest.speculative`)."""
     stop: str | list[str] | None = None
     stream: bool | None = False
     echo: bool | None = None
@@ -145,6 +147,7 @@ def to_params(request: CompletionRequest, prompt: str | None = None) -> TextGene
             top_p=None if top_p is None else max(top_p, MIN_TOP_P),
             top_k=request.top_k,
             seed=request.seed,
+            speculative=request.speculative,
             stop=_stops(request.stop),
             logprobs=request.logprobs is not None,
             top_logprobs=request.logprobs,

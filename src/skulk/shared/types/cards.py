@@ -187,11 +187,32 @@ class PlacementSection(WireModel):
 
 
 REMOVED_RUNTIME_KNOBS: Mapping[str, str] = {
-    "speculative_multi_node": "Skulk speculates on one node only (llama-server's n-gram drafting, "
-                              "runtime.speculative), so there is no multi-node speculation to gate",
+    "speculative_multi_node": "Skulk speculates on one node only (llama-server's n-gram or draft-model "
+                              "drafting, runtime.speculative), so there is no multi-node speculation to gate",
 }
 """Runtime knobs older cards may still set, each with why it is gone: refused by name rather
 than parsed and ignored."""
+
+
+def refuse_removed(data: object, removed: Mapping[str, str], prefix: str = "") -> object:
+    """`data` unchanged, or a ValueError naming the first removed key it sets (snake or camel
+    case) and why it is gone."""
+    keys = set(cast("dict[str, object]", data)) if isinstance(data, dict) else set[str]()
+    for name, why in removed.items():
+        if name in keys or to_camel(name) in keys:
+            raise ValueError(f"{prefix}{name} was removed: {why}; delete it from the card")
+    return cast("object", data)
+
+
+REMOVED_CARD_FIELDS: Mapping[str, str] = {
+    "mtp_sidecar_repo": "no engine Skulk runs loads separately shipped multi-token-prediction heads; "
+                        "speculate with runtime.speculative = 'ngram', or 'draft' and served_spec_draft_*",
+    "assistant_model_repo": "no engine Skulk runs loads an assistant drafter repo; name a draft GGUF with "
+                            "served_spec_draft_repo, served_spec_draft_file and served_spec_draft_size_bytes "
+                            "and set runtime.speculative = 'draft'",
+}
+"""Card fields older cards may still set, each with why it is gone: refused by name rather
+than downloaded and loaded by nothing."""
 
 
 class RuntimeSection(WireModel):
@@ -208,19 +229,16 @@ class RuntimeSection(WireModel):
     """The KV cache element type this model is placed with unless a placement names one:
     'f16', 'q8_0' or 'q4_0' (`skulk.shared.types.kv_cache`; 'default' reads as f16)."""
 
-    speculative: Literal["none", "ngram"] | None = None
+    speculative: Literal["none", "ngram", "draft"] | None = None
     """Speculative decoding for this model (`skulk.shared.types.speculative`): 'ngram'
-    drafts from n-grams already in the context (no second model); 'none' or unset: off.
-    Placement serves a card that asks for it only on an engine that can (llama-server)."""
+    drafts from n-grams already in the context (no second model); 'draft' runs the card's
+    `served_spec_draft_*` model ahead of it; 'none' or unset: off. Placement serves a card
+    that asks for it only on an engine that can (llama-server)."""
 
     @model_validator(mode="before")
     @classmethod
     def _removed_knobs(cls, data: object) -> object:
-        keys = set(cast("dict[str, object]", data)) if isinstance(data, dict) else set[str]()
-        for name, why in REMOVED_RUNTIME_KNOBS.items():
-            if name in keys or to_camel(name) in keys:
-                raise ValueError(f"runtime.{name} was removed: {why}; delete it from the card")
-        return cast("object", data)
+        return refuse_removed(data, REMOVED_RUNTIME_KNOBS, "runtime.")
 
 
 class ToolingSection(WireModel):
@@ -306,15 +324,14 @@ class ModelCard(WireModel):
     # Companion repos: artifacts no instance names but a runner of this model loads. Each is
     # optional (None = none); `skulk.models.companions.companion_download_specs` is the one
     # place that turns them into downloads and says which are required.
-    mtp_sidecar_repo: CardModelId | None = None
-    """Hub repo of separately shipped multi-token-prediction heads (best-effort: without it
-    the model decodes plainly)."""
-    assistant_model_repo: CardModelId | None = None
-    """Hub repo of a small assistant model used as the speculative drafter (best-effort)."""
     served_spec_draft_repo: CardModelId | None = None
-    """Hub repo of the draft GGUF a served engine takes as --model-draft (best-effort)."""
+    """Hub repo of the draft GGUF llama-server takes as --model-draft when
+    `runtime.speculative` is 'draft' (then required; otherwise never downloaded)."""
     served_spec_draft_file: GgufFile | None = None
     """The draft GGUF file in served_spec_draft_repo; set exactly when that repo is."""
+    served_spec_draft_size_bytes: PositiveInt | None = None
+    """Bytes of served_spec_draft_file: placement admits the draft (and its KV cache) with
+    the target. Set exactly when served_spec_draft_repo is."""
     vision_weights_repo: CardModelId | None = None
     """Hub repo of split vision weights (required: a vision model cannot load without them)."""
     vision_weights_file: GgufFile | None = None
@@ -390,6 +407,11 @@ class ModelCard(WireModel):
         return windowed_layer(layer_index, self.num_layers, self.sliding_window, self.sliding_window_pattern)
 
     # -- cross-field rules, each naming the field to fix ----------------------------------
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed_fields(cls, data: object) -> object:
+        return refuse_removed(data, REMOVED_CARD_FIELDS)
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelCard:
@@ -495,9 +517,16 @@ def _companions_consistent(card: ModelCard) -> None:
                                    ("vision_weights_repo", "vision_weights_file")):
         if getattr(card, file_field) is not None and getattr(card, repo_field) is None:
             raise card_field_error(file_field, f"set without {repo_field}")
-    if card.served_spec_draft_repo is not None and card.served_spec_draft_file is None:
-        raise card_field_error("served_spec_draft_file", "required with served_spec_draft_repo (the draft GGUF)")
-    for name in ("mtp_sidecar_repo", "assistant_model_repo", "served_spec_draft_repo", "vision_weights_repo"):
+    drafts = card.served_spec_draft_repo is not None
+    for name in ("served_spec_draft_file", "served_spec_draft_size_bytes"):
+        if drafts and getattr(card, name) is None:
+            raise card_field_error(name, "required with served_spec_draft_repo (the draft GGUF and its size)")
+    if card.served_spec_draft_size_bytes is not None and not drafts:
+        raise card_field_error("served_spec_draft_size_bytes", "set without served_spec_draft_repo")
+    if card.runtime.speculative == "draft" and not drafts:
+        raise card_field_error("runtime.speculative", "'draft' needs the draft model: set served_spec_draft_repo, "
+                               "served_spec_draft_file and served_spec_draft_size_bytes")
+    for name in ("served_spec_draft_repo", "vision_weights_repo"):
         repo = getattr(card, name)
         if repo is None:
             continue

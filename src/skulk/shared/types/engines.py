@@ -173,7 +173,7 @@ ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
         # dispatcher's thread count stop making sense.
         slots=SlotTraits("SKULK_LLAMA_SERVER_PARALLEL", default=4, maximum=64, kv_per_slot=True),
         kv_cache_types=("f16", "q8_0", "q4_0"),
-        speculative=("ngram",),
+        speculative=("ngram", "draft"),
     ),
     "mlx": EngineTraits(
         formats=frozenset({"safetensors"}),
@@ -194,6 +194,8 @@ ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
         modules=("mlx", "mlx_lm"),
         vendor_computes=_APPLE_COMPUTES,
         ranks_dial=True,
+        # Prompt lookup on one whole-model rank, one request at a time (mlx.speculate).
+        speculative=("ngram",),
     ),
     # Speech runs only where the upstream package serves it: Apple Silicon.
     "mlx_audio": EngineTraits(formats=frozenset({"safetensors"}), workloads=frozenset(), modules=("mlx", "mlx_audio"),
@@ -207,7 +209,8 @@ ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
                          vendor_computes=MappingProxyType({"nvidia": "cuda", "amd": "rocm"}),
                          cpu_floor=False,
                          slots=SlotTraits("SKULK_VLLM_MAX_CONCURRENT_REQUESTS", default=16, maximum=256),
-                         context_cap_tokens=VLLM_CONTEXT_CAP_TOKENS),
+                         context_cap_tokens=VLLM_CONTEXT_CAP_TOKENS,
+                         speculative=("ngram",)),
 })
 """Every runner engine a backend tag may name (the part before the first '-')."""
 

@@ -63,6 +63,11 @@ class TextGenerationParams(WireModel):
     """Drop tokens less likely than min_p x the most likely one's probability (None: the
     engine's default: 0.05 on llama.cpp, 0 on MLX and vLLM)."""
     seed: int | None = None
+    speculative: bool | None = None
+    """Whether the caller wants this request drafted (`skulk.shared.types.speculative`; None:
+    as the model is placed). The engines that draft fix it when they start, so the API
+    refuses a value the placed model is not served with (`request_refusal`); engines never
+    read it."""
     stop: list[str] = Field(default_factory=list)
     tools: list[ToolSpec] = Field(default_factory=list)
     tool_choice: str | dict[str, Any] | None = None

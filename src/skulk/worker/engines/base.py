@@ -60,6 +60,8 @@ class ShardSpec:
     model_path: str
     n_threads: int | None = None
     pool_key: bytes | None = None
+    draft_model_path: str | None = None
+    """The draft GGUF for a card with `runtime.speculative = "draft"` (served engines)."""
     """The cluster's pool channel secret (`skulk.pool.layout.derive_pool_key`); only a
     pooled llama.cpp instance uses it."""
 

@@ -208,6 +208,7 @@ class Runner:
             runner_id=self._load.runner_id,
             card=self._load.card,
             model_path=self._load.model_path,
+            draft_model_path=self._load.draft_model_path,
             n_threads=self._load.n_threads,
             pool_key=bytes.fromhex(self._load.pool_key) if self._load.pool_key else None,
         )

@@ -60,6 +60,9 @@ class LoadShard(WireModel):
     card: ModelCard
     model_path: str
     """Local path of the artifact: the .gguf file for llama.cpp, the model directory for MLX."""
+    draft_model_path: str | None = None
+    """Local path of the draft GGUF (`skulk.models.companions.draft_model_path`) for a card
+    that speculates with one; None otherwise."""
     n_threads: int | None = Field(default=None, ge=1)
     """CPU threads for the engine; None = the node's physical core count."""
     pool_key: str | None = Field(default=None, repr=False)

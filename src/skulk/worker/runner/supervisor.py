@@ -160,13 +160,15 @@ class RunnerSupervisor:
         card: ModelCard,
         model_path: str,
         on_report: ReportCallback,
+        draft_model_path: str | None = None,
         n_threads: int | None = None,
         pool_key: bytes | None = None,
         first_status_deadline_s: float = FIRST_STATUS_DEADLINE_S,
         inbox_capacity: int = INBOX_CAPACITY,
     ) -> None:
         self._load = LoadShard(
-            instance=instance, runner_id=runner_id, card=card, model_path=model_path, n_threads=n_threads,
+            instance=instance, runner_id=runner_id, card=card, model_path=model_path, draft_model_path=draft_model_path,
+            n_threads=n_threads,
             pool_key=pool_key.hex() if pool_key is not None and len(instance.shards) > 1 else None,
         )
         self._on_report = on_report

@@ -39,7 +39,10 @@ def test_the_served_engines_command_line_is_read_whole():
         (["--model", "m", "--flash-attn", "maybe"], "on, off or auto"),
         (["--model", "m", "--fit", "sometimes"], "on or off"),
         (["--model", "m", "--cache-type-k", "iq4_nl"], "f16, q8_0, q4_0"),
-        (["--model", "m", "--spec-type", "draft-eagle3"], "none, ngram-simple"),
+        (["--model", "m", "--spec-type", "draft-eagle3"], "none, ngram-simple, draft-simple"),
+        (["--model", "m", "--spec-type", "draft-simple"], "go together"),
+        (["--model", "m", "--model-draft", "d"], "go together"),
+        (["--model", "m", "--cache-type-k-draft", "q5_1"], "f16, q8_0, q4_0"),
         (["--model"], "needs a value"),
         (["--port", "1"], "--model is required"),
     ],
@@ -63,6 +66,27 @@ def test_settings_land_on_xllamacpps_parameters():
     assert params.cache_ram_mib == 64
     assert params.cache_type_k == params.cache_type_v == xllamacpp.ggml_type.GGML_TYPE_Q8_0
     assert params.speculative.types == [xllamacpp.common_speculative_type.COMMON_SPECULATIVE_TYPE_NGRAM_SIMPLE]
+
+
+DRAFTING = ServerLaunch(binary=Path("/x/skulk-llama-server"), model_path=Path("/m/model.gguf"), port=4321, slots=1,
+                        context_per_slot=512, threads=3, gpu_layers=99, flash_attn=True, kv_cache_type="q4_0",
+                        spec_type="draft-simple", draft_model_path=Path("/m/draft.gguf"))
+
+
+def test_a_draft_model_lands_on_xllamacpps_draft_parameters():
+    xllamacpp = pytest.importorskip("xllamacpp")
+    settings = parse_server_argv(DRAFTING.argv()[1:])
+    assert (settings.spec_type, settings.model_draft, settings.threads_draft, settings.gpu_layers_draft,
+            settings.cache_type_k_draft, settings.cache_type_v_draft) == (
+        "draft-simple", "/m/draft.gguf", 3, 99, "q4_0", "q4_0")
+    params = xllamacpp.CommonParams()
+    apply_settings(settings, params, xllamacpp.llama_flash_attn_type, xllamacpp.ggml_type,
+                   xllamacpp.common_speculative_type)
+    draft = params.speculative.draft
+    assert params.speculative.types == [xllamacpp.common_speculative_type.COMMON_SPECULATIVE_TYPE_DRAFT_SIMPLE]
+    assert (draft.mparams.path, draft.cpuparams.n_threads, draft.cpuparams_batch.n_threads, draft.n_gpu_layers) == (
+        "/m/draft.gguf", 3, 3, 99)
+    assert draft.cache_type_k == draft.cache_type_v == xllamacpp.ggml_type.GGML_TYPE_Q4_0
 
 
 def test_the_script_refuses_an_unknown_flag_with_a_usage_exit():

@@ -387,6 +387,46 @@ def test_the_placements_kv_cache_type_reaches_llama_server(tiny_gguf):
         engine.close()
 
 
+def drafting_spec(tiny_gguf, method: str, draft: str | None = None) -> ShardSpec:
+    plain_spec = spec_for(tiny_gguf, slots=1)
+    card = plain_spec.card.model_copy(update={"runtime": plain_spec.card.runtime.model_copy(
+        update={"speculative": method})})
+    return ShardSpec(instance=plain_spec.instance, runner_id=plain_spec.runner_id, card=card,
+                     model_path=plain_spec.model_path, n_threads=plain_spec.n_threads, draft_model_path=draft)
+
+
+def test_draft_model_speculation_drafts_with_the_draft_gguf_and_keeps_the_greedy_text(engine, tiny_gguf):
+    """`runtime.speculative = "draft"`: the server runs the draft GGUF ahead of the target
+    (here the same weights, so the draft is always right), the greedy text is the
+    unspeculated server's, and the usage counts the drafted and accepted tokens."""
+    spec = drafting_spec(tiny_gguf, "draft", str(tiny_gguf))
+    request = prompt_params(LONG_PROMPT, temperature=0, max_tokens=120)
+    plain = list(engine.generate(request, threading.Event()))
+    drafting = LlamaServerEngine(engine_env(require_llama_server()))
+    try:
+        drafting.load(spec)
+        server = drafting.server
+        assert server is not None
+        argv = " ".join(_cmdline(psutil.Process(server.pid)))
+        assert f"--spec-type draft-simple --model-draft {tiny_gguf}" in argv, argv
+        assert "--cache-type-k-draft f16 --cache-type-v-draft f16" in argv, argv
+        drafted = list(drafting.generate(request, threading.Event()))
+    finally:
+        drafting.close()
+    assert "".join(t.text for t in drafted) == "".join(t.text for t in plain)
+    usage = drafted[-1].usage
+    assert usage is not None and usage.drafted_tokens > 0
+    assert usage.accepted_draft_tokens > usage.drafted_tokens // 2, usage  # the same weights agree
+
+
+@pytest.mark.parametrize("draft", [None, "/nonexistent/draft.gguf"])
+def test_a_drafting_card_without_its_draft_is_refused_at_load_and_starts_nothing(tiny_gguf, draft):
+    drafting = LlamaServerEngine(engine_env(require_llama_server()))
+    with pytest.raises(ModelLoadFailed, match="speculates with the draft model"):
+        drafting.load(drafting_spec(tiny_gguf, "draft", draft))
+    assert drafting.server is None
+
+
 def test_ngram_speculation_drafts_and_keeps_the_greedy_text(engine, tiny_gguf):
     """A card with `runtime.speculative = "ngram"`: the server is started with n-gram
     drafting, the greedy text is exactly the unspeculated server's, and the usage says how

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 
@@ -31,6 +32,17 @@ def test_argv_caps_the_context_and_listens_on_loopback():
     assert argv[:3] == ["/venv/bin/vllm", "serve", "/m"]
     assert flags["--host"] == "127.0.0.1" and flags["--max-num-seqs"] == "8"
     assert flags["--max-model-len"] == str(VLLM_CONTEXT_CAP_TOKENS)
+
+
+@pytest.mark.parametrize(("method", "config"), [
+    (None, None),
+    ("none", None),
+    ("ngram", {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}),
+])
+def test_a_speculating_card_starts_vllm_with_its_speculative_config(method, config):
+    argv = vllm_argv("/venv/bin/vllm", "/m", 9000, 8, 4096, method)
+    flags = dict(zip(argv[3::2], argv[4::2], strict=True))
+    assert (json.loads(flags["--speculative-config"]) if "--speculative-config" in flags else None) == config
 
 
 def test_only_orphaned_engine_cores_are_swept():

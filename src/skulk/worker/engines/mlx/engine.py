@@ -105,6 +105,7 @@ from skulk.worker.engines.mlx.sampling import (
     resolve_sampling,
     shaping_of,
 )
+from skulk.worker.engines.mlx.speculate import Speculation, speculating, trim, verify, with_draft_counts
 from skulk.worker.engines.mlx.tensor import shard_layers
 from skulk.worker.engines.mlx.text import prompt_and_tokens, special_tokens, token_bytes_table
 from skulk.worker.engines.prompt_pieces import REASONING_OPEN, PromptCancelled, PromptOverContext, opens_reasoning
@@ -184,6 +185,9 @@ class MlxEngine:
         """Node id of each rank, to name the node a broken collective lost."""
         self._my_rank = 0
         self._broken: GroupBroken | None = None
+        self._speculative = False
+        """Prompt-lookup speculation (`runtime.speculative = "ngram"`): one whole-model rank,
+        one request at a time (`mlx.speculate`)."""
         self._prefixes: MlxPrefixStore | None = None
         """The prefix cache of a single rank (None in a group, or in a batch whose model's
         KV cache is not plain `KVCache` layers)."""
@@ -264,8 +268,11 @@ class MlxEngine:
             stage = build_stage(parts, role)
             del parts
         make_cache: Callable[[], list[Any]] | None = stage.make_cache
+        self._speculative = speculating(spec.card.runtime.speculative, role.world, stage.make_cache)
         if role.world == 1:
-            self._width = batch_width(os.environ)
+            # A speculating model steps one request at a time: mlx-lm's batch decodes one
+            # token per sequence per step.
+            self._width = 1 if self._speculative else batch_width(os.environ)
             # The batch generator runs the whole mlx-lm model (the stage's arrays) on that
             # model's own cache types, so those decide whether it batches and reuses prefixes.
             batch_cache = partial(make_prompt_cache, model)
@@ -298,9 +305,10 @@ class MlxEngine:
             self._specials = special_tokens(self._tokenizer)
             self._eos = frozenset(int(t) for t in (self._tokenizer.eos_token_ids or ()))
         log.info(
-            "loaded %s rank %d/%d layers [%d, %d) %s n_ctx=%d",
+            "loaded %s rank %d/%d layers [%d, %d) %s n_ctx=%d%s",
             path, role.rank, role.world, role.start_layer, role.end_layer,
             "tensor" if role.tensor else "pipeline", self._n_ctx,
+            ", speculation ngram (prompt lookup)" if self._speculative else "",
         )
 
     def warm_up(self) -> None:
@@ -414,6 +422,18 @@ class MlxEngine:
         self._command(Header(OP_BEGIN, seed=params.seed, temperature=params.temperature,
                              top_p=params.top_p, top_k=params.top_k, min_p=params.min_p))
         state: dict[str, int | None] = {"last": None}
+        # A shaped sampler (logprobs, grammar, penalties) reads each token's logits as it is
+        # handed out: those requests step one token at a time.
+        drafting = Speculation(list(prompt), max_new) if self._speculative and chooser is None else None
+
+        def plain_step(fed: int) -> int:
+            sampled = self._command(Header(OP_STEP, n_tokens=1, sample=True), [fed])
+            assert sampled is not None  # a sampling step always answers its token
+            return sampled
+
+        def fed_to_cache(tokens: list[int]) -> None:
+            if prefixes is not None:
+                prefixes.hot_tokens.extend(tokens)
 
         def next_token() -> int:
             fed = state["last"]
@@ -421,16 +441,23 @@ class MlxEngine:
                 state["last"] = token = self._prefill(prompt[cached:])
                 if prefixes is not None:
                     prefixes.hot_tokens = list(prompt)
+                if drafting is not None:
+                    drafting.handed(token)
+            elif drafting is not None:
+                sampler = self._sampler
+                assert sampler is not None  # set by OP_BEGIN
+                state["last"] = token = drafting.next_token(
+                    fed, plain_step, lambda tokens: verify(self._require_loaded(), self._cache, sampler, tokens),
+                    fed_to_cache,
+                    lambda count: trim(self._cache, count))
             else:
-                sampled = self._command(Header(OP_STEP, n_tokens=1, sample=True), [fed])
-                assert sampled is not None  # a sampling step always answers its token
-                state["last"] = token = sampled
-                if prefixes is not None:
-                    prefixes.hot_tokens.append(fed)
+                state["last"] = token = plain_step(fed)
+                fed_to_cache([fed])
             return token
 
         try:
-            yield from self._text(request, len(prompt), max_new, next_token, cancelled, chooser, cached, opens)
+            text = self._text(request, len(prompt), max_new, next_token, cancelled, chooser, cached, opens)
+            yield from (text if drafting is None else with_draft_counts(text, drafting))
         except Exception:
             # A step failed part-way: its KV is not trusted again. (A consumer closing the
             # stream lands between steps, where the hot tokens match the cache exactly.)

@@ -61,15 +61,22 @@ class HostSettings:
     cache_type_k: str | None = None
     cache_type_v: str | None = None
     spec_type: str | None = None
+    model_draft: str | None = None
+    threads_draft: int | None = None
+    gpu_layers_draft: int | None = None
+    cache_type_k_draft: str | None = None
+    cache_type_v_draft: str | None = None
     extras: Mapping[str, Any] = field(default_factory=dict)
 
 
 _INT_FLAGS: Mapping[str, str] = {
     "--port": "port", "--parallel": "parallel", "-np": "parallel", "--ctx-size": "ctx_size", "-c": "ctx_size",
     "--threads": "threads", "-t": "threads", "--n-gpu-layers": "gpu_layers", "-ngl": "gpu_layers",
-    "--cache-ram": "cache_ram_mib",
+    "--cache-ram": "cache_ram_mib", "--threads-draft": "threads_draft", "-td": "threads_draft",
+    "--n-gpu-layers-draft": "gpu_layers_draft", "-ngld": "gpu_layers_draft",
 }
-_STR_FLAGS: Mapping[str, str] = {"--model": "model", "-m": "model", "--host": "host"}
+_STR_FLAGS: Mapping[str, str] = {"--model": "model", "-m": "model", "--host": "host", "--model-draft": "model_draft",
+                                 "-md": "model_draft"}
 _SWITCHES: Mapping[str, tuple[str, bool]] = {
     "--no-kv-unified": ("kv_unified", False), "--kv-unified": ("kv_unified", True),
     "--cont-batching": ("cont_batching", True), "--no-cont-batching": ("cont_batching", False),
@@ -77,10 +84,13 @@ _SWITCHES: Mapping[str, tuple[str, bool]] = {
 }
 _ON_OFF: Mapping[str, bool] = {"on": True, "off": False}
 _CACHE_TYPE_FLAGS: Mapping[str, str] = {"--cache-type-k": "cache_type_k", "-ctk": "cache_type_k",
-                                        "--cache-type-v": "cache_type_v", "-ctv": "cache_type_v"}
+                                        "--cache-type-v": "cache_type_v", "-ctv": "cache_type_v",
+                                        "--cache-type-k-draft": "cache_type_k_draft", "-ctkd": "cache_type_k_draft",
+                                        "--cache-type-v-draft": "cache_type_v_draft", "-ctvd": "cache_type_v_draft"}
 CACHE_TYPES: tuple[str, ...] = ("f16", "q8_0", "q4_0")
 """The KV cache types this host takes (`skulk.shared.types.kv_cache`)."""
-SPEC_TYPES: Mapping[str, str] = {"none": "COMMON_SPECULATIVE_TYPE_NONE", "ngram-simple": "COMMON_SPECULATIVE_TYPE_NGRAM_SIMPLE"}
+SPEC_TYPES: Mapping[str, str] = {"none": "COMMON_SPECULATIVE_TYPE_NONE", "ngram-simple": "COMMON_SPECULATIVE_TYPE_NGRAM_SIMPLE",
+                                 "draft-simple": "COMMON_SPECULATIVE_TYPE_DRAFT_SIMPLE"}
 """The `--spec-type` values this host takes, and xllamacpp's name for each."""
 
 
@@ -136,6 +146,8 @@ def parse_server_argv(argv: Sequence[str]) -> HostSettings:
         index += 2
     if "model" not in values:
         raise UnsupportedFlag("--model is required")
+    if (values.get("spec_type") == "draft-simple") != ("model_draft" in values):
+        raise UnsupportedFlag("--spec-type draft-simple and --model-draft go together")
     return HostSettings(**values)
 
 
@@ -173,6 +185,18 @@ def apply_settings(settings: HostSettings, params: Any, flash_types: Any, ggml_t
         value = getattr(settings, name)
         if value is not None:
             setattr(params, name, getattr(ggml_types, f"GGML_TYPE_{value.upper()}"))
+    draft = params.speculative.draft
+    if settings.model_draft is not None:
+        draft.mparams.path = settings.model_draft
+    if settings.threads_draft is not None:
+        draft.cpuparams.n_threads = settings.threads_draft
+        draft.cpuparams_batch.n_threads = settings.threads_draft
+    if settings.gpu_layers_draft is not None:
+        draft.n_gpu_layers = settings.gpu_layers_draft
+    for name in ("cache_type_k", "cache_type_v"):
+        value = getattr(settings, f"{name}_draft")
+        if value is not None:
+            setattr(draft, name, getattr(ggml_types, f"GGML_TYPE_{value.upper()}"))
 
 
 def _package_version() -> str:

@@ -81,6 +81,16 @@ class ServerLaunch:
     spec_type: str | None = None
     """llama-server's `--spec-type` (the card's speculative method,
     `skulk.shared.types.speculative`); None: no speculation."""
+    draft_model_path: Path | None = None
+    """The draft GGUF (`--model-draft`) for draft speculation: it runs on the target's threads
+    and device and keeps its KV cache in the target's element type, as admitted."""
+
+    def _draft_args(self) -> tuple[str, ...]:
+        if self.draft_model_path is None:
+            return ()
+        return ("--model-draft", str(self.draft_model_path), "--threads-draft", str(self.threads),
+                "--n-gpu-layers-draft", str(self.gpu_layers),
+                "--cache-type-k-draft", self.kv_cache_type, "--cache-type-v-draft", self.kv_cache_type)
 
     def argv(self) -> list[str]:
         return [
@@ -107,6 +117,7 @@ class ServerLaunch:
             "--cache-type-k", self.kv_cache_type,
             "--cache-type-v", self.kv_cache_type,
             *(("--spec-type", self.spec_type) if self.spec_type is not None else ()),
+            *self._draft_args(),
         ]
 
 

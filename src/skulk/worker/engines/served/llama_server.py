@@ -85,6 +85,18 @@ prompt evaluation on a slow CPU, with margin. Past it the request fails, typed."
 WARM_UP_PROMPT = "Hello"
 
 
+
+def draft_launch_path(spec: ShardSpec) -> Path | None:
+    """The draft GGUF the server loads for a card that speculates with one, or None. A card
+    that asks for draft speculation without its draft on this node is refused at load: it
+    must not be served as if it did not ask."""
+    if spec.card.runtime.speculative != "draft":
+        return None
+    if spec.draft_model_path is None or not Path(spec.draft_model_path).is_file():
+        raise ModelLoadFailed(f"{spec.card.model_id} speculates with the draft model {spec.card.served_spec_draft_repo}, "
+                              f"which is not on this node ({spec.draft_model_path or 'not resolved'})")
+    return Path(spec.draft_model_path)
+
 class LlamaServerEngine(ServedEngineShell):
     """`Engine` over a llama-server process. Width: its slot count."""
 
@@ -131,6 +143,7 @@ class LlamaServerEngine(ServedEngineShell):
             raise ModelLoadFailed("the llama_server engine serves single-node instances only")
         if not Path(spec.model_path).is_file():
             raise ModelLoadFailed(f"GGUF file not found: {spec.model_path}")
+        draft = draft_launch_path(spec)
         slots = assigned_slots("llama_server", shard.slots)  # placement admitted KV for this many
         self._context_tokens = min(spec.instance.context_token_limit, spec.card.context_length)
         self._tokenizer.load_tokenizer(spec.model_path, self._context_tokens, spec.card.reasoning.switches)
@@ -151,6 +164,7 @@ class LlamaServerEngine(ServedEngineShell):
             cache_ram_mib=self._cache_ram_mib(spec),
             kv_cache_type=shard.kv_cache_type,
             spec_type=LLAMA_SERVER_SPEC_TYPES.get(spec.card.runtime.speculative or "none"),
+            draft_model_path=draft,
         )
         self._server = self._start(launch)
         self._slots = slots
@@ -160,9 +174,9 @@ class LlamaServerEngine(ServedEngineShell):
             timeout=httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
             limits=httpx.Limits(max_connections=slots + 2, max_keepalive_connections=slots + 2),
         )
-        log.info("llama-server pid %d on port %d: %d slots x %d tokens, %s KV cache, speculation %s, %s",
+        log.info("llama-server pid %d on port %d: %d slots x %d tokens, %s KV cache, speculation %s%s, %s",
                  self._server.pid, self._server.port, slots, launch.context_per_slot, launch.kv_cache_type,
-                 launch.spec_type or "off", spec.model_path)
+                 launch.spec_type or "off", f" (draft {draft})" if draft is not None else "", spec.model_path)
 
     def _start(self, launch: ServerLaunch) -> ServerProcess:
         return start_healthy(lambda port: _with_port(launch, port).argv(), server_env(self._env),

@@ -33,6 +33,7 @@ from skulk.shared.settings import setting
 from skulk.shared.types.cards import backend_engine
 from skulk.shared.types.common import FinishReason
 from skulk.shared.types.node_facts import ENGINE_BINARY_ENV
+from skulk.shared.types.speculative import VLLM_SPECULATIVE_CONFIGS
 from skulk.shared.types.stream_errors import StreamErrorType
 from skulk.shared.types.tasks import TextGenerationParams
 from skulk.worker.engines.base import (
@@ -61,13 +62,18 @@ class VllmUnavailable(ModelLoadFailed):
     error_type = StreamErrorType.ENGINE_UNAVAILABLE
 
 
-def vllm_argv(binary: str, model: str, port: int, seqs: int, context_tokens: int) -> list[str]:
+def vllm_argv(binary: str, model: str, port: int, seqs: int, context_tokens: int,
+              speculative: str | None = None) -> list[str]:
+    """`vllm serve`'s command line; `speculative` is the card's method (`runtime.speculative`),
+    which placement admitted only where vLLM serves it (`VLLM_SPECULATIVE_CONFIGS`)."""
+    config = VLLM_SPECULATIVE_CONFIGS.get(speculative or "none")
     return [
         binary, "serve", model,
         "--host", HOST, "--port", str(port),
         "--served-model-name", SERVED_NAME,
         "--max-num-seqs", str(seqs),
         "--max-model-len", str(min(context_tokens, VLLM_CONTEXT_CAP_TOKENS)),
+        *(("--speculative-config", json.dumps(dict(config), separators=(",", ":"))) if config is not None else ()),
     ]
 
 
@@ -184,7 +190,8 @@ class VllmEngine(ServedEngineShell):
             raise ModelLoadFailed(f"model not found: {spec.model_path}")
         _sweep_orphans()
         context = min(spec.instance.context_token_limit, spec.card.context_length)
-        server = start_healthy(lambda port: vllm_argv(binary, spec.model_path, port, seqs, context),
+        server = start_healthy(lambda port: vllm_argv(binary, spec.model_path, port, seqs, context,
+                                                      spec.card.runtime.speculative),
                                server_env(self._env))
         self._server, self._seqs = server, seqs
         self._reasoning_switches = spec.card.reasoning.switches
