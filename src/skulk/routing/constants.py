@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
-NETWORK_VERSION: Final = "skulk-net-4"
+NETWORK_VERSION: Final = "skulk-net-5"
 # 2: presence tokens must answer proof challenges (routing/presence.py); a build without
 # them would never count as alive, so it is told apart as another version instead.
 # 3: messages gained fields (KV cache type and speculation counts, a turn's continuation,
@@ -24,6 +24,8 @@ NETWORK_VERSION: Final = "skulk-net-4"
 # 4: NodeResources carries the node's serving counters and runner load (`serving`), which
 # the dashboard charts over time, and its hardware class (`hardware_class`, for opted-in
 # field telemetry); NodeFacts carries a Mac's chip name (`cpu_brand`).
+# 5: NodeResources carries the capability tags the node's extensions advertise
+# (`capability_tags`, skulk.extensions.capability_tags); a skulk-net-4 node forbids the field.
 
 # Every key expression this build publishes or subscribes to starts with this prefix.
 KEY_ROOT: Final = "skulk"
