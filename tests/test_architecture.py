@@ -23,7 +23,7 @@ ALLOWED: dict[str, set[str]] = {
     "models": SHARED | {"datadir"},
     "model_store": SHARED | {"datadir", "models"},
     "artifacts": SHARED | {"models"},
-    "facts": SHARED | {"datadir", "routing", "provision", "dashboard"},
+    "facts": SHARED | {"datadir", "routing", "provision", "dashboard", "extensions"},
     "capacity": SHARED,
     "service": SHARED,
     "provision": SHARED,

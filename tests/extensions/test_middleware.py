@@ -78,6 +78,7 @@ def _runtime(*objs: Ext, **kw: Any) -> ExtensionRuntime:
 def _system(text: str):
     def transform(params: TextGenerationParams, ctx: ExtensionContext) -> TextGenerationParams:
         return params.model_copy(update={"messages": [ChatMessage(role="system", content=text), *params.messages]})
+
     return transform
 
 
@@ -112,8 +113,9 @@ async def _slow(params: TextGenerationParams, ctx: ExtensionContext) -> None:
     await asyncio.sleep(30)
 
 
-@pytest.mark.parametrize(("hook", "counter"), [(_boom, "failures"), (_slow, "timeouts"),
-                                               (lambda p, c: "nonsense", "failures")])
+@pytest.mark.parametrize(
+    ("hook", "counter"), [(_boom, "failures"), (_slow, "timeouts"), (lambda p, c: "nonsense", "failures")]
+)
 async def test_a_skip_policy_failure_leaves_the_request_untransformed(hook: Any, counter: str) -> None:
     runtime = _runtime(Ext("a", transform_chat_request=hook), transform_deadline_s=0.05)
     assert await runtime.transform_chat_request(PARAMS) == PARAMS
@@ -148,7 +150,9 @@ async def test_start_hooks_wait_for_the_api_then_observers_get_every_summary() -
         ctx.advertise_capability("audit")
         started.append(ctx.node_id)
 
-    runtime = _runtime(Ext("a", observe_chat_response=observe, on_start=on_start), Ext("b", observe_chat_response=_boom))
+    runtime = _runtime(
+        Ext("a", observe_chat_response=observe, on_start=on_start), Ext("b", observe_chat_response=_boom)
+    )
     task = asyncio.create_task(runtime.run(lambda: api_up, poll_s=0.01))
     try:
         await asyncio.sleep(0.05)

@@ -19,8 +19,12 @@ def test_text_thinking_finish_usage_and_tools() -> None:
         TokenChunk(command_id=C, text="hmm", reasoning=True, prompt_tokens=7),
         TokenChunk(command_id=C, text="Hel"),
         TokenChunk(command_id=C, text="lo", tool_calls=[ToolCall(id="1", name="lookup", arguments="{}")]),
-        TokenChunk(command_id=C, text="", finish_reason="stop",
-                   usage=Usage(prompt_tokens=9, completion_tokens=3, total_tokens=12)),
+        TokenChunk(
+            command_id=C,
+            text="",
+            finish_reason="stop",
+            usage=Usage(prompt_tokens=9, completion_tokens=3, total_tokens=12),
+        ),
     ]
     summary = summarise(chunks, request_id="r", model_id="m", wire="openai.chat")
     assert (summary.text, summary.thinking, summary.finish_reason) == ("Hello", "hmm", "stop")

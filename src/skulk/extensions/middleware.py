@@ -28,6 +28,7 @@ from pydantic import ValidationError
 from skulk.extensions.context import ExtensionContext
 from skulk.extensions.contract import FailurePolicy
 from skulk.extensions.loader import ExtensionSet, LoadedExtension
+from skulk.extensions.report import discovery_report
 from skulk.extensions.summary import ChatResponseSummary
 from skulk.shared.types.tasks import TextGenerationParams
 
@@ -232,26 +233,15 @@ class ExtensionRuntime:
 
     def stats(self) -> dict[str, Any]:
         """The `extensions` section of /v1/diagnostics/node."""
-        ext_set = self.extensions
+        report = discovery_report(self.extensions)
+        for entry in report["loaded"]:
+            entry["counters"] = {
+                hook: counters.wire()
+                for (name, hook), counters in sorted(self._counters.items())
+                if name == entry["name"]
+            }
         return {
-            "disabled": ext_set.disabled,
-            "loaded": [
-                {
-                    "name": ext.shape.name,
-                    "version": ext.shape.version,
-                    "entryPoint": ext.entry_point,
-                    "skulkVersions": ext.shape.skulk_versions,
-                    "hooks": list(ext.shape.hooks),
-                    "failurePolicy": ext.shape.failure_policy,
-                    "counters": {
-                        hook: counters.wire()
-                        for (name, hook), counters in sorted(self._counters.items())
-                        if name == ext.shape.name
-                    },
-                }
-                for ext in ext_set.loaded
-            ],
-            "skipped": [{"entryPoint": s.entry_point, "name": s.name, "reason": s.reason} for s in ext_set.skipped],
+            **report,
             "observerQueue": {
                 "depth": self._queue.qsize(),
                 "capacity": self._capacity,
