@@ -131,6 +131,29 @@ async def test_a_fail_policy_failure_refuses_the_request(hook: Any, reason: str)
     assert refused.value.extension == "gate" and reason in refused.value.reason
 
 
+async def test_hung_sync_hooks_cost_bounded_daemon_threads_and_end_as_timeouts() -> None:
+    release = threading.Event()
+    entered: list[int] = []
+
+    def hang(params: TextGenerationParams, ctx: ExtensionContext) -> None:
+        entered.append(1)
+        release.wait(30)
+
+    runtime = _runtime(Ext("a", transform_chat_request=hang), transform_deadline_s=0.1, hook_threads=2)
+    try:
+        for _ in range(4):
+            assert await runtime.transform_chat_request(PARAMS) == PARAMS  # skipped: timed out
+        hung = [t for t in threading.enumerate() if t.name == "extension-hook-hang"]
+        assert len(entered) == 2 and len(hung) == 2 and all(t.daemon for t in hung)
+        assert runtime.stats()["loaded"][0]["counters"]["transform_chat_request"]["timeouts"] == 4
+    finally:
+        release.set()
+    await _until(lambda: not any(t.name == "extension-hook-hang" for t in threading.enumerate()))
+    # The threads are free again: the next call runs (and, released, returns in time).
+    assert await runtime.transform_chat_request(PARAMS) == PARAMS
+    assert len(entered) == 3
+
+
 async def _until(condition: Any, deadline_s: float = 5.0) -> None:
     end = time.monotonic() + deadline_s
     while not condition():

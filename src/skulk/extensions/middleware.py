@@ -9,16 +9,22 @@ drops and counts when full), and no extension installed means Skulk unchanged (e
 point returns at once).
 
 The decisions are pure (`verdict`, `checked_params`); `ExtensionRuntime` is the shell: it
-owns time, the queue and the tasks. Sync hooks run on a worker thread (`asyncio.to_thread`)
-under the same deadline as async ones; a sync hook that overruns keeps its thread until it
-returns (Python cannot stop a thread), but the request no longer waits for it.
+owns time, the queue and the tasks. Sync hooks run off the event loop on a thread of their
+own under the same deadline as async ones. A sync hook that overruns keeps its thread until
+it returns (Python cannot stop a thread), but the request no longer waits for it. Those
+threads are daemons, not the loop's default executor: `asyncio.run` joins that executor at
+exit, so one hung hook would hold the node's shutdown forever. At most `HOOK_THREADS` run at
+once; a call that finds them all busy (hung hooks) waits for one within its own deadline,
+so hung hooks cost bounded threads and end as timeouts, never as a pile-up.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal
@@ -50,6 +56,9 @@ API_UP_WAIT_S: Final = 120.0
 OBSERVER_QUEUE_CAPACITY: Final = 256
 """Summaries waiting for the observers; past it a new summary is dropped and counted (a slow
 observer must cost bounded memory and never slow a response)."""
+
+HOOK_THREADS: Final = 16
+"""Sync hook calls running at once on one node (each on its own daemon thread)."""
 
 LOG_EVERY: Final = 100
 """A hook that keeps failing is logged on its first failure and then every this many."""
@@ -102,16 +111,51 @@ class HookCounters:
         return {"calls": self.calls, "failures": self.failures, "timeouts": self.timeouts}
 
 
-async def call_hook(hook: Callable[..., Any], args: tuple[Any, ...], deadline_s: float) -> Any:
+async def call_hook(
+    hook: Callable[..., Any], args: tuple[Any, ...], deadline_s: float, threads: asyncio.Semaphore
+) -> Any:
     """`hook(*args)` within `deadline_s` (TimeoutError past it): an async hook awaited, a sync
-    one on a worker thread (an awaitable it returns awaited too)."""
+    one on a daemon thread once one of `threads` is free (an awaitable it returns awaited
+    too)."""
     async with asyncio.timeout(deadline_s):
         if inspect.iscoroutinefunction(hook):
             return await hook(*args)
-        result = await asyncio.to_thread(hook, *args)
+        await threads.acquire()  # released by the thread when the hook returns, not before
+        result = await _on_daemon_thread(hook, args, threads.release)
         if inspect.isawaitable(result):
             return await result
         return result
+
+
+def _on_daemon_thread(hook: Callable[..., Any], args: tuple[Any, ...], done: Callable[[], None]) -> asyncio.Future[Any]:
+    """A future for `hook(*args)` run on a new daemon thread; `done` is called on the loop
+    when the hook returns, however long after the caller stopped waiting."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        done()
+        if future.done():  # the caller's deadline passed: nobody waits for this result
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    def run() -> None:
+        result: Any = None
+        error: BaseException | None = None
+        try:
+            result = hook(*args)
+        except Exception as exc:  # handed to the caller, who guards it
+            error = exc
+        except BaseException as exc:  # SystemExit from a hook must not end the node's task
+            error = RuntimeError(f"the hook raised {type(exc).__name__}")
+        with contextlib.suppress(RuntimeError):  # the loop closed while the hook ran
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=run, name=f"extension-hook-{getattr(hook, '__name__', 'call')}", daemon=True).start()
+    return future
 
 
 class ExtensionRuntime:
@@ -127,6 +171,7 @@ class ExtensionRuntime:
         observe_deadline_s: float = OBSERVE_DEADLINE_S,
         start_deadline_s: float = START_DEADLINE_S,
         queue_capacity: int = OBSERVER_QUEUE_CAPACITY,
+        hook_threads: int = HOOK_THREADS,
     ) -> None:
         self.extensions = extensions
         self.context = context
@@ -138,6 +183,7 @@ class ExtensionRuntime:
         self._queue: asyncio.Queue[ChatResponseSummary] = asyncio.Queue(queue_capacity)
         self._capacity = queue_capacity
         self._counters: dict[tuple[str, str], HookCounters] = {}
+        self._threads = asyncio.Semaphore(hook_threads)
         self.observer_dropped = 0
         self.started = False
 
@@ -169,7 +215,7 @@ class ExtensionRuntime:
     ) -> tuple[Outcome, Any, str]:
         self._count(ext, hook).calls += 1
         try:
-            return "returned", await call_hook(getattr(ext.obj, hook), args, deadline_s), ""
+            return "returned", await call_hook(getattr(ext.obj, hook), args, deadline_s, self._threads), ""
         except TimeoutError:
             return "timed_out", None, f"did not return within {deadline_s:g} s"
         except Exception as exc:  # an extension's failure must never escape into Skulk
