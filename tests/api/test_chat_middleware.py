@@ -51,8 +51,9 @@ class Stamp:
 @contextlib.asynccontextmanager
 async def served(ext: Stamp, **scripted: Any) -> AsyncIterator[tuple[Any, Any, ExtensionRuntime]]:
     loaded = LoadedExtension(shape=shape_of(ext), obj=ext, entry_point="stamp = t:make")
-    runtime = ExtensionRuntime(ExtensionSet(loaded=(loaded,)), ExtensionContext(node_id="n1", node_name="one"),
-                               transform_deadline_s=0.2)
+    runtime = ExtensionRuntime(
+        ExtensionSet(loaded=(loaded,)), ExtensionContext(node_id="n1", node_name="one"), transform_deadline_s=0.2
+    )
     app, cluster = scripted_app(["Bon", "jour"], context_fields={"extensions": runtime}, **scripted)
     task = asyncio.create_task(runtime.run(lambda: True))
     try:
@@ -89,7 +90,12 @@ async def test_every_chat_wire_is_transformed_and_observed_once(wire: str, strea
         assert extra.status_code == 200 and runtime.stats()["observerQueue"]["depth"] == 0
     [summary] = ext.summaries
     assert (summary.wire, summary.text, summary.finish_reason, summary.model_id, summary.error) == (
-        wire, "Bonjour", "stop", MODEL, None)
+        wire,
+        "Bonjour",
+        "stop",
+        MODEL,
+        None,
+    )
     assert summary.request_id == cluster.commands[0].command_id
 
 
@@ -103,14 +109,18 @@ async def test_a_skip_policy_transform_that_raises_or_overruns_is_skipped() -> N
             assert counters["failures" if mode == "raise" else "timeouts"] == 1
 
 
-@pytest.mark.parametrize(("path", "body", "shape"), [
-    ("/v1/chat/completions", {"model": MODEL, "messages": USER}, "openai"),
-    ("/v1/messages", {"model": MODEL, "max_tokens": 8, "messages": USER}, "anthropic"),
-    ("/ollama/api/chat", {"model": MODEL, "messages": USER}, "ollama"),
-])
+@pytest.mark.parametrize(
+    ("path", "body", "shape"),
+    [
+        ("/v1/chat/completions", {"model": MODEL, "messages": USER}, "openai"),
+        ("/v1/messages", {"model": MODEL, "max_tokens": 8, "messages": USER}, "anthropic"),
+        ("/ollama/api/chat", {"model": MODEL, "messages": USER}, "ollama"),
+    ],
+)
 @pytest.mark.parametrize("mode", ["raise", "slow"])
-async def test_a_fail_policy_transform_refuses_in_the_callers_shape(path: str, body: dict, shape: str,
-                                                                     mode: str) -> None:
+async def test_a_fail_policy_transform_refuses_in_the_callers_shape(
+    path: str, body: dict, shape: str, mode: str
+) -> None:
     async with served(Stamp("fail", mode)) as (http, cluster, _):
         response = await http.post(path, json=body)
     assert response.status_code == 502, response.text
@@ -131,8 +141,9 @@ async def test_a_fail_policy_transform_refuses_in_the_callers_shape(path: str, b
 async def test_a_client_that_leaves_mid_stream_is_observed_once() -> None:
     ext = Stamp()
     async with served(ext) as (http, _cluster, _):
-        async with http.stream("POST", "/v1/chat/completions", json={"model": MODEL, "messages": USER,
-                                                                     "stream": True}) as response:
+        async with http.stream(
+            "POST", "/v1/chat/completions", json={"model": MODEL, "messages": USER, "stream": True}
+        ) as response:
             async for line in response.aiter_lines():
                 if line.startswith("data: ") and json.loads(line[6:]).get("choices"):
                     break
