@@ -71,6 +71,7 @@ REQUESTS = {
     "openai.responses": ("/v1/responses", {"model": MODEL, "input": "hi"}),
     "anthropic.messages": ("/v1/messages", {"model": MODEL, "max_tokens": 8, "messages": USER}),
     "ollama.chat": ("/ollama/api/chat", {"model": MODEL, "messages": USER, "stream": False}),
+    "ollama.generate": ("/ollama/api/generate", {"model": MODEL, "prompt": "hi", "stream": False}),
 }
 
 

@@ -124,6 +124,14 @@ def test_the_example_extension_on_a_two_node_cluster(spawn_node, extension_env) 
     plain, stamped = _prompt_tokens(b), _prompt_tokens(a)
     assert stamped >= plain + 20, (plain, stamped)
 
+    # A's capability tag (advertised by on_start) reaches B on the telemetry plane, and A's own view.
+    def tag_seen_by(node: NodeProcess) -> bool:
+        resources = node.get("/state").json().get("nodeResources", {}).get(node_id(a), {})
+        return "prompt-stamp" in resources.get("capabilityTags", [])
+
+    wait_for(lambda: tag_seen_by(b), timeout_s=30, what="A's capability tag seen by B")
+    wait_for(lambda: tag_seen_by(a), timeout_s=30, what="A's capability tag in its own view")
+
     # A stream through A too; the observer logs each response exactly once.
     client = openai.OpenAI(base_url=a.url + "/v1", api_key=a.api_key or "unused", timeout=120)
     text = "".join(
@@ -145,7 +153,8 @@ def test_the_example_extension_on_a_two_node_cluster(spawn_node, extension_env) 
     assert len(lines) == 2, lines
     assert [line["wire"] for line in lines] == ["openai.chat", "openai.chat"]
     assert lines[1]["text"] == text and lines[0]["prompt_tokens"] == stamped
-    assert all(line["node"] == "ext-a" and line["error"] is None for line in lines)
+    assert all(line["node"] == "ext-a" and line["error"] is None and line["members"] == 2 for line in lines)
+    assert lines[1]["stampers"] == ["ext-a"]  # read_cluster() shows A's own advertised tag
 
     # The broken extensions are skipped with their reasons; A served all along.
     [loaded] = section["loaded"]
@@ -159,13 +168,6 @@ def test_the_example_extension_on_a_two_node_cluster(spawn_node, extension_env) 
         "too-old = skulk_broken_exts:too_old": "supports Skulk <0.0.1, this node runs 0.1.0: upgrade the extension and the fleet together",
     }
     assert section["loaded"][0]["counters"]["transform_chat_request"] == {"calls": 2, "failures": 0, "timeouts": 0}
-
-    # A's capability tag reaches B on the telemetry plane (the next resources round).
-    def tag_seen_by_b() -> bool:
-        resources = b.get("/state").json().get("nodeResources", {}).get(node_id(a), {})
-        return "prompt-stamp" in resources.get("capabilityTags", [])
-
-    wait_for(tag_seen_by_b, timeout_s=30, what="A's capability tag seen by B")
 
     # The operator's views: `skulk extensions list` (A's diagnostics) and `skulk doctor`.
     env = {**os.environ, **extension_env}

@@ -54,7 +54,10 @@ class PromptStamp:
     def observe_chat_response(self, summary: ChatResponseSummary, ctx: ExtensionContext) -> None:
         if self.log_path is None:
             return
-        line = json.dumps({"node": ctx.node_name, **asdict(summary)})
+        # read_cluster(): the fabric as the telemetry plane describes it, without touching State.
+        members = ctx.read_cluster()
+        stampers = sorted(node.node_name for node in members if TAG in node.capabilities)
+        line = json.dumps({"node": ctx.node_name, "members": len(members), "stampers": stampers, **asdict(summary)})
         with self._lock, open(self.log_path, "a", encoding="utf-8") as log:
             log.write(line + "\n")
 
