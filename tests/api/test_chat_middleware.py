@@ -13,13 +13,17 @@ from typing import Any
 
 import pytest
 
-from skulk.api.chat_middleware import embed_in_process
+from skulk.api.chat_middleware import embed_in_process, observed
+from skulk.api.context import ApiContext
 from skulk.extensions.context import ExtensionContext
 from skulk.extensions.contract import shape_of
 from skulk.extensions.loader import ExtensionSet, LoadedExtension
 from skulk.extensions.middleware import ExtensionRuntime
 from skulk.extensions.summary import ChatResponseSummary
+from skulk.shared.types.chunks import TokenChunk
 from skulk.shared.types.common import ChatMessage
+from skulk.shared.types.ids import CommandId
+from skulk.shared.types.state import State
 from skulk.shared.types.tasks import TextGenerationParams
 from tests.api.scripted_cluster import asgi_http, scripted_app
 from tests.api.test_openai_routes import MODEL, until
@@ -156,3 +160,36 @@ async def test_embeddings_for_extensions_answer_as_the_route_does() -> None:
     app, _cluster = scripted_app(vectors=lambda n: [[0.5, 0.5]] * n)
     vectors = await embed_in_process(app.state.skulk, MODEL, ["a", "b"])
     assert vectors == [[0.5, 0.5], [0.5, 0.5]]
+
+
+async def _chunks(closed: list[bool]):
+    try:
+        for text in ("a", "b", "c"):
+            yield TokenChunk(command_id=CommandId("c1"), text=text)
+    finally:
+        closed.append(True)
+
+
+async def test_without_observers_the_output_is_not_wrapped() -> None:
+    app, _cluster = scripted_app()
+    output = _chunks([])
+    assert observed(app.state.skulk, output, wire="openai.chat", request_id="r", model_id=MODEL) is output
+
+
+async def test_closing_the_tap_closes_the_output_and_observes_it_once() -> None:
+    ext = Stamp()
+    async with served(ext) as (_http, _cluster, runtime):
+        closed: list[bool] = []
+        tap = observed(
+            ApiContext(node_id="n1", node_name="one", get_state=State, extensions=runtime),
+            _chunks(closed),
+            wire="openai.chat",
+            request_id="r",
+            model_id=MODEL,
+        )
+        assert (await anext(tap)).text == "a"
+        await tap.aclose()  # the client left
+        assert closed == [True]  # the command's own stream is closed (and so cancelled) at once
+        await until(lambda: len(ext.summaries) == 1)
+    [summary] = ext.summaries
+    assert (summary.text, summary.error) == ("a", "the response was closed before it ended")

@@ -17,7 +17,7 @@ from typing import Any
 from skulk.api.context import ApiContext
 from skulk.api.errors import ExtensionFailed, StreamFailed
 from skulk.api.generation import embeddings_of, for_placed_model
-from skulk.extensions.middleware import ExtensionRefused
+from skulk.extensions.middleware import ExtensionRefused, ExtensionRuntime
 from skulk.extensions.summary import ChatWire, summarise
 from skulk.shared.types.chunks import TokenChunk
 from skulk.shared.types.ids import ModelId
@@ -56,7 +56,7 @@ def observe_collected(
         )
 
 
-async def observed(
+def observed(
     context: ApiContext,
     output: AsyncGenerator[TokenChunk, None],
     *,
@@ -65,13 +65,24 @@ async def observed(
     model_id: str,
     choice_index: int = 0,
 ) -> AsyncGenerator[TokenChunk, None]:
-    """`output`, passed through unchanged; once it ends (completed, failed, or closed when
-    the client left) its summary goes to the observers, exactly once."""
+    """`output` itself when no extension observes; else `output` passed through unchanged,
+    its summary handed to the observers once it ends (completed, failed, or closed when the
+    client left), exactly once."""
     runtime = context.extensions
     if runtime is None or not runtime.observes:
-        async for chunk in output:
-            yield chunk
-        return
+        return output
+    return _tapped(runtime, output, wire=wire, request_id=request_id, model_id=model_id, choice_index=choice_index)
+
+
+async def _tapped(
+    runtime: ExtensionRuntime,
+    output: AsyncGenerator[TokenChunk, None],
+    *,
+    wire: ChatWire,
+    request_id: str,
+    model_id: str,
+    choice_index: int,
+) -> AsyncGenerator[TokenChunk, None]:
     seen: list[TokenChunk] = []
     error: str | None = "the response was closed before it ended"
     try:
@@ -83,7 +94,7 @@ async def observed(
         error = f"{failure.error_type}: {failure.message}"
         raise
     finally:
-        await output.aclose()
+        await output.aclose()  # closing the tap closes the output: the client left, cancel
         runtime.observe_chat_response(
             summarise(seen, request_id=request_id, model_id=model_id, wire=wire, choice_index=choice_index, error=error)
         )
