@@ -43,6 +43,8 @@ diagnostics_app = typer.Typer(help="Look inside a running cluster.", no_args_is_
 app.add_typer(diagnostics_app, name="diagnostics")
 app.add_typer(engines_app, name="engines")
 app.add_typer(service_app, name="service")
+extensions_app = typer.Typer(help="Installed extensions (plugins): docs/EXTENSIONS.md.", no_args_is_help=True)
+app.add_typer(extensions_app, name="extensions")
 
 
 @dataclass(frozen=True)
@@ -532,6 +534,41 @@ def diagnostics_capture(
     typer.echo(f"{path}: {len(nodes)} nodes, {len(report.get('unreachable') or [])} unreachable")
     for node_id in report.get("unreachable") or []:
         typer.echo(f"  unreachable: {node_id} ({nodes.get(node_id, {}).get('error')})")
+@extensions_app.command("list")
+def extensions_list(
+    url: Annotated[str | None, typer.Option(
+        "--url", help="Ask a running node's API (its /v1/diagnostics/node, with hook counters) instead of "
+        "discovering here.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the diagnostics' extensions section as JSON.")] = False,
+) -> None:
+    """The extensions a node loads (name, version, hooks, failure policy) and the ones it skips, with why.
+
+    Without --url, discovery runs here as a node started in this environment would run it
+    (SKULK_EXTENSIONS_DISABLE included). The key for --url comes from SKULK_API_KEY."""
+    import json
+
+    from skulk.extensions.report import discovery_report, report_lines
+
+    if url is None:
+        from skulk.extensions.loader import load_extensions
+
+        section = discovery_report(load_extensions())
+    else:
+        from skulk.client.http import ClientError, NodeClient
+
+        try:
+            with NodeClient(url, setting(API_KEY_ENV) or None) as client:
+                section = client.get("/v1/diagnostics/node").get("extensions") or {}
+        except ClientError as exc:
+            typer.echo(f"skulk: {exc}", err=True)
+            raise typer.Exit(ExitCode.FAILURE) from None
+    if as_json:
+        typer.echo(json.dumps(section, indent=2))
+        return
+    for line in report_lines(section):
+        typer.echo(line)
+
+
 from skulk.client.commands import register as _register_client_commands  # noqa: E402 - after the app's own
 
 _register_client_commands(app, models_app)

@@ -17,6 +17,8 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ import uvicorn
 from skulk import __version__
 from skulk.api.access import AccessPolicy
 from skulk.api.app import ApiContext, create_app
+from skulk.api.chat_middleware import embed_in_process
 from skulk.api.context import LogLevelControl
 from skulk.api.failover import failover_failures
 from skulk.api.limits import RequestLimits
@@ -44,6 +47,11 @@ from skulk.datadir.lease import Lease, LeaseHeldError
 from skulk.datadir.paths import ensure_dirs
 from skulk.datadir.secret_file import SecretFileError
 from skulk.datadir.superseded_logs import retention_from
+from skulk.extensions.capability_tags import CapabilityTags
+from skulk.extensions.cluster_view import NodeView, cluster_view
+from skulk.extensions.context import ExtensionContext
+from skulk.extensions.loader import load_extensions
+from skulk.extensions.middleware import ExtensionRuntime
 from skulk.facts.derive import DerivedBackends, derive_node_backends
 from skulk.facts.network import listening_tcp, probe_interfaces
 from skulk.facts.probe import probe_node_facts
@@ -208,6 +216,9 @@ class Node:
         self._store_written: StoreAddress | None = None
         self._housekeeping: set[asyncio.Task] = set()
         self.log_shipper: IngestShipper | None = None
+        self.capability_tags = CapabilityTags()
+        """What this node advertises on the telemetry plane (extensions, later providers)."""
+        self._api_context: ApiContext | None = None
 
     def request_stop(self, exit_code: int = ExitCode.OK, reason: str = "stop requested") -> None:
         if not self._stop.is_set():
@@ -293,6 +304,9 @@ class Node:
         self._own_hosts = frozenset({"localhost", "127.0.0.1", "::1", settings.api_host,
                                      *(a for i in interfaces for a in i.addresses)})
         self._access = with_own_hosts(self._access, settings, interfaces)
+        self.extensions = ExtensionRuntime(await asyncio.to_thread(load_extensions), ExtensionContext(
+            node_id=self.node_id, node_name=settings.node_name, embed_fn=self._embed_for_extensions,
+            read_fn=self._read_cluster, tags=self.capability_tags))
         card_set = resolve_cards(builtin_cards_dir(), settings.paths.custom_cards_dir)
         for error in card_set.errors:
             logger.error("%s (ignored)", error)
@@ -314,6 +328,7 @@ class Node:
             serving=self._serving_counters,
             disk_reserve_bytes=eviction_policy(settings.model_store).reserve_bytes,
             hardware_class=lambda ram_total_bytes, gpus: hardware_class(facts, ram_total_bytes, gpus),
+            capability_tags=self.capability_tags.published,
         )
         self.field_telemetry = FieldTelemetry(
             settings.telemetry, env_disabled=env_disables_telemetry(), config_file=settings.paths.config_file,
@@ -393,6 +408,9 @@ class Node:
         if api_socket is not None:
             server = self._make_api_server(router, log_slot, lease)
             tasks.append(asyncio.create_task(server.serve(sockets=[api_socket]), name="api"))
+        api_server = server
+        tasks.append(asyncio.create_task(
+            self.extensions.run(lambda: api_server is None or bool(api_server.started)), name="extensions"))
         logger.info(
             "skulk %s node %s (%s) up; data %s; api %s; listen %s; peers %s",
             __version__, self.node_id, settings.node_name, settings.paths.data_home, settings.api_endpoint or "off",
@@ -644,6 +662,7 @@ class Node:
             "config": redacted_config(self.settings),
             "versions": versions(),
             "intentRecord": self.intent.stats(),
+            "extensions": self.extensions.stats(),
         }
 
     def _store_stats(self) -> dict[str, Any] | None:
@@ -708,7 +727,9 @@ class Node:
             get_telemetry_status=self.field_telemetry.status,
             set_telemetry_enabled=self.field_telemetry.set_enabled,
             preview_telemetry=self.field_telemetry.preview,
+            extensions=self.extensions,
         )
+        self._api_context = context
         self.replica.on_applied(context.state_feed.record)
         self._state_feed = context.state_feed
         app = create_app(context)
@@ -721,6 +742,17 @@ class Node:
             lifespan="off",
         )
         return _Server(config)
+
+    # -- extensions ------------------------------------------------------------------------
+
+    async def _embed_for_extensions(self, model: str, inputs: Sequence[str]) -> list[list[float]]:
+        if self._api_context is None:
+            raise RuntimeError("this node runs no API, so it serves no embeddings to extensions")
+        return await embed_in_process(self._api_context, model, inputs)
+
+    def _read_cluster(self) -> tuple[NodeView, ...]:
+        return cluster_view(self.replica.state, self.telemetry.view, self.replica.master_id, self.node_id,
+                            time.monotonic(), datetime.now(UTC))
 
     # -- shutdown --------------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from tests.nodeproc import PORT_TRIES, NodeProcess, PortTaken, free_port, wait_for
 
@@ -12,8 +12,10 @@ processes slowly. Benchmarks (bench/control_plane.py) report the real figures.""
 
 
 def start_linked(spawn: Callable[..., NodeProcess], names: list[str], *, key: str = "test-cluster-key",
-                 extra_args: tuple[str, ...] = ()) -> list[NodeProcess]:
-    """Start nodes that each listen on a loopback port and bootstrap from the first node.
+                 extra_args: tuple[str, ...] = (), envs: Mapping[str, Mapping[str, str]] | None = None,
+                 ) -> list[NodeProcess]:
+    """Start nodes that each listen on a loopback port and bootstrap from the first node
+    (`envs`: extra environment per node name).
 
     A transport port taken between `free_port()` and a node's bind (`PortTaken`) restarts
     the whole set on fresh ports, PORT_TRIES starts in all: the others bootstrap from the
@@ -26,7 +28,7 @@ def start_linked(spawn: Callable[..., NodeProcess], names: list[str], *, key: st
             args = ["--listen", f"tcp/127.0.0.1:{port}", "--cluster-key", key, "--node-name", name, *extra_args]
             if port != ports[0]:
                 args += ["--bootstrap-peers", first]
-            nodes.append(spawn(name, extra_args=args))
+            nodes.append(spawn(name, extra_args=args, env=dict((envs or {}).get(name, {}))))
         try:
             for node in nodes:
                 node.wait_ready()

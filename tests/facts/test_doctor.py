@@ -234,3 +234,21 @@ def test_check_engine_build(engine_build, running, status, says, fix) -> None:
     (verdict,) = check_engine_build(replace(HEALTHY, engine_build=engine_build, engine_build_running=running))
     assert (verdict.status, verdict.fix) == (status, fix)
     assert says in verdict.message
+
+
+def test_extensions_check_warns_for_each_skipped_extension() -> None:
+    from dataclasses import replace
+
+    from skulk.extensions.contract import ExtensionShape
+    from skulk.extensions.loader import ExtensionSet, LoadedExtension, SkippedExtension
+    from skulk.facts.doctor import check_extensions
+
+    loaded = LoadedExtension(shape=ExtensionShape(name="stamp", version="1.2", skulk_versions=">=0.1",
+                                                  failure_policy="skip", hooks=()), obj=object(),
+                             entry_point="stamp = stamp:make")
+    skipped = SkippedExtension("old = old:make", "factory raised RuntimeError: boom")
+    verdicts = check_extensions(replace(HEALTHY, extensions=ExtensionSet(loaded=(loaded,), skipped=(skipped,))))
+    assert [v.status for v in verdicts] == ["ok", "warn"]
+    assert "stamp 1.2 loads from stamp = stamp:make" in verdicts[0].message
+    assert verdicts[1].message == "old = old:make is skipped: factory raised RuntimeError: boom"
+    assert check_extensions(HEALTHY)[0].message == "none installed"

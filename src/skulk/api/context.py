@@ -36,6 +36,7 @@ from skulk.shared.types.task_inputs import TaskInput
 from skulk.shared.types.telemetry import NodeResources
 
 if TYPE_CHECKING:  # a type only: the API does not use the store's code
+    from skulk.extensions.middleware import ExtensionRuntime
     from skulk.model_store.node_store import NodeStore
 
 
@@ -133,6 +134,10 @@ class ApiContext:
     (turning it on where SKULK_TELEMETRY_DISABLE is set) or `TelemetryConfigUnwritable`."""
     preview_telemetry: Callable[[], TelemetryPreview] | None = None
     """The batch the next flush would send, exactly."""
+    extensions: ExtensionRuntime | None = None
+    """The node's loaded extensions, guarded (`skulk.extensions.middleware`): chat routes
+    pass their params through its transforms and tap their output for its observers
+    (`skulk.api.chat_middleware`). None: no extension hooks run."""
 
     @property
     def peer_credential(self) -> str | None:

@@ -151,6 +151,19 @@ class PeerUnreachable(ApiError):
         self.node_id = node_id
 
 
+class ExtensionFailed(ApiError):
+    """An installed extension whose `failure_policy` is "fail" could not transform this
+    request (it raised, overran its deadline or returned unusable params): the request is
+    refused rather than served without the policy the extension enforces. 502, naming it."""
+
+    kind = "upstream"
+    default_code = "extension_failed"
+
+    def __init__(self, extension: str, reason: str) -> None:
+        super().__init__(f"Extension {extension!r} failed on this request: {reason}")
+        self.extension = extension
+
+
 STREAM_ERROR_KINDS: dict[str, ErrorKind] = {
     StreamErrorType.CANCELLED: "cancelled",
     StreamErrorType.CLIENT_CLOSED: "cancelled",

@@ -19,6 +19,7 @@ from typing import cast
 
 from fastapi.responses import StreamingResponse
 
+from skulk.api.chat_middleware import observe_collected, observed, transformed
 from skulk.api.context import ApiContext
 from skulk.api.errors import StreamFailed
 from skulk.api.generation import (
@@ -36,6 +37,7 @@ from skulk.api.generation import (
     start_generation,
 )
 from skulk.api.streams import CommandStream
+from skulk.extensions.summary import ChatWire
 from skulk.shared.types.chunks import TokenChunk
 from skulk.shared.types.tasks import TextGenerationParams
 
@@ -50,21 +52,29 @@ class Generation:
     params: TextGenerationParams
     """The first prompt's params (the shaping of every choice's output follows them)."""
     streams: list[CommandStream]
+    wire: ChatWire | None = None
+    """The chat wire format the request came in, when the node's extensions see it: its
+    params went through their transforms and its output goes to their observers."""
 
     @classmethod
     async def start(
         cls, request: ClientChannel, context: ApiContext, params: TextGenerationParams | Sequence[TextGenerationParams],
         n: int = 1, *, max_tokens_param: str = "max_tokens", param_names: Mapping[str, str] | None = None,
+        wire: ChatWire | None = None,
     ) -> Generation:
-        """Bind and submit `n` choices of `params` (one params per prompt: `n` of each)."""
+        """Bind and submit `n` choices of `params` (one params per prompt: `n` of each). With
+        `wire`, the params first go through the node's chat transforms
+        (`skulk.api.chat_middleware`), before binding, so every check sees what runs."""
         every = [params] if isinstance(params, TextGenerationParams) else list(params)
+        if wire is not None:
+            every = [await transformed(context, one) for one in every]
         if len(every) == 1 and n == 1:
             streams = [await start_generation(context, every[0], max_tokens_param=max_tokens_param,
                                               param_names=param_names)]
         else:
             streams = [stream for one in every for stream in await start_choices(
                 context, one, n, max_tokens_param=max_tokens_param, param_names=param_names)]
-        return cls(request, context, every[0], streams)
+        return cls(request, context, every[0], streams, wire)
 
     @property
     def command_id(self) -> str:
@@ -91,10 +101,11 @@ class Generation:
         """The encoded events of `stream`, for a transport other than an HTTP response."""
         if not self.several:
             stream = self.streams[0]
-            output = await open_output(self.request, self.context, stream, self.params)
+            output = self._observed(await open_output(self.request, self.context, stream, self.params), 0)
             return encoded_events(self.request, self.context, stream, encoder_for(0), on_failure,
                                   self.params, output)
-        outputs = await open_outputs(self.request, self.context, self.streams, self.params)
+        outputs = [self._observed(output, i) for i, output in enumerate(
+            await open_outputs(self.request, self.context, self.streams, self.params))]
         encoders = cast(list[ChoiceEncoder], [encoder_for(i) for i in range(len(self.streams))])
         return encoded_choice_events(self.streams, outputs, encoders, on_failure)
 
@@ -102,8 +113,21 @@ class Generation:
         """Every choice's shaped chunks, once all have ended; the first failure raises."""
         if not self.several:
             async with aclosing(drive(self.request, self.context, self.streams[0], self.params)) as output:
-                return [[chunk async for chunk in output]]
-        return await collect_choices(self.request, self.context, self.streams, self.params)
+                collected = [[chunk async for chunk in output]]
+        else:
+            collected = await collect_choices(self.request, self.context, self.streams, self.params)
+        if self.wire is not None:
+            for index, chunks in enumerate(collected):
+                observe_collected(self.context, chunks, wire=self.wire, request_id=self.command_id,
+                                  model_id=self.params.model_id, choice_index=index)
+        return collected
+
+    def _observed(self, output: AsyncGenerator[TokenChunk, None], index: int) -> AsyncGenerator[TokenChunk, None]:
+        """A streamed choice's output, tapped for the extensions' observers (when `wire`)."""
+        if self.wire is None:
+            return output
+        return observed(self.context, output, wire=self.wire, request_id=self.command_id,
+                        model_id=self.params.model_id, choice_index=index)
 
 
 __all__ = ["Generation"]

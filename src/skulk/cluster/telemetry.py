@@ -94,6 +94,7 @@ class TelemetryService:
         serving: Callable[[], ServingCounters | None] = lambda: None,
         disk_reserve_bytes: int | None = None,
         hardware_class: Callable[[int, list[GpuReading]], str | None] = lambda _ram, _gpus: None,
+        capability_tags: Callable[[], list[str]] = lambda: [],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._router = router
@@ -108,6 +109,8 @@ class TelemetryService:
         self._serving = serving
         self._hardware_class = hardware_class
         """(RAM total bytes, GPU readings) -> this node's class (`skulk.shared.hardware_class`)."""
+        self._capability_tags = capability_tags
+        """The tags this node advertises (`skulk.extensions.capability_tags`), sorted."""
         self._clock = clock
         self.view = TelemetryView()
         self.outbox = LatestValueOutbox()
@@ -145,6 +148,7 @@ class TelemetryService:
             engine_provision=self._engine_provision(),
             serving=serving,
             hardware_class=self._hardware_class(memory.total, gpus),
+            capability_tags=self._capability_tags(),
         )
 
     def publish(self, key: Hashable, reading: TelemetryReading) -> None:

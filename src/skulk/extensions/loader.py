@@ -13,7 +13,7 @@ the reasons are shown by `skulk doctor`, `skulk extensions list` and
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any, Final
@@ -129,9 +129,15 @@ def _log_skip(entry: SkippedExtension) -> None:
     log.warning("extension %s skipped: %s", entry.name or entry.entry_point, entry.reason)
 
 
-def load_extensions() -> ExtensionSet:
-    """Discover the installed extensions (the node's start calls this once)."""
-    if setting(DISABLE_ENV).lower() not in ("", "0", "false", "no", "off"):
+def disabled_by(env: Mapping[str, str] | None = None) -> bool:
+    """Does `SKULK_EXTENSIONS_DISABLE` (in `env`, default this process's) skip discovery?"""
+    return setting(DISABLE_ENV, env).lower() not in ("", "0", "false", "no", "off")
+
+
+def load_extensions(env: Mapping[str, str] | None = None) -> ExtensionSet:
+    """Discover the installed extensions (the node's start calls this once; `skulk doctor`
+    and `skulk extensions list` too, to show what a node started here would run)."""
+    if disabled_by(env):
         log.info("extensions disabled by %s", DISABLE_ENV)
         return ExtensionSet(disabled=True)
     result = load_from(entry_points(group=ENTRY_POINT_GROUP), on_skip=_log_skip)

@@ -28,6 +28,7 @@ from skulk.dashboard import DASHBOARD_DIR_ENV, INDEX_NAME
 from skulk.dashboard import dashboard_dir as resolve_dashboard_dir
 from skulk.datadir.lease import Held, LeaseRecord, lease_decision, pid_alive, read_lease
 from skulk.datadir.paths import SkulkPaths
+from skulk.extensions.loader import DISABLE_ENV, ExtensionSet
 from skulk.facts.derive import DerivedBackends, derive_node_backends
 from skulk.provision.autoprovision import BuildInBackground, NoBuild
 from skulk.shared.settings import setting
@@ -100,6 +101,8 @@ class DoctorInputs:
     engine_build_running: bool = False
     """An install holds the machine's install lock now (a node's background build, or
     `skulk engines install`)."""
+    extensions: ExtensionSet = ExtensionSet()
+    """What a node started here would find in the `skulk.extensions` entry points."""
 
 
 # -- verdicts and the registry ----------------------------------------------------------------
@@ -348,6 +351,24 @@ def check_lease(inputs: DoctorInputs) -> list[Verdict]:
     return [ok(f"stale lease of {lease.holder.describe()}; the next start takes it over")]
 
 
+def check_extensions(inputs: DoctorInputs) -> list[Verdict]:
+    """Installed extensions (the `skulk.extensions` entry points): each one a node started here would load, and each one it would skip with the reason (never fatal: the node serves without it)."""
+    found = inputs.extensions
+    if found.disabled:
+        return [ok(f"discovery is off ({DISABLE_ENV} is set): no extension runs")]
+    if not found.loaded and not found.skipped:
+        return [ok("none installed")]
+    verdicts = [ok(f"{ext.shape.name} {ext.shape.version} loads from {ext.entry_point} "
+                   f"(hooks: {', '.join(ext.shape.hooks) or 'none'}; on failure: {ext.shape.failure_policy})")
+                for ext in found.loaded]
+    verdicts.extend(Verdict(
+        "warn", f"{skipped.name or skipped.entry_point} is skipped: {skipped.reason}",
+        consequence="its hooks do not run on this node (the node serves without it)",
+        remediation=f"upgrade or reinstall the extension ({skipped.entry_point}), uninstall it, or set "
+                    f"{DISABLE_ENV}=1 to skip discovery") for skipped in found.skipped)
+    return verdicts
+
+
 CHECKS: tuple[Check, ...] = (
     Check("engines", "Engines", check_engines),
     Check("engine_build", "Native llama-server build", check_engine_build),
@@ -358,6 +379,7 @@ CHECKS: tuple[Check, ...] = (
     Check("dashboard", "Dashboard assets", check_dashboard),
     Check("cluster_key", "Cluster key", check_cluster_key),
     Check("lease", "Data-dir lease", check_lease),
+    Check("extensions", "Extensions", check_extensions),
 )
 """Every check, in report order. `check_list_markdown` renders it for the docs."""
 
@@ -427,9 +449,11 @@ def gather_doctor_inputs(
     now: float | None = None,
     host: str | None = None,
     disk_reserve_bytes: int = STORAGE_RESERVE_BYTES,
+    extensions: ExtensionSet | None = None,
 ) -> DoctorInputs:
     """Observe everything the checks judge. `facts` defaults to a fresh probe pass;
-    `disk_reserve_bytes` is the node's configured download reserve."""
+    `disk_reserve_bytes` is the node's configured download reserve; `extensions` to a
+    discovery pass over the installed entry points (as a node started here would run it)."""
     engine_build: BuildInBackground | NoBuild | None = None
     running = False
     if facts is None:
@@ -460,7 +484,14 @@ def gather_doctor_inputs(
         disk_reserve_bytes=disk_reserve_bytes,
         engine_build=engine_build,
         engine_build_running=running,
+        extensions=extensions if extensions is not None else _discover_extensions(env),
     )
+
+
+def _discover_extensions(env: Mapping[str, str]) -> ExtensionSet:
+    from skulk.extensions.loader import load_extensions
+
+    return load_extensions(env)
 
 
 def _install_engine_now() -> bool:

@@ -25,7 +25,10 @@ NETWORK_VERSION: Final = "skulk-net-5"
 # the dashboard charts over time, and its hardware class (`hardware_class`, for opted-in
 # field telemetry); NodeFacts carries a Mac's chip name (`cpu_brand`).
 # 5: model cards lost the inert `mtp_sidecar_repo` / `assistant_model_repo` and gained the
-# draft model's size (`served_spec_draft_size_bytes`) and `runtime.speculative = "draft"`.
+# draft model's size (`served_spec_draft_size_bytes`) and `runtime.speculative = "draft"`;
+# NodeResources carries the capability tags the node's extensions advertise
+# (`capability_tags`, skulk.extensions.capability_tags); providers' calls and data travel
+# on two new node-addressed topics (`provider_calls`, `provider_data`).
 
 # Every key expression this build publishes or subscribes to starts with this prefix.
 KEY_ROOT: Final = "skulk"

@@ -39,7 +39,7 @@ router = APIRouter(responses=ANTHROPIC_ERROR_RESPONSES)
 async def create_message(request: Request, body: MessagesRequest) -> StreamingResponse | dict[str, Any]:
     context = api_context(request)
     params = for_placed_model(context, to_params(body))
-    generation = await Generation.start(request, context, params, param_names=PARAM_NAMES)
+    generation = await Generation.start(request, context, params, param_names=PARAM_NAMES, wire="anthropic.messages")
     if body.stream:
         encoder = MessageStreamEncoder(command_id=generation.command_id, model=body.model, stop_sequences=params.stop)
         return await generation.stream(lambda _: encoder, sse_error)

@@ -46,6 +46,7 @@ from skulk.api.adapters.ollama import (
     tags,
     timestamp,
 )
+from skulk.api.chat_middleware import observe_collected, observed, transformed
 from skulk.api.context import api_context
 from skulk.api.errors import InvalidRequest, ModelNotFound, StreamFailed
 from skulk.api.generation import (
@@ -59,6 +60,7 @@ from skulk.api.generation import (
 )
 from skulk.api.openapi_errors import OLLAMA_ERROR_RESPONSES
 from skulk.api.streams import CommandStream
+from skulk.extensions.summary import ChatWire
 from skulk.shared.types.chunks import TokenChunk
 from skulk.shared.types.ids import ModelId
 from skulk.shared.types.tasks import TextGenerationParams
@@ -163,10 +165,13 @@ async def _generate(
     if instance is not None:
         params, clamped = clamp_context(params, instance.context_token_limit)
     headers = {CONTEXT_HEADER: str(clamped)} if clamped is not None else {}
+    wire: ChatWire = "ollama.chat" if endpoint == "chat" else "ollama.generate"
+    params = await transformed(context, params)
     stream = await start_generation(context, params, max_tokens_param="options.num_predict", param_names=OPTION_PARAMS)
     encoder = OllamaEncoder(endpoint=endpoint, model=model)
     if params.stream:
-        output = await open_output(request, context, stream, params)
+        output = observed(context, await open_output(request, context, stream, params), wire=wire,
+                          request_id=stream.command_id, model_id=params.model_id)
         return StreamingResponse(_lines(stream, encoder, started_ns, output),
                                  media_type="application/x-ndjson", headers={**SSE_HEADERS, **headers})
     first_token_ns: int | None = None
@@ -175,6 +180,7 @@ async def _generate(
         async for chunk in output:
             first_token_ns = first_token_ns or time.monotonic_ns()
             chunks.append(chunk)
+    observe_collected(context, chunks, wire=wire, request_id=stream.command_id, model_id=params.model_id)
     body = collect(encoder, chunks, Timing(started_ns, first_token_ns, time.monotonic_ns()))
     return JSONResponse(body, headers=headers) if headers else body
 

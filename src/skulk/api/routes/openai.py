@@ -87,7 +87,8 @@ async def chat_completions(request: Request, body: ChatCompletionRequest) -> Str
     n = choice_count(body.n)
     generation = await Generation.start(
         request, context, params, n,
-        max_tokens_param="max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens")
+        max_tokens_param="max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens",
+        wire="openai.chat")
     created = int(time.time())
     if body.stream:
         # One response id for the request (the first choice's), every chunk with its index.
@@ -190,7 +191,7 @@ async def responses(request: Request, body: openai_responses.ResponsesRequest) -
         if body.previous_response_id else ()
     params = for_placed_model(context, openai_responses.to_params(body, history))
     generation = await Generation.start(request, context, params, max_tokens_param="max_output_tokens",
-                                        param_names=RESPONSES_PARAMS)
+                                        param_names=RESPONSES_PARAMS, wire="openai.responses")
     created = int(time.time())
     scope = caller_scope(request)
 

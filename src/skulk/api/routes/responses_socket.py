@@ -31,6 +31,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 
 from skulk.api.adapters import openai_responses
+from skulk.api.chat_middleware import observed, transformed
 from skulk.api.context import api_context
 from skulk.api.cors import LOCAL_ORIGIN_REGEX
 from skulk.api.errors import ApiError, InvalidRequest, StreamFailed, invalid_request_from_validation
@@ -185,7 +186,8 @@ async def _turn(websocket: WebSocket, socket: _Socket, body: openai_responses.Re
     context = api_context(websocket)
     history = await _history(websocket, socket, body.previous_response_id) if body.previous_response_id else ()
     params = for_placed_model(context, openai_responses.to_params(body, history)).model_copy(update={"stream": True})
-    stream = await start_generation(context, params, max_tokens_param="max_output_tokens",
+    sent = await transformed(context, params)  # the stored conversation keeps the caller's own
+    stream = await start_generation(context, sent, max_tokens_param="max_output_tokens",
                                     param_names=RESPONSES_PARAMS)
     scope = caller_scope(websocket)
 
@@ -204,7 +206,9 @@ async def _turn(websocket: WebSocket, socket: _Socket, body: openai_responses.Re
     for frame in encoder.start():
         await socket.send(frame)
     try:
-        async with aclosing(drive(_TurnChannel(socket.closed), context, stream, params)) as chunks:
+        async with aclosing(observed(context, drive(_TurnChannel(socket.closed), context, stream, sent),
+                                     wire="openai.responses", request_id=stream.command_id,
+                                     model_id=sent.model_id)) as chunks:
             async for chunk in chunks:
                 for frame in encoder.chunk_to_sse(chunk):
                     await socket.send(frame)

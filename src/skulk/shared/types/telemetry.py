@@ -129,6 +129,10 @@ class NodeResources(WireModel):
     """The node's canonical hardware class (`skulk.shared.hardware_class`: platform, chip or
     GPU model, memory; never a name or address), which opted-in field telemetry reports for
     the generations it serves and for its loss. None when the node did not compute one."""
+    capability_tags: list[str] = Field(default_factory=list)
+    """Opaque capability tags this node advertises (its extensions' `advertise_capability`,
+    `skulk.extensions.capability_tags`): sorted, at most 32. Peers see a change on the next
+    reading; nothing about a tag is event-sourced."""
 
 
 class DownloadProgress(WireModel):
