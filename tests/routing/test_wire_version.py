@@ -14,6 +14,7 @@ from skulk.routing.topics import _build_topics
 PAYLOAD_SCHEMA_DIGESTS = {
     "skulk-net-3": "3a3cc4ca7fc01ddb78103b32099277be569fa81091555b02fa1c168a159047a3",
     "skulk-net-4": "f912f0e7f03685ea62b74ac304b4274f64bc7decd25c8e9e720f8053ee86e517",
+    "skulk-net-5": "7f74c53fc2c4d0943da821831d19f6d84226cde951e331e553fdae9b3f1d413a",
 }
 """NETWORK_VERSION -> the digest of its payload schemas. On a wire change: bump
 NETWORK_VERSION in skulk/routing/constants.py (saying why) and add its digest here."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
-NETWORK_VERSION: Final = "skulk-net-4"
+NETWORK_VERSION: Final = "skulk-net-5"
 # 2: presence tokens must answer proof challenges (routing/presence.py); a build without
 # them would never count as alive, so it is told apart as another version instead.
 # 3: messages gained fields (KV cache type and speculation counts, a turn's continuation,
@@ -24,6 +24,9 @@ NETWORK_VERSION: Final = "skulk-net-4"
 # 4: NodeResources carries the node's serving counters and runner load (`serving`), which
 # the dashboard charts over time, and its hardware class (`hardware_class`, for opted-in
 # field telemetry); NodeFacts carries a Mac's chip name (`cpu_brand`).
+# 5: capability providers: the node-addressed `provider_calls` (control) and `provider_data`
+# (data) topics carry describe/open/cancel and a call's frames (skulk.shared.types.providers);
+# a build without them would drop calls unread instead of refusing them.
 
 # Every key expression this build publishes or subscribes to starts with this prefix.
 KEY_ROOT: Final = "skulk"
