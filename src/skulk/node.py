@@ -44,6 +44,8 @@ from skulk.datadir.lease import Lease, LeaseHeldError
 from skulk.datadir.paths import ensure_dirs
 from skulk.datadir.secret_file import SecretFileError
 from skulk.datadir.superseded_logs import retention_from
+from skulk.extensions.loader import load_extensions
+from skulk.extensions.providers import ProviderFabric, registry_from
 from skulk.facts.derive import DerivedBackends, derive_node_backends
 from skulk.facts.network import listening_tcp, probe_interfaces
 from skulk.facts.probe import probe_node_facts
@@ -76,7 +78,7 @@ from skulk.routing.constants import NETWORK_VERSION
 from skulk.routing.invites import InviteBook
 from skulk.routing.reachable import advertised_addresses, api_urls, transport_endpoints
 from skulk.routing.router import Router, RouterError
-from skulk.routing.topics import TOPICS
+from skulk.routing.topics import TOPICS, Topic
 from skulk.shared import election as election_machine
 from skulk.shared.hardware_class import hardware_class
 from skulk.shared.membership import SelfInfo
@@ -332,6 +334,13 @@ class Node:
         self.replica.on_applied(self.lost_members.observe)
         self.task_inputs = TaskInputRelay(send=lambda node_id, item: self._send_input(router, node_id, item))
         self.command_resender = CommandResender()
+        self.extensions = load_extensions()
+        self.capabilities = ProviderFabric(
+            self.node_id,
+            registry_from((ext.shape.name, ext.obj.providers) for ext in self.extensions.with_hook("providers")),
+            publish_control=lambda node_id, message: router.publish(TOPICS.provider_calls, message, to_node=node_id),
+            publish_data=lambda node_id, message: router.publish(TOPICS.provider_data, message, to_node=node_id),
+        )
         self.replica.on_applied(lambda indexed: self.task_inputs.on_event(indexed, self.replica.state))
         self.intent = IntentRecord(settings.paths.data_home / INTENT_FILE)  # restored by a cold-start master
         self.replica.on_applied(lambda indexed: self.intent.observe(indexed, self.replica.state))
@@ -381,6 +390,9 @@ class Node:
             asyncio.create_task(self._expire_streams(), name="stream-expiry"),
             asyncio.create_task(self._resend_commands(router), name="command-resend"),
             asyncio.create_task(self.field_telemetry.run(), name="field-telemetry"),
+            asyncio.create_task(self.capabilities.run(), name="capabilities"),
+            asyncio.create_task(self._receive_capabilities(router, TOPICS.provider_calls), name="capability-calls"),
+            asyncio.create_task(self._receive_capabilities(router, TOPICS.provider_data), name="capability-data"),
         ]
         if self.worker is not None:
             tasks.append(asyncio.create_task(self.worker.run(), name="worker"))
@@ -503,6 +515,11 @@ class Node:
     async def _receive_task_inputs(self, router: Router) -> None:
         async for received in router.subscribe(TOPICS.task_inputs):
             self._accept_input(received.message)
+
+    async def _receive_capabilities(self, router: Router, topic: Topic) -> None:
+        # own=False: a call to this node itself is delivered in-process by the fabric
+        async for received in router.subscribe(topic, own=False):
+            self.capabilities.deliver(received.sender, received.message)
 
     def _accept_input(self, item: TaskInput) -> None:
         if self.worker is None:
@@ -644,6 +661,7 @@ class Node:
             "config": redacted_config(self.settings),
             "versions": versions(),
             "intentRecord": self.intent.stats(),
+            "capabilities": self.capabilities.stats(),
         }
 
     def _store_stats(self) -> dict[str, Any] | None:
@@ -708,6 +726,7 @@ class Node:
             get_telemetry_status=self.field_telemetry.status,
             set_telemetry_enabled=self.field_telemetry.set_enabled,
             preview_telemetry=self.field_telemetry.preview,
+            capabilities=self.capabilities,
         )
         self.replica.on_applied(context.state_feed.record)
         self._state_feed = context.state_feed

@@ -12,8 +12,9 @@ processes slowly. Benchmarks (bench/control_plane.py) report the real figures.""
 
 
 def start_linked(spawn: Callable[..., NodeProcess], names: list[str], *, key: str = "test-cluster-key",
-                 extra_args: tuple[str, ...] = ()) -> list[NodeProcess]:
-    """Start nodes that each listen on a loopback port and bootstrap from the first node.
+                 extra_args: tuple[str, ...] = (), envs: dict[str, dict[str, str]] | None = None) -> list[NodeProcess]:
+    """Start nodes that each listen on a loopback port and bootstrap from the first node
+    (`envs`: extra environment of the named nodes).
 
     A transport port taken between `free_port()` and a node's bind (`PortTaken`) restarts
     the whole set on fresh ports, PORT_TRIES starts in all: the others bootstrap from the
@@ -26,7 +27,7 @@ def start_linked(spawn: Callable[..., NodeProcess], names: list[str], *, key: st
             args = ["--listen", f"tcp/127.0.0.1:{port}", "--cluster-key", key, "--node-name", name, *extra_args]
             if port != ports[0]:
                 args += ["--bootstrap-peers", first]
-            nodes.append(spawn(name, extra_args=args))
+            nodes.append(spawn(name, extra_args=args, env=(envs or {}).get(name)))
         try:
             for node in nodes:
                 node.wait_ready()

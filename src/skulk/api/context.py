@@ -21,6 +21,7 @@ from skulk.api.access import AccessPolicy
 from skulk.api.limits import RequestLimits
 from skulk.api.state_feed import StateFeed
 from skulk.api.streams import CommandStreams
+from skulk.extensions.providers.fabric import ProviderFabric
 from skulk.observe.field_telemetry import TelemetryPreview, TelemetryStatus
 from skulk.observe.traces import TraceStore
 from skulk.shared.serving import serving
@@ -133,6 +134,9 @@ class ApiContext:
     (turning it on where SKULK_TELEMETRY_DISABLE is set) or `TelemetryConfigUnwritable`."""
     preview_telemetry: Callable[[], TelemetryPreview] | None = None
     """The batch the next flush would send, exactly."""
+    capabilities: ProviderFabric | None = None
+    """This node's end of capability calls (`skulk.extensions.providers`): its registry and
+    `call_capability`; None: `/v1/capabilities` lists nothing here and calls answer 503."""
 
     @property
     def peer_credential(self) -> str | None:
