@@ -8,43 +8,17 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from pydantic import BaseModel
 
 from skulk.extensions.providers import client as client_module
 from skulk.extensions.providers import server as server_module
 from skulk.extensions.providers.errors import CapabilityError
 from skulk.extensions.providers.fabric import ProviderFabric
 from skulk.extensions.providers.registry import ProviderRegistry
-from skulk.routing.topics import TOPICS
 from tests.extensions import provider_kit
 from tests.extensions.provider_kit import KitProvider
+from tests.extensions.providers.wire_kit import Wire
 
 CALLER, PROVIDER = "node-a", "node-b"
-
-
-class Wire:
-    """Delivers to a fabric on the next loop turn, in order; a node not on it never answers."""
-
-    def __init__(self) -> None:
-        self.nodes: dict[str, ProviderFabric] = {}
-
-    def publisher(self, sender: str, topic_name: str):
-        topic = getattr(TOPICS, topic_name)
-
-        async def publish(node: str, message: BaseModel) -> None:
-            decoded = topic.type_adapter.validate_python(message.model_dump(mode="json", by_alias=True))
-            target = self.nodes.get(node)
-            if target is not None:
-                asyncio.get_running_loop().call_soon(target.deliver, sender, decoded)
-
-        return publish
-
-    def add(self, node: str, registry: ProviderRegistry) -> ProviderFabric:
-        fabric = ProviderFabric(
-            node, registry, self.publisher(node, "provider_calls"), self.publisher(node, "provider_data")
-        )
-        self.nodes[node] = fabric
-        return fabric
 
 
 @pytest.fixture
