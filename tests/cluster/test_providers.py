@@ -128,6 +128,9 @@ def test_schema_violations_and_a_deadline_end_with_typed_errors(two_nodes):
     stale = call(a, {**rows["echo"], "revision": "0" * 64}, {"text": "x"})
     assert stale.status_code == 409 and stale.json()["code"] == "revision_mismatch", stale.text
 
+    stranger = call(a, {**rows["echo"], "node": "no-such-node"}, {"text": "x"})
+    assert stranger.status_code == 502 and stranger.json()["code"] == "node_unreachable", stranger.text
+
     streaming_input = call(a, rows["sum"], None)
     assert streaming_input.status_code == 400 and streaming_input.json()["code"] == "mode_unsupported"
 

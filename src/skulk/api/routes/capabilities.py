@@ -100,8 +100,13 @@ async def list_capabilities(request: Request) -> dict[str, Any]:
 
 @router.post(CALL_PATH, response_model=None)
 async def call_capability(capability_id: str, request: Request, body: CallBody) -> dict[str, Any] | StreamingResponse:
-    fabric = _fabric(api_context(request))
+    context = api_context(request)
+    fabric = _fabric(context)
     try:
+        if body.node != context.node_id and body.node not in context.get_state().nodes:
+            raise CapabilityError(
+                "node_unreachable", f"node {body.node} is not a member of this cluster", node=body.node
+            )
         call = await fabric.client.call_capability(
             body.node,
             capability_id,

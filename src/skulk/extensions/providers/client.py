@@ -86,6 +86,7 @@ class CapabilityCall:
                 self.started.set()
                 continue
             if item.kind == "chunk" and len(self.frames) >= CALL_QUEUE_FRAMES:
+                self._client.counts["overflows"] += 1
                 self.fail(
                     CapabilityError(
                         "overloaded", f"the reader did not keep up: {CALL_QUEUE_FRAMES} chunks wait", node=self.node
@@ -242,7 +243,8 @@ class CapabilityClient:
         self._calls: dict[str, CapabilityCall] = {}
         self._describes: dict[str, tuple[str, asyncio.Future[tuple[CapabilityDescriptor, ...]]]] = {}
         self._side_tasks: set[asyncio.Task[None]] = set()
-        self.counts: dict[str, int] = {"opened": 0, "cancelsSent": 0, "strayFrames": 0}
+        self.counts: dict[str, int] = {"opened": 0, "cancelsSent": 0, "strayFrames": 0, "overflows": 0}
+        """`overflows`: calls ended because their reader did not keep up (their queue's drops)."""
 
     async def describe(self, node: str, timeout_s: float = DESCRIBE_TIMEOUT_S) -> tuple[CapabilityDescriptor, ...]:
         """The descriptors `node` serves; `node_unreachable` when it does not answer in time."""

@@ -151,6 +151,7 @@ class ProviderServer:
             "iteratorsClosed": 0,
             "describes": 0,
             "strayFrames": 0,
+            "inputOverflows": 0,  # calls ended because their provider did not take the input
         }
 
     # -- control ------------------------------------------------------------------------
@@ -207,6 +208,7 @@ class ProviderServer:
                     self._end(served, error)
                     return
                 if len(inputs.items) >= CALL_QUEUE_FRAMES:
+                    self.counts["inputOverflows"] += 1
                     self._end(
                         served,
                         CapabilityError(
