@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+from websockets.sync.client import connect
 
 from tests.cluster.harness import node_id, start_linked, wait_agreed
 from tests.extensions import provider_kit
@@ -167,3 +168,38 @@ def test_a_malformed_chunk_ends_the_stream_with_a_synthetic_failure(two_nodes):
     assert [name for name, _ in events[1:]] == ["failed"]
     assert events[1][1]["code"] == "malformed_chunk" and events[1][1]["node"] == b_id
     assert (markers / "malformed").is_file()  # closed before the failure went out
+
+
+def socket_call(a: NodeProcess, row: dict[str, Any], frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Open the call on node A's WebSocket, send `frames`, and read to the terminal."""
+    uri = f"ws://127.0.0.1:{a.api_port}/v1/capabilities/{row['id']}/socket"
+    with connect(uri, additional_headers=a.auth, open_timeout=CALL_DEADLINE_S) as socket:
+        socket.send(json.dumps({"node": row["node"], "version": row["version"], "revision": row["revision"]}))
+        received = [json.loads(socket.recv(timeout=CALL_DEADLINE_S))]
+        for frame in frames:
+            socket.send(json.dumps(frame))
+        while received[-1]["type"] not in ("completed", "failed", "cancelled"):
+            received.append(json.loads(socket.recv(timeout=CALL_DEADLINE_S)))
+    return received
+
+
+def test_client_streaming_and_bidi_cross_nodes_on_the_websocket(two_nodes):
+    a, _, b_id, _ = two_nodes
+    rows = listing(a, b_id)
+    summed = socket_call(
+        a, rows["sum"], [{"type": "input", "input": {"n": n}} for n in (1, 2, 3)] + [{"type": "complete"}]
+    )
+    assert summed == [
+        {"type": "started", "ioMode": "client_streaming"},
+        {"type": "chunk", "seq": 0, "output": {"total": 6}},
+        {"type": "completed", "chunks": 1},
+    ]
+
+    shouted = socket_call(
+        a, rows["upper"], [{"type": "input", "input": {"text": t}} for t in ("a", "b")] + [{"type": "complete"}]
+    )
+    assert [f.get("output") for f in shouted[1:-1]] == [{"text": "A"}, {"text": "B"}, {"text": "<done>"}]
+    assert shouted[-1] == {"type": "completed", "chunks": 3}
+
+    refused = socket_call(a, rows["sum"], [{"type": "input", "input": {"n": "three"}}])
+    assert refused[-1]["type"] == "failed" and refused[-1]["code"] == "input_invalid", refused

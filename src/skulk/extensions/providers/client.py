@@ -98,6 +98,7 @@ class CapabilityCall:
             if item.terminal:
                 self.done = True
                 self.started.set()
+                self._client.forget(self)  # ended: what is left is read from this call's own queue
         if step.violation is not None:
             self.fail(CapabilityError("protocol_violation", step.violation, node=self.node), cancel=True)
         self.wake.set()
@@ -110,6 +111,7 @@ class CapabilityCall:
         self.error = error
         self.started.set()
         self.wake.set()
+        self._client.forget(self)
         if cancel:
             self._client.send_cancel(self, error.message)
 
@@ -139,14 +141,15 @@ class CapabilityCall:
         return self.io_mode
 
     async def _raise_terminal(self) -> None:
-        """The call ended before it started: raise why."""
-        if self.error is not None:
-            raise self.error
-        while self.frames:
-            frame = self.frames.popleft()
-            if frame.terminal:
-                raise _terminal_error(frame, self.node)
-        raise CapabilityError("protocol_violation", "the call ended without a terminal", node=self.node)
+        """The call ended before it started: raise why (the same error every time)."""
+        if self.error is None:
+            terminal = next((frame for frame in self.frames if frame.terminal), None)
+            self.error = (
+                _terminal_error(terminal, self.node)
+                if terminal is not None
+                else CapabilityError("protocol_violation", "the call ended without a terminal", node=self.node)
+            )
+        raise self.error
 
     def __aiter__(self) -> AsyncIterator[Any]:
         return self.outputs()
@@ -212,8 +215,8 @@ class CapabilityCall:
         mode = await self.wait_started()
         if mode not in STREAMING_INPUT_MODES:
             raise CapabilityError("mode_unsupported", f"a {mode} call takes no input stream", node=self.node)
-        if self.done:
-            await self._raise_terminal()
+        if self.done:  # its output stream tells why; input has nowhere to go
+            raise CapabilityError("input_invalid", "the call has ended: no more input", node=self.node)
         if kind == "chunk":
             size = json_size(value)
             if size > MAX_CHUNK_BYTES:
