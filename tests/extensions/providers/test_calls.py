@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 from skulk.extensions.providers import client as client_module
-from skulk.extensions.providers import server as server_module
 from skulk.extensions.providers.errors import CapabilityError
 from skulk.extensions.providers.fabric import ProviderFabric
 from skulk.extensions.providers.registry import ProviderRegistry
@@ -195,9 +194,9 @@ async def test_one_slow_reader_ends_only_its_own_call(pair, monkeypatch):
     await fails("overloaded", collect(slow))
 
 
-async def test_the_node_concurrency_bound_refuses_overloaded(pair, monkeypatch):
+async def test_the_node_concurrency_bound_refuses_overloaded(pair):
     a, b = pair
-    monkeypatch.setattr(server_module, "MAX_CONCURRENT_CALLS", 1)
+    b.server.max_calls = 1
     first = await a.client.call_capability(PROVIDER, "wait-stream", "1.0.0", rev(b, "wait-stream"), {"n": 1})
     await first.wait_started()
     second = await a.client.call_capability(PROVIDER, "echo", "1.0.0", rev(b, "echo"), {"text": "x"})

@@ -52,41 +52,82 @@ HANDLER_CLOSE_TIMEOUT_S = 5.0
 anyway; the terminal is withheld until then."""
 
 
-def open_refusal(entry: Registered | None, call: OpenCall, active_calls: int) -> CapabilityError | None:
-    """Why the call may not start here, or None. Ordered: what the caller can fix first."""
+def _stale_revision(entry: Registered, call: OpenCall) -> CapabilityError | None:
+    descriptor = entry.descriptor
+    if call.revision == descriptor.revision:
+        return None
+    return CapabilityError(
+        "revision_mismatch",
+        f"{descriptor.tag} is at revision {descriptor.revision}, "
+        f"the call pinned {call.revision or '(none)'}: read the descriptor again",
+    )
+
+
+def _mode_not_driven(entry: Registered, call: OpenCall) -> CapabilityError | None:
+    mode = entry.descriptor.io_mode
+    if mode in call.io_modes:
+        return None
+    return CapabilityError(
+        "mode_unsupported", f"{entry.descriptor.tag} is {mode}; this caller drives only {', '.join(call.io_modes)}"
+    )
+
+
+def _deadline_too_long(call: OpenCall) -> CapabilityError | None:
+    if call.timeout_s <= MAX_CALL_TIMEOUT_S:
+        return None
+    return CapabilityError(
+        "input_invalid", f"timeout {call.timeout_s:g} s is over the maximum of {MAX_CALL_TIMEOUT_S:g} s"
+    )
+
+
+def _value_for_a_stream(entry: Registered, call: OpenCall) -> CapabilityError | None:
+    if entry.descriptor.io_mode not in STREAMING_INPUT_MODES or call.input is None:
+        return None
+    return CapabilityError(
+        "input_invalid", f"{entry.descriptor.tag} takes its input as a stream of chunks, not an input value"
+    )
+
+
+def _input_too_large(entry: Registered, call: OpenCall) -> CapabilityError | None:
+    if entry.descriptor.io_mode in STREAMING_INPUT_MODES:
+        return None
+    size = json_size(call.input)
+    if size <= MAX_INPUT_BYTES:
+        return None
+    return CapabilityError("payload_too_large", f"the input is {size} bytes, over the cap of {MAX_INPUT_BYTES}")
+
+
+def _input_breaks_schema(entry: Registered, call: OpenCall) -> CapabilityError | None:
+    if entry.descriptor.io_mode in STREAMING_INPUT_MODES:
+        return None  # each input chunk is checked as it arrives
+    problem = entry.input_problem(call.input)
+    if problem is None:
+        return None
+    return CapabilityError("input_invalid", f"the input breaks {entry.descriptor.tag}'s input schema: {problem}")
+
+
+def _at_capacity(active_calls: int, max_calls: int) -> CapabilityError | None:
+    if active_calls < max_calls:
+        return None
+    return CapabilityError("overloaded", f"this node already serves {max_calls} calls")
+
+
+def open_refusal(
+    entry: Registered | None, call: OpenCall, active_calls: int, max_calls: int = MAX_CONCURRENT_CALLS
+) -> CapabilityError | None:
+    """Why the call may not start here, or None. Ordered: what the caller can fix first,
+    then this node's load (a retry helps only then)."""
     if entry is None:
         return CapabilityError("capability_not_found", f"{call.capability_id}@{call.version} is not served here")
-    descriptor = entry.descriptor
-    if call.revision != descriptor.revision:
-        return CapabilityError(
-            "revision_mismatch",
-            f"{descriptor.tag} is at revision {descriptor.revision}, "
-            f"the call pinned {call.revision or '(none)'}: read the descriptor again",
-        )
-    if descriptor.io_mode not in call.io_modes:
-        return CapabilityError(
-            "mode_unsupported",
-            f"{descriptor.tag} is {descriptor.io_mode}; this caller drives only {', '.join(call.io_modes)}",
-        )
-    if call.timeout_s > MAX_CALL_TIMEOUT_S:
-        return CapabilityError(
-            "input_invalid", f"timeout {call.timeout_s:g} s is over the maximum of {MAX_CALL_TIMEOUT_S:g} s"
-        )
-    if descriptor.io_mode in STREAMING_INPUT_MODES:
-        if call.input is not None:
-            return CapabilityError(
-                "input_invalid", f"{descriptor.tag} takes its input as a stream of chunks, not an input value"
-            )
-    else:
-        size = json_size(call.input)
-        if size > MAX_INPUT_BYTES:
-            return CapabilityError("payload_too_large", f"the input is {size} bytes, over the cap of {MAX_INPUT_BYTES}")
-        problem = entry.input_problem(call.input)
-        if problem is not None:
-            return CapabilityError("input_invalid", f"the input breaks {descriptor.tag}'s input schema: {problem}")
-    if active_calls >= MAX_CONCURRENT_CALLS:
-        return CapabilityError("overloaded", f"this node already serves {MAX_CONCURRENT_CALLS} calls")
-    return None
+    return (
+        _stale_revision(entry, call)
+        or _mode_not_driven(entry, call)
+        or _deadline_too_long(call)
+        or _value_for_a_stream(entry, call)
+        or _input_too_large(entry, call)
+        or _input_breaks_schema(entry, call)
+        or _at_capacity(active_calls, max_calls)
+    )
 
 
 class _Inputs:
@@ -141,6 +182,7 @@ class ProviderServer:
         self._send = send
         self._clock = clock
         self._calls: dict[tuple[str, str], _Served] = {}
+        self.max_calls = MAX_CONCURRENT_CALLS
         self._side_tasks: set[asyncio.Task[None]] = set()
         self.counts: dict[str, int] = {
             "opened": 0,
@@ -166,7 +208,7 @@ class ProviderServer:
         if key in self._calls:
             return  # a duplicate open: the call already runs
         entry = self.registry.get(call.capability_id, call.version)
-        refusal = open_refusal(entry, call, len(self._calls))
+        refusal = open_refusal(entry, call, len(self._calls), self.max_calls)
         if refusal is not None or entry is None:
             self.counts["refused"] += 1
             error = refusal or CapabilityError("capability_not_found", call.capability_id)
@@ -359,7 +401,7 @@ class ProviderServer:
     def stats(self) -> dict[str, Any]:
         return {
             "active": len(self._calls),
-            "capacity": MAX_CONCURRENT_CALLS,
+            "capacity": self.max_calls,
             **self.counts,
             "inputQueues": [
                 {"callId": s.call.call_id, "depth": len(s.inputs.items), "capacity": CALL_QUEUE_FRAMES}
