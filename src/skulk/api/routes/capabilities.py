@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 from pydantic.alias_generators import to_camel
 
 from skulk.api.context import ApiContext, api_context
-from skulk.api.errors import ApiError, ErrorKind
+from skulk.api.errors import ApiError, ErrorKind, invalid_request_from_validation
 from skulk.api.routes.responses_socket import origin_allowed
 from skulk.extensions.providers.bounds import (
     DEFAULT_CALL_TIMEOUT_S,
@@ -119,7 +119,13 @@ async def list_capabilities(request: Request) -> dict[str, Any]:
 
 
 @router.post(CALL_PATH, response_model=None)
-async def call_capability(capability_id: str, request: Request, body: CallBody) -> dict[str, Any] | StreamingResponse:
+async def call_capability(
+    capability_id: str, request: Request, fields: dict[str, Any]
+) -> dict[str, Any] | StreamingResponse:
+    try:
+        body = CallBody.model_validate(fields)
+    except ValidationError as exc:
+        raise invalid_request_from_validation(exc) from None
     context = api_context(request)
     fabric = _fabric(context)
     try:
