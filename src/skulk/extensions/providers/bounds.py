@@ -57,3 +57,7 @@ GAP_EXPIRY_S: Final = 5.0
 
 MAX_DESCRIPTORS_PER_NODE: Final = 256
 """Capabilities one node may register (the describe answer must stay control-sized)."""
+
+SHUTDOWN_WAIT_S: Final = 1.0
+"""How long a stopping node waits for its running handlers to close (their `finally`) and
+its last answers to leave; inside the node's own subsystem stop budget (`node.SUBSYSTEM_STOP_S`)."""

@@ -31,6 +31,7 @@ from skulk.extensions.providers.bounds import (
     MAX_INPUT_BYTES,
     MAX_PENDING_OPENS,
     OPEN_TIMEOUT_S,
+    SHUTDOWN_WAIT_S,
 )
 from skulk.extensions.providers.errors import CapabilityError, error_kind_from_wire
 from skulk.extensions.providers.lifecycle import Inbound, Outbound, emit, expired, json_size, receive
@@ -372,7 +373,7 @@ class CapabilityClient:
         for call in list(self._calls.values()):
             call.fail(CapabilityError("cancelled", "the node is stopping", node=call.node), cancel=True)
         if self._side_tasks:
-            await asyncio.wait(list(self._side_tasks), timeout=1.0)
+            await asyncio.wait(list(self._side_tasks), timeout=SHUTDOWN_WAIT_S)
 
     def stats(self) -> dict[str, Any]:
         return {

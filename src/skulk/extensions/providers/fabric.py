@@ -85,8 +85,7 @@ class ProviderFabric:
             await self.close()
 
     async def close(self) -> None:
-        await self.client.close()
-        await self.server.close()
+        await asyncio.gather(self.client.close(), self.server.close())
 
     def capability_tags(self) -> tuple[str, ...]:
         return self.registry.capability_tags()

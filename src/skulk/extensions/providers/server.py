@@ -28,6 +28,7 @@ from skulk.extensions.providers.bounds import (
     MAX_CONCURRENT_CALLS,
     MAX_INPUT_BYTES,
     MAX_OUTPUT_BYTES,
+    SHUTDOWN_WAIT_S,
 )
 from skulk.extensions.providers.contract import CallContext
 from skulk.extensions.providers.errors import CapabilityError
@@ -396,7 +397,7 @@ class ProviderServer:
         for task in tasks:
             task.cancel()
         if tasks:
-            await asyncio.wait(tasks, timeout=HANDLER_CLOSE_TIMEOUT_S)
+            await asyncio.wait(tasks, timeout=SHUTDOWN_WAIT_S)
 
     def stats(self) -> dict[str, Any]:
         return {
