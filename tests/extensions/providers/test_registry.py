@@ -6,7 +6,9 @@ from typing import Any
 
 import pytest
 
+from skulk.extensions.providers.bounds import MAX_DESCRIPTOR_BYTES, MAX_DESCRIPTORS_PER_NODE
 from skulk.extensions.providers.registry import ProviderRegistry, registration_refusal, registry_from
+from skulk.routing.topics import TOPICS
 from skulk.shared.types.providers import CapabilityDescriptor
 from tests.extensions.provider_kit import KitProvider
 
@@ -44,6 +46,7 @@ class Streams:
         (desc(io_mode="bidi_streaming"), Unary(), [], "a bidi_streaming capability needs handle_stream"),
         (desc(), Unary(), ["echo@1.0.0"], "echo@1.0.0 is already served on this node"),
         (desc(version="1.1.0"), Unary(), ["echo@1.0.0"], None),
+        (desc(description="x" * 4000, input_schema={"enum": ["y" * 1000] * 50}), Unary(), [], "over the cap"),
     ],
 )
 def test_registration_refusal(descriptor, provider, taken, reason):
@@ -91,3 +94,8 @@ def test_provider_code_that_raises_or_returns_junk_never_breaks_the_registry():
     assert any(source == "broken" and "providers() raised ValueError" in reason for source, reason in reasons)
     assert sum(1 for source, reason in reasons if "not a capability descriptor" in reason) == 2
     assert registry.get("count", "1.0.0") is not None
+
+
+def test_a_nodes_whole_describe_answer_fits_its_topic():
+    framing = 64 * 1024
+    assert MAX_DESCRIPTOR_BYTES * MAX_DESCRIPTORS_PER_NODE + framing <= (TOPICS.provider_calls.max_payload_bytes or 0)

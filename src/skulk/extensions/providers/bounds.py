@@ -55,8 +55,12 @@ direction ends `protocol_violation`."""
 GAP_EXPIRY_S: Final = 5.0
 """How long a direction waits for a missing frame before it ends `protocol_violation`."""
 
-MAX_DESCRIPTORS_PER_NODE: Final = 256
-"""Capabilities one node may register (the describe answer must stay control-sized)."""
+MAX_DESCRIPTORS_PER_NODE: Final = 64
+"""Capabilities one node may register."""
+
+MAX_DESCRIPTOR_BYTES: Final = 48 * KIB
+"""Largest descriptor (schemas included) as compact JSON. With MAX_DESCRIPTORS_PER_NODE it
+keeps a node's whole describe answer under the `provider_calls` topic's 4 MiB bound."""
 
 SHUTDOWN_WAIT_S: Final = 1.0
 """How long a stopping node waits for its running handlers to close (their `finally`) and

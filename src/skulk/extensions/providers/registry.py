@@ -19,8 +19,9 @@ from jsonschema.protocols import Validator
 from jsonschema.validators import validator_for
 from pydantic import ValidationError
 
-from skulk.extensions.providers.bounds import MAX_DESCRIPTORS_PER_NODE
+from skulk.extensions.providers.bounds import MAX_DESCRIPTOR_BYTES, MAX_DESCRIPTORS_PER_NODE
 from skulk.extensions.providers.contract import serves_streams, serves_unary
+from skulk.extensions.providers.lifecycle import json_size
 from skulk.shared.types.providers import CapabilityDescriptor
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,9 @@ def schema_refusal(schema: dict[str, Any]) -> str | None:
 
 def registration_refusal(descriptor: CapabilityDescriptor, provider: Any, taken: Iterable[str]) -> str | None:
     """Why `descriptor` (served by `provider`) may not be registered, or None."""
+    size = json_size(descriptor.to_wire())
+    if size > MAX_DESCRIPTOR_BYTES:
+        return f"the descriptor is {size} bytes, over the cap of {MAX_DESCRIPTOR_BYTES}"
     for which, schema in (("input_schema", descriptor.input_schema), ("output_schema", descriptor.output_schema)):
         problem = schema_refusal(schema)
         if problem is not None:
