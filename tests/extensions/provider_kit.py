@@ -56,6 +56,7 @@ class KitProvider:
             _descriptor("echo", "unary", TEXT, TEXT),
             _descriptor("bad-output", "unary", TEXT, TEXT),
             _descriptor("hang", "unary", TEXT, TEXT),
+            _descriptor("boom", "unary", TEXT, TEXT),
             _descriptor("count", "server_streaming", COUNT_INPUT, INDEX),
             _descriptor("wait-stream", "server_streaming", COUNT_INPUT, INDEX),
             _descriptor("malformed", "server_streaming", COUNT_INPUT, INDEX),
@@ -69,6 +70,8 @@ class KitProvider:
             return {"text": payload["text"]}
         if capability_id == "bad-output":
             return {"text": 42}
+        if capability_id == "boom":
+            raise RuntimeError("provider bug " + "x" * 5000)
         await asyncio.Event().wait()  # hang: an event that never comes
         return None
 

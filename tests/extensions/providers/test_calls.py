@@ -103,6 +103,13 @@ async def test_bad_provider_output_is_a_typed_error(pair):
     assert error.node == PROVIDER and "text" in error.message
 
 
+async def test_a_raising_provider_fails_only_its_own_call(pair):
+    a, b = pair
+    error = await fails("provider_failed", a.client.call(PROVIDER, "boom", "1.0.0", rev(b, "boom"), {"text": "x"}))
+    assert error.message.startswith("RuntimeError: provider bug") and len(error.message) <= 2048
+    assert await a.client.call(PROVIDER, "echo", "1.0.0", rev(b, "echo"), {"text": "still"}) == {"text": "still"}
+
+
 async def test_a_call_past_its_deadline_ends_deadline_exceeded(pair):
     a, b = pair
     await fails(

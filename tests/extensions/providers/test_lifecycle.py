@@ -5,7 +5,16 @@ from __future__ import annotations
 import pytest
 
 from skulk.extensions.providers.bounds import GAP_EXPIRY_S, MAX_HELD_FRAMES
-from skulk.extensions.providers.lifecycle import Inbound, LifecycleMisuse, Outbound, check_chunk, emit, expired, receive
+from skulk.extensions.providers.lifecycle import (
+    Inbound,
+    LifecycleMisuse,
+    Outbound,
+    as_json,
+    check_chunk,
+    emit,
+    expired,
+    receive,
+)
 from skulk.shared.types.providers import ProviderFrame
 
 
@@ -104,3 +113,9 @@ def test_the_sender_numbers_frames_and_refuses_what_the_lifecycle_forbids(kinds,
 def test_a_chunk_goes_out_only_as_json_within_the_cap_and_the_schema(value, schema_problem, kind):
     error = check_chunk(value, 64, lambda _: schema_problem)
     assert (error.kind if error else None) == kind
+
+
+def test_what_goes_on_the_wire_is_plain_json():
+    assert as_json({"a": (1, 2), 3: "x"}) == {"a": [1, 2], "3": "x"}
+    _, frame = emit(Outbound("c", "output"), "failed", error_kind="provider_failed", message="x" * 10_000)
+    assert frame.message is not None and len(frame.message) == 2048

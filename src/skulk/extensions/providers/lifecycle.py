@@ -19,7 +19,7 @@ from typing import Any
 
 from skulk.extensions.providers.bounds import GAP_EXPIRY_S, MAX_HELD_FRAMES
 from skulk.extensions.providers.errors import CapabilityError
-from skulk.shared.types.providers import Direction, FrameKind, ProviderFrame
+from skulk.shared.types.providers import MAX_ERROR_MESSAGE_CHARS, Direction, FrameKind, ProviderFrame
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ def emit(
         kind=kind,
         payload=payload,
         error_kind=error_kind,
-        message=message,
+        message=message[:MAX_ERROR_MESSAGE_CHARS] if message is not None else None,
     )
     return replace(out, next_seq=out.next_seq + 1, ended=frame.terminal), frame
 
@@ -122,6 +122,12 @@ def expired(view: Inbound, now: float, gap_expiry_s: float = GAP_EXPIRY_S) -> st
     return None
 
 
+def as_json(value: Any) -> Any:
+    """`value` as plain JSON data (tuples as lists, keys as strings): what goes on the wire.
+    Only for a value `check_chunk` accepted."""
+    return json.loads(json.dumps(value, allow_nan=False))
+
+
 def json_size(value: Any) -> int:
     """Bytes of `value` as compact JSON; ValueError/TypeError when it is not JSON."""
     return len(json.dumps(value, separators=(",", ":"), allow_nan=False, ensure_ascii=False).encode())
@@ -149,6 +155,7 @@ __all__ = [
     "LifecycleMisuse",
     "Outbound",
     "Received",
+    "as_json",
     "check_chunk",
     "emit",
     "expired",

@@ -32,7 +32,16 @@ from skulk.extensions.providers.bounds import (
 )
 from skulk.extensions.providers.contract import CallContext
 from skulk.extensions.providers.errors import CapabilityError
-from skulk.extensions.providers.lifecycle import Inbound, Outbound, check_chunk, emit, expired, json_size, receive
+from skulk.extensions.providers.lifecycle import (
+    Inbound,
+    Outbound,
+    as_json,
+    check_chunk,
+    emit,
+    expired,
+    json_size,
+    receive,
+)
 from skulk.extensions.providers.registry import ProviderRegistry, Registered
 from skulk.shared.types.providers import (
     STREAMING_INPUT_MODES,
@@ -341,7 +350,7 @@ class ProviderServer:
         error = check_chunk(result, MAX_OUTPUT_BYTES, entry.output_problem, what="result")
         if error is not None:
             raise error
-        await self._send(served.caller, served.emit("chunk", result))
+        await self._send(served.caller, served.emit("chunk", as_json(result)))
 
     async def _stream(self, served: _Served, ctx: CallContext) -> None:
         entry = served.entry
@@ -359,7 +368,7 @@ class ProviderServer:
                 error = check_chunk(item, MAX_CHUNK_BYTES, entry.output_problem)
                 if error is not None:
                     raise error  # the iterator is closed below before the failure goes out
-                await self._send(served.caller, served.emit("chunk", item))
+                await self._send(served.caller, served.emit("chunk", as_json(item)))
         finally:
             await self._close(iterator, served)
 

@@ -34,6 +34,9 @@ STREAMING_INPUT_MODES: frozenset[IoMode] = frozenset({"client_streaming", "bidi_
 FrameKind = Literal["started", "chunk", "completed", "failed", "cancelled"]
 TERMINAL_FRAME_KINDS: frozenset[FrameKind] = frozenset({"completed", "failed", "cancelled"})
 Direction = Literal["input", "output"]
+MAX_ERROR_MESSAGE_CHARS = 2048
+"""A terminal frame's `message` is cut to this (the sender cuts it; a provider's exception
+text is not bounded)."""
 
 CAPABILITY_ID_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
 SEMVER_PATTERN = r"^(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(-[0-9A-Za-z.-]+)?$"
@@ -126,7 +129,7 @@ class ProviderFrame(WireModel):
     kind: FrameKind
     payload: JsonValue = None
     error_kind: str | None = Field(default=None, max_length=64)
-    message: str | None = Field(default=None, max_length=2048)
+    message: str | None = Field(default=None, max_length=MAX_ERROR_MESSAGE_CHARS)
 
     @property
     def terminal(self) -> bool:
@@ -136,6 +139,7 @@ class ProviderFrame(WireModel):
 __all__ = [
     "CAPABILITY_ID_PATTERN",
     "IO_MODES",
+    "MAX_ERROR_MESSAGE_CHARS",
     "PROVIDER_CALL_ADAPTER",
     "SEMVER_PATTERN",
     "STREAMING_INPUT_MODES",
