@@ -57,6 +57,7 @@ class KitProvider:
             _descriptor("bad-output", "unary", TEXT, TEXT),
             _descriptor("hang", "unary", TEXT, TEXT),
             _descriptor("boom", "unary", TEXT, TEXT),
+            _descriptor("closed", "unary", TEXT, TEXT),
             _descriptor("count", "server_streaming", COUNT_INPUT, INDEX),
             _descriptor("wait-stream", "server_streaming", COUNT_INPUT, INDEX),
             _descriptor("malformed", "server_streaming", COUNT_INPUT, INDEX),
@@ -64,6 +65,9 @@ class KitProvider:
             _descriptor("sum", "client_streaming", COUNT_INPUT, {"type": "object", "required": ["total"]}),
             _descriptor("upper", "bidi_streaming", TEXT, TEXT),
         ]
+
+    def admit(self, capability_id: str, ctx: Any) -> str | None:
+        return "the mounted model is gone" if capability_id == "closed" else None
 
     async def handle_call(self, capability_id: str, payload: Any, ctx: Any) -> Any:
         if capability_id == "echo":

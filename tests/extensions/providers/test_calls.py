@@ -103,6 +103,14 @@ async def test_bad_provider_output_is_a_typed_error(pair):
     assert error.node == PROVIDER and "text" in error.message
 
 
+async def test_the_dynamic_admission_hook_refuses_before_anything_streams(pair):
+    a, b = pair
+    error = await fails(
+        "admission_refused", a.client.call(PROVIDER, "closed", "1.0.0", rev(b, "closed"), {"text": "x"})
+    )
+    assert error.message == "the mounted model is gone"
+
+
 async def test_a_raising_provider_fails_only_its_own_call(pair):
     a, b = pair
     error = await fails("provider_failed", a.client.call(PROVIDER, "boom", "1.0.0", rev(b, "boom"), {"text": "x"}))
