@@ -46,7 +46,9 @@ async def test_the_listing_reports_a_silent_node_instead_of_failing(fabrics):
     echo = next(row for row in body["data"] if row["id"] == "echo")
     assert echo["revision"] == b.registry.get("echo", "1.0.0").descriptor.revision  # type: ignore[union-attr]
     assert set(echo) >= {"node", "id", "version", "revision", "description", "ioMode", "inputSchema", "outputSchema"}
-    assert body["unreachable"] == [{"node": "c", "code": "node_unreachable", "detail": body["unreachable"][0]["detail"]}]
+    assert body["unreachable"] == [
+        {"node": "c", "code": "node_unreachable", "detail": body["unreachable"][0]["detail"]}
+    ]
 
 
 async def test_calls_answer_json_sse_and_typed_errors(fabrics):
@@ -62,9 +64,11 @@ async def test_calls_answer_json_sse_and_typed_errors(fabrics):
 
         stream = await client.post("/v1/capabilities/count/call", json=body("count", {"n": 2}))
         assert stream.headers["content-type"].startswith("text/event-stream")
-        assert stream.text == ('event: chunk\ndata: {"seq":0,"output":{"i":0}}\n\n'
-                               'event: chunk\ndata: {"seq":1,"output":{"i":1}}\n\n'
-                               'event: completed\ndata: {"chunks":2}\n\n')
+        assert stream.text == (
+            'event: chunk\ndata: {"seq":0,"output":{"i":0}}\n\n'
+            'event: chunk\ndata: {"seq":1,"output":{"i":1}}\n\n'
+            'event: completed\ndata: {"chunks":2}\n\n'
+        )
 
         stranger = await client.post("/v1/capabilities/echo/call", json=body("echo", {"text": "x"}, node="zzz"))
         assert stranger.status_code == 502 and stranger.json()["code"] == "node_unreachable"
@@ -77,12 +81,17 @@ async def test_calls_answer_json_sse_and_typed_errors(fabrics):
 
         bad = await client.post("/v1/capabilities/echo/call", json=body("echo", {"text": 1}))
         assert bad.status_code == 400 and bad.json() == {
-            "detail": bad.json()["detail"], "errorKind": "invalid_request", "param": "input", "code": "input_invalid"}
+            "detail": bad.json()["detail"],
+            "errorKind": "invalid_request",
+            "param": "input",
+            "code": "input_invalid",
+        }
 
 
 async def test_a_node_without_a_fabric_lists_nothing_and_refuses_calls():
     async with asgi_http(app_of(None)) as client:
         assert (await client.get("/v1/capabilities")).json() == {"object": "list", "data": [], "unreachable": []}
-        refused = await client.post("/v1/capabilities/echo/call",
-                                    json={"node": "b", "version": "1.0.0", "revision": "r", "input": {}})
+        refused = await client.post(
+            "/v1/capabilities/echo/call", json={"node": "b", "version": "1.0.0", "revision": "r", "input": {}}
+        )
     assert refused.status_code == 503 and refused.json()["code"] == "capabilities_unavailable"
