@@ -52,6 +52,7 @@ from skulk.extensions.cluster_view import NodeView, cluster_view
 from skulk.extensions.context import ExtensionContext
 from skulk.extensions.loader import load_extensions
 from skulk.extensions.middleware import ExtensionRuntime
+from skulk.extensions.providers import ProviderFabric, registry_from
 from skulk.facts.derive import DerivedBackends, derive_node_backends
 from skulk.facts.network import listening_tcp, probe_interfaces
 from skulk.facts.probe import probe_node_facts
@@ -84,7 +85,7 @@ from skulk.routing.constants import NETWORK_VERSION
 from skulk.routing.invites import InviteBook
 from skulk.routing.reachable import advertised_addresses, api_urls, transport_endpoints
 from skulk.routing.router import Router, RouterError
-from skulk.routing.topics import TOPICS
+from skulk.routing.topics import TOPICS, Topic
 from skulk.shared import election as election_machine
 from skulk.shared.hardware_class import hardware_class
 from skulk.shared.membership import SelfInfo
@@ -304,7 +305,8 @@ class Node:
         self._own_hosts = frozenset({"localhost", "127.0.0.1", "::1", settings.api_host,
                                      *(a for i in interfaces for a in i.addresses)})
         self._access = with_own_hosts(self._access, settings, interfaces)
-        self.extensions = ExtensionRuntime(await asyncio.to_thread(load_extensions), ExtensionContext(
+        found = await asyncio.to_thread(load_extensions)  # once: middleware and providers share it
+        self.extensions = ExtensionRuntime(found, ExtensionContext(
             node_id=self.node_id, node_name=settings.node_name, embed_fn=self._embed_for_extensions,
             read_fn=self._read_cluster, tags=self.capability_tags))
         card_set = resolve_cards(builtin_cards_dir(), settings.paths.custom_cards_dir)
@@ -347,6 +349,14 @@ class Node:
         self.replica.on_applied(self.lost_members.observe)
         self.task_inputs = TaskInputRelay(send=lambda node_id, item: self._send_input(router, node_id, item))
         self.command_resender = CommandResender()
+        self.capabilities = ProviderFabric(
+            self.node_id,
+            registry_from((ext.shape.name, ext.obj.providers) for ext in found.with_hook("providers")),
+            publish_control=lambda node_id, message: router.publish(TOPICS.provider_calls, message, to_node=node_id),
+            publish_data=lambda node_id, message: router.publish(TOPICS.provider_data, message, to_node=node_id),
+        )
+        for refusal in self.capability_tags.advertise_all(self.capabilities.capability_tags()):
+            logger.warning("a provider's capability is served but not advertised as a tag: %s", refusal)
         self.replica.on_applied(lambda indexed: self.task_inputs.on_event(indexed, self.replica.state))
         self.intent = IntentRecord(settings.paths.data_home / INTENT_FILE)  # restored by a cold-start master
         self.replica.on_applied(lambda indexed: self.intent.observe(indexed, self.replica.state))
@@ -396,6 +406,9 @@ class Node:
             asyncio.create_task(self._expire_streams(), name="stream-expiry"),
             asyncio.create_task(self._resend_commands(router), name="command-resend"),
             asyncio.create_task(self.field_telemetry.run(), name="field-telemetry"),
+            asyncio.create_task(self.capabilities.run(), name="capabilities"),
+            asyncio.create_task(self._receive_capabilities(router, TOPICS.provider_calls), name="capability-calls"),
+            asyncio.create_task(self._receive_capabilities(router, TOPICS.provider_data), name="capability-data"),
         ]
         if self.worker is not None:
             tasks.append(asyncio.create_task(self.worker.run(), name="worker"))
@@ -521,6 +534,11 @@ class Node:
     async def _receive_task_inputs(self, router: Router) -> None:
         async for received in router.subscribe(TOPICS.task_inputs):
             self._accept_input(received.message)
+
+    async def _receive_capabilities(self, router: Router, topic: Topic) -> None:
+        # own=False: a call to this node itself is delivered in-process by the fabric
+        async for received in router.subscribe(topic, own=False):
+            self.capabilities.deliver(received.sender, received.message)
 
     def _accept_input(self, item: TaskInput) -> None:
         if self.worker is None:
@@ -663,6 +681,7 @@ class Node:
             "versions": versions(),
             "intentRecord": self.intent.stats(),
             "extensions": self.extensions.stats(),
+            "capabilities": self.capabilities.stats(),
         }
 
     def _store_stats(self) -> dict[str, Any] | None:
@@ -728,6 +747,7 @@ class Node:
             set_telemetry_enabled=self.field_telemetry.set_enabled,
             preview_telemetry=self.field_telemetry.preview,
             extensions=self.extensions,
+            capabilities=self.capabilities,
         )
         self._api_context = context
         self.replica.on_applied(context.state_feed.record)

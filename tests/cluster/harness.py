@@ -28,7 +28,8 @@ def start_linked(spawn: Callable[..., NodeProcess], names: list[str], *, key: st
             args = ["--listen", f"tcp/127.0.0.1:{port}", "--cluster-key", key, "--node-name", name, *extra_args]
             if port != ports[0]:
                 args += ["--bootstrap-peers", first]
-            nodes.append(spawn(name, extra_args=args, env=dict((envs or {}).get(name, {}))))
+            env = (envs or {}).get(name)  # only when asked: many callers' spawns take no env
+            nodes.append(spawn(name, extra_args=args) if env is None else spawn(name, extra_args=args, env=dict(env)))
         try:
             for node in nodes:
                 node.wait_ready()

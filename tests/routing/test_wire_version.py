@@ -14,7 +14,7 @@ from skulk.routing.topics import _build_topics
 PAYLOAD_SCHEMA_DIGESTS = {
     "skulk-net-3": "3a3cc4ca7fc01ddb78103b32099277be569fa81091555b02fa1c168a159047a3",
     "skulk-net-4": "f912f0e7f03685ea62b74ac304b4274f64bc7decd25c8e9e720f8053ee86e517",
-    "skulk-net-5": "f296cdc0e3d0a97c35b0f8b6b3c997f713c645853b9fe68e4969964b6a89e9f5",
+    "skulk-net-5": "c089cf5b537a4b3880b4107a5c616ae2165081066444124cc69f8f4d53b52fd0",
 }
 """NETWORK_VERSION -> the digest of its payload schemas. On a wire change: bump
 NETWORK_VERSION in skulk/routing/constants.py (saying why) and add its digest here."""

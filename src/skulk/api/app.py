@@ -21,6 +21,7 @@ from skulk.api.openapi_errors import drop_validation_422
 from skulk.api.request_metrics import RequestMetricsMiddleware
 from skulk.api.routes import anthropic as anthropic_routes
 from skulk.api.routes import (
+    capabilities,
     control,
     dashboard,
     diagnostics,
@@ -62,6 +63,7 @@ def create_app(context: ApiContext) -> FastAPI:
         app.add_middleware(AccessMiddleware, policy=policy)
     app.state.metrics = _serving_metrics(context)
     app.add_middleware(RequestMetricsMiddleware, metrics=app.state.metrics)  # outermost: counts 401s too
+    app.include_router(capabilities.router)
     app.include_router(control.router)
     app.include_router(diagnostics.router)
     app.include_router(instances.router)

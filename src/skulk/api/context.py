@@ -21,6 +21,7 @@ from skulk.api.access import AccessPolicy
 from skulk.api.limits import RequestLimits
 from skulk.api.state_feed import StateFeed
 from skulk.api.streams import CommandStreams
+from skulk.extensions.providers.fabric import ProviderFabric
 from skulk.observe.field_telemetry import TelemetryPreview, TelemetryStatus
 from skulk.observe.traces import TraceStore
 from skulk.shared.serving import serving
@@ -138,6 +139,9 @@ class ApiContext:
     """The node's loaded extensions, guarded (`skulk.extensions.middleware`): chat routes
     pass their params through its transforms and tap their output for its observers
     (`skulk.api.chat_middleware`). None: no extension hooks run."""
+    capabilities: ProviderFabric | None = None
+    """This node's end of capability calls (`skulk.extensions.providers`): its registry and
+    `call_capability`; None: `/v1/capabilities` lists nothing here and calls answer 503."""
 
     @property
     def peer_credential(self) -> str | None:

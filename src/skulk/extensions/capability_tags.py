@@ -4,13 +4,14 @@ round the way they see a node's backends. Nothing about a tag is event-sourced: 
 restarts advertises nothing until its extensions advertise again.
 
 `CapabilityTags` is the one writer for both extensions (`ExtensionContext.advertise_capability`)
-and, later, capability providers (their descriptor ids). `checked_tag` and `with_tag` are the
+and capability providers (their descriptors' `id@version`, advertised at start). `checked_tag` and `with_tag` are the
 pure rules; the class only holds the current set. It never does I/O.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Final
 
 MAX_TAGS: Final = 32
@@ -66,6 +67,17 @@ class CapabilityTags:
 
     def withdraw(self, tag: str) -> None:
         self._tags = without_tag(self._tags, tag)
+
+    def advertise_all(self, tags: Iterable[str]) -> list[str]:
+        """Advertise each of `tags` (a provider registry's `id@version` ids); returns one
+        line per tag refused (malformed, or past the bound), for the caller to log."""
+        refused: list[str] = []
+        for tag in tags:
+            try:
+                self.advertise(tag)
+            except CapabilityTagError as exc:
+                refused.append(str(exc))
+        return refused
 
     def current(self) -> frozenset[str]:
         return self._tags

@@ -165,6 +165,7 @@ def _build_topics() -> dict[str, Topic]:
     from skulk.shared.types.commands import ForwarderCommand
     from skulk.shared.types.election import ElectionMessage
     from skulk.shared.types.events import LocalEvent
+    from skulk.shared.types.providers import PROVIDER_CALL_ADAPTER, ProviderFrame
     from skulk.shared.types.sync import SYNC_REPLY_ADAPTER, GlobalEvent, SyncRequest
     from skulk.shared.types.task_inputs import TaskInput
     from skulk.shared.types.telemetry import TELEMETRY_ADAPTER
@@ -182,6 +183,11 @@ def _build_topics() -> dict[str, Topic]:
         Topic("data", Plane.DATA, DATA_FRAME_ADAPTER, node_addressed=True),
         # A request's text, straight to the node that runs it: never through the master.
         Topic("task_inputs", Plane.DATA, TaskInput, node_addressed=True),
+        # Capability calls between the caller's node and the provider's node, never through the
+        # master: describe, open (admission) and cancel on control; the frames of both
+        # directions on data. Both bounds are a call's payload cap plus framing.
+        Topic("provider_calls", Plane.CONTROL, PROVIDER_CALL_ADAPTER, node_addressed=True, max_payload_bytes=4 * MIB),
+        Topic("provider_data", Plane.DATA, ProviderFrame, node_addressed=True, max_payload_bytes=2 * MIB),
     ]
     validate_topic_table(table)
     return {topic.name: topic for topic in table}
