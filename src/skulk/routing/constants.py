@@ -28,7 +28,8 @@ NETWORK_VERSION: Final = "skulk-net-5"
 # draft model's size (`served_spec_draft_size_bytes`) and `runtime.speculative = "draft"`;
 # NodeResources carries the capability tags the node's extensions advertise
 # (`capability_tags`, skulk.extensions.capability_tags); providers' calls and data travel
-# on two new node-addressed topics (`provider_calls`, `provider_data`).
+# on two new node-addressed topics (`provider_calls`, `provider_data`); chat messages carry
+# images (`ChatMessage.images`, base64 in a request's full params on the data plane).
 
 # Every key expression this build publishes or subscribes to starts with this prefix.
 KEY_ROOT: Final = "skulk"

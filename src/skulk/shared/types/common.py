@@ -15,6 +15,7 @@ from pydantic import AfterValidator, AwareDatetime, Field, model_validator
 
 from skulk.shared.types.base import WireModel
 from skulk.shared.types.ids import NodeId
+from skulk.shared.types.media import ImageInput
 
 
 def _as_utc(value: datetime) -> datetime:
@@ -97,6 +98,9 @@ class ChatMessage(WireModel):
     """An assistant turn's reasoning, as the client sends it back (Anthropic thinking blocks,
     OpenAI's `reasoning_content`, Ollama's `thinking`); the chat template decides whether
     it is shown to the model again (most show only the latest turn's)."""
+    images: list[ImageInput] = Field(default_factory=list)
+    """The message's images, in order, each standing where `IMAGE_MARKER` is in `content`
+    (`skulk.shared.types.media`). Never in State: `TextGenerationParams.redacted` drops them."""
 
 
 class Usage(WireModel):
