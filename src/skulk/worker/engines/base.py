@@ -62,6 +62,8 @@ class ShardSpec:
     pool_key: bytes | None = None
     draft_model_path: str | None = None
     """The draft GGUF for a card with `runtime.speculative = "draft"` (served engines)."""
+    projector_path: str | None = None
+    """The multimodal projector (mmproj GGUF) for a card that sees images (llama-server)."""
     """The cluster's pool channel secret (`skulk.pool.layout.derive_pool_key`); only a
     pooled llama.cpp instance uses it."""
 
