@@ -776,7 +776,10 @@ def _generate_in_place(models_dir: Path, model_id: str, generated: GeneratedMode
     partial = Path(tempfile.mkdtemp(dir=models_dir, prefix=f".{generated.dir_name}.partial-"))
     try:
         logger.info("generating %s (spec %s) into %s", model_id, expected_hash[:12], target)
-        generate_tiny_model(partial, generated.spec, generated.vision)
+        if generated.vision is None:
+            generate_tiny_model(partial, generated.spec)
+        else:
+            generate_tiny_model(partial, generated.spec, generated.vision)
         _write_json(
             partial / MARKER_FILE_NAME,
             {"spec_hash": expected_hash, "generator_version": GENERATOR_VERSION, "spec": asdict(generated.spec),

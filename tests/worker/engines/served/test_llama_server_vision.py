@@ -8,6 +8,7 @@ projector is refused by name."""
 
 from __future__ import annotations
 
+import os
 import struct
 import threading
 import zlib
@@ -27,7 +28,7 @@ from skulk.shared.types.tasks import TextGenerationParams
 from skulk.worker.engines.base import GeneratedToken, ShardSpec
 from skulk.worker.engines.llama_cpp.engine import SpecialTextInCallerText
 from skulk.worker.engines.served.llama_server import ImagesNotServed, LlamaServerEngine, ProjectorMissing
-from tests.llama_server_kit import is_llama_server, require_llama_server
+from tests.llama_server_kit import is_llama_server, require_bundled_server, require_llama_server
 from tests.worker.tiny_gguf import RUNNER, tiny_instance
 
 pytestmark = pytest.mark.timeout(300)
@@ -181,3 +182,22 @@ def test_images_sent_to_a_model_without_a_projector_are_refused(tiny_vlm):
     finally:
         engine.close()
     assert servers_left() == before
+
+
+def test_the_bundled_server_sees_images_too(tiny_vlm):
+    model, projector = tiny_vlm
+    before = servers_left()
+    # The bundled host is this checkout's Python module: it runs with this process's path.
+    env = {"SKULK_LLAMA_SERVER_BIN": str(require_bundled_server()), "PATH": "/usr/bin:/bin",
+           **{key: os.environ[key] for key in ("PYTHONPATH",) if key in os.environ}}
+    engine = LlamaServerEngine(env)
+    try:
+        engine.load(spec_for(model, projector))
+        _, _, text_only = answer(engine, ask("what is this"))
+        black, _, with_image = answer(engine, ask(f"what is{IMAGE_MARKER} this", image(BLACK)))
+        white, _, _ = answer(engine, ask(f"what is{IMAGE_MARKER} this", image(WHITE)))
+    finally:
+        engine.close()
+    assert servers_left() == before
+    assert with_image.prompt_tokens - text_only.prompt_tokens == TINY_VISION_SPEC.image_tokens
+    assert black != white
