@@ -21,6 +21,7 @@ from skulk.models.cards import builtin_cards_dir, load_card
 from skulk.models.companions import projector_path
 from skulk.models.tiny_models import TINY_VISION_SPEC
 from skulk.shared.types.cards import ModelCard
+from skulk.shared.types.chunks import TokenChunk
 from skulk.shared.types.common import ChatMessage, Usage
 from skulk.shared.types.ids import ModelId
 from skulk.shared.types.media import IMAGE_MARKER, ImageInput
@@ -28,8 +29,10 @@ from skulk.shared.types.tasks import TextGenerationParams
 from skulk.worker.engines.base import GeneratedToken, ShardSpec
 from skulk.worker.engines.llama_cpp.engine import SpecialTextInCallerText
 from skulk.worker.engines.served.llama_server import ImagesNotServed, LlamaServerEngine, ProjectorMissing
+from skulk.worker.runner.supervisor import RunnerSupervisor
 from tests.llama_server_kit import is_llama_server, require_bundled_server, require_llama_server
-from tests.worker.tiny_gguf import RUNNER, tiny_instance
+from tests.worker.runner.test_supervisor import READY_TIMEOUT_S, Reports
+from tests.worker.tiny_gguf import RUNNER, text_task, tiny_instance
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -201,3 +204,47 @@ def test_the_bundled_server_sees_images_too(tiny_vlm):
     assert servers_left() == before
     assert with_image.prompt_tokens - text_only.prompt_tokens == TINY_VISION_SPEC.image_tokens
     assert black != white
+
+
+# -- a real runner: the projector path rides the runner pipe (LoadShard) ---------------------
+
+
+async def _runner_answer(tiny_vlm, projector: str | None, monkeypatch) -> tuple[str | None, str | None, Usage | None]:
+    """Start a runner of the vision card; return (final state, its error, the usage of one
+    request with an image, or None when the runner failed)."""
+    model, _ = tiny_vlm
+    monkeypatch.setenv("SKULK_LLAMA_SERVER_BIN", str(require_llama_server()))
+    card, reports = vlm_card(), Reports()
+    supervisor = RunnerSupervisor(
+        instance=tiny_instance(card, context_token_limit=CONTEXT_PER_SLOT, backend="llama_server-cpu", slots=1),
+        runner_id=RUNNER, card=card, model_path=str(model), projector_path=projector, on_report=reports, n_threads=2,
+    )
+    await supervisor.start()
+    try:
+        await reports.wait_for(lambda: reports.state() in ("Ready", "Failed"), READY_TIMEOUT_S)
+        failed = [m.status.error_message for m in reports.messages
+                  if getattr(getattr(m, "status", None), "state", None) == "Failed"]
+        if failed:
+            return "Failed", failed[-1], None
+        task = text_task("vision", ask(f"what is{IMAGE_MARKER} this", image(BLACK)))
+        supervisor.submit(task)
+        await reports.wait_for(lambda: reports.done(task), READY_TIMEOUT_S)
+        usages = [p.chunk.usage for p in reports.payloads(task)
+                  if isinstance(p.chunk, TokenChunk) and p.chunk.usage is not None]
+        return reports.state(), None, usages[-1] if usages else None
+    finally:
+        if not supervisor.exited:
+            await supervisor.shutdown(timeout_s=15.0)
+
+
+async def test_a_runner_of_the_vision_card_sees_the_image(tiny_vlm, monkeypatch, engine):
+    _, _, text_only = answer(engine, ask("what is this"))
+    state, error, usage = await _runner_answer(tiny_vlm, tiny_vlm[1], monkeypatch)
+    assert (state, error) == ("Ready", None)
+    assert usage is not None and usage.prompt_tokens == text_only.prompt_tokens + TINY_VISION_SPEC.image_tokens
+
+
+async def test_a_runner_of_the_vision_card_without_its_projector_fails_naming_it(tiny_vlm, monkeypatch):
+    state, error, _ = await _runner_answer(tiny_vlm, None, monkeypatch)
+    assert state == "Failed" and error is not None
+    assert "projector" in error and "local/tiny-vlm-gguf" in error
