@@ -27,12 +27,12 @@ from skulk.shared.types.ids import ModelId
 from skulk.shared.types.media import IMAGE_MARKER, ImageInput
 from skulk.shared.types.tasks import TextGenerationParams
 from skulk.worker.engines.base import GeneratedToken, ShardSpec
-from skulk.worker.engines.llama_cpp.engine import SpecialTextInCallerText
+from skulk.worker.engines.llama_cpp.engine import THINK_OPEN, SpecialTextInCallerText
 from skulk.worker.engines.served.llama_server import ImagesNotServed, LlamaServerEngine, ProjectorMissing
 from skulk.worker.runner.supervisor import RunnerSupervisor
 from tests.llama_server_kit import is_llama_server, require_bundled_server, require_llama_server
 from tests.worker.runner.test_supervisor import READY_TIMEOUT_S, Reports
-from tests.worker.tiny_gguf import RUNNER, text_task, tiny_instance
+from tests.worker.tiny_gguf import RUNNER, THINKING_TEMPLATE, text_task, tiny_instance, with_chat_template
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -248,3 +248,18 @@ async def test_a_runner_of_the_vision_card_without_its_projector_fails_naming_it
     state, error, _ = await _runner_answer(tiny_vlm, None, monkeypatch)
     assert state == "Failed" and error is not None
     assert "projector" in error and "local/tiny-vlm-gguf" in error
+
+
+def test_a_think_block_the_template_opens_is_announced_with_the_servers_prompt_length(tiny_vlm, tmp_path):
+    model, projector = tiny_vlm
+    thinking = with_chat_template(model, tmp_path / "thinking.gguf", THINKING_TEMPLATE)
+    engine = LlamaServerEngine({"SKULK_LLAMA_SERVER_BIN": str(require_llama_server()), "PATH": "/usr/bin:/bin"})
+    try:
+        engine.load(spec_for(thinking, projector))
+        tokens = list(engine.generate(ask(f"what is{IMAGE_MARKER} this", image(BLACK)), threading.Event()))
+    finally:
+        engine.close()
+    usage = tokens[-1].usage
+    assert tokens[0].text == THINK_OPEN and usage is not None
+    assert tokens[0].prompt_tokens == usage.prompt_tokens
+    assert [t.prompt_tokens for t in tokens[1:]] == [None] * (len(tokens) - 1)

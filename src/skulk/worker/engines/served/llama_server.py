@@ -268,7 +268,8 @@ class LlamaServerEngine(ServedEngineShell):
         body = completion_body(request, prompt, grammar, context - len(tokens))
         top = request.top_logprobs or 0
         announce = True  # the first token says the prompt's length, as the in-process engine's does
-        if request.prompt is None and grammar is None and opens_reasoning(text):
+        think_open = request.prompt is None and grammar is None and opens_reasoning(text)
+        if think_open and not images:
             yield GeneratedToken(THINK_OPEN, prompt_tokens=len(tokens))  # the template opened the think block
             announce = False
         streams = self._streams
@@ -299,8 +300,14 @@ class LlamaServerEngine(ServedEngineShell):
                     first = next(relayed, None)
                     if first is None:
                         return
-                    # With images only the server knows the prompt's length.
-                    yield replace(first, prompt_tokens=evaluated[0] if images and evaluated else len(tokens))
+                    # With images only the server knows the prompt's length: a think block
+                    # the template opened is reported once the server has said it.
+                    count = evaluated[0] if images and evaluated else len(tokens)
+                    if think_open:
+                        yield GeneratedToken(THINK_OPEN, prompt_tokens=count)
+                        yield first
+                    else:
+                        yield replace(first, prompt_tokens=count)
                 yield from relayed
         except TRANSPORT_ERRORS as exc:
             raise self._transport_failure(exc) from exc
