@@ -26,7 +26,7 @@ from skulk.shared.types.common import ChatMessage, Usage
 from skulk.shared.types.ids import ModelId
 from skulk.shared.types.media import IMAGE_MARKER, ImageInput
 from skulk.shared.types.tasks import TextGenerationParams
-from skulk.worker.engines.base import GeneratedToken, ShardSpec
+from skulk.worker.engines.base import Dispatcher, GeneratedToken, GenerationResult, ShardSpec
 from skulk.worker.engines.llama_cpp.engine import THINK_OPEN, SpecialTextInCallerText
 from skulk.worker.engines.served.llama_server import ImagesNotServed, LlamaServerEngine, ProjectorMissing
 from skulk.worker.runner.supervisor import RunnerSupervisor
@@ -40,6 +40,7 @@ VLM_MODEL_ID = "local/tiny-vlm-gguf"
 CONTEXT_PER_SLOT = 512
 SLOTS = 2
 ANSWER_TOKENS = 8
+DEADLINE_S = 120.0
 BLACK, WHITE, RED = (0, 0, 0), (255, 255, 255), (255, 0, 0)
 
 
@@ -263,3 +264,27 @@ def test_a_think_block_the_template_opens_is_announced_with_the_servers_prompt_l
     assert tokens[0].text == THINK_OPEN and usage is not None
     assert tokens[0].prompt_tokens == usage.prompt_tokens
     assert [t.prompt_tokens for t in tokens[1:]] == [None] * (len(tokens) - 1)
+
+
+def test_a_count_only_request_counts_the_images_tokens(engine):
+    seen: list = []
+    finished = threading.Event()
+
+    class Sink:
+        def on_start(self, request_id): pass
+        def on_token(self, request_id, token): seen.append(token)
+        def on_finish(self, request_id, result: GenerationResult):
+            seen.append(result)
+            finished.set()
+
+    params = ask(f"what is{IMAGE_MARKER} this", image(WHITE))
+    _, _, generated = answer(engine, params)
+    dispatcher = Dispatcher(engine, Sink(), width=1, engine_name="llama_server")
+    try:
+        dispatcher.submit("count", params.model_copy(update={"count_only": True}))
+        assert finished.wait(DEADLINE_S)
+    finally:
+        dispatcher.close(timeout_s=5)
+    token, result = seen
+    assert result.outcome == "completed" and token.text == ""
+    assert token.usage.prompt_tokens == generated.prompt_tokens and token.usage.completion_tokens == 0

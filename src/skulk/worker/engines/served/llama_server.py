@@ -250,6 +250,20 @@ class LlamaServerEngine(ServedEngineShell):
         """The exact tokens the server is sent for `request` (count-only requests use it)."""
         return self._tokenizer.prompt_tokens(request, cancelled)
 
+    def prompt_token_count(self, request: TextGenerationParams) -> int:
+        """The prompt's length as the server feeds it (count-only requests): its tokens, or,
+        with images, the server's own count (image tokens included), from a request that
+        evaluates the prompt and generates nothing kept (it also warms the prompt cache)."""
+        images = [image for message in request.messages for image in message.images]
+        if not images:
+            return len(self.prompt_tokens(request))
+        client = self._require_loaded()
+        body = {"prompt": self._image_prompt(request, images), "n_predict": 0, "cache_prompt": True}
+        response = self._call(lambda: client.post("/completion", json=body))
+        if response.status_code != 200:
+            raise _server_error(response.status_code, response.text)
+        return int(response.json()["tokens_evaluated"])
+
     def _generate(
         self, request: TextGenerationParams, cancelled: threading.Event
     ) -> Iterator[GeneratedToken]:
