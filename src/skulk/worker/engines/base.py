@@ -60,12 +60,12 @@ class ShardSpec:
     model_path: str
     n_threads: int | None = None
     pool_key: bytes | None = None
+    """The cluster's pool channel secret (`skulk.pool.layout.derive_pool_key`); only a
+    pooled llama.cpp instance uses it."""
     draft_model_path: str | None = None
     """The draft GGUF for a card with `runtime.speculative = "draft"` (served engines)."""
     projector_path: str | None = None
     """The multimodal projector (mmproj GGUF) for a card that sees images (llama-server)."""
-    """The cluster's pool channel secret (`skulk.pool.layout.derive_pool_key`); only a
-    pooled llama.cpp instance uses it."""
 
     @property
     def shard(self) -> ShardAssignment:
