@@ -297,9 +297,12 @@ def required_features(params: TextGenerationParams) -> list[tuple[Feature, str]]
     fixed order so the first refusal is stable."""
     from skulk.shared.tool_grammar import forced_tools
 
+    # Images first, count-only included: an engine that cannot see cannot count an image's
+    # tokens either.
+    images = [(Feature.IMAGES, "images")] if any(message.images for message in params.messages) else []
     if params.count_only:
-        return []  # nothing is generated: every engine counts its prompt tokens
-    wanted: list[tuple[Feature, str]] = []
+        return images  # nothing is generated: every engine counts its text's tokens
+    wanted: list[tuple[Feature, str]] = images
     if params.logprobs:
         wanted.append((Feature.LOGPROBS, "logprobs"))
     if params.prompt_logprobs:
