@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from skulk.model_store.eviction import in_use_model_ids
 from skulk.model_store.staging import StagingOptions, remove_staged, stage_from_local
+from skulk.models.cards import builtin_cards_dir, load_card
 from skulk.models.companions import (
     CompanionSpec,
     companion_card,
@@ -19,6 +20,7 @@ from skulk.models.companions import (
     companions_of,
     draft_model_path,
     ensure_companions,
+    projector_path,
 )
 from skulk.models.downloads import DownloadFailed
 from skulk.shared.types.cards import ModelCard
@@ -154,6 +156,29 @@ def test_a_missing_companion_fails_the_model_naming_it(missing):
 )
 def test_draft_model_path(fields, resolved, expected):
     assert draft_model_path(card_with(**fields), resolved) == expected
+
+
+SEEING = {"capabilities": ("text", "vision"), "vision_weights_repo": VISION, "vision_weights_file": "mmproj-f16.gguf"}
+
+
+@pytest.mark.parametrize(
+    ("fields", "resolved", "expected"),
+    [
+        ({}, {VISION: "/m/mmproj.gguf"}, None),  # a text card loads no projector
+        (SEEING, {VISION: "/m/mmproj.gguf"}, "/m/mmproj.gguf"),
+        (SEEING, {}, None),  # not resolved: the engine refuses to load (test_llama_server_vision.py)
+        ({"capabilities": ("text", "vision")}, {}, None),  # a vision card naming no projector
+    ],
+)
+def test_projector_path_of_a_hub_card(fields, resolved, expected):
+    assert projector_path(card_with(**fields), resolved, "/m/model.gguf") == expected
+
+
+def test_a_generated_vision_cards_projector_lies_beside_its_model():
+    card = load_card(builtin_cards_dir() / "local--tiny-vlm-gguf.toml")
+    assert projector_path(card, {}, "/models/local--tiny-vlm/model.gguf") == "/models/local--tiny-vlm/mmproj.gguf"
+    text_only = load_card(builtin_cards_dir() / "local--tiny-llama-gguf.toml")
+    assert projector_path(text_only, {}, "/models/local--tiny-llama/model.gguf") is None
 
 
 # -- eviction: companions of live runners are in use ---------------------------------------------

@@ -181,3 +181,32 @@ def test_context_cap(engine, cap):
     from skulk.shared.types.engines import context_cap
 
     assert context_cap(engine) == cap
+
+
+def _seeing(**fields) -> TextGenerationParams:
+    from skulk.shared.types.common import ChatMessage
+    from skulk.shared.types.ids import ModelId
+    from skulk.shared.types.media import IMAGE_MARKER, ImageInput
+
+    picture = ImageInput.of(b"\x89PNG...", "image/png", 1, 1)
+    message = ChatMessage(role="user", content=f"{IMAGE_MARKER} what is it", images=[picture])
+    return TextGenerationParams(model_id=ModelId("a/b"), messages=[message], **fields)
+
+
+@pytest.mark.parametrize("count_only", [False, True])
+def test_images_are_a_feature_even_to_count(count_only):
+    # An engine that cannot see cannot count an image's tokens either.
+    assert required_features(_seeing(count_only=count_only)) == [(Feature.IMAGES, "images")]
+    assert required_features(_seeing(logprobs=True)) == [(Feature.IMAGES, "images"), (Feature.LOGPROBS, "logprobs")]
+
+
+@pytest.mark.parametrize(("engine", "pipelined", "sees"), [
+    ("llama_server", False, True),
+    ("llama_cpp", False, False),
+    ("llama_cpp", True, False),
+    ("mlx", False, False),
+    ("vllm", False, False),
+])
+def test_only_llama_server_sees_images(engine, pipelined, sees):
+    missing = [feature for feature, _ in missing_features(engine, _seeing(), pipelined=pipelined)]
+    assert missing == ([] if sees else [Feature.IMAGES])

@@ -11,6 +11,10 @@ model is reported ready, and eviction counts them as in use while such a runner 
   card that asks for draft speculation (`runtime.speculative = "draft"`) must not be served
   without it silently. A draft the card names but does not use is never downloaded.
 - `draft_model_path(card, resolved)` (pure): the draft GGUF a runner of `card` loads.
+- `projector_path(card, resolved, model_path)` (pure): the multimodal projector (mmproj
+  GGUF) a runner of a vision card loads: the `vision_weights_file` companion of a hub
+  card, or the generated file beside a local-generated card's model
+  (`tiny_models.generated_projector_path`).
 - `companion_card(card, spec)` (pure) describes a companion as a card, so that the hub
   download, the store's fetch route and staging take it unchanged. Only its artifact fields
   mean anything (repo, GGUF file, format); its shape fields are the base model's.
@@ -31,6 +35,7 @@ from typing import Literal
 
 from skulk.models.artifact_errors import ArtifactUnavailable
 from skulk.models.downloads import DownloadFailed
+from skulk.models.tiny_models import generated_projector_path
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.ids import ModelId
 
@@ -64,6 +69,21 @@ def draft_model_path(card: ModelCard, resolved: Mapping[str, str]) -> str | None
     if card.runtime.speculative != "draft" or card.served_spec_draft_repo is None:
         return None
     return resolved.get(card.served_spec_draft_repo)
+
+
+def projector_path(card: ModelCard, resolved: Mapping[str, str], model_path: str) -> str | None:
+    """The projector (mmproj GGUF) a runner of `card` loads, or None when the card does not
+    see images or its projector is not resolved (an engine then refuses to load the vision
+    card by name rather than serve it blind). A hub card's projector is its
+    `vision_weights_repo` companion (`resolved`: companion repo id -> local path); a
+    local-generated card's is the file the generator wrote beside `model_path`."""
+    if "vision" not in card.capabilities:
+        return None
+    if card.vision_weights_repo is not None:
+        return resolved.get(card.vision_weights_repo)
+    if card.source == "local-generated" and card.is_gguf:
+        return str(generated_projector_path(Path(model_path)))
+    return None
 
 
 def companion_repo_ids(card: ModelCard | None) -> frozenset[str]:
@@ -117,4 +137,5 @@ __all__ = [
     "companions_of",
     "draft_model_path",
     "ensure_companions",
+    "projector_path",
 ]

@@ -6,7 +6,11 @@ Llama-architecture network with random weights and a BPE tokenizer trained on th
 
 - `hf/`: config.json, tokenizer.json, tokenizer_config.json (with a Llama-3 chat template),
   special_tokens_map.json, generation_config.json and model.safetensors, for `mlx_lm.load`;
-- `model.gguf`: the same weights and tokenizer for `llama_cpp.Llama`.
+- `model.gguf`: the same weights and tokenizer for `llama_cpp.Llama`;
+- `mmproj.gguf`, for a vision model only (`TinyVisionSpec`): a LLaVA-style multimodal
+  projector (a tiny CLIP ViT and a two-layer `mlp` projector into the LM's embedding size)
+  with random weights, which llama.cpp's `mtmd` loads beside `model.gguf` (llama-server's
+  `--mmproj`). Each image becomes `(image_size / patch_size) ** 2` embeddings in the prompt.
 
 Both engines decode the same greedy tokens from it (tests/models/test_tiny_models.py holds
 them to that). Generation is deterministic: the same spec gives the same bytes on every run
@@ -57,6 +61,9 @@ tokenizer settings): it is part of the spec hash, so existing model dirs are reg
 CORPUS_FILE_NAME = "tiny_corpus.txt"
 HF_DIR_NAME = "hf"
 GGUF_FILE_NAME = "model.gguf"
+PROJECTOR_FILE_NAME = "mmproj.gguf"
+"""A generated vision model's projector, next to its `model.gguf`: the local-generated
+counterpart of a hub card's `vision_weights_file` companion (`skulk.models.companions`)."""
 MARKER_FILE_NAME = "skulk-generated.json"
 """Written last into a completed model directory; carries the spec hash it was made for."""
 
@@ -211,6 +218,59 @@ too. Write it with `python -m skulk.models.tiny_models OUT_DIR --bench` (about 1
 
 
 @dataclass(frozen=True)
+class TinyVisionSpec:
+    """Shape of a generated multimodal projector (llama.cpp's `clip` arch, projector type
+    `mlp`: a CLIP ViT with a class token and pre-norm, then Linear-GELU-Linear into the LM).
+    Everything here feeds the spec hash."""
+
+    image_size: int
+    patch_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_attention_heads: int
+    projection_gain: float
+    seed: int
+
+    def __post_init__(self) -> None:
+        if self.image_size % self.patch_size:
+            raise ValueError("TinyVisionSpec.image_size must be a multiple of patch_size")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError("TinyVisionSpec.hidden_size must be a multiple of num_attention_heads")
+
+    @property
+    def image_tokens(self) -> int:
+        """Embeddings (prompt positions) one image takes: one per patch; the class token is
+        dropped before the projector, as in LLaVA."""
+        return (self.image_size // self.patch_size) ** 2
+
+
+TINY_VISION_SPEC = TinyVisionSpec(
+    image_size=32,
+    patch_size=8,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=2,
+    num_attention_heads=2,
+    projection_gain=4.0,
+    seed=0,
+)
+"""The projector of local/tiny-vlm-gguf: 16 tokens per image, ~0.4 MB. llama.cpp resizes any
+image to 32x32 first, so a test's images should differ in colour, not detail.
+`projection_gain` scales the projector's output layer (its std is gain / sqrt(fan_in)):
+at 1.0 image embeddings are much smaller than the unit-scale token embeddings and two very
+different images (black, white) steer greedy decoding apart only after several tokens; at
+4.0 they diverge within the first few."""
+
+CLIP_PROJECTOR_TYPE = "mlp"
+"""llama.cpp's `PROJECTOR_TYPE_MLP` (LLaVA 1.5's projector), the simplest one it loads."""
+CLIP_NORM_EPS = 1e-5
+IMAGE_MEAN = (0.5, 0.5, 0.5)
+IMAGE_STD = (0.5, 0.5, 0.5)
+"""Pixel normalisation: [0, 1] to [-1, 1], so black and white images are far apart."""
+
+
+@dataclass(frozen=True)
 class TinyArtifacts:
     """What `generate_tiny_model` wrote."""
 
@@ -219,6 +279,7 @@ class TinyArtifacts:
     hf_size_bytes: int
     gguf_size_bytes: int
     spec_hash: str
+    projector_path: Path | None = None
 
 
 # ---------------------------------------------------------------------------------------
@@ -239,12 +300,14 @@ def _read_corpus() -> str:
     return data.decode("ascii")
 
 
-def spec_hash(spec: TinySpec) -> str:
-    """Identity of a generated model: the spec, the generator version and the corpus. A
-    model directory whose marker carries another hash is stale and is regenerated."""
+def spec_hash(spec: TinySpec, vision: TinyVisionSpec | None = None) -> str:
+    """Identity of a generated model: the spec (and projector spec), the generator version
+    and the corpus. A model directory whose marker carries another hash is stale and is
+    regenerated."""
     identity = {
         "generator_version": GENERATOR_VERSION,
         "spec": asdict(spec),
+        **({"vision": asdict(vision)} if vision is not None else {}),
         "corpus_sha256": hashlib.sha256(corpus_path().read_bytes()).hexdigest(),
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
@@ -525,17 +588,82 @@ def _write_gguf(path: Path, spec: TinySpec, tokenizer, weights: Mapping[str, np.
     writer.close()
 
 
+def _clip_weights(vision: TinyVisionSpec, lm_hidden_size: int) -> dict[str, np.ndarray]:
+    """GGUF `clip` tensors (numpy shape = ggml's ne reversed), float32, in a fixed order."""
+    h, ff, p = vision.hidden_size, vision.intermediate_size, vision.patch_size
+    weights: dict[str, np.ndarray] = {}
+
+    def noise(name: str, shape: tuple[int, ...], std: float) -> None:
+        weights[name] = _uniform(vision.seed, name, shape, std)
+
+    def linear(name: str, out_features: int, in_features: int, gain: float = HIDDEN_GAIN) -> None:
+        noise(f"{name}.weight", (out_features, in_features), gain / math.sqrt(in_features))
+        weights[f"{name}.bias"] = np.zeros(out_features, dtype=np.float32)
+
+    def norm(name: str) -> None:
+        weights[f"{name}.weight"] = np.ones(h, dtype=np.float32)
+        weights[f"{name}.bias"] = np.zeros(h, dtype=np.float32)
+
+    noise("v.class_embd", (h,), EMBED_STD)
+    noise("v.patch_embd.weight", (h, 3, p, p), HIDDEN_GAIN / math.sqrt(3 * p * p))
+    noise("v.position_embd.weight", (vision.image_tokens + 1, h), EMBED_STD)
+    norm("v.pre_ln")
+    for i in range(vision.num_layers):
+        b = f"v.blk.{i}"
+        norm(f"{b}.ln1")
+        for name in ("attn_q", "attn_k", "attn_v"):
+            linear(f"{b}.{name}", h, h)
+        linear(f"{b}.attn_out", h, h, RESIDUAL_GAIN)
+        norm(f"{b}.ln2")
+        linear(f"{b}.ffn_up", ff, h)
+        linear(f"{b}.ffn_down", h, ff, RESIDUAL_GAIN)
+    linear("mm.0", lm_hidden_size, h)
+    linear("mm.2", lm_hidden_size, lm_hidden_size, vision.projection_gain)
+    return weights
+
+
+def _write_mmproj(path: Path, vision: TinyVisionSpec, lm_hidden_size: int) -> None:
+    """The projector GGUF llama.cpp's `mtmd` loads (`--mmproj`): arch `clip`, a vision
+    encoder, projector type `mlp` (LLaVA's), output dim = the LM's embedding size."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), arch="clip")
+    writer.add_name("Skulk tiny vision projector (generated)")
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_clip_has_vision_encoder(True)
+    writer.add_clip_projector_type(CLIP_PROJECTOR_TYPE)
+    writer.add_bool(gguf.Keys.Clip.HAS_LLAVA_PROJECTOR, True)
+    writer.add_vision_image_size(vision.image_size)
+    writer.add_vision_patch_size(vision.patch_size)
+    writer.add_vision_embedding_length(vision.hidden_size)
+    writer.add_vision_feed_forward_length(vision.intermediate_size)
+    writer.add_vision_projection_dim(lm_hidden_size)
+    writer.add_vision_block_count(vision.num_layers)
+    writer.add_vision_head_count(vision.num_attention_heads)
+    writer.add_vision_attention_layernorm_eps(CLIP_NORM_EPS)
+    writer.add_vision_image_mean(list(IMAGE_MEAN))
+    writer.add_vision_image_std(list(IMAGE_STD))
+    writer.add_vision_use_gelu(True)
+    for name, weight in _clip_weights(vision, lm_hidden_size).items():
+        writer.add_tensor(name, np.ascontiguousarray(weight))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
 def _tree_size_bytes(directory: Path) -> int:
     return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
 
 
-def generate_tiny_model(out_dir: Path, spec: TinySpec) -> TinyArtifacts:
-    """Write the HF folder `out_dir/hf/` and the GGUF file `out_dir/model.gguf` for `spec`.
-    `out_dir` may exist but must not already hold either artifact. Deterministic: the same
-    spec (and corpus) gives byte-identical files."""
+def generate_tiny_model(out_dir: Path, spec: TinySpec, vision: TinyVisionSpec | None = None) -> TinyArtifacts:
+    """Write the HF folder `out_dir/hf/` and the GGUF file `out_dir/model.gguf` for `spec`
+    (and `out_dir/mmproj.gguf` for `vision`). `out_dir` may exist but must not already hold
+    any artifact. Deterministic: the same spec (and corpus) gives byte-identical files."""
     out_dir = Path(out_dir)
     hf_dir, gguf_path = out_dir / HF_DIR_NAME, out_dir / GGUF_FILE_NAME
-    for existing in (hf_dir, gguf_path):
+    projector_path = out_dir / PROJECTOR_FILE_NAME if vision is not None else None
+    for existing in (hf_dir, gguf_path, *((projector_path,) if projector_path is not None else ())):
         if existing.exists():
             raise FileExistsError(f"{existing} already exists; generate into an empty directory")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -543,12 +671,15 @@ def generate_tiny_model(out_dir: Path, spec: TinySpec) -> TinyArtifacts:
     weights = _hf_weights(spec, [tokenizer.get_vocab()[token] for token in SPECIAL_TOKENS])  # trained with them
     _write_hf(hf_dir, spec, tokenizer, weights)
     _write_gguf(gguf_path, spec, tokenizer, weights)
+    if vision is not None and projector_path is not None:
+        _write_mmproj(projector_path, vision, spec.hidden_size)
     return TinyArtifacts(
         hf_dir=hf_dir,
         gguf_path=gguf_path,
         hf_size_bytes=_tree_size_bytes(hf_dir),
         gguf_size_bytes=gguf_path.stat().st_size,
-        spec_hash=spec_hash(spec),
+        spec_hash=spec_hash(spec, vision),
+        projector_path=projector_path,
     )
 
 
@@ -563,14 +694,24 @@ class GeneratedModel:
 
     dir_name: str
     spec: TinySpec
+    vision: TinyVisionSpec | None = None
+    """The projector written beside model.gguf (`PROJECTOR_FILE_NAME`) for a vision card."""
 
 
 LOCAL_GENERATED_MODELS: Mapping[str, GeneratedModel] = {
     "local/tiny-llama": GeneratedModel("local--tiny-llama", TINY_SPEC),
     "local/tiny-llama-gguf": GeneratedModel("local--tiny-llama", TINY_SPEC),
+    "local/tiny-vlm-gguf": GeneratedModel("local--tiny-vlm", TINY_SPEC, TINY_VISION_SPEC),
 }
 """Generated cards by model id. Both tiny cards share one directory: the HF card resolves to
-its hf/ folder, the GGUF card (the one with a llama.cpp backend) to its model.gguf."""
+its hf/ folder, the GGUF card (the one with a llama.cpp backend) to its model.gguf. The
+vision card has its own directory (the same LM plus mmproj.gguf)."""
+
+
+def generated_projector_path(model_path: Path) -> Path:
+    """Where a generated vision model's projector lies, given the model.gguf
+    `ensure_generated` returned: beside it, named `PROJECTOR_FILE_NAME`."""
+    return Path(model_path).parent / PROJECTOR_FILE_NAME
 
 
 def _shape_mismatches(card: ModelCard, spec: TinySpec) -> list[str]:
@@ -590,7 +731,7 @@ def _shape_mismatches(card: ModelCard, spec: TinySpec) -> list[str]:
     ]
 
 
-def _marker_matches(model_dir: Path, expected_hash: str) -> bool:
+def _marker_matches(model_dir: Path, expected_hash: str, vision: bool = False) -> bool:
     try:
         marker = json.loads((model_dir / MARKER_FILE_NAME).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -600,6 +741,7 @@ def _marker_matches(model_dir: Path, expected_hash: str) -> bool:
         and marker.get("spec_hash") == expected_hash
         and (model_dir / HF_DIR_NAME).is_dir()
         and (model_dir / GGUF_FILE_NAME).is_file()
+        and (not vision or (model_dir / PROJECTOR_FILE_NAME).is_file())
     )
 
 
@@ -634,10 +776,14 @@ def _generate_in_place(models_dir: Path, model_id: str, generated: GeneratedMode
     partial = Path(tempfile.mkdtemp(dir=models_dir, prefix=f".{generated.dir_name}.partial-"))
     try:
         logger.info("generating %s (spec %s) into %s", model_id, expected_hash[:12], target)
-        generate_tiny_model(partial, generated.spec)
+        if generated.vision is None:
+            generate_tiny_model(partial, generated.spec)
+        else:
+            generate_tiny_model(partial, generated.spec, generated.vision)
         _write_json(
             partial / MARKER_FILE_NAME,
-            {"spec_hash": expected_hash, "generator_version": GENERATOR_VERSION, "spec": asdict(generated.spec)},
+            {"spec_hash": expected_hash, "generator_version": GENERATOR_VERSION, "spec": asdict(generated.spec),
+             **({"vision": asdict(generated.vision)} if generated.vision is not None else {})},
         )
         _fsync_tree(partial)
         if target.exists():
@@ -657,7 +803,8 @@ def _generate_in_place(models_dir: Path, model_id: str, generated: GeneratedMode
 def ensure_generated(card: ModelCard, models_dir: Path) -> Path:
     """A local-generated card's files under `models_dir`: generated on first use, reused
     after, regenerated when the generator's spec hash changes; safe for concurrent callers
-    on one machine. The path an engine loads: the HF folder (MLX) or the .gguf (llama.cpp)."""
+    on one machine. The path an engine loads: the HF folder (MLX) or the .gguf (llama.cpp).
+    A vision card's projector lies beside its .gguf (`generated_projector_path`)."""
     generated = LOCAL_GENERATED_MODELS.get(card.model_id)
     if generated is None:
         raise ArtifactUnavailable(
@@ -670,12 +817,13 @@ def ensure_generated(card: ModelCard, models_dir: Path) -> Path:
         )
     models_dir = Path(models_dir)
     target = models_dir / generated.dir_name
-    expected_hash = spec_hash(generated.spec)
-    if not _marker_matches(target, expected_hash):
+    expected_hash = spec_hash(generated.spec, generated.vision)
+    vision = generated.vision is not None
+    if not _marker_matches(target, expected_hash, vision):
         models_dir.mkdir(parents=True, exist_ok=True)
         with _exclusive_lock(models_dir / f"{generated.dir_name}.lock", card.model_id, GENERATION_LOCK_TIMEOUT_S):
             # Another node sharing this models dir may have finished while we waited.
-            if not _marker_matches(target, expected_hash):
+            if not _marker_matches(target, expected_hash, vision):
                 _generate_in_place(models_dir, card.model_id, generated, expected_hash)
     return target / GGUF_FILE_NAME if card.is_gguf else target / HF_DIR_NAME
 
@@ -725,15 +873,19 @@ __all__ = [
     "HF_DIR_NAME",
     "LOCAL_GENERATED_MODELS",
     "MARKER_FILE_NAME",
+    "PROJECTOR_FILE_NAME",
     "SPECIAL_TOKENS",
     "TINY_SPEC",
+    "TINY_VISION_SPEC",
     "ArtifactUnavailable",
     "GeneratedModel",
     "TinyArtifacts",
     "TinySpec",
+    "TinyVisionSpec",
     "corpus_path",
     "ensure_generated",
     "generate_tiny_model",
+    "generated_projector_path",
     "main",
     "spec_hash",
     "train_tokenizer",

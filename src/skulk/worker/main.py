@@ -25,7 +25,7 @@ from skulk.artifacts.plan import FailureCooldown
 from skulk.cluster.producer import EventProducer
 from skulk.cluster.replica import StateReplica
 from skulk.model_store.node_store import StoreBinding
-from skulk.models.companions import draft_model_path
+from skulk.models.companions import draft_model_path, projector_path
 from skulk.observe.traces import TraceStore, WorkerTraces
 from skulk.routing.router import Router, RouterError
 from skulk.routing.topics import TOPICS
@@ -286,6 +286,8 @@ class Worker:
             card=action.card,
             model_path=action.model_path,
             draft_model_path=draft_model_path(action.card, self.downloads.companion_artifacts.get(action.card.model_id, {})),
+            projector_path=projector_path(action.card, self.downloads.companion_artifacts.get(action.card.model_id, {}),
+                                          action.model_path),
             on_report=lambda message, rid=runner_id: self._on_report(rid, message),
             pool_key=self._pool_key,
         )

@@ -508,3 +508,18 @@ def test_a_feature_the_engine_lacks_is_refused_at_admission(make, engine_name, p
     else:
         dispatcher.submit("a", params)
         wait_until(lambda: sink.finished("a"))
+
+
+@pytest.mark.parametrize("engine_name", ["llama_cpp", "mlx", "vllm"])
+def test_images_to_an_engine_that_cannot_see_are_refused_by_name(make, engine_name) -> None:
+    from skulk.shared.types.common import ChatMessage
+    from skulk.shared.types.media import IMAGE_MARKER, ImageInput
+
+    dispatcher, _ = make(ScriptedEngine(), engine_name=engine_name)
+    picture = ImageInput.of(b"\x89PNG...", "image/png", 1, 1)
+    params = TextGenerationParams(model_id="local/fake", messages=[
+        ChatMessage(role="user", content=f"{IMAGE_MARKER}what", images=[picture])])
+    with pytest.raises(DispatchRejected) as caught:
+        dispatcher.submit("a", params)
+    assert caught.value.error_type == "FeatureUnsupported"
+    assert engine_name in caught.value.message and "image input" in caught.value.message

@@ -45,6 +45,9 @@ class Feature(StrEnum):
     LOGIT_BIAS = "logit bias"
     N = "several choices (n)"
     PROMPT_LOGPROBS = "prompt logprobs (echo with logprobs)"
+    IMAGES = "image input"
+    """A chat message's `images` (`skulk.shared.types.media`): the engine puts each image's
+    embedding where its marker stands. Only llama-server, with the card's projector."""
 
 
 @dataclass(frozen=True)
@@ -149,7 +152,8 @@ ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
         sharded_families=None,
         span_shardings=frozenset({"Pipeline"}),
         window_at_load=True,
-        features=frozenset(Feature),
+        # No projector in process (llama-cpp-python's multimodal handlers are per family).
+        features=frozenset(Feature) - {Feature.IMAGES},
         workloads=frozenset({"text", "embeddings", "echo"}),
         modules=("llama_cpp",),
         vendor_computes=_GGUF_COMPUTES,
@@ -164,6 +168,7 @@ ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
         window_at_load=True,
         # Prompt logprobs: the server scores generated tokens only. Embeddings need a server
         # started in embeddings-only mode: not served (its workloads are text only).
+        # Images: through the card's projector (`--mmproj`), `multimodal_data` on /completion.
         features=frozenset(Feature) - {Feature.PROMPT_LOGPROBS},
         binary_env="SKULK_LLAMA_SERVER_BIN",
         managed_build=True,
@@ -188,7 +193,8 @@ ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
         # tensor group. A pipeline's last rank samples without the tokenizer or the prompt,
         # so a pipeline serves plain sampling only. The stage computes the head for the last
         # position only, so no prompt logprobs. No MLX embedding path: text only.
-        features=frozenset(Feature) - {Feature.PROMPT_LOGPROBS},
+        # No vision model path (mlx-vlm) yet: no images.
+        features=frozenset(Feature) - {Feature.PROMPT_LOGPROBS, Feature.IMAGES},
         pipeline_features=frozenset({Feature.N}),
         # MLX needs mlx-lm for its model implementations; on Linux mlx[cpu] serves on CPU.
         modules=("mlx", "mlx_lm"),
@@ -291,9 +297,12 @@ def required_features(params: TextGenerationParams) -> list[tuple[Feature, str]]
     fixed order so the first refusal is stable."""
     from skulk.shared.tool_grammar import forced_tools
 
+    # Images first, count-only included: an engine that cannot see cannot count an image's
+    # tokens either.
+    images = [(Feature.IMAGES, "images")] if any(message.images for message in params.messages) else []
     if params.count_only:
-        return []  # nothing is generated: every engine counts its prompt tokens
-    wanted: list[tuple[Feature, str]] = []
+        return images  # nothing is generated: every engine counts its text's tokens
+    wanted: list[tuple[Feature, str]] = images
     if params.logprobs:
         wanted.append((Feature.LOGPROBS, "logprobs"))
     if params.prompt_logprobs:

@@ -60,10 +60,12 @@ class ShardSpec:
     model_path: str
     n_threads: int | None = None
     pool_key: bytes | None = None
-    draft_model_path: str | None = None
-    """The draft GGUF for a card with `runtime.speculative = "draft"` (served engines)."""
     """The cluster's pool channel secret (`skulk.pool.layout.derive_pool_key`); only a
     pooled llama.cpp instance uses it."""
+    draft_model_path: str | None = None
+    """The draft GGUF for a card with `runtime.speculative = "draft"` (served engines)."""
+    projector_path: str | None = None
+    """The multimodal projector (mmproj GGUF) for a card that sees images (llama-server)."""
 
     @property
     def shard(self) -> ShardAssignment:
@@ -626,11 +628,17 @@ class Dispatcher:
         """A count-only request: the prompt's tokens as the engine would feed them, as one
         empty token carrying the usage; nothing is generated (Anthropic's count_tokens)."""
         counter = getattr(self._engine, "prompt_tokens", None)
+        # An engine whose prompt holds more than its text's tokens (a served one's images)
+        # counts them itself.
+        count = getattr(self._engine, "prompt_token_count", None)
         try:
             self._sink.on_start(job.request_id)
-            if counter is None:
+            if count is not None:
+                usage = usage_of(count(request), 0)
+            elif counter is not None:
+                usage = usage_of(len(counter(request)), 0)
+            else:
                 raise EngineError(f"the {type(self._engine).__name__} engine cannot count prompt tokens")
-            usage = usage_of(len(counter(request)), 0)
             self._sink.on_token(job.request_id, GeneratedToken("", None, "stop", usage))
         except EngineError as exc:
             return GenerationResult(outcome="failed", finish_reason="error", error_type=exc.error_type,

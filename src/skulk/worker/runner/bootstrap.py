@@ -209,6 +209,7 @@ class Runner:
             card=self._load.card,
             model_path=self._load.model_path,
             draft_model_path=self._load.draft_model_path,
+            projector_path=self._load.projector_path,
             n_threads=self._load.n_threads,
             pool_key=bytes.fromhex(self._load.pool_key) if self._load.pool_key else None,
         )

@@ -63,6 +63,9 @@ class LoadShard(WireModel):
     draft_model_path: str | None = None
     """Local path of the draft GGUF (`skulk.models.companions.draft_model_path`) for a card
     that speculates with one; None otherwise."""
+    projector_path: str | None = None
+    """Local path of the multimodal projector (`skulk.models.companions.projector_path`) for
+    a card that sees images; None otherwise."""
     n_threads: int | None = Field(default=None, ge=1)
     """CPU threads for the engine; None = the node's physical core count."""
     pool_key: str | None = Field(default=None, repr=False)

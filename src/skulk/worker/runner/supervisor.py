@@ -161,6 +161,7 @@ class RunnerSupervisor:
         model_path: str,
         on_report: ReportCallback,
         draft_model_path: str | None = None,
+        projector_path: str | None = None,
         n_threads: int | None = None,
         pool_key: bytes | None = None,
         first_status_deadline_s: float = FIRST_STATUS_DEADLINE_S,
@@ -168,7 +169,7 @@ class RunnerSupervisor:
     ) -> None:
         self._load = LoadShard(
             instance=instance, runner_id=runner_id, card=card, model_path=model_path, draft_model_path=draft_model_path,
-            n_threads=n_threads,
+            projector_path=projector_path, n_threads=n_threads,
             pool_key=pool_key.hex() if pool_key is not None and len(instance.shards) > 1 else None,
         )
         self._on_report = on_report

@@ -101,3 +101,16 @@ def test_a_model_it_cannot_read_fails_the_start_loudly(tmp_path):
     broken.write_bytes(b"not a gguf")
     done = subprocess.run([str(script), "--model", str(broken), "--port", "0"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and "cannot serve" in done.stderr
+
+
+def test_a_projector_lands_on_xllamacpps_mmproj_path():
+    xllamacpp = pytest.importorskip("xllamacpp")
+    seeing = ServerLaunch(binary=Path("/x/skulk-llama-server"), model_path=Path("/m/model.gguf"), port=4321, slots=1,
+                          context_per_slot=512, threads=1, gpu_layers=0, flash_attn=False,
+                          projector_path=Path("/m/mmproj.gguf"))
+    settings = parse_server_argv(seeing.argv()[1:])
+    assert settings.mmproj == "/m/mmproj.gguf"
+    params = xllamacpp.CommonParams()
+    apply_settings(settings, params, xllamacpp.llama_flash_attn_type, xllamacpp.ggml_type,
+                   xllamacpp.common_speculative_type)
+    assert params.mmproj.path == "/m/mmproj.gguf"

@@ -3,6 +3,7 @@ from pathlib import Path
 import pytest
 
 from skulk.shared.types.common import Usage
+from skulk.shared.types.media import IMAGE_MARKER, ImageInput
 from skulk.shared.types.tasks import TextGenerationParams
 from skulk.worker.engines.base import GeneratedToken
 from skulk.worker.engines.served.launch import (
@@ -11,6 +12,7 @@ from skulk.worker.engines.served.launch import (
     ServerLaunch,
     assigned_slots,
     completion_body,
+    image_prompt,
     server_env,
     tokens_of_event,
 )
@@ -116,3 +118,19 @@ def test_logprobs_of_event():
     assert (first.text, first.token_id, first.logprob) == ("", 1, -0.5)
     assert [t.token for t in first.top_logprobs] == ["a"]
     assert (second.text, second.token_id, second.logprob) == ("ab", 2, -0.25)
+
+
+def test_argv_loads_the_projector_only_when_there_is_one():
+    assert "--mmproj" not in ServerLaunch(Path("/bin/ls"), Path("/m.gguf"), 4000, 1, 512, 2, 0, True).argv()
+    argv = ServerLaunch(Path("/bin/ls"), Path("/m.gguf"), 4000, 1, 512, 2, 0, True,
+                        projector_path=Path("/mmproj.gguf")).argv()
+    assert argv[argv.index("--mmproj") + 1] == "/mmproj.gguf"
+
+
+def test_image_prompt_puts_the_servers_marker_where_each_image_stands():
+    black, white = (ImageInput.of(data, "image/png", 1, 1) for data in (b"black-png", b"white-png"))
+    prompt = image_prompt(f"a{IMAGE_MARKER}b{IMAGE_MARKER}c", [black, white], "<__media_X__>")
+    assert prompt == {"prompt_string": "a<__media_X__>b<__media_X__>c",
+                      "multimodal_data": [black.data_b64, white.data_b64]}
+    with pytest.raises(ServedRequestRejected, match="1 image markers for 2 images"):
+        image_prompt(f"a{IMAGE_MARKER}", [black, white], "<__media_X__>")

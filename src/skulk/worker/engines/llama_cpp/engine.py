@@ -116,6 +116,13 @@ class InvalidDimensions(EngineError):
     error_type = StreamErrorType.INVALID_REQUEST
 
 
+class SpecialTextInCallerText(EngineError):
+    """Caller text holding special-token text, in a prompt sent as text to a server that
+    parses special tokens in all of it (a prompt with images)."""
+
+    error_type = StreamErrorType.INVALID_REQUEST
+
+
 def check_token_ids(tokens: Sequence[int], n_vocab: int, index: int) -> None:
     """`InvalidTokens` naming the first id of input `index` outside [0, n_vocab)."""
     for token in tokens:
@@ -436,6 +443,28 @@ class LlamaCppEngine:
             tokens.insert(0, bos)
         return text, tokens
 
+    def server_prompt_text(self, request: TextGenerationParams) -> str:
+        """The rendered prompt as text for a server that tokenizes it itself, parsing
+        special-token text everywhere (llama-server's multimodal prompts): without the
+        leading BOS text (the server adds BOS), and refused (`SpecialTextInCallerText`) when
+        caller text holds special-token text, which the server would read as the token."""
+        llama = self._require_loaded()
+        if request.prompt is not None:
+            text, segments = request.prompt, [Segment(request.prompt, False)]
+        else:
+            text, segments = self._chat_segments(request)
+        caller = [Segment(segment.text, True) for segment in segments if not segment.trusted]
+        if any(isinstance(piece, int) for piece in prompt_pieces(caller, self._special_pattern, self._special_ids)):
+            raise SpecialTextInCallerText(
+                "the request's text holds special-token text, which llama-server would read as the token "
+                "in a prompt with images"
+            )
+        bos = llama.token_bos()
+        bos_text = llama.detokenize([bos], special=True).decode("utf-8", errors="ignore") if bos >= 0 else ""
+        if self._adds_bos() and bos_text and text.startswith(bos_text):
+            text = text[len(bos_text):]
+        return text
+
     def _encode_text(self, text: str) -> list[int]:
         """Tokens of plain text, special-token text included as text. Calls llama.cpp
         directly with a buffer sized to the text (a text never has more tokens than bytes),
@@ -755,6 +784,7 @@ __all__ = [
     "InvalidTokens",
     "LlamaCppEngine",
     "ScoredToken",
+    "SpecialTextInCallerText",
     "check_token_ids",
     "flash_attn_enabled",
     "gpu_layers_for",

@@ -66,6 +66,8 @@ class HostSettings:
     gpu_layers_draft: int | None = None
     cache_type_k_draft: str | None = None
     cache_type_v_draft: str | None = None
+    mmproj: str | None = None
+    """The multimodal projector (`--mmproj`) of a vision card."""
     extras: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -76,7 +78,7 @@ _INT_FLAGS: Mapping[str, str] = {
     "--n-gpu-layers-draft": "gpu_layers_draft", "-ngld": "gpu_layers_draft",
 }
 _STR_FLAGS: Mapping[str, str] = {"--model": "model", "-m": "model", "--host": "host", "--model-draft": "model_draft",
-                                 "-md": "model_draft"}
+                                 "-md": "model_draft", "--mmproj": "mmproj", "-mm": "mmproj"}
 _SWITCHES: Mapping[str, tuple[str, bool]] = {
     "--no-kv-unified": ("kv_unified", False), "--kv-unified": ("kv_unified", True),
     "--cont-batching": ("cont_batching", True), "--no-cont-batching": ("cont_batching", False),
@@ -185,6 +187,8 @@ def apply_settings(settings: HostSettings, params: Any, flash_types: Any, ggml_t
         value = getattr(settings, name)
         if value is not None:
             setattr(params, name, getattr(ggml_types, f"GGML_TYPE_{value.upper()}"))
+    if settings.mmproj is not None:
+        params.mmproj.path = settings.mmproj
     draft = params.speculative.draft
     if settings.model_draft is not None:
         draft.mparams.path = settings.model_draft

@@ -17,6 +17,7 @@ from typing import Any
 from skulk.shared.slots import MAX_SLOTS, SLOT_SETTING_ENV
 from skulk.shared.types.chunks import TopLogprob
 from skulk.shared.types.common import FinishReason, Usage
+from skulk.shared.types.media import IMAGE_MARKER, ImageInput
 from skulk.shared.types.stream_errors import StreamErrorType
 from skulk.shared.types.tasks import TextGenerationParams
 from skulk.worker.engines.base import EngineError, GeneratedToken, ModelLoadFailed, usage_of
@@ -85,6 +86,10 @@ class ServerLaunch:
     """The draft GGUF (`--model-draft`) for draft speculation: it runs on the target's threads
     and device and keeps its KV cache in the target's element type, as admitted."""
 
+    projector_path: Path | None = None
+    """The multimodal projector (`--mmproj`) of a card that sees images: the server then
+    takes `multimodal_data` with a prompt string (`image_prompt_body`)."""
+
     def _draft_args(self) -> tuple[str, ...]:
         if self.draft_model_path is None:
             return ()
@@ -118,6 +123,7 @@ class ServerLaunch:
             "--cache-type-v", self.kv_cache_type,
             *(("--spec-type", self.spec_type) if self.spec_type is not None else ()),
             *self._draft_args(),
+            *(("--mmproj", str(self.projector_path)) if self.projector_path is not None else ()),
         ]
 
 
@@ -126,9 +132,11 @@ def server_env(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def completion_body(
-    request: TextGenerationParams, prompt: str | list[int], grammar: str | None, room_tokens: int | None = None
+    request: TextGenerationParams, prompt: str | list[int] | dict[str, Any], grammar: str | None,
+    room_tokens: int | None = None,
 ) -> dict[str, Any]:
-    """The /completion body for one request: the prompt as token ids (or text), sampling,
+    """The /completion body for one request: the prompt as token ids (or text, or a
+    multimodal prompt, `image_prompt`), sampling,
     penalties, logit bias and grammar. `room_tokens` bounds the output to what is left of the
     request's context (without it and without max_tokens the server decodes until its slot's
     context is full and reports that as 'limit')."""
@@ -161,6 +169,18 @@ def completion_body(
     if grammar is not None:
         body["grammar"] = grammar
     return body
+
+
+def image_prompt(text: str, images: Sequence[ImageInput], media_marker: str) -> dict[str, Any]:
+    """The /completion `prompt` for a rendered chat with images: the text with each
+    `IMAGE_MARKER` replaced by the server's media marker (random per server process, read
+    from its /props), and the images' bytes, base64, in the same order (llama-server's
+    `multimodal_data`). The counts must agree: the API put one marker per image."""
+    markers = text.count(IMAGE_MARKER)
+    if markers != len(images):
+        raise ServedRequestRejected(f"the prompt has {markers} image markers for {len(images)} images")
+    return {"prompt_string": text.replace(IMAGE_MARKER, media_marker),
+            "multimodal_data": [image.data_b64 for image in images]}
 
 
 FINISH_OF_STOP_TYPE: Mapping[str, FinishReason] = {"eos": "stop", "word": "stop", "limit": "length"}
@@ -215,6 +235,7 @@ __all__ = [
     "ServerLaunch",
     "assigned_slots",
     "completion_body",
+    "image_prompt",
     "server_env",
     "tokens_of_event",
 ]

@@ -15,6 +15,15 @@ Cancelling a request closes its HTTP stream, which frees the slot in the server.
 streams go over `sse.LoopbackStreams` (plain keep-alive sockets, half httpx's per-event
 CPU); the rest (health, warm-up) over httpx.
 
+Images (a vision card, started with its projector, `--mmproj`): a request whose messages
+carry images is sent as text instead, the rendered chat with each image marker replaced by
+the server's media marker (random per server process, read from /props at load), and the
+images' bytes as `multimodal_data`; the server tokenizes it, so caller text holding
+special-token text is refused rather than parsed. The prompt length it reports
+(`tokens_evaluated`, image tokens included) is the one announced and counted. The server's
+own prompt cache keys each image by its hash, so a cached text prefix is never reused past
+an image that differs.
+
 Embeddings are not served: llama-server computes them only in an embeddings-only mode, so
 an embedding request gets the dispatcher's typed `WorkloadUnsupported`.
 This module never decides how many slots or which flags (that is `launch`), and never
@@ -38,6 +47,7 @@ from skulk.shared.prefix_cache import cold_budget_bytes
 from skulk.shared.settings import setting
 from skulk.shared.tool_grammar import SchemaNotSupported, request_grammar
 from skulk.shared.types.cards import backend_engine
+from skulk.shared.types.media import ImageInput
 from skulk.shared.types.node_facts import ENGINE_BINARY_ENV
 from skulk.shared.types.speculative import LLAMA_SERVER_SPEC_TYPES
 from skulk.shared.types.tasks import TextGenerationParams
@@ -61,9 +71,11 @@ from skulk.worker.engines.llama_cpp.engine import (
 from skulk.worker.engines.openmp import physical_cores
 from skulk.worker.engines.served.launch import (
     HOST,
+    ServedRequestRejected,
     ServerLaunch,
     assigned_slots,
     completion_body,
+    image_prompt,
     server_env,
     tokens_of_event,
 )
@@ -83,6 +95,26 @@ READ_TIMEOUT_S = 600.0
 """Longest silence between two stream events: a prompt waiting behind every other slot's
 prompt evaluation on a slow CPU, with margin. Past it the request fails, typed."""
 WARM_UP_PROMPT = "Hello"
+
+
+class ProjectorMissing(ModelLoadFailed):
+    """A vision card whose projector (mmproj) is not on this node."""
+
+
+class ImagesNotServed(ServedRequestRejected):
+    """Images sent to a runner whose model has no projector loaded."""
+
+
+def projector_launch_path(spec: ShardSpec) -> Path | None:
+    """The projector the server loads for a card that sees images, or None. A vision card
+    without its projector on this node is refused at load: it must not be served blind."""
+    if "vision" not in spec.card.capabilities:
+        return None
+    if spec.projector_path is None or not Path(spec.projector_path).is_file():
+        source = spec.card.vision_weights_repo or "the generated mmproj beside the model"
+        raise ProjectorMissing(f"{spec.card.model_id} sees images through its projector ({source}), "
+                               f"which is not on this node ({spec.projector_path or 'not resolved'})")
+    return Path(spec.projector_path)
 
 
 
@@ -108,6 +140,8 @@ class LlamaServerEngine(ServedEngineShell):
         self._tokenizer = LlamaCppEngine()
         self._context_tokens = 0
         self._streams: LoopbackStreams | None = None
+        self._media_marker: str | None = None
+        """The server's media marker when it loaded a projector; None: it sees no images."""
 
     def close(self) -> None:
         streams, self._streams = self._streams, None
@@ -144,6 +178,7 @@ class LlamaServerEngine(ServedEngineShell):
         if not Path(spec.model_path).is_file():
             raise ModelLoadFailed(f"GGUF file not found: {spec.model_path}")
         draft = draft_launch_path(spec)
+        projector = projector_launch_path(spec)
         slots = assigned_slots("llama_server", shard.slots)  # placement admitted KV for this many
         self._context_tokens = min(spec.instance.context_token_limit, spec.card.context_length)
         self._tokenizer.load_tokenizer(spec.model_path, self._context_tokens, spec.card.reasoning.switches)
@@ -165,6 +200,7 @@ class LlamaServerEngine(ServedEngineShell):
             kv_cache_type=shard.kv_cache_type,
             spec_type=LLAMA_SERVER_SPEC_TYPES.get(spec.card.runtime.speculative or "none"),
             draft_model_path=draft,
+            projector_path=projector,
         )
         self._server = self._start(launch)
         self._slots = slots
@@ -174,9 +210,21 @@ class LlamaServerEngine(ServedEngineShell):
             timeout=httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
             limits=httpx.Limits(max_connections=slots + 2, max_keepalive_connections=slots + 2),
         )
-        log.info("llama-server pid %d on port %d: %d slots x %d tokens, %s KV cache, speculation %s%s, %s",
+        self._media_marker = self._read_media_marker() if projector is not None else None
+        log.info("llama-server pid %d on port %d: %d slots x %d tokens, %s KV cache, speculation %s%s, %s%s",
                  self._server.pid, self._server.port, slots, launch.context_per_slot, launch.kv_cache_type,
-                 launch.spec_type or "off", f" (draft {draft})" if draft is not None else "", spec.model_path)
+                 launch.spec_type or "off", f" (draft {draft})" if draft is not None else "", spec.model_path,
+                 f" with projector {projector}" if projector is not None else "")
+
+    def _read_media_marker(self) -> str:
+        """The marker the server's multimodal prompts use for an image (random per process)."""
+        client = self._require_loaded()
+        response = self._call(lambda: client.get("/props"))
+        marker = response.json().get("media_marker") if response.status_code == 200 else None
+        if not isinstance(marker, str) or not marker:
+            raise ModelLoadFailed(f"llama-server loaded the projector but its /props names no media_marker "
+                                  f"({response.status_code}): {response.text[:300]}")
+        return marker
 
     def _start(self, launch: ServerLaunch) -> ServerProcess:
         return start_healthy(lambda port: _with_port(launch, port).argv(), server_env(self._env),
@@ -202,6 +250,20 @@ class LlamaServerEngine(ServedEngineShell):
         """The exact tokens the server is sent for `request` (count-only requests use it)."""
         return self._tokenizer.prompt_tokens(request, cancelled)
 
+    def prompt_token_count(self, request: TextGenerationParams) -> int:
+        """The prompt's length as the server feeds it (count-only requests): its tokens, or,
+        with images, the server's own count (image tokens included), from a request that
+        evaluates the prompt and generates nothing kept (it also warms the prompt cache)."""
+        images = [image for message in request.messages for image in message.images]
+        if not images:
+            return len(self.prompt_tokens(request))
+        client = self._require_loaded()
+        body = {"prompt": self._image_prompt(request, images), "n_predict": 0, "cache_prompt": True}
+        response = self._call(lambda: client.post("/completion", json=body))
+        if response.status_code != 200:
+            raise _server_error(response.status_code, response.text)
+        return int(response.json()["tokens_evaluated"])
+
     def _generate(
         self, request: TextGenerationParams, cancelled: threading.Event
     ) -> Iterator[GeneratedToken]:
@@ -213,10 +275,15 @@ class LlamaServerEngine(ServedEngineShell):
         context = min(self._context_tokens, request.context_tokens or self._context_tokens)
         if len(tokens) >= context:
             raise PromptTooLong(len(tokens), context)
-        body = completion_body(request, tokens, grammar, context - len(tokens))
+        images = [image for message in request.messages for image in message.images]
+        # With images the text's own tokens are a lower bound on the prompt (each marker's
+        # text stands for its image's tokens): the server refuses an over-long one, typed.
+        prompt = self._image_prompt(request, images) if images else tokens
+        body = completion_body(request, prompt, grammar, context - len(tokens))
         top = request.top_logprobs or 0
         announce = True  # the first token says the prompt's length, as the in-process engine's does
-        if request.prompt is None and grammar is None and opens_reasoning(text):
+        think_open = request.prompt is None and grammar is None and opens_reasoning(text)
+        if think_open and not images:
             yield GeneratedToken(THINK_OPEN, prompt_tokens=len(tokens))  # the template opened the think block
             announce = False
         streams = self._streams
@@ -229,9 +296,15 @@ class LlamaServerEngine(ServedEngineShell):
                 if response.status != 200:
                     raise _server_error(response.status, response.read().decode("utf-8", "replace"))
 
+                evaluated: list[int] = []  # the server's prompt length, image tokens included
+
                 def tokens_of_line(line: bytes) -> Iterable[GeneratedToken]:
                     event = _event_of(line.decode("utf-8"))
-                    return () if event is None else tokens_of_event(event, request.logprobs, top)
+                    if event is None:
+                        return ()
+                    if not evaluated and event.get("tokens_evaluated"):
+                        evaluated.append(int(event["tokens_evaluated"]))
+                    return tokens_of_event(event, request.logprobs, top)
 
                 # Returning (cancelled) leaves the block, which closes the socket: the
                 # server frees the slot.
@@ -241,10 +314,22 @@ class LlamaServerEngine(ServedEngineShell):
                     first = next(relayed, None)
                     if first is None:
                         return
-                    yield replace(first, prompt_tokens=len(tokens))
+                    # With images only the server knows the prompt's length: a think block
+                    # the template opened is reported once the server has said it.
+                    count = evaluated[0] if images and evaluated else len(tokens)
+                    if think_open:
+                        yield GeneratedToken(THINK_OPEN, prompt_tokens=count)
+                        yield first
+                    else:
+                        yield replace(first, prompt_tokens=count)
                 yield from relayed
         except TRANSPORT_ERRORS as exc:
             raise self._transport_failure(exc) from exc
+
+    def _image_prompt(self, request: TextGenerationParams, images: list[ImageInput]) -> dict[str, Any]:
+        if self._media_marker is None:
+            raise ImagesNotServed("this model has no projector loaded: it does not see images")
+        return image_prompt(self._tokenizer.server_prompt_text(request), images, self._media_marker)
 
     def _call(self, send):
         try:
@@ -301,4 +386,12 @@ def _invalid(message: str) -> EngineError:
     return ServedRequestRejected(f"llama-server refused the request: {message}")
 
 
-__all__ = ["CONNECT_TIMEOUT_S", "PORT_ATTEMPTS", "READ_TIMEOUT_S", "LlamaServerEngine"]
+__all__ = [
+    "CONNECT_TIMEOUT_S",
+    "PORT_ATTEMPTS",
+    "READ_TIMEOUT_S",
+    "ImagesNotServed",
+    "LlamaServerEngine",
+    "ProjectorMissing",
+    "projector_launch_path",
+]
