@@ -20,6 +20,7 @@ from typing import Any, Protocol, Self, TypeVar
 
 from fastapi import Request
 
+from skulk.api import media
 from skulk.api.auth import current_principal
 from skulk.api.context import ApiContext, api_context
 from skulk.api.errors import (
@@ -507,6 +508,17 @@ def check_features(instance: Instance, params: TextGenerationParams,
                                  param=(param_names or {}).get(param, param))
 
 
+def check_vision(context: ApiContext, params: TextGenerationParams,
+                 param_names: Mapping[str, str] | None = None) -> None:
+    """A 400 naming the model when `params` carries images and its card does not say the
+    model sees (the engine's half is `check_features`, Feature.IMAGES)."""
+    if not media.image_count(params.messages):
+        return
+    param = (param_names or {}).get("messages", "messages")
+    if (refusal := media.vision_refusal(params.model_id, context.get_cards().get(params.model_id), param)) is not None:
+        raise refusal
+
+
 def check_reasoning_switch(context: ApiContext, params: TextGenerationParams,
                            param_names: Mapping[str, str] | None = None) -> None:
     """A 400 naming the caller's parameter when the model cannot turn its reasoning on, off
@@ -563,6 +575,7 @@ def bind_instance(context: ApiContext, params: TextGenerationParams, *, max_toke
     before any runner queues it), some instance of it serves or is loading (503 naming the
     down runners otherwise), and there is a master (503)."""
     instance = _placed_instance(context, params, generation_limits_error)
+    check_vision(context, params, param_names)
     check_features(instance, params, param_names)
     check_reasoning_switch(context, params, param_names)
     check_speculative(context, params, param_names)

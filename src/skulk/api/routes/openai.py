@@ -31,6 +31,7 @@ from skulk.api.adapters.openai_chat import (
     choice_count,
     collect_response,
     command_id_from,
+    image_urls,
     merge_choices,
     model_entry,
     model_list,
@@ -46,6 +47,7 @@ from skulk.api.generation import (
     for_placed_model,
 )
 from skulk.api.generation_handle import Generation
+from skulk.api.image_fetch import fetch_request_images
 from skulk.api.openapi_errors import OPENAI_ERROR_RESPONSES
 from skulk.api.response_store import RESPONSE_TTL_S, ResponseStore, StoredResponse, key_scope
 from skulk.observe.cluster_diagnostics import gather_from_peers
@@ -83,7 +85,8 @@ def get_model(request: Request, model_id: str) -> dict[str, Any]:
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(request: Request, body: ChatCompletionRequest) -> StreamingResponse | dict[str, Any]:
     context = _context(request)
-    params = for_placed_model(context, to_params(body))
+    fetched = await fetch_request_images(image_urls(body))
+    params = for_placed_model(context, to_params(body, fetched))
     n = choice_count(body.n)
     generation = await Generation.start(
         request, context, params, n,
@@ -189,7 +192,8 @@ async def responses(request: Request, body: openai_responses.ResponsesRequest) -
     context = _context(request)
     history = (await stored_response(request, body.previous_response_id, "previous_response_id")).conversation \
         if body.previous_response_id else ()
-    params = for_placed_model(context, openai_responses.to_params(body, history))
+    fetched = await fetch_request_images(openai_responses.image_urls(body))
+    params = for_placed_model(context, openai_responses.to_params(body, history, fetched))
     generation = await Generation.start(request, context, params, max_tokens_param="max_output_tokens",
                                         param_names=RESPONSES_PARAMS, wire="openai.responses")
     created = int(time.time())

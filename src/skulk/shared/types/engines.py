@@ -45,6 +45,9 @@ class Feature(StrEnum):
     LOGIT_BIAS = "logit bias"
     N = "several choices (n)"
     PROMPT_LOGPROBS = "prompt logprobs (echo with logprobs)"
+    IMAGES = "images"
+    """Image inputs (`ChatMessage.images`): the engine puts each image's embedding where its
+    marker stands. The card must also say the model sees (capability "vision")."""
 
 
 @dataclass(frozen=True)
@@ -149,7 +152,8 @@ ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
         sharded_families=None,
         span_shardings=frozenset({"Pipeline"}),
         window_at_load=True,
-        features=frozenset(Feature),
+        # Images: llama-cpp-python's multimodal path is not wired; its served twin sees.
+        features=frozenset(Feature) - {Feature.IMAGES},
         workloads=frozenset({"text", "embeddings", "echo"}),
         modules=("llama_cpp",),
         vendor_computes=_GGUF_COMPUTES,
@@ -163,7 +167,8 @@ ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
         families=LLAMA_CPP_ARCHITECTURES,
         window_at_load=True,
         # Prompt logprobs: the server scores generated tokens only. Embeddings need a server
-        # started in embeddings-only mode: not served (its workloads are text only).
+        # started in embeddings-only mode: not served (its workloads are text only). Images:
+        # served through the card's mmproj (`--mmproj`, vision_weights_file).
         features=frozenset(Feature) - {Feature.PROMPT_LOGPROBS},
         binary_env="SKULK_LLAMA_SERVER_BIN",
         managed_build=True,
@@ -188,7 +193,8 @@ ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
         # tensor group. A pipeline's last rank samples without the tokenizer or the prompt,
         # so a pipeline serves plain sampling only. The stage computes the head for the last
         # position only, so no prompt logprobs. No MLX embedding path: text only.
-        features=frozenset(Feature) - {Feature.PROMPT_LOGPROBS},
+        # No image path on MLX yet (mlx-vlm is not wired): images are refused by name.
+        features=frozenset(Feature) - {Feature.PROMPT_LOGPROBS, Feature.IMAGES},
         pipeline_features=frozenset({Feature.N}),
         # MLX needs mlx-lm for its model implementations; on Linux mlx[cpu] serves on CPU.
         modules=("mlx", "mlx_lm"),
@@ -308,7 +314,17 @@ def required_features(params: TextGenerationParams) -> list[tuple[Feature, str]]
             break
     if params.logit_bias:
         wanted.append((Feature.LOGIT_BIAS, "logit_bias"))
+    if any(message.images for message in params.messages):
+        wanted.append((Feature.IMAGES, "messages"))
     return wanted
+
+
+def sees_images(engine: str) -> bool:
+    """Whether `engine` (a bare engine name), or the served twin placement puts first,
+    serves image inputs."""
+    twin = traits_of(engine).served_twin
+    return Feature.IMAGES in traits_of(engine).features or (twin is not None and Feature.IMAGES in
+                                                              traits_of(twin).features)
 
 
 def honoured_features(engine: str, *, pipelined: bool = False) -> frozenset[Feature]:
@@ -358,6 +374,7 @@ __all__ = [
     "loads_family",
     "missing_features",
     "required_features",
+    "sees_images",
     "serves_workload",
     "shards_family",
     "spans_with",
