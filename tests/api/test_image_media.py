@@ -131,3 +131,12 @@ def test_a_card_sees_when_it_says_so_and_an_engine_of_it_serves_images() -> None
     assert media.vision_refusal(MLX_SEEING, CARDS[MLX_SEEING], "messages") is None
     refusal = media.vision_refusal("some/model", None, "messages")
     assert refusal is not None and "some/model" in refusal.message and refusal.code == "model_cannot_see"
+
+
+def test_the_task_input_topic_admits_a_full_request() -> None:
+    from skulk.routing.topics import TOPICS
+    from skulk.shared.body_limits import MAX_MAX_BODY_BYTES
+
+    # Every image as base64 inside the TaskInput, plus the largest body's text, plus framing.
+    full = media.MAX_REQUEST_IMAGE_BYTES * 4 // 3 + MAX_MAX_BODY_BYTES + (1 << 20)
+    assert (TOPICS.task_inputs.max_payload_bytes or 0) >= full
