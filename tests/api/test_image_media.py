@@ -140,3 +140,14 @@ def test_the_task_input_topic_admits_a_full_request() -> None:
     # Every image as base64 inside the TaskInput, plus the largest body's text, plus framing.
     full = media.MAX_REQUEST_IMAGE_BYTES * 4 // 3 + MAX_MAX_BODY_BYTES + (1 << 20)
     assert (TOPICS.task_inputs.max_payload_bytes or 0) >= full
+
+
+def test_stored_responses_bound_the_image_bytes_they_keep() -> None:
+    from skulk.api.response_store import ResponseStore, StoredResponse
+
+    message = _with_images(1)
+    size = len(message.images[0].data_b64)
+    store = ResponseStore(image_bytes=2 * size)
+    for name in ("a", "b", "c"):
+        store.put(name, StoredResponse("", 0.0, {}, (message,)))
+    assert [store.get(name, "", 0.0) is not None for name in ("a", "b", "c")] == [False, True, True]

@@ -237,3 +237,18 @@ async def test_no_image_bytes_reach_state_or_the_event_log() -> None:
     for blob in [pack(command), *logged, pack(state), state.model_dump_json().encode()]:
         assert distinctive not in blob and encoded not in blob and encoded[:64] not in blob
     assert not any(m.images for task in state.tasks.values() for m in getattr(task.params, "messages", []))
+
+
+async def test_a_blind_model_is_refused_before_any_url_is_fetched(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SKULK_IMAGE_FETCH_ALLOW_PRIVATE", "1")
+    hits: list[str] = []
+    app, _ = vision_app()
+    with loopback_server() as url:
+        async def fetch(urls):
+            hits.extend(u for u, _ in urls)
+            return {}
+        monkeypatch.setattr("skulk.api.generation.fetch_request_images", fetch)
+        async with asgi_http(app) as http:
+            response = await _post(http, *_openai(BLIND, _image_url(url)))
+    assert response.status_code == 400 and response.json()["error"]["code"] == "model_cannot_see"
+    assert hits == []

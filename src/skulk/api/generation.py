@@ -32,6 +32,7 @@ from skulk.api.errors import (
     ModelNotServing,
     StreamFailed,
 )
+from skulk.api.image_fetch import fetch_request_images
 from skulk.api.limits import context_error, generation_limits_error, workload_limits_error
 from skulk.api.output import OutputShaper
 from skulk.api.streams import CommandStream
@@ -519,6 +520,19 @@ def check_vision(context: ApiContext, params: TextGenerationParams,
         raise refusal
 
 
+async def fetched_images(context: ApiContext, model: str, urls: Sequence[tuple[str, str]],
+                         param: str = "messages") -> dict[str, bytes]:
+    """The bodies of a request's image URLs (`skulk.api.image_fetch`), fetched only once the
+    model (`model` as typed) is known to accept images: a blind model's request is refused
+    (400 naming it) without any fetch."""
+    if not urls:
+        return {}
+    model_id = placed_model(context, model)
+    if (refusal := media.vision_refusal(model_id, context.get_cards().get(ModelId(model_id)), param)) is not None:
+        raise refusal
+    return await fetch_request_images(urls)
+
+
 def check_reasoning_switch(context: ApiContext, params: TextGenerationParams,
                            param_names: Mapping[str, str] | None = None) -> None:
     """A 400 naming the caller's parameter when the model cannot turn its reasoning on, off
@@ -688,6 +702,7 @@ __all__ = [
     "bind_instance",
     "cancel_later",
     "check_features",
+    "check_vision",
     "check_wire_ints",
     "choice_params",
     "collect_choices",
@@ -696,6 +711,7 @@ __all__ = [
     "embeddings_of",
     "encoded_choice_events",
     "encoded_events",
+    "fetched_images",
     "finished_later",
     "for_placed_model",
     "interleaved",

@@ -28,10 +28,10 @@ from skulk.api.adapters.anthropic import (
 )
 from skulk.api.context import api_context
 from skulk.api.generation import (
+    fetched_images,
     for_placed_model,
 )
 from skulk.api.generation_handle import Generation
-from skulk.api.image_fetch import fetch_request_images
 from skulk.api.openapi_errors import ANTHROPIC_ERROR_RESPONSES
 
 router = APIRouter(responses=ANTHROPIC_ERROR_RESPONSES)
@@ -40,7 +40,7 @@ router = APIRouter(responses=ANTHROPIC_ERROR_RESPONSES)
 @router.post("/v1/messages", response_model=None)
 async def create_message(request: Request, body: MessagesRequest) -> StreamingResponse | dict[str, Any]:
     context = api_context(request)
-    params = for_placed_model(context, to_params(body, await fetch_request_images(image_urls(body))))
+    params = for_placed_model(context, to_params(body, await fetched_images(context, body.model, image_urls(body))))
     generation = await Generation.start(request, context, params, param_names=PARAM_NAMES, wire="anthropic.messages")
     if body.stream:
         encoder = MessageStreamEncoder(command_id=generation.command_id, model=body.model, stop_sequences=params.stop)
@@ -54,7 +54,7 @@ async def count_tokens(request: Request, body: CountTokensRequest) -> dict[str, 
     """The input tokens the same message request would use: the runner renders and
     tokenizes it exactly as for generation, and generates nothing."""
     context = api_context(request)
-    fetched = await fetch_request_images(image_urls(body))
+    fetched = await fetched_images(context, body.model, image_urls(body))
     generation = await Generation.start(request, context, for_placed_model(context, count_params(body, fetched)),
                                         param_names=PARAM_NAMES)
     [chunks] = await generation.collect()
