@@ -252,3 +252,11 @@ async def test_a_blind_model_is_refused_before_any_url_is_fetched(monkeypatch: p
             response = await _post(http, *_openai(BLIND, _image_url(url)))
     assert response.status_code == 400 and response.json()["error"]["code"] == "model_cannot_see"
     assert hits == []
+
+
+async def test_ollama_generate_with_images_and_no_prompt_is_a_generation() -> None:
+    app, cluster = vision_app()
+    async with asgi_http(app) as http:
+        response = await _post(http, "/ollama/api/generate", {"model": SEEING, "stream": False, "images": [b64(PNG)]})
+    assert response.status_code == 200 and response.json()["response"] == "I see", response.text
+    _assert_images(cluster.params(), M, [PNG])

@@ -286,7 +286,7 @@ def _images(images: list[str] | None, param: str) -> list[ImageInput]:
 
 def _with_markers(text: str, count: int) -> str:
     """Ollama's images have no position in the text: they go first, as Ollama puts them."""
-    return "\n".join([IMAGE_MARKER] * count + [text]) if count else text
+    return "\n".join([IMAGE_MARKER] * count + ([text] if text else [])) if count else text
 
 
 def chat_params(request: ChatRequest) -> TextGenerationParams:
