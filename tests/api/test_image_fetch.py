@@ -217,3 +217,12 @@ async def test_a_stalled_server_fails_at_the_deadline() -> None:
         with pytest.raises(InvalidRequest) as raised:
             await fetch_images([(url, "u")], FetchPolicy(allow_private=True, deadline_s=0.3))
     assert raised.value.code == "image_fetch_failed"
+
+
+async def test_the_request_budget_bounds_fetches_together(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(image_fetch, "MAX_REQUEST_IMAGE_BYTES", len(PNG) + 10)
+    urls = [("https://images.example/a.png", "first"), ("https://images.example/b.png", "second")]
+    with pytest.raises(InvalidRequest) as raised:
+        await fetch_images(urls, FetchPolicy(), resolve=resolver({"images.example": [PUBLIC]}),
+                           transport=httpx.MockTransport(lambda r: httpx.Response(200, content=PNG)))
+    assert (raised.value.param, raised.value.code) == ("second", "images_too_large")

@@ -223,6 +223,11 @@ async def fetch_images(urls: Sequence[tuple[str, str]], policy: FetchPolicy, *, 
                     body = await _fetch_one(client, url, param, policy, resolve, max(limit, 0))
             except TimeoutError:
                 raise _failed(param, f"not fetched within {policy.deadline_s:g} s") from None
+            except InvalidRequest as error:
+                if error.code == "image_too_large" and limit < MAX_IMAGE_BYTES:  # the request's budget, not the image's
+                    raise InvalidRequest(f"The request's images are more than {MAX_REQUEST_IMAGE_BYTES} bytes in all "
+                                         f"(at '{param}').", param=param, code="images_too_large") from None
+                raise
             fetched[url] = body
             total += len(body)
     return fetched
