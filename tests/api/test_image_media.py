@@ -8,7 +8,7 @@ import hashlib
 import pytest
 
 from skulk.api import media
-from skulk.api.errors import InvalidRequest
+from skulk.api.errors import ImageRefused, InvalidRequest, ModelCannotSee
 from skulk.shared.types.common import ChatMessage
 from skulk.shared.types.engines import Feature, honoured_features, sees_images
 from skulk.shared.types.media import IMAGE_MARKER
@@ -68,7 +68,7 @@ def test_unpadded_and_wrapped_base64_is_taken() -> None:
     (b"MZ\x90\0 an executable", "unsupported_image_type"),
 ])
 def test_bad_images_are_refused_by_kind(data: bytes, code: str) -> None:
-    with pytest.raises(InvalidRequest) as raised:
+    with pytest.raises(ImageRefused) as raised:
         media.image_input(data, "images[0]")
     assert (raised.value.param, raised.value.code) == ("images[0]", code)
 
@@ -130,7 +130,7 @@ def test_a_card_sees_when_it_says_so_and_an_engine_of_it_serves_images() -> None
     assert not media.card_sees(CARDS[MLX_SEEING])  # says vision, but only MLX runs it
     assert media.vision_refusal(MLX_SEEING, CARDS[MLX_SEEING], "messages") is None
     refusal = media.vision_refusal("some/model", None, "messages")
-    assert refusal is not None and "some/model" in refusal.message and refusal.code == "model_cannot_see"
+    assert isinstance(refusal, ModelCannotSee) and refusal.model_id == "some/model" and "some/model" in refusal.message
 
 
 def test_the_task_input_topic_admits_a_full_request() -> None:

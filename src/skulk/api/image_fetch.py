@@ -17,7 +17,7 @@ is the shell that owns DNS, sockets and the clock.
 
 Errors (a 400 in the caller's shape, `param` naming the URL's field):
 
-    InvalidRequest
+    ImageRefused (InvalidRequest)
     ├── image_url_refused   a scheme, host or address this node does not fetch, a redirect to one
     │                       or too many redirects
     └── image_fetch_failed  the fetch itself failed: unresolvable, unreachable, a non-2xx answer,
@@ -37,7 +37,7 @@ from urllib.parse import urljoin, urlsplit
 
 import httpx
 
-from skulk.api.errors import InvalidRequest
+from skulk.api.errors import ImageRefused
 from skulk.api.media import MAX_IMAGE_BYTES, MAX_REQUEST_IMAGE_BYTES, too_large
 from skulk.shared.settings import setting
 
@@ -71,13 +71,13 @@ class FetchPolicy:
         return cls(allow_private=raw not in ("", "0", "false", "no", "off"))
 
 
-def _refused(param: str, why: str) -> InvalidRequest:
-    return InvalidRequest(f"'{param}': this node does not fetch that URL: {why}.", param=param,
+def _refused(param: str, why: str) -> ImageRefused:
+    return ImageRefused(f"'{param}': this node does not fetch that URL: {why}.", param=param,
                           code="image_url_refused")
 
 
-def _failed(param: str, why: str) -> InvalidRequest:
-    return InvalidRequest(f"'{param}': the image could not be fetched: {why}.", param=param,
+def _failed(param: str, why: str) -> ImageRefused:
+    return ImageRefused(f"'{param}': the image could not be fetched: {why}.", param=param,
                           code="image_fetch_failed")
 
 
@@ -223,9 +223,9 @@ async def fetch_images(urls: Sequence[tuple[str, str]], policy: FetchPolicy, *, 
                     body = await _fetch_one(client, url, param, policy, resolve, max(limit, 0))
             except TimeoutError:
                 raise _failed(param, f"not fetched within {policy.deadline_s:g} s") from None
-            except InvalidRequest as error:
+            except ImageRefused as error:
                 if error.code == "image_too_large" and limit < MAX_IMAGE_BYTES:  # the request's budget, not the image's
-                    raise InvalidRequest(f"The request's images are more than {MAX_REQUEST_IMAGE_BYTES} bytes in all "
+                    raise ImageRefused(f"The request's images are more than {MAX_REQUEST_IMAGE_BYTES} bytes in all "
                                          f"(at '{param}').", param=param, code="images_too_large") from None
                 raise
             fetched[url] = body

@@ -12,9 +12,9 @@ type), the size and pixel count are bounded, and the dimensions come from the he
 Pure: this module never reads a socket or the clock. Fetching an URL is
 `skulk.api.image_fetch`'s; the routes call it and pass the bytes in.
 
-Errors (all `InvalidRequest`, a 400 in the caller's shape, `code` telling them apart):
+Errors (a 400 in the caller's shape; `ImageRefused`'s `code` tells them apart):
 
-    InvalidRequest
+    ImageRefused (InvalidRequest)
     ├── image_too_large        an image above MAX_IMAGE_BYTES, or pixels above MAX_IMAGE_PIXELS
     ├── images_too_large       a request's images above MAX_REQUEST_IMAGE_BYTES in all
     ├── too_many_images        more than MAX_IMAGES_PER_REQUEST
@@ -34,7 +34,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Final, Literal, cast, get_args
 
-from skulk.api.errors import InvalidRequest
+from skulk.api.errors import ImageRefused, ModelCannotSee
 from skulk.shared.types.cards import ModelCard, backend_engine
 from skulk.shared.types.common import ChatMessage
 from skulk.shared.types.engines import sees_images
@@ -106,7 +106,7 @@ def decode_base64(text: str, param: str) -> bytes:
     try:
         return base64.b64decode(compact + "=" * (-len(compact) % 4), validate=True)
     except (binascii.Error, ValueError):
-        raise InvalidRequest(f"'{param}' is not valid base64 image data.", param=param, code="invalid_image") from None
+        raise ImageRefused(f"'{param}' is not valid base64 image data.", param=param, code="invalid_image") from None
 
 
 def parse_data_url(url: str, param: str) -> bytes:
@@ -114,16 +114,16 @@ def parse_data_url(url: str, param: str) -> bytes:
     base64 data is an image; the declared type is ignored (the bytes are sniffed)."""
     match = _DATA_URL.fullmatch(url)
     if match is None:
-        raise InvalidRequest(f"'{param}' is not a valid data: URL (expected data:image/...;base64,...).",
+        raise ImageRefused(f"'{param}' is not a valid data: URL (expected data:image/...;base64,...).",
                              param=param, code="invalid_image")
     if "base64" not in [p.strip().lower() for p in match["params"].split(";")]:
-        raise InvalidRequest(f"'{param}': a data: URL image must be base64 (data:image/png;base64,...).",
+        raise ImageRefused(f"'{param}': a data: URL image must be base64 (data:image/png;base64,...).",
                              param=param, code="invalid_image")
     return decode_base64(match["data"], param)
 
 
-def too_large(size_bytes: int, param: str) -> InvalidRequest:
-    return InvalidRequest(f"'{param}' is an image of {size_bytes} bytes; the limit is {MAX_IMAGE_BYTES} bytes.",
+def too_large(size_bytes: int, param: str) -> ImageRefused:
+    return ImageRefused(f"'{param}' is an image of {size_bytes} bytes; the limit is {MAX_IMAGE_BYTES} bytes.",
                           param=param, code="image_too_large")
 
 
@@ -143,13 +143,13 @@ def dimensions(data: bytes, media_type: ImageMediaType, param: str) -> tuple[int
             with Image.open(io.BytesIO(data), formats=[_PIL_FORMATS[media_type]]) as image:
                 width, height = image.size
     except Image.DecompressionBombError:
-        raise InvalidRequest(f"'{param}' declares more than {MAX_IMAGE_PIXELS} pixels; the limit is "
+        raise ImageRefused(f"'{param}' declares more than {MAX_IMAGE_PIXELS} pixels; the limit is "
                              f"{MAX_IMAGE_PIXELS} pixels.", param=param, code="image_too_large") from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError):
-        raise InvalidRequest(f"'{param}' is not a decodable {media_type} image.", param=param,
+        raise ImageRefused(f"'{param}' is not a decodable {media_type} image.", param=param,
                              code="invalid_image") from None
     if width < 1 or height < 1:
-        raise InvalidRequest(f"'{param}' declares an empty image ({width}x{height}).", param=param,
+        raise ImageRefused(f"'{param}' declares an empty image ({width}x{height}).", param=param,
                              code="invalid_image")
     return width, height
 
@@ -158,9 +158,9 @@ def check_detail(detail: str | None, param: str) -> Detail:
     """OpenAI's `detail` as asked, refused unless some engine honours it (`SERVED_DETAILS`)."""
     value = detail or "auto"
     if value not in get_args(Detail):
-        raise InvalidRequest(f"'{param}' must be 'auto', 'low' or 'high', got {value!r}.", param=param)
+        raise ImageRefused(f"'{param}' must be 'auto', 'low' or 'high', got {value!r}.", param=param)
     if value not in SERVED_DETAILS:
-        raise InvalidRequest(f"'{param}' {value!r} is not served: no engine resizes images per request; send "
+        raise ImageRefused(f"'{param}' {value!r} is not served: no engine resizes images per request; send "
                              "'auto' or leave it out.", param=param, code="unsupported_image_detail")
     return cast(Detail, value)
 
@@ -172,11 +172,11 @@ def image_input(data: bytes, param: str, detail: Detail = "auto") -> ImageInput:
         raise too_large(len(data), param)
     media_type = sniff(data)
     if media_type is None:
-        raise InvalidRequest(f"'{param}' is not a PNG, JPEG, WebP or GIF image (judged from its bytes).",
+        raise ImageRefused(f"'{param}' is not a PNG, JPEG, WebP or GIF image (judged from its bytes).",
                              param=param, code="unsupported_image_type")
     width, height = dimensions(data, media_type, param)
     if width * height > MAX_IMAGE_PIXELS:
-        raise InvalidRequest(f"'{param}' is {width}x{height} pixels ({width * height}); the limit is "
+        raise ImageRefused(f"'{param}' is {width}x{height} pixels ({width * height}); the limit is "
                              f"{MAX_IMAGE_PIXELS} pixels.", param=param, code="image_too_large")
     return ImageInput.of(data, media_type, width, height, detail)
 
@@ -195,38 +195,38 @@ def image_from_url(url: str, fetched: Mapping[str, bytes], param: str, detail: D
     if is_fetched_url(url):
         body = fetched.get(url)
         if body is None:  # the route fetches every URL `image_urls` found; this one it missed
-            raise InvalidRequest(f"'{param}' was not fetched.", param=param, code="image_url_refused")
+            raise ImageRefused(f"'{param}' was not fetched.", param=param, code="image_url_refused")
         return image_input(body, param, detail)
-    raise InvalidRequest(f"'{param}' must be an https:// or data: URL.", param=param, code="image_url_refused")
+    raise ImageRefused(f"'{param}' must be an https:// or data: URL.", param=param, code="image_url_refused")
 
 
 def check_text(text: str | None, param: str) -> str | None:
     """`text` unless it holds `IMAGE_MARKER` (which only ever stands for an image): a 400
     naming `param` then."""
     if text is not None and IMAGE_MARKER in text:
-        raise InvalidRequest(f"'{param}' holds {IMAGE_MARKER!r}, which stands for an image here; remove it.",
+        raise ImageRefused(f"'{param}' holds {IMAGE_MARKER!r}, which stands for an image here; remove it.",
                              param=param, code="image_marker_in_text")
     return text
 
 
-def check_request(messages: Sequence[ChatMessage], prompt: str | None = None) -> InvalidRequest | None:
+def check_request(messages: Sequence[ChatMessage], prompt: str | None = None) -> ImageRefused | None:
     """The first bound the images of a normalised request break, or None: the count, the
     total bytes, and each message's markers matching its images (text holding a marker of
     its own, from any path, is refused here even where an adapter did not check)."""
     if prompt is not None and IMAGE_MARKER in prompt:
-        return InvalidRequest(f"'prompt' holds {IMAGE_MARKER!r}, which stands for an image here; remove it.",
+        return ImageRefused(f"'prompt' holds {IMAGE_MARKER!r}, which stands for an image here; remove it.",
                               param="prompt", code="image_marker_in_text")
     count = sum(len(m.images) for m in messages)
     if count > MAX_IMAGES_PER_REQUEST:
-        return InvalidRequest(f"The request holds {count} images; the limit is {MAX_IMAGES_PER_REQUEST}.",
+        return ImageRefused(f"The request holds {count} images; the limit is {MAX_IMAGES_PER_REQUEST}.",
                               param="messages", code="too_many_images")
     total = sum(len(image.data_b64) * 3 // 4 for m in messages for image in m.images)
     if total > MAX_REQUEST_IMAGE_BYTES:
-        return InvalidRequest(f"The request's images are {total} bytes in all; the limit is "
+        return ImageRefused(f"The request's images are {total} bytes in all; the limit is "
                               f"{MAX_REQUEST_IMAGE_BYTES} bytes.", param="messages", code="images_too_large")
     for index, message in enumerate(messages):
         if (message.content or "").count(IMAGE_MARKER) != len(message.images):
-            return InvalidRequest(f"'messages[{index}].content' holds {IMAGE_MARKER!r}, which stands for an image "
+            return ImageRefused(f"'messages[{index}].content' holds {IMAGE_MARKER!r}, which stands for an image "
                                   "here; remove it.", param=f"messages[{index}].content", code="image_marker_in_text")
     return None
 
@@ -242,12 +242,11 @@ def card_sees(card: ModelCard | None) -> bool:
         sees_images(backend_engine(tag)) for tag in card.placement.compatible_backends)
 
 
-def vision_refusal(model_id: str, card: ModelCard | None, param: str) -> InvalidRequest | None:
+def vision_refusal(model_id: str, card: ModelCard | None, param: str) -> ModelCannotSee | None:
     """The 400 for images sent to a model whose card does not say it sees, or None."""
     if card is not None and "vision" in card.capabilities:
         return None
-    return InvalidRequest(f"{model_id} does not accept images (its model card has no 'vision' capability); send "
-                          "text only, or use a vision model.", param=param, code="model_cannot_see")
+    return ModelCannotSee(model_id, param=param)
 
 
 __all__ = [
