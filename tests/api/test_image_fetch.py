@@ -4,11 +4,9 @@ on 127.0.0.1 (refused by default, fetched with the operator switch). No internet
 
 from __future__ import annotations
 
-import contextlib
-import http.server
 import ipaddress
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -17,7 +15,7 @@ from skulk.api import image_fetch
 from skulk.api.errors import InvalidRequest
 from skulk.api.image_fetch import FetchPolicy, address_refusal, fetch_images, redirect_target, url_refusal
 from skulk.api.media import MAX_IMAGE_BYTES
-from tests.api.vision_kit import image_bytes
+from tests.api.vision_kit import image_bytes, loopback_server
 
 PUBLIC = "93.184.216.34"
 PNG = image_bytes()
@@ -170,37 +168,6 @@ async def test_an_unresolvable_or_unreachable_host_fails() -> None:
 # ---------------------------------------------------------------------------------------
 # A real server on loopback
 # ---------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def loopback_server(release: threading.Event | None = None) -> Iterator[str]:
-    """An HTTP server on 127.0.0.1 serving PNG at /cat.png; with `release`, every answer
-    waits for it (a stalled server)."""
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            if release is not None:
-                release.wait(30)
-            self.send_response(200)
-            self.send_header("content-type", "image/png")
-            self.send_header("content-length", str(len(PNG)))
-            self.end_headers()
-            self.wfile.write(PNG)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/cat.png"
-    finally:
-        if release is not None:
-            release.set()
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
 
 
 async def test_loopback_is_refused_by_default_and_fetched_with_the_switch() -> None:

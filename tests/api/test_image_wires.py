@@ -23,8 +23,18 @@ from skulk.shared.types.events import IndexedEvent
 from skulk.shared.types.media import IMAGE_MARKER
 from tests.api.scripted_cluster import asgi_http
 from tests.api.test_anthropic_routes import sdk as anthropic_sdk
-from tests.api.test_image_fetch import loopback_server
-from tests.api.vision_kit import BLIND, MLX_SEEING, SEEING, STATE, b64, data_url, image_bytes, png_header, vision_app
+from tests.api.vision_kit import (
+    BLIND,
+    MLX_SEEING,
+    SEEING,
+    STATE,
+    b64,
+    data_url,
+    image_bytes,
+    loopback_server,
+    png_header,
+    vision_app,
+)
 
 PNG = image_bytes("PNG", (3, 2))
 JPEG = image_bytes("JPEG", (4, 5), (10, 200, 10))
@@ -260,3 +270,23 @@ async def test_ollama_generate_with_images_and_no_prompt_is_a_generation() -> No
         response = await _post(http, "/ollama/api/generate", {"model": SEEING, "stream": False, "images": [b64(PNG)]})
     assert response.status_code == 200 and response.json()["response"] == "I see", response.text
     _assert_images(cluster.params(), M, [PNG])
+
+
+def test_the_responses_websocket_carries_images_and_continues_with_them() -> None:
+    from starlette.testclient import TestClient
+
+    from tests.api.test_responses_spec import turn
+
+    app, cluster = vision_app()
+    image = [{"role": "user", "content": [{"type": "input_image", "image_url": data_url(PNG)},
+                                          {"type": "input_text", "text": "What is this?"}]}]
+    with TestClient(app) as client, client.websocket_connect("/v1/responses") as ws:
+        first = turn(ws, model=SEEING, input=image, store=False)
+        assert first[-1]["type"] == "response.completed", first[-1]
+        second = turn(ws, model=SEEING, input="And now?", previous_response_id=first[-1]["response"]["id"], store=False)
+        assert second[-1]["type"] == "response.completed", second[-1]
+        blind = turn(ws, model=BLIND, input=image)
+        assert blind[-1]["type"] == "error" and blind[-1]["code"] == "model_cannot_see"
+    first_params, second_params = cluster.all_params()
+    _assert_images(first_params, f"{M}\nWhat is this?", [PNG])
+    assert [len(m.images) for m in second_params.messages] == [1, 0, 0]  # the continued turn keeps its image

@@ -4,9 +4,13 @@ in-process app serving a model whose card sees on an engine that serves images."
 from __future__ import annotations
 
 import base64
+import contextlib
+import http.server
 import io
 import struct
+import threading
 import zlib
+from collections.abc import Iterator
 
 from PIL import Image
 
@@ -75,3 +79,36 @@ def png_header(width: int, height: int) -> bytes:
 
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 16)) + chunk(b"IEND", b"")
+
+
+@contextlib.contextmanager
+def loopback_server(release: threading.Event | None = None) -> Iterator[str]:
+    """An HTTP server on 127.0.0.1 serving `image_bytes()` at /cat.png; with `release`, every answer
+    waits for it (a stalled server)."""
+    body = image_bytes()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if release is not None:
+                release.wait(30)
+            self.send_response(200)
+            self.send_header("content-type", "image/png")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/cat.png"
+    finally:
+        if release is not None:
+            release.set()
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
