@@ -17,6 +17,10 @@ assistant turn's `tool_calls` and `tool` messages (answered by `tool_name`) are 
 back the same way; calls the model makes leave as `message.tool_calls` with arguments as
 an object, and reasoning as `message.thinking`.
 
+Images: `images` (base64, no position) on a user message or a generate request become the
+message's checked images (`skulk.api.media`), their markers first in its text, as Ollama
+places them.
+
 Pure translation only: this module must never touch streams, commands or the cluster.
 Note that Ollama's `stream` defaults to true.
 """

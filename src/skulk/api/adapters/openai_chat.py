@@ -11,6 +11,10 @@ A `tool_choice` that forces a call ("required", or a named function) is decoded 
 grammar on the engine; a forced tool whose schema no grammar can enforce is refused here
 with a 400 naming `tools[i].function.parameters` (`skulk.api.tool_calls.check_enforceable`).
 
+Images: `image_url` parts in user messages (a `data:` URL, or an http(s) URL the route has
+fetched, `image_urls`) become the message's checked images (`skulk.api.media`), each marked
+in the text where its part stood; `detail` other than "auto" is refused by name.
+
 Pure translation only: this module must never touch streams, commands or the cluster, and
 never decide policy beyond what the OpenAI format itself requires.
 """

@@ -15,6 +15,10 @@ documented event sequence (`response.created`, `response.in_progress`,
 then `response.completed`, or `response.incomplete` when cut by `max_output_tokens`), each
 as `event: <type>` + `data: <json>` with increasing `sequence_number`; no `[DONE]`.
 
+Images: `input_image` parts in user messages (`image_url`: a `data:` URL or an http(s) URL
+the route has fetched, `image_urls`) become the message's checked images
+(`skulk.api.media`); `file_id` images are refused (no Files API).
+
 Pure translation only: no streams, commands or cluster here.
 """
 
