@@ -290,3 +290,16 @@ def test_the_responses_websocket_carries_images_and_continues_with_them() -> Non
     first_params, second_params = cluster.all_params()
     _assert_images(first_params, f"{M}\nWhat is this?", [PNG])
     assert [len(m.images) for m in second_params.messages] == [1, 0, 0]  # the continued turn keeps its image
+
+
+async def test_counting_tokens_with_images_needs_an_engine_that_sees() -> None:
+    app, cluster = vision_app()
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(PNG)}}
+    async with asgi_http(app) as http:
+        refused = await _post(http, "/v1/messages/count_tokens",
+                              {"model": MLX_SEEING, "messages": [{"role": "user", "content": [image]}]})
+        counted = await _post(http, "/v1/messages/count_tokens",
+                              {"model": SEEING, "messages": [{"role": "user", "content": [image]}]})
+    assert refused.status_code == 400 and "mlx" in refused.json()["error"]["message"], refused.text
+    assert counted.status_code == 200, counted.text
+    _assert_images(cluster.params(), M, [PNG])

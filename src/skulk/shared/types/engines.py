@@ -297,8 +297,10 @@ def required_features(params: TextGenerationParams) -> list[tuple[Feature, str]]
     fixed order so the first refusal is stable."""
     from skulk.shared.tool_grammar import forced_tools
 
+    # Images count too when only counting: only an engine that sees knows what they cost.
+    images = [(Feature.IMAGES, "messages")] if any(message.images for message in params.messages) else []
     if params.count_only:
-        return []  # nothing is generated: every engine counts its prompt tokens
+        return images  # nothing is generated: every engine counts its (text) prompt tokens
     wanted: list[tuple[Feature, str]] = []
     if params.logprobs:
         wanted.append((Feature.LOGPROBS, "logprobs"))
@@ -314,9 +316,7 @@ def required_features(params: TextGenerationParams) -> list[tuple[Feature, str]]
             break
     if params.logit_bias:
         wanted.append((Feature.LOGIT_BIAS, "logit_bias"))
-    if any(message.images for message in params.messages):
-        wanted.append((Feature.IMAGES, "messages"))
-    return wanted
+    return wanted + images
 
 
 def sees_images(engine: str) -> bool:
