@@ -31,7 +31,8 @@ class SkulkChat extends HTMLElement {
       <ul class="attachments" data-role="attachments" aria-label="Attached images"></ul>
       <p class="error" role="alert" data-role="attach-error"></p>
       <form data-role="form" class="composer">
-        <label class="ghost attach" title="Attach images (or paste or drop them)">Image<input data-role="file" type="file" accept="image/png,image/jpeg,image/webp,image/gif" multiple hidden></label>
+        <button type="button" class="ghost" data-role="attach" title="Attach images (or paste or drop them)">Image</button>
+        <input data-role="file" type="file" accept="image/png,image/jpeg,image/webp,image/gif" multiple hidden>
         <label class="grow"><span class="sr-only">Message</span><textarea data-role="input" rows="2" placeholder="Message (Enter sends, Shift+Enter for a new line; paste or drop images)"></textarea></label>
         <button type="submit" data-role="send">Send</button>
         <button type="button" class="danger" data-role="stop" disabled>Stop</button>
@@ -43,6 +44,7 @@ class SkulkChat extends HTMLElement {
       if (event.key === "Enter" && !event.shiftKey) { event.preventDefault(); this.send(); }
     });
     this.attachments = [];
+    this.$("attach").addEventListener("click", () => this.$("file").click());
     this.$("file").addEventListener("change", (event) => { this.attach([...event.target.files]); event.target.value = ""; });
     this.$("input").addEventListener("paste", (event) => {
       const files = [...(event.clipboardData?.files || [])].filter((f) => f.type.startsWith("image/"));
