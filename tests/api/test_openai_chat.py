@@ -117,9 +117,20 @@ INVALID = {
     "role-unknown": (body(messages=[{"role": "wizard", "content": "x"}]), "messages[0].role"),
     "role-missing": (body(messages=[{"content": "x"}]), "messages[0].role"),
     "content-number": (body(messages=[{"role": "user", "content": 5}]), "messages[0].content"),
-    "content-image": (body(messages=[USER, {"role": "user", "content": [
-        {"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "http://x"}}]}]),
+    "content-audio": (body(messages=[USER, {"role": "user", "content": [
+        {"type": "text", "text": "a"}, {"type": "input_audio", "input_audio": {"data": "AAAA"}}]}]),
         "messages[1].content[1].type"),
+    "content-image-unfetched": (body(messages=[USER, {"role": "user", "content": [
+        {"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "http://x"}}]}]),
+        "messages[1].content[1].image_url.url"),
+    "content-image-ftp": (body(messages=[USER, {"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "ftp://x/a.png"}}]}]),
+        "messages[1].content[0].image_url.url"),
+    "content-image-detail": (body(messages=[USER, {"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA", "detail": "high"}}]}]),
+        "messages[1].content[0].image_url.detail"),
+    "content-marker": (body(messages=[{"role": "user", "content": "see <|skulk-image|> here"}]),
+        "messages[0].content"),
     "content-part-without-text": (body(messages=[{"role": "user", "content": [{"type": "text"}]}]),
                                   "messages[0].content[0].text"),
     "content-missing": (body(messages=[{"role": "user"}]), "messages[0].content"),

@@ -168,7 +168,8 @@ async def test_response_stream_failure_ends_with_response_failed():
 @pytest.mark.parametrize(
     ("fields", "param"),
     [({"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
-     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0].type"),
+     ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "x"}]}]}, "input[0].content[0].type"),
+     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0].image_url"),
      ({"input": [{"type": "web_search_call", "id": "c"}]}, "input[0].type"),
      ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id"),
      ({"tools": [{"type": "web_search"}]}, "tools[0].type"), ({"tool_choice": "sometimes"}, "tool_choice"),

@@ -196,8 +196,8 @@ def _seeing(**fields) -> TextGenerationParams:
 @pytest.mark.parametrize("count_only", [False, True])
 def test_images_are_a_feature_even_to_count(count_only):
     # An engine that cannot see cannot count an image's tokens either.
-    assert required_features(_seeing(count_only=count_only)) == [(Feature.IMAGES, "images")]
-    assert required_features(_seeing(logprobs=True)) == [(Feature.IMAGES, "images"), (Feature.LOGPROBS, "logprobs")]
+    assert required_features(_seeing(count_only=count_only)) == [(Feature.IMAGES, "messages")]
+    assert required_features(_seeing(logprobs=True)) == [(Feature.LOGPROBS, "logprobs"), (Feature.IMAGES, "messages")]
 
 
 @pytest.mark.parametrize(("engine", "pipelined", "sees"), [

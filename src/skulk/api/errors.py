@@ -75,6 +75,27 @@ class FeatureUnsupported(InvalidRequest):
         self.feature, self.engine = feature, engine
 
 
+class ImageRefused(InvalidRequest):
+    """An image the request carries cannot be taken: too large, not PNG/JPEG/WebP/GIF, an
+    undecodable header or `data:` URL, a URL this node does not fetch or could not fetch, a
+    literal image marker in text, an unserved `detail`. `code` says which (docs/VISION.md),
+    `param` names the field."""
+
+    default_code = "invalid_image"
+
+
+class ModelCannotSee(InvalidRequest):
+    """The request carries images and the model's card does not say it sees (capability
+    "vision"); the engine's half is `FeatureUnsupported` for "images"."""
+
+    default_code = "model_cannot_see"
+
+    def __init__(self, model_id: str, *, param: str | None = None) -> None:
+        super().__init__(f"{model_id} does not accept images (its model card has no 'vision' capability); send "
+                         "text only, or use a vision model.", param=param)
+        self.model_id = model_id
+
+
 class NotFound(ApiError):
     kind = "not_found"
 
@@ -491,7 +512,9 @@ __all__ = [
     "ClusterNotReady",
     "ErrorKind",
     "FeatureUnsupported",
+    "ImageRefused",
     "InvalidRequest",
+    "ModelCannotSee",
     "ModelNotFound",
     "ModelNotServing",
     "NotFound",

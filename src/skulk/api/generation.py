@@ -20,6 +20,7 @@ from typing import Any, Protocol, Self, TypeVar
 
 from fastapi import Request
 
+from skulk.api import media
 from skulk.api.auth import current_principal
 from skulk.api.context import ApiContext, api_context
 from skulk.api.errors import (
@@ -31,6 +32,7 @@ from skulk.api.errors import (
     ModelNotServing,
     StreamFailed,
 )
+from skulk.api.image_fetch import fetch_request_images
 from skulk.api.limits import context_error, generation_limits_error, workload_limits_error
 from skulk.api.output import OutputShaper
 from skulk.api.streams import CommandStream
@@ -507,6 +509,30 @@ def check_features(instance: Instance, params: TextGenerationParams,
                                  param=(param_names or {}).get(param, param))
 
 
+def check_vision(context: ApiContext, params: TextGenerationParams,
+                 param_names: Mapping[str, str] | None = None) -> None:
+    """A 400 naming the model when `params` carries images and its card does not say the
+    model sees (the engine's half is `check_features`, Feature.IMAGES)."""
+    if not media.image_count(params.messages):
+        return
+    param = (param_names or {}).get("messages", "messages")
+    if (refusal := media.vision_refusal(params.model_id, context.get_cards().get(params.model_id), param)) is not None:
+        raise refusal
+
+
+async def fetched_images(context: ApiContext, model: str, urls: Sequence[tuple[str, str]],
+                         param: str = "messages") -> dict[str, bytes]:
+    """The bodies of a request's image URLs (`skulk.api.image_fetch`), fetched only once the
+    model (`model` as typed) is known to accept images: a blind model's request is refused
+    (400 naming it) without any fetch."""
+    if not urls:
+        return {}
+    model_id = placed_model(context, model)
+    if (refusal := media.vision_refusal(model_id, context.get_cards().get(ModelId(model_id)), param)) is not None:
+        raise refusal
+    return await fetch_request_images(urls)
+
+
 def check_reasoning_switch(context: ApiContext, params: TextGenerationParams,
                            param_names: Mapping[str, str] | None = None) -> None:
     """A 400 naming the caller's parameter when the model cannot turn its reasoning on, off
@@ -563,6 +589,7 @@ def bind_instance(context: ApiContext, params: TextGenerationParams, *, max_toke
     before any runner queues it), some instance of it serves or is loading (503 naming the
     down runners otherwise), and there is a master (503)."""
     instance = _placed_instance(context, params, generation_limits_error)
+    check_vision(context, params, param_names)
     check_features(instance, params, param_names)
     check_reasoning_switch(context, params, param_names)
     check_speculative(context, params, param_names)
@@ -675,6 +702,7 @@ __all__ = [
     "bind_instance",
     "cancel_later",
     "check_features",
+    "check_vision",
     "check_wire_ints",
     "choice_params",
     "collect_choices",
@@ -683,6 +711,7 @@ __all__ = [
     "embeddings_of",
     "encoded_choice_events",
     "encoded_events",
+    "fetched_images",
     "finished_later",
     "for_placed_model",
     "interleaved",

@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Final
 
+from skulk.api import media
 from skulk.api.errors import ApiError, InvalidRequest, PayloadTooLarge
 from skulk.shared.body_limits import DEFAULT_MAX_BODY_BYTES, MAX_MAX_BODY_BYTES, MIN_MAX_BODY_BYTES
 from skulk.shared.types.tasks import TextGenerationParams
@@ -198,6 +199,7 @@ def generation_limits_error(params: TextGenerationParams) -> InvalidRequest | No
         return InvalidRequest(f"'stop' holds {len(params.stop)} sequences; the limit is {MAX_STOP_SEQUENCES}.",
                               param="stop", code="array_above_max_length")
     return _first(
+        media.check_request(params.messages, params.prompt),
         _text_too_long("prompt", params.prompt),
         *(_text_too_long(f"messages[{i}].content", m.content) for i, m in enumerate(params.messages)),
         *(_text_too_long(f"messages[{i}].tool_calls", call.arguments)
@@ -206,9 +208,11 @@ def generation_limits_error(params: TextGenerationParams) -> InvalidRequest | No
 
 
 def context_error(params: TextGenerationParams, context_tokens: int) -> InvalidRequest | None:
-    """A prompt whose lower bound of tokens (`MAX_BYTES_PER_TOKEN`) already fills the bound
-    instance's context, refused before any runner queues it; None when it may fit."""
-    at_least = -(-prompt_bytes_lower_bound(params) // MAX_BYTES_PER_TOKEN)
+    """A prompt whose lower bound of tokens (`MAX_BYTES_PER_TOKEN`, and
+    `media.IMAGE_TOKENS_ESTIMATE` per image) already fills the bound instance's context,
+    refused before any runner queues it; None when it may fit."""
+    at_least = -(-prompt_bytes_lower_bound(params) // MAX_BYTES_PER_TOKEN) \
+        + media.image_count(params.messages) * media.IMAGE_TOKENS_ESTIMATE
     if at_least < context_tokens:
         return None
     return InvalidRequest(

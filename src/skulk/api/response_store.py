@@ -25,6 +25,11 @@ RESPONSE_STORE_CAPACITY = 512
 """Responses one node keeps. A stored conversation is its text, so this bounds memory to a
 few hundred conversations' worth."""
 
+RESPONSE_STORE_IMAGE_BYTES = 256 * 1024 * 1024
+"""Image bytes (base64, as kept) across every stored conversation of one node: a conversation
+with images is up to 32 MiB of them (`skulk.api.media.MAX_REQUEST_IMAGE_BYTES`), so the count
+bound alone would allow 16 GiB; least recently used responses are dropped to stay under."""
+
 RESPONSE_TTL_S = 3600.0
 """How long a stored response can be continued or fetched (an hour: a working session)."""
 
@@ -44,12 +49,17 @@ class StoredResponse:
     """Every message up to and including this response's output: what a continuation sees
     before its own input."""
 
+    @property
+    def image_bytes(self) -> int:
+        return sum(len(image.data_b64) for message in self.conversation for image in message.images)
+
 
 class ResponseStore:
     """An LRU of stored responses with a TTL, keyed by response id."""
 
-    def __init__(self, capacity: int = RESPONSE_STORE_CAPACITY, ttl_s: float = RESPONSE_TTL_S) -> None:
-        self._capacity, self._ttl_s = capacity, ttl_s
+    def __init__(self, capacity: int = RESPONSE_STORE_CAPACITY, ttl_s: float = RESPONSE_TTL_S,
+                 image_bytes: int = RESPONSE_STORE_IMAGE_BYTES) -> None:
+        self._capacity, self._ttl_s, self._image_bytes = capacity, ttl_s, image_bytes
         self._items: OrderedDict[str, StoredResponse] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -59,6 +69,9 @@ class ResponseStore:
             self._items.move_to_end(response_id)
             while len(self._items) > self._capacity:
                 self._items.popitem(last=False)
+            held = sum(kept.image_bytes for kept in self._items.values())
+            while held > self._image_bytes and self._items:
+                held -= self._items.popitem(last=False)[1].image_bytes
 
     def get(self, response_id: str, scope: str, now_s: float) -> StoredResponse | None:
         with self._lock:
@@ -83,4 +96,4 @@ class ResponseStore:
         return len(self._items)
 
 
-__all__ = ["RESPONSE_STORE_CAPACITY", "RESPONSE_TTL_S", "ResponseStore", "StoredResponse", "key_scope"]
+__all__ = ["RESPONSE_STORE_CAPACITY", "RESPONSE_STORE_IMAGE_BYTES", "RESPONSE_TTL_S", "ResponseStore", "StoredResponse", "key_scope"]

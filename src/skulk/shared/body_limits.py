@@ -11,10 +11,11 @@ from typing import Final
 
 DEFAULT_MAX_BODY_BYTES: Final = 8 * 1024 * 1024
 """Default request body limit (8 MiB; `api.max_body_bytes` in skulk.yaml, env
-`SKULK_API_MAX_BODY_BYTES`). The API carries text only (no images): a full 1M-token context
+`SKULK_API_MAX_BODY_BYTES`). Sized for text: a full 1M-token context
 is about 4 MB of text, so 8 MiB holds the largest context we serve with room for JSON
 escaping, while a 50 MB body (25 s and ~4 GB of memory to refuse before) is refused from its
-Content-Length without reading a byte."""
+Content-Length without reading a byte. Inline (base64) images count against it too; larger
+images come by URL (docs/VISION.md)."""
 
 MIN_MAX_BODY_BYTES: Final = 64 * 1024
 """The smallest limit an operator may set: below it, ordinary chats would be refused."""

@@ -81,6 +81,8 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             "(`api.cors_origins`; `*` is any).", "README.md#secure-by-default"),
     Setting("SKULK_API_MAX_BODY_BYTES", "integer", "8388608", "Request bodies above this get 413 before they are "
             "parsed (`api.max_body_bytes`).", "README.md#secure-by-default"),
+    Setting("SKULK_IMAGE_FETCH_ALLOW_PRIVATE", "flag", "false", "`1`: image URLs in chat requests may name "
+            "private and loopback addresses (a LAN image server); refused by default.", "docs/VISION.md"),
     Setting("SKULK_DASHBOARD_DIR", "path", "", "Serve a modified copy of the dashboard from this directory.",
             "README.md#dashboard"),
     Setting("SKULK_LOG_LEVEL", "text", "INFO", "The node's log level.", "README.md#observability"),

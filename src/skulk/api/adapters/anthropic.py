@@ -13,8 +13,9 @@ internal tool specs; `tool_use` blocks in assistant turns become the turn's tool
 the whole exchange. Output tool calls leave as `tool_use` blocks (stop_reason "tool_use")
 and reasoning as `thinking` blocks. A forcing `tool_choice` ("any", or "tool" with a name) is
 decoded under a grammar on the engine, and a forced tool whose `input_schema` no grammar can
-enforce is refused with a 400 naming it. Images and documents are refused with a 400 naming the
-block; `thinking` blocks sent back by a client reach the template as the turn's reasoning.
+enforce is refused with a 400 naming it. `image` blocks in user turns (base64 or url sources)
+become the message's images (`skulk.api.media`; the declared `media_type` is not trusted:
+the bytes are sniffed); documents are refused with a 400 naming the block; `thinking` blocks sent back by a client reach the template as the turn's reasoning.
 The request's `thinking` setting turns the model's reasoning on or off through its template
 (`skulk.shared.reasoning_switches`), or is refused by name when the model cannot.
 
@@ -24,18 +25,20 @@ Pure translation only: this module must never touch streams, commands or the clu
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from skulk.api import media
 from skulk.api.errors import ApiError, InvalidRequest, anthropic_error_body, invalid_request_from_validation
 from skulk.api.strict_tools import check_strict_schemas
 from skulk.api.tool_calls import check_enforceable
 from skulk.shared.types.chunks import TokenChunk
 from skulk.shared.types.common import ChatMessage, ChatRole, ToolCall, ToolSpec, Usage
 from skulk.shared.types.ids import ModelId
+from skulk.shared.types.media import IMAGE_MARKER, ImageInput
 from skulk.shared.types.tasks import TextGenerationParams
 
 MESSAGE_ID_PREFIX = "msg_"
@@ -60,9 +63,19 @@ class TextBlock(_Lenient):
     text: str | None = None
 
 
+class ImageSource(_Lenient):
+    """An `image` block's source: `{"type": "base64", "media_type", "data"}` or
+    `{"type": "url", "url"}` (fetched by the API node, `skulk.api.image_fetch`)."""
+
+    type: str
+    media_type: str | None = None
+    data: str | None = None
+    url: str | None = None
+
+
 class ContentBlock(_Lenient):
-    """One content block: `text`, `tool_use`, `tool_result` or `thinking`. Other types are
-    accepted by the schema so that `to_params` can name them in a clear 400."""
+    """One content block: `text`, `image`, `tool_use`, `tool_result` or `thinking`. Other
+    types are accepted by the schema so that `to_params` can name them in a clear 400."""
 
     type: str
     text: str | None = None
@@ -73,6 +86,7 @@ class ContentBlock(_Lenient):
     tool_use_id: str | None = None
     content: str | list[TextBlock] | None = None
     is_error: bool | None = None
+    source: ImageSource | None = None
 
 
 class InputMessage(_Lenient):
@@ -139,12 +153,12 @@ PARAM_NAMES = {"thinking": "thinking.type"}
 """The Anthropic names of internal params, for refusals (`reasoning_switch_unsupported`)."""
 
 
-def count_params(request: CountTokensRequest) -> TextGenerationParams:
+def count_params(request: CountTokensRequest, fetched: Mapping[str, bytes] | None = None) -> TextGenerationParams:
     """The count-only generation request for `request`: rendered exactly as the message
     request with the same fields would be, so the count equals that request's input usage."""
     # The thinking budget is checked without max_tokens, which a count has not.
     full = MessagesRequest(**request.model_dump(exclude_none=True, exclude={"thinking"}), max_tokens=1)
-    return to_params(full).model_copy(update={"count_only": True, **_thinking(request.thinking, None)})
+    return to_params(full, fetched).model_copy(update={"count_only": True, **_thinking(request.thinking, None)})
 
 
 def _text(content: str | Sequence[ContentBlock | TextBlock], where: str) -> str:
@@ -228,16 +242,45 @@ def _tool_choice(choice: ToolChoice | None, tools: Sequence[ToolSpec]) -> str | 
     )
 
 
-def _turn(message: InputMessage, where: str) -> list[ChatMessage]:
+def image_urls(request: MessagesRequest | CountTokensRequest) -> list[tuple[str, str]]:
+    """The http(s) URLs of a request's `image` blocks, each with the field naming it: the
+    route fetches them (`skulk.api.image_fetch`) before `to_params`."""
+    urls: list[tuple[str, str]] = []
+    for index, message in enumerate(request.messages):
+        for block_index, block in enumerate(message.content if isinstance(message.content, list) else []):
+            source = block.source if block.type == "image" else None
+            if source is not None and source.type == "url" and source.url and media.is_fetched_url(source.url):
+                urls.append((source.url, f"messages[{index}].content[{block_index}].source.url"))
+    return urls
+
+
+def _image(block: ContentBlock, at: str, fetched: Mapping[str, bytes]) -> ImageInput:
+    source = block.source
+    if source is None:
+        raise InvalidRequest(f"{at}.source: an image block needs a 'source'.", param=f"{at}.source")
+    if source.type == "base64":
+        if not source.data:
+            raise InvalidRequest(f"{at}.source.data: a base64 image source needs 'data'.", param=f"{at}.source.data")
+        return media.image_input(media.decode_base64(source.data, f"{at}.source.data"), f"{at}.source.data")
+    if source.type == "url":
+        if not source.url:
+            raise InvalidRequest(f"{at}.source.url: a url image source needs 'url'.", param=f"{at}.source.url")
+        return media.image_from_url(source.url, fetched, f"{at}.source.url")
+    raise InvalidRequest(f"{at}.source.type: image sources of type {source.type!r} are not supported; send "
+                         "'base64' or 'url'.", param=f"{at}.source.type")
+
+
+def _turn(message: InputMessage, where: str, fetched: Mapping[str, bytes]) -> list[ChatMessage]:
     """One Anthropic turn as chat messages: tool results become tool messages (ahead of the
     turn's text, as they answer the previous turn's calls), tool_use blocks become the
     assistant's tool calls, thinking blocks its reasoning (the template decides whether the
     model sees it again, and count_tokens counts what it renders)."""
     role = cast(ChatRole, message.role)  # to_params checked it against _ROLES
     if isinstance(message.content, str):
-        return [ChatMessage(role=role, content=message.content)]
+        return [ChatMessage(role=role, content=media.check_text(message.content, f"{where}.content"))]
     results: list[ChatMessage] = []
     texts: list[str] = []
+    images: list[ImageInput] = []
     thoughts: list[str] = []
     calls: list[ToolCall] = []
     for index, block in enumerate(message.content):
@@ -262,7 +305,10 @@ def _turn(message: InputMessage, where: str) -> list[ChatMessage]:
         elif block.type == "text":
             if block.text is None:
                 raise InvalidRequest(f"{at}.text: a text block needs 'text'.", param=f"{at}.text")
-            texts.append(block.text)
+            texts.append(media.check_text(block.text, f"{at}.text") or "")
+        elif block.type == "image" and message.role == "user":
+            images.append(_image(block, at, fetched))
+            texts.append(IMAGE_MARKER)
         else:
             raise InvalidRequest(
                 f"{at}.type: content blocks of type {block.type!r} are not supported in a {message.role} turn.",
@@ -272,12 +318,14 @@ def _turn(message: InputMessage, where: str) -> list[ChatMessage]:
     if texts or calls or not results:
         # Separate blocks are separate passages; a newline keeps their words apart.
         turn.append(ChatMessage(role=role, content="\n".join(texts) if texts else None, tool_calls=calls,
-                                reasoning_content="\n".join(thoughts) or None))
+                                reasoning_content="\n".join(thoughts) or None, images=images))
     return results + turn
 
 
-def to_params(request: MessagesRequest) -> TextGenerationParams:
-    """The internal generation request, or `InvalidRequest` naming the parameter at fault."""
+def to_params(request: MessagesRequest, fetched: Mapping[str, bytes] | None = None) -> TextGenerationParams:
+    """The internal generation request, or `InvalidRequest` naming the parameter at fault.
+    `fetched`: the bodies of its image blocks' http(s) URLs (`image_urls`), as the route
+    fetched them."""
     if not request.model.strip():
         raise InvalidRequest("model: must name a model.", param="model")
     if not request.messages:
@@ -307,7 +355,7 @@ def to_params(request: MessagesRequest) -> TextGenerationParams:
                 f"{where}.role: unexpected role {message.role!r}; expected 'user' or 'assistant'.",
                 param=f"{where}.role",
             )
-        messages.extend(_turn(message, where))
+        messages.extend(_turn(message, where, fetched or {}))
     try:
         return TextGenerationParams(
             model_id=ModelId(request.model),
@@ -522,6 +570,7 @@ __all__ = [
     "MessagesRequest",
     "collect_message",
     "count_params",
+    "image_urls",
     "message_id",
     "sse_error",
     "sse_event",

@@ -17,6 +17,10 @@ assistant turn's `tool_calls` and `tool` messages (answered by `tool_name`) are 
 back the same way; calls the model makes leave as `message.tool_calls` with arguments as
 an object, and reasoning as `message.thinking`.
 
+Images: `images` (base64, no position) on a user message or a generate request become the
+message's checked images (`skulk.api.media`), their markers first in its text, as Ollama
+places them.
+
 Pure translation only: this module must never touch streams, commands or the cluster.
 Note that Ollama's `stream` defaults to true.
 """
@@ -32,7 +36,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from skulk.api import request_options
+from skulk.api import media, request_options
 from skulk.api.adapters.openai_chat import Tool  # Ollama's tool definition is OpenAI's shape
 from skulk.api.errors import ApiError, InvalidRequest, invalid_request_from_validation, ollama_error_body
 from skulk.shared.residency import KeepAliveInvalid, parse_keep_alive
@@ -41,6 +45,7 @@ from skulk.shared.types.chunks import TokenChunk
 from skulk.shared.types.common import ChatMessage, ChatRole, ToolCall, ToolSpec, Usage
 from skulk.shared.types.ids import ModelId
 from skulk.shared.types.instances import Instance
+from skulk.shared.types.media import IMAGE_MARKER, ImageInput
 from skulk.shared.types.tasks import EmbeddingParams, TextGenerationParams
 
 OLLAMA_VERSION = "0.6.0"
@@ -272,19 +277,38 @@ def _calls(message: Message, index: int) -> list[ToolCall]:
     return calls
 
 
+def _images(images: list[str] | None, param: str) -> list[ImageInput]:
+    """Ollama's `images`: base64 strings (a `data:` URL is taken too), checked like every
+    wire format's (`skulk.api.media`)."""
+    checked: list[ImageInput] = []
+    for index, image in enumerate(images or []):
+        at = f"{param}[{index}]"
+        data = media.parse_data_url(image, at) if image[:5].lower() == "data:" else media.decode_base64(image, at)
+        checked.append(media.image_input(data, at))
+    return checked
+
+
+def _with_markers(text: str, count: int) -> str:
+    """Ollama's images have no position in the text: they go first, as Ollama puts them."""
+    return "\n".join([IMAGE_MARKER] * count + ([text] if text else [])) if count else text
+
+
 def chat_params(request: ChatRequest) -> TextGenerationParams:
     messages: list[ChatMessage] = []
     for index, message in enumerate(request.messages):
         role = _ROLES.get(message.role)
         if role is None:
             raise InvalidRequest(f"invalid role {message.role!r} in messages[{index}]", param=f"messages[{index}].role")
-        if message.images:
-            raise InvalidRequest("images are not supported", param=f"messages[{index}].images")
+        if message.images and role != "user":
+            raise InvalidRequest(f"only user messages may carry images (messages[{index}])",
+                                 param=f"messages[{index}].images")
         if message.tool_calls and role != "assistant":
             raise InvalidRequest(f"only assistant messages may carry tool_calls (messages[{index}])",
                                  param=f"messages[{index}].tool_calls")
+        content = media.check_text(message.content, f"messages[{index}].content") or ""
+        images = _images(message.images, f"messages[{index}].images")
         messages.append(ChatMessage(
-            role=role, content=message.content or "", tool_calls=_calls(message, index),
+            role=role, content=_with_markers(content, len(images)), images=images, tool_calls=_calls(message, index),
             name=message.tool_name if role == "tool" else None,
             reasoning_content=message.thinking if role == "assistant" else None,
         ))
@@ -324,14 +348,16 @@ def embed_response(model: str, vectors: list[list[float]], usage: Usage | None, 
 def generate_params(request: GenerateRequest) -> TextGenerationParams:
     """A prompt becomes a user turn (with `system` before it), rendered by the model's chat
     template as Ollama does; `raw: true` sends the prompt as it is."""
-    if request.images:
-        raise InvalidRequest("images are not supported", param="images")
-    prompt = request.prompt or ""
+    prompt = media.check_text(request.prompt, "prompt") or ""
+    images = _images(request.images, "images")
     if request.raw:
+        if images:
+            raise InvalidRequest("images need the chat template: raw prompts cannot carry them", param="images")
         return _params(request.model, request.stream, request.options, request.format, request.keep_alive,
                        prompt=prompt)
-    messages = [ChatMessage(role="system", content=request.system)] if request.system else []
-    messages.append(ChatMessage(role="user", content=prompt))
+    messages = [ChatMessage(role="system", content=media.check_text(request.system, "system"))] \
+        if request.system else []
+    messages.append(ChatMessage(role="user", content=_with_markers(prompt, len(images)), images=images))
     return _params(request.model, request.stream, request.options, request.format, request.keep_alive,
                    messages=messages, **request_options.reasoning_choice(request.think, "think", booleans=True))
 
@@ -539,7 +565,9 @@ def show(model_id: str, card: ModelCard | None, context_length: int, modified_at
             info["general.parameter_count"] = card.total_parameters
         if card.num_experts is not None:
             info.update({f"{arch}.expert_count": card.num_experts, f"{arch}.expert_used_count": card.num_experts_used})
-        capabilities += [c for c in ("tools", "thinking", "vision") if c in card.capabilities]
+        capabilities += [c for c in ("tools", "thinking") if c in card.capabilities]
+        if media.card_sees(card):  # the card says it sees and an engine of the card serves images
+            capabilities.append("vision")
     return {
         "modelfile": f"FROM {model_id}\n", "parameters": f"num_ctx {context_length}", "template": "",
         "details": details(card), "model_info": info, "capabilities": capabilities, "modified_at": modified_at,

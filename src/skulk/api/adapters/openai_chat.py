@@ -11,6 +11,10 @@ A `tool_choice` that forces a call ("required", or a named function) is decoded 
 grammar on the engine; a forced tool whose schema no grammar can enforce is refused here
 with a 400 naming `tools[i].function.parameters` (`skulk.api.tool_calls.check_enforceable`).
 
+Images: `image_url` parts in user messages (a `data:` URL, or an http(s) URL the route has
+fetched, `image_urls`) become the message's checked images (`skulk.api.media`), each marked
+in the text where its part stood; `detail` other than "auto" is refused by name.
+
 Pure translation only: this module must never touch streams, commands or the cluster, and
 never decide policy beyond what the OpenAI format itself requires.
 """
@@ -18,13 +22,13 @@ never decide policy beyond what the OpenAI format itself requires.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from skulk.api import request_options
+from skulk.api import media, request_options
 from skulk.api.errors import ApiError, InvalidRequest, invalid_request_from_validation, openai_error_body
 from skulk.api.strict_tools import check_strict_schemas
 from skulk.api.tool_calls import check_enforceable
@@ -33,6 +37,7 @@ from skulk.shared.types.chunks import TokenChunk
 from skulk.shared.types.common import ChatMessage, ChatRole, ToolCall, ToolSpec, Usage
 from skulk.shared.types.ids import ModelId
 from skulk.shared.types.instances import Instance, InstanceCapacity
+from skulk.shared.types.media import IMAGE_MARKER, ImageInput
 from skulk.shared.types.tasks import TextGenerationParams
 
 MAX_CHOICES = 8
@@ -66,12 +71,19 @@ class _Lenient(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+class ImageUrl(_Lenient):
+    url: str
+    detail: str | None = None
+
+
 class ContentPart(_Lenient):
-    """One part of a list-valued `content`. Only text parts are supported; other types are
-    accepted by the schema so that `to_params` can name them in a clear 400."""
+    """One part of a list-valued `content`: `text` or `image_url` (an https or `data:` URL,
+    `skulk.api.media`). Other types are accepted by the schema so that `to_params` can name
+    them in a clear 400."""
 
     type: str
     text: str | None = None
+    image_url: ImageUrl | str | None = None
 
 
 class FunctionCall(_Lenient):
@@ -167,31 +179,60 @@ def parse_request(body: Any) -> ChatCompletionRequest:
         raise invalid_request_from_validation(error) from None
 
 
-def _message_text(content: str | list[ContentPart] | None, where: str) -> str | None:
+def _image_url(part: ContentPart) -> ImageUrl | None:
+    return ImageUrl(url=part.image_url) if isinstance(part.image_url, str) else part.image_url
+
+
+def image_urls(request: ChatCompletionRequest) -> list[tuple[str, str]]:
+    """The http(s) image URLs of a request, each with the field naming it: the route fetches
+    them (`skulk.api.image_fetch`) before `to_params`."""
+    urls: list[tuple[str, str]] = []
+    for index, message in enumerate(request.messages):
+        for part_index, part in enumerate(message.content if isinstance(message.content, list) else []):
+            image = _image_url(part) if part.type == "image_url" else None
+            if image is not None and media.is_fetched_url(image.url):
+                urls.append((image.url, f"messages[{index}].content[{part_index}].image_url.url"))
+    return urls
+
+
+def _message_text(content: str | list[ContentPart] | None, where: str,
+                  fetched: Mapping[str, bytes]) -> tuple[str | None, list[ImageInput]]:
     if content is None or isinstance(content, str):
-        return content
+        return media.check_text(content, f"{where}.content"), []
     texts: list[str] = []
+    images: list[ImageInput] = []
     for index, part in enumerate(content):
+        at = f"{where}.content[{index}]"
+        if part.type == "image_url":
+            image = _image_url(part)
+            if image is None:
+                raise InvalidRequest("An image_url content part needs 'image_url.url'.", param=f"{at}.image_url")
+            detail = media.check_detail(image.detail, f"{at}.image_url.detail")
+            images.append(media.image_from_url(image.url, fetched, f"{at}.image_url.url", detail))
+            texts.append(IMAGE_MARKER)
+            continue
         if part.type != "text":
             raise InvalidRequest(
-                f"Content parts of type {part.type!r} are not supported; only 'text' parts are.",
-                param=f"{where}.content[{index}].type",
+                f"Content parts of type {part.type!r} are not supported; only 'text' and 'image_url' parts are.",
+                param=f"{at}.type",
             )
         if part.text is None:
-            raise InvalidRequest("A text content part needs 'text'.", param=f"{where}.content[{index}].text")
-        texts.append(part.text)
+            raise InvalidRequest("A text content part needs 'text'.", param=f"{at}.text")
+        texts.append(media.check_text(part.text, f"{at}.text") or "")
     # Separate parts are separate passages; a newline keeps their words apart.
-    return "\n".join(texts)
+    return "\n".join(texts), images
 
 
-def _to_message(message: Message, index: int) -> ChatMessage:
+def _to_message(message: Message, index: int, fetched: Mapping[str, bytes]) -> ChatMessage:
     where = f"messages[{index}]"
     role = _ROLES.get(message.role)
     if role is None:
         raise InvalidRequest(
             f"Invalid role {message.role!r}; expected one of {', '.join(sorted(_ROLES))}.", param=f"{where}.role"
         )
-    content = _message_text(message.content, where)
+    content, images = _message_text(message.content, where, fetched)
+    if images and role != "user":
+        raise InvalidRequest("Only user messages may carry images.", param=f"{where}.content")
     tool_calls: list[ToolCall] = []
     for call_index, call in enumerate(message.tool_calls or []):
         if role != "assistant":
@@ -208,7 +249,8 @@ def _to_message(message: Message, index: int) -> ChatMessage:
         raise InvalidRequest("A message needs 'content' (or, for an assistant, 'tool_calls').", param=f"{where}.content")
     return ChatMessage(role=role, content=content, name=message.name, tool_calls=tool_calls,
                        tool_call_id=message.tool_call_id,
-                       reasoning_content=message.reasoning_content if role == "assistant" else None)
+                       reasoning_content=message.reasoning_content if role == "assistant" else None,
+                       images=images)
 
 
 def _to_tools(request: ChatCompletionRequest) -> list[ToolSpec]:
@@ -325,8 +367,10 @@ def _refuse_unserved(request: ChatCompletionRequest) -> None:
                              param="modalities", code="unsupported_parameter")
 
 
-def to_params(request: ChatCompletionRequest) -> TextGenerationParams:
-    """The internal generation request, or `InvalidRequest` naming the parameter at fault."""
+def to_params(request: ChatCompletionRequest, fetched: Mapping[str, bytes] | None = None) -> TextGenerationParams:
+    """The internal generation request, or `InvalidRequest` naming the parameter at fault.
+    `fetched`: the bodies of the request's http(s) image URLs (`image_urls`), as the route
+    fetched them."""
     _refuse_unserved(request)
     if not request.model.strip():
         raise InvalidRequest("'model' must name a model.", param="model")
@@ -342,7 +386,7 @@ def to_params(request: ChatCompletionRequest) -> TextGenerationParams:
         _in_range(request.top_logprobs, 0, MAX_TOP_LOGPROBS, "top_logprobs")
         if not request.logprobs:
             raise InvalidRequest("'top_logprobs' requires 'logprobs' to be true.", param="top_logprobs")
-    messages = [_to_message(m, i) for i, m in enumerate(request.messages)]
+    messages = [_to_message(m, i, fetched or {}) for i, m in enumerate(request.messages)]
     tools = _to_tools(request)
     _check_tool_choice(request.tool_choice, tools)
     check_enforceable(tools, request.tool_choice, lambda index: f"tools[{index}].function.parameters")
@@ -635,6 +679,7 @@ __all__ = [
     "collect_response",
     "command_id_from",
     "completion_id",
+    "image_urls",
     "model_entry",
     "model_list",
     "parse_request",

@@ -15,6 +15,10 @@ documented event sequence (`response.created`, `response.in_progress`,
 then `response.completed`, or `response.incomplete` when cut by `max_output_tokens`), each
 as `event: <type>` + `data: <json>` with increasing `sequence_number`; no `[DONE]`.
 
+Images: `input_image` parts in user messages (`image_url`: a `data:` URL or an http(s) URL
+the route has fetched, `image_urls`) become the message's checked images
+(`skulk.api.media`); `file_id` images are refused (no Files API).
+
 Pure translation only: no streams, commands or cluster here.
 """
 
@@ -25,13 +29,13 @@ Pure translation only: no streams, commands or cluster here.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from skulk.api import request_options
+from skulk.api import media, request_options
 from skulk.api.adapters.openai_chat import MAX_TOP_LOGPROBS, MIN_TOP_P, _in_range, _Lenient, _logprob_entry
 from skulk.api.errors import ApiError, InvalidRequest, invalid_request_from_validation
 from skulk.api.strict_tools import check_strict_schemas
@@ -41,6 +45,7 @@ from skulk.shared.sampling_defaults import DEFAULT_TEMPERATURE, DEFAULT_TOP_P
 from skulk.shared.types.chunks import TokenChunk
 from skulk.shared.types.common import ChatMessage, ChatRole, ToolCall, ToolSpec, Usage
 from skulk.shared.types.ids import ModelId
+from skulk.shared.types.media import IMAGE_MARKER, ImageInput
 from skulk.shared.types.tasks import TextGenerationParams
 
 RESPONSE_ID_PREFIX = "resp_"
@@ -55,6 +60,10 @@ _REASONING_PARTS = frozenset({"reasoning_text", "summary_text"})
 class InputPart(_Lenient):
     type: str
     text: str | None = None
+    image_url: str | None = None
+    """On `input_image`: an https or `data:` URL (`skulk.api.media`)."""
+    file_id: str | None = None
+    detail: str | None = None
 
 
 class InputItem(_Lenient):
@@ -145,7 +154,28 @@ def _reasoning_text(item: InputItem, where: str) -> str:
     return "\n".join(part.text or "" for part in parts)
 
 
-def _item_message(item: InputItem, index: int) -> ChatMessage:
+def image_urls(request: ResponsesRequest) -> list[tuple[str, str]]:
+    """The http(s) image URLs of a request's `input_image` parts, each with the field naming
+    it: the route fetches them (`skulk.api.image_fetch`) before `to_params`."""
+    urls: list[tuple[str, str]] = []
+    for index, item in enumerate(request.input if isinstance(request.input, list) else []):
+        for part_index, part in enumerate(item.content if isinstance(item.content, list) else []):
+            if part.type == "input_image" and part.image_url and media.is_fetched_url(part.image_url):
+                urls.append((part.image_url, f"input[{index}].content[{part_index}].image_url"))
+    return urls
+
+
+def _input_image(part: InputPart, at: str, fetched: Mapping[str, bytes]) -> ImageInput:
+    if part.file_id is not None:
+        raise InvalidRequest("Images by 'file_id' are not served (there is no Files API); send 'image_url'.",
+                             param=f"{at}.file_id")
+    if not part.image_url:
+        raise InvalidRequest("An input_image part needs 'image_url'.", param=f"{at}.image_url")
+    detail = media.check_detail(part.detail, f"{at}.detail")
+    return media.image_from_url(part.image_url, fetched, f"{at}.image_url", detail)
+
+
+def _item_message(item: InputItem, index: int, fetched: Mapping[str, bytes] | None = None) -> ChatMessage:
     where = f"input[{index}]"
     if item.type == "reasoning":
         # The reasoning of the assistant turn that follows (`_merge_turns` joins them).
@@ -175,16 +205,22 @@ def _item_message(item: InputItem, index: int) -> ChatMessage:
     if item.content is None:
         raise InvalidRequest("A message item needs 'content'.", param=f"{where}.content")
     if isinstance(item.content, str):
-        return ChatMessage(role=role, content=item.content)
+        return ChatMessage(role=role, content=media.check_text(item.content, f"{where}.content"))
     texts: list[str] = []
+    images: list[ImageInput] = []
     for part_index, part in enumerate(item.content):
+        at = f"{where}.content[{part_index}]"
+        if part.type == "input_image" and role == "user":
+            images.append(_input_image(part, at, fetched or {}))
+            texts.append(IMAGE_MARKER)
+            continue
         if part.type not in _TEXT_PARTS:
-            raise InvalidRequest(f"Content parts of type {part.type!r} are not supported; only 'input_text' is.",
-                                 param=f"{where}.content[{part_index}].type")
+            raise InvalidRequest(f"Content parts of type {part.type!r} are not supported; only 'input_text' and "
+                                 "(in a user message) 'input_image' are.", param=f"{at}.type")
         if part.text is None:
-            raise InvalidRequest("A text content part needs 'text'.", param=f"{where}.content[{part_index}].text")
-        texts.append(part.text)
-    return ChatMessage(role=role, content="\n".join(texts))
+            raise InvalidRequest("A text content part needs 'text'.", param=f"{at}.text")
+        texts.append(media.check_text(part.text, f"{at}.text") or "")
+    return ChatMessage(role=role, content="\n".join(texts), images=images)
 
 
 def _reasoning_only(message: ChatMessage) -> bool:
@@ -290,10 +326,12 @@ def _refuse_unhonoured(request: ResponsesRequest) -> None:
                              param="max_tool_calls")
 
 
-def to_params(request: ResponsesRequest, history: Sequence[ChatMessage] = ()) -> TextGenerationParams:
+def to_params(request: ResponsesRequest, history: Sequence[ChatMessage] = (),
+              fetched: Mapping[str, bytes] | None = None) -> TextGenerationParams:
     """Chat generation params for a Responses request, or `InvalidRequest` naming the param.
     `history` is the stored conversation `previous_response_id` continues (the route looks
-    it up): it comes after this request's `instructions` and before its `input`."""
+    it up): it comes after this request's `instructions` and before its `input`. `fetched`:
+    the bodies of its http(s) image URLs (`image_urls`), as the route fetched them."""
     if not request.model.strip():
         raise InvalidRequest("'model' must name a model.", param="model")
     _refuse_unhonoured(request)
@@ -310,14 +348,15 @@ def to_params(request: ResponsesRequest, history: Sequence[ChatMessage] = ()) ->
         raise InvalidRequest(f"'top_k' must be at least 0, got {request.top_k}.", param="top_k")
     temperature = _in_range(request.temperature, 0.0, 2.0, "temperature")
     top_p = _in_range(request.top_p, 0.0, 1.0, "top_p")
-    messages = [ChatMessage(role="system", content=request.instructions)] if request.instructions else []
+    messages = [ChatMessage(role="system", content=media.check_text(request.instructions, "instructions"))] \
+        if request.instructions else []
     messages.extend(history)
     if isinstance(request.input, str):
-        messages.append(ChatMessage(role="user", content=request.input))
+        messages.append(ChatMessage(role="user", content=media.check_text(request.input, "input")))
     else:
         if not request.input:
             raise InvalidRequest("'input' must contain at least one item.", param="input")
-        messages.extend(_merge_turns([_item_message(item, i) for i, item in enumerate(request.input)]))
+        messages.extend(_merge_turns([_item_message(item, i, fetched) for i, item in enumerate(request.input)]))
     try:
         return TextGenerationParams(
             model_id=ModelId(request.model),
@@ -714,7 +753,8 @@ def compacted(params: TextGenerationParams, chunks: Iterable[TokenChunk], *, com
     usage = next((c.usage for c in reversed(chunks) if c.usage is not None), None) or Usage()
     users = [m for m in params.messages if m.role == "user" and m.content != COMPACTION_PROMPT]
     output: list[dict[str, Any]] = [
-        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": m.content or ""}]}
+        {"type": "message", "role": "user",
+         "content": [{"type": "input_text", "text": (m.content or "").replace(IMAGE_MARKER, "").strip()}]}
         for m in users]
     output.append({"type": "compaction", "id": f"{COMPACTION_ID_PREFIX}{command_id}", "encrypted_content": summary})
     return {"id": response_id(command_id), "object": "response.compaction", "created_at": created,
@@ -737,6 +777,7 @@ __all__ = [
     "compaction_max_tokens",
     "compaction_params",
     "conversation_of",
+    "image_urls",
     "message_id",
     "response_id",
     "response_object",

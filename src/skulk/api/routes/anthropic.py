@@ -22,11 +22,13 @@ from skulk.api.adapters.anthropic import (
     MessageStreamEncoder,
     collect_message,
     count_params,
+    image_urls,
     sse_error,
     to_params,
 )
 from skulk.api.context import api_context
 from skulk.api.generation import (
+    fetched_images,
     for_placed_model,
 )
 from skulk.api.generation_handle import Generation
@@ -38,7 +40,7 @@ router = APIRouter(responses=ANTHROPIC_ERROR_RESPONSES)
 @router.post("/v1/messages", response_model=None)
 async def create_message(request: Request, body: MessagesRequest) -> StreamingResponse | dict[str, Any]:
     context = api_context(request)
-    params = for_placed_model(context, to_params(body))
+    params = for_placed_model(context, to_params(body, await fetched_images(context, body.model, image_urls(body))))
     generation = await Generation.start(request, context, params, param_names=PARAM_NAMES, wire="anthropic.messages")
     if body.stream:
         encoder = MessageStreamEncoder(command_id=generation.command_id, model=body.model, stop_sequences=params.stop)
@@ -52,7 +54,8 @@ async def count_tokens(request: Request, body: CountTokensRequest) -> dict[str, 
     """The input tokens the same message request would use: the runner renders and
     tokenizes it exactly as for generation, and generates nothing."""
     context = api_context(request)
-    generation = await Generation.start(request, context, for_placed_model(context, count_params(body)),
+    fetched = await fetched_images(context, body.model, image_urls(body))
+    generation = await Generation.start(request, context, for_placed_model(context, count_params(body, fetched)),
                                         param_names=PARAM_NAMES)
     [chunks] = await generation.collect()
     usage = [chunk.usage for chunk in chunks if chunk.usage is not None]

@@ -124,7 +124,7 @@ async def chat(request: Request, body: ChatRequest) -> StreamingResponse | JSONR
 
 @router.post("/api/generate", response_model=None)
 async def generate(request: Request, body: GenerateRequest) -> StreamingResponse | JSONResponse | dict[str, Any]:
-    if not body.prompt and not body.raw:
+    if not body.prompt and not body.raw and not body.images:
         return _load(request, "generate", body.model)
     return await _generate(request, "generate", body.model, generate_params(body))
 

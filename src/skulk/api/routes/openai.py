@@ -31,6 +31,7 @@ from skulk.api.adapters.openai_chat import (
     choice_count,
     collect_response,
     command_id_from,
+    image_urls,
     merge_choices,
     model_entry,
     model_list,
@@ -43,6 +44,7 @@ from skulk.api.context import api_context
 from skulk.api.errors import ClusterNotReady, InvalidRequest, ModelNotFound, NotFound
 from skulk.api.generation import (
     embeddings_of,
+    fetched_images,
     for_placed_model,
 )
 from skulk.api.generation_handle import Generation
@@ -83,7 +85,8 @@ def get_model(request: Request, model_id: str) -> dict[str, Any]:
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(request: Request, body: ChatCompletionRequest) -> StreamingResponse | dict[str, Any]:
     context = _context(request)
-    params = for_placed_model(context, to_params(body))
+    fetched = await fetched_images(context, body.model, image_urls(body))
+    params = for_placed_model(context, to_params(body, fetched))
     n = choice_count(body.n)
     generation = await Generation.start(
         request, context, params, n,
@@ -189,7 +192,8 @@ async def responses(request: Request, body: openai_responses.ResponsesRequest) -
     context = _context(request)
     history = (await stored_response(request, body.previous_response_id, "previous_response_id")).conversation \
         if body.previous_response_id else ()
-    params = for_placed_model(context, openai_responses.to_params(body, history))
+    fetched = await fetched_images(context, body.model, openai_responses.image_urls(body), "input")
+    params = for_placed_model(context, openai_responses.to_params(body, history, fetched))
     generation = await Generation.start(request, context, params, max_tokens_param="max_output_tokens",
                                         param_names=RESPONSES_PARAMS, wire="openai.responses")
     created = int(time.time())

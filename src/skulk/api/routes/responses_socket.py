@@ -35,7 +35,7 @@ from skulk.api.chat_middleware import observed, transformed
 from skulk.api.context import api_context
 from skulk.api.cors import LOCAL_ORIGIN_REGEX
 from skulk.api.errors import ApiError, InvalidRequest, StreamFailed, invalid_request_from_validation
-from skulk.api.generation import drive, for_placed_model, start_generation
+from skulk.api.generation import drive, fetched_images, for_placed_model, start_generation
 from skulk.api.response_store import StoredResponse
 from skulk.api.routes.openai import RESPONSES_PARAMS, caller_scope, kept_responses, stored_response
 from skulk.shared.types.common import ChatMessage
@@ -185,7 +185,9 @@ async def _turn(websocket: WebSocket, socket: _Socket, body: openai_responses.Re
     """One response, streamed as frames. ApiErrors before the first event propagate."""
     context = api_context(websocket)
     history = await _history(websocket, socket, body.previous_response_id) if body.previous_response_id else ()
-    params = for_placed_model(context, openai_responses.to_params(body, history)).model_copy(update={"stream": True})
+    fetched = await fetched_images(context, body.model, openai_responses.image_urls(body), "input")
+    params = for_placed_model(context, openai_responses.to_params(body, history, fetched)).model_copy(
+        update={"stream": True})
     sent = await transformed(context, params)  # the stored conversation keeps the caller's own
     stream = await start_generation(context, sent, max_tokens_param="max_output_tokens",
                                     param_names=RESPONSES_PARAMS)

@@ -1,11 +1,14 @@
 // Chat: a picker over placed models, streamed answers rendered as safe Markdown (reasoning
 // collapsed apart), a stop button, TTFT and tokens/s per answer, a visible error when a
-// stream fails, and conversations kept in this browser (`conversations.js`).
+// stream fails, and conversations kept in this browser (`conversations.js`). Images can be
+// attached, pasted or dropped (for a model that sees, docs/VISION.md): sent as OpenAI
+// `image_url` data URLs, kept in the history as small thumbnails only (`images.js`).
 import { authHeaders, errorFrom, readSse } from "./api.js";
 import { onSnapshot } from "./store.js";
 import { esc } from "./format.js";
 import { render as markdown } from "./markdown.js";
 import { load, newConversation, save, titled } from "./conversations.js";
+import { attachable, readImage } from "./images.js";
 
 const DEFAULT_MAX_TOKENS = 512;
 
@@ -25,8 +28,12 @@ class SkulkChat extends HTMLElement {
       </div>
       <p class="muted" data-role="no-models">Place a model on the Models page to chat with it.</p>
       <ol class="messages" data-role="messages" aria-live="polite"></ol>
+      <ul class="attachments" data-role="attachments" aria-label="Attached images"></ul>
+      <p class="error" role="alert" data-role="attach-error"></p>
       <form data-role="form" class="composer">
-        <label class="grow"><span class="sr-only">Message</span><textarea data-role="input" rows="2" placeholder="Message (Enter sends, Shift+Enter for a new line)" required></textarea></label>
+        <button type="button" class="ghost" data-role="attach" title="Attach images (or paste or drop them)">Image</button>
+        <input data-role="file" type="file" accept="image/png,image/jpeg,image/webp,image/gif" multiple hidden>
+        <label class="grow"><span class="sr-only">Message</span><textarea data-role="input" rows="2" placeholder="Message (Enter sends, Shift+Enter for a new line; paste or drop images)"></textarea></label>
         <button type="submit" data-role="send">Send</button>
         <button type="button" class="danger" data-role="stop" disabled>Stop</button>
       </form>
@@ -35,6 +42,21 @@ class SkulkChat extends HTMLElement {
     this.$("form").addEventListener("submit", (event) => { event.preventDefault(); this.send(); });
     this.$("input").addEventListener("keydown", (event) => {
       if (event.key === "Enter" && !event.shiftKey) { event.preventDefault(); this.send(); }
+    });
+    this.attachments = [];
+    this.$("attach").addEventListener("click", () => this.$("file").click());
+    this.$("file").addEventListener("change", (event) => { this.attach([...event.target.files]); event.target.value = ""; });
+    this.$("input").addEventListener("paste", (event) => {
+      const files = [...(event.clipboardData?.files || [])].filter((f) => f.type.startsWith("image/"));
+      if (files.length) { event.preventDefault(); this.attach(files); }
+    });
+    const form = this.$("form");
+    form.addEventListener("dragover", (event) => { event.preventDefault(); form.classList.add("dropping"); });
+    form.addEventListener("dragleave", () => form.classList.remove("dropping"));
+    form.addEventListener("drop", (event) => {
+      event.preventDefault();
+      form.classList.remove("dropping");
+      this.attach([...(event.dataTransfer?.files || [])]);
     });
     this.$("stop").addEventListener("click", () => this.controller?.abort());
     this.$("clear").addEventListener("click", () => this.open(newConversation(this.$("model").value)));
@@ -51,12 +73,46 @@ class SkulkChat extends HTMLElement {
   }
   disconnectedCallback() { this.off?.(); this.controller?.abort(); }
 
+  async attach(files) {
+    const error = this.$("attach-error");
+    error.textContent = "";
+    for (const file of files) {
+      const why = attachable(file, this.attachments.length);
+      if (why) { error.textContent = why; continue; }
+      try {
+        this.attachments.push(await readImage(file));
+      } catch (failure) {
+        error.textContent = `${file.name}: ${failure.message}`;
+      }
+    }
+    this.renderAttachments();
+  }
+
+  renderAttachments() {
+    const list = this.$("attachments");
+    list.replaceChildren(...this.attachments.map((image, index) => {
+      const item = document.createElement("li");
+      const thumb = document.createElement("img");
+      thumb.src = image.thumb;
+      thumb.alt = image.name;
+      const remove = document.createElement("button");
+      remove.type = "button";
+      remove.className = "ghost";
+      remove.textContent = "×";
+      remove.title = `Remove ${image.name}`;
+      remove.addEventListener("click", () => { this.attachments.splice(index, 1); this.renderAttachments(); });
+      item.append(thumb, remove);
+      return item;
+    }));
+    list.hidden = this.attachments.length === 0;
+  }
+
   open(conversation) {
     if (this.controller) return;
     this.current = conversation;
     this.$("messages").replaceChildren();
     for (const message of conversation.messages) {
-      const item = this.bubble(message.role, message.content);
+      const item = this.bubble(message.role, message.content, message.thumbs);
       if (message.reasoning) this.showReasoning(item, message.reasoning);
       if (message.stats) item.querySelector(".stats").textContent = message.stats;
       item.dataset.state = "done";
@@ -92,10 +148,16 @@ class SkulkChat extends HTMLElement {
     this.$("no-models").hidden = models.length > 0;
   }
 
-  bubble(role, text) {
+  bubble(role, text, thumbs = []) {
     const item = document.createElement("li");
     item.className = `message ${role}`;
-    item.innerHTML = `<div class="who">${role}</div><details class="reasoning" hidden><summary>reasoning</summary><div class="reasoning-text"></div></details><div class="text"></div><div class="stats muted"></div><div class="error" role="alert"></div>`;
+    item.innerHTML = `<div class="who">${role}</div><div class="images"></div><details class="reasoning" hidden><summary>reasoning</summary><div class="reasoning-text"></div></details><div class="text"></div><div class="stats muted"></div><div class="error" role="alert"></div>`;
+    item.querySelector(".images").replaceChildren(...(thumbs || []).map((src) => {
+      const image = document.createElement("img");
+      image.src = src;
+      image.alt = "attached image";
+      return image;
+    }));
     this.setText(item, text);
     this.$("messages").append(item);
     return item;
@@ -121,13 +183,20 @@ class SkulkChat extends HTMLElement {
     const input = this.$("input");
     const model = this.$("model").value;
     const text = input.value.trim();
-    if (!text || !model || this.controller) return;
+    const images = this.attachments;
+    if ((!text && !images.length) || !model || this.controller) return;
     input.value = "";
-    this.bubble("user", text);
-    this.current = { ...this.current, model, messages: [...this.current.messages, { role: "user", content: text }] };
+    this.attachments = [];
+    this.renderAttachments();
+    const thumbs = images.map((i) => i.thumb);
+    this.bubble("user", text, thumbs);
+    // `images` (the full data URLs) live in memory for this page only; the kept history has
+    // the thumbnails, which a later turn sends in their place.
+    const turn = images.length ? { role: "user", content: text, images: images.map((i) => i.url), thumbs } : { role: "user", content: text };
+    this.current = { ...this.current, model, messages: [...this.current.messages, turn] };
     const answer = this.bubble("assistant", "");
     answer.dataset.state = "streaming";
-    const body = { model, messages: this.current.messages.map(({ role, content }) => ({ role, content })), stream: true,
+    const body = { model, messages: this.current.messages.map(wireMessage), stream: true,
       stream_options: { include_usage: true }, max_tokens: Number(this.$("max-tokens").value) || DEFAULT_MAX_TOKENS };
     this.controller = new AbortController();
     this.$("stop").disabled = false;
@@ -187,4 +256,13 @@ class SkulkChat extends HTMLElement {
     this.remember();
   }
 }
+// A kept message as the OpenAI chat format sends it: text, then its images as `image_url`
+// parts (the full image while this page holds it, else the kept thumbnail).
+function wireMessage({ role, content, images, thumbs }) {
+  const urls = images || thumbs || [];
+  if (!urls.length) return { role, content };
+  const parts = content ? [{ type: "text", text: content }] : [];
+  return { role, content: [...parts, ...urls.map((url) => ({ type: "image_url", image_url: { url } }))] };
+}
+
 customElements.define("skulk-chat", SkulkChat);

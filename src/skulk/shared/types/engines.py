@@ -297,12 +297,11 @@ def required_features(params: TextGenerationParams) -> list[tuple[Feature, str]]
     fixed order so the first refusal is stable."""
     from skulk.shared.tool_grammar import forced_tools
 
-    # Images first, count-only included: an engine that cannot see cannot count an image's
-    # tokens either.
-    images = [(Feature.IMAGES, "images")] if any(message.images for message in params.messages) else []
+    # Images count too when only counting: only an engine that sees knows what they cost.
+    images = [(Feature.IMAGES, "messages")] if any(message.images for message in params.messages) else []
     if params.count_only:
-        return images  # nothing is generated: every engine counts its text's tokens
-    wanted: list[tuple[Feature, str]] = images
+        return images  # nothing is generated: every engine counts its (text) prompt tokens
+    wanted: list[tuple[Feature, str]] = []
     if params.logprobs:
         wanted.append((Feature.LOGPROBS, "logprobs"))
     if params.prompt_logprobs:
@@ -317,7 +316,15 @@ def required_features(params: TextGenerationParams) -> list[tuple[Feature, str]]
             break
     if params.logit_bias:
         wanted.append((Feature.LOGIT_BIAS, "logit_bias"))
-    return wanted
+    return wanted + images
+
+
+def sees_images(engine: str) -> bool:
+    """Whether `engine` (a bare engine name), or the served twin placement puts first,
+    serves image inputs."""
+    twin = traits_of(engine).served_twin
+    return Feature.IMAGES in traits_of(engine).features or (twin is not None and Feature.IMAGES in
+                                                              traits_of(twin).features)
 
 
 def honoured_features(engine: str, *, pipelined: bool = False) -> frozenset[Feature]:
@@ -367,6 +374,7 @@ __all__ = [
     "loads_family",
     "missing_features",
     "required_features",
+    "sees_images",
     "serves_workload",
     "shards_family",
     "spans_with",
