@@ -71,6 +71,8 @@ def test_companion_download_specs(fields, expected):
         ({**DRAFTING, "served_spec_draft_repo": TINY_GGUF_REPO}, "served_spec_draft_repo"),  # its own repo
         ({**DRAFTING, "served_spec_draft_repo": "local/x"}, "served_spec_draft_repo"),
         ({"vision_weights_repo": "not a repo"}, "vision_weights_repo"),
+        ({"vision_weights_repo": TINY_GGUF_REPO}, "vision_weights_repo"),  # its own repo, no projector file
+        ({"vision_weights_repo": TINY_GGUF_REPO, "vision_weights_file": GGUF_FILE}, "vision_weights_repo"),
     ],
 )
 def test_inconsistent_companion_fields_name_the_field(fields, field):
@@ -79,6 +81,11 @@ def test_inconsistent_companion_fields_name_the_field(fields, field):
     named = {(e.get("ctx") or {}).get("field") for e in caught.value.errors()}
     named |= {".".join(str(part) for part in e["loc"]) for e in caught.value.errors()}
     assert field in named, caught.value.errors()
+
+
+def test_a_gguf_repo_may_ship_its_own_projector():
+    card = card_with(vision_weights_repo=TINY_GGUF_REPO, vision_weights_file="mmproj-f16.gguf")
+    assert companion_download_specs(card) == (CompanionSpec("vision", TINY_GGUF_REPO, "mmproj-f16.gguf"),)
 
 
 def test_cards_without_companions_stay_valid_and_round_trip():

@@ -348,10 +348,13 @@ def card_from_gguf(
     local_path: str | None = None,
     name: str | None = None,
     tensor_elements: Mapping[str, int] | None = None,
+    projector_file: str | None = None,
 ) -> ModelCard:
     """A llama.cpp card from a GGUF file's metadata; `gguf_file` is pinned on the card (the
     first shard of a split file). `tensor_elements` (the header's tensor table) gives the
-    parameter counts; a split file's first shard holds only some tensors, so none then."""
+    parameter counts; a split file's first shard holds only some tensors, so none then.
+    `projector_file`: the repo's multimodal projector (an mmproj GGUF, `vision_projector`):
+    the card then sees images, with the projector as its vision companion from the same repo."""
     arch = meta.get("general.architecture")
     family = _family(model_id, arch, "llama_cpp", "architecture")
     prefixed = {k.removeprefix(f"{arch}."): v for k, v in meta.items()}
@@ -382,8 +385,33 @@ def card_from_gguf(
         "sliding_window": window,
         "sliding_window_pattern": WINDOW_PATTERNS.get(family) if window else None,
         "placement": {"compatible_backends": list(GGUF_BACKENDS), "backend_preference": list(GGUF_PREFERENCE)},
-        **_chat_format(family, meta.get("tokenizer.chat_template")),
+        **_with_vision(_chat_format(family, meta.get("tokenizer.chat_template")), model_id, projector_file),
     })
+
+
+def _with_vision(fields: dict[str, Any], repo: str, projector_file: str | None) -> dict[str, Any]:
+    """`fields` with the capability `vision` and the projector companion, when there is one."""
+    if projector_file is None:
+        return fields
+    return {**fields, "capabilities": [*fields.get("capabilities", ["text"]), "vision"],
+            "vision_weights_repo": repo, "vision_weights_file": projector_file}
+
+
+MMPROJ_PREFERENCE: tuple[str, ...] = ("f16", "bf16", "f32", "q8_0")
+"""Which projector of several a card takes: the projector is small next to the model, so full
+precision first (a quantized projector costs image understanding for little memory)."""
+
+
+def vision_projector(files: Sequence[RepoFile]) -> str | None:
+    """The repo's multimodal projector (an `mmproj` GGUF) a card of its model takes, or None.
+    Several (one per precision): the first of MMPROJ_PREFERENCE in the name, else the first by name."""
+    projectors = sorted(f.path for f in files if f.path.lower().endswith(".gguf")
+                        and "mmproj" in PurePosixPath(f.path).name.lower())
+    for precision in MMPROJ_PREFERENCE:
+        found = next((p for p in projectors if precision in PurePosixPath(p).name.lower()), None)
+        if found is not None:
+            return found
+    return projectors[0] if projectors else None
 
 
 _SLUG_RE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -456,4 +484,5 @@ __all__ = [
     "match_basename",
     "parse_gguf_header",
     "parse_gguf_metadata",
+    "vision_projector",
 ]

@@ -19,6 +19,7 @@ from skulk.models.card_builder import (
     card_from_config,
     card_from_gguf,
     parse_gguf_header,
+    vision_projector,
 )
 from skulk.models.downloads import HubSource
 from skulk.models.hub_files import (
@@ -63,7 +64,7 @@ def card_from_hub(model_id: str, hub: HubSource, *, revision: str | None = None,
         header = read_gguf_header(lambda n: hub_meta.read_prefix(model_id, chosen, listing.revision, hub, n),
                                   f"{model_id}/{chosen}")
         return card_from_gguf(model_id, header.meta, chosen, total_size_bytes(files, group), revision=pin,
-                              name=name, tensor_elements=header.tensor_elements)
+                              name=name, tensor_elements=header.tensor_elements, projector_file=vision_projector(files))
     if gguf_file is not None or quant is not None:
         raise CardBuildError(model_id, f"{'ggufFile' if gguf_file else f'quant {quant}'} given, but the repository "
                              "holds no GGUF files")

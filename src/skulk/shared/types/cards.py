@@ -532,7 +532,10 @@ def _companions_consistent(card: ModelCard) -> None:
             continue
         if card.source != "huggingface":
             raise card_field_error(name, "companion repos come from the hub: only for source = huggingface")
-        if repo == card.model_id:
+        # A GGUF repo usually ships its projector beside the model: another file of the same
+        # repo is a companion; the model's own file is not.
+        same_repo_file = name == "vision_weights_repo" and card.vision_weights_file not in (None, card.gguf_file)
+        if repo == card.model_id and not same_repo_file:
             raise card_field_error(name, "names the model's own repo")
         if repo.startswith(LOCAL_MODEL_PREFIX):
             raise card_field_error(name, f"'{LOCAL_MODEL_PREFIX}...' ids are not hub repos")
