@@ -117,7 +117,6 @@ def projector_launch_path(spec: ShardSpec) -> Path | None:
     return Path(spec.projector_path)
 
 
-
 def draft_launch_path(spec: ShardSpec) -> Path | None:
     """The draft GGUF the server loads for a card that speculates with one, or None. A card
     that asks for draft speculation without its draft on this node is refused at load: it
@@ -128,6 +127,7 @@ def draft_launch_path(spec: ShardSpec) -> Path | None:
         raise ModelLoadFailed(f"{spec.card.model_id} speculates with the draft model {spec.card.served_spec_draft_repo}, "
                               f"which is not on this node ({spec.draft_model_path or 'not resolved'})")
     return Path(spec.draft_model_path)
+
 
 class LlamaServerEngine(ServedEngineShell):
     """`Engine` over a llama-server process. Width: its slot count."""
