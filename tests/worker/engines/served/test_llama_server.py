@@ -431,11 +431,7 @@ def test_ngram_speculation_drafts_and_keeps_the_greedy_text(engine, tiny_gguf):
     """A card with `runtime.speculative = "ngram"`: the server is started with n-gram
     drafting, the greedy text is exactly the unspeculated server's, and the usage says how
     many tokens were drafted and accepted."""
-    plain_spec = spec_for(tiny_gguf, slots=1)
-    card = plain_spec.card.model_copy(update={"runtime": plain_spec.card.runtime.model_copy(
-        update={"speculative": "ngram"})})
-    spec = ShardSpec(instance=plain_spec.instance, runner_id=plain_spec.runner_id, card=card,
-                     model_path=plain_spec.model_path, n_threads=plain_spec.n_threads)
+    spec = drafting_spec(tiny_gguf, "ngram")
     request = prompt_params(LONG_PROMPT, temperature=0, max_tokens=300)
     plain = list(engine.generate(request, threading.Event()))
     drafting = LlamaServerEngine(engine_env(require_llama_server()))
