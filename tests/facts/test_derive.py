@@ -45,9 +45,10 @@ USABLE_VLLM = {"vllm": EngineBinary(path="/opt/vllm", state="usable")}
             [],
         ),
         (
-            "macOS arm64 with mlx_audio",
-            facts(os="darwin", machine="arm64", gpus=[APPLE], importable={"mlx": True, "mlx_lm": True, "mlx_audio": True}),
-            ["mlx", "mlx-metal", "mlx_audio", "mlx_audio-metal"],
+            "macOS arm64 with the speech engines: they serve on its CPU (no Metal in CTranslate2 or Piper)",
+            facts(os="darwin", machine="arm64", gpus=[APPLE],
+                  importable={"mlx": True, "mlx_lm": True, "faster_whisper": True, "piper": True}),
+            ["mlx", "mlx-metal", "faster_whisper", "faster_whisper-cpu", "piper", "piper-cpu"],
             [],
         ),
         ("nvidia + GPU llama_cpp build", facts(gpus=[NVIDIA], importable={"llama_cpp": True}, offload=True), ["llama_cpp", "llama_cpp-cuda"], []),

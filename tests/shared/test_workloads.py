@@ -4,6 +4,7 @@ construct and has the method the row names, and a row's redaction leaves no call
 
 from __future__ import annotations
 
+import base64
 import importlib
 
 import pytest
@@ -13,7 +14,7 @@ from skulk.shared.types.common import ChatMessage, ToolSpec
 from skulk.shared.types.engines import ENGINE_TRAITS
 from skulk.shared.types.task_inputs import TaskInput
 from skulk.shared.types.tasks import ResponseFormat, TextGenerationParams
-from skulk.shared.types.workload_io import EchoParams, EmbeddingParams
+from skulk.shared.types.workload_io import EchoParams, EmbeddingParams, SpeechParams, TranscriptionParams
 from skulk.shared.types.workloads import WORKLOADS, card_workloads, workload_of
 from skulk.worker.runner.bootstrap import ENGINES
 
@@ -24,6 +25,8 @@ ENGINE_CLASSES = {
     "llama_server": ("skulk.worker.engines.served.llama_server", "LlamaServerEngine"),
     "vllm": ("skulk.worker.engines.served.vllm", "VllmEngine"),
     "mlx": ("skulk.worker.engines.mlx.engine", "MlxEngine"),
+    "faster_whisper": ("skulk.worker.engines.speech.whisper", "WhisperEngine"),
+    "piper": ("skulk.worker.engines.speech.piper_voice", "PiperEngine"),
 }
 """The class each runner constructor builds (`bootstrap.ENGINES`), to check its methods."""
 
@@ -34,6 +37,8 @@ SAMPLES = {
         response_format=ResponseFormat(type="json_schema", json_schema={"title": SECRET})),
     "embeddings": EmbeddingParams(model_id="m", inputs=[SECRET, SECRET]),
     "echo": EchoParams(model_id="m", text=SECRET),
+    "transcription": TranscriptionParams.of_audio("m", SECRET.encode(), prompt=SECRET, file_name="a.wav"),
+    "speech": SpeechParams(model_id="m", input=SECRET, voice="v"),
 }
 """One request of every workload, full of caller text."""
 
@@ -47,7 +52,8 @@ def test_a_row_types_carry_its_kind(kind):
     row = WORKLOADS[kind]
     assert row.kind == kind and workload_of(SAMPLES[kind]) is row
     assert isinstance(SAMPLES[kind], row.params)
-    assert (row.result is None) == (row.serve is None), "a one-result workload says how it is served"
+    served = row.serve is not None or row.serve_stream is not None
+    assert (row.result is None) == (not served), "a one-result workload says how it is served"
     if row.result is not None:
         assert row.result.model_fields["workload"].default == kind
 
@@ -77,6 +83,7 @@ def test_redaction_leaves_no_caller_text_and_keeps_the_shape(kind):
     params = SAMPLES[kind]
     redacted = WORKLOADS[kind].redact(params)
     assert SECRET not in str(redacted.to_wire())
+    assert base64.b64encode(SECRET.encode()).decode() not in str(redacted.to_wire())
     assert type(redacted) is type(params) and redacted.model_id == params.model_id
     assert type(redacted).model_validate(redacted.to_wire()) == redacted  # still a valid request
 
@@ -91,6 +98,8 @@ def test_a_task_input_carries_any_workload_across_the_wire(kind):
     (("TextGeneration",), {"text"}),
     (("Embedding",), {"embeddings"}),
     (("TextGeneration", "Embedding"), {"text", "embeddings"}),
+    (("Transcription",), {"transcription"}),
+    (("SpeechSynthesis",), {"speech"}),
     ((), set()),
 ])
 def test_a_card_promises_the_workloads_of_its_tasks(tasks, workloads):

@@ -424,6 +424,29 @@ async def collect_result(
     return chunks[0].result, chunks[0].usage
 
 
+async def follow_results(
+    request: ClientChannel, context: ApiContext, stream: CommandStream, result_type: type[R]
+) -> AsyncGenerator[tuple[R, Usage | None], None]:
+    """The results of a workload that answers in several (`Workload.serve_stream`: a
+    transcript segment by segment, speech sentence by sentence), in order, each with its
+    usage so far, until the one marked `final`. A result of another workload, or a stream
+    that ends without a final result, is a protocol violation (502). Callers wrap it in
+    `contextlib.aclosing` so that leaving early cancels the command."""
+    final = False
+    async with aclosing(_follow(request, context, stream, ResultChunk)) as output:
+        async for chunk in output:
+            result: Any = chunk.result
+            if not isinstance(result, result_type) or final:
+                got = "a result after its final one" if final else f"a {getattr(result, 'workload', '?')} result"
+                raise StreamFailed(StreamErrorType.PROTOCOL_VIOLATION,
+                                   f"The runner returned {got} for {result_type.__name__}s.", origin="api")
+            final = bool(getattr(result, "final", True))
+            yield result, chunk.usage
+    if not final:
+        raise StreamFailed(StreamErrorType.PROTOCOL_VIOLATION,
+                           f"The runner ended its {result_type.__name__}s without a final one.", origin="api")
+
+
 async def embeddings_of(
     request: Request, context: ApiContext, params: EmbeddingParams
 ) -> tuple[list[list[float]], Usage | None]:

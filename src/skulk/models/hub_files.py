@@ -22,9 +22,8 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import Literal
 
-ArtifactFormat = Literal["safetensors", "gguf"]
+from skulk.shared.types.engines import ArtifactFormat
 
 CONFIG_FILE = "config.json"
 SAFETENSORS_INDEX_FILE = "model.safetensors.index.json"

@@ -50,6 +50,7 @@ import numpy as np
 from skulk.datadir.file_lock import exclusive_file_lock
 from skulk.models.artifact_errors import ArtifactUnavailable
 from skulk.models.cards import builtin_cards_dir
+from skulk.models.tiny_speech import SPEECH_GENERATORS, GeneratedSpeechModel
 from skulk.shared.types.cards import ModelCard
 
 logger = logging.getLogger(__name__)
@@ -805,10 +806,14 @@ def ensure_generated(card: ModelCard, models_dir: Path) -> Path:
     after, regenerated when the generator's spec hash changes; safe for concurrent callers
     on one machine. The path an engine loads: the HF folder (MLX) or the .gguf (llama.cpp).
     A vision card's projector lies beside its .gguf (`generated_projector_path`)."""
+    speech = SPEECH_GENERATORS.get(card.model_id)
+    if speech is not None:
+        return _ensure_speech(card.model_id, speech, Path(models_dir))
     generated = LOCAL_GENERATED_MODELS.get(card.model_id)
     if generated is None:
         raise ArtifactUnavailable(
-            card.model_id, f"no generator for this id (generated models: {sorted(LOCAL_GENERATED_MODELS)})"
+            card.model_id,
+            f"no generator for this id (generated models: {sorted({*LOCAL_GENERATED_MODELS, *SPEECH_GENERATORS})})"
         )
     mismatches = _shape_mismatches(card, generated.spec)
     if mismatches:
@@ -826,6 +831,47 @@ def ensure_generated(card: ModelCard, models_dir: Path) -> Path:
             if not _marker_matches(target, expected_hash, vision):
                 _generate_in_place(models_dir, card.model_id, generated, expected_hash)
     return target / GGUF_FILE_NAME if card.is_gguf else target / HF_DIR_NAME
+
+
+def _speech_marker(model_id: str, speech: GeneratedSpeechModel) -> dict[str, object]:
+    return {"model_id": model_id, "speech_version": speech.version, "generator_version": GENERATOR_VERSION}
+
+
+def _speech_marker_matches(target: Path, expected: dict[str, object]) -> bool:
+    try:
+        return json.loads((target / MARKER_FILE_NAME).read_text(encoding="utf-8")) == expected
+    except (OSError, ValueError):
+        return False
+
+
+def _ensure_speech(model_id: str, speech: GeneratedSpeechModel, models_dir: Path) -> Path:
+    """A generated speech model's directory (`skulk.models.tiny_speech`), written on first
+    use the way `ensure_generated` writes the text models: under the lock, into a partial
+    directory renamed into place, regenerated when its version changes."""
+    target = models_dir / speech.dir_name
+    expected = _speech_marker(model_id, speech)
+    if not _speech_marker_matches(target, expected):
+        models_dir.mkdir(parents=True, exist_ok=True)
+        with _exclusive_lock(models_dir / f"{speech.dir_name}.lock", model_id, GENERATION_LOCK_TIMEOUT_S):
+            if not _speech_marker_matches(target, expected):
+                _remove_leftovers(models_dir, speech.dir_name)
+                partial = Path(tempfile.mkdtemp(dir=models_dir, prefix=f".{speech.dir_name}.partial-"))
+                try:
+                    logger.info("generating %s (%s) into %s", model_id, speech.version, target)
+                    speech.write(partial)
+                    _write_json(partial / MARKER_FILE_NAME, expected)
+                    _fsync_tree(partial)
+                    if target.exists():
+                        stale = Path(tempfile.mkdtemp(dir=models_dir, prefix=f".{speech.dir_name}.stale-"))
+                        os.replace(target, stale / "old")
+                        os.replace(partial, target)
+                        shutil.rmtree(stale, ignore_errors=True)
+                    else:
+                        os.replace(partial, target)
+                except BaseException:
+                    shutil.rmtree(partial, ignore_errors=True)
+                    raise
+    return target / speech.entry if speech.entry else target
 
 
 # ---------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
-NETWORK_VERSION: Final = "skulk-net-5"
+NETWORK_VERSION: Final = "skulk-net-6"
 # 2: presence tokens must answer proof challenges (routing/presence.py); a build without
 # them would never count as alive, so it is told apart as another version instead.
 # 3: messages gained fields (KV cache type and speculation counts, a turn's continuation,
@@ -30,6 +30,9 @@ NETWORK_VERSION: Final = "skulk-net-5"
 # (`capability_tags`, skulk.extensions.capability_tags); providers' calls and data travel
 # on two new node-addressed topics (`provider_calls`, `provider_data`); chat messages carry
 # images (`ChatMessage.images`, base64 in a request's full params on the data plane).
+# 6: speech: cards gained tasks Transcription / SpeechSynthesis, capabilities stt / tts and
+# an `audio` section; the workload unions carry transcription and speech params and results
+# (the audio, base64 with its SHA-256, in a request's full params on the data plane).
 
 # Every key expression this build publishes or subscribes to starts with this prefix.
 KEY_ROOT: Final = "skulk"

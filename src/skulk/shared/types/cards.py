@@ -43,8 +43,10 @@ Family = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9
 config.json's `model_type` ('qwen3_moe'). Which names a card may carry is a fact of the
 engines it lists (`skulk.shared.types.engine_architectures`, generated from them), checked
 below; there is no list of ours."""
-ModelTask = Literal["TextGeneration", "Embedding"]
-Capability = Literal["text", "tools", "thinking", "vision", "embedding"]
+ModelTask = Literal["TextGeneration", "Embedding", "Transcription", "SpeechSynthesis"]
+Capability = Literal["text", "tools", "thinking", "vision", "embedding", "stt", "tts"]
+"""`stt`: speech to text (task Transcription); `tts`: text to speech (task
+SpeechSynthesis). A speech card describes its audio in its `audio` section."""
 CardSource = Literal["huggingface", "local-generated", "local-path"]
 ToolCallFormat = Literal["hermes", "llama3_json", "mistral", "harmony", "none"]
 ReasoningFormat = Literal["none", "think_tags", "harmony"]
@@ -241,6 +243,39 @@ class RuntimeSection(WireModel):
         return refuse_removed(data, REMOVED_RUNTIME_KNOBS, "runtime.")
 
 
+VoiceName = Annotated[str, Strict(), Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
+LanguageCode = Annotated[str, Strict(), Field(min_length=2, max_length=3, pattern=r"^[a-z]{2,3}$")]
+"""ISO 639-1 (or -3) language code, lower case: 'en', 'de', 'yue'."""
+
+
+class AudioSection(WireModel):
+    """What a speech model truly supports; every speech route gates on it (a request for
+    something the card does not declare is a typed 400, never a silent fallback). Set
+    exactly when the card's capabilities include 'stt' or 'tts'."""
+
+    sample_rate: PositiveInt
+    """Hz. Speech to text: the rate the model hears (uploads are resampled to it). Text to
+    speech: the rate it speaks at (the PCM the runner returns)."""
+    languages: Annotated[tuple[LanguageCode, ...], AfterValidator(_unique)] = ()
+    """Languages it transcribes or speaks; empty: any its tokenizer knows (a multilingual
+    Whisper), which the engine checks."""
+    supports_translation: StrictBool = False
+    """Speech to text: it can translate speech into English text (/v1/audio/translations)."""
+    supports_streaming: StrictBool = False
+    """Speech to text: it returns the transcript segment by segment as it decodes
+    (`stream=true`). Text to speech: it returns audio sentence by sentence before the whole
+    input is synthesized."""
+    supports_realtime: StrictBool = False
+    """Speech to text: it serves realtime sessions (WS /v1/realtime): short committed
+    utterances, transcribed as they close."""
+    supports_word_timestamps: StrictBool = False
+    """Speech to text: it gives a start and end time per word (verbose_json's `words`)."""
+    voices: Annotated[tuple[VoiceName, ...], AfterValidator(_unique)] = ()
+    """Text to speech: the voices it speaks with (required, at least one)."""
+    default_voice: VoiceName | None = None
+    """Text to speech: the voice used when a request names none; one of `voices`."""
+
+
 class ToolingSection(WireModel):
     """How the model's chat template expresses tool calls; the family adapter parses it."""
 
@@ -374,6 +409,8 @@ class ModelCard(WireModel):
     runtime: RuntimeSection = RuntimeSection()
     tooling: ToolingSection = ToolingSection()
     reasoning: ReasoningSection = ReasoningSection()
+    audio: AudioSection | None = None
+    """Set exactly for a speech card (capabilities 'stt' or 'tts')."""
 
     # -- derived descriptions ------------------------------------------------------------
 
@@ -389,7 +426,17 @@ class ModelCard(WireModel):
 
     @property
     def artifact_format(self) -> ArtifactFormat:
-        return "gguf" if self.is_gguf else "safetensors"
+        """The one format every engine the card lists loads (`_one_artifact_format` makes
+        it one): GGUF, a CTranslate2 or ONNX speech model, or else a safetensors folder."""
+        if self.is_gguf:
+            return "gguf"
+        shared = _shared_formats(self.engines)
+        return "ctranslate2" if "ctranslate2" in shared else "onnx" if "onnx" in shared else "safetensors"
+
+    @property
+    def is_speech(self) -> bool:
+        """A speech model (speech to text or text to speech): served by a speech engine."""
+        return "stt" in self.capabilities or "tts" in self.capabilities
 
     @property
     def is_local(self) -> bool:
@@ -425,6 +472,7 @@ class ModelCard(WireModel):
             _tasks_match_capabilities,
             _tooling_matches_capabilities,
             _reasoning_matches_capabilities,
+            _audio_matches_capabilities,
             _companions_consistent,
             _engines_load_family,
             _experts_consistent,
@@ -455,8 +503,22 @@ def _split_layer_within_model(card: ModelCard) -> None:
         )
 
 
+def _shared_formats(engines: frozenset[str]) -> frozenset[ArtifactFormat]:
+    """The artifact formats every one of `engines` loads."""
+    shared: frozenset[ArtifactFormat] | None = None
+    for engine in engines:
+        formats = traits_of(engine).formats
+        shared = formats if shared is None else shared & formats
+    return shared or frozenset()
+
+
 def _one_artifact_format(card: ModelCard) -> None:
     gguf, safetensors = card.engines & GGUF_ENGINES, card.engines & SAFETENSORS_ONLY_ENGINES
+    if not _shared_formats(card.engines):
+        raise card_field_error(
+            "placement.compatible_backends",
+            f"its engines {sorted(card.engines)} share no artifact format; one card describes one artifact",
+        )
     if gguf and safetensors:
         raise card_field_error(
             "placement.compatible_backends",
@@ -489,7 +551,8 @@ def _source_fields_match(card: ModelCard) -> None:
 
 
 def _tasks_match_capabilities(card: ModelCard) -> None:
-    for task, capability in (("TextGeneration", "text"), ("Embedding", "embedding")):
+    for task, capability in (("TextGeneration", "text"), ("Embedding", "embedding"), ("Transcription", "stt"),
+                             ("SpeechSynthesis", "tts")):
         if (task in card.tasks) != (capability in card.capabilities):
             raise card_field_error(
                 "capabilities", f"task {task!r} and capability {capability!r} must be declared together"
@@ -510,6 +573,29 @@ def _reasoning_matches_capabilities(card: ModelCard) -> None:
         raise card_field_error(
             "reasoning.format", "must be set (not 'none') exactly when capabilities include 'thinking'"
         )
+
+
+def _audio_matches_capabilities(card: ModelCard) -> None:
+    audio = card.audio
+    if card.is_speech != (audio is not None):
+        raise card_field_error("audio", "set exactly when capabilities include 'stt' or 'tts' (a speech model)")
+    if audio is None:
+        return
+    if "stt" in card.capabilities and "tts" in card.capabilities:
+        raise card_field_error("capabilities", "one speech card is either 'stt' or 'tts'; make two cards")
+    speaks = "tts" in card.capabilities
+    if speaks and not audio.voices:
+        raise card_field_error("audio.voices", "a text-to-speech card names at least one voice")
+    if speaks and audio.default_voice is not None and audio.default_voice not in audio.voices:
+        raise card_field_error("audio.default_voice", f"{audio.default_voice!r} is not one of audio.voices")
+    if not speaks:
+        for name in ("voices", "default_voice"):
+            if getattr(audio, name):
+                raise card_field_error(f"audio.{name}", "only a text-to-speech card has voices")
+    if speaks:
+        for name in ("supports_translation", "supports_realtime", "supports_word_timestamps"):
+            if getattr(audio, name):
+                raise card_field_error(f"audio.{name}", "only a speech-to-text card transcribes")
 
 
 def _companions_consistent(card: ModelCard) -> None:
@@ -567,6 +653,7 @@ __all__ = [
     "LOCAL_MODEL_PREFIX",
     "SAFETENSORS_ONLY_ENGINES",
     "ArtifactFormat",
+    "AudioSection",
     "Capability",
     "CardSource",
     "Family",

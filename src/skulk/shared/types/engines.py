@@ -31,7 +31,10 @@ from skulk.shared.types.engine_architectures import (
 if TYPE_CHECKING:
     from skulk.shared.types.tasks import TextGenerationParams
 
-ArtifactFormat = Literal["safetensors", "gguf"]
+ArtifactFormat = Literal["safetensors", "gguf", "ctranslate2", "onnx"]
+"""How a model's files are laid out: a safetensors folder (MLX, vLLM), one GGUF file
+(llama.cpp), a CTranslate2 model folder (faster-whisper) or an ONNX model with its JSON
+config (Piper voices)."""
 
 
 class Feature(StrEnum):
@@ -79,7 +82,8 @@ class EngineTraits:
     the request features it honours; a request asking for another is refused.
     `pipeline_features`: the features it honours when one instance is a pipeline over
     several ranks (None: the same as `features`). `workloads`: the kinds of work it serves
-    (`skulk.shared.types.workloads`: text, embeddings, echo); a request for another is refused.
+    (`skulk.shared.types.workloads`: text, embeddings, echo, transcription, speech); a
+    request for another is refused.
     `families`: the model families it can load at all (None: any its formats hold);
     placement never puts a model of another family on it (it would only fail at load).
 
@@ -203,9 +207,16 @@ ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
         # Prompt lookup on one whole-model rank, one request at a time (mlx.speculate).
         speculative=("ngram",),
     ),
-    # Speech runs only where the upstream package serves it: Apple Silicon.
-    "mlx_audio": EngineTraits(formats=frozenset({"safetensors"}), workloads=frozenset(), modules=("mlx", "mlx_audio"),
-                              apple_only=True, vendor_computes=_APPLE_COMPUTES, cpu_floor=False),
+    # Speech to text: Whisper models converted to CTranslate2, through faster-whisper (CPU on
+    # any machine, CUDA on NVIDIA; CTranslate2 has no Metal, so a Mac transcribes on its CPU).
+    # One request at a time per runner; never spans nodes.
+    "faster_whisper": EngineTraits(formats=frozenset({"ctranslate2"}), families=frozenset({"whisper"}),
+                                   workloads=frozenset({"transcription"}), modules=("faster_whisper",),
+                                   vendor_computes=MappingProxyType({"nvidia": "cuda"})),
+    # Text to speech: Piper voices (VITS exported to ONNX), through piper-tts and ONNX
+    # Runtime on CPU, on any machine; espeak-ng's phoneme data ships inside the wheel.
+    "piper": EngineTraits(formats=frozenset({"onnx"}), families=frozenset({"vits"}),
+                          workloads=frozenset({"speech"}), modules=("piper",)),
     # Skulk's vLLM path passes no logprobs, grammars, penalties or biases yet. GPU-only: no
     # CPU floor. It pages one shared KV pool between its sequences, so more sequences cost
     # no more memory.

@@ -14,6 +14,9 @@ a row in that table, the engine method that serves it, and the engines that do
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
 from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
@@ -84,18 +87,153 @@ class EchoResult(WireModel):
     tokens: list[int]
 
 
-OneResultParams = Annotated[EmbeddingParams | EchoParams, Field(discriminator="workload")]
-"""The params of every workload that answers with one result."""
+MAX_AUDIO_UPLOAD_BYTES = 25 * 1024 * 1024
+"""The largest audio file one transcription carries (OpenAI's own upload limit). It travels
+to the serving node as one data-plane message (the `task_inputs` topic admits 256 MiB), its
+SHA-256 checked there before the runner hears it."""
 
-WorkloadResult = Annotated[EmbeddingResult | EchoResult, Field(discriminator="workload")]
+MAX_SPEECH_INPUT_CHARS = 4096
+"""The longest text one speech request synthesizes (OpenAI's own limit)."""
+
+MAX_TRANSCRIPTION_PROMPT_CHARS = 4096
+
+
+class AudioDigestMismatch(ValueError):
+    """The audio that arrived is not the audio the API node sent (its SHA-256 differs)."""
+
+
+class TranscriptionParams(WireModel):
+    """A normalised transcription (or translation) request: the uploaded file's bytes as
+    base64, and their SHA-256, which the serving node checks before the engine decodes
+    them. The master sees these params redacted (no audio, no prompt); the digest stays."""
+
+    workload: Literal["transcription"] = "transcription"
+    model_id: ModelId
+    audio_b64: str = Field(max_length=(MAX_AUDIO_UPLOAD_BYTES + 2) // 3 * 4)
+    audio_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    file_name: str | None = Field(default=None, max_length=255)
+    """The upload's file name, a hint for the decoder (the bytes decide)."""
+    duration_s: float | None = Field(default=None, ge=0)
+    """The duration the API node measured when it checked the upload."""
+    task: Literal["transcribe", "translate"] = "transcribe"
+    """translate: speech in any language to English text (a card with
+    `audio.supports_translation`)."""
+    language: str | None = Field(default=None, pattern=r"^[a-z]{2,3}$")
+    prompt: str | None = Field(default=None, max_length=MAX_TRANSCRIPTION_PROMPT_CHARS)
+    temperature: FiniteFloat = Field(default=0.0, ge=0.0, le=1.0)
+    word_timestamps: bool = False
+    stream: bool = False
+    """Segment by segment as the engine decodes (a card with `audio.supports_streaming`)."""
+
+    def audio_bytes(self) -> bytes:
+        """The audio, checked against its digest (raises `AudioDigestMismatch`)."""
+        try:
+            data = base64.b64decode(self.audio_b64, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise AudioDigestMismatch(f"the audio is not valid base64: {exc}") from None
+        if hashlib.sha256(data).hexdigest() != self.audio_sha256:
+            raise AudioDigestMismatch("the audio's SHA-256 differs from the one the API node sent")
+        return data
+
+    @classmethod
+    def of_audio(cls, model_id: str, data: bytes, **fields: object) -> TranscriptionParams:
+        """Params carrying `data` with its digest."""
+        return cls.model_validate({"model_id": model_id, "audio_b64": base64.b64encode(data).decode("ascii"),
+                                   "audio_sha256": hashlib.sha256(data).hexdigest(), **fields})
+
+    def redacted(self) -> TranscriptionParams:
+        """These params without the audio or the prompt (the digest and duration stay)."""
+        return self.model_copy(update={"audio_b64": "", "prompt": None if self.prompt is None else ""})
+
+
+class TranscriptWord(WireModel):
+    word: str
+    start: FiniteFloat
+    end: FiniteFloat
+    probability: FiniteFloat | None = None
+
+
+class TranscriptSegment(WireModel):
+    """One decoded segment, times in seconds from the start of the audio."""
+
+    id: int
+    start: FiniteFloat
+    end: FiniteFloat
+    text: str
+    words: list[TranscriptWord] = Field(default_factory=list)
+    avg_logprob: FiniteFloat | None = None
+    no_speech_prob: FiniteFloat | None = None
+    compression_ratio: FiniteFloat | None = None
+    temperature: FiniteFloat | None = None
+    tokens: list[int] = Field(default_factory=list)
+
+
+class TranscriptionResult(WireModel):
+    """A transcript. Streamed, each partial result (`final` false) carries the segments
+    decoded since the last and their `text`; the last (`final` true) the whole transcript."""
+
+    workload: Literal["transcription"] = "transcription"
+    text: str
+    segments: list[TranscriptSegment] = Field(default_factory=list)
+    language: str | None = None
+    duration: FiniteFloat = 0.0
+    """Seconds of audio the engine decoded."""
+    final: bool = True
+
+
+class SpeechParams(WireModel):
+    """A normalised speech request: text in, the voice to speak it with. The runner returns
+    PCM; the API node encodes the format the caller asked for."""
+
+    workload: Literal["speech"] = "speech"
+    model_id: ModelId
+    input: str = Field(min_length=1, max_length=MAX_SPEECH_INPUT_CHARS)
+    voice: str | None = Field(default=None, max_length=64)
+    """None: the card's default voice."""
+    speed: FiniteFloat = Field(default=1.0, ge=0.25, le=4.0)
+    stream: bool = False
+    """Sentence by sentence (a card with `audio.supports_streaming`)."""
+
+    def redacted(self) -> SpeechParams:
+        """These params without the text (a one-character stand-in keeps them valid)."""
+        return self.model_copy(update={"input": "-"})
+
+
+class SpeechResult(WireModel):
+    """A piece of synthesized speech: mono signed 16-bit little-endian PCM at `sample_rate`,
+    base64. Streamed, one result per sentence, in order (`index`); `final` on the last."""
+
+    workload: Literal["speech"] = "speech"
+    pcm16_b64: str
+    sample_rate: int = Field(gt=0)
+    index: int = Field(default=0, ge=0)
+    final: bool = True
+
+
+OneResultParams = Annotated[EmbeddingParams | EchoParams | TranscriptionParams | SpeechParams,
+                            Field(discriminator="workload")]
+"""The params of every workload that answers with results (one, or a few in order)."""
+
+WorkloadResult = Annotated[EmbeddingResult | EchoResult | TranscriptionResult | SpeechResult,
+                           Field(discriminator="workload")]
 """Every one-result workload's result."""
 
 __all__ = [
+    "MAX_AUDIO_UPLOAD_BYTES",
     "MAX_ECHO_CHARS",
+    "MAX_SPEECH_INPUT_CHARS",
+    "MAX_TRANSCRIPTION_PROMPT_CHARS",
+    "AudioDigestMismatch",
     "EchoParams",
     "EchoResult",
     "EmbeddingParams",
     "EmbeddingResult",
     "OneResultParams",
+    "SpeechParams",
+    "SpeechResult",
+    "TranscriptSegment",
+    "TranscriptWord",
+    "TranscriptionParams",
+    "TranscriptionResult",
     "WorkloadResult",
 ]

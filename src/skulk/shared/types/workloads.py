@@ -17,7 +17,7 @@ choices, holds sessions and traces, so it keeps its own command (`GenerateText`)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -25,10 +25,23 @@ from typing import Any
 from skulk.shared.types.cards import ModelTask
 from skulk.shared.types.chunks import ResultChunk, TokenChunk
 from skulk.shared.types.tasks import TextGenerationParams
-from skulk.shared.types.workload_io import EchoParams, EchoResult, EmbeddingParams, EmbeddingResult
+from skulk.shared.types.workload_io import (
+    EchoParams,
+    EchoResult,
+    EmbeddingParams,
+    EmbeddingResult,
+    SpeechParams,
+    SpeechResult,
+    TranscriptionParams,
+    TranscriptionResult,
+)
 
 Served = tuple[Any, int]
 """What serving a one-result workload yields: its result and the prompt tokens it read."""
+
+ServedStream = Iterator[Served]
+"""What serving a workload that answers in several results yields: each result, in order,
+with the prompt tokens read so far; the last result is the final one."""
 
 
 @dataclass(frozen=True)
@@ -42,8 +55,11 @@ class Workload:
     work (None: any placed model may serve it, where its engine can).
     `engine_method`: the engine method that serves it (the capability an engine needs).
     `serve`: for a one-result workload, how the dispatcher calls that method with the
-    params and turns what it returns into (result, prompt tokens). `meaning`: one line for
-    operators and errors."""
+    params and turns what it returns into (result, prompt tokens). `serve_stream`: for a
+    workload that may answer in several results (a transcript segment by segment, speech
+    sentence by sentence), how the dispatcher calls the method and iterates what it yields;
+    the dispatcher checks for a cancel between results and closes the iterator on one.
+    `meaning`: one line for operators and errors."""
 
     kind: str
     params: type[Any]
@@ -54,6 +70,7 @@ class Workload:
     engine_method: str
     meaning: str
     serve: Callable[[Callable[..., Any], Any], Served] | None = None
+    serve_stream: Callable[[Callable[..., Any], Any], ServedStream] | None = None
 
 
 def _serve_embeddings(embed: Callable[..., Any], params: EmbeddingParams) -> Served:
@@ -64,6 +81,20 @@ def _serve_embeddings(embed: Callable[..., Any], params: EmbeddingParams) -> Ser
 def _serve_echo(echo: Callable[..., Any], params: EchoParams) -> Served:
     tokens, text = echo(params.text)
     return EchoResult(text=text, tokens=list(tokens)), len(tokens)
+
+
+def _serve_transcription(transcribe: Callable[..., Any], params: TranscriptionParams) -> ServedStream:
+    """The engine's `transcribe(params)` yields `TranscriptionResult`s (partial ones while
+    streaming, then one final); a transcript reads no prompt tokens."""
+    for result in transcribe(params):
+        yield result, 0
+
+
+def _serve_speech(synthesize: Callable[..., Any], params: SpeechParams) -> ServedStream:
+    """The engine's `synthesize(params)` yields `SpeechResult`s, one per sentence, the last
+    final; the prompt is the input's characters (a voice has no token count to report)."""
+    for result in synthesize(params):
+        yield result, len(params.input)
 
 
 WORKLOADS: Mapping[str, Workload] = MappingProxyType({
@@ -83,6 +114,18 @@ WORKLOADS: Mapping[str, Workload] = MappingProxyType({
         meaning="echo: a text read back through the placed model's tokenizer (its token ids)",
         serve=_serve_echo,
     ),
+    "transcription": Workload(
+        kind="transcription", params=TranscriptionParams, chunk=ResultChunk, result=TranscriptionResult,
+        redact=TranscriptionParams.redacted, card_task="Transcription", engine_method="transcribe",
+        meaning="speech to text: an audio file transcribed (or translated to English), whole or segment by segment",
+        serve_stream=_serve_transcription,
+    ),
+    "speech": Workload(
+        kind="speech", params=SpeechParams, chunk=ResultChunk, result=SpeechResult,
+        redact=SpeechParams.redacted, card_task="SpeechSynthesis", engine_method="synthesize",
+        meaning="text to speech: a text spoken in a voice, whole or sentence by sentence",
+        serve_stream=_serve_speech,
+    ),
 })
 """Every workload, by its `kind` (the `workload` tag of its params and result)."""
 
@@ -97,4 +140,4 @@ def card_workloads(tasks: tuple[str, ...] | list[str]) -> frozenset[str]:
     return frozenset(kind for kind, row in WORKLOADS.items() if row.card_task in tasks)
 
 
-__all__ = ["WORKLOADS", "Served", "Workload", "card_workloads", "workload_of"]
+__all__ = ["WORKLOADS", "Served", "ServedStream", "Workload", "card_workloads", "workload_of"]

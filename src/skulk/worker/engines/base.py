@@ -658,10 +658,12 @@ class Dispatcher:
         try:
             self._sink.on_start(job.request_id)
             method = getattr(self._engine, row.engine_method, None)
-            if method is None or row.serve is None:
+            if method is None or (row.serve is None and row.serve_stream is None):
                 raise WorkloadUnsupported(
                     f"the {type(self._engine).__name__} engine does not serve {row.kind} ({row.meaning})")
-            if not job.cancelled.is_set():
+            if row.serve_stream is not None:
+                return self._result_stream(job, row.serve_stream(method, request))
+            if not job.cancelled.is_set() and row.serve is not None:
                 result, prompt_tokens = row.serve(method, request)
                 if not job.cancelled.is_set():
                     self._sink.on_token(job.request_id, GeneratedResult(result, usage_of(prompt_tokens, 0)))
@@ -676,6 +678,27 @@ class Dispatcher:
                 outcome="failed", finish_reason="error", error_type=type(exc).__name__, error_message=str(exc) or repr(exc)
             )
         return job.abort or GenerationResult(outcome="cancelled", finish_reason="cancelled")
+
+    def _result_stream(self, job: _Job, results: Iterator[tuple[WorkloadResult, int]]) -> GenerationResult:
+        """Each result the engine yields, in order, until its final one or a cancel (checked
+        between results; the iterator is closed then, so the engine stops its work). The
+        caller turns an engine's raise into the request's failure."""
+        usage = usage_of(0, 0)
+        try:
+            for result, prompt_tokens in results:
+                if job.cancelled.is_set():
+                    break
+                usage = usage_of(prompt_tokens, 0)
+                self._sink.on_token(job.request_id, GeneratedResult(result, usage))
+                if getattr(result, "final", True):
+                    return GenerationResult(outcome="completed", finish_reason="stop", usage=usage)
+        finally:
+            close = getattr(results, "close", None)
+            if close is not None:
+                close()
+        if job.cancelled.is_set():
+            return job.abort or GenerationResult(outcome="cancelled", finish_reason="cancelled")
+        raise EngineError("the engine ended its results without a final one")
 
 
 __all__ = [

@@ -126,11 +126,25 @@ def _pool_donor_engine() -> Engine:
     return PoolDonorEngine()
 
 
+def _whisper_engine() -> Engine:
+    from skulk.worker.engines.speech.whisper import WhisperEngine
+
+    return WhisperEngine()
+
+
+def _piper_engine() -> Engine:
+    from skulk.worker.engines.speech.piper_voice import PiperEngine
+
+    return PiperEngine()
+
+
 ENGINES: Mapping[str, Callable[[], Engine]] = {
     "llama_cpp": _llama_cpp_engine,
     "llama_server": _llama_server_engine,
     "vllm": _vllm_engine,
     "mlx": lambda: __import__("skulk.worker.engines.mlx.engine", fromlist=["MlxEngine"]).MlxEngine(),  # lazy import
+    "faster_whisper": _whisper_engine,
+    "piper": _piper_engine,
 }
 """Engine constructors keyed by the shard's backend engine ('llama_cpp-cuda' -> 'llama_cpp')."""
 

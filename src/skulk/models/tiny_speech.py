@@ -1,0 +1,38 @@
+"""The project's generated speech models: which `local/` speech card is written by which
+generator, into which directory, and what an engine loads from it.
+
+Like `local/tiny-llama-gguf`, each is a real model of its family (a Whisper converted to
+CTranslate2, a Piper voice exported to ONNX) with small random weights, written offline on
+first use, so that tests and a fresh node serve speech with no hub. The generic machinery
+(lock, partial directory, marker, regeneration on a version change) is
+`skulk.models.tiny_models.ensure_generated`; this table only says what to write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+
+
+@dataclass(frozen=True)
+class GeneratedSpeechModel:
+    """`dir_name`: its directory under the models dir. `version`: bumped whenever the
+    generator's output changes (a stale directory is regenerated). `write(out_dir)`: writes
+    the model's files into an empty directory, deterministically. `entry`: the path an
+    engine loads, relative to the directory ('' = the directory itself)."""
+
+    dir_name: str
+    version: str
+    write: Callable[[Path], None]
+    entry: str = ""
+
+
+SPEECH_GENERATORS: Mapping[str, GeneratedSpeechModel] = MappingProxyType({
+    # One entry per generated speech card, each writer importing its generator lazily.
+})
+"""Generated speech cards by model id."""
+
+
+__all__ = ["SPEECH_GENERATORS", "GeneratedSpeechModel"]
