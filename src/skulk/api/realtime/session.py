@@ -29,8 +29,10 @@ is refused (commit or clear first)."""
 MAX_BUFFER_BYTES = audio.samples_of(MAX_BUFFER_MS) * 2
 MIN_COMMIT_MS = 100
 """The least audio a commit takes (OpenAI's own floor)."""
-MAX_APPEND_BYTES = 15 * 1024 * 1024
-"""The most decoded audio one append carries (about 5 minutes)."""
+MAX_APPEND_BYTES = 8 * 1024 * 1024
+"""The most decoded audio one append carries (about 3 minutes); its base64 (11 MiB) stays
+under the 16 MiB a WebSocket frame may hold here (uvicorn's `ws_max_size`), so an oversized
+append is answered with an `error` event rather than a closed socket."""
 MAX_PENDING_UTTERANCES = 4
 """Committed utterances waiting for their transcript; one more commit is refused."""
 MAX_OUTPUT_TOKENS = 4096

@@ -1,0 +1,69 @@
+"""WS /v1/realtime's refusals, in-process: a model that is no realtime speech-to-text
+model, bad audio, an empty commit and an unknown event are `error` events in OpenAI's
+realtime shape, and the socket stays open; a foreign page cannot open it. (Transcription
+itself runs on real nodes: tests/e2e/test_realtime.py.)"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from starlette.websockets import WebSocketDisconnect
+
+from tests.api.scripted_cluster import scripted_app
+from tests.api.test_openai_routes import MODEL
+
+
+def receive(ws: Any) -> dict[str, Any]:
+    return json.loads(ws.receive_text())
+
+
+def test_refusals_keep_the_socket_open() -> None:
+    app, cluster = scripted_app(["Hi"])
+    with TestClient(app) as client, client.websocket_connect("/v1/realtime?intent=transcription") as ws:
+        created = receive(ws)
+        assert created["type"] == "transcription_session.created"
+        assert created["session"]["turn_detection"]["type"] == "server_vad"
+        for event, code, param in [
+            ({"type": "transcription_session.update", "session": {"input_audio_transcription": {"model": MODEL}}},
+             "model_not_stt", "session.input_audio_transcription.model"),
+            ({"type": "transcription_session.update", "session": {"input_audio_format": "g711_alaw"}},
+             "unsupported_audio_format", "session.input_audio_format"),
+            ({"type": "input_audio_buffer.append", "audio": "%%%", "event_id": "c1"}, "invalid_audio", "audio"),
+            ({"type": "input_audio_buffer.commit"}, "input_audio_buffer_commit_empty", None),
+            ({"type": "response.create"}, "unknown_event", "type"),
+            ({"type": "session.update", "session": {"response": {"model": "nobody/placed"}}}, "model_not_found",
+             "session.response.model"),
+        ]:
+            ws.send_text(json.dumps(event))
+            error = receive(ws)
+            assert error["type"] == "error", error
+            assert (error["error"]["code"], error["error"]["param"]) == (code, param), error
+            assert error["error"]["type"] == "invalid_request_error"
+        ws.send_text("not json")
+        assert receive(ws)["error"]["code"] == "invalid_event"
+        # still open: an append of real PCM (no model named yet) is taken silently, a commit refused for the model
+        ws.send_text(json.dumps({"type": "input_audio_buffer.append",
+                                 "audio": base64.b64encode(b"\0\0" * 4800).decode()}))
+        ws.send_text(json.dumps({"type": "input_audio_buffer.commit"}))
+        assert receive(ws)["error"]["code"] == "missing_model"
+    assert not cluster.commands
+
+
+def test_a_model_named_in_the_query_is_checked_at_once() -> None:
+    app, _ = scripted_app(["Hi"])
+    with TestClient(app) as client, client.websocket_connect(f"/v1/realtime?model={MODEL}") as ws:
+        assert receive(ws)["type"] == "transcription_session.created"
+        assert receive(ws)["error"]["code"] == "model_not_stt"
+
+
+def test_a_page_from_a_foreign_origin_cannot_open_it() -> None:
+    app, _ = scripted_app(["Hi"])
+    with TestClient(app) as client:
+        with pytest.raises(WebSocketDisconnect) as refused, \
+                client.websocket_connect("/v1/realtime", headers={"origin": "https://evil.example"}):
+            pass
+        assert refused.value.code == 1008
