@@ -29,8 +29,17 @@ class GeneratedSpeechModel:
     entry: str = ""
 
 
+def _write_tiny_piper(out_dir: Path) -> None:
+    from skulk.models.tiny_piper import write_tiny_piper
+
+    write_tiny_piper(out_dir)
+
+
 SPEECH_GENERATORS: Mapping[str, GeneratedSpeechModel] = MappingProxyType({
     # One entry per generated speech card, each writer importing its generator lazily.
+    # A Piper voice (model.onnx + model.onnx.json); bump the version with skulk.models.tiny_piper.
+    "local/tiny-piper": GeneratedSpeechModel(dir_name="tiny-piper", version="tiny-piper-1",
+                                             write=_write_tiny_piper, entry="model.onnx"),
 })
 """Generated speech cards by model id."""
 
