@@ -135,6 +135,8 @@ class SupervisorStats:
     refused_submits: int
     synthesized_terminals: int
     reports_delivered: int
+    cancelled_by_runner: int
+    """Streams the runner itself ended as cancelled (it heard a cancel and stopped the work)."""
     uptime_s: float | None
 
 
@@ -196,7 +198,7 @@ class RunnerSupervisor:
         self._tasks: dict[TaskId, _Tracked] = {}
         self._by_command: dict[CommandId, TaskId] = {}
         self._started_at: float | None = None
-        self._counts = {"crashes": 0, "refused": 0, "synthesized": 0, "delivered": 0}
+        self._counts = {"crashes": 0, "refused": 0, "synthesized": 0, "delivered": 0, "cancelled": 0}
 
     # -- properties -------------------------------------------------------------------------
 
@@ -339,6 +341,7 @@ class RunnerSupervisor:
             refused_submits=self._counts["refused"],
             synthesized_terminals=self._counts["synthesized"],
             reports_delivered=self._counts["delivered"],
+            cancelled_by_runner=self._counts["cancelled"],
             uptime_s=None if self._started_at is None else time.monotonic() - self._started_at,
         )
 
@@ -505,6 +508,8 @@ class RunnerSupervisor:
                 elif isinstance(frame, StreamTerminal):
                     tracked.last_seq = frame.seq
                     tracked.terminal_sent = True
+                    if frame.outcome == "cancelled":
+                        self._counts["cancelled"] += 1
         elif isinstance(message, TaskDone):
             self._untrack(message.task_id)
 
