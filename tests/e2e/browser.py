@@ -47,14 +47,16 @@ class BrowserPage:
 
 
 @contextmanager
-def open_page(artifacts: str, *, width: int = 1280, height: int = 900) -> Iterator[BrowserPage]:
-    """One headless page; closed (with its browser) however the test ends."""
+def open_page(artifacts: str, *, width: int = 1280, height: int = 900,
+              args: tuple[str, ...] = ()) -> Iterator[BrowserPage]:
+    """One headless page; closed (with its browser) however the test ends. `args`: more
+    Chromium switches (a fake microphone, say)."""
     from playwright.sync_api import expect, sync_playwright
 
     executable = chromium_path()
     expect.set_options(timeout=UI_TIMEOUT_MS)  # assertions, like actions, wait this long
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=executable, args=["--no-sandbox"])
+        browser = playwright.chromium.launch(executable_path=executable, args=["--no-sandbox", *args])
         try:
             page = browser.new_page(viewport={"width": width, "height": height})
             page.set_default_timeout(UI_TIMEOUT_MS)

@@ -169,8 +169,15 @@ def _same(given: str, expected: str | None) -> bool:
     return bool(expected) and hmac.compare_digest(given.encode("utf-8"), (expected or "").encode("utf-8"))
 
 
+WEBSOCKET_KEY_PROTOCOL = "openai-insecure-api-key."
+"""A WebSocket subprotocol naming the API key (`openai-insecure-api-key.<key>`): how a
+browser, which cannot set headers on a WebSocket, presents it (OpenAI's realtime clients
+do the same)."""
+
+
 def presented_keys(headers: Mapping[str, str], *, accept_x_api_key: bool = True) -> list[str]:
-    """The keys a request presents: the Bearer token and (where accepted) `x-api-key`."""
+    """The keys a request presents: the Bearer token, (where accepted) `x-api-key`, and a
+    WebSocket's key subprotocol (`WEBSOCKET_KEY_PROTOCOL`)."""
     lowered = {name.lower(): value for name, value in headers.items()}
     keys = []
     scheme, _, token = lowered.get("authorization", "").strip().partition(" ")
@@ -178,6 +185,9 @@ def presented_keys(headers: Mapping[str, str], *, accept_x_api_key: bool = True)
         keys.append(token.strip())
     if accept_x_api_key and lowered.get("x-api-key", "").strip():
         keys.append(lowered["x-api-key"].strip())
+    for protocol in lowered.get("sec-websocket-protocol", "").split(","):
+        if protocol.strip().startswith(WEBSOCKET_KEY_PROTOCOL) and protocol.strip()[len(WEBSOCKET_KEY_PROTOCOL):]:
+            keys.append(protocol.strip()[len(WEBSOCKET_KEY_PROTOCOL):])
     return keys
 
 
@@ -269,6 +279,7 @@ def decide(
 
 __all__ = [
     "ANONYMOUS",
+    "WEBSOCKET_KEY_PROTOCOL",
     "AccessPolicy",
     "Allowed",
     "Decision",

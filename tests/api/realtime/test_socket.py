@@ -67,3 +67,19 @@ def test_a_page_from_a_foreign_origin_cannot_open_it() -> None:
                 client.websocket_connect("/v1/realtime", headers={"origin": "https://evil.example"}):
             pass
         assert refused.value.code == 1008
+
+
+def test_a_browser_presents_the_key_as_a_subprotocol() -> None:
+    app, _ = scripted_app(["Hi"], context_fields={"api_key": "sesame"})
+    with TestClient(app) as client:
+        with pytest.raises(WebSocketDisconnect) as refused, client.websocket_connect("/v1/realtime"):
+            pass
+        assert refused.value.code == 1008
+        with pytest.raises(WebSocketDisconnect), \
+                client.websocket_connect("/v1/realtime", subprotocols=["realtime", "openai-insecure-api-key.wrong"]):
+            pass
+        with client.websocket_connect("/v1/realtime", subprotocols=["realtime", "openai-insecure-api-key.sesame"]) as ws:
+            assert ws.accepted_subprotocol == "realtime"
+            assert receive(ws)["type"] == "transcription_session.created"
+        with client.websocket_connect("/v1/realtime", headers={"authorization": "Bearer sesame"}) as ws:
+            assert receive(ws)["type"] == "transcription_session.created"

@@ -304,10 +304,10 @@ async def realtime_socket(websocket: WebSocket) -> None:
     if not origin_allowed(websocket.headers.get("origin"), context.cors_origins):
         await websocket.close(CLOSE_POLICY, "this origin may not open a WebSocket here")
         return
-    # OpenAI's browser clients name their key in a subprotocol; answer with the first one so
-    # the handshake completes (the key itself was already checked, or not needed, upstream).
+    # Browsers offer ["realtime", "openai-insecure-api-key.<key>"] (the key was checked by
+    # the access middleware); the answer names "realtime", never echoing the key.
     protocols = websocket.scope.get("subprotocols") or []
-    await websocket.accept(subprotocol=protocols[0] if protocols else None)
+    await websocket.accept(subprotocol="realtime" if "realtime" in protocols else None)
     session = Session(_intent(websocket), SessionSettings(model=websocket.query_params.get("model") or None),
                       lambda settings: refusal(context, settings))
     socket = _Socket(websocket, context, session)

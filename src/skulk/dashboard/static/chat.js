@@ -2,13 +2,15 @@
 // collapsed apart), a stop button, TTFT and tokens/s per answer, a visible error when a
 // stream fails, and conversations kept in this browser (`conversations.js`). Images can be
 // attached, pasted or dropped (for a model that sees, docs/VISION.md): sent as OpenAI
-// `image_url` data URLs, kept in the history as small thumbnails only (`images.js`).
+// `image_url` data URLs, kept in the history as small thumbnails only (`images.js`). The
+// voice loop (`voice.js`) talks to the chosen chat model over WS /v1/realtime.
 import { authHeaders, errorFrom, readSse } from "./api.js";
 import { onSnapshot } from "./store.js";
 import { esc } from "./format.js";
 import { render as markdown } from "./markdown.js";
 import { load, newConversation, save, titled } from "./conversations.js";
 import { attachable, readImage } from "./images.js";
+import "./voice.js";
 
 const DEFAULT_MAX_TOKENS = 512;
 
@@ -27,6 +29,7 @@ class SkulkChat extends HTMLElement {
         <button type="button" class="ghost" data-role="forget">Delete</button>
       </div>
       <p class="muted" data-role="no-models">Place a model on the Models page to chat with it.</p>
+      <skulk-voice data-role="voice"></skulk-voice>
       <ol class="messages" data-role="messages" aria-live="polite"></ol>
       <ul class="attachments" data-role="attachments" aria-label="Attached images"></ul>
       <p class="error" role="alert" data-role="attach-error"></p>
