@@ -199,3 +199,19 @@ def test_an_empty_transcript_starts_no_response() -> None:
     session = new(SessionSettings(model="stt", turn_detection=None, response=ResponseSettings(model="chat")))
     assert sent(session.transcript_done("item_1", "  ")) == ["conversation.item.input_audio_transcription.completed"]
     assert session.response_id is None
+
+
+def test_turn_times_count_from_the_session_start_when_vad_is_turned_on_later() -> None:
+    session = new(MANUAL)
+    session.receive(append(1000))  # a second of audio before turn detection
+    session.receive({"type": "session.update", "session": {"turn_detection": {
+        "type": "server_vad", "prefix_padding_ms": 64, "silence_duration_ms": 96}}})
+    actions = session.receive(append(10 * WINDOW_MS))
+    assert isinstance(actions[0], Classify) and actions[0].fresh  # a new VAD stream
+    actions = session.classified([0.9] * 5 + [0.1] * 5)
+    started = actions[0]
+    assert isinstance(started, Send) and started.event["audio_start_ms"] == 1000
+    stopped = actions[1]
+    assert isinstance(stopped, Send) and stopped.event["audio_end_ms"] == 1000 + 8 * WINDOW_MS
+    later = session.receive(append(WINDOW_MS))
+    assert isinstance(later[0], Classify) and not later[0].fresh

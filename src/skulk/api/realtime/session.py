@@ -22,10 +22,13 @@ import numpy.typing as npt
 
 from skulk.api.realtime import audio, turns
 from skulk.api.realtime.turns import TurnSettings, TurnState
+from skulk.shared.types.workload_io import MAX_AUDIO_UPLOAD_BYTES
 
-MAX_BUFFER_MS = 15 * 60 * 1000
-"""The most audio the input buffer holds uncommitted (15 minutes, 43 MB): an append past it
-is refused (commit or clear first)."""
+WAV_HEADER_BYTES = 44
+MAX_BUFFER_MS = (MAX_AUDIO_UPLOAD_BYTES - WAV_HEADER_BYTES) // (audio.VAD_RATE * 2 // 1000) // 1000 * 1000
+"""The most audio the input buffer holds uncommitted: what one transcription can carry
+(`MAX_AUDIO_UPLOAD_BYTES` of 16 kHz WAV, 13 min 39 s; 39 MB here at 24 kHz). An append past
+it is refused (commit or clear first)."""
 MAX_BUFFER_BYTES = audio.samples_of(MAX_BUFFER_MS) * 2
 MIN_COMMIT_MS = 100
 """The least audio a commit takes (OpenAI's own floor)."""
@@ -87,9 +90,11 @@ class Send:
 
 @dataclass(frozen=True)
 class Classify:
-    """Run the VAD over these 16 kHz samples and report with `Session.classified`."""
+    """Run the VAD over these 16 kHz samples and report with `Session.classified`;
+    `fresh`: start a new VAD stream first (turn detection was just turned on)."""
 
     samples: npt.NDArray[np.float32] = field(compare=False)
+    fresh: bool = False
 
 
 @dataclass(frozen=True)
@@ -287,6 +292,10 @@ class Session:
         """24 kHz samples appended this session."""
         self._carry: audio.Pcm = np.zeros(0, dtype=np.int16)
         self._turn = TurnState()
+        self._vad_origin = 0
+        """Absolute 24 kHz sample index where the VAD's windows start (turn times count from
+        it): where turn detection was last turned on."""
+        self._vad_fresh = False
         self._turn_item: str | None = None
         self._last_item: str | None = None
         self._pending = 0
@@ -328,7 +337,11 @@ class Session:
         settings = updated_settings(self.settings, event.get("session", {}))
         if (refused := self._check(settings)) is not None:
             raise refused
-        if settings.turn_detection != self.settings.turn_detection:
+        if settings.turn_detection is not None and self.settings.turn_detection is None:
+            self._turn, self._vad_origin, self._vad_fresh = TurnState(), self._appended, True
+            self._carry = np.zeros(0, dtype=np.int16)
+            self._turn_item = None
+        elif settings.turn_detection != self.settings.turn_detection:
             self._turn = TurnState(windows=self._turn.windows)
             self._turn_item = None
         self.settings = settings
@@ -348,14 +361,17 @@ class Session:
             raise SessionRefused("invalid_audio", f"{bad}.", "audio") from None
         if len(self._buffer) + len(data) > MAX_BUFFER_BYTES:
             raise SessionRefused("input_audio_buffer_full", f"The input buffer holds at most "
-                                 f"{MAX_BUFFER_MS // 60_000} minutes of audio; commit or clear it first.", "audio")
+                                 f"{MAX_BUFFER_MS // 1000} s of audio; commit or clear it first.", "audio")
         self._buffer.extend(data)
         samples = audio.pcm_of(data)
         self._appended += samples.size
-        if self.settings.turn_detection is None or self.settings.model is None:
+        if self.settings.turn_detection is None:
             return []
         out, self._carry = audio.downsample_24k_to_16k(self._carry, samples)
-        return [Classify(audio.to_float(out))] if out.size else []
+        if not out.size:
+            return []
+        fresh, self._vad_fresh = self._vad_fresh, False
+        return [Classify(audio.to_float(out), fresh)]
 
     def classified(self, probabilities: list[float]) -> list[Action]:
         """The VAD's probabilities for the windows of the last `Classify`."""
@@ -366,18 +382,20 @@ class Session:
         for probability in probabilities:
             self._turn, events = turns.step(turn, self._turn, probability)
             for happened in events:
+                at = self._vad_origin + audio.samples_of(happened.ms)
                 if happened.kind == "speech_started":
                     self._turn_item = self._new_id("item")
-                    actions.append(self._event("input_audio_buffer.speech_started", audio_start_ms=happened.ms,
+                    actions.append(self._event("input_audio_buffer.speech_started", audio_start_ms=audio.ms_of(at),
                                                item_id=self._turn_item))
                     if self.response_id is not None:
                         actions.append(CancelResponse(self.response_id, "turn_detected"))
                 else:
                     item = self._turn_item or self._new_id("item")
                     self._turn_item = None
-                    actions.append(self._event("input_audio_buffer.speech_stopped", audio_end_ms=happened.ms,
+                    actions.append(self._event("input_audio_buffer.speech_stopped", audio_end_ms=audio.ms_of(at),
                                                item_id=item))
-                    actions.extend(self._commit_span(item, happened.start_ms, happened.ms, None))
+                    start = self._vad_origin + audio.samples_of(happened.start_ms)
+                    actions.extend(self._commit_span(item, start, at))
         if self._turn.start_ms is None:
             self._trim(turn.prefix_padding_ms)
         return actions
@@ -390,13 +408,15 @@ class Session:
             del self._buffer[:drop]
             self._buffer_start += drop // 2
 
-    def _commit_span(self, item_id: str, start_ms: int, end_ms: int, client_id: str | None) -> list[Action]:
-        start = max(0, audio.samples_of(start_ms) - self._buffer_start) * 2
-        end = max(start, min(len(self._buffer), (audio.samples_of(end_ms) - self._buffer_start) * 2))
-        pcm = bytes(self._buffer[start:end])
-        del self._buffer[:end]
-        self._buffer_start += end // 2
-        return self._committed(item_id, pcm, client_id)
+    def _commit_span(self, item_id: str, start: int, end: int) -> list[Action]:
+        """Commit the buffer's audio from absolute sample `start` to `end`; what came before
+        it is dropped, what came after stays."""
+        first = max(0, start - self._buffer_start) * 2
+        last = max(first, min(len(self._buffer), (end - self._buffer_start) * 2))
+        pcm = bytes(self._buffer[first:last])
+        del self._buffer[:last]
+        self._buffer_start += last // 2
+        return self._committed(item_id, pcm, None)
 
     def _committed(self, item_id: str, pcm: bytes, client_id: str | None) -> list[Action]:
         if self._pending >= MAX_PENDING_UTTERANCES:
@@ -484,6 +504,6 @@ _HANDLERS: dict[str, Callable[[Session, dict[str, Any]], list[Action]]] = {
 
 
 __all__ = ["DEFAULT_OUTPUT_TOKENS", "MAX_APPEND_BYTES", "MAX_BUFFER_BYTES", "MAX_BUFFER_MS", "MAX_OUTPUT_TOKENS",
-           "MAX_PENDING_UTTERANCES", "MIN_COMMIT_MS", "Action", "CancelResponse", "Classify", "Respond",
+           "MAX_PENDING_UTTERANCES", "MIN_COMMIT_MS", "WAV_HEADER_BYTES", "Action", "CancelResponse", "Classify", "Respond",
            "ResponseSettings", "Send", "Session", "SessionRefused", "SessionSettings", "Transcribe", "error_event",
            "session_object", "updated_settings"]

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict
 
 from skulk.api.context import ApiContext, api_context
 from skulk.api.errors import Conflict, NotFound, PeerUnreachable
+from skulk.api.routes import realtime
 from skulk.observe.cluster_diagnostics import (
     NODE_REPORT_PATH,
     PeerAnswer,
@@ -24,7 +25,7 @@ router = APIRouter()
 
 def _own_report(context: ApiContext) -> dict[str, Any]:
     return {"nodeId": context.node_id, "nodeName": context.node_name, **context.get_diagnostics(),
-            "eventStreams": context.state_feed.stats()}
+            "eventStreams": context.state_feed.stats(), "realtime": realtime.stats()}
 
 
 @router.get("/v1/diagnostics/node")

@@ -70,6 +70,18 @@ AUDIO_DELTA_SAMPLES = audio.WIRE_RATE // 2
 """The most audio one `response.audio.delta` carries (0.5 s at 24 kHz)."""
 CLOSE_NORMAL, CLOSE_POLICY = 1000, 1008
 
+COUNTERS: dict[str, int] = {"sessions_open": 0, "sessions_total": 0, "utterances_transcribed": 0,
+                            "transcriptions_failed": 0, "responses_started": 0, "responses_cancelled": 0}
+"""This process's realtime sessions, for /v1/diagnostics/node (`stats`)."""
+
+
+def stats() -> dict[str, int]:
+    """Realtime sessions open now and since start, utterances and responses (camelCase)."""
+    return {"sessionsOpen": COUNTERS["sessions_open"], "sessionsTotal": COUNTERS["sessions_total"],
+            "utterancesTranscribed": COUNTERS["utterances_transcribed"],
+            "transcriptionsFailed": COUNTERS["transcriptions_failed"],
+            "responsesStarted": COUNTERS["responses_started"], "responsesCancelled": COUNTERS["responses_cancelled"]}
+
 
 def refusal(context: ApiContext, settings: SessionSettings) -> SessionRefused | None:
     """Why a session may not run with `settings` on this cluster now, or None."""
@@ -151,6 +163,8 @@ class _Socket:
             if isinstance(action, Send):
                 await self.send(action.event)
             elif isinstance(action, Classify):
+                if action.fresh:
+                    self.vad = VadStream()
                 probabilities = await asyncio.to_thread(self.vad.push, action.samples)
                 await self.perform(self.session.classified(probabilities))
             elif isinstance(action, Transcribe):
@@ -204,8 +218,17 @@ class _Socket:
                     await self.perform(self.session.transcript_done(utterance.item_id, text))
         except ApiError as error:
             logger.info("realtime transcription of %s failed: %s", utterance.item_id, error.message)
+            COUNTERS["transcriptions_failed"] += 1
             await self.perform(self.session.transcript_failed(utterance.item_id, error.code or error.kind,
                                                               error.message))
+        except (WebSocketDisconnect, RuntimeError):
+            raise  # the socket is gone
+        except Exception as error:  # a bug on our side: say so for this utterance and go on with the next
+            logger.exception("realtime transcription of %s failed", utterance.item_id)
+            COUNTERS["transcriptions_failed"] += 1
+            await self.perform(self.session.transcript_failed(utterance.item_id, "internal_error", str(error)))
+        else:
+            COUNTERS["utterances_transcribed"] += 1
 
     # -- the response step ---------------------------------------------------------------
 
@@ -213,6 +236,7 @@ class _Socket:
         settings = action.settings
         item_id = f"{action.response_id}_item"
         status, reason, text = "completed", None, ""
+        COUNTERS["responses_started"] += 1
         await self.send(self.session.event("response.created", response=_response(action.response_id, "in_progress")))
         await self.send(self.session.event("response.output_item.added", response_id=action.response_id,
                                            output_index=0, item=_item(item_id, "in_progress", None)))
@@ -222,10 +246,17 @@ class _Socket:
                 await self._speak(action, item_id, settings, text)
         except asyncio.CancelledError:
             status, reason = "cancelled", self.cancel_reason
+            COUNTERS["responses_cancelled"] += 1
             raise
         except ApiError as error:
             logger.info("realtime response %s failed: %s", action.response_id, error.message)
             status, reason = "failed", error.message
+        except (WebSocketDisconnect, RuntimeError):
+            status = "cancelled"
+            raise  # the socket is gone
+        except Exception as error:  # a bug on our side: the response fails, the session goes on
+            logger.exception("realtime response %s failed", action.response_id)
+            status, reason = "failed", str(error)
         finally:
             self.session.response_ended(action.response_id)
             if self.response is not None and self.response[0] == action.response_id:
@@ -312,6 +343,9 @@ async def realtime_socket(websocket: WebSocket) -> None:
                       lambda settings: refusal(context, settings))
     socket = _Socket(websocket, context, session)
     transcriber = asyncio.create_task(socket.transcribe_all())
+    COUNTERS["sessions_open"] += 1
+    COUNTERS["sessions_total"] += 1
+    logger.info("realtime session %s opened", session.session_id)
     try:
         await socket.perform(session.opened())
         while True:
@@ -334,6 +368,9 @@ async def realtime_socket(websocket: WebSocket) -> None:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        COUNTERS["sessions_open"] -= 1
+        logger.info("realtime session %s closed", session.session_id)
 
 
-__all__ = ["AUDIO_DELTA_SAMPLES", "IDLE_TIMEOUT_S", "MAX_CONVERSATION_MESSAGES", "refusal", "router"]
+__all__ = ["AUDIO_DELTA_SAMPLES", "COUNTERS", "IDLE_TIMEOUT_S", "MAX_CONVERSATION_MESSAGES", "refusal", "router",
+           "stats"]
