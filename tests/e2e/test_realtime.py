@@ -4,7 +4,8 @@ dialect into node A (`WS /v1/realtime`), streaming an espeak-ng sentence as 24 k
 `local/tiny-piper`, and the tiny chat model `local/tiny-llama-gguf`).
 
 Server VAD finds the turn (speech_started / speech_stopped), commits it, and node B's
-Whisper transcribes it (completed). With the response step on, the transcript goes to the
+Whisper transcribes it (completed), for a beta-dialect client and for the official OpenAI
+SDK's GA realtime client alike. With the response step on, the transcript goes to the
 chat model and its answer to the Piper voice: text and audio deltas come back. Speaking
 over a running response (barge-in) cancels it, and the runner serving it says so itself
 (its supervisor counts streams the runner ended as cancelled). Afterwards no audio bytes
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import openai
 import pytest
 from websockets.sync.client import ClientConnection, connect
 
@@ -35,6 +37,8 @@ pytestmark = pytest.mark.timeout(600)
 STT, TTS, CHAT = "local/tiny-whisper", "local/tiny-piper", "local/tiny-llama-gguf"
 FRAME_SAMPLES = 480
 """20 ms at 24 kHz: what a realtime client sends per append."""
+BETA = {"OpenAI-Beta": "realtime=v1"}
+"""What a client speaking the beta dialect sends (`transcription_session.*` events)."""
 EVENT_DEADLINE_S = 120.0
 """A hang guard for the next awaited event (a cold runner on a busy 2-core machine)."""
 
@@ -92,7 +96,7 @@ def test_realtime_voice_through_node_a_served_on_node_b(spawn_node, tmp_path):
     url = a.url.replace("http://", "ws://") + f"/v1/realtime?intent=transcription&model={STT}"
 
     # Transcription with server VAD: one sentence is one turn, transcribed on node B.
-    with connect(url, max_size=None) as ws:
+    with connect(url, max_size=None, additional_headers=BETA) as ws:
         seen: list[dict[str, Any]] = []
         created = until(ws, "transcription_session.created", seen)
         assert created["session"]["input_audio_transcription"]["model"] == STT
@@ -118,10 +122,29 @@ def test_realtime_voice_through_node_a_served_on_node_b(spawn_node, tmp_path):
     deltas = "".join(e["delta"] for e in seen if e["type"] == "conversation.item.input_audio_transcription.delta")
     assert deltas.strip() == completed["transcript"]
 
+    # The official OpenAI SDK (GA dialect: session.* events, audio.input settings) gets the same.
+    sdk = openai.OpenAI(base_url=a.url + "/v1", api_key="unused", max_retries=0)
+    with sdk.realtime.connect(model=STT, extra_query={"intent": "transcription"}) as connection:
+        assert connection.recv().type == "session.created"
+        connection.session.update(session={"type": "transcription", "audio": {"input": {  # pyright: ignore[reportArgumentType]
+            "format": {"type": "audio/pcm", "rate": 24000}, "transcription": {"model": STT, "language": "en"},
+            "turn_detection": {"type": "server_vad", "silence_duration_ms": 500}}}})
+        ga_seen = []
+        while not ga_seen or ga_seen[-1].type != "session.updated":
+            ga_seen.append(connection.recv())
+            assert ga_seen[-1].type != "error", ga_seen[-1]
+        for at in range(0, len(pcm), FRAME_SAMPLES * 2):
+            connection.input_audio_buffer.append(audio=base64.b64encode(pcm[at:at + FRAME_SAMPLES * 2]).decode())
+        while ga_seen[-1].type != "conversation.item.input_audio_transcription.completed":
+            ga_seen.append(connection.recv())
+            assert ga_seen[-1].type != "error", ga_seen[-1]
+    assert [e.type for e in ga_seen].count("input_audio_buffer.committed") == 1
+    assert ga_seen[-1].transcript == completed["transcript"]  # pyright: ignore[reportAttributeAccessIssue]  # the same audio, the same transcript
+
     # The response step: the transcript to the chat model, its answer spoken by the Piper voice.
     placed_on(a, CHAT, a_id)
     placed_on(a, TTS, a_id)
-    with connect(url, max_size=None) as ws:
+    with connect(url, max_size=None, additional_headers=BETA) as ws:
         seen = []
         until(ws, "transcription_session.created", seen)
         ws.send(json.dumps({"type": "transcription_session.update", "session": {

@@ -17,13 +17,16 @@ from tests.api.scripted_cluster import scripted_app
 from tests.api.test_openai_routes import MODEL
 
 
+BETA = {"openai-beta": "realtime=v1"}
+
+
 def receive(ws: Any) -> dict[str, Any]:
     return json.loads(ws.receive_text())
 
 
 def test_refusals_keep_the_socket_open() -> None:
     app, cluster = scripted_app(["Hi"])
-    with TestClient(app) as client, client.websocket_connect("/v1/realtime?intent=transcription") as ws:
+    with TestClient(app) as client, client.websocket_connect("/v1/realtime?intent=transcription", headers=BETA) as ws:
         created = receive(ws)
         assert created["type"] == "transcription_session.created"
         assert created["session"]["turn_detection"]["type"] == "server_vad"
@@ -50,13 +53,18 @@ def test_refusals_keep_the_socket_open() -> None:
                                  "audio": base64.b64encode(b"\0\0" * 4800).decode()}))
         ws.send_text(json.dumps({"type": "input_audio_buffer.commit"}))
         assert receive(ws)["error"]["code"] == "missing_model"
+        # an update is answered in its own dialect
+        ws.send_text(json.dumps({"type": "session.update", "session": {"type": "transcription"}}))
+        updated = receive(ws)
+        assert updated["type"] == "session.updated" and updated["session"]["type"] == "transcription"
+        assert updated["session"]["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": 24000}
     assert not cluster.commands
 
 
 def test_a_model_named_in_the_query_is_checked_at_once() -> None:
     app, _ = scripted_app(["Hi"])
     with TestClient(app) as client, client.websocket_connect(f"/v1/realtime?model={MODEL}") as ws:
-        assert receive(ws)["type"] == "transcription_session.created"
+        assert receive(ws)["type"] == "session.created"  # a GA client (no OpenAI-Beta header)
         assert receive(ws)["error"]["code"] == "model_not_stt"
 
 
@@ -80,6 +88,6 @@ def test_a_browser_presents_the_key_as_a_subprotocol() -> None:
             pass
         with client.websocket_connect("/v1/realtime", subprotocols=["realtime", "openai-insecure-api-key.sesame"]) as ws:
             assert ws.accepted_subprotocol == "realtime"
-            assert receive(ws)["type"] == "transcription_session.created"
+            assert receive(ws)["type"] == "session.created"
         with client.websocket_connect("/v1/realtime", headers={"authorization": "Bearer sesame"}) as ws:
-            assert receive(ws)["type"] == "transcription_session.created"
+            assert receive(ws)["type"] == "session.created"

@@ -243,18 +243,23 @@ def updated_settings(settings: SessionSettings, session: object) -> SessionSetti
 
 
 def session_object(session_id: str, intent: Intent, settings: SessionSettings) -> dict[str, Any]:
-    """The `session` of a created / updated event."""
+    """The `session` of a created / updated event, in both shapes (beta's flat fields, GA's
+    `type` and `audio.input`), so either SDK reads it."""
     turn = settings.turn_detection
     response = settings.response
+    transcription = {"model": settings.model, "language": settings.language, "prompt": settings.prompt}
+    turn_detection = None if turn is None else {
+        "type": "server_vad", "threshold": turn.threshold, "prefix_padding_ms": turn.prefix_padding_ms,
+        "silence_duration_ms": turn.silence_duration_ms}
     return {
         "id": session_id,
         "object": "realtime.transcription_session" if intent == "transcription" else "realtime.session",
+        "type": "transcription" if intent == "transcription" else "realtime",
         "input_audio_format": "pcm16",
-        "input_audio_transcription": {"model": settings.model, "language": settings.language,
-                                      "prompt": settings.prompt},
-        "turn_detection": None if turn is None else {
-            "type": "server_vad", "threshold": turn.threshold, "prefix_padding_ms": turn.prefix_padding_ms,
-            "silence_duration_ms": turn.silence_duration_ms},
+        "input_audio_transcription": transcription,
+        "turn_detection": turn_detection,
+        "audio": {"input": {"format": {"type": "audio/pcm", "rate": audio.WIRE_RATE},
+                            "transcription": transcription, "turn_detection": turn_detection}},
         "response": None if response is None else {
             "model": response.model, "tts_model": response.tts_model, "voice": response.voice,
             "max_output_tokens": response.max_output_tokens, "instructions": response.instructions},
@@ -278,10 +283,15 @@ class Session:
 
     def __init__(self, intent: Intent, settings: SessionSettings,
                  check: Callable[[SessionSettings], SessionRefused | None],
-                 new_id: Callable[[str], str] | None = None) -> None:
+                 new_id: Callable[[str], str] | None = None, *, beta: bool = True) -> None:
+        """`beta`: the client speaks the beta dialect (it sent `OpenAI-Beta: realtime=v1`): a
+        transcription session opens with `transcription_session.created`, as beta's did; a GA
+        client gets `session.created` (GA has no transcription_session events). Updates are
+        answered in the dialect of the update."""
         counter = itertools.count(1)
         self._new_id = new_id or (lambda prefix: f"{prefix}_{next(counter)}")
         self.intent: Intent = intent
+        self.beta = beta
         self.settings = settings
         self._check = check
         self.session_id = self._new_id("sess")
@@ -313,7 +323,7 @@ class Session:
     def opened(self) -> list[Action]:
         """The first event (the session as it starts)."""
         refused = self._check(self.settings)
-        kind = "transcription_session.created" if self.intent == "transcription" else "session.created"
+        kind = "transcription_session.created" if self.intent == "transcription" and self.beta else "session.created"
         actions: list[Action] = [self._event(kind, session=session_object(self.session_id, self.intent, self.settings))]
         if refused is not None:
             actions.append(self._error(refused, None))
@@ -345,7 +355,7 @@ class Session:
             self._turn = TurnState(windows=self._turn.windows)
             self._turn_item = None
         self.settings = settings
-        kind = "transcription_session.updated" if self.intent == "transcription" else "session.updated"
+        kind = f"{event['type']}d"  # session.update -> session.updated, transcription_session.update -> ...updated
         return [self._event(kind, session=session_object(self.session_id, self.intent, settings))]
 
     def _append(self, event: dict[str, Any]) -> list[Action]:

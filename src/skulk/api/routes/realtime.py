@@ -339,8 +339,9 @@ async def realtime_socket(websocket: WebSocket) -> None:
     # the access middleware); the answer names "realtime", never echoing the key.
     protocols = websocket.scope.get("subprotocols") or []
     await websocket.accept(subprotocol="realtime" if "realtime" in protocols else None)
+    beta = "realtime=v1" in websocket.headers.get("openai-beta", "")
     session = Session(_intent(websocket), SessionSettings(model=websocket.query_params.get("model") or None),
-                      lambda settings: refusal(context, settings))
+                      lambda settings: refusal(context, settings), beta=beta)
     socket = _Socket(websocket, context, session)
     transcriber = asyncio.create_task(socket.transcribe_all())
     COUNTERS["sessions_open"] += 1
