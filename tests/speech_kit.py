@@ -13,6 +13,8 @@ import pytest
 
 from skulk.models.cards import builtin_cards_dir, load_card
 from skulk.shared.types.cards import ModelCard
+from skulk.shared.types.ids import InstanceId, ModelId, NodeId, RunnerId
+from skulk.shared.types.instances import Instance, ShardAssignment
 
 TINY_WHISPER = "local/tiny-whisper"
 ESPEAK_TIMEOUT_S = 30.0
@@ -21,6 +23,20 @@ ESPEAK_TIMEOUT_S = 30.0
 
 def tiny_whisper_card() -> ModelCard:
     return load_card(builtin_cards_dir() / "local--tiny-whisper.toml")
+
+
+RUNNER = RunnerId("runner-0")
+
+
+def whisper_instance(backend: str = "faster_whisper-cpu") -> Instance:
+    """A one-node instance of local/tiny-whisper on `backend`, for loading an engine by hand."""
+    card = tiny_whisper_card()
+    return Instance(
+        instance_id=InstanceId("instance-0"), model_id=ModelId(TINY_WHISPER), sharding="Pipeline",
+        shards=[ShardAssignment(node_id=NodeId("node-0"), runner_id=RUNNER, rank=0, world_size=1, start_layer=0,
+                                end_layer=card.num_layers, backend=backend, slots=1)],
+        context_token_limit=card.context_length,
+    )
 
 
 def require_espeak() -> str:

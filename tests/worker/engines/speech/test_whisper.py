@@ -9,8 +9,6 @@ import pytest
 
 from skulk.models.tiny_models import ensure_generated
 from skulk.shared.types.cards import AudioSection
-from skulk.shared.types.ids import InstanceId, ModelId, NodeId, RunnerId
-from skulk.shared.types.instances import Instance, ShardAssignment
 from skulk.shared.types.workload_io import TranscriptionParams
 from skulk.worker.engines.base import EngineNotLoaded, ModelLoadFailed, ShardSpec, WorkloadUnsupported
 from skulk.worker.engines.speech.whisper import (
@@ -20,22 +18,10 @@ from skulk.worker.engines.speech.whisper import (
     device_of,
     refusal,
 )
-from tests.speech_kit import TINY_WHISPER, spoken_wav, tiny_whisper_card, wav_duration_s
+from tests.speech_kit import RUNNER, TINY_WHISPER, spoken_wav, tiny_whisper_card, wav_duration_s
+from tests.speech_kit import whisper_instance as instance
 
 pytestmark = pytest.mark.timeout(120)
-
-RUNNER = RunnerId("runner-0")
-
-
-def instance(backend: str = "faster_whisper-cpu") -> Instance:
-    card = tiny_whisper_card()
-    return Instance(
-        instance_id=InstanceId("instance-0"), model_id=ModelId(TINY_WHISPER), sharding="Pipeline",
-        shards=[ShardAssignment(node_id=NodeId("node-0"), runner_id=RUNNER, rank=0, world_size=1, start_layer=0,
-                                end_layer=card.num_layers, backend=backend, slots=1)],
-        context_token_limit=card.context_length,
-    )
-
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
