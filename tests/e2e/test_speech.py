@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+from typing import Literal, cast
 
 import httpx
 import numpy as np
@@ -30,7 +31,7 @@ SECRET = "Quokkas juggle marmalade in Zanzibar"
 """Words that occur nowhere by chance: a search of the data dirs and logs for them means something."""
 SENTENCES = [f"{SECRET}.", "The second sentence follows it.", "And then a third one ends the text."]
 TEXT = " ".join(SENTENCES)
-FORMATS = ["mp3", "opus", "aac", "flac", "wav", "pcm"]
+FORMATS: list[Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]] = ["mp3", "opus", "aac", "flac", "wav", "pcm"]
 EXPECTED_RATE = {"opus": 48_000}
 """Opus decodes at 48 kHz whatever it was encoded at."""
 
@@ -61,7 +62,7 @@ def test_speech_through_node_a_from_a_voice_on_node_b(spawn_node):
                               timeout=10)
         return None if response.status_code == 503 else response
 
-    response = wait_for(placed, timeout_s=90, interval_s=0.5, what="the voice placed")
+    response = cast(httpx.Response, wait_for(placed, timeout_s=90, interval_s=0.5, what="the voice placed"))
     assert response.status_code == 200, response.text
     body = wait_instance_ready(a, response.json()["instanceId"], timeout_s=240)
     assert {s["nodeId"] for s in body["shards"]} == {node_id(b)}
