@@ -48,6 +48,18 @@ def decoded(body: bytes, response_format: str) -> tuple[int, int, float]:
     return frames[0].sample_rate, stream.codec_context.channels, sum(f.samples for f in frames) / frames[0].sample_rate
 
 
+def shards_of(preview: dict) -> list[dict]:
+    return preview.get("instance", preview)["shards"]
+
+
+def nodes_of(preview: dict) -> set[str]:
+    return {shard["nodeId"] for shard in shards_of(preview)}
+
+
+def backends_of(preview: dict) -> list[str]:
+    return [shard["backend"] for shard in shards_of(preview)]
+
+
 def pcm(sdk: openai.OpenAI, text: str = TEXT, **fields) -> bytes:
     return sdk.audio.speech.create(model=MODEL, input=text, voice=fields.pop("voice", "amber"),
                                    response_format="pcm", **fields).content
@@ -56,6 +68,15 @@ def pcm(sdk: openai.OpenAI, text: str = TEXT, **fields) -> bytes:
 def test_speech_through_node_a_from_a_voice_on_node_b(spawn_node):
     a, b = start_linked(spawn_node, ["speak-a", "speak-b"])
     wait_agreed([a, b], members=2)
+
+    # Previews: the voice fits on either node, each a one-node placement on a piper backend.
+    def previews() -> list | None:
+        found = a.get(f"/instance/previews?modelId={MODEL}").json().get("previews")
+        return found if found and len({n for p in found for n in nodes_of(p)}) == 2 else None
+
+    options = wait_for(previews, timeout_s=60, interval_s=0.5, what="previews on both nodes")
+    assert all(len(nodes_of(p)) == 1 for p in options), options
+    assert all(backend.startswith("piper") for p in options for backend in backends_of(p)), options
 
     def placed() -> httpx.Response | None:
         response = httpx.post(a.url + "/place_instance", json={"modelId": MODEL, "excludedNodes": [node_id(a)]},
@@ -74,6 +95,8 @@ def test_speech_through_node_a_from_a_voice_on_node_b(spawn_node):
     voices = httpx.get(a.url + "/v1/audio/voices", timeout=10).json()["data"]
     assert [(v["model"], v["voices"], v["defaultVoice"], v["sampleRate"]) for v in voices] == [
         (MODEL, ["amber", "birch", "cedar"], "amber", RATE)]
+    assert httpx.get(a.url + "/v1/audio/voices", params={"model": MODEL}, timeout=10).json()["data"] == voices
+    assert httpx.get(a.url + "/v1/audio/voices", params={"model": "local/not-placed"}, timeout=10).status_code == 404
 
     # PCM: the samples themselves, framed by headers; voices and speed change them.
     raw = sdk.audio.speech.with_raw_response.create(model=MODEL, input=TEXT, voice="amber", response_format="pcm")
