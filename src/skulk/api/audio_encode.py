@@ -10,13 +10,14 @@ Formats, each a row of `FORMATS`:
 - `mp3` (LAME), `opus` (libopus in Ogg, resampled to 24 kHz: Opus takes no 22.05 kHz),
   `aac` (FFmpeg's AAC in ADTS frames) and `flac` (FFmpeg's FLAC): encoded by PyAV, the
   FFmpeg its wheel bundles. Each container here can be written front to back without seeking,
-  so every format streams; a whole FLAC file's header also carries its length and checksum.
+  so every format can stream; a whole FLAC's header also carries its length and checksum,
+  which is why the speech route always sends FLAC whole (`routes.speech.WHOLE_ONLY_FORMATS`).
 
-PyAV over soundfile: soundfile (libsndfile) writes WAV, FLAC, Ogg/Opus and MP3 too, but only
-into a seekable file, whole; PyAV writes into a byte sink as frames are encoded, which is
-what streaming needs. Measured on this project's 2-core CI machine, encoding 10 s of 22.05 kHz
-speech takes about 40 ms as MP3, 30 ms as Opus, 25 ms as AAC, 10 ms as FLAC: far below
-synthesis, so the API encodes and no runner does.
+PyAV over soundfile: soundfile (libsndfile) writes WAV, FLAC, Ogg/Opus and MP3 too, but
+through a seekable file whose header it completes on close, and has no AAC; PyAV muxes front
+to back into a byte sink as frames are encoded, which is what streaming needs. Measured on this project's 2-core machine, encoding 10 s of 22.05 kHz mono
+takes about 63 ms as MP3, 49 ms as Opus, 59 ms as AAC and 9 ms as FLAC (WAV and PCM: a
+copy): small beside synthesis, so the API node encodes (off its event loop) and no runner does.
 
 This module knows no HTTP and no model: PCM and a rate in, bytes out. It never writes a file.
 """
