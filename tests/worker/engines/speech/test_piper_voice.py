@@ -202,6 +202,6 @@ def test_a_cancel_through_the_dispatcher_stops_the_voice_between_sentences(engin
         dispatcher.close()
     assert sink.outcome is not None and sink.outcome.outcome == "cancelled"
     assert len(sink.results) == 1 and not sink.results[0].final
-    # The dispatcher asks for the next sentence before it checks for the cancel: one more
-    # is synthesized and dropped; the other six never are.
-    assert len(runs) <= 2
+    # The dispatcher checks for the cancel before it asks for the next sentence: the other
+    # seven are never synthesized.
+    assert len(runs) == 1
