@@ -74,7 +74,7 @@ def test_speech_through_node_a_from_a_voice_on_node_b(spawn_node):
         found = a.get(f"/instance/previews?modelId={MODEL}").json().get("previews")
         return found if found and len({n for p in found for n in nodes_of(p)}) == 2 else None
 
-    options = wait_for(previews, timeout_s=60, interval_s=0.5, what="previews on both nodes")
+    options = cast(list, wait_for(previews, timeout_s=60, interval_s=0.5, what="previews on both nodes"))
     assert all(len(nodes_of(p)) == 1 for p in options), options
     assert all(backend.startswith("piper") for p in options for backend in backends_of(p)), options
 
