@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import shutil
+import threading
 
 import numpy as np
 import pytest
@@ -17,7 +18,16 @@ from skulk.models.cards import builtin_cards_dir, load_card
 from skulk.models.tiny_piper import CONFIG_FILE, SAMPLE_RATE
 from skulk.shared.types.ids import ModelId
 from skulk.shared.types.workload_io import SpeechParams, SpeechResult
-from skulk.worker.engines.base import EngineNotLoaded, ModelLoadFailed, ShardSpec, WorkloadUnsupported
+from skulk.worker.engines.base import (
+    Dispatcher,
+    EngineNotLoaded,
+    GeneratedResult,
+    GeneratedToken,
+    GenerationResult,
+    ModelLoadFailed,
+    ShardSpec,
+    WorkloadUnsupported,
+)
 from skulk.worker.engines.speech.piper_voice import PiperEngine, UnknownVoice, pcm16
 from tests.worker.tiny_gguf import RUNNER, tiny_instance
 
@@ -151,3 +161,47 @@ def test_load_failures_are_typed(model_path, tmp_path):
     assert engine.sample_rate == SAMPLE_RATE
     with pytest.raises(UnknownVoice):
         say(engine, "Hi.", voice="amber")
+
+
+class CancelAfterFirst:
+    """A dispatch sink that cancels its request when the first sentence arrives, as the
+    runner does when the API's client leaves."""
+
+    def __init__(self) -> None:
+        self.dispatcher: Dispatcher | None = None
+        self.results: list[SpeechResult] = []
+        self.finished = threading.Event()
+        self.outcome: GenerationResult | None = None
+
+    def on_start(self, request_id: str) -> None:
+        pass
+
+    def on_token(self, request_id: str, token: GeneratedToken | GeneratedResult) -> None:
+        assert isinstance(token, GeneratedResult) and isinstance(token.result, SpeechResult)
+        self.results.append(token.result)
+        assert self.dispatcher is not None
+        self.dispatcher.cancel(request_id)
+
+    def on_finish(self, request_id: str, result: GenerationResult) -> None:
+        self.outcome = result
+        self.finished.set()
+
+
+def test_a_cancel_through_the_dispatcher_stops_the_voice_between_sentences(engine, monkeypatch):
+    voice = engine._voice  # pyright: ignore[reportPrivateUsage] -- counting the model's runs
+    runs = []
+    real = voice.phoneme_ids_to_audio
+    monkeypatch.setattr(voice, "phoneme_ids_to_audio", lambda *a, **k: runs.append(1) or real(*a, **k))
+    sink = CancelAfterFirst()
+    dispatcher = sink.dispatcher = Dispatcher(engine, sink, engine_name="piper")
+    try:
+        text = " ".join(f"Sentence number {n} is here." for n in range(8))
+        dispatcher.submit("r1", SpeechParams(model_id=ModelId(CARD.model_id), input=text, stream=True))
+        assert sink.finished.wait(30)
+    finally:
+        dispatcher.close()
+    assert sink.outcome is not None and sink.outcome.outcome == "cancelled"
+    assert len(sink.results) == 1 and not sink.results[0].final
+    # The dispatcher checks for the cancel before it asks for the next sentence: the other
+    # seven are never synthesized.
+    assert len(runs) == 1
