@@ -16,7 +16,6 @@ from starlette.websockets import WebSocketDisconnect
 from tests.api.scripted_cluster import scripted_app
 from tests.api.test_openai_routes import MODEL
 
-
 BETA = {"openai-beta": "realtime=v1"}
 
 
