@@ -32,6 +32,7 @@ from skulk.api.context import ApiContext, api_context
 from skulk.api.errors import ApiError
 from skulk.api.generation import drive, follow_results, placed_model, start_generation, start_workload
 from skulk.api.realtime import audio
+from skulk.api.realtime.sentences import split_sentences
 from skulk.api.realtime.session import (
     Action,
     CancelResponse,
@@ -240,10 +241,14 @@ class _Socket:
         await self.send(self.session.event("response.created", response=_response(action.response_id, "in_progress")))
         await self.send(self.session.event("response.output_item.added", response_id=action.response_id,
                                            output_index=0, item=_item(item_id, "in_progress", None)))
+        sentences: asyncio.Queue[str | None] = asyncio.Queue()  # bounded by max_output_tokens' text
+        speaker = None if settings.tts_model is None else asyncio.create_task(
+            self._speak_all(action, item_id, settings, sentences))
         try:
-            text = await self._answer(action, item_id, settings)
-            if settings.tts_model is not None and text.strip():
-                await self._speak(action, item_id, settings, text)
+            text = await self._answer(action, item_id, settings, sentences.put_nowait)
+            if speaker is not None:
+                sentences.put_nowait(None)
+                await speaker
         except asyncio.CancelledError:
             status, reason = "cancelled", self.cancel_reason
             COUNTERS["responses_cancelled"] += 1
@@ -258,6 +263,9 @@ class _Socket:
             logger.exception("realtime response %s failed", action.response_id)
             status, reason = "failed", str(error)
         finally:
+            if speaker is not None:  # stopped, and its failure (if any) read, whatever ended the response
+                speaker.cancel()
+                await asyncio.gather(speaker, return_exceptions=True)
             self.session.response_ended(action.response_id)
             if self.response is not None and self.response[0] == action.response_id:
                 self.response = None
@@ -273,7 +281,10 @@ class _Socket:
                     action.response_id, status, reason, [_item(item_id, "completed" if status == "completed"
                                                                 else "incomplete", text, settings.tts_model)])))
 
-    async def _answer(self, action: Respond, item_id: str, settings: ResponseSettings) -> str:
+    async def _answer(self, action: Respond, item_id: str, settings: ResponseSettings,
+                      on_sentence: Callable[[str], None]) -> str:
+        """The chat model's answer, streamed as text deltas; each sentence, once finished,
+        goes to `on_sentence` (the voice), and the unfinished end when the answer ends."""
         messages = ([ChatMessage(role="system", content=settings.instructions)] if settings.instructions else [])
         messages += [*self.conversation, ChatMessage(role="user", content=action.transcript)]
         params = TextGenerationParams(model_id=ModelId(placed_model(self.context, settings.model)), messages=messages,
@@ -281,6 +292,7 @@ class _Socket:
         stream = await start_generation(self.context, params, max_tokens_param="session.response.max_output_tokens")
         kind = "response.audio_transcript.delta" if settings.tts_model else "response.text.delta"
         parts: list[str] = []
+        pending = ""
         async with aclosing(drive(self.channel, self.context, stream, params)) as chunks:
             async for chunk in chunks:
                 if chunk.reasoning or not chunk.text:
@@ -288,9 +300,23 @@ class _Socket:
                 parts.append(chunk.text)
                 await self.send(self.session.event(kind, response_id=action.response_id, item_id=item_id,
                                                    output_index=0, content_index=0, delta=chunk.text))
+                ready, pending = split_sentences(pending + chunk.text)
+                for sentence in ready:
+                    on_sentence(sentence)
+        if pending.strip():
+            on_sentence(pending.strip())
         return "".join(parts)
 
+    async def _speak_all(self, action: Respond, item_id: str, settings: ResponseSettings,
+                         sentences: asyncio.Queue[str | None]) -> None:
+        """Each sentence spoken in turn, as the answer produces them, until None."""
+        while (sentence := await sentences.get()) is not None:
+            await self._speak(action, item_id, settings, sentence)
+        await self.send(self.session.event("response.audio.done", response_id=action.response_id, item_id=item_id,
+                                           output_index=0, content_index=0))
+
     async def _speak(self, action: Respond, item_id: str, settings: ResponseSettings, text: str) -> None:
+        """`text` spoken by the TTS model, as 24 kHz audio deltas."""
         assert settings.tts_model is not None
         model = placed_model(self.context, settings.tts_model)
         card = self.context.get_cards().get(ModelId(model))
@@ -307,8 +333,6 @@ class _Socket:
                     await self.send(self.session.event("response.audio.delta", response_id=action.response_id,
                                                        item_id=item_id, output_index=0, content_index=0,
                                                        delta=base64.b64encode(piece).decode("ascii")))
-        await self.send(self.session.event("response.audio.done", response_id=action.response_id, item_id=item_id,
-                                           output_index=0, content_index=0))
 
 
 def _item(item_id: str, status: str, text: str | None, tts_model: str | None = None) -> dict[str, Any]:
