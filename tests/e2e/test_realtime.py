@@ -7,8 +7,9 @@ Server VAD finds the turn (speech_started / speech_stopped), commits it, and nod
 Whisper transcribes it (completed), for a beta-dialect client and for the official OpenAI
 SDK's GA realtime client alike. With the response step on, the transcript goes to the
 chat model and its answer to the Piper voice: text and audio deltas come back. Speaking
-over a running response (barge-in) cancels it, and the runner serving it says so itself
-(its supervisor counts streams the runner ended as cancelled). Afterwards no audio bytes
+over a running response (barge-in), `response.cancel`, and closing the socket each cancel
+it, and the runner serving it says so itself (its supervisor counts streams the runner
+ended as cancelled). Afterwards no audio bytes
 are in either node's data dir, log or State."""
 
 from __future__ import annotations
@@ -167,7 +168,7 @@ def test_realtime_voice_through_node_a_served_on_node_b(spawn_node, tmp_path):
         until(ws, "transcription_session.updated", seen)
         seen = []
         stream(ws, pcm)
-        until(ws, "response.created", seen)
+        until(ws, "response.audio_transcript.delta", seen)  # the chat model is answering
         stream(ws, pcm[int(0.9 * audio.WIRE_RATE) * 2:])  # speech at once
         cancelled = until(ws, "response.done", seen)
         assert cancelled["response"]["status"] == "cancelled", cancelled
@@ -175,6 +176,28 @@ def test_realtime_voice_through_node_a_served_on_node_b(spawn_node, tmp_path):
         assert kinds(seen).index("input_audio_buffer.speech_started") < kinds(seen).index("response.done")
     wait_for(lambda: runner_cancels(b) > cancels_before, timeout_s=60, interval_s=0.25,
              what="node B's runner ending the barged-in response as cancelled")
+
+    # response.cancel stops it too; and closing the socket mid-answer cancels what runs for it.
+    long_answer = {"type": "transcription_session.update", "session": {
+        "input_audio_transcription": {"model": STT}, "response": {"model": CHAT, "max_output_tokens": 1024}}}
+    with connect(url, max_size=None, additional_headers=BETA) as ws:
+        seen = []
+        ws.send(json.dumps(long_answer))
+        until(ws, "transcription_session.updated", seen)
+        stream(ws, pcm)
+        until(ws, "response.text.delta", seen)
+        ws.send(json.dumps({"type": "response.cancel"}))
+        cancelled = until(ws, "response.done", seen)
+        assert cancelled["response"]["status_details"] == {"type": "cancelled", "reason": "client_cancelled"}
+    cancels_before = runner_cancels(b)
+    with connect(url, max_size=None, additional_headers=BETA) as ws:
+        seen = []
+        ws.send(json.dumps(long_answer))
+        until(ws, "transcription_session.updated", seen)
+        stream(ws, pcm)
+        until(ws, "response.text.delta", seen)  # running on node B's runner when the socket closes
+    wait_for(lambda: runner_cancels(b) > cancels_before, timeout_s=60, interval_s=0.25,
+             what="node B's runner ending a closed socket's response as cancelled")
 
     # No audio anywhere a node keeps things: not the PCM sent, not its base64, not the WAV made of it.
     middle = len(pcm) // 2

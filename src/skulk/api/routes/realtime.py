@@ -49,7 +49,7 @@ from skulk.api.realtime.session import (
 from skulk.api.realtime.vad import VadStream
 from skulk.api.routes.responses_socket import origin_allowed
 from skulk.shared.types.common import ChatMessage
-from skulk.shared.types.ids import ModelId
+from skulk.shared.types.ids import ModelId, new_id
 from skulk.shared.types.tasks import TextGenerationParams
 from skulk.shared.types.workload_io import (
     MAX_SPEECH_INPUT_CHARS,
@@ -365,7 +365,7 @@ async def realtime_socket(websocket: WebSocket) -> None:
     await websocket.accept(subprotocol="realtime" if "realtime" in protocols else None)
     beta = "realtime=v1" in websocket.headers.get("openai-beta", "")
     session = Session(_intent(websocket), SessionSettings(model=websocket.query_params.get("model") or None),
-                      lambda settings: refusal(context, settings), beta=beta)
+                      lambda settings: refusal(context, settings), lambda prefix: f"{prefix}_{new_id()}", beta=beta)
     socket = _Socket(websocket, context, session)
     transcriber = asyncio.create_task(socket.transcribe_all())
     COUNTERS["sessions_open"] += 1
