@@ -34,9 +34,10 @@ ALLOWED: dict[str, set[str]] = {
     "worker.engines": SHARED | {"facts", "pool", "provision"},
     "worker": SHARED | {"cluster", "routing", "observe", "models", "model_store", "artifacts", "worker.engines"},
     "api.adapters": SHARED | {"api"},
+    "api.realtime": SHARED,
     "api": SHARED | {"datadir", "observe", "models", "api.routes", "extensions"},
-    "api.routes": SHARED | {"api", "api.adapters", "observe", "master", "models", "model_store", "dashboard", "datadir",
-                            "extensions"},
+    "api.routes": SHARED | {"api", "api.adapters", "api.realtime", "observe", "master", "models", "model_store",
+                            "dashboard", "datadir", "extensions"},
     "client": {"api", "shared"},
     "node_settings": SHARED | {"datadir", "facts"},
     "dashboard": {"shared"},
@@ -54,7 +55,7 @@ def package_of(module: str) -> str:
         return ""
     if parts[0] == "worker" and parts[1:2] == ["engines"]:
         return "worker.engines"
-    if parts[0] == "api" and len(parts) > 1 and parts[1] in ("adapters", "routes"):
+    if parts[0] == "api" and len(parts) > 1 and parts[1] in ("adapters", "routes", "realtime"):
         return f"api.{parts[1]}"
     if parts[0] == "shared" and parts[1:2] == ["types"]:
         return "shared.types"
