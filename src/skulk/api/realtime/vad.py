@@ -62,9 +62,4 @@ class VadStream:
         return [float(p) for p in np.asarray(probabilities).reshape(-1)]
 
 
-def preload() -> None:
-    """Load the model now (the first socket with server VAD would otherwise wait for it)."""
-    _session()
-
-
-__all__ = ["CONTEXT_SAMPLES", "VadStream", "model_path", "preload"]
+__all__ = ["CONTEXT_SAMPLES", "VadStream", "model_path"]

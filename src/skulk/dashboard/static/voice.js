@@ -88,6 +88,7 @@ class SkulkVoice extends HTMLElement {
     try { cards = (await api("/models")).models.filter((c) => c.instances?.length); } catch { return; }
     const stt = cards.filter((c) => c.capabilities.includes("stt") && c.audio?.supportsRealtime);
     const tts = cards.filter((c) => c.capabilities.includes("tts"));
+    this.chatModels = new Set(cards.filter((c) => c.capabilities.includes("text")).map((c) => c.modelId));
     const fill = (select, list, empty) => {
       const chosen = select.value;
       select.innerHTML = (empty === null ? "" : `<option value="">${esc(empty)}</option>`)
@@ -106,7 +107,8 @@ class SkulkVoice extends HTMLElement {
 
   session() {
     const chat = this.chatModel(), tts = this.$("tts").value;
-    const response = this.$("answer").checked && chat
+    // Only a chat model answers (the chat page's picker lists every placed model).
+    const response = this.$("answer").checked && this.chatModels?.has(chat)
       ? { model: chat, ...(tts ? { tts_model: tts } : {}), max_output_tokens: 256 } : null;
     return {
       input_audio_format: "pcm16",
