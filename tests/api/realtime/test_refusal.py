@@ -11,9 +11,9 @@ import pytest
 
 from skulk.api.context import ApiContext
 from skulk.api.realtime.session import ResponseSettings, SessionSettings
-from skulk.api.routes.realtime import refusal
+from skulk.api.routes.realtime import refusal, spoken_thinking
 from skulk.models.cards import builtin_cards_dir, load_card
-from skulk.shared.types.cards import AudioSection
+from skulk.shared.types.cards import AudioSection, ReasoningSection
 from skulk.shared.types.state import State
 
 WHISPER, PIPER, LLAMA = "local/tiny-whisper", "local/tiny-piper", "local/tiny-llama-gguf"
@@ -55,3 +55,15 @@ def test_refusal(settings: SessionSettings, placed: tuple[str, ...] | None, code
                  param: str | None) -> None:
     refused = refusal(context() if placed is None else context(placed), settings)
     assert (None if refused is None else (refused.code, refused.param)) == (None if code is None else (code, param))
+
+
+@pytest.mark.parametrize(("reasoning", "thinking"), [
+    ({}, None),  # reasons not at all
+    ({"format": "think_tags", "start_tag": "<think>", "end_tag": "</think>"}, None),  # always reasons
+    ({"format": "think_tags", "start_tag": "<think>", "end_tag": "</think>", "switches": ["enable_thinking"]}, False),
+])
+def test_a_spoken_answer_turns_reasoning_off_where_it_can(reasoning: dict, thinking: bool | None) -> None:
+    card = load_card(builtin_cards_dir() / "local--tiny-llama-gguf.toml")
+    card = card.model_copy(update={"reasoning": ReasoningSection.model_validate(reasoning)})
+    assert spoken_thinking(card) is thinking
+    assert spoken_thinking(None) is None

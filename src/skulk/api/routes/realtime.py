@@ -48,6 +48,8 @@ from skulk.api.realtime.session import (
 )
 from skulk.api.realtime.vad import VadStream
 from skulk.api.routes.responses_socket import origin_allowed
+from skulk.shared.reasoning_switches import ON_OFF_SWITCHES
+from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.common import ChatMessage
 from skulk.shared.types.ids import ModelId, new_id
 from skulk.shared.types.tasks import TextGenerationParams
@@ -122,6 +124,15 @@ def refusal(context: ApiContext, settings: SessionSettings) -> SessionRefused | 
     elif response.voice is not None:
         return SessionRefused("invalid_value", "'voice' needs a 'tts_model' to speak with.", "session.response.voice")
     return None
+
+
+def spoken_thinking(card: ModelCard | None) -> bool | None:
+    """The response step's `thinking`: off where the model reasons and its template can
+    turn that off (the answer is spoken; reasoning would only delay it), else the model's
+    own default (its reasoning, if any, is still never spoken)."""
+    if card is None or card.reasoning.format == "none":
+        return None
+    return False if any(s in card.reasoning.switches for s in ON_OFF_SWITCHES) else None
 
 
 class _Channel:
@@ -287,8 +298,9 @@ class _Socket:
         goes to `on_sentence` (the voice), and the unfinished end when the answer ends."""
         messages = ([ChatMessage(role="system", content=settings.instructions)] if settings.instructions else [])
         messages += [*self.conversation, ChatMessage(role="user", content=action.transcript)]
-        params = TextGenerationParams(model_id=ModelId(placed_model(self.context, settings.model)), messages=messages,
-                                      max_tokens=settings.max_output_tokens, stream=True)
+        model = ModelId(placed_model(self.context, settings.model))
+        params = TextGenerationParams(model_id=model, messages=messages, max_tokens=settings.max_output_tokens,
+                                      stream=True, thinking=spoken_thinking(self.context.get_cards().get(model)))
         stream = await start_generation(self.context, params, max_tokens_param="session.response.max_output_tokens")
         kind = "response.audio_transcript.delta" if settings.tts_model else "response.text.delta"
         parts: list[str] = []
@@ -398,4 +410,4 @@ async def realtime_socket(websocket: WebSocket) -> None:
 
 
 __all__ = ["AUDIO_DELTA_SAMPLES", "COUNTERS", "IDLE_TIMEOUT_S", "MAX_CONVERSATION_MESSAGES", "refusal", "router",
-           "stats"]
+           "spoken_thinking", "stats"]
