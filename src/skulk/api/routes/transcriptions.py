@@ -194,11 +194,14 @@ async def _serve(request: Request, task: Task) -> Response:
     stream = await start_workload(context, _params(form, model_id, probe.duration_s))
     results = follow_results(request, context, stream, TranscriptionResult)
     if not form.stream:
+        # Read to the stream's end, not just to the final result: leaving it early would
+        # cancel a command that completed (the runner's terminal comes after the result).
+        final: TranscriptionResult | None = None
         async with aclosing(results):
             async for result, _ in results:
-                if result.final:
-                    return _response(rendered(result, form.response_format, task, form.words), form.response_format)
-        raise AssertionError("follow_results ends on a final result or raises")  # pragma: no cover
+                final = result
+        assert final is not None and final.final  # follow_results ends on a final result or raises
+        return _response(rendered(final, form.response_format, task, form.words), form.response_format)
     try:
         first = await anext(results)
     except BaseException:
@@ -213,18 +216,22 @@ async def _events(first: tuple[TranscriptionResult, Any],
     """The SSE body: a delta per segment as it is decoded, then the whole text. A failure
     after the 200 is an error event the OpenAI SDK raises."""
     sent: list[str] = []
+
+    def event(result: TranscriptionResult) -> str:
+        if result.final:
+            return sse_event(done_event("".join(sent) if sent else result.text))
+        delta = result.text.lstrip() if not sent else result.text
+        sent.append(delta)
+        return sse_event(delta_event(delta))
+
     async with aclosing(results):
         try:
-            result, _ = first
-            while not result.final:
-                delta = result.text.lstrip() if not sent else result.text
-                sent.append(delta)
-                yield sse_event(delta_event(delta))
-                result, _ = await anext(results)
-            yield sse_event(done_event("".join(sent) if sent else result.text))
+            yield event(first[0])
+            async for result, _ in results:  # to the stream's end: its terminal follows the final result
+                yield event(result)
         except ApiError as error:
-            for event in sse_error(error):
-                yield event
+            for line in sse_error(error):
+                yield line
 
 
 def _response(body: dict[str, Any] | str, response_format: ResponseFormat) -> Response:
