@@ -135,9 +135,11 @@ def read_form(fields: Mapping[str, list[FormPart]], task: Task) -> Transcription
                              stream=stream_text == "true")
 
 
-def request_refusal(form: TranscriptionForm, model_id: str, card: ModelCard, languages: frozenset[str]) -> ApiError | None:
+def request_refusal(form: TranscriptionForm, model_id: str, card: ModelCard,
+                    languages: frozenset[str] | None) -> ApiError | None:
     """Why the model cannot serve the request as asked (None: it can). Pure: the card's
-    audio section decides, and `languages` (Whisper's) when the card names none."""
+    audio section decides, and `languages` (Whisper's; None: unknown here) when the card
+    names none."""
     audio = card.audio
     if audio is None or "stt" not in card.capabilities:
         return InvalidRequest(f"{model_id} is not a speech-to-text model (its card has no 'stt' capability); use a "
@@ -157,16 +159,19 @@ def request_refusal(form: TranscriptionForm, model_id: str, card: ModelCard, lan
                               code="word_timestamps_unsupported")
     if form.language is not None:
         known = frozenset(audio.languages) or languages
-        if form.language not in known:
+        if known is not None and form.language not in known:
             return InvalidRequest(f"language {form.language!r} is not one {model_id} knows (ISO 639-1 codes: "
                                   f"{', '.join(sorted(known))})", param="language", code="unsupported_language")
     return None
 
 
-def whisper_languages() -> frozenset[str]:
-    """The languages a multilingual Whisper knows (faster-whisper's table)."""
-    from faster_whisper.tokenizer import _LANGUAGE_CODES  # pyright: ignore[reportPrivateUsage]
-
+def whisper_languages() -> frozenset[str] | None:
+    """The languages a multilingual Whisper knows (faster-whisper's table); None where this
+    API node cannot import faster-whisper (the serving node's engine checks then)."""
+    try:
+        from faster_whisper.tokenizer import _LANGUAGE_CODES  # pyright: ignore[reportPrivateUsage]
+    except ImportError:
+        return None
     return frozenset(_LANGUAGE_CODES)
 
 
