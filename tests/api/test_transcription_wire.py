@@ -158,6 +158,12 @@ def test_what_the_card_does_not_declare_is_refused(task, fields, audio, code):
     assert (refusal is None) if code is None else (refusal is not None and refusal.code == code)
 
 
+def test_without_whisper_s_table_only_the_card_s_languages_are_checked_here():
+    assert request_refusal(read(model="m", language="xx"), "m", card_with(), None) is None  # the engine decides
+    refusal = request_refusal(read(model="m", language="de"), "m", card_with(languages=("en",)), None)
+    assert refusal is not None and refusal.code == "unsupported_language"
+
+
 def test_a_model_that_does_not_hear_is_refused_by_name():
     llama = load_card(builtin_cards_dir() / "local--tiny-llama-gguf.toml")
     refusal = request_refusal(read(model="local/tiny-llama-gguf"), "local/tiny-llama-gguf", llama, WHISPER)

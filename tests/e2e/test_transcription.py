@@ -9,8 +9,10 @@ dir, State or log."""
 from __future__ import annotations
 
 import base64
+import io
 import random
 import warnings
+import wave
 
 import httpx
 import openai
@@ -23,6 +25,22 @@ from tests.nodeproc import wait_for
 from tests.speech_kit import TINY_WHISPER, require_espeak, silent_wav, spoken_wav, wav_duration_s
 
 pytestmark = pytest.mark.timeout(420)
+
+
+def noise_wav(seconds: float, rate: int = 16000) -> bytes:
+    """`seconds` of quiet noise: long audio that a random Whisper decodes window by window."""
+    out = io.BytesIO()
+    with wave.open(out, "wb") as writer:
+        writer.setnchannels(1)
+        writer.setsampwidth(2)
+        writer.setframerate(rate)
+        writer.writeframes(bytes(b & 0x0F for b in random.Random(13).randbytes(2 * int(rate * seconds))))
+    return out.getvalue()
+
+
+def stream_counts(node) -> dict:
+    """Node A's API stream counters: how its commands' streams ended."""
+    return node.get("/v1/diagnostics/node").json()["streams"]
 
 
 def test_speech_through_node_a_is_transcribed_on_node_b(spawn_node, tmp_path):
@@ -75,6 +93,22 @@ def test_speech_through_node_a_is_transcribed_on_node_b(spawn_node, tmp_path):
     deltas = [e.delta for e in events if e.type == "transcript.text.delta"]
     assert deltas and events[-1].type == "transcript.text.done"
     assert events[-1].text == "".join(deltas) == two.text
+
+    # Every request so far read its stream to the runner's terminal: completed, none cancelled.
+    counts = stream_counts(a)
+    assert counts["completed"] == counts["opened"] == 9 and counts["closedByClient"] == counts["cancelled"] == 0, counts
+
+    # A client that leaves a stream cancels its command. The upload (9.6 MB) is over the
+    # node's default body limit, which an audio route does not apply.
+    long_noise = noise_wav(300.0)
+    with httpx.stream("POST", a.url + "/v1/audio/transcriptions", timeout=120,
+                      files={"file": ("long.wav", long_noise, "audio/wav")},
+                      data={"model": TINY_WHISPER, "stream": "true"}) as streamed:
+        assert streamed.status_code == 200
+        first_event = next(line for line in streamed.iter_lines() if line.startswith("data: "))
+        assert "transcript.text.delta" in first_event
+    wait_for(lambda: stream_counts(a)["closedByClient"] == 1, timeout_s=60,
+             what="node A to end the left stream as closed by its client (and cancel its command)")
 
     # Refusals, typed, in OpenAI's shape; the model serves on.
     def refused(error: type[openai.APIStatusError], **fields) -> openai.APIStatusError:

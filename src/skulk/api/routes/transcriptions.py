@@ -135,9 +135,11 @@ def read_form(fields: Mapping[str, list[FormPart]], task: Task) -> Transcription
                              stream=stream_text == "true")
 
 
-def request_refusal(form: TranscriptionForm, model_id: str, card: ModelCard, languages: frozenset[str]) -> ApiError | None:
+def request_refusal(form: TranscriptionForm, model_id: str, card: ModelCard,
+                    languages: frozenset[str] | None) -> ApiError | None:
     """Why the model cannot serve the request as asked (None: it can). Pure: the card's
-    audio section decides, and `languages` (Whisper's) when the card names none."""
+    audio section decides, and `languages` (Whisper's; None: unknown here) when the card
+    names none."""
     audio = card.audio
     if audio is None or "stt" not in card.capabilities:
         return InvalidRequest(f"{model_id} is not a speech-to-text model (its card has no 'stt' capability); use a "
@@ -157,24 +159,32 @@ def request_refusal(form: TranscriptionForm, model_id: str, card: ModelCard, lan
                               code="word_timestamps_unsupported")
     if form.language is not None:
         known = frozenset(audio.languages) or languages
-        if form.language not in known:
+        if known is not None and form.language not in known:
             return InvalidRequest(f"language {form.language!r} is not one {model_id} knows (ISO 639-1 codes: "
                                   f"{', '.join(sorted(known))})", param="language", code="unsupported_language")
     return None
 
 
-def whisper_languages() -> frozenset[str]:
-    """The languages a multilingual Whisper knows (faster-whisper's table)."""
-    from faster_whisper.tokenizer import _LANGUAGE_CODES  # pyright: ignore[reportPrivateUsage]
-
+def whisper_languages() -> frozenset[str] | None:
+    """The languages a multilingual Whisper knows (faster-whisper's table); None where this
+    API node cannot import faster-whisper (the serving node's engine checks then)."""
+    try:
+        from faster_whisper.tokenizer import _LANGUAGE_CODES  # pyright: ignore[reportPrivateUsage]
+    except ImportError:
+        return None
     return frozenset(_LANGUAGE_CODES)
 
 
-def _params(form: TranscriptionForm, model_id: str, duration_s: float) -> TranscriptionParams:
+def _params(form: TranscriptionForm, model_id: str, card: ModelCard, duration_s: float) -> TranscriptionParams:
+    """The workload's params. Segment by segment whenever the card streams, even when the
+    caller wants one answer: the dispatcher can only stop an engine between results, so a
+    long transcription whose client left is cancelled at its next segment instead of being
+    decoded to the end (the route answers from the final result)."""
+    streams = form.stream or (card.audio is not None and card.audio.supports_streaming)
     return TranscriptionParams.of_audio(
         model_id, form.file.data, file_name=(form.file.filename or "")[:255] or None, duration_s=duration_s,
         task=form.task, language=form.language, prompt=form.prompt, temperature=form.temperature,
-        word_timestamps=form.words, stream=form.stream)
+        word_timestamps=form.words, stream=streams)
 
 
 async def _serve(request: Request, task: Task) -> Response:
@@ -191,14 +201,18 @@ async def _serve(request: Request, task: Task) -> Response:
     if refusal is not None:
         raise refusal
     probe = await asyncio.to_thread(probe_audio, form.file.data)
-    stream = await start_workload(context, _params(form, model_id, probe.duration_s))
+    stream = await start_workload(context, _params(form, model_id, card, probe.duration_s))
     results = follow_results(request, context, stream, TranscriptionResult)
     if not form.stream:
+        # The final result answers (partial ones only mark where a cancel can stop it). Read
+        # to the stream's end, not just to the final result: leaving it early would cancel a
+        # command that completed (the runner's terminal comes after the result).
+        final: TranscriptionResult | None = None
         async with aclosing(results):
             async for result, _ in results:
-                if result.final:
-                    return _response(rendered(result, form.response_format, task, form.words), form.response_format)
-        raise AssertionError("follow_results ends on a final result or raises")  # pragma: no cover
+                final = result
+        assert final is not None and final.final  # follow_results ends on a final result or raises
+        return _response(rendered(final, form.response_format, task, form.words), form.response_format)
     try:
         first = await anext(results)
     except BaseException:
@@ -213,18 +227,22 @@ async def _events(first: tuple[TranscriptionResult, Any],
     """The SSE body: a delta per segment as it is decoded, then the whole text. A failure
     after the 200 is an error event the OpenAI SDK raises."""
     sent: list[str] = []
+
+    def event(result: TranscriptionResult) -> str:
+        if result.final:
+            return sse_event(done_event("".join(sent) if sent else result.text))
+        delta = result.text.lstrip() if not sent else result.text
+        sent.append(delta)
+        return sse_event(delta_event(delta))
+
     async with aclosing(results):
         try:
-            result, _ = first
-            while not result.final:
-                delta = result.text.lstrip() if not sent else result.text
-                sent.append(delta)
-                yield sse_event(delta_event(delta))
-                result, _ = await anext(results)
-            yield sse_event(done_event("".join(sent) if sent else result.text))
+            yield event(first[0])
+            async for result, _ in results:  # to the stream's end: its terminal follows the final result
+                yield event(result)
         except ApiError as error:
-            for event in sse_error(error):
-                yield event
+            for line in sse_error(error):
+                yield line
 
 
 def _response(body: dict[str, Any] | str, response_format: ResponseFormat) -> Response:
