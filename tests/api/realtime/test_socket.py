@@ -90,3 +90,18 @@ def test_a_browser_presents_the_key_as_a_subprotocol() -> None:
             assert receive(ws)["type"] == "session.created"
         with client.websocket_connect("/v1/realtime", headers={"authorization": "Bearer sesame"}) as ws:
             assert receive(ws)["type"] == "session.created"
+
+
+def test_sessions_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from skulk.api.routes import realtime
+
+    app, _ = scripted_app(["Hi"])
+    with TestClient(app) as client, client.websocket_connect("/v1/realtime") as first:
+        assert receive(first)["type"] == "session.created"
+        monkeypatch.setattr(realtime, "MAX_SESSIONS", realtime.COUNTERS["sessions_open"])
+        with client.websocket_connect("/v1/realtime") as second:
+            refused = receive(second)
+            assert refused["error"]["code"] == "too_many_sessions"
+            with pytest.raises(WebSocketDisconnect) as closed:
+                second.receive_text()
+            assert closed.value.code == 1013

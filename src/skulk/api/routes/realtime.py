@@ -45,6 +45,7 @@ from skulk.api.realtime.session import (
     SessionRefused,
     SessionSettings,
     Transcribe,
+    error_event,
 )
 from skulk.api.realtime.vad import VadStream
 from skulk.api.routes.responses_socket import origin_allowed
@@ -71,7 +72,10 @@ MAX_CONVERSATION_MESSAGES = 16
 """Earlier turns (user transcripts and answers) the response step shows the chat model."""
 AUDIO_DELTA_SAMPLES = audio.WIRE_RATE // 2
 """The most audio one `response.audio.delta` carries (0.5 s at 24 kHz)."""
-CLOSE_NORMAL, CLOSE_POLICY = 1000, 1008
+MAX_SESSIONS = 32
+"""Realtime sockets one node holds at once (each may keep up to `MAX_BUFFER_BYTES` of audio
+and a VAD); one more is told so in an `error` event and closed with 1013 (try again later)."""
+CLOSE_NORMAL, CLOSE_POLICY, CLOSE_TRY_AGAIN = 1000, 1008, 1013
 
 COUNTERS: dict[str, int] = {"sessions_open": 0, "sessions_total": 0, "utterances_transcribed": 0,
                             "transcriptions_failed": 0, "responses_started": 0, "responses_cancelled": 0}
@@ -375,6 +379,12 @@ async def realtime_socket(websocket: WebSocket) -> None:
     # the access middleware); the answer names "realtime", never echoing the key.
     protocols = websocket.scope.get("subprotocols") or []
     await websocket.accept(subprotocol="realtime" if "realtime" in protocols else None)
+    if COUNTERS["sessions_open"] >= MAX_SESSIONS:
+        await websocket.send_text(json.dumps(error_event(
+            f"event_{new_id()}", "too_many_sessions", f"This node holds {MAX_SESSIONS} realtime sessions already; "
+            "try again later or connect to another node.", error_type="server_error")))
+        await websocket.close(CLOSE_TRY_AGAIN, "too many realtime sessions")
+        return
     beta = "realtime=v1" in websocket.headers.get("openai-beta", "")
     session = Session(_intent(websocket), SessionSettings(model=websocket.query_params.get("model") or None),
                       lambda settings: refusal(context, settings), lambda prefix: f"{prefix}_{new_id()}", beta=beta)
@@ -409,5 +419,6 @@ async def realtime_socket(websocket: WebSocket) -> None:
         logger.info("realtime session %s closed", session.session_id)
 
 
-__all__ = ["AUDIO_DELTA_SAMPLES", "COUNTERS", "IDLE_TIMEOUT_S", "MAX_CONVERSATION_MESSAGES", "refusal", "router",
+__all__ = ["AUDIO_DELTA_SAMPLES", "COUNTERS", "IDLE_TIMEOUT_S", "MAX_CONVERSATION_MESSAGES", "MAX_SESSIONS", "refusal",
+           "router",
            "spoken_thinking", "stats"]
