@@ -196,8 +196,7 @@ class _Socket:
         _, task = self.response
         self.cancel_reason = reason
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await asyncio.wait([task])  # its end, not its CancelledError (a cancel of this caller still propagates)
 
     # -- transcription -------------------------------------------------------------------
 
