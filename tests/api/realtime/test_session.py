@@ -85,6 +85,12 @@ def test_opened_says_the_session() -> None:
      "unknown_parameter"),
     ({"type": "session.update", "session": {"response": {"max_output_tokens": 10}}}, "missing_required_parameter"),
     ({"type": "session.update", "session": {"response": {"model": "m", "max_output_tokens": 4097}}}, "invalid_value"),
+    ({"type": "session.update", "session": {"turn_detection": {"interrupt_response": False}}},
+     "unsupported_turn_detection"),
+    ({"type": "session.update", "session": {"include": ["item.input_audio_transcription.logprobs"]}},
+     "unknown_parameter"),
+    ({"type": "session.update", "session": {"model": "gpt-realtime"}}, "unknown_parameter"),
+    ({"type": "session.update", "session": {"modalities": ["text"]}}, "unknown_parameter"),
 ])
 def test_refusals_are_error_events_and_change_nothing(event: Any, code: str) -> None:
     session = new(check=only_stt)

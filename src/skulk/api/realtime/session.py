@@ -174,6 +174,11 @@ def _turn_detection(value: object, current: TurnSettings | None, param: str) -> 
     if fields.get("type", "server_vad") != "server_vad":
         raise SessionRefused("unsupported_turn_detection", f"'{param}.type' must be server_vad (or "
                              f"{param} null to commit yourself).", f"{param}.type")
+    for name in ("create_response", "interrupt_response"):  # what this server always does
+        if fields.get(name) is False:
+            raise SessionRefused("unsupported_turn_detection", f"'{param}.{name}' false is not served: a "
+                                 "configured response step answers every turn and speech interrupts it.",
+                                 f"{param}.{name}")
     base = current or TurnSettings()
     settings = base
     if "threshold" in fields:
@@ -212,8 +217,10 @@ def updated_settings(settings: SessionSettings, session: object) -> SessionSetti
     `input_audio_transcription`, `turn_detection`) and GA (`audio.input.format`,
     `.transcription`, `.turn_detection`) shapes are both read."""
     fields = _object(session, "session")
-    _known(fields, {"type", "object", "id", "model", "input_audio_format", "input_audio_transcription",
-                    "turn_detection", "audio", "response", "modalities", "include"}, "session")
+    _known(fields, {"type", "object", "id", "input_audio_format", "input_audio_transcription", "turn_detection",
+                    "audio", "response"}, "session")
+    if fields.get("include"):
+        raise SessionRefused("unknown_parameter", "'session.include' (logprobs) is not served.", "session.include")
     transcription_param, turn_param = "session.input_audio_transcription", "session.turn_detection"
     transcription, turn = fields.get("input_audio_transcription"), fields.get("turn_detection", ...)
     _format(fields.get("input_audio_format"), "session.input_audio_format")
