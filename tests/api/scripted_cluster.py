@@ -23,7 +23,7 @@ from skulk.shared.types.chunks import (
 )
 from skulk.shared.types.commands import GenerateText, RunWorkload
 from skulk.shared.types.common import Usage
-from skulk.shared.types.workload_io import EchoResult, EmbeddingResult
+from skulk.shared.types.workload_io import EchoResult, EmbeddingResult, TranscriptionResult, TranscriptSegment
 from tests.api.test_openai_routes import STATE
 
 USAGE = Usage(prompt_tokens=7, completion_tokens=3, total_tokens=10)
@@ -69,6 +69,8 @@ class ScriptedCluster:
 
     def _chunks(self, command) -> list:
         cid = command.command_id
+        if isinstance(command, RunWorkload) and command.params.workload == "transcription":
+            return self._transcript(cid)
         if isinstance(command, RunWorkload) and command.params.workload == "echo":
             text = self.inputs[cid].params.text
             return [ResultChunk(command_id=cid, result=EchoResult(text=text, tokens=list(range(len(text.split())))),
@@ -100,6 +102,19 @@ class ScriptedCluster:
                                    top_logprobs=[] if i == 0 else [TopLogprob(token=ch, logprob=-1.0)])
                 for i, ch in enumerate(prompt)]})
         return chunks
+
+    def _transcript(self, cid) -> list:
+        """A transcript of the scripted texts, one segment each (a second per segment):
+        each segment as a partial result when the request streams, then the final one."""
+        params = self.inputs[cid].params
+        texts = list(self.texts) if not callable(self.texts) else list(self.texts(params))
+        segments = [TranscriptSegment(id=i, start=float(i), end=float(i + 1), text=text) for i, text in enumerate(texts)]
+        duration = params.duration_s or 0.0
+        partial = [ResultChunk(command_id=cid, result=TranscriptionResult(text=s.text, segments=[s], language="en",
+                                                                          duration=duration, final=False))
+                   for s in segments] if params.stream else []
+        final = TranscriptionResult(text="".join(texts).strip(), segments=segments, language="en", duration=duration)
+        return [*partial, ResultChunk(command_id=cid, result=final)]
 
     async def _run(self, command) -> None:
         cid = command.command_id

@@ -136,6 +136,16 @@ def test_an_mlx_card_reads_the_models_own_chat_template(mock_hub, tiny_artifacts
         assert card["tooling"]["toolCallFormat"] == "hermes" and "thinking" in card["capabilities"]
 
 
+def test_a_ctranslate2_repo_is_refused_with_the_way_to_add_it(mock_hub):
+    """A faster-whisper repo's small files hold no model shape: no card is guessed."""
+    mock_hub.add_repo("mock-org/faster-whisper-x", {"model.bin": b"\0" * 64, "config.json": b'{"lang_ids": []}',
+                                                    "vocabulary.json": b"[]"}, tags=("ctranslate2",))
+    cluster = Cluster()
+    refused = _client(cluster).post("/models/add", json={"modelId": "mock-org/faster-whisper-x"})
+    assert refused.status_code == 400 and "CTranslate2" in refused.json()["detail"]
+    assert "Systran--faster-whisper-small.toml" in refused.json()["detail"] and cluster.commands == []
+
+
 def test_add_errors_are_typed(mock_hub):
     client = _client(Cluster())
     missing = client.post("/models/add", json={"modelId": "mock-org/nope"})

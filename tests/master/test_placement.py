@@ -609,3 +609,29 @@ def test_the_stamped_slots_are_what_the_worker_guard_and_the_credit_count():
     assert footprint.kv_copies == 8 and footprint.total_bytes == gguf_whole(8)
     assert "x 8 slots" in footprint.describe()
     assert instance_node_footprints(GGUF_8B, instance) == {"a": gguf_whole(8)}
+
+
+# -- speech ----------------------------------------------------------------------------------
+
+WHISPER_SMALL = CARDS["Systran/faster-whisper-small"]
+TINY_WHISPER = CARDS["local/tiny-whisper"]
+WHISPER_CPU = ("faster_whisper", "faster_whisper-cpu")
+
+
+@pytest.mark.parametrize("card", [TINY_WHISPER, WHISPER_SMALL])
+def test_a_speech_model_is_placed_whole_on_one_node_with_its_engine(card):
+    resources = {"a": res("a", 64 * GB, backends=MLX_CPU), "b": res("b", 2 * GB, backends=WHISPER_CPU)}
+    instance = place(card, cluster("ab", ["a-b"]), resources, request(card), new_id=ids())
+    assert layers(instance) == [("b", 0, card.num_layers)]
+    assert instance.shards[0].backend == "faster_whisper-cpu"
+    options = preview(card, cluster("ab", ["a-b"]), resources)
+    assert options and all(o.node_ids == ["b"] for o in options)
+
+
+def test_a_speech_model_never_spans_nodes():
+    # Two nodes that could share its weights, neither able to hold it alone: refused, not split.
+    half = whole(WHISPER_SMALL) * 3 // 4
+    resources = {n: res(n, half, backends=WHISPER_CPU) for n in "ab"}
+    assert preview(WHISPER_SMALL, cluster("ab", ["a-b"]), resources) == []
+    with pytest.raises(PlacementError):
+        place(WHISPER_SMALL, cluster("ab", ["a-b"]), resources, request(WHISPER_SMALL), new_id=ids())

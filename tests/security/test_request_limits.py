@@ -164,3 +164,19 @@ def test_a_real_node_applies_its_configured_limit(spawn_node):
     bad = httpx.post(node.url + "/models/add", content='{"path": "/tmp/\\ud800.gguf"}',
                      headers={"content-type": "application/json"}, timeout=30)
     assert bad.status_code == 400 and "Unicode" in bad.json()["detail"]
+
+
+def test_an_audio_upload_has_its_own_limit():
+    """The upload routes take files far over the text limit, up to 25 MiB plus the form, and
+    no more: a declared 30 MB upload is refused before a byte is read."""
+    app, cluster = app_with(SMALL_LIMIT)
+    upload = {"file": ("speech.wav", b"\0" * (1024 * 1024), "audio/wav")}
+    with live_server(app) as base:
+        status, body = declared_only(base, "/v1/audio/transcriptions", 30 * 1024 * 1024)
+        assert status == 413 and b"audio_too_large" in body
+        past_the_text_limit = httpx.post(base + "/v1/audio/transcriptions", files=upload,
+                                         data={"model": "no/such-model"}, timeout=30)
+        assert past_the_text_limit.status_code == 404, past_the_text_limit.text  # read, then: no such model
+        chat = httpx.post(base + "/v1/chat/completions", files=upload, timeout=30)
+        assert chat.status_code == 413
+    assert cluster.commands == []

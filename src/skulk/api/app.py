@@ -39,7 +39,10 @@ from skulk.api.routes import ollama as ollama_routes
 from skulk.api.routes import openai as openai_routes
 from skulk.api.routes import sessions as sessions_routes
 from skulk.api.routes import store as store_routes
+from skulk.api.routes import transcriptions as transcription_routes
 from skulk.observe.metrics import NodeCollector, ServingMetrics, new_registry
+from skulk.shared.body_limits import AUDIO_UPLOAD_PATHS, audio_body_bytes
+from skulk.shared.types.workload_io import MAX_AUDIO_UPLOAD_BYTES
 
 OLLAMA_OPENAI_PREFIX = "/ollama"
 """Ollama serves the OpenAI API under its own base URL (`/v1/...` there is `/ollama/v1/...` here)."""
@@ -56,7 +59,9 @@ def create_app(context: ApiContext) -> FastAPI:
     # for CORS, added last so a preflight needs no key) runs first, so the bodies of refused
     # requests are never read.
     app.add_middleware(OllamaJsonBodies)
-    app.add_middleware(BodyGuard, max_body_bytes=context.limits.max_body_bytes)
+    audio_limit = max(context.limits.max_body_bytes, audio_body_bytes(MAX_AUDIO_UPLOAD_BYTES))
+    app.add_middleware(BodyGuard, max_body_bytes=context.limits.max_body_bytes,
+                       path_limits=dict.fromkeys(AUDIO_UPLOAD_PATHS, audio_limit))
     policy = context.access or (AccessPolicy(api_key=context.api_key, require_key_on_loopback=True)
                                 if context.api_key else None)
     if policy is not None:
@@ -80,6 +85,7 @@ def create_app(context: ApiContext) -> FastAPI:
     app.include_router(telemetry.router)
     app.include_router(traces.router)
     app.include_router(workloads.router)
+    app.include_router(transcription_routes.router)
     app.include_router(sessions_routes.router)
     app.include_router(events.router)
     dashboard.mount(app)

@@ -17,7 +17,7 @@ Decisions live in `skulk.api.limits`; this shell only moves bytes.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
 from starlette.requests import Request
@@ -32,9 +32,13 @@ Send = Callable[[Message], Awaitable[None]]
 
 
 class BodyGuard:
-    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]], *, max_body_bytes: int) -> None:
+    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]], *, max_body_bytes: int,
+                 path_limits: Mapping[str, int] | None = None) -> None:
+        """`path_limits`: routes (exact paths) with a body limit of their own, the audio
+        uploads (`skulk.shared.body_limits.AUDIO_UPLOAD_PATHS`)."""
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.path_limits = dict(path_limits or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -45,7 +49,10 @@ class BodyGuard:
         if isinstance(declared, ApiError):
             await self._refuse(scope, receive, send, declared)
             return
-        early = body_size_error(declared, self.max_body_bytes)
+        path = str(scope.get("path", ""))
+        audio = path in self.path_limits
+        limit = self.path_limits.get(path, self.max_body_bytes)
+        early = body_size_error(declared, limit, audio=audio)
         if early is not None:
             await self._refuse(scope, receive, send, early)
             return
@@ -57,7 +64,7 @@ class BodyGuard:
                 return  # the client left before sending its body: nothing to answer
             chunk = message.get("body", b"")
             size += len(chunk)
-            late = body_size_error(size, self.max_body_bytes)
+            late = body_size_error(size, limit, audio=audio)
             if late is not None:
                 await self._refuse(scope, receive, send, late)
                 return
@@ -66,7 +73,7 @@ class BodyGuard:
                 break
         body = b"".join(chunks)
         chunks.clear()
-        if body:
+        if body and not audio:  # an upload is a multipart form, never JSON
             bad = json_value_error(body)
             if bad is not None:
                 await self._refuse(scope, receive, send, bad)

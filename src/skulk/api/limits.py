@@ -72,10 +72,14 @@ class RequestLimits:
 # ---------------------------------------------------------------------------------------
 
 
-def body_size_error(size_bytes: int | None, limit_bytes: int) -> PayloadTooLarge | None:
-    """The refusal of a body of `size_bytes` (declared or read so far), or None."""
+def body_size_error(size_bytes: int | None, limit_bytes: int, *, audio: bool = False) -> PayloadTooLarge | None:
+    """The refusal of a body of `size_bytes` (declared or read so far), or None. `audio`:
+    the body is an audio upload, bounded by its own limit (`skulk.shared.body_limits`)."""
     if size_bytes is None or size_bytes <= limit_bytes:
         return None
+    if audio:
+        return PayloadTooLarge(f"The audio upload is larger than this node accepts ({limit_bytes} bytes with its "
+                               "form; the file itself at most 25 MiB).", param="file", code="audio_too_large")
     return PayloadTooLarge(
         f"The request body is larger than this node accepts ({limit_bytes} bytes; "
         f"api.max_body_bytes in skulk.yaml or SKULK_API_MAX_BODY_BYTES)."

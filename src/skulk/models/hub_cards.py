@@ -26,6 +26,7 @@ from skulk.models.hub_files import (
     CONFIG_FILE,
     GGUF_QUANT_PREFERENCE,
     choose_gguf_file,
+    is_ctranslate2_repo,
     is_gguf_repo,
     select_safetensors,
     shard_group,
@@ -68,6 +69,13 @@ def card_from_hub(model_id: str, hub: HubSource, *, revision: str | None = None,
     if gguf_file is not None or quant is not None:
         raise CardBuildError(model_id, f"{'ggufFile' if gguf_file else f'quant {quant}'} given, but the repository "
                              "holds no GGUF files")
+    if is_ctranslate2_repo(files):
+        # Its config.json is CTranslate2's (token ids, alignment heads): the layer and head
+        # counts are only inside model.bin, interleaved with the weights. A card that guessed
+        # them would be wrong for distilled and turbo Whispers.
+        raise CardBuildError(model_id, "a CTranslate2 (faster-whisper) repository: its small files do not state the "
+                             "model's shape, so no card is built from them; write a card file for it (docs/SPEECH.md, "
+                             "resources/model_cards/Systran--faster-whisper-small.toml)")
     selected = select_safetensors(model_id, files)
     config = hub_meta.read_json(model_id, CONFIG_FILE, listing.revision, hub)
     present = {f.path for f in files}

@@ -9,6 +9,8 @@ functions over a repository listing, so every rule is a table-driven test:
 - safetensors (MLX) repos: config, tokenizer and generation files at the top level, every
   `*.safetensors` weight file and its index. A repo without config.json or weights is not a
   model mlx-lm can load, and selecting nothing would "succeed" with an empty directory.
+- CTranslate2 repos (faster-whisper): the model directory's top-level files, `model.bin`
+  with its config, vocabulary, tokenizer and feature-extractor config.
 - GGUF repos: one quant, chosen by a card's pinned `gguf_file` (the first shard of a split
   file) or, when a card is being built, by a quant preference order; split files
   (`name-00001-of-00003.gguf`) always come as their complete shard group.
@@ -202,6 +204,39 @@ def select_safetensors(repo_id: str, files: Sequence[RepoFile]) -> tuple[str, ..
 
 
 # ---------------------------------------------------------------------------------------
+# CTranslate2 selection
+# ---------------------------------------------------------------------------------------
+
+CTRANSLATE2_MODEL_FILE = "model.bin"
+CTRANSLATE2_SIDE_FILES: frozenset[str] = frozenset({
+    CONFIG_FILE, "tokenizer.json", "preprocessor_config.json", "vocabulary.json", "vocabulary.txt",
+    "vocab.json", "merges.txt", "special_tokens_map.json", "tokenizer_config.json", "added_tokens.json",
+    "normalizer.json", "generation_config.json",
+})
+"""Small top-level files CTranslate2 and faster-whisper read beside model.bin (the vocabulary
+comes as vocabulary.json or .txt; tokenizer.json and preprocessor_config.json are
+faster-whisper's)."""
+
+
+def is_ctranslate2_repo(files: Iterable[RepoFile]) -> bool:
+    """A repo with a top-level model.bin and config.json is a CTranslate2 model."""
+    top = {f.path for f in files if "/" not in f.path}
+    return CTRANSLATE2_MODEL_FILE in top and CONFIG_FILE in top
+
+
+def select_ctranslate2(repo_id: str, files: Sequence[RepoFile]) -> tuple[str, ...]:
+    """The top-level files of a CTranslate2 model directory (a faster-whisper repo):
+    model.bin and its side files. Subfolders belong to other runtimes."""
+    top = [f.path for f in files if "/" not in f.path]
+    if CTRANSLATE2_MODEL_FILE not in top:
+        raise SelectionError(repo_id, f"the repository has no top-level {CTRANSLATE2_MODEL_FILE}: not a "
+                                      "CTranslate2 model")
+    if not any(p.startswith("vocabulary.") for p in top):
+        raise SelectionError(repo_id, "the repository has no top-level vocabulary.json or vocabulary.txt")
+    return tuple(sorted(p for p in top if p == CTRANSLATE2_MODEL_FILE or p in CTRANSLATE2_SIDE_FILES))
+
+
+# ---------------------------------------------------------------------------------------
 # Entry point
 # ---------------------------------------------------------------------------------------
 
@@ -216,6 +251,8 @@ def select_files(
     if artifact_format == "gguf":
         chosen = gguf_file if gguf_file is not None else choose_gguf_file(repo_id, files)
         return shard_group(repo_id, files, chosen)
+    if artifact_format == "ctranslate2":
+        return select_ctranslate2(repo_id, files)
     return select_safetensors(repo_id, files)
 
 
@@ -227,6 +264,8 @@ def total_size_bytes(files: Sequence[RepoFile], selected: Iterable[str]) -> int:
 
 __all__ = [
     "CONFIG_FILE",
+    "CTRANSLATE2_MODEL_FILE",
+    "CTRANSLATE2_SIDE_FILES",
     "GGUF_QUANT_PREFERENCE",
     "SAFETENSORS_INDEX_FILE",
     "SAFETENSORS_SIDE_FILES",
@@ -235,9 +274,11 @@ __all__ = [
     "SelectionError",
     "choose_gguf_file",
     "gguf_candidates",
+    "is_ctranslate2_repo",
     "is_gguf",
     "is_gguf_repo",
     "quant_of",
+    "select_ctranslate2",
     "select_files",
     "select_safetensors",
     "shard_group",

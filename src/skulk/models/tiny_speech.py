@@ -29,8 +29,16 @@ class GeneratedSpeechModel:
     entry: str = ""
 
 
+def _write_tiny_whisper(out_dir: Path) -> None:
+    from skulk.models.tiny_whisper import write_tiny_whisper
+
+    write_tiny_whisper(out_dir)
+
+
 SPEECH_GENERATORS: Mapping[str, GeneratedSpeechModel] = MappingProxyType({
     # One entry per generated speech card, each writer importing its generator lazily.
+    "local/tiny-whisper": GeneratedSpeechModel(dir_name="tiny-whisper", version="tiny-whisper-1",
+                                               write=_write_tiny_whisper),
 })
 """Generated speech cards by model id."""
 

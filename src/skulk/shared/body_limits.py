@@ -24,4 +24,26 @@ MAX_MAX_BODY_BYTES: Final = 32 * 1024 * 1024
 """The largest limit an operator may set: a request travels to the master as one control
 message, and the transport admits control messages up to 64 MiB (routing/topics.py)."""
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "MAX_MAX_BODY_BYTES", "MIN_MAX_BODY_BYTES"]
+MULTIPART_OVERHEAD_BYTES: Final = 64 * 1024
+"""Room for a multipart form's other fields and boundaries beside its file (a transcription
+prompt is at most 4096 characters; the rest are short)."""
+
+AUDIO_UPLOAD_PATHS: Final = ("/v1/audio/transcriptions", "/v1/audio/translations")
+"""The routes that take an audio upload: their bodies are bounded by `audio_body_bytes`
+instead of the node's body limit (an upload is not text, and travels to the serving node on
+the data plane, not to the master)."""
+
+
+def audio_body_bytes(max_audio_upload_bytes: int) -> int:
+    """The body limit of an audio upload route: the largest file plus the form around it."""
+    return max_audio_upload_bytes + MULTIPART_OVERHEAD_BYTES
+
+
+__all__ = [
+    "AUDIO_UPLOAD_PATHS",
+    "DEFAULT_MAX_BODY_BYTES",
+    "MAX_MAX_BODY_BYTES",
+    "MIN_MAX_BODY_BYTES",
+    "MULTIPART_OVERHEAD_BYTES",
+    "audio_body_bytes",
+]

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from skulk.shared.types.tasks import EmbeddingParams, TextGenerationParams
-from skulk.shared.types.workload_io import EmbeddingResult
+from skulk.shared.types.workload_io import EmbeddingResult, TranscriptionParams, TranscriptionResult
 from skulk.worker.engines.base import (
     Dispatcher,
     DispatchRejected,
@@ -523,3 +523,95 @@ def test_images_to_an_engine_that_cannot_see_are_refused_by_name(make, engine_na
         dispatcher.submit("a", params)
     assert caught.value.error_type == "FeatureUnsupported"
     assert engine_name in caught.value.message and "image input" in caught.value.message
+
+
+class TranscribingScriptedEngine(ScriptedEngine):
+    """Transcribes by script: the file name says how many partial results come before the
+    final one ('3.wav'), or that none is final ('nofinal.wav'), or that it fails mid-way
+    ('explode.wav'). Gated: each result after the first waits for `step(file name)`.
+    `closed` lists the requests whose result iterator was closed (the engine stopped)."""
+
+    def __init__(self) -> None:
+        super().__init__(gated=True)
+        self.closed: list[str] = []
+
+    def transcribe(self, params: TranscriptionParams) -> Iterator[TranscriptionResult]:
+        name = params.file_name or ""
+        cancelled = threading.Event()
+        try:
+            partials = 2 if not name[0].isdigit() else int(name[0])
+            for i in range(partials):
+                if i:
+                    self._wait_for_step(name, cancelled)
+                yield TranscriptionResult(text=f" {name}{i}", final=False)
+            if name.startswith("explode"):
+                raise Exploding(f"{name} blew up")
+            if name.startswith("nofinal"):
+                return
+            self._wait_for_step(name, cancelled)
+            yield TranscriptionResult(text=f"{name} whole")
+        finally:
+            self.closed.append(name)
+
+
+def transcription(name: str) -> TranscriptionParams:
+    return TranscriptionParams.of_audio("local/fake", b"RIFF", file_name=name)
+
+
+def results_of(sink: RecordingSink, request_id: str) -> list[TranscriptionResult]:
+    return [payload.result for kind, payload in sink.of(request_id)  # type: ignore[union-attr]
+            if kind == "token" and isinstance(payload, GeneratedResult)]  # type: ignore[misc]
+
+
+def test_a_streamed_workload_passes_each_result_then_completes_on_the_final(make) -> None:
+    engine = TranscribingScriptedEngine()
+    dispatcher, sink = make(engine)
+    dispatcher.submit("t", transcription("3.wav"))
+    engine.step("3.wav", 3)
+    wait_until(lambda: sink.finished("t"))
+    assert [(r.text, r.final) for r in results_of(sink, "t")] == [
+        (" 3.wav0", False), (" 3.wav1", False), (" 3.wav2", False), ("3.wav whole", True)]
+    assert sink.results()["t"].outcome == "completed"
+    assert engine.closed == ["3.wav"]
+
+
+def test_a_cancel_between_results_closes_the_engine_iterator(make) -> None:
+    engine = TranscribingScriptedEngine()
+    dispatcher, sink = make(engine)
+    dispatcher.submit("t", transcription("5.wav"))
+    dispatcher.submit("u", transcription("1.wav"))
+    wait_until(lambda: len(results_of(sink, "t")) == 1)
+    assert dispatcher.cancel("t") is True
+    engine.step("5.wav")  # the engine yields its next result: the dispatcher drops it and closes the iterator
+    wait_until(lambda: sink.finished("t"))
+    assert [r.text for r in results_of(sink, "t")] == [" 5.wav0"]
+    assert sink.results()["t"] == GenerationResult(outcome="cancelled", finish_reason="cancelled")
+    assert engine.closed[0] == "5.wav", "the engine's iterator was closed, so it stopped decoding"
+    engine.step("1.wav")
+    wait_until(lambda: sink.finished("u"))  # the queue moves on
+    assert sink.results()["u"].outcome == "completed"
+    assert dispatcher.in_flight == 0
+
+
+@pytest.mark.parametrize(("name", "error_type", "message"), [
+    ("nofinal.wav", "EngineError", "without a final one"),
+    ("explode.wav", "Exploding", "blew up"),
+])
+def test_a_stream_without_its_final_result_fails(make, name, error_type, message) -> None:
+    engine = TranscribingScriptedEngine()
+    dispatcher, sink = make(engine)
+    dispatcher.submit("t", transcription(name))
+    engine.step(name)
+    wait_until(lambda: sink.finished("t"))
+    result = sink.results()["t"]
+    assert (result.outcome, result.error_type) == ("failed", error_type)
+    assert message in (result.error_message or "")
+    assert len(results_of(sink, "t")) == 2 and engine.closed == [name]
+
+
+def test_an_engine_without_the_streamed_workload_refuses_it_typed(make) -> None:
+    dispatcher, sink = make(ScriptedEngine())
+    dispatcher.submit("t", transcription("1.wav"))
+    wait_until(lambda: sink.finished("t"))
+    result = sink.results()["t"]
+    assert (result.outcome, result.error_type) == ("failed", "WorkloadUnsupported")
