@@ -31,6 +31,7 @@ from skulk.api.routes import (
     model_cards,
     ollama_models,
     responses_socket,
+    speech,
     telemetry,
     traces,
     workloads,
@@ -76,6 +77,7 @@ def create_app(context: ApiContext) -> FastAPI:
     app.include_router(model_cards.router)
     app.include_router(openai_routes.router)
     app.include_router(responses_socket.router)
+    app.include_router(speech.router)
     # Ollama's OpenAI-compatible paths (clients pointed at an Ollama base URL + /v1): the
     # same routes, OpenAI's wire shape (skulk.api.errors), not in the schema twice.
     app.include_router(openai_routes.router, prefix=OLLAMA_OPENAI_PREFIX, include_in_schema=False)

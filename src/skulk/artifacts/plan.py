@@ -51,10 +51,12 @@ def route_for(card: ModelCard, store_bound: bool) -> Route:
 
 
 def local_path_of(card: ModelCard) -> Path:
-    """A local-path card's file or folder: `local_path`, joined with `gguf_file` when set."""
+    """A local-path card's file or folder: `local_path`, joined with `gguf_file` (or
+    `onnx_file`) when set."""
     assert card.local_path is not None  # the card validator requires it for local-path
     path = Path(card.local_path)
-    return path / card.gguf_file if card.gguf_file is not None else path
+    named = card.gguf_file if card.gguf_file is not None else card.onnx_file
+    return path / named if named is not None else path
 
 
 # -- a staging through the store that failed ----------------------------------------------------

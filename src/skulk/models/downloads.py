@@ -356,6 +356,8 @@ def _artifact_path(card: ModelCard, model_dir: Path) -> Path:
     if card.is_gguf:
         assert card.gguf_file is not None  # the card schema requires it for hub GGUF cards
         return model_dir / card.gguf_file
+    if card.onnx_file is not None:  # the card schema requires it for hub ONNX cards
+        return model_dir / card.onnx_file
     return model_dir
 
 
@@ -379,7 +381,7 @@ def local_artifact(card: ModelCard, models_dir: Path) -> Path | None:
         return None  # a pinned directory with any other revision is the wrong artifact
     listing = [RepoFile(path, size) for path, size in marker.files.items()]
     try:
-        wanted = select_files(card.model_id, card.artifact_format, listing, card.gguf_file)
+        wanted = select_files(card.model_id, card.artifact_format, listing, card.gguf_file, onnx_file=card.onnx_file)
     except SelectionError:
         return None  # e.g. another quant of the repo than the one on disk
     return _artifact_path(card, model_dir) if _present(model_dir, marker.files, wanted) else None
@@ -392,7 +394,8 @@ def local_size_bytes(card: ModelCard, models_dir: Path) -> int | None:
     if marker is None or local_artifact(card, models_dir) is None:
         return None
     listing = [RepoFile(path, size) for path, size in marker.files.items()]
-    return total_size_bytes(listing, select_files(card.model_id, card.artifact_format, listing, card.gguf_file))
+    return total_size_bytes(listing, select_files(card.model_id, card.artifact_format, listing, card.gguf_file,
+                                                  onnx_file=card.onnx_file))
 
 
 @contextlib.contextmanager
@@ -622,7 +625,7 @@ def _download_locked(
             "revision_mismatch",
         )
     try:
-        selected = select_files(card.model_id, card.artifact_format, listing, card.gguf_file)
+        selected = select_files(card.model_id, card.artifact_format, listing, card.gguf_file, onnx_file=card.onnx_file)
     except SelectionError as exc:
         raise DownloadFailed(card.model_id, exc.reason, "no_files") from exc
     sizes = {f.path: f.size_bytes or 0 for f in listing}

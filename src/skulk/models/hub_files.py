@@ -14,6 +14,9 @@ functions over a repository listing, so every rule is a table-driven test:
 - GGUF repos: one quant, chosen by a card's pinned `gguf_file` (the first shard of a split
   file) or, when a card is being built, by a quant preference order; split files
   (`name-00001-of-00003.gguf`) always come as their complete shard group.
+- ONNX voices (Piper): the card's pinned `onnx_file` and its config beside it
+  (`<file>.json`); a repo like rhasspy/piper-voices holds hundreds of voices, so nothing
+  else of it is taken, and a voice without its config is not one Piper can load.
 
 It must never do I/O: callers pass the listing (`RepoFile`s) they got from the hub or disk.
 """
@@ -203,6 +206,18 @@ def select_safetensors(repo_id: str, files: Sequence[RepoFile]) -> tuple[str, ..
     return tuple(sorted(set(chosen)))
 
 
+def select_onnx(repo_id: str, files: Sequence[RepoFile], onnx_file: str | None) -> tuple[str, ...]:
+    """An ONNX voice: `onnx_file` and its `.onnx.json` config, both required."""
+    if onnx_file is None:
+        raise SelectionError(repo_id, "an ONNX card names its voice's file (onnx_file)")
+    paths = {f.path for f in files}
+    missing = [p for p in (onnx_file, f"{onnx_file}.json") if p not in paths]
+    if missing:
+        raise SelectionError(repo_id, f"the repository has no {' or '.join(map(repr, missing))} (a voice is its .onnx "
+                             "and the .onnx.json beside it)")
+    return (onnx_file, f"{onnx_file}.json")
+
+
 # ---------------------------------------------------------------------------------------
 # CTranslate2 selection
 # ---------------------------------------------------------------------------------------
@@ -242,17 +257,21 @@ def select_ctranslate2(repo_id: str, files: Sequence[RepoFile]) -> tuple[str, ..
 
 
 def select_files(
-    repo_id: str, artifact_format: ArtifactFormat, files: Sequence[RepoFile], gguf_file: str | None = None
+    repo_id: str, artifact_format: ArtifactFormat, files: Sequence[RepoFile], gguf_file: str | None = None,
+    *, onnx_file: str | None = None,
 ) -> tuple[str, ...]:
     """The repo-relative files to download for a card of `artifact_format`, sorted.
 
     GGUF cards always name their file (the card schema requires `gguf_file`); without one
-    this applies the quant preference, as card building does."""
+    this applies the quant preference, as card building does. Hub ONNX cards name theirs
+    (`onnx_file`)."""
     if artifact_format == "gguf":
         chosen = gguf_file if gguf_file is not None else choose_gguf_file(repo_id, files)
         return shard_group(repo_id, files, chosen)
     if artifact_format == "ctranslate2":
         return select_ctranslate2(repo_id, files)
+    if artifact_format == "onnx":
+        return select_onnx(repo_id, files, onnx_file)
     return select_safetensors(repo_id, files)
 
 
@@ -280,6 +299,7 @@ __all__ = [
     "quant_of",
     "select_ctranslate2",
     "select_files",
+    "select_onnx",
     "select_safetensors",
     "shard_group",
     "shard_info",

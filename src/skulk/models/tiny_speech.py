@@ -35,10 +35,19 @@ def _write_tiny_whisper(out_dir: Path) -> None:
     write_tiny_whisper(out_dir)
 
 
+def _write_tiny_piper(out_dir: Path) -> None:
+    from skulk.models.tiny_piper import write_tiny_piper
+
+    write_tiny_piper(out_dir)
+
+
 SPEECH_GENERATORS: Mapping[str, GeneratedSpeechModel] = MappingProxyType({
     # One entry per generated speech card, each writer importing its generator lazily.
     "local/tiny-whisper": GeneratedSpeechModel(dir_name="tiny-whisper", version="tiny-whisper-1",
                                                write=_write_tiny_whisper),
+    # A Piper voice (model.onnx + model.onnx.json); bump the version with skulk.models.tiny_piper.
+    "local/tiny-piper": GeneratedSpeechModel(dir_name="tiny-piper", version="tiny-piper-1",
+                                             write=_write_tiny_piper, entry="model.onnx"),
 })
 """Generated speech cards by model id."""
 

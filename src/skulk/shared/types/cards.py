@@ -123,6 +123,13 @@ def _check_gguf_file(value: str) -> str:
     return value
 
 
+def _check_onnx_file(value: str) -> str:
+    path = PurePosixPath(value)
+    if path.is_absolute() or ".." in path.parts or "\\" in value or not value.lower().endswith(".onnx"):
+        raise ValueError(f"{value!r} must be a repo-relative path ending in .onnx")
+    return value
+
+
 def _check_revision(value: str) -> str:
     if not _REVISION_RE.match(value):
         raise ValueError(f"{value!r} is not an immutable commit pin (40 lowercase hex digits); branches and tags move")
@@ -155,6 +162,7 @@ StrictBool = Annotated[bool, Strict()]
 CardModelId = Annotated[ModelId, Strict(), AfterValidator(_check_model_id)]
 BackendTag = Annotated[str, Strict(), AfterValidator(_check_backend_tag)]
 GgufFile = Annotated[str, Strict(), AfterValidator(_check_gguf_file)]
+OnnxFile = Annotated[str, Strict(), AfterValidator(_check_onnx_file)]
 Revision = Annotated[str, Strict(), AfterValidator(_check_revision)]
 AbsolutePath = Annotated[str, Strict(), AfterValidator(_check_absolute)]
 KvCacheBackend = Annotated[str, Strict(), AfterValidator(_check_kv_backend)]
@@ -350,6 +358,11 @@ class ModelCard(WireModel):
     """Exact GGUF file this card means, relative to the repo (or local_path); the first shard
     for split files. Required for GGUF cards unless source = local-generated; forbidden for
     safetensors cards."""
+    onnx_file: OnnxFile | None = None
+    """Exact ONNX model this card means, relative to the repo (or local_path), its JSON
+    config beside it (the same path plus '.json': a Piper voice). One hub repo can hold many
+    voices (rhasspy/piper-voices), so a hub ONNX card must name its file; forbidden for
+    cards of other formats and for generated ones (the generator names its file)."""
     quantization: NonEmptyStr
     """As published: '4bit', '8bit', 'bf16' (MLX), 'Q4_K_M', 'Q8_0', 'f16' (GGUF)."""
     storage_size_bytes: PositiveInt
@@ -468,6 +481,7 @@ class ModelCard(WireModel):
             _split_layer_within_model,
             _one_artifact_format,
             _gguf_file_matches_format,
+            _onnx_file_matches_format,
             _source_fields_match,
             _tasks_match_capabilities,
             _tooling_matches_capabilities,
@@ -534,6 +548,17 @@ def _gguf_file_matches_format(card: ModelCard) -> None:
         raise card_field_error("gguf_file", "required for a GGUF card (one with a llama_cpp/llama_server backend)")
     if not card.is_gguf and card.gguf_file is not None:
         raise card_field_error("gguf_file", "set on a card with no GGUF engine in compatible_backends")
+
+
+def _onnx_file_matches_format(card: ModelCard) -> None:
+    onnx = card.artifact_format == "onnx"
+    if onnx and card.onnx_file is None and card.source == "huggingface":
+        raise card_field_error("onnx_file", "required for an ONNX card from the hub (one repo holds many voices): "
+                               "the repo-relative .onnx, its .onnx.json beside it")
+    if card.onnx_file is not None and not onnx:
+        raise card_field_error("onnx_file", "set on a card whose engines do not load ONNX")
+    if card.onnx_file is not None and card.source == "local-generated":
+        raise card_field_error("onnx_file", "a generated model's file is the generator's to name")
 
 
 def _source_fields_match(card: ModelCard) -> None:

@@ -692,6 +692,8 @@ class Dispatcher:
                 self._sink.on_token(job.request_id, GeneratedResult(result, usage))
                 if getattr(result, "final", True):
                     return GenerationResult(outcome="completed", finish_reason="stop", usage=usage)
+                if job.cancelled.is_set():
+                    break  # before asking for the next result, so the engine does no more work
         finally:
             close = getattr(results, "close", None)
             if close is not None:
