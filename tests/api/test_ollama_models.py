@@ -262,3 +262,14 @@ async def test_ollamas_openai_compatible_paths_answer_as_openai():
     async with asgi_http(app) as http:
         missing = await http.post("/ollama/v1/chat/completions", json={**CHAT, "model": "nobody/here"})
     assert missing.status_code == 404 and missing.json()["error"]["code"]  # OpenAI's shape, not Ollama's
+
+
+def test_show_offers_completion_only_for_a_model_that_generates_text():
+    from skulk.api.adapters.ollama import show
+    from skulk.models.cards import builtin_cards_dir, card_file_name, load_card
+    from tests.speech_kit import tiny_whisper_card
+
+    text = load_card(builtin_cards_dir() / card_file_name("local/tiny-llama-gguf"))
+    assert show(text.model_id, text, 2048, "now")["capabilities"] == ["completion"]
+    speech = tiny_whisper_card()
+    assert show(speech.model_id, speech, 448, "now")["capabilities"] == []

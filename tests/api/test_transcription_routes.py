@@ -84,3 +84,13 @@ async def test_refusals_come_before_any_command(fields, code):
     with pytest.raises(openai.APIStatusError) as refused:
         await sdk(app).audio.transcriptions.create(**{"model": TINY_WHISPER, "file": ("a.wav", AUDIO), **fields})
     assert refused.value.code == code and cluster.commands == []
+
+
+async def test_a_speech_model_refuses_chat_by_name_before_any_command():
+    app, cluster = app_and_cluster()
+    with pytest.raises(openai.BadRequestError) as refused:
+        await sdk(app).chat.completions.create(model=TINY_WHISPER, messages=[{"role": "user", "content": "hi"}])
+    body = refused.value.body
+    assert isinstance(body, dict) and body.get("code") == "unsupported_feature" and body.get("param") == "model"
+    assert "faster_whisper engine, which does not support text generation" in str(body.get("message"))
+    assert cluster.commands == []

@@ -429,22 +429,27 @@ async def follow_results(
 ) -> AsyncGenerator[tuple[R, Usage | None], None]:
     """The results of a workload that answers in several (`Workload.serve_stream`: a
     transcript segment by segment, speech sentence by sentence), in order, each with its
-    usage so far, until the one marked `final`. A result of another workload, or a stream
-    that ends without a final result, is a protocol violation (502). Callers wrap it in
-    `contextlib.aclosing` so that leaving early cancels the command."""
-    final = False
+    usage so far, the last one marked `final`. The final result is handed over only once the
+    runner's stream has ended, so a caller that stops reading at it never cancels a command
+    that completed. A result of another workload, or a stream that ends without a final
+    result, is a protocol violation (502). Callers wrap it in `contextlib.aclosing` so that
+    leaving early cancels the command."""
+    final: tuple[R, Usage | None] | None = None
     async with aclosing(_follow(request, context, stream, ResultChunk)) as output:
         async for chunk in output:
             result: Any = chunk.result
-            if not isinstance(result, result_type) or final:
+            if not isinstance(result, result_type) or final is not None:
                 got = "a result after its final one" if final else f"a {getattr(result, 'workload', '?')} result"
                 raise StreamFailed(StreamErrorType.PROTOCOL_VIOLATION,
                                    f"The runner returned {got} for {result_type.__name__}s.", origin="api")
-            final = bool(getattr(result, "final", True))
+            if getattr(result, "final", True):
+                final = (result, chunk.usage)
+                continue
             yield result, chunk.usage
-    if not final:
+    if final is None:
         raise StreamFailed(StreamErrorType.PROTOCOL_VIOLATION,
                            f"The runner ended its {result_type.__name__}s without a final one.", origin="api")
+    yield final
 
 
 async def embeddings_of(
@@ -612,6 +617,10 @@ def bind_instance(context: ApiContext, params: TextGenerationParams, *, max_toke
     before any runner queues it), some instance of it serves or is loading (503 naming the
     down runners otherwise), and there is a master (503)."""
     instance = _placed_instance(context, params, generation_limits_error)
+    engine = backend_engine(instance.shards[0].backend)
+    if not serves_workload(engine, "text"):
+        # A speech model (or an embedding-only engine) answers its own routes, not chat.
+        raise FeatureUnsupported("text generation", engine, params.model_id, param="model")
     check_vision(context, params, param_names)
     check_features(instance, params, param_names)
     check_reasoning_switch(context, params, param_names)

@@ -31,7 +31,8 @@ NETWORK_VERSION: Final = "skulk-net-6"
 # on two new node-addressed topics (`provider_calls`, `provider_data`); chat messages carry
 # images (`ChatMessage.images`, base64 in a request's full params on the data plane).
 # 6: speech: cards gained tasks Transcription / SpeechSynthesis, capabilities stt / tts and
-# an `audio` section; the workload unions carry transcription and speech params and results
+# an `audio` section and `onnx_file` (a Piper voice in a hub repo); the workload unions carry
+# transcription and speech params and results
 # (the audio, base64 with its SHA-256, in a request's full params on the data plane).
 
 # Every key expression this build publishes or subscribes to starts with this prefix.

@@ -550,8 +550,11 @@ def ps(instances: Iterable[Instance], cards: Mapping[ModelId, ModelCard], expire
 def show(model_id: str, card: ModelCard | None, context_length: int, modified_at: str) -> dict[str, Any]:
     """`/api/show` for a placed model."""
     info: dict[str, Any] = {"general.architecture": card.family if card else ""}
-    capabilities = ["completion"]
+    # What Ollama's clients may offer: completion only for a model that generates text (a
+    # speech card's model answers /v1/audio/* instead), embedding for an embedding model.
+    capabilities = ["completion"] if card is None or "text" in card.capabilities else []
     if card is not None:
+        capabilities += ["embedding"] if "embedding" in card.capabilities else []
         arch = card.family
         info.update({
             "general.basename": card.name,
