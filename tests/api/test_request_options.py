@@ -126,7 +126,9 @@ FEATURE_REQUESTS = {
 }
 """A chat request field asking for each feature, and the parameter a refusal names."""
 
-CASES = [(engine, feature) for engine in sorted(ENGINE_TRAITS) for feature in FEATURE_REQUESTS]
+CASES = [(engine, feature) for engine in sorted(ENGINE_TRAITS) if "text" in ENGINE_TRAITS[engine].workloads
+         for feature in FEATURE_REQUESTS]
+"""Engines that generate text (a speech engine refuses chat as a whole, `bind_instance`)."""
 
 
 @pytest.mark.parametrize(("engine", "feature"), CASES)
