@@ -92,7 +92,7 @@ from skulk.shared.types.telemetry import NodeResources
 
 """Engines whose runners can split one model across nodes (MULTI_NODE_ENGINES): MLX
 (pipeline ring, tensor) and the in-process llama.cpp runner (RPC memory pooling, layer
-ranges: rank 0 drives, the others lend memory). llama-server, vLLM and mlx_audio serve
+ranges: rank 0 drives, the others lend memory). llama-server, vLLM and the speech engines serve
 single-node in this build."""
 
 MAX_SETS_PER_SIZE = 4096
