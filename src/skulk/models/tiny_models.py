@@ -769,6 +769,19 @@ def _fsync_tree(directory: Path) -> None:
                 os.fsync(handle.fileno())
 
 
+def _swap_into_place(models_dir: Path, dir_name: str, partial: Path, target: Path) -> None:
+    """Rename a finished partial directory to `target`. A directory cannot be renamed over a
+    non-empty one: a stale one is moved aside first. An engine still reading the stale model
+    loses it; it was the wrong model anyway."""
+    if target.exists():
+        stale = Path(tempfile.mkdtemp(dir=models_dir, prefix=f".{dir_name}.stale-"))
+        os.replace(target, stale / "old")
+        os.replace(partial, target)
+        shutil.rmtree(stale, ignore_errors=True)
+    else:
+        os.replace(partial, target)
+
+
 def _generate_in_place(models_dir: Path, model_id: str, generated: GeneratedModel, expected_hash: str) -> None:
     """Generate into a partial directory beside the target and rename it into place. The
     caller holds the lock."""
@@ -787,15 +800,7 @@ def _generate_in_place(models_dir: Path, model_id: str, generated: GeneratedMode
              **({"vision": asdict(generated.vision)} if generated.vision is not None else {})},
         )
         _fsync_tree(partial)
-        if target.exists():
-            # A directory cannot be renamed over a non-empty one: move the stale one aside.
-            # An engine still reading the stale model loses it; it was the wrong model anyway.
-            stale = Path(tempfile.mkdtemp(dir=models_dir, prefix=f".{generated.dir_name}.stale-"))
-            os.replace(target, stale / "old")
-            os.replace(partial, target)
-            shutil.rmtree(stale, ignore_errors=True)
-        else:
-            os.replace(partial, target)
+        _swap_into_place(models_dir, generated.dir_name, partial, target)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
@@ -861,13 +866,7 @@ def _ensure_speech(model_id: str, speech: GeneratedSpeechModel, models_dir: Path
                     speech.write(partial)
                     _write_json(partial / MARKER_FILE_NAME, expected)
                     _fsync_tree(partial)
-                    if target.exists():
-                        stale = Path(tempfile.mkdtemp(dir=models_dir, prefix=f".{speech.dir_name}.stale-"))
-                        os.replace(target, stale / "old")
-                        os.replace(partial, target)
-                        shutil.rmtree(stale, ignore_errors=True)
-                    else:
-                        os.replace(partial, target)
+                    _swap_into_place(models_dir, speech.dir_name, partial, target)
                 except BaseException:
                     shutil.rmtree(partial, ignore_errors=True)
                     raise
