@@ -113,11 +113,26 @@ def finished_later(context: ApiContext, command_id: str) -> None:
 
 class ClientChannel(Protocol):
     """What a generation watches for its client going away: an HTTP request, or a WebSocket
-    turn's stand-in (`skulk.api.routes.responses_socket`) answering `http.disconnect` once
-    the socket closes."""
+    socket's stand-in (`SocketChannel`) answering `http.disconnect` once the socket closes."""
 
     @property
     def receive(self) -> Callable[[], Awaitable[Any]]: ...
+
+
+class SocketChannel:
+    """A WebSocket's stand-in for an HTTP request (`ClientChannel`): its client goes away
+    (`http.disconnect`) when the socket closes (`closed` is set)."""
+
+    def __init__(self, closed: asyncio.Event) -> None:
+        self._closed = closed
+
+    @property
+    def receive(self) -> Callable[[], Awaitable[Any]]:
+        async def wait_closed() -> dict[str, str]:
+            await self._closed.wait()
+            return {"type": "http.disconnect"}
+
+        return wait_closed
 
 
 async def _close_on_disconnect(request: ClientChannel, context: ApiContext, stream: CommandStream) -> None:

@@ -30,7 +30,14 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from skulk.api.context import ApiContext, api_context
 from skulk.api.errors import ApiError
-from skulk.api.generation import drive, follow_results, placed_model, start_generation, start_workload
+from skulk.api.generation import (
+    SocketChannel,
+    drive,
+    follow_results,
+    placed_model,
+    start_generation,
+    start_workload,
+)
 from skulk.api.realtime import audio
 from skulk.api.realtime.sentences import split_sentences
 from skulk.api.realtime.session import (
@@ -139,28 +146,13 @@ def spoken_thinking(card: ModelCard | None) -> bool | None:
     return False if any(s in card.reasoning.switches for s in ON_OFF_SWITCHES) else None
 
 
-class _Channel:
-    """A command's stand-in for an HTTP request: its client goes away when the socket closes."""
-
-    def __init__(self, closed: asyncio.Event) -> None:
-        self._closed = closed
-
-    @property
-    def receive(self) -> Callable[[], Any]:
-        async def wait_closed() -> dict[str, str]:
-            await self._closed.wait()
-            return {"type": "http.disconnect"}
-
-        return wait_closed
-
-
 class _Socket:
     """One open realtime socket: its session, VAD, transcription queue and response task."""
 
     def __init__(self, websocket: WebSocket, context: ApiContext, session: Session) -> None:
         self.websocket, self.context, self.session = websocket, context, session
         self.closed = asyncio.Event()
-        self.channel = _Channel(self.closed)
+        self.channel = SocketChannel(self.closed)
         self.vad = VadStream()
         self.utterances: asyncio.Queue[Transcribe] = asyncio.Queue()
         self.response: tuple[str, asyncio.Task[None]] | None = None

@@ -23,7 +23,6 @@ import logging
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -35,7 +34,7 @@ from skulk.api.chat_middleware import observed, transformed
 from skulk.api.context import api_context
 from skulk.api.cors import LOCAL_ORIGIN_REGEX
 from skulk.api.errors import ApiError, InvalidRequest, StreamFailed, invalid_request_from_validation
-from skulk.api.generation import drive, fetched_images, for_placed_model, start_generation
+from skulk.api.generation import SocketChannel, drive, fetched_images, for_placed_model, start_generation
 from skulk.api.response_store import StoredResponse
 from skulk.api.routes.openai import RESPONSES_PARAMS, caller_scope, kept_responses, stored_response
 from skulk.shared.types.common import ChatMessage
@@ -86,21 +85,6 @@ def parse_turn(text: str) -> openai_responses.ResponsesRequest:
         return openai_responses.ResponsesRequest.model_validate(fields)
     except ValidationError as error:
         raise invalid_request_from_validation(error) from None
-
-
-class _TurnChannel:
-    """A turn's stand-in for an HTTP request: its client goes away when the socket closes."""
-
-    def __init__(self, closed: asyncio.Event) -> None:
-        self._closed = closed
-
-    @property
-    def receive(self) -> Callable[[], Any]:
-        async def wait_closed() -> dict[str, str]:
-            await self._closed.wait()
-            return {"type": "http.disconnect"}
-
-        return wait_closed
 
 
 class _Socket:
@@ -208,7 +192,7 @@ async def _turn(websocket: WebSocket, socket: _Socket, body: openai_responses.Re
     for frame in encoder.start():
         await socket.send(frame)
     try:
-        async with aclosing(observed(context, drive(_TurnChannel(socket.closed), context, stream, sent),
+        async with aclosing(observed(context, drive(SocketChannel(socket.closed), context, stream, sent),
                                      wire="openai.responses", request_id=stream.command_id,
                                      model_id=sent.model_id)) as chunks:
             async for chunk in chunks:
