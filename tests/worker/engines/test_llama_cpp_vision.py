@@ -182,6 +182,29 @@ def test_two_images_in_one_message_stand_in_order(engine):
     assert one_way != other_way
 
 
+@pytest.mark.parametrize(("pillow_format", "media_type"), [("JPEG", "image/jpeg"), ("GIF", "image/gif"),
+                                                           ("WEBP", "image/webp")])
+def test_every_type_the_api_accepts_is_seen(engine, pillow_format, media_type):
+    """mtmd decodes PNG, JPEG and GIF itself; WebP is decoded to pixels first (Pillow)."""
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (40, 30), (10, 200, 30)).save(out, format=pillow_format)
+    picture = ImageInput.of(out.getvalue(), media_type, 40, 30)
+    _, _, text_only = answer(engine, ask("what"))
+    _, _, seen = answer(engine, ask(f"{IMAGE_MARKER}what", picture))
+    assert seen.prompt_tokens - text_only.prompt_tokens == TINY_VISION_SPEC.image_tokens
+
+
+def test_an_image_nothing_can_decode_is_refused_and_the_engine_goes_on(engine):
+    broken = ImageInput.of(b"\x89PNG\r\n\x1a\n" + b"\0" * 64, "image/png", 4, 4)
+    with pytest.raises(ImageFailed, match="could not decode"):
+        answer(engine, ask(f"{IMAGE_MARKER}what", broken))
+    assert answer(engine, ask(f"{IMAGE_MARKER}what", image(RED)))[2].prompt_tokens > TINY_VISION_SPEC.image_tokens
+
+
 def test_an_image_over_the_context_is_refused_before_anything_runs(engine):
     from skulk.worker.engines.base import PromptTooLong
 

@@ -42,6 +42,12 @@ LAYOUT_CACHE_ENTRIES = 64
 every turn, and a layout costs a decode and a preprocess of the image to learn."""
 
 
+STB_DECODED_TYPES = frozenset({"image/png", "image/jpeg", "image/gif"})
+"""The image types mtmd's own decoder (stb_image) reads from the file's bytes. The others the
+API accepts (WebP) are decoded here with Pillow into RGB pixels first; the API node has
+already bounded their pixels (50 MP)."""
+
+
 class ImagesNotSeen(EngineError):
     """Images sent to an in-process llama.cpp engine that has no eyes for them (no projector,
     a pooled instance, a projector mtmd cannot drive here): refused by name."""
@@ -253,11 +259,7 @@ class Eyes:
         mtmd = self._mtmd
         if self._ctx is None:
             raise ImagesNotSeen("the projector is closed")
-        data = image.data
-        buffer = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        bitmap = mtmd.mtmd_helper_bitmap_init_from_buf(self._ctx, buffer, len(data), False)
-        if not bitmap:
-            raise ImageFailed(f"llama.cpp could not decode a {image.media_type} image")
+        bitmap = self._bitmap(image)
         chunks = mtmd.mtmd_input_chunks_init()
         try:
             part = mtmd.mtmd_input_part()
@@ -271,9 +273,39 @@ class Eyes:
             mtmd.mtmd_input_chunks_free(chunks)
             mtmd.mtmd_bitmap_free(bitmap)
 
+    def _bitmap(self, image: ImageInput) -> Any:
+        """An mtmd bitmap of `image` (the caller frees it)."""
+        mtmd = self._mtmd
+        data = image.data
+        if image.media_type in STB_DECODED_TYPES:
+            buffer = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+            bitmap = mtmd.mtmd_helper_bitmap_init_from_buf(self._ctx, buffer, len(data), False)
+        else:
+            width, height, pixels = rgb_pixels(data, image.media_type)
+            bitmap = mtmd.mtmd_bitmap_init(width, height, (ctypes.c_uint8 * len(pixels)).from_buffer_copy(pixels))
+        if not bitmap:
+            raise ImageFailed(f"llama.cpp could not decode a {image.media_type} image")
+        return bitmap
+
+
+def rgb_pixels(data: bytes, media_type: str) -> tuple[int, int, bytes]:
+    """Width, height and packed RGB bytes of an image file mtmd cannot decode itself (its
+    first frame); `ImageFailed` when Pillow cannot read it either."""
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as opened:
+            rgb = opened.convert("RGB")
+    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
+        raise ImageFailed(f"the {media_type} image could not be decoded: {exc}") from exc
+    return rgb.width, rgb.height, rgb.tobytes()
+
 
 __all__ = [
     "LAYOUT_CACHE_ENTRIES",
+    "STB_DECODED_TYPES",
     "Eyes",
     "ImageFailed",
     "ImageLayout",
@@ -284,4 +316,5 @@ __all__ = [
     "image_tokens",
     "place_images",
     "reusable_prefix",
+    "rgb_pixels",
 ]
