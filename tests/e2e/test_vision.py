@@ -14,6 +14,7 @@ import io
 import os
 import random
 from pathlib import Path
+from typing import Any
 
 import anthropic
 import httpx
@@ -153,10 +154,10 @@ def test_images_reach_the_model_served_in_process(spawn_node):
 
     claude = anthropic.Anthropic(base_url=node.url, api_key="unused", max_retries=0, timeout=120)
     content: list[dict] = [{"type": "text", "text": "What is this?"}]
-    counted = claude.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": content}])
+    counted = claude.messages.count_tokens(model=MODEL, messages=user_says(content))
     content.append({"type": "image", "source": {"type": "base64", "media_type": "image/png",
                                                 "data": base64.b64encode(NOISE).decode()}})
-    with_image = claude.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": content}])
+    with_image = claude.messages.count_tokens(model=MODEL, messages=user_says(content))
     assert grew_by_an_image(counted.input_tokens, with_image.input_tokens)  # counting sees the image too
     ollama = pytest.importorskip("ollama")
     llama = ollama.Client(host=node.url + "/ollama", timeout=120)
@@ -165,6 +166,11 @@ def test_images_reach_the_model_served_in_process(spawn_node):
     unseen = llama.chat(model=MODEL, messages=[{"role": "user", "content": "What is this?"}],
                         options={"temperature": 0, "num_predict": 8})
     assert grew_by_an_image(unseen.prompt_eval_count, seen.prompt_eval_count)
+
+
+def user_says(content: list[dict]) -> Any:
+    """One user turn for the Anthropic SDK (its message types are TypedDicts)."""
+    return [{"role": "user", "content": content}]
 
 
 def png_header_claiming(width: int, height: int) -> bytes:
