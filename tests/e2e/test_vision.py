@@ -168,6 +168,26 @@ def test_images_reach_the_model_served_in_process(spawn_node):
     assert grew_by_an_image(unseen.prompt_eval_count, seen.prompt_eval_count)
 
 
+def test_a_pooled_instance_refuses_images_by_name_and_serves_text(spawn_node):
+    """The VLM pooled over two in-process nodes (llama.cpp's RPC pool): a pool's driver has no
+    mtmd path over its donors' layers, so an image is a typed 400 naming the engine, and text
+    goes on being served."""
+    nodes = start_linked(spawn_node, ["see-pool-a", "see-pool-b"])
+    wait_agreed(nodes, members=2)
+    wait_for(lambda: len(nodes[0].get("/state").json()["nodeNetwork"]) == 2, timeout_s=60, interval_s=0.25,
+             what="every node's network in State")
+    body = wait_instance_ready(nodes[0], place(nodes[0], modelId=MODEL, minNodes=2)["instanceId"], timeout_s=240)
+    assert len({s["nodeId"] for s in body["shards"]}) == 2
+    assert all(s["backend"].startswith("llama_cpp") for s in body["shards"]), body["shards"]
+
+    sdk = openai.OpenAI(base_url=nodes[0].url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    with pytest.raises(openai.BadRequestError) as refused:
+        ask(sdk, BLACK)
+    assert refused.value.code == "unsupported_feature"
+    assert "image input" in str(refused.value) and "llama_cpp" in str(refused.value)
+    assert ask(sdk, None).usage.prompt_tokens > 0
+
+
 def user_says(content: list[dict]) -> Any:
     """One user turn for the Anthropic SDK (its message types are TypedDicts)."""
     return [{"role": "user", "content": content}]
