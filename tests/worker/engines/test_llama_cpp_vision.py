@@ -252,9 +252,12 @@ def test_stand_in_tokens_are_negative_and_keep_the_layouts_text(digest, layout, 
 def test_different_images_have_different_stand_ins():
     assert image_tokens(DIGEST_A, ImageLayout((16,))) != image_tokens(DIGEST_B, ImageLayout((16,)))
     assert image_tokens(DIGEST_A, ImageLayout((16,))) == image_tokens(DIGEST_A, ImageLayout((16,)))
-    # Eight positions in a row cover the whole digest: two images never agree on all of them.
-    a, b = image_tokens(DIGEST_A, ImageLayout((8,))), image_tokens("a" * 63 + "b", ImageLayout((8,)))
-    assert a[:7] == b[:7] and a[7] != b[7]
+    # Nine positions in a row carry the whole digest: digests one bit apart, anywhere, differ.
+    base = int(DIGEST_A, 16)
+    for bit in range(256):
+        other = f"{base ^ (1 << bit):064x}"
+        assert image_tokens(DIGEST_A, ImageLayout((9,))) != image_tokens(other, ImageLayout((9,))), bit
+    assert min(image_tokens("f" * 64, ImageLayout((9,)))) >= -(2 ** 31)  # fits llama-cpp-python's int32 ids
 
 
 @pytest.mark.parametrize(("pieces", "expansions", "placed"), [

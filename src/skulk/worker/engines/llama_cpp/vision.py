@@ -82,18 +82,28 @@ class ImageSpan:
     image: ImageInput
 
 
+PLACEHOLDER_BITS = 31
+"""Bits of the image's digest one placeholder carries: its ids are -1 .. -2**31 (llama-cpp-
+python keeps token ids in int32)."""
+
+PLACEHOLDER_PERIOD = -(-256 // PLACEHOLDER_BITS)
+"""Placeholders that together carry the whole SHA-256 (9)."""
+
+
 def image_tokens(sha256_hex: str, layout: ImageLayout) -> list[int]:
     """The image's stand-in tokens: its layout's text tokens as they are, and for each
-    embedding a negative id cut from the image's digest (position i takes the digest's
-    (i mod 8)-th 32 bits), so two different images agree on no run of 8 placeholders."""
-    digest = bytes.fromhex(sha256_hex)
-    words = [int.from_bytes(digest[i : i + 4], "little") >> 1 for i in range(0, 32, 4)]
+    embedding a negative id carrying 31 bits of the image's digest (embedding i the
+    (i mod 9)-th slice), so any 9 placeholders in a row carry the whole digest: two
+    different images agree on no such run."""
+    digest = int(sha256_hex, 16)
+    mask = (1 << PLACEHOLDER_BITS) - 1
+    slices = [(digest >> (PLACEHOLDER_BITS * i)) & mask for i in range(PLACEHOLDER_PERIOD)]
     tokens: list[int] = []
     embedding = 0
     for part in layout.parts:
         if isinstance(part, int):
             for _ in range(part):
-                tokens.append(-1 - words[embedding % len(words)])
+                tokens.append(-1 - slices[embedding % PLACEHOLDER_PERIOD])
                 embedding += 1
         else:
             tokens.extend(part)
@@ -305,6 +315,8 @@ def rgb_pixels(data: bytes, media_type: str) -> tuple[int, int, bytes]:
 
 __all__ = [
     "LAYOUT_CACHE_ENTRIES",
+    "PLACEHOLDER_BITS",
+    "PLACEHOLDER_PERIOD",
     "STB_DECODED_TYPES",
     "Eyes",
     "ImageFailed",
