@@ -17,8 +17,10 @@ tokens) and runs its own token loop, so images are joined in at two points only:
 
 A projector whose model numbers positions other than one per token (M-RoPE: Qwen2-VL and
 kin) is not driven: `Eyes.open` says why, and the engine refuses images by name while it
-goes on serving text. The pure functions are tested without a model; `Eyes` owns the mtmd
-context and is not thread-safe on its own (its lock serialises every mtmd call).
+goes on serving text. The pure functions are tested without a model. `Eyes` owns the mtmd
+context; its lock serialises every mtmd call (a count-only request may learn an image's
+layout while a generation evaluates another). This module never decides which KV to reuse
+(the prefix store does) and never samples.
 """
 
 from __future__ import annotations
