@@ -800,7 +800,7 @@ class LlamaCppEngine:
         if after != span.end:
             llama.reset()
             self._clear_context(llama)
-            raise ImageFailed(f"mtmd evaluated an image to position {after}, where the prompt puts {span.end}")
+            raise EngineError(f"mtmd evaluated an image to position {after}, where the prompt puts {span.end}")
         llama.input_ids[span.start : span.end] = prompt[span.start : span.end]
         llama.n_tokens = span.end
         llama._requires_eval = True  # no logits from an image: evaluate text before sampling
