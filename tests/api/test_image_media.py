@@ -118,10 +118,11 @@ def test_the_request_total_is_bounded() -> None:
     assert error is not None and error.code == "images_too_large"
 
 
-def test_only_llama_server_serves_images() -> None:
+def test_only_the_llama_cpp_engines_serve_images() -> None:
     assert {e for e in ("llama_server", "llama_cpp", "mlx", "vllm") if Feature.IMAGES in honoured_features(e)} == {
-        "llama_server"}
-    assert sees_images("llama_cpp")  # through its served twin, which placement tries first
+        "llama_server", "llama_cpp"}
+    assert Feature.IMAGES not in honoured_features("llama_cpp", pipelined=True)  # a pool does not see
+    assert sees_images("llama_cpp") and sees_images("llama_server")
     assert not sees_images("mlx") and not sees_images("vllm")
 
 

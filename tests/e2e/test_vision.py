@@ -1,7 +1,8 @@
 """Images end to end on real nodes: the built-in tiny VLM (`local/tiny-vlm-gguf`: a tiny llama
 and a random-weights projector the node generates) placed on node B, served by the bundled
 llama-server with its projector, asked about images through node A with the official
-OpenAI, Anthropic and Ollama SDKs. The image demonstrably reaches the model (the prompt grows
+OpenAI, Anthropic and Ollama SDKs; and on one node serving in process (the llama_cpp engine,
+its projector driven with mtmd). The image demonstrably reaches the model (the prompt grows
 by the projector's 16 tokens; two images give two greedy answers), a refused image is a typed
 400 while the model goes on serving, and no image bytes (raw or base64) are left in either
 node's data dir or State."""
@@ -13,6 +14,7 @@ import io
 import os
 import random
 from pathlib import Path
+from typing import Any
 
 import anthropic
 import httpx
@@ -21,7 +23,7 @@ import pytest
 from PIL import Image
 
 from tests.cluster.harness import node_id, start_linked, wait_agreed
-from tests.e2e.test_openai_serving import wait_instance_ready
+from tests.e2e.test_openai_serving import place, wait_instance_ready
 from tests.llama_server_kit import require_bundled_server
 from tests.nodeproc import wait_for
 
@@ -132,6 +134,63 @@ def test_images_through_node_a_reach_the_model_on_node_b(spawn_node, tmp_path):
         for path in files_under(node.data_dir):
             content = path.read_bytes()
             assert raw not in content and encoded not in content, f"image bytes in {path}"
+
+
+def test_images_reach_the_model_served_in_process(spawn_node):
+    """A node with no llama-server (the suite's default: in process) places the VLM on the
+    llama_cpp engine, which sees through the card's projector."""
+    (node,) = start_linked(spawn_node, ["see-in-process"])
+    wait_agreed([node], members=1)
+    body = wait_instance_ready(node, place(node, modelId=MODEL)["instanceId"], timeout_s=240)
+    assert all(s["backend"].startswith("llama_cpp") for s in body["shards"]), body["shards"]
+
+    sdk = openai.OpenAI(base_url=node.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    plain, black, white = ask(sdk, None), ask(sdk, BLACK), ask(sdk, WHITE)
+    assert grew_by_an_image(plain.usage.prompt_tokens, black.usage.prompt_tokens), (plain.usage, black.usage)
+    assert white.usage.prompt_tokens == black.usage.prompt_tokens
+    assert black.choices[0].message.content != white.choices[0].message.content
+    again = ask(sdk, BLACK)
+    assert again.choices[0].message.content == black.choices[0].message.content  # greedy: the same again
+
+    claude = anthropic.Anthropic(base_url=node.url, api_key="unused", max_retries=0, timeout=120)
+    content: list[dict] = [{"type": "text", "text": "What is this?"}]
+    counted = claude.messages.count_tokens(model=MODEL, messages=user_says(content))
+    content.append({"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                                "data": base64.b64encode(NOISE).decode()}})
+    with_image = claude.messages.count_tokens(model=MODEL, messages=user_says(content))
+    assert grew_by_an_image(counted.input_tokens, with_image.input_tokens)  # counting sees the image too
+    ollama = pytest.importorskip("ollama")
+    llama = ollama.Client(host=node.url + "/ollama", timeout=120)
+    seen = llama.chat(model=MODEL, messages=[{"role": "user", "content": "What is this?", "images": [NOISE]}],
+                      options={"temperature": 0, "num_predict": 8})
+    unseen = llama.chat(model=MODEL, messages=[{"role": "user", "content": "What is this?"}],
+                        options={"temperature": 0, "num_predict": 8})
+    assert grew_by_an_image(unseen.prompt_eval_count, seen.prompt_eval_count)
+
+
+def test_a_pooled_instance_refuses_images_by_name_and_serves_text(spawn_node):
+    """The VLM pooled over two in-process nodes (llama.cpp's RPC pool): a pool's driver has no
+    mtmd path over its donors' layers, so an image is a typed 400 naming the engine, and text
+    goes on being served."""
+    nodes = start_linked(spawn_node, ["see-pool-a", "see-pool-b"])
+    wait_agreed(nodes, members=2)
+    wait_for(lambda: len(nodes[0].get("/state").json()["nodeNetwork"]) == 2, timeout_s=60, interval_s=0.25,
+             what="every node's network in State")
+    body = wait_instance_ready(nodes[0], place(nodes[0], modelId=MODEL, minNodes=2)["instanceId"], timeout_s=240)
+    assert len({s["nodeId"] for s in body["shards"]}) == 2
+    assert all(s["backend"].startswith("llama_cpp") for s in body["shards"]), body["shards"]
+
+    sdk = openai.OpenAI(base_url=nodes[0].url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    with pytest.raises(openai.BadRequestError) as refused:
+        ask(sdk, BLACK)
+    assert refused.value.code == "unsupported_feature"
+    assert "image input" in str(refused.value) and "llama_cpp" in str(refused.value)
+    assert ask(sdk, None).usage.prompt_tokens > 0
+
+
+def user_says(content: list[dict]) -> Any:
+    """One user turn for the Anthropic SDK (its message types are TypedDicts)."""
+    return [{"role": "user", "content": content}]
 
 
 def png_header_claiming(width: int, height: int) -> bytes:

@@ -202,11 +202,11 @@ def test_images_are_a_feature_even_to_count(count_only):
 
 @pytest.mark.parametrize(("engine", "pipelined", "sees"), [
     ("llama_server", False, True),
-    ("llama_cpp", False, False),
-    ("llama_cpp", True, False),
+    ("llama_cpp", False, True),
+    ("llama_cpp", True, False),  # a pool's driver has no mtmd path over its donors
     ("mlx", False, False),
     ("vllm", False, False),
 ])
-def test_only_llama_server_sees_images(engine, pipelined, sees):
+def test_only_the_llama_cpp_engines_see_images(engine, pipelined, sees):
     missing = [feature for feature, _ in missing_features(engine, _seeing(), pipelined=pipelined)]
     assert missing == ([] if sees else [Feature.IMAGES])

@@ -510,12 +510,13 @@ def test_a_feature_the_engine_lacks_is_refused_at_admission(make, engine_name, p
         wait_until(lambda: sink.finished("a"))
 
 
-@pytest.mark.parametrize("engine_name", ["llama_cpp", "mlx", "vllm"])
-def test_images_to_an_engine_that_cannot_see_are_refused_by_name(make, engine_name) -> None:
+@pytest.mark.parametrize(("engine_name", "pipelined"), [("llama_cpp", True), ("mlx", False), ("vllm", False)])
+def test_images_to_an_engine_that_cannot_see_are_refused_by_name(make, engine_name, pipelined) -> None:
+    """A pooled llama.cpp instance (a pipeline) does not see; mlx and vllm never do."""
     from skulk.shared.types.common import ChatMessage
     from skulk.shared.types.media import IMAGE_MARKER, ImageInput
 
-    dispatcher, _ = make(ScriptedEngine(), engine_name=engine_name)
+    dispatcher, _ = make(ScriptedEngine(), engine_name=engine_name, pipelined=pipelined)
     picture = ImageInput.of(b"\x89PNG...", "image/png", 1, 1)
     params = TextGenerationParams(model_id="local/fake", messages=[
         ChatMessage(role="user", content=f"{IMAGE_MARKER}what", images=[picture])])

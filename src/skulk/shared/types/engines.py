@@ -50,7 +50,8 @@ class Feature(StrEnum):
     PROMPT_LOGPROBS = "prompt logprobs (echo with logprobs)"
     IMAGES = "image input"
     """A chat message's `images` (`skulk.shared.types.media`): the engine puts each image's
-    embedding where its marker stands. Only llama-server, with the card's projector."""
+    embedding where its marker stands. llama-server and the in-process llama.cpp engine (one
+    node, not a pool), with the card's projector."""
 
 
 @dataclass(frozen=True)
@@ -156,8 +157,11 @@ ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
         sharded_families=None,
         span_shardings=frozenset({"Pipeline"}),
         window_at_load=True,
-        # No projector in process (llama-cpp-python's multimodal handlers are per family).
-        features=frozenset(Feature) - {Feature.IMAGES},
+        # Images through the card's projector, driven with mtmd (engines.llama_cpp.vision).
+        # A pool's driver has no mtmd path over its donors' layers: a pooled instance
+        # refuses images.
+        features=frozenset(Feature),
+        pipeline_features=frozenset(Feature) - {Feature.IMAGES},
         workloads=frozenset({"text", "embeddings", "echo"}),
         modules=("llama_cpp",),
         vendor_computes=_GGUF_COMPUTES,

@@ -7,6 +7,12 @@ bookkeeping (logprob arrays, repeated detokenization of the whole tail, stop sca
 bytes) costs more than a small model's forward pass. Stop strings, UTF-8 reassembly and
 usage counting use the shared helpers in `engines.base`, so every engine streams alike.
 
+Images (a card that sees, with its projector): the projector is opened with mtmd
+(`llama_cpp.vision.Eyes`); each image's marker in the rendered prompt becomes stand-in
+tokens keyed by the image's digest, so the prompt's length counts the image and the prefix
+cache never reuses KV past an image that differs, and the image is evaluated with mtmd's
+helper where it stands. A pooled instance does not see (refused by name).
+
 A request whose `tool_choice` forces a call ("required", or one named function) is sampled
 under a GBNF grammar (`skulk.shared.tool_grammar`) so that its output is a call the API
 parses; every other request is sampled exactly as before, with no grammar.
@@ -52,6 +58,16 @@ from skulk.worker.engines.base import (
 )
 from skulk.worker.engines.hugepages import this_process_weights_in_malloc
 from skulk.worker.engines.llama_cpp.prefix import LlamaPrefixStore
+from skulk.worker.engines.llama_cpp.vision import (
+    Eyes,
+    ImageFailed,
+    ImagesNotSeen,
+    ImageSpan,
+    image_spans,
+    image_tokens,
+    place_images,
+    reusable_prefix,
+)
 from skulk.worker.engines.logits import (
     GrammarRejected,
     InvalidTokens,
@@ -63,6 +79,7 @@ from skulk.worker.engines.logits import (
     with_prompt_logprobs,
 )
 from skulk.worker.engines.openmp import physical_cores
+from skulk.worker.engines.projector import projector_launch_path
 from skulk.worker.engines.prompt_pieces import (
     REASONING_OPEN,
     PromptCancelled,
@@ -220,6 +237,12 @@ class LlamaCppEngine:
         self._pool: Any = None
         """The PoolDriver when this engine drives a llama.cpp pool."""
         self._fatal_handler: Callable[[str, str], None] | None = None
+        self._eyes: Eyes | None = None
+        """The projector, opened with mtmd, when this engine sees images."""
+        self._blind = "this model does not see images"
+        """Why this engine refuses images, when it has no eyes."""
+        self._tokenizer_only = False
+        """Loaded for its prompt machinery only (llama-server's): images stay markers."""
 
     def set_fatal_handler(self, handler: Callable[[str, str], None]) -> None:
         """`handler(error_type, message)` runs (on any thread) when the engine can never
@@ -269,6 +292,8 @@ class LlamaCppEngine:
             raise ModelLoadFailed(f"GGUF file not found: {spec.model_path}")
         placing: Any = contextlib.nullcontext()
         pooled: dict[str, Any] = {}
+        # A pool's driver has no mtmd path over its donors' layers: it serves text only.
+        projector = projector_launch_path(spec) if spec.shard.world_size == 1 else None
         if spec.shard.world_size > 1:
             # The driver of a pool: its model spans its own device plus one per donor.
             from skulk.worker.engines.llama_cpp.pool import PoolDriver
@@ -304,6 +329,7 @@ class LlamaCppEngine:
                 llama.close()
                 n_ctx = trained
                 llama = self._open(llama_cpp, n_ctx=n_ctx, **options)
+        self._see_through(spec, llama, projector, threads=threads, flash_attn=flash_attn)
         self._llama = llama
         self._vocab = llama_cpp.llama_model_get_vocab(llama.model)
         # llama.cpp pads its context (to 256 tokens); the instance's limit is still the
@@ -325,6 +351,34 @@ class LlamaCppEngine:
             threads, options["flash_attn"], kv_type, options["use_mmap"],
         )
 
+    def _see_through(self, spec: ShardSpec, llama: Any, projector: Path | None, *, threads: int,
+                     flash_attn: bool) -> None:
+        """Open the card's projector (eyes), or note why this engine refuses images."""
+        if spec.shard.world_size > 1:
+            if "vision" in spec.card.capabilities:
+                self._blind = (f"{spec.card.model_id} is pooled over several nodes, and a pooled llama.cpp "
+                               "instance does not see images")
+            return
+        if projector is None:
+            return
+        try:
+            opened = Eyes.open(llama, str(projector), threads=threads, use_gpu=planned_gpu_layers(spec) != 0,
+                               flash_attn=flash_attn)
+        except Exception:
+            llama.close()
+            raise
+        if isinstance(opened, str):
+            self._blind = f"{spec.card.model_id} is served text only by the llama_cpp engine: {opened}"
+            log.warning("%s", self._blind)
+            return
+        self._eyes = opened
+        log.info("%s sees through projector %s", spec.card.model_id, projector)
+
+    @property
+    def sees(self) -> bool:
+        """Whether this engine evaluates images (a projector is open)."""
+        return self._eyes is not None
+
     def load_tokenizer(self, model_path: str, n_ctx: int, reasoning_switches: tuple[str, ...] = ()) -> None:
         """Only the GGUF's vocabulary and chat template (no weights): the prompt machinery
         (`prompt_and_tokens`) for an engine that generates elsewhere, so a llama-server
@@ -333,6 +387,7 @@ class LlamaCppEngine:
         import llama_cpp
 
         llama = self._open(llama_cpp, model_path=model_path, vocab_only=True, verbose=False)
+        self._tokenizer_only = True
         self._llama = llama
         self._vocab = llama_cpp.llama_model_get_vocab(llama.model)
         self._n_ctx = n_ctx
@@ -396,6 +451,9 @@ class LlamaCppEngine:
 
     def close(self) -> None:
         self._prefixes.clear()
+        eyes, self._eyes = self._eyes, None
+        if eyes is not None:
+            eyes.close()  # mtmd holds the model: before it
         llama, self._llama = self._llama, None
         pool, self._pool = self._pool, None
         if pool is not None:
@@ -426,12 +484,27 @@ class LlamaCppEngine:
 
     def _prompt(self, request: TextGenerationParams, cancelled: threading.Event | None = None) -> tuple[str, list[int]]:
         """The rendered prompt text and its tokens."""
+        text, tokens, _spans = self._prompt_with_images(request, cancelled)
+        return text, tokens
+
+    def _prompt_with_images(
+        self, request: TextGenerationParams, cancelled: threading.Event | None = None
+    ) -> tuple[str, list[int], list[ImageSpan]]:
+        """The rendered prompt text, its tokens (each image's stand-ins included), and where
+        each image stands in them."""
         llama = self._require_loaded()
         if request.prompt is not None:
             text, segments = request.prompt, [Segment(request.prompt, True)]
         else:
             text, segments = self._chat_segments(request)
         pieces = prompt_pieces(segments, self._special_pattern, self._special_ids)
+        images = [image for message in request.messages for image in message.images] if request.prompt is None else []
+        expansions: list[list[int]] = []
+        if images and not self._tokenizer_only:
+            if self._eyes is None:
+                raise ImagesNotSeen(self._blind)
+            expansions = [image_tokens(image.sha256, self._eyes.layout(image)) for image in images]
+            pieces = place_images(pieces, expansions)
         bos = llama.token_bos()
         add_bos = self._adds_bos() and bos >= 0 and not (pieces and pieces[0] == bos)
         limit = self._n_ctx - int(add_bos)
@@ -441,7 +514,7 @@ class LlamaCppEngine:
             raise PromptTooLong(over.tokens_so_far + int(add_bos), self._n_ctx) from None
         if add_bos:
             tokens.insert(0, bos)
-        return text, tokens
+        return text, tokens, image_spans(tokens, expansions, images) if expansions else []
 
     def server_prompt_text(self, request: TextGenerationParams) -> str:
         """The rendered prompt as text for a server that tokenizes it itself, parsing
@@ -681,7 +754,8 @@ class LlamaCppEngine:
             self._clear_context(llama)
         return scores
 
-    def _prefill(self, llama: Any, prompt: list[int], cancelled: threading.Event) -> int | None:
+    def _prefill(self, llama: Any, prompt: list[int], spans: Sequence[ImageSpan],
+                 cancelled: threading.Event) -> int | None:
         """Evaluate all but the last prompt token, one batch at a time, checking `cancelled`
         between batches; None when it was set. `generate` then finds this prefix in the KV
         cache and evaluates only the last token, so a long prompt's evaluation (minutes on a
@@ -689,14 +763,47 @@ class LlamaCppEngine:
 
         It starts from the longest prefix of the prompt already cached: the context's own
         or one restored from the cold store (`LlamaPrefixStore`), and returns how many
-        prompt tokens that saved (the usage's `cached_tokens`)."""
+        prompt tokens that saved (the usage's `cached_tokens`).
+
+        An image (`spans`) is evaluated whole, with mtmd, where it stands; a cached prefix
+        ending inside one is cut back to its start."""
         head = prompt[:-1]
         cached = self._prefixes.prepare(llama, prompt)
-        for start in range(cached, len(head), llama.n_batch):
+        keep = reusable_prefix(cached, spans)
+        if keep != cached:
+            cached = self._prefixes.trim(llama, keep)
+        images = {span.start: span for span in spans}
+        starts = sorted(images)
+        position = cached
+        while position < len(head):
             if cancelled.is_set():
                 return None
-            llama.eval(head[start : start + llama.n_batch])
+            span = images.get(position)
+            if span is not None:
+                self._evaluate_image(llama, span, prompt)
+                position = span.end
+                continue
+            following = next((start for start in starts if start > position), len(head))
+            stop = min(len(head), position + llama.n_batch, following)
+            llama.eval(head[position:stop])
+            position = stop
         return None if cancelled.is_set() else cached
+
+    def _evaluate_image(self, llama: Any, span: ImageSpan, prompt: Sequence[int]) -> None:
+        """Evaluate one image into the context at its span, and record its stand-in tokens
+        there, so the prefix cache knows which image that KV holds."""
+        eyes = self._eyes
+        if eyes is None:
+            raise ImagesNotSeen(self._blind)
+        llama._ctx.kv_cache_seq_rm(-1, llama.n_tokens, -1)  # as `Llama.eval` does before decoding
+        after = eyes.evaluate(llama, span.image, llama.n_tokens, llama.n_batch)
+        if after != span.end:
+            llama.reset()
+            self._clear_context(llama)
+            raise EngineError(f"mtmd evaluated an image to position {after}, where the prompt puts {span.end}")
+        llama.input_ids[span.start : span.end] = prompt[span.start : span.end]
+        llama.n_tokens = span.end
+        llama._requires_eval = True  # no logits from an image: evaluate text before sampling
 
     def _token_text(self, token: int) -> str:
         return self._require_loaded().detokenize([token]).decode("utf-8", errors="replace")
@@ -715,10 +822,15 @@ class LlamaCppEngine:
         self, llama: Any, request: TextGenerationParams, cancelled: threading.Event
     ) -> Iterator[GeneratedToken]:
         try:
-            text, prompt = self._prompt(request, cancelled)
+            text, prompt, spans = self._prompt_with_images(request, cancelled)
         except PromptCancelled:
             return  # the caller went away while the prompt was tokenized: nothing to say
         n_prompt = len(prompt)
+        if spans and spans[-1].end >= n_prompt:
+            raise ImageFailed("the prompt ends with an image: the chat template wrote nothing after it to "
+                              "generate from")
+        if spans and request.prompt_logprobs:
+            raise ImagesNotSeen("prompt logprobs are not scored over images")
         n_ctx = min(self._n_ctx, request.context_tokens or self._n_ctx)
         if n_prompt >= n_ctx:
             raise PromptTooLong(n_prompt, n_ctx)
@@ -735,7 +847,7 @@ class LlamaCppEngine:
                 return  # cancelled while the prompt was scored
             added_bos = bool(prompt) and prompt[0] == llama.token_bos() and self._adds_bos()
             scored_prompt = prompt_entries(prompt, scores, self._token_text, skip_first=added_bos)
-        cached = self._prefill(llama, prompt, cancelled)
+        cached = self._prefill(llama, prompt, spans, cancelled)
         if cached is None:
             return  # cancelled while the prompt was evaluated: nothing to say
 

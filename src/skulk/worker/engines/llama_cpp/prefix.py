@@ -126,6 +126,11 @@ class LlamaPrefixStore:
         self.stats.restores += 1
         return True
 
+    def trim(self, llama: Any, keep: int) -> int:
+        """Drop the context's tokens past `keep` (an engine cutting a reused prefix back to
+        a boundary of its own, such as an image's start); the kept count."""
+        return self._trim(llama, keep)
+
     @staticmethod
     def _trim(llama: Any, keep: int) -> int:
         """Drop the context's tokens past `keep`; the kept count (0 if trimming failed)."""

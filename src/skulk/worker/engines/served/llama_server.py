@@ -69,6 +69,7 @@ from skulk.worker.engines.llama_cpp.engine import (
     planned_gpu_layers,
 )
 from skulk.worker.engines.openmp import physical_cores
+from skulk.worker.engines.projector import ProjectorMissing, projector_launch_path
 from skulk.worker.engines.served.launch import (
     HOST,
     ServedRequestRejected,
@@ -97,24 +98,8 @@ prompt evaluation on a slow CPU, with margin. Past it the request fails, typed."
 WARM_UP_PROMPT = "Hello"
 
 
-class ProjectorMissing(ModelLoadFailed):
-    """A vision card whose projector (mmproj) is not on this node."""
-
-
 class ImagesNotServed(ServedRequestRejected):
     """Images sent to a runner whose model has no projector loaded."""
-
-
-def projector_launch_path(spec: ShardSpec) -> Path | None:
-    """The projector the server loads for a card that sees images, or None. A vision card
-    without its projector on this node is refused at load: it must not be served blind."""
-    if "vision" not in spec.card.capabilities:
-        return None
-    if spec.projector_path is None or not Path(spec.projector_path).is_file():
-        source = spec.card.vision_weights_repo or "the generated mmproj beside the model"
-        raise ProjectorMissing(f"{spec.card.model_id} sees images through its projector ({source}), "
-                               f"which is not on this node ({spec.projector_path or 'not resolved'})")
-    return Path(spec.projector_path)
 
 
 def draft_launch_path(spec: ShardSpec) -> Path | None:
