@@ -711,9 +711,9 @@ def write_mlx_vlm(hf_dir: Path, spec: TinySpec, vision: TinyVisionSpec) -> None:
 
     tokenizer = train_tokenizer(spec)
     tokenizer.add_special_tokens([AddedToken(IMAGE_TOKEN, special=True, normalized=False)])
-    image_id = tokenizer.token_to_id(IMAGE_TOKEN)
+    image_id = tokenizer.get_vocab()[IMAGE_TOKEN]
     lm_spec = replace(spec, vocab_size=tokenizer.get_vocab_size())
-    lm = _hf_weights(lm_spec, [tokenizer.token_to_id(t) for t in (*SPECIAL_TOKENS, IMAGE_TOKEN)])
+    lm = _hf_weights(lm_spec, [tokenizer.get_vocab()[t] for t in (*SPECIAL_TOKENS, IMAGE_TOKEN)])
     _write_hf(hf_dir, lm_spec, tokenizer, lm)
     weights = {f"language_model.{name}": weight for name, weight in lm.items()}
     weights.update(_clip_hf_weights(vision, spec.hidden_size))
@@ -1055,6 +1055,7 @@ __all__ = [
     "EOT_TOKEN",
     "GGUF_FILE_NAME",
     "HF_DIR_NAME",
+    "IMAGE_TOKEN",
     "LOCAL_GENERATED_MODELS",
     "MARKER_FILE_NAME",
     "PROJECTOR_FILE_NAME",
@@ -1062,7 +1063,6 @@ __all__ = [
     "TINY_SPEC",
     "TINY_VISION_SPEC",
     "ArtifactUnavailable",
-    "IMAGE_TOKEN",
     "GeneratedModel",
     "TinyArtifacts",
     "TinySpec",
@@ -1071,10 +1071,10 @@ __all__ = [
     "ensure_generated",
     "generate_tiny_model",
     "generated_projector_path",
-    "write_mlx_vlm",
     "main",
     "spec_hash",
     "train_tokenizer",
+    "write_mlx_vlm",
 ]
 
 if __name__ == "__main__":

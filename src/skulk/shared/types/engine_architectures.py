@@ -82,5 +82,15 @@ MLX_LATENT_KV_TYPES: frozenset[str] = frozenset({
 """Types whose mlx-lm attention caches the MLA latent (`kv_lora_rank` keys and
 `qk_rope_head_dim` values, one head) rather than per-head keys and values."""
 
+MLX_VLM_VISION_TYPES: frozenset[str] = frozenset({
+    "aya_vision", "deepseek_vl_v2", "florence2", "gemma3", "gemma3n", "glm4v", "idefics2", "idefics3",
+    "internvl_chat", "kimi_vl", "lfm2_vl", "llava", "llava_bunny", "llava_next", "llava_onevision", "mistral3",
+    "mllama", "molmo", "paligemma", "phi3_v", "pixtral", "qwen2_5_vl", "qwen2_vl", "qwen3_vl", "smolvlm",
+})
+"""config.json `model_type` values of vision-language families mlx-vlm (0.7) loads with their
+vision tower: a card that sees and names one runs on MLX's vision path
+(`skulk.worker.engines.mlx.vision`). A subset of mlx-vlm's model modules: the image-to-text
+families with a chat template, not its OCR, detection, audio or image-generation ones."""
+
 __all__ = ["LLAMA_CPP_ARCHITECTURES", "LLAMA_CPP_VERSION", "MLX_LATENT_KV_TYPES", "MLX_LM_VERSION",
-           "MLX_MODEL_REMAPPING", "MLX_MODEL_TYPES"]
+           "MLX_MODEL_REMAPPING", "MLX_MODEL_TYPES", "MLX_VLM_VISION_TYPES"]

@@ -26,6 +26,7 @@ from skulk.shared.types.engine_architectures import (
     LLAMA_CPP_ARCHITECTURES,
     MLX_MODEL_REMAPPING,
     MLX_MODEL_TYPES,
+    MLX_VLM_VISION_TYPES,
 )
 
 if TYPE_CHECKING:
@@ -50,7 +51,8 @@ class Feature(StrEnum):
     PROMPT_LOGPROBS = "prompt logprobs (echo with logprobs)"
     IMAGES = "image input"
     """A chat message's `images` (`skulk.shared.types.media`): the engine puts each image's
-    embedding where its marker stands. Only llama-server, with the card's projector."""
+    embedding where its marker stands. llama-server with the card's projector, and MLX for a
+    card that sees (its mlx-vlm path, `EngineTraits.vision_features`)."""
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,10 @@ class EngineTraits:
     window_at_load: bool = False
     features: frozenset[Feature] = frozenset()
     pipeline_features: frozenset[Feature] | None = None
+    vision_features: frozenset[Feature] | None = None
+    """The features it honours for a card that sees (capability "vision") when such a model
+    runs on a separate path of the engine (MLX: mlx-vlm); None: the same as `features`. An
+    engine with a vision path runs such a model on one node (`shards_model`)."""
     workloads: frozenset[str] = frozenset({"text"})
     binary_env: str | None = None
     managed_build: bool = False
@@ -133,8 +139,9 @@ class EngineTraits:
         return self.binary_env is not None
 
 
-MLX_FAMILIES: frozenset[str] = MLX_MODEL_TYPES | frozenset(MLX_MODEL_REMAPPING)
-"""config.json `model_type` values mlx-lm loads: its model modules and its own aliases."""
+MLX_FAMILIES: frozenset[str] = MLX_MODEL_TYPES | frozenset(MLX_MODEL_REMAPPING) | MLX_VLM_VISION_TYPES
+"""config.json `model_type` values MLX loads: mlx-lm's model modules and its own aliases, and
+the vision-language families its vision path loads through mlx-vlm."""
 
 _GGUF_COMPUTES: Mapping[str, str] = MappingProxyType({"nvidia": "cuda", "amd": "vulkan", "apple": "metal"})
 """AMD maps to Vulkan, the lane the managed builds and the AMD guide use; a ROCm/HIP build
@@ -197,9 +204,13 @@ ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
         # tensor group. A pipeline's last rank samples without the tokenizer or the prompt,
         # so a pipeline serves plain sampling only. The stage computes the head for the last
         # position only, so no prompt logprobs. No MLX embedding path: text only.
-        # No vision model path (mlx-vlm) yet: no images.
+        # Images only on the vision path below.
         features=frozenset(Feature) - {Feature.PROMPT_LOGPROBS, Feature.IMAGES},
         pipeline_features=frozenset({Feature.N}),
+        # A card that sees loads through mlx-vlm (skulk.worker.engines.mlx.vision), whole on
+        # one rank, sampling plainly: images and several choices; no logprobs, grammars,
+        # penalties or bias.
+        vision_features=frozenset({Feature.IMAGES, Feature.N}),
         # MLX needs mlx-lm for its model implementations; on Linux mlx[cpu] serves on CPU.
         modules=("mlx", "mlx_lm"),
         vendor_computes=_APPLE_COMPUTES,
@@ -297,6 +308,12 @@ def shards_family(engine: str, family: str) -> bool:
     return traits.sharded_families is None or family in traits.sharded_families
 
 
+def shards_model(engine: str, family: str, sees: bool) -> bool:
+    """Whether `engine` can spread one instance of a `family` model over several nodes,
+    for a card that does (`sees`) or does not see: an engine's vision path runs on one node."""
+    return shards_family(engine, family) and not (sees and traits_of(engine).vision_features is not None)
+
+
 def spans_with(engine: str, sharding: str) -> bool:
     """Whether a multi-node instance of `engine` may use `sharding` (llama.cpp pools by
     layer ranges only: Pipeline)."""
@@ -333,15 +350,18 @@ def required_features(params: TextGenerationParams) -> list[tuple[Feature, str]]
 def sees_images(engine: str) -> bool:
     """Whether `engine` (a bare engine name), or the served twin placement puts first,
     serves image inputs."""
-    twin = traits_of(engine).served_twin
-    return Feature.IMAGES in traits_of(engine).features or (twin is not None and Feature.IMAGES in
-                                                              traits_of(twin).features)
-
-
-def honoured_features(engine: str, *, pipelined: bool = False) -> frozenset[Feature]:
-    """The features `engine` honours, for an instance that is (`pipelined`) or is not a
-    pipeline over several ranks."""
     traits = traits_of(engine)
+    twin = traits.served_twin
+    return (Feature.IMAGES in traits.features or Feature.IMAGES in (traits.vision_features or frozenset())
+            or (twin is not None and Feature.IMAGES in traits_of(twin).features))
+
+
+def honoured_features(engine: str, *, pipelined: bool = False, sees: bool = False) -> frozenset[Feature]:
+    """The features `engine` honours, for an instance that is (`pipelined`) or is not a
+    pipeline over several ranks, of a card that does (`sees`) or does not see."""
+    traits = traits_of(engine)
+    if sees and traits.vision_features is not None:
+        return traits.vision_features
     if pipelined and traits.pipeline_features is not None:
         return traits.pipeline_features
     return traits.features
@@ -353,9 +373,10 @@ def is_pipelined(sharding: str, world_size: int) -> bool:
 
 
 def missing_features(engine: str, params: TextGenerationParams, *,
-                     pipelined: bool = False) -> list[tuple[Feature, str]]:
-    """The features `params` asks for that `engine` does not honour (empty: serve it)."""
-    have = honoured_features(engine, pipelined=pipelined)
+                     pipelined: bool = False, sees: bool = False) -> list[tuple[Feature, str]]:
+    """The features `params` asks for that `engine` does not honour (empty: serve it), for a
+    card that does (`sees`) or does not see."""
+    have = honoured_features(engine, pipelined=pipelined, sees=sees)
     return [(feature, param) for feature, param in required_features(params) if feature not in have]
 
 
@@ -388,6 +409,7 @@ __all__ = [
     "sees_images",
     "serves_workload",
     "shards_family",
+    "shards_model",
     "spans_with",
     "traits_of",
 ]
