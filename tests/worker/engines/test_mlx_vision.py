@@ -16,7 +16,14 @@ from PIL import Image
 from skulk.models.cards import builtin_cards_dir, load_card
 from skulk.models.tiny_models import IMAGE_TOKEN, TINY_VISION_SPEC
 from skulk.shared.types.common import ChatMessage
-from skulk.shared.types.engines import Feature, honoured_features, missing_features, sees_images, shards_model
+from skulk.shared.types.engines import (
+    Feature,
+    honoured_features,
+    missing_features,
+    on_vision_path,
+    sees_images,
+    shards_model,
+)
 from skulk.shared.types.ids import ModelId
 from skulk.shared.types.media import IMAGE_MARKER, ImageInput
 from skulk.shared.types.tasks import TextGenerationParams
@@ -140,7 +147,7 @@ def test_an_image_without_its_token_is_refused():
         expanded([1, 9], 9, [2, 2])
 
 
-@pytest.mark.parametrize(("sees", "feature", "honoured"), [
+@pytest.mark.parametrize(("vision", "feature", "honoured"), [
     (True, Feature.IMAGES, True),
     (True, Feature.N, True),
     (True, Feature.LOGPROBS, False),
@@ -150,21 +157,31 @@ def test_an_image_without_its_token_is_refused():
     (False, Feature.IMAGES, False),
     (False, Feature.LOGPROBS, True),
 ])
-def test_mlx_honours_per_path(sees, feature, honoured):
-    assert (feature in honoured_features("mlx", sees=sees)) is honoured
+def test_mlx_honours_per_path(vision, feature, honoured):
+    assert (feature in honoured_features("mlx", vision=vision)) is honoured
 
 
 def test_logprobs_on_the_vision_path_are_refused_by_name():
     request = ask(png("black"), logprobs=True)
-    assert missing_features("mlx", request, sees=True) == [(Feature.LOGPROBS, "logprobs")]
-    assert missing_features("mlx", ask(png("black")), sees=True) == []
+    assert missing_features("mlx", request, vision=True) == [(Feature.LOGPROBS, "logprobs")]
+    assert missing_features("mlx", ask(png("black")), vision=True) == []
 
 
-def test_a_vision_mlx_model_never_spans_nodes_and_mlx_sees():
-    assert sees_images("mlx")
-    assert not shards_model("mlx", "llama", sees=True)
+@pytest.mark.parametrize(("engine", "family", "sees", "on_path"), [
+    ("mlx", "llava", True, True),
+    ("mlx", "llava", False, False),  # a card that does not say it sees stays on the text path
+    ("mlx", "gemma3", True, False),  # a family the vision path has not been shown to run
+    ("llama_server", "llama", True, False),  # no separate vision path there
+])
+def test_the_vision_path_is_the_cards_and_the_familys(engine, family, sees, on_path):
+    assert on_vision_path(engine, family, sees) is on_path
+
+
+def test_a_vision_mlx_model_never_spans_nodes():
+    assert sees_images("mlx", "llava") and not sees_images("mlx") and not sees_images("mlx", "gemma3")
+    assert not shards_model("mlx", "llava", sees=True)
+    assert shards_model("mlx", "llama", sees=True)  # llama has no vision path: the text path spans
     assert shards_model("mlx", "llama", sees=False)
-    assert shards_model("llama_cpp", "llama", sees=True)  # no separate vision path there
 
 
 def test_the_runner_picks_the_vision_engine_for_a_card_that_sees():

@@ -82,15 +82,13 @@ MLX_LATENT_KV_TYPES: frozenset[str] = frozenset({
 """Types whose mlx-lm attention caches the MLA latent (`kv_lora_rank` keys and
 `qk_rope_head_dim` values, one head) rather than per-head keys and values."""
 
-MLX_VLM_VISION_TYPES: frozenset[str] = frozenset({
-    "aya_vision", "deepseek_vl_v2", "florence2", "gemma3", "gemma3n", "glm4v", "idefics2", "idefics3",
-    "internvl_chat", "kimi_vl", "lfm2_vl", "llava", "llava_bunny", "llava_next", "llava_onevision", "mistral3",
-    "mllama", "molmo", "paligemma", "phi3_v", "pixtral", "qwen2_5_vl", "qwen2_vl", "qwen3_vl", "smolvlm",
-})
-"""config.json `model_type` values of vision-language families mlx-vlm (0.7) loads with their
-vision tower: a card that sees and names one runs on MLX's vision path
-(`skulk.worker.engines.mlx.vision`). A subset of mlx-vlm's model modules: the image-to-text
-families with a chat template, not its OCR, detection, audio or image-generation ones."""
+MLX_VLM_VISION_TYPES: frozenset[str] = frozenset({"llava"})
+"""config.json `model_type` values whose vision tower MLX's vision path runs through mlx-vlm
+(`skulk.worker.engines.mlx.vision`), as tested on a generated model (local/tiny-vlm). mlx-vlm
+(0.7) loads many more families, but each processor places its image tokens its own way
+(Gemma 3 expands `<start_of_image>`, Qwen2-VL its pads by image size): a family joins here
+once a test shows its prompt and embeddings line up. A card that sees with another family
+runs on the text path, where images are refused by name."""
 
 __all__ = ["LLAMA_CPP_ARCHITECTURES", "LLAMA_CPP_VERSION", "MLX_LATENT_KV_TYPES", "MLX_LM_VERSION",
            "MLX_MODEL_REMAPPING", "MLX_MODEL_TYPES", "MLX_VLM_VISION_TYPES"]

@@ -113,9 +113,11 @@ class EngineTraits:
     features: frozenset[Feature] = frozenset()
     pipeline_features: frozenset[Feature] | None = None
     vision_features: frozenset[Feature] | None = None
-    """The features it honours for a card that sees (capability "vision") when such a model
-    runs on a separate path of the engine (MLX: mlx-vlm); None: the same as `features`. An
-    engine with a vision path runs such a model on one node (`shards_model`)."""
+    """The features it honours on its vision path: a separate model path (MLX: mlx-vlm) for a
+    card that sees (capability "vision") of one of `vision_families`; None: no such path. A
+    model on the vision path runs on one node (`shards_model`)."""
+    vision_families: frozenset[str] = frozenset()
+    """The model families its vision path runs (`on_vision_path`)."""
     workloads: frozenset[str] = frozenset({"text"})
     binary_env: str | None = None
     managed_build: bool = False
@@ -211,6 +213,7 @@ ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
         # one rank, sampling plainly: images and several choices; no logprobs, grammars,
         # penalties or bias.
         vision_features=frozenset({Feature.IMAGES, Feature.N}),
+        vision_families=MLX_VLM_VISION_TYPES,
         # MLX needs mlx-lm for its model implementations; on Linux mlx[cpu] serves on CPU.
         modules=("mlx", "mlx_lm"),
         vendor_computes=_APPLE_COMPUTES,
@@ -308,10 +311,17 @@ def shards_family(engine: str, family: str) -> bool:
     return traits.sharded_families is None or family in traits.sharded_families
 
 
+def on_vision_path(engine: str, family: str, sees: bool) -> bool:
+    """Whether a model of `family` whose card does (`sees`) or does not see runs on
+    `engine`'s vision path (its `vision_features` apply)."""
+    traits = traits_of(engine)
+    return sees and traits.vision_features is not None and family in traits.vision_families
+
+
 def shards_model(engine: str, family: str, sees: bool) -> bool:
     """Whether `engine` can spread one instance of a `family` model over several nodes,
     for a card that does (`sees`) or does not see: an engine's vision path runs on one node."""
-    return shards_family(engine, family) and not (sees and traits_of(engine).vision_features is not None)
+    return shards_family(engine, family) and not on_vision_path(engine, family, sees)
 
 
 def spans_with(engine: str, sharding: str) -> bool:
@@ -347,20 +357,23 @@ def required_features(params: TextGenerationParams) -> list[tuple[Feature, str]]
     return wanted + images
 
 
-def sees_images(engine: str) -> bool:
+def sees_images(engine: str, family: str | None = None) -> bool:
     """Whether `engine` (a bare engine name), or the served twin placement puts first,
-    serves image inputs."""
+    serves image inputs; with `family`, also through its vision path for that family."""
     traits = traits_of(engine)
     twin = traits.served_twin
-    return (Feature.IMAGES in traits.features or Feature.IMAGES in (traits.vision_features or frozenset())
+    return (Feature.IMAGES in traits.features
+            or (family is not None and on_vision_path(engine, family, True)
+                and Feature.IMAGES in (traits.vision_features or frozenset()))
             or (twin is not None and Feature.IMAGES in traits_of(twin).features))
 
 
-def honoured_features(engine: str, *, pipelined: bool = False, sees: bool = False) -> frozenset[Feature]:
+def honoured_features(engine: str, *, pipelined: bool = False, vision: bool = False) -> frozenset[Feature]:
     """The features `engine` honours, for an instance that is (`pipelined`) or is not a
-    pipeline over several ranks, of a card that does (`sees`) or does not see."""
+    pipeline over several ranks, and is (`vision`, see `on_vision_path`) or is not on its
+    vision path."""
     traits = traits_of(engine)
-    if sees and traits.vision_features is not None:
+    if vision and traits.vision_features is not None:
         return traits.vision_features
     if pipelined and traits.pipeline_features is not None:
         return traits.pipeline_features
@@ -373,10 +386,10 @@ def is_pipelined(sharding: str, world_size: int) -> bool:
 
 
 def missing_features(engine: str, params: TextGenerationParams, *,
-                     pipelined: bool = False, sees: bool = False) -> list[tuple[Feature, str]]:
-    """The features `params` asks for that `engine` does not honour (empty: serve it), for a
-    card that does (`sees`) or does not see."""
-    have = honoured_features(engine, pipelined=pipelined, sees=sees)
+                     pipelined: bool = False, vision: bool = False) -> list[tuple[Feature, str]]:
+    """The features `params` asks for that `engine` does not honour (empty: serve it), on
+    (`vision`) or off its vision path."""
+    have = honoured_features(engine, pipelined=pipelined, vision=vision)
     return [(feature, param) for feature, param in required_features(params) if feature not in have]
 
 
@@ -405,6 +418,7 @@ __all__ = [
     "is_pool_donor",
     "loads_family",
     "missing_features",
+    "on_vision_path",
     "required_features",
     "sees_images",
     "serves_workload",

@@ -389,7 +389,7 @@ class Dispatcher:
         name: str = "dispatch",
         engine_name: str | None = None,
         pipelined: bool = False,
-        sees: bool = False,
+        vision: bool = False,
     ) -> None:
         if width < 1:
             raise ValueError(f"dispatcher width must be >= 1, got {width}")
@@ -399,8 +399,8 @@ class Dispatcher:
         engine lacks is refused at admission (the API refuses it first; this is the guard)."""
         self._pipelined = pipelined
         """Whether the engine runs a pipeline over several ranks (fewer features, see the table)."""
-        self._sees = sees
-        """Whether the model's card sees: the engine's vision path's features apply."""
+        self._vision = vision
+        """Whether the model runs on the engine's vision path (its features apply)."""
         self._sink = sink
         self._width = width
         self._capacity = queue_capacity
@@ -540,7 +540,7 @@ class Dispatcher:
         if self._engine_name is None or not isinstance(request, TextGenerationParams):
             return None
         for feature, param in missing_features(self._engine_name, request, pipelined=self._pipelined,
-                                                  sees=self._sees):
+                                                  vision=self._vision):
             return DispatchRejected(
                 "FeatureUnsupported", f"the {self._engine_name} engine does not support {feature.value} ({param!r})")
         return None
