@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import io
+from typing import Any
 
 import httpx
 import openai
@@ -120,19 +121,19 @@ def test_an_mlx_repo_with_a_vision_tower_is_added_as_a_card_that_sees(spawn_node
             response = httpx.post(node.url + "/place_instance", json={"modelId": MLX_REPO}, timeout=10)
             return None if response.status_code in (404, 503) else response
 
-        response = wait_for(placed, timeout_s=90, interval_s=0.5, what="placement")
+        response: Any = wait_for(placed, timeout_s=90, interval_s=0.5, what="placement")
         assert response.status_code == 200, response.text
         sdk = openai.OpenAI(base_url=node.url + "/v1", api_key="unused", max_retries=0, timeout=120)
 
-        def ask(with_image: bool):
-            parts: list[dict] = [{"type": "text", "text": "What is this?"}]
+        def ask(with_image: bool) -> Any:
+            parts: list[Any] = [{"type": "text", "text": "What is this?"}]
             if with_image:
                 out = io.BytesIO()
                 Image.new("RGB", (32, 32), (250, 250, 250)).save(out, format="PNG")
                 url = "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
                 parts.append({"type": "image_url", "image_url": {"url": url}})
-            return sdk.chat.completions.create(model=MLX_REPO, max_tokens=4, temperature=0,
-                                               messages=[{"role": "user", "content": parts}])
+            messages: Any = [{"role": "user", "content": parts}]
+            return sdk.chat.completions.create(model=MLX_REPO, max_tokens=4, temperature=0, messages=messages)
 
         def answered():
             try:
@@ -143,7 +144,7 @@ def test_an_mlx_repo_with_a_vision_tower_is_added_as_a_card_that_sees(spawn_node
                 raise
 
         try:
-            plain = wait_for(answered, timeout_s=180, interval_s=1.0, what="the model serving")
+            plain: Any = wait_for(answered, timeout_s=180, interval_s=1.0, what="the model serving")
         except TimeoutError as exc:
             raise AssertionError(f"{exc}\n{node.log()[-6000:]}") from None
         grown = ask(True).usage.prompt_tokens - plain.usage.prompt_tokens

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import io
+from typing import Any
 
 import httpx
 import openai
@@ -31,12 +32,12 @@ def data_url(colour: str) -> str:
     return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
 
 
-def ask(sdk: openai.OpenAI, colour: str | None, **kwargs) -> openai.types.chat.ChatCompletion:
-    parts: list[dict] = [{"type": "text", "text": "What is this?"}]
+def ask(sdk: openai.OpenAI, colour: str | None, **kwargs: Any) -> Any:
+    parts: list[Any] = [{"type": "text", "text": "What is this?"}]
     if colour is not None:
         parts.append({"type": "image_url", "image_url": {"url": data_url(colour)}})
-    return sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": parts}], max_tokens=8,
-                                       temperature=0, **kwargs)
+    messages: Any = [{"role": "user", "content": parts}]
+    return sdk.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0, **kwargs)
 
 
 def test_images_reach_an_mlx_vision_model(spawn_node):
@@ -47,7 +48,7 @@ def test_images_reach_an_mlx_vision_model(spawn_node):
         response = httpx.post(node.url + "/place_instance", json={"modelId": MODEL}, timeout=10)
         return None if response.status_code == 503 else response
 
-    response = wait_for(placed, timeout_s=60, interval_s=0.5, what="the MLX VLM placed")
+    response: Any = wait_for(placed, timeout_s=60, interval_s=0.5, what="the MLX VLM placed")
     assert response.status_code == 200, response.text
     body = wait_instance_ready(node, response.json()["instanceId"], timeout_s=240)
     assert len(body["shards"]) == 1 and body["shards"][0]["backend"].startswith("mlx")
@@ -60,10 +61,10 @@ def test_images_reach_an_mlx_vision_model(spawn_node):
     assert black.choices[0].message.content != white.choices[0].message.content
     assert ask(sdk, "black").choices[0].message.content == black.choices[0].message.content
 
-    stream = sdk.chat.completions.create(
-        model=MODEL, max_tokens=8, temperature=0, stream=True, stream_options={"include_usage": True},
-        messages=[{"role": "user", "content": [{"type": "text", "text": "What is this?"},
-                                               {"type": "image_url", "image_url": {"url": data_url("black")}}]}])
+    messages: Any = [{"role": "user", "content": [{"type": "text", "text": "What is this?"},
+                                                  {"type": "image_url", "image_url": {"url": data_url("black")}}]}]
+    stream = sdk.chat.completions.create(model=MODEL, max_tokens=8, temperature=0, stream=True,
+                                         stream_options={"include_usage": True}, messages=messages)
     chunks = list(stream)
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == black.choices[0].message.content
     assert chunks[-1].usage is not None and chunks[-1].usage.prompt_tokens == black.usage.prompt_tokens
