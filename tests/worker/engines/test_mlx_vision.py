@@ -95,6 +95,15 @@ def test_prompt_tokens_count_the_image_embeddings(engine):
     assert engine.prompt_token_count(ask(png("red"))) == one.prompt_tokens
 
 
+def test_a_seeded_sample_repeats_and_the_seed_matters(engine):
+    def sampled(seed: int) -> str:
+        request = ask(png("black"), max_tokens=16).model_copy(update={"temperature": 1.5, "seed": seed})
+        return run(engine, request)[0]
+
+    assert sampled(7) == sampled(7)
+    assert len({sampled(seed) for seed in (1, 2, 3)}) > 1
+
+
 def test_text_only_requests_still_serve(engine):
     text, last = run(engine, TextGenerationParams(model_id=MODEL, prompt="The cluster", max_tokens=5,
                                                   temperature=0))

@@ -82,13 +82,5 @@ MLX_LATENT_KV_TYPES: frozenset[str] = frozenset({
 """Types whose mlx-lm attention caches the MLA latent (`kv_lora_rank` keys and
 `qk_rope_head_dim` values, one head) rather than per-head keys and values."""
 
-MLX_VLM_VISION_TYPES: frozenset[str] = frozenset({"llava"})
-"""config.json `model_type` values whose vision tower MLX's vision path runs through mlx-vlm
-(`skulk.worker.engines.mlx.vision`), as tested on a generated model (local/tiny-vlm). mlx-vlm
-(0.7) loads many more families, but each processor places its image tokens its own way
-(Gemma 3 expands `<start_of_image>`, Qwen2-VL its pads by image size): a family joins here
-once a test shows its prompt and embeddings line up. A card that sees with another family
-runs on the text path, where images are refused by name."""
-
 __all__ = ["LLAMA_CPP_ARCHITECTURES", "LLAMA_CPP_VERSION", "MLX_LATENT_KV_TYPES", "MLX_LM_VERSION",
-           "MLX_MODEL_REMAPPING", "MLX_MODEL_TYPES", "MLX_VLM_VISION_TYPES"]
+           "MLX_MODEL_REMAPPING", "MLX_MODEL_TYPES"]

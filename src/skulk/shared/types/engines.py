@@ -26,7 +26,6 @@ from skulk.shared.types.engine_architectures import (
     LLAMA_CPP_ARCHITECTURES,
     MLX_MODEL_REMAPPING,
     MLX_MODEL_TYPES,
-    MLX_VLM_VISION_TYPES,
 )
 
 if TYPE_CHECKING:
@@ -140,6 +139,15 @@ class EngineTraits:
         """Whether the runner serves through a separate server process."""
         return self.binary_env is not None
 
+
+MLX_VLM_VISION_TYPES: frozenset[str] = frozenset({"llava"})
+"""config.json `model_type` values whose vision tower MLX's vision path runs through mlx-vlm
+(`skulk.worker.engines.mlx.vision`), as tested on a generated model (local/tiny-vlm). mlx-vlm
+(0.7) loads many more families, but each processor places its image tokens its own way
+(Gemma 3 expands `<start_of_image>`, Qwen2-VL its pads by image size): a family joins here
+once a test shows its prompt and embeddings line up. A card that sees with another family
+runs on the text path, where images are refused by name. Ours, not generated from mlx-vlm
+(`engine_architectures` is)."""
 
 MLX_FAMILIES: frozenset[str] = MLX_MODEL_TYPES | frozenset(MLX_MODEL_REMAPPING) | MLX_VLM_VISION_TYPES
 """config.json `model_type` values MLX loads: mlx-lm's model modules and its own aliases, and
@@ -399,6 +407,7 @@ __all__ = [
     "GGUF_ENGINES",
     "KNOWN_ENGINES",
     "MLX_FAMILIES",
+    "MLX_VLM_VISION_TYPES",
     "MULTI_NODE_ENGINES",
     "PROBED_MODULES",
     "RING_ENGINES",

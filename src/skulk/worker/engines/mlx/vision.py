@@ -273,8 +273,10 @@ class MlxVisionEngine:
         params = resolve_sampling(request.temperature, request.top_p, request.top_k, request.seed,
                                   secrets.randbits(31), request.min_p)
         pixel_values = tensors.pop("pixel_values", None)
+        sampler = Sampler(params)
+        # mlx-vlm hands the sampler a batch of one, (1, vocab); ours reads one row of logits.
         steps = generate_step(mx.array([prompt]), self._model, pixel_values, None, max_tokens=max_new,
-                              sampler=Sampler(params), **tensors)
+                              sampler=lambda logprobs: sampler(logprobs.reshape(-1)), **tensors)
 
         def next_token() -> int:
             token, _ = next(steps)
