@@ -635,3 +635,11 @@ def test_a_speech_model_never_spans_nodes():
     assert preview(WHISPER_SMALL, cluster("ab", ["a-b"]), resources) == []
     with pytest.raises(PlacementError):
         place(WHISPER_SMALL, cluster("ab", ["a-b"]), resources, request(WHISPER_SMALL), new_id=ids())
+
+
+def test_a_vision_mlx_model_is_placed_whole_on_one_node():
+    vlm = CARDS["local/tiny-vlm"]  # on MLX's vision path (mlx-vlm): one rank
+    instance = place(vlm, cluster("ab", ["a-b"]), {n: res(n, 64 * GB) for n in "ab"}, request(vlm), new_id=ids())
+    assert len(instance.shards) == 1 and instance.shards[0].backend.startswith("mlx")
+    refused = _fails(vlm, cluster("ab", ["a-b"]), {n: res(n, 64 * GB) for n in "ab"}, request(vlm, min_nodes=2))
+    assert isinstance(refused, ShardingUnsupported)

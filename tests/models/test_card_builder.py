@@ -287,3 +287,19 @@ def test_reasoning_switches_come_from_the_template(template, family, switches):
     meta["tokenizer.chat_template"] = template
     card = card_from_gguf("local/s", parse_gguf_metadata(_gguf(meta)), "s.gguf", 10, local_path="/m")
     assert card.reasoning.switches == switches
+
+
+def test_an_mlx_config_with_a_vision_tower_of_a_family_mlx_runs_builds_a_seeing_card(tmp_path):
+    import json
+
+    from skulk.models.tiny_models import TINY_SPEC, TINY_VISION_SPEC, write_mlx_vlm
+
+    write_mlx_vlm(tmp_path / "hf", TINY_SPEC, TINY_VISION_SPEC)
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    card = card_from_config("org/tiny-llava", config, 1000)
+    assert card.family == "llava" and "vision" in card.capabilities
+    assert card.vocab_size == TINY_SPEC.vocab_size + 1 and card.num_layers == TINY_SPEC.num_layers
+    # A tower of a family MLX's vision path has not been shown to run: no vision advertised.
+    gemma = {**LLAMA_CONFIG, "model_type": "gemma3", "vision_config": {"model_type": "siglip_vision_model"}}
+    assert "vision" not in card_from_config("org/gemma", gemma, 1000).capabilities
+    assert "vision" not in card_from_config("org/m", LLAMA_CONFIG, 1000).capabilities

@@ -44,11 +44,11 @@ from skulk.observe.traces import RequestTrace
 from skulk.shared.codec import pack
 from skulk.shared.reasoning_switches import refusal as reasoning_refusal
 from skulk.shared.serving import model_serving
-from skulk.shared.types.cards import backend_engine
+from skulk.shared.types.cards import ModelCard, backend_engine
 from skulk.shared.types.chunks import ResultChunk, TokenChunk
 from skulk.shared.types.commands import CancelCommand, Command, GenerateText, RunWorkload, TaskFinished
 from skulk.shared.types.common import Usage
-from skulk.shared.types.engines import is_pipelined, missing_features, serves_workload
+from skulk.shared.types.engines import is_pipelined, missing_features, on_vision_path, serves_workload
 from skulk.shared.types.ids import CommandId, ModelId, new_id
 from skulk.shared.types.instances import Instance
 from skulk.shared.types.speculative import request_refusal as speculative_request_refusal
@@ -540,14 +540,17 @@ def refuse_if_not_serving(context: ApiContext, model_id: str) -> None:
 
 
 def check_features(instance: Instance, params: TextGenerationParams,
-                   param_names: Mapping[str, str] | None = None) -> None:
+                   param_names: Mapping[str, str] | None = None, *, card: ModelCard | None = None) -> None:
     """`FeatureUnsupported` for the first feature `params` asks for that the engine serving
-    `instance` does not honour (the engine traits table); `param_names` maps internal
+    `instance` does not honour (the engine traits table; with the model's `card`, on the
+    engine's vision path when the card puts it there); `param_names` maps internal
     parameter names to the caller's (Ollama's `format` for `response_format`, say)."""
     engine = backend_engine(instance.shards[0].backend)
     pipelined = is_pipelined(instance.sharding, len(instance.shards))
-    for feature, param in missing_features(engine, params, pipelined=pipelined):
-        raise FeatureUnsupported(feature.value, engine if not pipelined else f"{engine} (pipeline over "
+    vision = card is not None and on_vision_path(engine, card.family, "vision" in card.capabilities)
+    for feature, param in missing_features(engine, params, pipelined=pipelined, vision=vision):
+        raise FeatureUnsupported(feature.value, f"{engine} (vision path)" if vision else engine
+                                 if not pipelined else f"{engine} (pipeline over "
                                  f"{len(instance.shards)} nodes)", params.model_id,
                                  param=(param_names or {}).get(param, param))
 
@@ -637,7 +640,7 @@ def bind_instance(context: ApiContext, params: TextGenerationParams, *, max_toke
         # A speech model (or an embedding-only engine) answers its own routes, not chat.
         raise FeatureUnsupported("text generation", engine, params.model_id, param="model")
     check_vision(context, params, param_names)
-    check_features(instance, params, param_names)
+    check_features(instance, params, param_names, card=context.get_cards().get(params.model_id))
     check_reasoning_switch(context, params, param_names)
     check_speculative(context, params, param_names)
     if (too_long := context_error(params, instance.context_token_limit)) is not None:

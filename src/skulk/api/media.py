@@ -239,7 +239,7 @@ def card_sees(card: ModelCard | None) -> bool:
     """Whether a model can be sent images: its card says it sees (capability "vision") and
     an engine the card runs on serves images (`skulk.shared.types.engines.sees_images`)."""
     return card is not None and "vision" in card.capabilities and any(
-        sees_images(backend_engine(tag)) for tag in card.placement.compatible_backends)
+        sees_images(backend_engine(tag), card.family) for tag in card.placement.compatible_backends)
 
 
 def vision_refusal(model_id: str, card: ModelCard | None, param: str) -> ModelCannotSee | None:

@@ -77,7 +77,7 @@ from skulk.shared.types.base import WireModel
 from skulk.shared.types.cards import ModelCard, backend_engine
 from skulk.shared.types.commands import PlaceInstance
 from skulk.shared.types.common import Sharding
-from skulk.shared.types.engines import MULTI_NODE_ENGINES, loads_family, shards_family, spans_with, traits_of
+from skulk.shared.types.engines import MULTI_NODE_ENGINES, loads_family, shards_model, spans_with, traits_of
 from skulk.shared.types.ids import InstanceId, ModelId, NodeId, RunnerId
 from skulk.shared.types.instances import Instance, InstanceCapacity, ShardAssignment
 from skulk.shared.types.kv_cache import (
@@ -685,7 +685,7 @@ def _search(
             _consider_slotted(s, node_id, [tag for tag in ordered if tag in reading.backends], available, slots)
             continue
         span = next((tag for tag in ordered if tag in reading.backends
-                     and shards_family(backend_engine(tag), card.family)
+                     and shards_model(backend_engine(tag), card.family, "vision" in card.capabilities)
                      and spans_with(backend_engine(tag), sharding)), None)
         s.compatible.append(_Node(
             node_id, backend, ordered.index(backend), available,
@@ -735,7 +735,8 @@ def _consider(s: _Search, combo: tuple[_Node, ...], adjacency: Mapping[NodeId, f
     engines = {backend_engine(node.backend) for node in combo}
     if not all(loads_family(e, s.card.family) for e in engines):
         return  # the engine cannot load this family: it would only fail at load
-    if len(combo) > 1 and (len(engines) > 1 or not all(shards_family(e, s.card.family) for e in engines)):
+    if len(combo) > 1 and (len(engines) > 1 or not all(shards_model(e, s.card.family, "vision" in s.card.capabilities)
+                                                         for e in engines)):
         return  # ranks of one instance share one engine that can span nodes with this family
     order = _connected_order(combo, adjacency) if len(combo) > 1 else combo
     connected = order is not None
@@ -803,7 +804,8 @@ def _sharding_unsupported(card: ModelCard, sharding: Sharding, min_nodes: int) -
             f"min_nodes={min_nodes} but its engines {sorted(card.engines)} serve on a single node "
             f"(multi-node engines: {sorted(MULTI_NODE_ENGINES)})",
         )
-    spanning = sorted(e for e in card.engines & MULTI_NODE_ENGINES if shards_family(e, card.family))
+    spanning = sorted(e for e in card.engines & MULTI_NODE_ENGINES
+                      if shards_model(e, card.family, "vision" in card.capabilities))
     if min_nodes > 1 and not spanning:
         return ShardingUnsupported(
             card.model_id,

@@ -24,7 +24,7 @@ from skulk.models.hub_files import RepoFile, is_gguf, quant_of
 from skulk.shared.kv_shape import config_kv_shape, gguf_value_head_dim
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.engine_architectures import LLAMA_CPP_VERSION, MLX_LM_VERSION
-from skulk.shared.types.engines import loads_family
+from skulk.shared.types.engines import loads_family, on_vision_path
 
 EXPERT_TENSOR_MARK = "_exps."
 """llama.cpp names stacked expert tensors `blk.N.ffn_{gate,up,down}_exps.weight`."""
@@ -334,8 +334,17 @@ def card_from_config(
         "sliding_window": window,
         "sliding_window_pattern": pattern if window else None,
         "placement": {"compatible_backends": list(MLX_BACKENDS), "backend_preference": list(MLX_PREFERENCE)},
-        **_chat_format(family, chat_template),
+        **_mlx_vision(_chat_format(family, chat_template), config, family),
     })
+
+
+def _mlx_vision(fields: dict[str, Any], config: Mapping[str, Any], family: str) -> dict[str, Any]:
+    """`fields` with the capability `vision` when the config has a vision tower that MLX's
+    vision path runs (mlx-vlm, `on_vision_path`); a tower of another family is not
+    advertised: that card runs on the text path, which refuses images by name."""
+    if not isinstance(config.get("vision_config"), Mapping) or not on_vision_path("mlx", family, True):
+        return fields
+    return {**fields, "capabilities": [*fields.get("capabilities", ["text"]), "vision"]}
 
 
 def card_from_gguf(

@@ -7,6 +7,11 @@ Llama-architecture network with random weights and a BPE tokenizer trained on th
 - `hf/`: config.json, tokenizer.json, tokenizer_config.json (with a Llama-3 chat template),
   special_tokens_map.json, generation_config.json and model.safetensors, for `mlx_lm.load`;
 - `model.gguf`: the same weights and tokenizer for `llama_cpp.Llama`;
+- `hf/` as a LLaVA model for mlx-vlm, for local/tiny-vlm (`write_mlx_vlm`): the same
+  language model under `language_model.`, a tiny CLIP vision tower and LLaVA's two-layer
+  projector with `TINY_VISION_SPEC`'s shapes, the tokenizer plus an `<image>` token, and
+  CLIP preprocessor / LLaVA processor configs. No GGUF: llama.cpp reads its projector as
+  `mmproj.gguf` (local/tiny-vlm-gguf);
 - `mmproj.gguf`, for a vision model only (`TinyVisionSpec`): a LLaVA-style multimodal
   projector (a tiny CLIP ViT and a two-layer `mlp` projector into the LM's embedding size)
   with random weights, which llama.cpp's `mtmd` loads beside `model.gguf` (llama-server's
@@ -653,6 +658,129 @@ def _write_mmproj(path: Path, vision: TinyVisionSpec, lm_hidden_size: int) -> No
     writer.close()
 
 
+IMAGE_TOKEN = "<image>"
+"""The MLX vision model's image placeholder: an added special token after the trained
+vocabulary (id = TINY_SPEC.vocab_size), which LLaVA's processor repeats once per image
+embedding. Its embedding row is overwritten by the image features; its lm_head row is zero
+(never generated), like the other special tokens."""
+
+
+def _clip_hf_weights(vision: TinyVisionSpec, lm_hidden_size: int) -> dict[str, np.ndarray]:
+    """HF LLaVA vision tower (CLIP) and projector tensors, float32, in a fixed order; the
+    same init as `_clip_weights` (llama.cpp's names), under the names mlx-vlm's llava reads."""
+    h, ff, p = vision.hidden_size, vision.intermediate_size, vision.patch_size
+    weights: dict[str, np.ndarray] = {}
+
+    def noise(name: str, shape: tuple[int, ...], std: float) -> None:
+        weights[name] = _uniform(vision.seed, name, shape, std)
+
+    def linear(name: str, out_features: int, in_features: int, gain: float = HIDDEN_GAIN) -> None:
+        noise(f"{name}.weight", (out_features, in_features), gain / math.sqrt(in_features))
+        weights[f"{name}.bias"] = np.zeros(out_features, dtype=np.float32)
+
+    def norm(name: str) -> None:
+        weights[f"{name}.weight"] = np.ones(h, dtype=np.float32)
+        weights[f"{name}.bias"] = np.zeros(h, dtype=np.float32)
+
+    tower = "vision_tower.vision_model"
+    noise(f"{tower}.embeddings.class_embedding", (h,), EMBED_STD)
+    noise(f"{tower}.embeddings.patch_embedding.weight", (h, 3, p, p), HIDDEN_GAIN / math.sqrt(3 * p * p))
+    noise(f"{tower}.embeddings.position_embedding.weight", (vision.image_tokens + 1, h), EMBED_STD)
+    norm(f"{tower}.pre_layrnorm")  # (sic: CLIP's spelling)
+    for i in range(vision.num_layers):
+        b = f"{tower}.encoder.layers.{i}"
+        norm(f"{b}.layer_norm1")
+        for name in ("q_proj", "k_proj", "v_proj"):
+            linear(f"{b}.self_attn.{name}", h, h)
+        linear(f"{b}.self_attn.out_proj", h, h, RESIDUAL_GAIN)
+        norm(f"{b}.layer_norm2")
+        linear(f"{b}.mlp.fc1", ff, h)
+        linear(f"{b}.mlp.fc2", h, ff, RESIDUAL_GAIN)
+    norm(f"{tower}.post_layernorm")
+    linear("multi_modal_projector.linear_1", lm_hidden_size, h)
+    linear("multi_modal_projector.linear_2", lm_hidden_size, lm_hidden_size, vision.projection_gain)
+    return weights
+
+
+def write_mlx_vlm(hf_dir: Path, spec: TinySpec, vision: TinyVisionSpec) -> None:
+    """A LLaVA safetensors folder mlx-vlm loads: `spec`'s language model (the tokenizer plus
+    IMAGE_TOKEN, so the LM's vocabulary is one larger), `vision`'s CLIP tower and projector
+    (the image's `vision.image_tokens` patch embeddings; the class token is dropped)."""
+    from safetensors.numpy import save_file
+    from tokenizers import AddedToken
+
+    tokenizer = train_tokenizer(spec)
+    tokenizer.add_special_tokens([AddedToken(IMAGE_TOKEN, special=True, normalized=False)])
+    image_id = tokenizer.get_vocab()[IMAGE_TOKEN]
+    lm_spec = replace(spec, vocab_size=tokenizer.get_vocab_size())
+    lm = _hf_weights(lm_spec, [tokenizer.get_vocab()[t] for t in (*SPECIAL_TOKENS, IMAGE_TOKEN)])
+    _write_hf(hf_dir, lm_spec, tokenizer, lm)
+    weights = {f"language_model.{name}": weight for name, weight in lm.items()}
+    weights.update(_clip_hf_weights(vision, spec.hidden_size))
+    save_file({name: np.ascontiguousarray(w) for name, w in weights.items()}, str(hf_dir / "model.safetensors"),
+              metadata={"format": "pt"})
+    os.chmod(hf_dir / "model.safetensors", 0o644)
+    text_config = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
+    del text_config["architectures"]
+    _write_json(hf_dir / "config.json", {
+        "architectures": ["LlavaForConditionalGeneration"],
+        "model_type": "llava",
+        "text_config": text_config,
+        "vision_config": {
+            "model_type": "clip_vision_model",
+            "hidden_size": vision.hidden_size,
+            "intermediate_size": vision.intermediate_size,
+            "num_hidden_layers": vision.num_layers,
+            "num_attention_heads": vision.num_attention_heads,
+            "image_size": vision.image_size,
+            "patch_size": vision.patch_size,
+            "projection_dim": spec.hidden_size,
+            "num_channels": 3,
+            "layer_norm_eps": CLIP_NORM_EPS,
+            "hidden_act": "gelu",
+        },
+        "image_token_index": image_id,
+        # The last layer's patches (llama.cpp's mlp projector reads the last layer too).
+        "vision_feature_layer": -1,
+        "vision_feature_select_strategy": "default",
+        "projector_hidden_act": "gelu",
+        "vocab_size": lm_spec.vocab_size,
+        "bos_token_id": text_config["bos_token_id"],
+        "eos_token_id": text_config["eos_token_id"],
+        "tie_word_embeddings": False,
+        "torch_dtype": spec.dtype,
+    })
+    _write_json(hf_dir / "preprocessor_config.json", {
+        "image_processor_type": "CLIPImageProcessor",
+        "processor_class": "LlavaProcessor",
+        "do_resize": True,
+        "size": {"shortest_edge": vision.image_size},
+        "resample": 3,
+        "do_center_crop": True,
+        "crop_size": {"height": vision.image_size, "width": vision.image_size},
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "image_mean": list(IMAGE_MEAN),
+        "image_std": list(IMAGE_STD),
+        "do_convert_rgb": True,
+    })
+    _write_json(hf_dir / "processor_config.json", {
+        "processor_class": "LlavaProcessor",
+        "patch_size": vision.patch_size,
+        "vision_feature_select_strategy": "default",
+        "image_token": IMAGE_TOKEN,
+        "num_additional_image_tokens": 1,  # the class token, dropped by "default"
+    })
+    tokenizer_config = json.loads((hf_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+    tokenizer_config["added_tokens_decoder"][str(image_id)] = {
+        "content": IMAGE_TOKEN, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
+        "special": True,
+    }
+    tokenizer_config["processor_class"] = "LlavaProcessor"
+    _write_json(hf_dir / "tokenizer_config.json", tokenizer_config)
+
+
 def _tree_size_bytes(directory: Path) -> int:
     return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
 
@@ -697,16 +825,20 @@ class GeneratedModel:
     spec: TinySpec
     vision: TinyVisionSpec | None = None
     """The projector written beside model.gguf (`PROJECTOR_FILE_NAME`) for a vision card."""
+    mlx_vlm: bool = False
+    """Write only hf/, as a LLaVA model for mlx-vlm (`write_mlx_vlm`), with `vision`'s tower."""
 
 
 LOCAL_GENERATED_MODELS: Mapping[str, GeneratedModel] = {
     "local/tiny-llama": GeneratedModel("local--tiny-llama", TINY_SPEC),
     "local/tiny-llama-gguf": GeneratedModel("local--tiny-llama", TINY_SPEC),
     "local/tiny-vlm-gguf": GeneratedModel("local--tiny-vlm", TINY_SPEC, TINY_VISION_SPEC),
+    "local/tiny-vlm": GeneratedModel("local--tiny-vlm-mlx", TINY_SPEC, TINY_VISION_SPEC, mlx_vlm=True),
 }
 """Generated cards by model id. Both tiny cards share one directory: the HF card resolves to
 its hf/ folder, the GGUF card (the one with a llama.cpp backend) to its model.gguf. The
-vision card has its own directory (the same LM plus mmproj.gguf)."""
+vision card has its own directory (the same LM plus mmproj.gguf); so has the MLX vision card
+(hf/ only: a LLaVA folder for mlx-vlm)."""
 
 
 def generated_projector_path(model_path: Path) -> Path:
@@ -732,7 +864,7 @@ def _shape_mismatches(card: ModelCard, spec: TinySpec) -> list[str]:
     ]
 
 
-def _marker_matches(model_dir: Path, expected_hash: str, vision: bool = False) -> bool:
+def _marker_matches(model_dir: Path, expected_hash: str, vision: bool = False, gguf: bool = True) -> bool:
     try:
         marker = json.loads((model_dir / MARKER_FILE_NAME).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -741,8 +873,8 @@ def _marker_matches(model_dir: Path, expected_hash: str, vision: bool = False) -
         isinstance(marker, dict)
         and marker.get("spec_hash") == expected_hash
         and (model_dir / HF_DIR_NAME).is_dir()
-        and (model_dir / GGUF_FILE_NAME).is_file()
-        and (not vision or (model_dir / PROJECTOR_FILE_NAME).is_file())
+        and (not gguf or (model_dir / GGUF_FILE_NAME).is_file())
+        and (not vision or not gguf or (model_dir / PROJECTOR_FILE_NAME).is_file())
     )
 
 
@@ -790,13 +922,16 @@ def _generate_in_place(models_dir: Path, model_id: str, generated: GeneratedMode
     partial = Path(tempfile.mkdtemp(dir=models_dir, prefix=f".{generated.dir_name}.partial-"))
     try:
         logger.info("generating %s (spec %s) into %s", model_id, expected_hash[:12], target)
-        if generated.vision is None:
+        if generated.mlx_vlm and generated.vision is not None:
+            write_mlx_vlm(partial / HF_DIR_NAME, generated.spec, generated.vision)
+        elif generated.vision is None:
             generate_tiny_model(partial, generated.spec)
         else:
             generate_tiny_model(partial, generated.spec, generated.vision)
         _write_json(
             partial / MARKER_FILE_NAME,
             {"spec_hash": expected_hash, "generator_version": GENERATOR_VERSION, "spec": asdict(generated.spec),
+             **({"layout": "mlx-vlm"} if generated.mlx_vlm else {}),
              **({"vision": asdict(generated.vision)} if generated.vision is not None else {})},
         )
         _fsync_tree(partial)
@@ -820,20 +955,23 @@ def ensure_generated(card: ModelCard, models_dir: Path) -> Path:
             card.model_id,
             f"no generator for this id (generated models: {sorted({*LOCAL_GENERATED_MODELS, *SPEECH_GENERATORS})})"
         )
-    mismatches = _shape_mismatches(card, generated.spec)
+    # The MLX vision model's LM has one more token (IMAGE_TOKEN) than the trained vocabulary.
+    mismatches = _shape_mismatches(card, replace(generated.spec, vocab_size=generated.spec.vocab_size + 1)
+                                   if generated.mlx_vlm else generated.spec)
     if mismatches:
         raise ArtifactUnavailable(
             card.model_id, "the card's shape differs from what the generator makes: " + ", ".join(mismatches)
         )
     models_dir = Path(models_dir)
     target = models_dir / generated.dir_name
-    expected_hash = spec_hash(generated.spec, generated.vision)
+    expected_hash = spec_hash(generated.spec, generated.vision) + ("-mlx-vlm" if generated.mlx_vlm else "")
     vision = generated.vision is not None
-    if not _marker_matches(target, expected_hash, vision):
+    gguf = not generated.mlx_vlm
+    if not _marker_matches(target, expected_hash, vision, gguf):
         models_dir.mkdir(parents=True, exist_ok=True)
         with _exclusive_lock(models_dir / f"{generated.dir_name}.lock", card.model_id, GENERATION_LOCK_TIMEOUT_S):
             # Another node sharing this models dir may have finished while we waited.
-            if not _marker_matches(target, expected_hash, vision):
+            if not _marker_matches(target, expected_hash, vision, gguf):
                 _generate_in_place(models_dir, card.model_id, generated, expected_hash)
     return target / GGUF_FILE_NAME if card.is_gguf else target / HF_DIR_NAME
 
@@ -916,6 +1054,7 @@ __all__ = [
     "EOT_TOKEN",
     "GGUF_FILE_NAME",
     "HF_DIR_NAME",
+    "IMAGE_TOKEN",
     "LOCAL_GENERATED_MODELS",
     "MARKER_FILE_NAME",
     "PROJECTOR_FILE_NAME",
@@ -934,6 +1073,7 @@ __all__ = [
     "main",
     "spec_hash",
     "train_tokenizer",
+    "write_mlx_vlm",
 ]
 
 if __name__ == "__main__":

@@ -526,6 +526,29 @@ def test_images_to_an_engine_that_cannot_see_are_refused_by_name(make, engine_na
     assert engine_name in caught.value.message and "image input" in caught.value.message
 
 
+@pytest.mark.parametrize(("fields", "refused"), [
+    ({"logprobs": True}, True),  # MLX's vision path (mlx-vlm) samples plainly
+    ({"logit_bias": {3: 1.0}}, True),
+    ({"frequency_penalty": 0.5}, True),
+    ({}, False),
+])
+def test_the_vision_path_refuses_what_it_does_not_honour(make, fields, refused) -> None:
+    from skulk.shared.types.common import ChatMessage
+    from skulk.shared.types.media import IMAGE_MARKER, ImageInput
+
+    dispatcher, sink = make(ScriptedEngine(), engine_name="mlx", vision=True)
+    picture = ImageInput.of(b"\x89PNG...", "image/png", 1, 1)
+    params = TextGenerationParams(model_id="local/fake", messages=[
+        ChatMessage(role="user", content=f"{IMAGE_MARKER}what", images=[picture])]).model_copy(update=fields)
+    if refused:
+        with pytest.raises(DispatchRejected) as caught:
+            dispatcher.submit("a", params)
+        assert caught.value.error_type == "FeatureUnsupported" and "mlx" in caught.value.message
+    else:
+        dispatcher.submit("a", params)  # images are honoured on the vision path
+        wait_until(lambda: sink.finished("a"))
+
+
 class TranscribingScriptedEngine(ScriptedEngine):
     """Transcribes by script: the file name says how many partial results come before the
     final one ('3.wav'), or that none is final ('nofinal.wav'), or that it fails mid-way

@@ -51,7 +51,8 @@ class Feature(StrEnum):
     IMAGES = "image input"
     """A chat message's `images` (`skulk.shared.types.media`): the engine puts each image's
     embedding where its marker stands. llama-server and the in-process llama.cpp engine (one
-    node, not a pool), with the card's projector."""
+    node, not a pool) with the card's projector, and MLX for a card that sees (its mlx-vlm
+    path, `EngineTraits.vision_features`)."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,12 @@ class EngineTraits:
     window_at_load: bool = False
     features: frozenset[Feature] = frozenset()
     pipeline_features: frozenset[Feature] | None = None
+    vision_features: frozenset[Feature] | None = None
+    """The features it honours on its vision path: a separate model path (MLX: mlx-vlm) for a
+    card that sees (capability "vision") of one of `vision_families`; None: no such path. A
+    model on the vision path runs on one node (`shards_model`)."""
+    vision_families: frozenset[str] = frozenset()
+    """The model families its vision path runs (`on_vision_path`)."""
     workloads: frozenset[str] = frozenset({"text"})
     binary_env: str | None = None
     managed_build: bool = False
@@ -134,8 +141,18 @@ class EngineTraits:
         return self.binary_env is not None
 
 
-MLX_FAMILIES: frozenset[str] = MLX_MODEL_TYPES | frozenset(MLX_MODEL_REMAPPING)
-"""config.json `model_type` values mlx-lm loads: its model modules and its own aliases."""
+MLX_VLM_VISION_TYPES: frozenset[str] = frozenset({"llava"})
+"""config.json `model_type` values whose vision tower MLX's vision path runs through mlx-vlm
+(`skulk.worker.engines.mlx.vision`), as tested on a generated model (local/tiny-vlm). mlx-vlm
+(0.7) loads many more families, but each processor places its image tokens its own way
+(Gemma 3 expands `<start_of_image>`, Qwen2-VL its pads by image size): a family joins here
+once a test shows its prompt and embeddings line up. A card that sees with another family
+runs on the text path, where images are refused by name. Ours, not generated from mlx-vlm
+(`engine_architectures` is)."""
+
+MLX_FAMILIES: frozenset[str] = MLX_MODEL_TYPES | frozenset(MLX_MODEL_REMAPPING) | MLX_VLM_VISION_TYPES
+"""config.json `model_type` values MLX loads: mlx-lm's model modules and its own aliases, and
+the vision-language families its vision path loads through mlx-vlm."""
 
 _GGUF_COMPUTES: Mapping[str, str] = MappingProxyType({"nvidia": "cuda", "amd": "vulkan", "apple": "metal"})
 """AMD maps to Vulkan, the lane the managed builds and the AMD guide use; a ROCm/HIP build
@@ -201,9 +218,14 @@ ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
         # tensor group. A pipeline's last rank samples without the tokenizer or the prompt,
         # so a pipeline serves plain sampling only. The stage computes the head for the last
         # position only, so no prompt logprobs. No MLX embedding path: text only.
-        # No vision model path (mlx-vlm) yet: no images.
+        # Images only on the vision path below.
         features=frozenset(Feature) - {Feature.PROMPT_LOGPROBS, Feature.IMAGES},
         pipeline_features=frozenset({Feature.N}),
+        # A card that sees loads through mlx-vlm (skulk.worker.engines.mlx.vision), whole on
+        # one rank, sampling plainly: images and several choices; no logprobs, grammars,
+        # penalties or bias.
+        vision_features=frozenset({Feature.IMAGES, Feature.N}),
+        vision_families=MLX_VLM_VISION_TYPES,
         # MLX needs mlx-lm for its model implementations; on Linux mlx[cpu] serves on CPU.
         modules=("mlx", "mlx_lm"),
         vendor_computes=_APPLE_COMPUTES,
@@ -301,6 +323,19 @@ def shards_family(engine: str, family: str) -> bool:
     return traits.sharded_families is None or family in traits.sharded_families
 
 
+def on_vision_path(engine: str, family: str, sees: bool) -> bool:
+    """Whether a model of `family` whose card does (`sees`) or does not see runs on
+    `engine`'s vision path (its `vision_features` apply)."""
+    traits = traits_of(engine)
+    return sees and traits.vision_features is not None and family in traits.vision_families
+
+
+def shards_model(engine: str, family: str, sees: bool) -> bool:
+    """Whether `engine` can spread one instance of a `family` model over several nodes,
+    for a card that does (`sees`) or does not see: an engine's vision path runs on one node."""
+    return shards_family(engine, family) and not on_vision_path(engine, family, sees)
+
+
 def spans_with(engine: str, sharding: str) -> bool:
     """Whether a multi-node instance of `engine` may use `sharding` (llama.cpp pools by
     layer ranges only: Pipeline)."""
@@ -334,18 +369,24 @@ def required_features(params: TextGenerationParams) -> list[tuple[Feature, str]]
     return wanted + images
 
 
-def sees_images(engine: str) -> bool:
+def sees_images(engine: str, family: str | None = None) -> bool:
     """Whether `engine` (a bare engine name), or the served twin placement puts first,
-    serves image inputs."""
-    twin = traits_of(engine).served_twin
-    return Feature.IMAGES in traits_of(engine).features or (twin is not None and Feature.IMAGES in
-                                                              traits_of(twin).features)
-
-
-def honoured_features(engine: str, *, pipelined: bool = False) -> frozenset[Feature]:
-    """The features `engine` honours, for an instance that is (`pipelined`) or is not a
-    pipeline over several ranks."""
+    serves image inputs; with `family`, also through its vision path for that family."""
     traits = traits_of(engine)
+    twin = traits.served_twin
+    return (Feature.IMAGES in traits.features
+            or (family is not None and on_vision_path(engine, family, True)
+                and Feature.IMAGES in (traits.vision_features or frozenset()))
+            or (twin is not None and Feature.IMAGES in traits_of(twin).features))
+
+
+def honoured_features(engine: str, *, pipelined: bool = False, vision: bool = False) -> frozenset[Feature]:
+    """The features `engine` honours, for an instance that is (`pipelined`) or is not a
+    pipeline over several ranks, and is (`vision`, see `on_vision_path`) or is not on its
+    vision path."""
+    traits = traits_of(engine)
+    if vision and traits.vision_features is not None:
+        return traits.vision_features
     if pipelined and traits.pipeline_features is not None:
         return traits.pipeline_features
     return traits.features
@@ -357,9 +398,10 @@ def is_pipelined(sharding: str, world_size: int) -> bool:
 
 
 def missing_features(engine: str, params: TextGenerationParams, *,
-                     pipelined: bool = False) -> list[tuple[Feature, str]]:
-    """The features `params` asks for that `engine` does not honour (empty: serve it)."""
-    have = honoured_features(engine, pipelined=pipelined)
+                     pipelined: bool = False, vision: bool = False) -> list[tuple[Feature, str]]:
+    """The features `params` asks for that `engine` does not honour (empty: serve it), on
+    (`vision`) or off its vision path."""
+    have = honoured_features(engine, pipelined=pipelined, vision=vision)
     return [(feature, param) for feature, param in required_features(params) if feature not in have]
 
 
@@ -369,6 +411,7 @@ __all__ = [
     "GGUF_ENGINES",
     "KNOWN_ENGINES",
     "MLX_FAMILIES",
+    "MLX_VLM_VISION_TYPES",
     "MULTI_NODE_ENGINES",
     "PROBED_MODULES",
     "RING_ENGINES",
@@ -388,10 +431,12 @@ __all__ = [
     "is_pool_donor",
     "loads_family",
     "missing_features",
+    "on_vision_path",
     "required_features",
     "sees_images",
     "serves_workload",
     "shards_family",
+    "shards_model",
     "spans_with",
     "traits_of",
 ]

@@ -389,6 +389,7 @@ class Dispatcher:
         name: str = "dispatch",
         engine_name: str | None = None,
         pipelined: bool = False,
+        vision: bool = False,
     ) -> None:
         if width < 1:
             raise ValueError(f"dispatcher width must be >= 1, got {width}")
@@ -398,6 +399,8 @@ class Dispatcher:
         engine lacks is refused at admission (the API refuses it first; this is the guard)."""
         self._pipelined = pipelined
         """Whether the engine runs a pipeline over several ranks (fewer features, see the table)."""
+        self._vision = vision
+        """Whether the model runs on the engine's vision path (its features apply)."""
         self._sink = sink
         self._width = width
         self._capacity = queue_capacity
@@ -536,7 +539,8 @@ class Dispatcher:
     def _unsupported(self, request: ApiRequest) -> DispatchRejected | None:
         if self._engine_name is None or not isinstance(request, TextGenerationParams):
             return None
-        for feature, param in missing_features(self._engine_name, request, pipelined=self._pipelined):
+        for feature, param in missing_features(self._engine_name, request, pipelined=self._pipelined,
+                                                  vision=self._vision):
             return DispatchRejected(
                 "FeatureUnsupported", f"the {self._engine_name} engine does not support {feature.value} ({param!r})")
         return None

@@ -42,7 +42,7 @@ from skulk.shared.settings import setting
 from skulk.shared.types.cards import backend_engine
 from skulk.shared.types.chunks import ResultChunk, StreamPayload, StreamStarted, StreamTerminal, TokenChunk
 from skulk.shared.types.common import RunnerState
-from skulk.shared.types.engines import is_pipelined, is_pool_donor
+from skulk.shared.types.engines import is_pipelined, is_pool_donor, on_vision_path
 from skulk.shared.types.ids import CommandId, RunnerId, TaskId
 from skulk.shared.types.instances import RunnerStatus
 from skulk.shared.types.tasks import ApiTask
@@ -149,6 +149,25 @@ ENGINES: Mapping[str, Callable[[], Engine]] = {
 """Engine constructors keyed by the shard's backend engine ('llama_cpp-cuda' -> 'llama_cpp')."""
 
 
+def _mlx_vision_engine() -> Engine:
+    from skulk.worker.engines.mlx.vision import MlxVisionEngine
+
+    return MlxVisionEngine()
+
+
+VISION_ENGINES: Mapping[str, Callable[[], Engine]] = {
+    "mlx": _mlx_vision_engine,
+}
+"""Constructors for a model on an engine's vision path (`on_vision_path`: a card that sees,
+of a family the path runs; MLX: mlx-vlm, `skulk.worker.engines.mlx.vision`)."""
+
+
+def engine_factory(backend: str, vision: bool) -> Callable[[], Engine] | None:
+    """The constructor for a shard on `backend`, on (`vision`) or off the engine's vision path."""
+    engine = backend_engine(backend)
+    return (VISION_ENGINES.get(engine) if vision else None) or ENGINES.get(engine)
+
+
 def runner_main(inbox: MpQueue, outbox: Connection, parent_pid: int) -> None:
     """Child entry point. Returns (exit 0) after a clean shutdown; exits non-zero on failure."""
     _configure_logging()
@@ -232,7 +251,8 @@ class Runner:
         """Load the engine, start its dispatcher, warm up (phases reported when `report`)."""
         spec = self._spec()
         shard = spec.shard
-        factory = _pool_donor_engine if _is_pool_donor(shard) else ENGINES.get(backend_engine(shard.backend))
+        vision = on_vision_path(backend_engine(shard.backend), spec.card.family, "vision" in spec.card.capabilities)
+        factory = _pool_donor_engine if _is_pool_donor(shard) else engine_factory(shard.backend, vision)
         if factory is None:
             raise ValueError(f"no engine for backend {shard.backend!r} (known: {sorted(ENGINES)})")
         engine = factory()
@@ -247,7 +267,8 @@ class Runner:
                 self._set_phase("WarmingUp")
             self._dispatcher = Dispatcher(engine, self, width=engine.concurrency, name=f"runner-{self._runner_id}",
                                           engine_name=backend_engine(shard.backend),
-                                          pipelined=is_pipelined(spec.instance.sharding, shard.world_size))
+                                          pipelined=is_pipelined(spec.instance.sharding, shard.world_size),
+                                          vision=vision)
             self._dispatcher.run_on_worker(engine.warm_up)
         except Exception:
             if self._dispatcher is not None:
@@ -602,6 +623,8 @@ __all__ = [
     "EXIT_OK",
     "EXIT_PARENT_GONE",
     "PARENT_WATCH_INTERVAL_S",
+    "VISION_ENGINES",
     "Runner",
+    "engine_factory",
     "runner_main",
 ]

@@ -20,6 +20,7 @@ import threading
 from typing import Any
 
 from skulk.shared.reasoning_switches import template_kwargs
+from skulk.shared.types.media import IMAGE_MARKER
 from skulk.shared.types.tasks import TextGenerationParams
 from skulk.worker.engines.base import ChatTemplateMissing, chat_message_dict
 from skulk.worker.engines.prompt_pieces import (
@@ -95,6 +96,24 @@ def special_tokens(tokenizer: Any) -> dict[str, int]:
     }
 
 
+def images_as(segments: list[Segment], image_token: str) -> list[Segment]:
+    """`segments` with every IMAGE_MARKER in caller text replaced by `image_token` as a
+    template stretch, so it is parsed as the model's image token (the API refuses caller
+    text holding the marker: each marker is an image)."""
+    out: list[Segment] = []
+    for segment in segments:
+        if segment.trusted or IMAGE_MARKER not in segment.text:
+            out.append(segment)
+            continue
+        parts = segment.text.split(IMAGE_MARKER)
+        for index, part in enumerate(parts):
+            if index:
+                out.append(Segment(image_token, True))
+            if part:
+                out.append(Segment(part, False))
+    return out
+
+
 def prompt_and_tokens(
     tokenizer: Any,
     request: TextGenerationParams,
@@ -103,12 +122,14 @@ def prompt_and_tokens(
     limit: int | None = None,
     cancelled: threading.Event | None = None,
     switches: tuple[str, ...] = (),
+    image_token: str | None = None,
 ) -> tuple[str, list[int]]:
     """The rendered prompt and the exact ids the model sees for `request`. Special-token
     text is parsed only where the chat template (or a raw prompt's author) wrote it; caller
     content is encoded with special-token splitting, so '<|eot_id|>' there is text. With
     `limit`, stops with `PromptOverContext` once that many tokens are reached; with
-    `cancelled`, stops with `PromptCancelled` once it is set."""
+    `cancelled`, stops with `PromptCancelled` once it is set. With `image_token` (a special
+    token of the tokenizer), each image marker becomes that token (`images_as`)."""
     if request.prompt is not None:
         text, segments = request.prompt, [Segment(request.prompt, True)]
     else:
@@ -128,6 +149,8 @@ def prompt_and_tokens(
 
         rendered, segments = render_segments(render, [chat_message_dict(m) for m in request.messages], tools)
         text, segments = continued(rendered, segments, request.continue_from)
+        if image_token is not None:
+            segments = images_as(segments, image_token)
     specials = special_tokens(tokenizer) if specials is None else specials
     pieces = prompt_pieces(segments, special_token_pattern(specials), specials)
     bos = getattr(tokenizer, "bos_token_id", None)
@@ -144,4 +167,4 @@ def prompt_and_tokens(
     return text, tokens
 
 
-__all__ = ["byte_level_alphabet", "prompt_and_tokens", "special_tokens", "token_bytes_table"]
+__all__ = ["byte_level_alphabet", "images_as", "prompt_and_tokens", "special_tokens", "token_bytes_table"]

@@ -1,0 +1,199 @@
+"""MLX's vision path (mlx-vlm) on the generated tiny LLaVA `local/tiny-vlm`: the image reaches
+the model (two different images, two different greedy answers; the same image, the same
+answer), its embeddings are counted in the prompt, and what the path does not honour is
+refused by name. The pure helpers (marker to image token, image token expansion) are
+table-driven."""
+
+from __future__ import annotations
+
+import io
+import threading
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from skulk.models.cards import builtin_cards_dir, load_card
+from skulk.models.tiny_models import IMAGE_TOKEN, TINY_VISION_SPEC
+from skulk.shared.types.common import ChatMessage
+from skulk.shared.types.engines import (
+    Feature,
+    honoured_features,
+    missing_features,
+    on_vision_path,
+    sees_images,
+    shards_model,
+)
+from skulk.shared.types.ids import ModelId
+from skulk.shared.types.media import IMAGE_MARKER, ImageInput
+from skulk.shared.types.tasks import TextGenerationParams
+from skulk.worker.engines.base import GeneratedToken, ModelLoadFailed, ShardSpec
+from skulk.worker.engines.mlx.text import images_as
+from skulk.worker.engines.mlx.vision import MlxVisionEngine, VisionModelError, expanded, has_vision_tower
+from skulk.worker.engines.prompt_pieces import Segment
+from skulk.worker.runner.bootstrap import engine_factory
+from tests.worker.engines.mlx_ranks import local_instance
+
+pytestmark = pytest.mark.timeout(180)
+
+CARD = load_card(builtin_cards_dir() / "local--tiny-vlm.toml")
+MODEL = ModelId(CARD.model_id)
+
+
+def png(colour: str, size: tuple[int, int] = (40, 30)) -> ImageInput:
+    out = io.BytesIO()
+    Image.new("RGB", size, colour).save(out, format="PNG")
+    return ImageInput.of(out.getvalue(), "image/png", *size)
+
+
+def ask(*images: ImageInput, max_tokens: int = 12, **kwargs) -> TextGenerationParams:
+    content = "".join(IMAGE_MARKER for _ in images) + "What is this?"
+    return TextGenerationParams(model_id=MODEL, max_tokens=max_tokens, temperature=0, **kwargs,
+                                messages=[ChatMessage(role="user", content=content, images=list(images))])
+
+
+def run(engine: MlxVisionEngine, request: TextGenerationParams) -> tuple[str, GeneratedToken]:
+    tokens = list(engine.generate(request, threading.Event()))
+    return "".join(t.text for t in tokens), tokens[-1]
+
+
+@pytest.fixture(scope="module")
+def tiny_vlm(tmp_path_factory) -> Path:
+    from skulk.artifacts.resolve import ensure_local_model
+
+    path = ensure_local_model(CARD, tmp_path_factory.mktemp("mlx-vlm-models"))
+    assert has_vision_tower(__import__("json").loads((path / "config.json").read_text()))
+    return path
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_vlm):
+    engine = MlxVisionEngine()
+    engine.load(ShardSpec(instance=local_instance(CARD, 1), runner_id=local_instance(CARD, 1).shards[0].runner_id,
+                          card=CARD, model_path=str(tiny_vlm)))
+    engine.warm_up()
+    yield engine
+    engine.close()
+
+
+def test_the_image_steers_greedy_decoding(engine):
+    black, white = run(engine, ask(png("black"))), run(engine, ask(png("white")))
+    assert black[0] and white[0]
+    assert black[0] != white[0]
+    assert run(engine, ask(png("black")))[0] == black[0]  # the same image: the same answer
+    assert black[1].finish_reason == "length"
+
+
+def test_prompt_tokens_count_the_image_embeddings(engine):
+    plain = run(engine, ask())[1].usage
+    one = run(engine, ask(png("red")))[1].usage
+    two = run(engine, ask(png("red"), png("blue", (64, 64))))[1].usage
+    assert plain is not None and one is not None and two is not None
+    # The marker becomes one image token, repeated once per embedding (16 per image here).
+    assert one.prompt_tokens - plain.prompt_tokens == TINY_VISION_SPEC.image_tokens
+    assert two.prompt_tokens - plain.prompt_tokens == 2 * TINY_VISION_SPEC.image_tokens
+    assert engine.prompt_token_count(ask(png("red"))) == one.prompt_tokens
+
+
+def test_a_seeded_sample_repeats_and_the_seed_matters(engine):
+    def sampled(seed: int) -> str:
+        request = ask(png("black"), max_tokens=16).model_copy(update={"temperature": 1.5, "seed": seed})
+        return run(engine, request)[0]
+
+    assert sampled(7) == sampled(7)
+    assert len({sampled(seed) for seed in (1, 2, 3)}) > 1
+
+
+def test_text_only_requests_still_serve(engine):
+    text, last = run(engine, TextGenerationParams(model_id=MODEL, prompt="The cluster", max_tokens=5,
+                                                  temperature=0))
+    assert text and last.usage is not None and last.usage.completion_tokens == 5
+
+
+def test_an_undecodable_image_fails_the_request_by_name(engine):
+    broken = ImageInput.of(b"\x89PNG\r\n\x1a\nnot really", "image/png", 4, 4)
+    with pytest.raises(VisionModelError, match="could not be decoded"):
+        run(engine, ask(broken))
+    assert run(engine, ask(png("black")))[0]  # and the engine goes on serving
+
+
+def test_a_card_that_sees_on_a_text_only_folder_fails_to_load(tmp_path):
+    from skulk.artifacts.resolve import ensure_local_model
+
+    text_card = load_card(builtin_cards_dir() / "local--tiny-llama.toml")
+    path = ensure_local_model(text_card, tmp_path)
+    engine = MlxVisionEngine()
+    with pytest.raises(ModelLoadFailed, match="no vision_config"):
+        engine.load(ShardSpec(instance=local_instance(CARD, 1), runner_id=local_instance(CARD, 1).shards[0].runner_id,
+                              card=CARD, model_path=str(path)))
+
+
+# -- pure helpers and the traits table --------------------------------------------------------
+
+
+@pytest.mark.parametrize(("segments", "want"), [
+    ([Segment("plain", False)], [Segment("plain", False)]),
+    ([Segment(f"{IMAGE_MARKER}hi", False)], [Segment(IMAGE_TOKEN, True), Segment("hi", False)]),
+    ([Segment(f"a{IMAGE_MARKER}b{IMAGE_MARKER}", False)],
+     [Segment("a", False), Segment(IMAGE_TOKEN, True), Segment("b", False), Segment(IMAGE_TOKEN, True)]),
+    ([Segment(f"<t>{IMAGE_MARKER}", True)], [Segment(f"<t>{IMAGE_MARKER}", True)]),  # template text is left alone
+])
+def test_image_markers_become_the_image_token(segments, want):
+    assert images_as(segments, IMAGE_TOKEN) == want
+
+
+@pytest.mark.parametrize(("prompt", "counts", "want"), [
+    ([1, 9, 2], [3], [1, 9, 9, 9, 2]),
+    ([9, 9], [1, 2], [9, 9, 9]),
+    ([1, 2], [], [1, 2]),
+])
+def test_image_tokens_expand_per_image(prompt, counts, want):
+    assert expanded(prompt, 9, counts) == want
+
+
+def test_an_image_without_its_token_is_refused():
+    with pytest.raises(VisionModelError, match="1 image token"):
+        expanded([1, 9], 9, [2, 2])
+
+
+@pytest.mark.parametrize(("vision", "feature", "honoured"), [
+    (True, Feature.IMAGES, True),
+    (True, Feature.N, True),
+    (True, Feature.LOGPROBS, False),
+    (True, Feature.STRUCTURED_OUTPUT, False),
+    (True, Feature.PENALTIES, False),
+    (True, Feature.LOGIT_BIAS, False),
+    (False, Feature.IMAGES, False),
+    (False, Feature.LOGPROBS, True),
+])
+def test_mlx_honours_per_path(vision, feature, honoured):
+    assert (feature in honoured_features("mlx", vision=vision)) is honoured
+
+
+def test_logprobs_on_the_vision_path_are_refused_by_name():
+    request = ask(png("black"), logprobs=True)
+    assert missing_features("mlx", request, vision=True) == [(Feature.LOGPROBS, "logprobs")]
+    assert missing_features("mlx", ask(png("black")), vision=True) == []
+
+
+@pytest.mark.parametrize(("engine", "family", "sees", "on_path"), [
+    ("mlx", "llava", True, True),
+    ("mlx", "llava", False, False),  # a card that does not say it sees stays on the text path
+    ("mlx", "gemma3", True, False),  # a family the vision path has not been shown to run
+    ("llama_server", "llama", True, False),  # no separate vision path there
+])
+def test_the_vision_path_is_the_cards_and_the_familys(engine, family, sees, on_path):
+    assert on_vision_path(engine, family, sees) is on_path
+
+
+def test_a_vision_mlx_model_never_spans_nodes():
+    assert sees_images("mlx", "llava") and not sees_images("mlx") and not sees_images("mlx", "gemma3")
+    assert not shards_model("mlx", "llava", sees=True)
+    assert shards_model("mlx", "llama", sees=True)  # llama has no vision path: the text path spans
+    assert shards_model("mlx", "llama", sees=False)
+
+
+def test_the_runner_picks_the_vision_engine_for_a_card_that_sees():
+    assert engine_factory("mlx-cpu", True).__name__ == "_mlx_vision_engine"  # type: ignore[union-attr]
+    assert engine_factory("mlx-cpu", False) is not None
+    assert engine_factory("llama_server-cpu", True) is engine_factory("llama_server-cpu", False)
