@@ -146,7 +146,8 @@ class MlxVisionEngine:
 
             model, processor = load_vlm(str(path))
         except ImportError as exc:
-            raise ModelLoadFailed(f"mlx-vlm is not installed: {exc}") from exc
+            raise ModelLoadFailed(f"mlx-vlm is not installed on this node ({exc}); it ships with Skulk on "
+                                  "macOS, elsewhere `pip install mlx-vlm` into Skulk's environment") from exc
         except Exception as exc:
             raise ModelLoadFailed(f"mlx-vlm could not load {path}: {exc}") from exc
         from mlx_lm.tokenizer_utils import TokenizerWrapper
