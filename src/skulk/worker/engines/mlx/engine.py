@@ -51,6 +51,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
+from skulk.shared.kv_shape import config_kv_shape, value_dim
 from skulk.shared.prefix_cache import cold_budget_bytes
 from skulk.shared.types.cards import backend_engine
 from skulk.shared.types.chunks import TopLogprob
@@ -87,6 +88,7 @@ from skulk.worker.engines.mlx.group import (
     ring_addresses,
     seconds_from_env,
 )
+from skulk.worker.engines.mlx.kv_quant import kv_quantization
 from skulk.worker.engines.mlx.pipeline import (
     Stage,
     build_stage,
@@ -258,6 +260,8 @@ class MlxEngine:
             model, _ = load_model(path, lazy=True)
         except Exception as exc:
             raise ModelLoadFailed(f"mlx-lm could not load {path}: {exc}") from exc
+        kv_shape = config_kv_shape(text, int(text["num_attention_heads"]), int(text["hidden_size"]))
+        kv = kv_quantization(shard.kv_cache_type, (kv_shape.head_dim, value_dim(kv_shape.head_dim, kv_shape.value_head_dim)))
         if family is None:
             stage = whole_model_stage(model, role)
         else:
@@ -267,12 +271,16 @@ class MlxEngine:
                 shard_layers(parts.layers, family.tensor, self._group, config)
             stage = build_stage(parts, role)
             del parts
+        stage.kv = kv
         make_cache: Callable[[], list[Any]] | None = stage.make_cache
         self._speculative = speculating(spec.card.runtime.speculative, role.world, stage.make_cache)
         if role.world == 1:
             # A speculating model steps one request at a time: mlx-lm's batch decodes one
-            # token per sequence per step.
-            self._width = 1 if self._speculative else batch_width(os.environ)
+            # token per sequence per step. Nor can its batch merge a quantized KV cache.
+            self._width = 1 if self._speculative or kv is not None else batch_width(os.environ)
+            if kv is not None:
+                log.info("%s: a %s KV cache cannot join an mlx-lm batch; serving one request at a time", path,
+                         kv.kv_type)
             # The batch generator runs the whole mlx-lm model (the stage's arrays) on that
             # model's own cache types, so those decide whether it batches and reuses prefixes.
             batch_cache = partial(make_prompt_cache, model)
@@ -305,9 +313,10 @@ class MlxEngine:
             self._specials = special_tokens(self._tokenizer)
             self._eos = frozenset(int(t) for t in (self._tokenizer.eos_token_ids or ()))
         log.info(
-            "loaded %s rank %d/%d layers [%d, %d) %s n_ctx=%d%s",
+            "loaded %s rank %d/%d layers [%d, %d) %s n_ctx=%d kv_cache=%s%s%s",
             path, role.rank, role.world, role.start_layer, role.end_layer,
-            "tensor" if role.tensor else "pipeline", self._n_ctx,
+            "tensor" if role.tensor else "pipeline", self._n_ctx, shard.kv_cache_type,
+            f" ({kv.bits}-bit, groups of {kv.group_size})" if kv is not None else "",
             ", speculation ngram (prompt lookup)" if self._speculative else "",
         )
 
