@@ -227,3 +227,30 @@ def test_a_group_decodes_on_quantized_caches_exactly_what_one_quantized_rank_doe
     for report in reports:
         assert report.ok, f"rank {report.rank}: {report.error}"
     assert reports[0].tokens == expected
+
+
+# ---------------------------------------------------------------------------------------
+# Prompt-lookup speculation on a quantized cache
+# ---------------------------------------------------------------------------------------
+
+REPEATING = "one two three four one two three four one two three four one two"
+
+
+def test_speculation_drafts_on_a_quantized_cache_and_keeps_its_tokens(tiny_hf, q4) -> None:
+    """Rejected drafts are trimmed from the quantized cache as from the plain one: the
+    greedy tokens are those of the same q4_0 rank stepping one token at a time."""
+    from skulk.worker.engines.base import ShardSpec
+
+    card = CARD.model_copy(update={"runtime": CARD.runtime.model_copy(update={"speculative": "ngram"})})
+    instance = local_instance(card, 1, kv_cache_type="q4_0")
+    engine = MlxEngine()
+    engine.load(ShardSpec(instance=instance, runner_id=instance.shards[0].runner_id, card=card, model_path=str(tiny_hf)))
+    engine.warm_up()
+    try:
+        request = greedy(REPEATING, 120)
+        tokens = list(engine.generate(request, threading.Event()))
+        usage = tokens[-1].usage
+        assert usage is not None and usage.drafted_tokens > 0 and usage.accepted_draft_tokens > 0, usage
+        assert [t.token_id for t in tokens if t.token_id is not None] == token_ids(q4, request)
+    finally:
+        engine.close()

@@ -154,7 +154,8 @@ def metal_fast_synch_env(pin: bool | None) -> str | None:
 class MlxEngine:
     """`Engine` over an mlx-lm model. A group runs at width 1 (one request at a time drives
     every rank in lockstep); a single rank batches by default (`SKULK_MLX_BATCH_WIDTH`, see
-    `mlx.batch`), unless the model's KV cache cannot join a batch."""
+    `mlx.batch`), unless the model's KV cache cannot join a batch (a placement's quantized
+    cache, `mlx.kv_quant`, never can)."""
 
     def __init__(self) -> None:
         self._stage: Stage | None = None
