@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 from fractions import Fraction
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -97,9 +98,10 @@ def test_mlx_element_bytes_are_its_real_layouts(kv_type, head_dim) -> None:
     cache.update_and_fetch(kv, kv)
     mx.eval(cache.keys, cache.values)
     elements = 2 * heads * tokens * head_dim
-    assert Fraction(cache.nbytes, elements) == mlx_kv_element_bytes(kv_type, quantization.group_size)
+    measured = Fraction(cast(int, cache.nbytes), elements)
+    assert measured == mlx_kv_element_bytes(kv_type, quantization.group_size)
     if quantization.group_size == 64:
-        assert Fraction(cache.nbytes, elements) == KV_ELEMENT_BYTES[kv_type]
+        assert measured == KV_ELEMENT_BYTES[kv_type]
 
 
 @pytest.mark.parametrize(("kv_type", "head_dims", "expected"), [
@@ -178,8 +180,8 @@ def test_q8_0_holds_values_close_to_f16s_and_decodes_the_long_prompt(plain, q8) 
     assert held > 300
     keys = exact.keys[..., :held, :]
     restored = mx.dequantize(*(p[..., :held, :] for p in packed.keys), group_size=packed.group_size, bits=8)
-    error = float(mx.max(mx.abs(restored - keys)).item())
-    step = float((mx.max(keys) - mx.min(keys)).item()) / 255
+    error = cast(float, mx.max(mx.abs(restored - keys)).item())
+    step = cast(float, (mx.max(keys) - mx.min(keys)).item()) / 255
     assert 0 < error <= step
     assert q8_tokens == f16_tokens
 
