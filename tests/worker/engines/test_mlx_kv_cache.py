@@ -28,7 +28,7 @@ from skulk.shared.types.kv_cache import (
 from skulk.shared.types.tasks import TextGenerationParams
 from skulk.worker.engines.base import ModelLoadFailed
 from skulk.worker.engines.mlx.engine import MlxEngine
-from skulk.worker.engines.mlx.kv_quant import KvQuantization, kv_quantization
+from skulk.worker.engines.mlx.kv_quant import KvQuantization, kv_quantization, quantized_cache
 from tests.worker.engines.mlx_ranks import local_instance, run_group
 from tests.worker.engines.test_mlx_engine import CARD, MODEL, spec_for, tiny_hf  # noqa: F401  (fixture)
 
@@ -116,6 +116,17 @@ def test_kv_quantization(kv_type, head_dims, expected) -> None:
 def test_a_head_width_no_group_divides_fails_the_load_by_name() -> None:
     with pytest.raises(ModelLoadFailed, match="no group size divides its head widths 80, 80"):
         kv_quantization("q8_0", (80, 80))
+
+
+def test_only_plain_cache_layers_are_quantized_and_others_fail_by_name() -> None:
+    from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache
+
+    quantization = KvQuantization("q4_0", 4, 64)
+    assert quantized_cache([KVCache()], None)[0].__class__ is KVCache
+    (layer,) = quantized_cache([KVCache()], quantization)
+    assert type(layer) is QuantizedKVCache and (layer.bits, layer.group_size) == (4, 64)
+    with pytest.raises(ModelLoadFailed, match=r"RotatingKVCache layers.*place it with an f16 KV cache"):
+        quantized_cache([KVCache(), RotatingKVCache(max_size=16)], quantization)
 
 
 # ---------------------------------------------------------------------------------------

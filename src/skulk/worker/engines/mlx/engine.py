@@ -273,6 +273,8 @@ class MlxEngine:
             stage = build_stage(parts, role)
             del parts
         stage.kv = kv
+        if kv is not None:
+            stage.make_cache()  # a cache layer mlx-lm cannot quantize fails the load, not a request
         make_cache: Callable[[], list[Any]] | None = stage.make_cache
         self._speculative = speculating(spec.card.runtime.speculative, role.world, stage.make_cache)
         if role.world == 1:
