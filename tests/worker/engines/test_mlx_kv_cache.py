@@ -27,6 +27,7 @@ from skulk.shared.types.kv_cache import (
 )
 from skulk.shared.types.tasks import TextGenerationParams
 from skulk.worker.engines.base import ModelLoadFailed
+from skulk.worker.engines.mlx.batch import BATCH_WIDTH_ENV, DEFAULT_BATCH_WIDTH
 from skulk.worker.engines.mlx.engine import MlxEngine
 from skulk.worker.engines.mlx.kv_quant import KvQuantization, kv_quantization, quantized_cache
 from tests.worker.engines.mlx_ranks import local_instance, run_group
@@ -43,9 +44,11 @@ def greedy(prompt: str, max_tokens: int = DECODE_TOKENS) -> TextGenerationParams
     return TextGenerationParams(model_id=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0)
 
 
-def load(path: Path, kv_type: KvCacheType, budget_mb: str = "64") -> MlxEngine:
+def load(path: Path, kv_type: KvCacheType, budget_mb: str = "64", width: int = 1) -> MlxEngine:
+    """A single rank; unbatched unless `width` says otherwise (its hot cache is inspected)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(COLD_BUDGET_ENV, budget_mb)
+        patch.setenv(BATCH_WIDTH_ENV, str(width))
         engine = MlxEngine()
         engine.load(spec_for(local_instance(CARD, 1, kv_cache_type=kv_type), path))
     engine.warm_up()
@@ -124,7 +127,7 @@ def test_only_plain_cache_layers_are_quantized_and_others_fail_by_name() -> None
     quantization = KvQuantization("q4_0", 4, 64)
     assert quantized_cache([KVCache()], None)[0].__class__ is KVCache
     (layer,) = quantized_cache([KVCache()], quantization)
-    assert type(layer) is QuantizedKVCache and (layer.bits, layer.group_size) == (4, 64)
+    assert isinstance(layer, QuantizedKVCache) and (layer.bits, layer.group_size) == (4, 64)
     with pytest.raises(ModelLoadFailed, match=r"RotatingKVCache layers.*place it with an f16 KV cache"):
         quantized_cache([KVCache(), RotatingKVCache(max_size=16)], quantization)
 
@@ -136,9 +139,7 @@ def test_only_plain_cache_layers_are_quantized_and_others_fail_by_name() -> None
 
 @pytest.fixture(scope="module")
 def plain(tiny_hf):
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("SKULK_MLX_BATCH_WIDTH", "1")  # the hot cache is inspected after a request
-        engine = load(tiny_hf, "f16")
+    engine = load(tiny_hf, "f16")
     yield engine
     engine.close()
 
@@ -165,12 +166,11 @@ def test_the_placed_type_reaches_the_engines_cache(tiny_hf, kv_type, bits) -> No
     try:
         out = token_ids(engine, greedy("The cluster by the sea"))
         assert len(out) == DECODE_TOKENS
-        assert engine.concurrency == 1  # mlx-lm's batch cannot merge a quantized cache
         assert engine.prefixes is not None
         hot = engine.prefixes.hot
         assert len(hot) == CARD.num_layers
         # The tiny model's heads are 32 wide: grouped by 32.
-        assert all(type(c) is QuantizedKVCache and c.bits == bits and c.group_size == 32 for c in hot)
+        assert all(isinstance(c, QuantizedKVCache) and c.bits == bits and c.group_size == 32 for c in hot)
         assert all(c.offset > 0 for c in hot)
     finally:
         engine.close()
@@ -221,6 +221,46 @@ def test_prefix_reuse_on_a_quantized_cache_matches_fresh_requests(tiny_hf, q8) -
     assert token_ids(q8, greedy(other, 12)) == expected[other]
     assert token_ids(q8, greedy(first, 12)) == expected[first]  # from the cold store
     assert stats.cold_hit_tokens > cold_before
+
+
+# ---------------------------------------------------------------------------------------
+# One rank, batched (the default width)
+# ---------------------------------------------------------------------------------------
+
+
+def test_a_batch_decodes_on_quantized_caches_what_one_request_at_a_time_does(tiny_hf, q4) -> None:
+    """Concurrent requests share q4_0 decode steps (skulk's batch cache for mlx-lm's quantized
+    layout) and each gets the tokens the unbatched q4_0 rank gives it alone; what the batch
+    keeps for prefix reuse is the quantized size, and a follow-up starts from it."""
+    prompts = ["The cluster by the sea", "What is a node?", LONG_PROMPT, "It rained again on Thursday and the"]
+    expected = {p: token_ids(q4, greedy(p)) for p in prompts}
+    batched = load(tiny_hf, "q4_0", width=DEFAULT_BATCH_WIDTH)
+    plain_batched = load(tiny_hf, "f16", width=DEFAULT_BATCH_WIDTH)
+    try:
+        assert batched.concurrency == DEFAULT_BATCH_WIDTH
+        got: dict[str, list[int]] = {}
+        threads = [threading.Thread(target=lambda p=p: got.__setitem__(p, token_ids(batched, greedy(p))))
+                   for p in prompts]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert got == expected
+        # The same sequences kept by an f16 batch: the tiny model's activations are float32,
+        # so f16's plain cache holds 4 bytes an element and q4_0 at group 32 holds
+        # 4/8 + 2 * 4/32 = 0.75: 3/16 of it.
+        for p in prompts:
+            token_ids(plain_batched, greedy(p))
+        assert batched.prefixes is not None and plain_batched.prefixes is not None
+        kept, plain_kept = batched.prefixes.stats.cold_bytes, plain_batched.prefixes.stats.cold_bytes
+        assert kept > 0 and Fraction(kept, plain_kept) == Fraction(3, 16), (kept, plain_kept)
+        follow_up = LONG_PROMPT + " And then"
+        hits = batched.prefixes.stats.cold_hit_tokens
+        assert token_ids(batched, greedy(follow_up)) == token_ids(q4, greedy(follow_up))
+        assert batched.prefixes.stats.cold_hit_tokens > hits
+    finally:
+        batched.close()
+        plain_batched.close()
 
 
 # ---------------------------------------------------------------------------------------

@@ -88,7 +88,7 @@ from skulk.worker.engines.mlx.group import (
     ring_addresses,
     seconds_from_env,
 )
-from skulk.worker.engines.mlx.kv_quant import kv_quantization
+from skulk.worker.engines.mlx.kv_quant import KvQuantization, kv_quantization, quantized_cache
 from skulk.worker.engines.mlx.pipeline import (
     Stage,
     build_stage,
@@ -154,8 +154,7 @@ def metal_fast_synch_env(pin: bool | None) -> str | None:
 class MlxEngine:
     """`Engine` over an mlx-lm model. A group runs at width 1 (one request at a time drives
     every rank in lockstep); a single rank batches by default (`SKULK_MLX_BATCH_WIDTH`, see
-    `mlx.batch`), unless the model's KV cache cannot join a batch (a placement's quantized
-    cache, `mlx.kv_quant`, never can)."""
+    `mlx.batch`), unless the model's KV cache cannot join a batch."""
 
     def __init__(self) -> None:
         self._stage: Stage | None = None
@@ -183,6 +182,8 @@ class MlxEngine:
         self._width = 1
         self._batch_model: Any = None
         self._batch: BatchLoop | None = None
+        self._batch_cache: Callable[[], list[Any]] | None = None
+        """A fresh cache for a sequence joining the batch (the placement's KV cache type)."""
         self._count_lock = threading.Lock()
         self._rank_nodes: list[str] = []
         """Node id of each rank, to name the node a broken collective lost."""
@@ -231,7 +232,6 @@ class MlxEngine:
         if pinned is not None:
             os.environ[METAL_FAST_SYNCH_ENV] = pinned
         import mlx.core as mx
-        from mlx_lm.models.cache import make_prompt_cache
         from mlx_lm.utils import load_config, load_model, load_tokenizer
 
         shard = spec.shard
@@ -279,19 +279,18 @@ class MlxEngine:
         self._speculative = speculating(spec.card.runtime.speculative, role.world, stage.make_cache)
         if role.world == 1:
             # A speculating model steps one request at a time: mlx-lm's batch decodes one
-            # token per sequence per step. Nor can its batch merge a quantized KV cache.
-            self._width = 1 if self._speculative or kv is not None else batch_width(os.environ)
-            if kv is not None:
-                log.info("%s: a %s KV cache cannot join an mlx-lm batch; serving one request at a time", path,
-                         kv.kv_type)
+            # token per sequence per step.
+            self._width = 1 if self._speculative else batch_width(os.environ)
             # The batch generator runs the whole mlx-lm model (the stage's arrays) on that
-            # model's own cache types, so those decide whether it batches and reuses prefixes.
-            batch_cache = partial(make_prompt_cache, model)
+            # model's own cache types (quantized as the placement says, `mlx.kv_quant`), so
+            # those decide whether it batches and reuses prefixes.
+            batch_cache = partial(_quantized_prompt_cache, model, kv)
             if self._width > 1 and not batchable(batch_cache()):
                 log.info("%s: its KV cache cannot join an mlx-lm batch; serving one request at a time", path)
                 self._width = 1
             if self._width > 1:
                 self._batch_model = model
+                self._batch_cache = batch_cache
                 make_cache = batch_cache if reusable_in_batch(batch_cache()) else None
         del model  # unreferenced (lazy) weights of other ranks' layers are never read
         mx.eval(stage.parameters())
@@ -327,7 +326,7 @@ class MlxEngine:
         stage = self._require_loaded()
         if self._batch_model is not None and self._batch is None:
             self._batch = BatchLoop(self._batch_model, self._width, prefixes=self._prefixes,
-                                    prefill_step_tokens=PREFILL_CHUNK_TOKENS)
+                                    prefill_step_tokens=PREFILL_CHUNK_TOKENS, make_cache=self._batch_cache)
         if stage.role.rank == 0:
             request = TextGenerationParams(
                 model_id=self._model_id, prompt=WARM_UP_PROMPT, max_tokens=WARM_UP_TOKENS, temperature=0.0
@@ -751,6 +750,13 @@ class MlxEngine:
         if self._stage is None:
             raise EngineNotLoaded("no model is loaded")
         return self._stage
+
+
+def _quantized_prompt_cache(model: Any, kv: KvQuantization | None) -> list[Any]:
+    """mlx-lm's fresh prompt cache for `model`, quantized as the placement says."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    return quantized_cache(make_prompt_cache(model), kv)
 
 
 def _activation_dtype(stage: Stage) -> Any:

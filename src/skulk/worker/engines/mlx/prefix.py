@@ -32,7 +32,7 @@ from skulk.shared.prefix_cache import (
     common_prefix,
     touch,
 )
-from skulk.worker.engines.mlx.kv_quant import cache_copy, cache_nbytes, cache_slice
+from skulk.worker.engines.mlx.kv_quant import cache_copy, cache_nbytes, cache_slice, quantized_cache_classes
 
 
 class MlxPrefixStore:
@@ -175,7 +175,8 @@ def reusable_in_batch(cache: list[Any]) -> bool:
     window's are not)."""
     from mlx_lm.models.cache import KVCache
 
-    return bool(cache) and all(type(layer) is KVCache for layer in cache)
+    quantized, _ = quantized_cache_classes()
+    return bool(cache) and all(type(layer) in (KVCache, quantized) for layer in cache)
 
 
 __all__ = ["MlxPrefixStore", "reusable_in_batch"]

@@ -42,7 +42,7 @@ def speculating(method: str | None, world: int, make_cache: Callable[[], list[An
     # A plain cache (or its quantized form) can always give back its last positions; a
     # rotating window cannot once it has wrapped, which happens mid-request (mlx-lm then trims
     # nothing, silently).
-    if not all(type(layer) in (KVCache, QuantizedKVCache) for layer in make_cache()):
+    if not all(type(layer) is KVCache or isinstance(layer, QuantizedKVCache) for layer in make_cache()):
         raise ModelLoadFailed("this model's KV cache cannot always give back rejected drafts (a rotating window "
                               "or another non-plain cache): place it without runtime.speculative")
     return True
