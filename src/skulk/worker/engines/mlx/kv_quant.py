@@ -8,9 +8,10 @@ from its first token (mlx-lm's `quantized_kv_start` of 0, not its default of 500
 it is the size the planner counted (`skulk.shared.types.kv_cache`); the group size follows the
 model's head widths (`mlx_kv_group_size`: 64, else 32).
 
-mlx-lm's `BatchGenerator` cannot merge a quantized cache (its own server turns batching off
-when `--kv-bits` is set), so a single rank with one serves one request at a time; its prefix
-store keeps and restores the cache's (packed values, scales, biases) triples.
+mlx-lm's own batch cache holds plain arrays only (its server turns batching off when
+`--kv-bits` is set), so this module gives its `BatchGenerator` a batch cache for the quantized
+layout (`quantized_cache_classes`): a single rank batches on a quantized cache as on a plain
+one. The prefix store keeps, lends and restores the cache's (packed, scales, biases) triples.
 
 This module never decides placement (the planner refuses what no group divides); a load that
 still meets such a model, or a cache layer mlx-lm cannot quantize, fails by name.
