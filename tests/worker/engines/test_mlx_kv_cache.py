@@ -254,6 +254,31 @@ def test_a_batch_decodes_on_quantized_caches_what_one_request_at_a_time_does(tin
         assert batched.prefixes is not None and plain_batched.prefixes is not None
         kept, plain_kept = batched.prefixes.stats.cold_bytes, plain_batched.prefixes.stats.cold_bytes
         assert kept > 0 and Fraction(kept, plain_kept) == Fraction(3, 16), (kept, plain_kept)
+        # Sequences of different lengths join a batch already decoding and leave it at
+        # different steps (the batch cache's extend and filter on the quantized triples).
+        first_token = threading.Event()
+        long_request = greedy("The cluster by the sea", 64)
+
+        def decode_long() -> None:
+            out = []
+            for token in batched.generate(long_request, threading.Event()):
+                if token.token_id is not None:
+                    out.append(token.token_id)
+                    first_token.set()
+            got["long"] = out
+
+        leader = threading.Thread(target=decode_long)
+        leader.start()
+        assert first_token.wait(60)
+        joiners = [threading.Thread(target=lambda p=p, n=n: got.__setitem__(p, token_ids(batched, greedy(p, n))))
+                   for p, n in zip(prompts[1:], (5, 40, 17), strict=True)]
+        for thread in joiners:
+            thread.start()
+        for thread in [leader, *joiners]:
+            thread.join(120)
+        assert got["long"] == token_ids(q4, long_request)
+        for p, n in zip(prompts[1:], (5, 40, 17), strict=True):
+            assert got[p] == token_ids(q4, greedy(p, n)), p
         follow_up = LONG_PROMPT + " And then"
         hits = batched.prefixes.stats.cold_hit_tokens
         assert token_ids(batched, greedy(follow_up)) == token_ids(q4, greedy(follow_up))
