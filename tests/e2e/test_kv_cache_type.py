@@ -1,6 +1,7 @@
 """A placement's KV cache type on a real node: `GET /instance/previews?kvCacheType=` shows
 the planner's window for it, `skulk place --kv-cache q8_0` places it, the runner loads its
-cache as q8_0 (its log says so) and answers, on llama.cpp and on MLX (mlx-lm's quantized cache);
+cache as q8_0 (its log says so) and answers, on llama.cpp and on MLX (mlx-lm's quantized cache,
+on one node and on both ranks of a two-node pipeline);
 a name that is no type is a 400 that says why. (A type no engine of a card can hold is refused
 before anything runs: tests/master/test_placement_kv_cache.py.)"""
 
@@ -69,3 +70,21 @@ def test_an_mlx_model_placed_with_a_q8_0_cache_loads_it_and_chats(spawn_node):
         messages=[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": reply.choices[0].message.content},
                   {"role": "user", "content": "And then?"}])
     assert again.usage.completion_tokens == 8
+
+
+def test_an_mlx_pipeline_over_two_nodes_runs_q8_0_on_both(spawn_node):
+    """Both ranks of a two-node MLX pipeline build the q8_0 cache, and the group answers."""
+    nodes = start_linked(spawn_node, ["kvpipe-a", "kvpipe-b"])
+    wait_agreed(nodes, members=2)
+    wait_for(lambda: len(nodes[0].get("/state").json()["nodeNetwork"]) == 2, timeout_s=60, interval_s=0.25,
+             what="both nodes' network in State")
+    placed = place(nodes[0], modelId=MLX_MODEL, kvCacheType="q8_0", minNodes=2)
+    ready = wait_instance_ready(nodes[0], placed["instanceId"])
+    assert len({s["nodeId"] for s in ready["shards"]}) == 2
+    assert [s["kvCacheType"] for s in ready["shards"]] == ["q8_0", "q8_0"]
+    for node in nodes:
+        wait_for(lambda node=node: "kv_cache=q8_0 (8-bit, groups of 32)" in node.log(), timeout_s=30,
+                 what=f"{node} rank's load line")
+    reply = client(nodes[1]).chat.completions.create(model=MLX_MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                                     max_tokens=8, temperature=0)
+    assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 8
