@@ -1,11 +1,12 @@
 """A placement's KV cache type on a real node: `GET /instance/previews?kvCacheType=` shows
 the planner's window for it, `skulk place --kv-cache q8_0` places it, the runner loads its
-cache as q8_0 (its log says so) and answers; a type the model's engines cannot hold, or a
-name that is no type, is a 400 that says why."""
+cache as q8_0 (its log says so) and answers, on llama.cpp and on MLX (mlx-lm's quantized cache,
+on one node and on both ranks of a two-node pipeline);
+a name that is no type is a 400 that says why. (A type no engine of a card can hold is refused
+before anything runs: tests/master/test_placement_kv_cache.py.)"""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
@@ -13,10 +14,12 @@ import httpx
 import pytest
 
 from tests.cluster.harness import start_linked, wait_agreed
-from tests.e2e.test_openai_serving import MODEL, client, wait_instance_ready
+from tests.e2e.test_openai_serving import MODEL, client, place, wait_instance_ready
 from tests.nodeproc import wait_for
 
 pytestmark = pytest.mark.timeout(300)
+
+MLX_MODEL = "local/tiny-llama"
 
 
 def test_a_q8_0_placement_is_previewed_placed_loaded_and_served(spawn_node):
@@ -48,12 +51,40 @@ def test_a_q8_0_placement_is_previewed_placed_loaded_and_served(spawn_node):
     assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 8
 
 
-def test_a_type_the_engine_cannot_hold_is_refused_before_anything_runs(spawn_node):
-    (node,) = start_linked(spawn_node, ["kvbad"])
+def test_an_mlx_model_placed_with_a_q8_0_cache_loads_it_and_chats(spawn_node):
+    (node,) = start_linked(spawn_node, ["kvmlx"])
     wait_agreed([node], members=1)
-    response = httpx.post(node.url + "/place_instance", json={"modelId": "local/tiny-llama", "kvCacheType": "q8_0"},
-                          timeout=30)
-    assert response.status_code == 400, response.text
-    error = response.json()["error"]
-    assert error["code"] == "kv_cache_type_unsupported" and "mlx engine serves KV cache types f16" in error["message"]
-    assert json.loads(node.get("/state").text)["instances"] == {}
+    placed = place(node, modelId=MLX_MODEL, kvCacheType="q8_0")
+    ready = wait_instance_ready(node, placed["instanceId"])
+    assert [s["kvCacheType"] for s in ready["shards"]] == ["q8_0"]
+    # The runner built mlx-lm's quantized cache: 8 bits, grouped by 32 (the tiny heads' width).
+    wait_for(lambda: "kv_cache=q8_0 (8-bit, groups of 32)" in node.log(), timeout_s=30, what="the runner's load line")
+
+    chat = client(node)
+    reply = chat.chat.completions.create(model=MLX_MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                         max_tokens=8, temperature=0)
+    assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 8
+    # A follow-up re-uses the quantized prefix and still answers.
+    again = chat.chat.completions.create(
+        model=MLX_MODEL, max_tokens=8, temperature=0,
+        messages=[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": reply.choices[0].message.content},
+                  {"role": "user", "content": "And then?"}])
+    assert again.usage.completion_tokens == 8
+
+
+def test_an_mlx_pipeline_over_two_nodes_runs_q8_0_on_both(spawn_node):
+    """Both ranks of a two-node MLX pipeline build the q8_0 cache, and the group answers."""
+    nodes = start_linked(spawn_node, ["kvpipe-a", "kvpipe-b"])
+    wait_agreed(nodes, members=2)
+    wait_for(lambda: len(nodes[0].get("/state").json()["nodeNetwork"]) == 2, timeout_s=60, interval_s=0.25,
+             what="both nodes' network in State")
+    placed = place(nodes[0], modelId=MLX_MODEL, kvCacheType="q8_0", minNodes=2)
+    ready = wait_instance_ready(nodes[0], placed["instanceId"])
+    assert len({s["nodeId"] for s in ready["shards"]}) == 2
+    assert [s["kvCacheType"] for s in ready["shards"]] == ["q8_0", "q8_0"]
+    for node in nodes:
+        wait_for(lambda node=node: "kv_cache=q8_0 (8-bit, groups of 32)" in node.log(), timeout_s=30,
+                 what=f"{node} rank's load line")
+    reply = client(nodes[1]).chat.completions.create(model=MLX_MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                                     max_tokens=8, temperature=0)
+    assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 8

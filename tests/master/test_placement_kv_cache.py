@@ -45,6 +45,24 @@ def test_a_quantized_cache_admits_a_longer_window_in_the_same_memory():
         assert window / f16[0] == pytest.approx(ratio, rel=0.01) and hot / f16[1] == pytest.approx(ratio, rel=0.01)
 
 
+def mlx_windows(kv_type: str) -> tuple[int, int]:
+    # 3 GB free: the 1B model's weights (~1.6 GB with overhead) leave a KV budget smaller
+    # than its whole 128k window, so memory, not the card, bounds the window.
+    (option,) = preview(LLAMA_1B, STATE, {"a": res("a", 3 * GB, MLX_CPU)}, sharding="Pipeline",
+                        kv_cache_type=kv_type)
+    assert option.kv_cache_type == kv_type and [s.backend for s in option.shards] == ["mlx-cpu"]
+    return option.context_token_limit, option.capacity.hot_kv_tokens
+
+
+def test_an_mlx_card_previews_a_longer_window_with_a_quantized_cache():
+    """LLAMA_1B's heads are 64 wide: MLX groups them by 64, 34/32 bytes an element at 8 bits
+    and 18/32 at 4, so the window grows 64/34 and 64/18 as on llama.cpp."""
+    f16, q8, q4 = mlx_windows("f16"), mlx_windows("q8_0"), mlx_windows("q4_0")
+    assert LLAMA_1B.head_dim == 64 and f16[0] < LLAMA_1B.context_length
+    for (window, hot), ratio in ((q8, 64 / 34), (q4, 64 / 18)):
+        assert window / f16[0] == pytest.approx(ratio, rel=0.01) and hot / f16[1] == pytest.approx(ratio, rel=0.01)
+
+
 def test_the_footprint_counts_and_names_the_quantized_cache():
     f16 = shard_footprint(GGUF_8B, range(GGUF_8B.num_layers), 8192)
     q8 = shard_footprint(GGUF_8B, range(GGUF_8B.num_layers), 8192, kv_type="q8_0")
@@ -65,23 +83,29 @@ def test_every_shard_is_stamped_with_the_chosen_type_and_a_repair_keeps_it():
         assert placement_intent(instance, STATE).kv_cache_type == expected
 
 
-@pytest.mark.parametrize(("backend", "kv_type", "flash_attn", "says"), [
-    ("llama_cpp-cuda", "q8_0", None, None),
-    ("llama_server-cpu", "q4_0", None, None),
-    ("llama_cpp-cpu", "q8_0", False, "flash attention"),
-    ("llama_cpp-cpu", "f16", False, None),
-    ("mlx-metal", "q8_0", None, "the mlx engine serves KV cache types f16, not q8_0"),
-    ("vllm-cuda", "q4_0", None, "the vllm engine serves KV cache types f16, not q4_0"),
+@pytest.mark.parametrize(("backend", "kv_type", "flash_attn", "head_dims", "says"), [
+    ("llama_cpp-cuda", "q8_0", None, (128, 128), None),
+    ("llama_server-cpu", "q4_0", None, (128, 128), None),
+    ("llama_cpp-cpu", "q8_0", False, (128, 128), "flash attention"),
+    ("llama_cpp-cpu", "f16", False, (128, 128), None),
+    ("llama_cpp-cpu", "q8_0", None, (80, 80), None),  # ggml's blocks run along whole rows
+    ("mlx-metal", "q8_0", None, (128, 128), None),
+    ("mlx-cpu", "q4_0", None, (32, 32), None),
+    ("mlx-metal", "q8_0", False, (64, 64), None),  # MLX has no flash-attention switch to pin
+    ("mlx-metal", "q8_0", None, (80, 80), "groups of 64 or 32 elements per head"),
+    ("mlx-metal", "f16", None, (80, 80), None),
+    ("vllm-cuda", "q4_0", None, (128, 128), "the vllm engine serves KV cache types f16, not q4_0"),
 ])
-def test_kv_cache_type_refusal(backend, kv_type, flash_attn, says):
-    found = kv_cache_type_refusal(backend, kv_type, flash_attn)
+def test_kv_cache_type_refusal(backend, kv_type, flash_attn, head_dims, says):
+    found = kv_cache_type_refusal(backend, kv_type, flash_attn, head_dims)
     assert (found is None) == (says is None) and (says is None or says in found)
 
 
 def test_a_type_no_engine_of_the_card_holds_is_refused_by_name():
-    with pytest.raises(KvCacheTypeUnsupported, match="mlx engine serves KV cache types f16, not q8_0"):
-        place(LLAMA_1B, STATE, {"a": res("a", 60 * GB, MLX_CPU)},
-              PlacementRequest(model_id=LLAMA_1B.model_id, kv_cache_type="q8_0"), new_id=ids())
+    odd_heads = LLAMA_1B.model_copy(update={"head_dim": 80})
+    with pytest.raises(KvCacheTypeUnsupported, match="MLX quantizes the KV cache in groups of 64 or 32"):
+        place(odd_heads, STATE, {"a": res("a", 60 * GB, MLX_CPU)},
+              PlacementRequest(model_id=odd_heads.model_id, kv_cache_type="q8_0"), new_id=ids())
     pinned = GGUF_8B.model_copy(update={"runtime": GGUF_8B.runtime.model_copy(update={"flash_attn": False})})
     with pytest.raises(KvCacheTypeUnsupported, match="flash attention") as caught:
         preview(pinned, STATE, {"a": GPU_12GB}, kv_cache_type="q4_0")

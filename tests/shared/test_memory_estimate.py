@@ -34,20 +34,23 @@ def shard(node, start, end, backend="mlx-cpu", rank=0, world=1):
 
 
 @pytest.mark.parametrize(
-    ("card", "expected"),
+    ("card", "expected", "q8_0_per_32", "q4_0_per_32"),
     [
-        (TINY, 2 * 6 * 2 * 32 * 2),
-        (LLAMA_1B, 2 * 16 * 8 * 64 * 2),
-        (GEMMA3, 2 * 34 * 4 * 256 * 2),
+        # 32-wide heads: MLX groups them by 32 (4 bytes of scale and bias per 32 elements),
+        # more than ggml's 34 and 18 per block of 32, and the planner counts the larger.
+        (TINY, 2 * 6 * 2 * 32 * 2, 36, 20),
+        (LLAMA_1B, 2 * 16 * 8 * 64 * 2, 34, 18),
+        (GEMMA3, 2 * 34 * 4 * 256 * 2, 34, 18),
         # values wider than keys (MLA-style): each layer holds kv_heads x (k + v) dims
-        (TINY.model_copy(update={"value_head_dim": 64}), 6 * 2 * (32 + 64) * 2),
+        (TINY.model_copy(update={"value_head_dim": 64}), 6 * 2 * (32 + 64) * 2, 36, 20),
     ],
 )
-def test_kv_bytes_per_token(card, expected):
+def test_kv_bytes_per_token(card, expected, q8_0_per_32, q4_0_per_32):
     assert kv_bytes_per_token(card) == expected
-    # A quantized cache: 34 bytes per block of 32 elements (q8_0), 18 (q4_0).
-    assert kv_bytes_per_token(card, "q8_0") == expected // 2 * 34 // 32
-    assert kv_bytes_per_token(card, "q4_0") == expected // 2 * 18 // 32
+    # A quantized cache: 34 bytes per block of 32 elements (q8_0), 18 (q4_0), on llama.cpp
+    # and on MLX grouping 64-wide heads by 64.
+    assert kv_bytes_per_token(card, "q8_0") == expected // 2 * q8_0_per_32 // 32
+    assert kv_bytes_per_token(card, "q4_0") == expected // 2 * q4_0_per_32 // 32
     assert kv_bytes_per_token(card, layers=range(2)) == expected * 2 // card.num_layers
 
 

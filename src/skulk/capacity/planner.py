@@ -234,8 +234,8 @@ def model_meta_from_gguf(path: Path) -> ModelMeta:
 def kv_bytes_per_token_per_layer(meta: ModelMeta, kv_type: str = DEFAULT_KV_CACHE_TYPE) -> int:
     """K and V for one token in one layer: kv_heads x (key + value head dims) elements of
     the cache's type (`skulk.shared.types.kv_cache`)."""
-    return kv_bytes_per_element_group(meta.num_kv_heads * (meta.head_dim + value_dim(meta.head_dim, meta.value_head_dim)),
-                                      kv_type)
+    values = value_dim(meta.head_dim, meta.value_head_dim)
+    return kv_bytes_per_element_group(meta.num_kv_heads * (meta.head_dim + values), kv_type, (meta.head_dim, values))
 
 
 def kv_rates(meta: ModelMeta, layers: range | None = None, kv_type: str = DEFAULT_KV_CACHE_TYPE) -> tuple[int, int]:

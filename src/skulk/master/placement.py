@@ -57,6 +57,7 @@ from skulk.capacity.instance import plan_instance, stamped_context_tokens
 from skulk.master.backend_choice import serving_order
 from skulk.master.ring_hosts import ring_hosts_for
 from skulk.master.vram import discrete_vram_bytes, shard_device
+from skulk.shared.kv_shape import value_dim
 from skulk.shared.memory_estimate import (
     Footprint,
     NodeMemoryTotals,
@@ -579,10 +580,15 @@ def _check_runtime_choices(card: ModelCard, kv_type: str) -> None:
     spec_refusals = [speculative_refusal(tag, method) for tag in card.placement.compatible_backends]
     if all(why is not None for why in spec_refusals):
         raise SpeculativeUnsupported(card.model_id, method, list(dict.fromkeys(filter(None, spec_refusals))))
-    refusals = {tag: kv_cache_type_refusal(tag, kv_type, card.runtime.flash_attn)
+    refusals = {tag: kv_cache_type_refusal(tag, kv_type, card.runtime.flash_attn, _head_dims(card))
                 for tag in card.placement.compatible_backends if speculative_refusal(tag, method) is None}
     if all(why is not None for why in refusals.values()):
         raise KvCacheTypeUnsupported(card.model_id, kv_type, list(dict.fromkeys(filter(None, refusals.values()))))
+
+
+def _head_dims(card: ModelCard) -> tuple[int, int]:
+    """The card's key and value head widths (MLX quantizes its KV cache in groups along them)."""
+    return card.head_dim, value_dim(card.head_dim, card.value_head_dim)
 
 
 def speculates(card: ModelCard) -> bool:
@@ -592,7 +598,7 @@ def speculates(card: ModelCard) -> bool:
 
 def _runtime_refusal(card: ModelCard, tag: str, kv_type: str) -> str | None:
     """Why `tag` cannot serve the card's runtime choices (KV cache type, speculation), or None."""
-    return (kv_cache_type_refusal(tag, kv_type, card.runtime.flash_attn)
+    return (kv_cache_type_refusal(tag, kv_type, card.runtime.flash_attn, _head_dims(card))
             or speculative_refusal(tag, card.runtime.speculative or "none"))
 
 

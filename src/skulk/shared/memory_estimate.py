@@ -127,8 +127,9 @@ def kv_bytes_per_token_per_layer(card: ModelCard, kv_type: str = DEFAULT_KV_CACH
     """K and V for one token in one layer: kv_heads x (key + value head dims) elements of the
     cache's type (the value's dimension differs from the key's in some models, DeepSeek's
     among them)."""
-    elements = card.num_key_value_heads * (card.head_dim + value_dim(card.head_dim, card.value_head_dim))
-    return kv_bytes_per_element_group(elements, kv_type)
+    values = value_dim(card.head_dim, card.value_head_dim)
+    elements = card.num_key_value_heads * (card.head_dim + values)
+    return kv_bytes_per_element_group(elements, kv_type, (card.head_dim, values))
 
 
 def kv_bytes_per_token(card: ModelCard, kv_type: str = DEFAULT_KV_CACHE_TYPE, layers: range | None = None) -> int:

@@ -22,6 +22,7 @@ from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.common import Sharding
 from skulk.shared.types.ids import InstanceId, ModelId, NodeId, RunnerId
 from skulk.shared.types.instances import Instance, ShardAssignment
+from skulk.shared.types.kv_cache import KvCacheType
 from skulk.shared.types.tasks import TextGenerationParams
 
 NODE = NodeId("node-local")
@@ -51,9 +52,10 @@ def layer_split(num_layers: int, world: int) -> list[tuple[int, int]]:
 
 def local_instance(
     card: ModelCard, world: int, sharding: Sharding = "Pipeline", *, ports: Sequence[int] | None = None,
-    instance_id: str = "instance-mlx",
+    instance_id: str = "instance-mlx", kv_cache_type: KvCacheType = "f16",
 ) -> Instance:
-    """A `world`-rank instance on one node; ranks on loopback at `ports` (fresh if None)."""
+    """A `world`-rank instance on one node; ranks on loopback at `ports` (fresh if None),
+    every shard stamped with `kv_cache_type`."""
     ranges = [(0, card.num_layers)] * world if sharding == "Tensor" else layer_split(card.num_layers, world)
     ports = list(ports) if ports is not None else free_ports(world)
     return Instance(
@@ -63,7 +65,7 @@ def local_instance(
         shards=[
             ShardAssignment(
                 node_id=NODE, runner_id=RunnerId(f"runner-{rank}"), rank=rank, world_size=world,
-                start_layer=start, end_layer=end, backend="mlx-cpu",
+                start_layer=start, end_layer=end, backend="mlx-cpu", kv_cache_type=kv_cache_type,
             )
             for rank, (start, end) in enumerate(ranges)
         ],

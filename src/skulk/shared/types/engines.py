@@ -232,6 +232,9 @@ ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
         ranks_dial=True,
         # Prompt lookup on one whole-model rank, one request at a time (mlx.speculate).
         speculative=("ngram",),
+        # mlx-lm's QuantizedKVCache (8 or 4 bits) on every rank, batched on one rank through
+        # skulk's batch cache for it (mlx.kv_quant).
+        kv_cache_types=("f16", "q8_0", "q4_0"),
     ),
     # Speech to text: Whisper models converted to CTranslate2, through faster-whisper (CPU on
     # any machine, CUDA on NVIDIA; CTranslate2 has no Metal, so a Mac transcribes on its CPU).

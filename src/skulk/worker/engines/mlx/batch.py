@@ -111,8 +111,11 @@ def batchable(cache: list[Any]) -> bool:
 
 class BatchLoop:
     def __init__(self, model: Any, width: int, *, prefixes: MlxPrefixStore | None = None,
-                 prefill_step_tokens: int = 2048) -> None:
+                 prefill_step_tokens: int = 2048, make_cache: Callable[[], list[Any]] | None = None) -> None:
         self._model = model
+        self._make_cache = make_cache
+        """A fresh cache for a joining sequence with no lent prefix (None: the generator's own,
+        mlx-lm's plain one; a quantized placement's cache must be passed in)."""
         self._width = width
         self._prefixes = prefixes
         self._prefill_step_tokens = prefill_step_tokens
@@ -193,6 +196,8 @@ class BatchLoop:
             elif kind == "insert" and sequence is not None:
                 prefixes = self._prefixes
                 cache, sequence.cached = prefixes.lend(sequence.prompt) if prefixes is not None else (None, 0)
+                if cache is None and self._make_cache is not None:
+                    cache = self._make_cache()
                 (uid,) = generator.insert(
                     [sequence.prompt[sequence.cached:]], max_tokens=[sequence.max_tokens],
                     caches=[cache], all_tokens=[list(sequence.prompt[: sequence.cached])],

@@ -51,6 +51,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
+from skulk.shared.kv_shape import config_kv_shape, value_dim
 from skulk.shared.prefix_cache import cold_budget_bytes
 from skulk.shared.types.cards import backend_engine
 from skulk.shared.types.chunks import TopLogprob
@@ -87,6 +88,7 @@ from skulk.worker.engines.mlx.group import (
     ring_addresses,
     seconds_from_env,
 )
+from skulk.worker.engines.mlx.kv_quant import KvQuantization, kv_quantization, quantized_cache
 from skulk.worker.engines.mlx.pipeline import (
     Stage,
     build_stage,
@@ -180,6 +182,8 @@ class MlxEngine:
         self._width = 1
         self._batch_model: Any = None
         self._batch: BatchLoop | None = None
+        self._batch_cache: Callable[[], list[Any]] | None = None
+        """A fresh cache for a sequence joining the batch (the placement's KV cache type)."""
         self._count_lock = threading.Lock()
         self._rank_nodes: list[str] = []
         """Node id of each rank, to name the node a broken collective lost."""
@@ -228,7 +232,6 @@ class MlxEngine:
         if pinned is not None:
             os.environ[METAL_FAST_SYNCH_ENV] = pinned
         import mlx.core as mx
-        from mlx_lm.models.cache import make_prompt_cache
         from mlx_lm.utils import load_config, load_model, load_tokenizer
 
         shard = spec.shard
@@ -258,6 +261,8 @@ class MlxEngine:
             model, _ = load_model(path, lazy=True)
         except Exception as exc:
             raise ModelLoadFailed(f"mlx-lm could not load {path}: {exc}") from exc
+        kv_shape = config_kv_shape(text, int(text["num_attention_heads"]), int(text["hidden_size"]))
+        kv = kv_quantization(shard.kv_cache_type, (kv_shape.head_dim, value_dim(kv_shape.head_dim, kv_shape.value_head_dim)))
         if family is None:
             stage = whole_model_stage(model, role)
         else:
@@ -267,6 +272,9 @@ class MlxEngine:
                 shard_layers(parts.layers, family.tensor, self._group, config)
             stage = build_stage(parts, role)
             del parts
+        stage.kv = kv
+        if kv is not None:
+            stage.make_cache()  # a cache layer mlx-lm cannot quantize fails the load, not a request
         make_cache: Callable[[], list[Any]] | None = stage.make_cache
         self._speculative = speculating(spec.card.runtime.speculative, role.world, stage.make_cache)
         if role.world == 1:
@@ -274,13 +282,15 @@ class MlxEngine:
             # token per sequence per step.
             self._width = 1 if self._speculative else batch_width(os.environ)
             # The batch generator runs the whole mlx-lm model (the stage's arrays) on that
-            # model's own cache types, so those decide whether it batches and reuses prefixes.
-            batch_cache = partial(make_prompt_cache, model)
+            # model's own cache types (quantized as the placement says, `mlx.kv_quant`), so
+            # those decide whether it batches and reuses prefixes.
+            batch_cache = partial(_quantized_prompt_cache, model, kv)
             if self._width > 1 and not batchable(batch_cache()):
                 log.info("%s: its KV cache cannot join an mlx-lm batch; serving one request at a time", path)
                 self._width = 1
             if self._width > 1:
                 self._batch_model = model
+                self._batch_cache = batch_cache
                 make_cache = batch_cache if reusable_in_batch(batch_cache()) else None
         del model  # unreferenced (lazy) weights of other ranks' layers are never read
         mx.eval(stage.parameters())
@@ -305,9 +315,10 @@ class MlxEngine:
             self._specials = special_tokens(self._tokenizer)
             self._eos = frozenset(int(t) for t in (self._tokenizer.eos_token_ids or ()))
         log.info(
-            "loaded %s rank %d/%d layers [%d, %d) %s n_ctx=%d%s",
+            "loaded %s rank %d/%d layers [%d, %d) %s n_ctx=%d kv_cache=%s%s%s",
             path, role.rank, role.world, role.start_layer, role.end_layer,
-            "tensor" if role.tensor else "pipeline", self._n_ctx,
+            "tensor" if role.tensor else "pipeline", self._n_ctx, shard.kv_cache_type,
+            f" ({kv.bits}-bit, groups of {kv.group_size})" if kv is not None else "",
             ", speculation ngram (prompt lookup)" if self._speculative else "",
         )
 
@@ -315,7 +326,7 @@ class MlxEngine:
         stage = self._require_loaded()
         if self._batch_model is not None and self._batch is None:
             self._batch = BatchLoop(self._batch_model, self._width, prefixes=self._prefixes,
-                                    prefill_step_tokens=PREFILL_CHUNK_TOKENS)
+                                    prefill_step_tokens=PREFILL_CHUNK_TOKENS, make_cache=self._batch_cache)
         if stage.role.rank == 0:
             request = TextGenerationParams(
                 model_id=self._model_id, prompt=WARM_UP_PROMPT, max_tokens=WARM_UP_TOKENS, temperature=0.0
@@ -739,6 +750,13 @@ class MlxEngine:
         if self._stage is None:
             raise EngineNotLoaded("no model is loaded")
         return self._stage
+
+
+def _quantized_prompt_cache(model: Any, kv: KvQuantization | None) -> list[Any]:
+    """mlx-lm's fresh prompt cache for `model`, quantized as the placement says."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    return quantized_cache(make_prompt_cache(model), kv)
 
 
 def _activation_dtype(stage: Stage) -> Any:

@@ -20,6 +20,7 @@ from skulk.shared.types.common import Sharding
 from skulk.shared.types.instances import ShardAssignment
 from skulk.worker.engines.base import ModelLoadFailed
 from skulk.worker.engines.mlx.family import ModelParts
+from skulk.worker.engines.mlx.kv_quant import KvQuantization, quantized_cache
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,8 @@ class Stage:
     whole: Any | None = None
     """A single-rank instance of a family `mlx_family` has no adapter for: the whole mlx-lm
     model, run as mlx-lm runs it (its own cache layout, sliding windows included)."""
+    kv: KvQuantization | None = None
+    """The placement's quantized KV cache (`mlx.kv_quant`), None for the plain one."""
 
     def parameters(self) -> list[Any]:
         """Every array this stage holds (to materialise them, or count their bytes)."""
@@ -111,9 +114,8 @@ class Stage:
     def make_cache(self) -> list[Any]:
         from mlx_lm.models.cache import KVCache, make_prompt_cache
 
-        if self.whole is not None:
-            return make_prompt_cache(self.whole)
-        return [KVCache() for _ in self.layers]
+        fresh = make_prompt_cache(self.whole) if self.whole is not None else [KVCache() for _ in self.layers]
+        return quantized_cache(fresh, self.kv)
 
 
 def build_stage(parts: ModelParts, role: StageRole) -> Stage:

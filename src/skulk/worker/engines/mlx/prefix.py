@@ -3,7 +3,9 @@ conversations' caches kept in (unified) RAM within a cold budget.
 
 mlx-lm's `KVCache` holds a layer's `keys` and `values` up to `offset` (what its `state`
 reads and writes, whose shape varies across mlx-lm releases, so the three attributes are
-used directly) and `trim(n)` drops the last n positions, as `trim_prompt_cache` does. Which cached
+used directly) and `trim(n)` drops the last n positions, as `trim_prompt_cache` does. A
+`QuantizedKVCache` (a q8_0/q4_0 placement, `mlx.kv_quant`) holds (packed, scales, biases)
+triples in `keys` and `values`, sliced and copied alike. Which cached
 prefix a prompt starts from and what the cold store evicts is `prefix_cache` (pure); this
 class only moves arrays.
 
@@ -30,6 +32,7 @@ from skulk.shared.prefix_cache import (
     common_prefix,
     touch,
 )
+from skulk.worker.engines.mlx.kv_quant import cache_copy, cache_nbytes, cache_slice, quantized_cache_classes
 
 
 class MlxPrefixStore:
@@ -106,8 +109,8 @@ class MlxPrefixStore:
         prefix = tuple(tokens[:held])
         if any(len(e.tokens) >= held and common_prefix(e.tokens, prefix) == held for e in self._entries):
             return
-        layers = [(layer.keys[..., :held, :], layer.values[..., :held, :]) for layer in cache]
-        if sum(int(k.nbytes) + int(v.nbytes) for k, v in layers) > self.budget_bytes:
+        layers = [(cache_slice(layer.keys, held), cache_slice(layer.values, held)) for layer in cache]
+        if sum(cache_nbytes(k) + cache_nbytes(v) for k, v in layers) > self.budget_bytes:
             return  # still lazy: nothing was copied
         mx.eval(layers)
         self._admit(prefix, layers)
@@ -134,12 +137,12 @@ class MlxPrefixStore:
             return
         layers = []
         for layer in self.hot:
-            layers.append((layer.keys[..., :held, :], layer.values[..., :held, :]))
+            layers.append((cache_slice(layer.keys, held), cache_slice(layer.values, held)))
         mx.eval(layers)
         self._admit(tuple(self.hot_tokens[:held]), layers)
 
     def _admit(self, tokens: tuple[int, ...], layers: list[tuple[Any, Any]]) -> None:
-        size = sum(int(k.nbytes) + int(v.nbytes) for k, v in layers)
+        size = sum(cache_nbytes(k) + cache_nbytes(v) for k, v in layers)
         key = self._next_key
         self._next_key += 1
         admission = admit(self._entries, CachedPrefix(key, tokens, size, self._clock), self.budget_bytes)
@@ -155,14 +158,12 @@ class MlxPrefixStore:
         self.stats.cold_bytes = sum(e.size_bytes for e in self._entries)
 
     def _restore(self, key: int) -> None:
-        import mlx.core as mx
-
         entry = next(e for e in self._entries if e.key == key)
         cache = self._make_cache()
         for layer, (keys, values) in zip(cache, self._states[key], strict=True):
             # Fresh array objects: the cache writes new positions into its arrays in place,
             # and the cold entry must stay as it was saved.
-            layer.keys, layer.values, layer.offset = mx.array(keys), mx.array(values), len(entry.tokens)
+            layer.keys, layer.values, layer.offset = cache_copy(keys), cache_copy(values), len(entry.tokens)
         self.hot, self.hot_tokens = cache, list(entry.tokens)
         self._entries = touch(self._entries, key, self._clock)
         self.stats.restores += 1
@@ -174,7 +175,8 @@ def reusable_in_batch(cache: list[Any]) -> bool:
     window's are not)."""
     from mlx_lm.models.cache import KVCache
 
-    return bool(cache) and all(type(layer) is KVCache for layer in cache)
+    quantized, _ = quantized_cache_classes()
+    return bool(cache) and all(type(layer) in (KVCache, quantized) for layer in cache)
 
 
 __all__ = ["MlxPrefixStore", "reusable_in_batch"]

@@ -37,11 +37,12 @@ def speculating(method: str | None, world: int, make_cache: Callable[[], list[An
         raise ModelLoadFailed(f"the MLX engine drafts with 'ngram' (prompt lookup) only, not {method!r}")
     if world > 1:
         raise ModelLoadFailed("prompt-lookup speculation runs on one MLX rank holding the whole model")
-    from mlx_lm.models.cache import KVCache
+    from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
-    # A plain cache can always give back its last positions; a rotating window cannot once it
-    # has wrapped, which happens mid-request (mlx-lm then trims nothing, silently).
-    if not all(type(layer) is KVCache for layer in make_cache()):
+    # A plain cache (or its quantized form) can always give back its last positions; a
+    # rotating window cannot once it has wrapped, which happens mid-request (mlx-lm then trims
+    # nothing, silently).
+    if not all(type(layer) is KVCache or isinstance(layer, QuantizedKVCache) for layer in make_cache()):
         raise ModelLoadFailed("this model's KV cache cannot always give back rejected drafts (a rotating window "
                               "or another non-plain cache): place it without runtime.speculative")
     return True
