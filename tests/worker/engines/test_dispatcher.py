@@ -639,3 +639,23 @@ def test_an_engine_without_the_streamed_workload_refuses_it_typed(make) -> None:
     wait_until(lambda: sink.finished("t"))
     result = sink.results()["t"]
     assert (result.outcome, result.error_type) == ("failed", "WorkloadUnsupported")
+
+
+@pytest.mark.parametrize(("tamper", "says"), [
+    ({"sha256": "0" * 64}, "SHA-256 differs"),
+    ({"data_b64": "not base64!"}, "not valid base64"),
+])
+def test_an_image_whose_bytes_are_not_the_checked_ones_never_reaches_the_engine(make, tamper, says) -> None:
+    from skulk.shared.types.common import ChatMessage
+    from skulk.shared.types.media import IMAGE_MARKER, ImageInput
+
+    image = ImageInput.of(b"\x89PNG fake bytes", "image/png", 1, 1).model_copy(update=tamper)
+    engine = ScriptedEngine()
+    dispatcher, sink = make(engine)
+    dispatcher.submit("img", TextGenerationParams(
+        model_id="local/fake", messages=[ChatMessage(role="user", content=IMAGE_MARKER, images=[image])]))
+    wait_until(lambda: sink.finished("img"))
+    result = sink.results()["img"]
+    assert (result.outcome, result.error_type) == ("failed", "protocol_violation")
+    assert says in (result.error_message or "")
+    assert engine.started == []

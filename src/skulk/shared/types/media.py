@@ -48,6 +48,18 @@ class ImageInput(WireModel):
         """The image file's bytes."""
         return base64.b64decode(self.data_b64, validate=True)
 
+    def digest_error(self) -> str | None:
+        """Why these bytes are not the image the API node checked (not base64, or another
+        SHA-256), or None. The serving node asks before an engine sees them: an engine keys
+        its prefix cache by the digest, so a wrong one would reuse another image's KV."""
+        try:
+            data = self.data
+        except ValueError as exc:
+            return f"an image is not valid base64 ({exc})"
+        if hashlib.sha256(data).hexdigest() != self.sha256:
+            return "an image's SHA-256 differs from the one the API node computed"
+        return None
+
     @classmethod
     def of(cls, data: bytes, media_type: ImageMediaType, width: int, height: int,
            detail: Literal["auto", "low", "high"] = "auto") -> ImageInput:

@@ -370,6 +370,15 @@ class DispatchStats:
     cancelled_total: int
 
 
+def _image_digest_error(request: TextGenerationParams) -> str | None:
+    """The first image of the request whose bytes are not what the API node checked."""
+    for message in request.messages:
+        for image in message.images:
+            if (error := image.digest_error()) is not None:
+                return error
+    return None
+
+
 class Dispatcher:
     """FIFO admission at a fixed width in front of one engine.
 
@@ -585,6 +594,9 @@ class Dispatcher:
     def _run(self, job: _Job) -> GenerationResult:
         if not isinstance(job.request, TextGenerationParams):
             return self._one_result(job, job.request)
+        if (corrupt := _image_digest_error(job.request)) is not None:
+            return GenerationResult(outcome="failed", finish_reason="error",
+                                    error_type=StreamErrorType.PROTOCOL_VIOLATION, error_message=corrupt)
         if job.request.count_only:
             return self._count(job, job.request)
         last: GeneratedToken | None = None
