@@ -230,6 +230,8 @@ async def _runner_answer(tiny_vlm, projector: str | None, monkeypatch) -> tuple[
         task = text_task("vision", ask(f"what is{IMAGE_MARKER} this", image(BLACK)))
         supervisor.submit(task)
         await reports.wait_for(lambda: reports.done(task), READY_TIMEOUT_S)
+        # The runner reports itself Ready again just after the task's end: wait for that report.
+        await reports.wait_for(lambda: reports.state() != "Running", READY_TIMEOUT_S)
         usages = [p.chunk.usage for p in reports.payloads(task)
                   if isinstance(p.chunk, TokenChunk) and p.chunk.usage is not None]
         return reports.state(), None, usages[-1] if usages else None
