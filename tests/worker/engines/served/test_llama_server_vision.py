@@ -290,3 +290,18 @@ def test_a_count_only_request_counts_the_images_tokens(engine):
     token, result = seen
     assert result.outcome == "completed" and token.text == ""
     assert token.usage.prompt_tokens == generated.prompt_tokens and token.usage.completion_tokens == 0
+
+
+@pytest.mark.parametrize(("kind", "media_type"), [("JPEG", "image/jpeg"), ("GIF", "image/gif"), ("WEBP", "image/webp")])
+def test_every_image_type_the_api_accepts_is_seen(engine, kind, media_type):
+    """llama-server's decoder reads PNG, JPEG and GIF; WebP is re-encoded as PNG on the way
+    (`launch.server_readable_b64`), so every type the API accepts costs the image's tokens."""
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (48, 40), RED).save(out, kind)
+    _, _, text_only = answer(engine, ask("what is this"))
+    _, _, seen = answer(engine, ask(f"what is{IMAGE_MARKER} this", ImageInput.of(out.getvalue(), media_type, 48, 40)))
+    assert seen.prompt_tokens - text_only.prompt_tokens == TINY_VISION_SPEC.image_tokens

@@ -28,6 +28,7 @@ from skulk.worker.engines.llama_cpp.engine import (
     DEFAULT_TOP_P,
     ScoredToken,
 )
+from skulk.worker.engines.llama_cpp.vision import STB_DECODED_TYPES, rgb_pixels
 
 MAX_TOP_LOGPROBS = 20
 """OpenAI's own bound on top_logprobs; llama-server's n_probs is capped the same way."""
@@ -180,7 +181,25 @@ def image_prompt(text: str, images: Sequence[ImageInput], media_marker: str) -> 
     if markers != len(images):
         raise ServedRequestRejected(f"the prompt has {markers} image markers for {len(images)} images")
     return {"prompt_string": text.replace(IMAGE_MARKER, media_marker),
-            "multimodal_data": [image.data_b64 for image in images]}
+            "multimodal_data": [server_readable_b64(image) for image in images]}
+
+
+def server_readable_b64(image: ImageInput) -> str:
+    """The image as llama-server can read it, base64: as sent for the types its decoder
+    (stb_image) reads; any other type the API accepts (WebP) re-encoded as PNG with Pillow
+    first (the server answers "Failed to load image" otherwise). A file Pillow cannot read
+    either is the request's typed failure."""
+    if image.media_type in STB_DECODED_TYPES:
+        return image.data_b64
+    width, height, pixels = rgb_pixels(image.data, image.media_type)
+    import base64
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.frombytes("RGB", (width, height), pixels).save(out, "PNG")
+    return base64.b64encode(out.getvalue()).decode("ascii")
 
 
 FINISH_OF_STOP_TYPE: Mapping[str, FinishReason] = {"eos": "stop", "word": "stop", "limit": "length"}
