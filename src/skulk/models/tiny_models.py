@@ -45,7 +45,7 @@ import shutil
 import sys
 import tempfile
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Literal
@@ -594,10 +594,13 @@ def _write_gguf(path: Path, spec: TinySpec, tokenizer, weights: Mapping[str, np.
     writer.close()
 
 
-def _clip_weights(vision: TinyVisionSpec, lm_hidden_size: int) -> dict[str, np.ndarray]:
-    """GGUF `clip` tensors (numpy shape = ggml's ne reversed), float32, in a fixed order."""
-    h, ff, p = vision.hidden_size, vision.intermediate_size, vision.patch_size
+def _tower_builders(vision: TinyVisionSpec) -> tuple[
+        dict[str, np.ndarray], Callable[[str, tuple[int, ...], float], None],
+        Callable[..., None], Callable[[str], None]]:
+    """The tensors of a tiny vision tower and its three initialisers (seeded noise, a linear
+    layer with a zero bias, a unit layer norm), shared by the GGUF and HF namings."""
     weights: dict[str, np.ndarray] = {}
+    h = vision.hidden_size
 
     def noise(name: str, shape: tuple[int, ...], std: float) -> None:
         weights[name] = _uniform(vision.seed, name, shape, std)
@@ -609,6 +612,14 @@ def _clip_weights(vision: TinyVisionSpec, lm_hidden_size: int) -> dict[str, np.n
     def norm(name: str) -> None:
         weights[f"{name}.weight"] = np.ones(h, dtype=np.float32)
         weights[f"{name}.bias"] = np.zeros(h, dtype=np.float32)
+
+    return weights, noise, linear, norm
+
+
+def _clip_weights(vision: TinyVisionSpec, lm_hidden_size: int) -> dict[str, np.ndarray]:
+    """GGUF `clip` tensors (numpy shape = ggml's ne reversed), float32, in a fixed order."""
+    h, ff, p = vision.hidden_size, vision.intermediate_size, vision.patch_size
+    weights, noise, linear, norm = _tower_builders(vision)
 
     noise("v.class_embd", (h,), EMBED_STD)
     noise("v.patch_embd.weight", (h, 3, p, p), HIDDEN_GAIN / math.sqrt(3 * p * p))
@@ -669,18 +680,7 @@ def _clip_hf_weights(vision: TinyVisionSpec, lm_hidden_size: int) -> dict[str, n
     """HF LLaVA vision tower (CLIP) and projector tensors, float32, in a fixed order; the
     same init as `_clip_weights` (llama.cpp's names), under the names mlx-vlm's llava reads."""
     h, ff, p = vision.hidden_size, vision.intermediate_size, vision.patch_size
-    weights: dict[str, np.ndarray] = {}
-
-    def noise(name: str, shape: tuple[int, ...], std: float) -> None:
-        weights[name] = _uniform(vision.seed, name, shape, std)
-
-    def linear(name: str, out_features: int, in_features: int, gain: float = HIDDEN_GAIN) -> None:
-        noise(f"{name}.weight", (out_features, in_features), gain / math.sqrt(in_features))
-        weights[f"{name}.bias"] = np.zeros(out_features, dtype=np.float32)
-
-    def norm(name: str) -> None:
-        weights[f"{name}.weight"] = np.ones(h, dtype=np.float32)
-        weights[f"{name}.bias"] = np.zeros(h, dtype=np.float32)
+    weights, noise, linear, norm = _tower_builders(vision)
 
     tower = "vision_tower.vision_model"
     noise(f"{tower}.embeddings.class_embedding", (h,), EMBED_STD)
