@@ -25,6 +25,7 @@ from skulk.shared.types.commands import GenerateText, RunWorkload
 from skulk.shared.types.common import Usage
 from skulk.shared.types.workload_io import EchoResult, EmbeddingResult, TranscriptionResult, TranscriptSegment
 from tests.api.test_openai_routes import STATE
+from tests.speech_kit import wav_duration_s
 
 USAGE = Usage(prompt_tokens=7, completion_tokens=3, total_tokens=10)
 
@@ -109,7 +110,7 @@ class ScriptedCluster:
         params = self.inputs[cid].params
         texts = list(self.texts) if not callable(self.texts) else list(self.texts(params))
         segments = [TranscriptSegment(id=i, start=float(i), end=float(i + 1), text=text) for i, text in enumerate(texts)]
-        duration = params.duration_s or 0.0
+        duration = wav_duration_s(params.audio_bytes())  # the scripted "engine" hears the WAV it was sent
         partial = [ResultChunk(command_id=cid, result=TranscriptionResult(text=s.text, segments=[s], language="en",
                                                                           duration=duration, final=False))
                    for s in segments] if params.stream else []

@@ -37,7 +37,7 @@ SAMPLES = {
         response_format=ResponseFormat(type="json_schema", json_schema={"title": SECRET})),
     "embeddings": EmbeddingParams(model_id="m", inputs=[SECRET, SECRET]),
     "echo": EchoParams(model_id="m", text=SECRET),
-    "transcription": TranscriptionParams.of_audio("m", SECRET.encode(), prompt=SECRET, file_name="a.wav"),
+    "transcription": TranscriptionParams.of_audio("m", SECRET.encode(), prompt=SECRET),
     "speech": SpeechParams(model_id="m", input=SECRET, voice="v"),
 }
 """One request of every workload, full of caller text."""

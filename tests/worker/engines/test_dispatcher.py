@@ -560,7 +560,7 @@ class TranscribingScriptedEngine(ScriptedEngine):
         self.closed: list[str] = []
 
     def transcribe(self, params: TranscriptionParams) -> Iterator[TranscriptionResult]:
-        name = params.file_name or ""
+        name = params.audio_bytes()[len(b"RIFF"):].decode()  # the test names each request in its bytes
         cancelled = threading.Event()
         try:
             partials = 2 if not name[0].isdigit() else int(name[0])
@@ -579,7 +579,7 @@ class TranscribingScriptedEngine(ScriptedEngine):
 
 
 def transcription(name: str) -> TranscriptionParams:
-    return TranscriptionParams.of_audio("local/fake", b"RIFF", file_name=name)
+    return TranscriptionParams.of_audio("local/fake", b"RIFF" + name.encode())
 
 
 def results_of(sink: RecordingSink, request_id: str) -> list[TranscriptionResult]:

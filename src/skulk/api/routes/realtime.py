@@ -207,8 +207,7 @@ class _Socket:
         streaming = bool(card is not None and card.audio is not None and card.audio.supports_streaming)
         try:
             params = TranscriptionParams.of_audio(
-                model, audio.wav_bytes(samples, audio.VAD_RATE), file_name=f"{utterance.item_id}.wav",
-                duration_s=samples.size / audio.VAD_RATE, language=settings.language, prompt=settings.prompt,
+                model, audio.wav_bytes(samples, audio.VAD_RATE), language=settings.language, prompt=settings.prompt,
                 stream=streaming)
             stream = await start_workload(self.context, params)
             deltas = False

@@ -175,15 +175,14 @@ def whisper_languages() -> frozenset[str] | None:
     return frozenset(_LANGUAGE_CODES)
 
 
-def _params(form: TranscriptionForm, model_id: str, card: ModelCard, duration_s: float) -> TranscriptionParams:
+def _params(form: TranscriptionForm, model_id: str, card: ModelCard) -> TranscriptionParams:
     """The workload's params. Segment by segment whenever the card streams, even when the
     caller wants one answer: the dispatcher can only stop an engine between results, so a
     long transcription whose client left is cancelled at its next segment instead of being
     decoded to the end (the route answers from the final result)."""
     streams = form.stream or (card.audio is not None and card.audio.supports_streaming)
     return TranscriptionParams.of_audio(
-        model_id, form.file.data, file_name=(form.file.filename or "")[:255] or None, duration_s=duration_s,
-        task=form.task, language=form.language, prompt=form.prompt, temperature=form.temperature,
+        model_id, form.file.data, task=form.task, language=form.language, prompt=form.prompt, temperature=form.temperature,
         word_timestamps=form.words, stream=streams)
 
 
@@ -200,8 +199,8 @@ async def _serve(request: Request, task: Task) -> Response:
     refusal = request_refusal(form, model_id, card, whisper_languages())
     if refusal is not None:
         raise refusal
-    probe = await asyncio.to_thread(probe_audio, form.file.data)
-    stream = await start_workload(context, _params(form, model_id, card, probe.duration_s))
+    await asyncio.to_thread(probe_audio, form.file.data)  # refuses what is not audio, empty or too long
+    stream = await start_workload(context, _params(form, model_id, card))
     results = follow_results(request, context, stream, TranscriptionResult)
     if not form.stream:
         # The final result answers (partial ones only mark where a cancel can stop it). Read

@@ -111,10 +111,6 @@ class TranscriptionParams(WireModel):
     model_id: ModelId
     audio_b64: str = Field(max_length=(MAX_AUDIO_UPLOAD_BYTES + 2) // 3 * 4)
     audio_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    file_name: str | None = Field(default=None, max_length=255)
-    """The upload's file name, a hint for the decoder (the bytes decide)."""
-    duration_s: float | None = Field(default=None, ge=0)
-    """The duration the API node measured when it checked the upload."""
     task: Literal["transcribe", "translate"] = "transcribe"
     """translate: speech in any language to English text (a card with
     `audio.supports_translation`)."""

@@ -46,7 +46,7 @@ def speech(tmp_path_factory):
 
 
 def params(data: bytes, **fields) -> TranscriptionParams:
-    return TranscriptionParams.of_audio(TINY_WHISPER, data, file_name="speech.wav", **fields)
+    return TranscriptionParams.of_audio(TINY_WHISPER, data, **fields)
 
 
 def test_the_generated_model_is_small_and_deterministic(model_dir, tmp_path):
