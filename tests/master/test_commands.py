@@ -61,6 +61,8 @@ def kinds(decision):
         (State(), CreateInstance(command_id="c", instance=INSTANCE), "unknown_nodes"),
         (State(), EvictStagedModel(command_id="c", model_id="local/tiny-llama"), ["StagedModelEvicted"]),
         (State(), PlaceInstance(command_id="c", model_id="local/tiny-llama"), "unknown_model"),
+        # a copy of a placement already made places nothing more (and needs no card)
+        (STATE, PlaceInstance(command_id="c", model_id="local/tiny-llama", instance_id="i1"), []),
     ],
 )
 def test_decide(state, command, expected):

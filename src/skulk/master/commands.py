@@ -188,6 +188,8 @@ def _cancel(state: State, command: CancelCommand, ctx: DecisionContext) -> Decis
 
 
 def _place(state: State, command: PlaceInstance, ctx: DecisionContext) -> Decision:
+    if command.instance_id is not None and command.instance_id in state.instances:
+        return []  # a copy of a command already placed: placing is idempotent per instance id
     card = ctx.cards.get(command.model_id)
     if card is None:
         return Refusal("unknown_model", f"no model card for {command.model_id}")

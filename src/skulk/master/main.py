@@ -30,6 +30,7 @@ from skulk.datadir.event_log import DiskEventLog
 from skulk.datadir.superseded_logs import Retention, prune_superseded, superseded_name
 from skulk.master import indexer as ix
 from skulk.master.commands import DecisionContext, Refusal, decide
+from skulk.master.deferred_placements import DeferredPlacements, defer, deferrable, take_all
 from skulk.master.plan import MasterView, heartbeat_warnings, plan, track_broken_groups, track_zombies
 from skulk.master.presence_loss import PRESENCE_LOSS_CONFIRM_S, PresenceLedger, lost_nodes, observe, record_prunes
 from skulk.master.repair import DeletionCredit, active_credits, record_deletion
@@ -229,6 +230,7 @@ class Master:
         self.stall_holds = 0
         """Inputs held while a stall of this node's was judged or held (diagnostics)."""
         self.refused_commands = 0
+        self._deferred = DeferredPlacements()
         self.snapshots_sent = 0
         self.bursts_sent = 0
 
@@ -320,6 +322,9 @@ class Master:
             self._generations_to_drop -= 1  # the test knob: this one was "never received"
             logger.warning("test knob %s: ignoring command %s", TEST_DROP_GENERATIONS_ENV, forwarded.command.command_id)
             return
+        await self._decide_command(forwarded, first_refused_at=None)
+
+    async def _decide_command(self, forwarded: ForwarderCommand, first_refused_at: float | None) -> None:
         state = self._replica.state
         context = DecisionContext(
             new_id=new_id,
@@ -330,10 +335,29 @@ class Master:
         )
         decision = decide(state, forwarded.command, context)
         if isinstance(decision, Refusal):
+            if deferrable(forwarded, decision.code):
+                self._hold_placement(forwarded, decision.message, first_refused_at)
+                return
             self.refused_commands += 1
             logger.info("refused %s from %s: %s", type(forwarded.command).__name__, forwarded.origin, decision.message)
             return
         await self._index_own(decision)
+
+    def _hold_placement(self, forwarded: ForwarderCommand, reason: str, first_refused_at: float | None) -> None:
+        """`deferred_placements`: decided again on the next plan ticks, within its deadline."""
+        self._deferred, dropped = defer(self._deferred, forwarded, reason, self._clock(), first_refused_at)
+        if first_refused_at is None and (dropped is None or dropped.forwarded is not forwarded):
+            logger.info("holding %s from %s until cluster info arrives: %s", type(forwarded.command).__name__,
+                        forwarded.origin, reason)
+        if dropped is not None:
+            self.refused_commands += 1
+            logger.warning("refused %s from %s: %s (held %.0f s)", type(dropped.forwarded.command).__name__,
+                           dropped.forwarded.origin, dropped.reason, self._clock() - dropped.first_refused_at)
+
+    async def _retry_deferred(self) -> None:
+        self._deferred, held = take_all(self._deferred)
+        for entry in held:
+            await self._decide_command(entry.forwarded, first_refused_at=entry.first_refused_at)
 
     async def _on_sync_request(self, req: SyncRequest) -> None:
         if req.session_id != self.session_id:
@@ -384,6 +408,7 @@ class Master:
         # A producer gap open too long (its message was dropped) is skipped, not waited on.
         self._indexer, released = ix.release_stale(self._seeded_indexer(), datetime.now(UTC))
         await self._commit(released)
+        await self._retry_deferred()
         now = self._clock()
         state = self._replica.state
         presence_lost: dict[NodeId, float] = {}
@@ -550,6 +575,8 @@ class Master:
             "retainedTail": len(self._tail),
             "snapshotIdx": self._snapshot[0],
             "refusedCommands": self.refused_commands,
+            "deferredPlacements": len(self._deferred.held),
+            "deferredPlacementsDropped": self._deferred.dropped,
             "memoryCredits": active_credits(self._deletion_credits, self._clock()),
             "snapshotsSent": self.snapshots_sent,
             "burstsSent": self.bursts_sent,
