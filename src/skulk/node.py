@@ -388,6 +388,8 @@ class Node:
             members=lambda: frozenset(self.replica.state.nodes),
             on_elected=lambda elected: self._on_elected(elected, router, log_slot),
             on_demoted=self._stop_master,
+            high_water=lambda: self.replica.state.last_event_applied_idx,
+            on_leader_heard=self.replica.heard_leader,
         )
 
         loop = asyncio.get_running_loop()

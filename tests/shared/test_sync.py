@@ -14,6 +14,7 @@ from skulk.shared.sync import (
     MAX_REPLAY_NODES,
     REPLAY_BURST_EVENTS,
     REPLAY_BURST_INTERVAL_S,
+    TAIL_LAG_S,
     FollowerBuffer,
     ReplayScheduler,
     drain,
@@ -21,6 +22,7 @@ from skulk.shared.sync import (
     follower_buffer,
     follower_needs_ticks,
     next_due_at,
+    on_master_high_water,
     on_tick,
     receive,
     replay_scheduler,
@@ -282,10 +284,37 @@ def test_follower_and_scheduler_together_recover_a_gap() -> None:
     ("a follower waiting for its snapshot", True, False, False, False, True),
     ("a follower in step", True, False, True, False, False),
     ("a follower holding events beyond a gap", True, False, True, True, True),
+    ("a follower trailing the master's announcement", True, False, True, "behind", True),
 ])
 def test_follower_needs_ticks(name, master_known, i_am_master, synced, gap, expected) -> None:
     buf = follower_buffer(5)
-    if gap:
+    if gap == "behind":
+        buf, _since = on_master_high_water(buf, 9, 0.0)
+    elif gap:
         buf, ready, _since = receive(buf, ev(7), 0.0)
         assert buf.gap_open and not ready
     assert follower_needs_ticks(master_known, i_am_master, synced, buf) is expected, name
+
+
+@pytest.mark.parametrize(("name", "steps", "asks"), [
+    # steps: (announced high water, now); asks: the since_idx each step returns
+    ("in step: the announcement is at or below what we hold", [(4, 0.0), (3, 5.0)], [None, None]),
+    ("a missed tail is asked for once it has lasted TAIL_LAG_S",
+     [(7, 0.0), (7, TAIL_LAG_S - 0.1), (7, TAIL_LAG_S)], [None, None, 5]),
+    ("asked again only after GAP_REQUEST_RETRY_S",
+     [(7, 0.0), (7, TAIL_LAG_S), (7, TAIL_LAG_S + 1.0), (7, TAIL_LAG_S + GAP_REQUEST_RETRY_S)], [None, 5, None, 5]),
+    ("caught up meanwhile: the lag starts over",
+     [(7, 0.0), (4, 1.0), (7, 1.2), (7, 1.2 + TAIL_LAG_S)], [None, None, None, 5]),
+])
+def test_on_master_high_water(name, steps, asks) -> None:
+    buf = follower_buffer(5)
+    got = []
+    for high_water, now in steps:
+        buf, since = on_master_high_water(buf, high_water, now)
+        got.append(since)
+    assert got == asks, name
+
+
+def test_a_gap_takes_precedence_over_the_announcement() -> None:
+    buf, _ready, _since = receive(follower_buffer(5), ev(7), 0.0)
+    assert on_master_high_water(buf, 9, 10.0) == (buf, None)  # the gap's own requests cover it

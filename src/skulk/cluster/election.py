@@ -41,8 +41,14 @@ class ElectionService:
         members: Callable[[], frozenset[str]] = frozenset,
         on_elected: Callable[[machine.Elected], None],
         on_demoted: Callable[[], None] = lambda: None,
+        high_water: Callable[[], int] | None = None,
+        on_leader_heard: Callable[[ElectionMessage], None] = lambda _message: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._high_water = high_water
+        """This node's last indexed event, stamped on its leader announcements (None: not stamped)."""
+        self._on_leader_heard = on_leader_heard
+        """Every leader announcement heard (the replica reads its master's high-water mark)."""
         self._router = router
         self._commands_seen = commands_seen
         self._members = members
@@ -90,8 +96,11 @@ class ElectionService:
             self._on_demoted()
         for action in actions:
             if isinstance(action, machine.Broadcast):
+                message = action.message
+                if message.kind == "leader" and self._high_water is not None:
+                    message = message.model_copy(update={"high_water_idx": self._high_water()})
                 try:
-                    await self._router.publish(TOPICS.election, action.message)
+                    await self._router.publish(TOPICS.election, message)
                 except RouterError as exc:
                     logger.warning("election broadcast failed: %s", exc)
             elif isinstance(action, machine.Elected):
@@ -115,6 +124,8 @@ class ElectionService:
                 message: ElectionMessage = received.message
                 if received.sender != message.node_id or message.node_id == me:
                     continue  # a node speaks only for itself; our own broadcasts echo back
+                if message.kind == "leader":
+                    self._on_leader_heard(message)
                 await inbox.put(machine.Received(message))
 
         async def pump_presence() -> None:

@@ -23,10 +23,12 @@ from skulk.shared.sync import (
     drain,
     follower_buffer,
     follower_needs_ticks,
+    on_master_high_water,
     on_tick,
     receive,
     reset,
 )
+from skulk.shared.types.election import ElectionMessage
 from skulk.shared.types.events import IndexedEvent
 from skulk.shared.types.ids import NodeId, SessionId
 from skulk.shared.types.state import State
@@ -60,12 +62,16 @@ class StateReplica:
         self._buffer = follower_buffer(0)
         self._held: deque[IndexedEvent] = deque(maxlen=MAX_BUFFERED_EVENTS)
         self._snapshot_requested_at: float | None = None
+        self._master_high_water: int | None = None
+        """The last index the master announced (`heard_leader`); checked on each tick."""
         self._listeners: list[Callable[[IndexedEvent], None]] = []
         self._session_listeners: list[Callable[[], None]] = []
         self._tick_wanted = asyncio.Event()
         """Set when the ticker, asleep for want of work, has some (after a message or a new session)."""
         self.ignored_foreign = 0
         self.snapshots_adopted = 0
+        self.tail_requests = 0
+        """Replays asked for because the master's announcement showed a missed tail."""
         self.applied = 0
         self.listener_errors: Counter[str] = Counter()
         """Exceptions raised by listeners, by listener name. A listener's bug is logged and
@@ -92,6 +98,7 @@ class StateReplica:
         self._buffer = follower_buffer(self.state.last_event_applied_idx + 1)
         self._held.clear()
         self._snapshot_requested_at = None
+        self._master_high_water = None
         self.synced = i_am_master
         self._wake_ticker()
         logger.info("following master %s in session %s%s", master_id, session_id, " (this node)" if i_am_master else "")
@@ -110,6 +117,15 @@ class StateReplica:
             self.listener_errors[name] += 1
             logger.exception("replica listener %s failed (%d so far); the replica carries on",
                              name, self.listener_errors[name])
+
+    def heard_leader(self, message: ElectionMessage) -> None:
+        """A leader's announcement (the election's pump hands every one over): our master's
+        high-water mark, for a tail this follower may have missed."""
+        if (message.kind != "leader" or message.high_water_idx is None or message.node_id != self.master_id
+                or message.session_id != self.session_id or self.i_am_master):
+            return
+        self._master_high_water = message.high_water_idx
+        self._wake_ticker()
 
     # -- applying --------------------------------------------------------------------------
 
@@ -202,6 +218,12 @@ class StateReplica:
                 await self._request(self.state.last_event_applied_idx + 1, want_snapshot=True)
             return
         self._buffer, since = on_tick(self._buffer, now)
+        if since is None and self._master_high_water is not None:
+            self._buffer, since = on_master_high_water(self._buffer, self._master_high_water, now)
+            if since is not None:
+                self.tail_requests += 1
+                logger.info("trailing master %s (at idx %d, it announced %d): asking for the tail", self.master_id,
+                            self.state.last_event_applied_idx, self._master_high_water)
         if since is not None:
             await self._request(since, want_snapshot=False)
 
@@ -236,6 +258,7 @@ class StateReplica:
             "lastEventIdx": self.state.last_event_applied_idx,
             "applied": self.applied,
             "snapshotsAdopted": self.snapshots_adopted,
+            "tailRequests": self.tail_requests,
             "ignoredForeign": self.ignored_foreign,
             "bufferedEvents": len(self._buffer.pending),
             "bufferDropped": self._buffer.dropped,

@@ -31,6 +31,11 @@ REPLAY_BURST_EVENTS: Final = 32
 REPLAY_BURST_INTERVAL_S: Final = 0.25
 """Minimum time between two bursts to the same node (the seed's paced cadence)."""
 
+TAIL_LAG_S: Final = 1.5
+"""How long a follower may trail its master's announced high-water mark, with no gap open,
+before it asks for the tail: longer than an event takes to follow the announcement that
+overtook it (they travel on different topics), shorter than two announcements apart."""
+
 GAP_REQUEST_RETRY_S: Final = 2.0
 """A follower sends at most one replay request per this period; while a gap stays open it
 re-asks after it (the first request, or its replay, may have been lost)."""
@@ -61,6 +66,9 @@ class FollowerBuffer:
     requested_since: int | None = None
     requested_at: float | None = None
     dropped: int = 0
+    behind_since: float | None = None
+    """When the master's announced high-water mark was first seen beyond `next_idx` with no
+    gap open (None: not behind, or not known to be)."""
 
     @property
     def gap_open(self) -> bool:
@@ -109,12 +117,29 @@ def on_tick(buf: FollowerBuffer, now: float) -> tuple[FollowerBuffer, int | None
     return _maybe_request(buf, now)
 
 
+def on_master_high_water(buf: FollowerBuffer, high_water_idx: int, now: float) -> tuple[FollowerBuffer, int | None]:
+    """Take the master's announced last index. A follower behind it with no gap open missed
+    the tail of a burst (no later event will reveal that gap in a quiet cluster): once that
+    has lasted TAIL_LAG_S it asks for a replay from `next_idx`, rate-limited like a gap."""
+    if high_water_idx < buf.next_idx:
+        return (buf if buf.behind_since is None else dataclasses.replace(buf, behind_since=None)), None
+    if buf.gap_open:
+        return buf, None  # the gap's own requests cover it
+    if buf.behind_since is None:
+        return dataclasses.replace(buf, behind_since=now), None
+    if now - buf.behind_since < TAIL_LAG_S:
+        return buf, None
+    if buf.requested_at is not None and now - buf.requested_at < GAP_REQUEST_RETRY_S:
+        return buf, None
+    return dataclasses.replace(buf, requested_at=now), buf.next_idx
+
+
 def follower_needs_ticks(master_known: bool, i_am_master: bool, synced: bool, buf: FollowerBuffer) -> bool:
     """Whether a replica has timed work (`on_tick`, or re-asking for its snapshot): it follows
-    a known master and still waits for its snapshot, or holds events beyond a gap. Otherwise
-    the shell's ticker sleeps until a message or a new session: an idle node does not wake
-    for nothing."""
-    return master_known and not i_am_master and (not synced or buf.gap_open)
+    a known master and still waits for its snapshot, holds events beyond a gap, or trails the
+    master's announced high-water mark. Otherwise the shell's ticker sleeps until a message
+    or a new session: an idle node does not wake for nothing."""
+    return master_known and not i_am_master and (not synced or buf.gap_open or buf.behind_since is not None)
 
 
 def reset(buf: FollowerBuffer, next_idx: int) -> FollowerBuffer:
@@ -247,6 +272,7 @@ __all__ = [
     "MAX_REPLAY_NODES",
     "REPLAY_BURST_EVENTS",
     "REPLAY_BURST_INTERVAL_S",
+    "TAIL_LAG_S",
     "FollowerBuffer",
     "ReplayScheduler",
     "drain",
@@ -254,6 +280,7 @@ __all__ = [
     "follower_buffer",
     "follower_needs_ticks",
     "next_due_at",
+    "on_master_high_water",
     "on_tick",
     "receive",
     "replay_scheduler",

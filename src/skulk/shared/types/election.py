@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from skulk.shared.types.base import WireModel
 from skulk.shared.types.common import NonNegInt
@@ -37,6 +37,10 @@ class ElectionMessage(WireModel):
     seniority: NonNegInt
     commands_seen: NonNegInt
     session_id: SessionId | None = None
+    high_water_idx: int | None = Field(default=None, ge=-1)
+    """A leader's last indexed event when it announced (-1: none yet); None on candidacies.
+    A follower that missed the tail of a burst has no later event to reveal the gap; the
+    announcement, every LEADER_ANNOUNCE_S, does (`shared.sync.on_master_high_water`)."""
 
     @model_validator(mode="after")
     def _session_only_on_leader(self) -> ElectionMessage:
@@ -44,8 +48,8 @@ class ElectionMessage(WireModel):
         # claim a session nobody elected.
         if self.kind == "leader" and self.session_id is None:
             raise ValueError("a leader message must carry session_id")
-        if self.kind == "candidate" and self.session_id is not None:
-            raise ValueError("a candidate message must not carry session_id")
+        if self.kind == "candidate" and (self.session_id is not None or self.high_water_idx is not None):
+            raise ValueError("a candidate message must not carry session_id or high_water_idx")
         return self
 
     @property
