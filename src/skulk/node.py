@@ -32,6 +32,7 @@ from skulk.api.context import LogLevelControl
 from skulk.api.failover import failover_failures
 from skulk.api.limits import RequestLimits
 from skulk.api.node_access import access_policy, access_warnings, with_api_key, with_own_hosts
+from skulk.api.speech_providers import FIRST_PARTY_SOURCE, SpeechTagSync, always_advertised, first_party_providers
 from skulk.api.streams import CommandStreams
 from skulk.api.task_stream_ends import awaiting_terminal, completed_in, stream_end_for, stream_ends_in
 from skulk.cluster.command_resend import CommandResender
@@ -349,14 +350,20 @@ class Node:
         self.replica.on_applied(self.lost_members.observe)
         self.task_inputs = TaskInputRelay(send=lambda node_id, item: self._send_input(router, node_id, item))
         self.command_resender = CommandResender()
+        first_party = ([(FIRST_PARTY_SOURCE, lambda: first_party_providers(lambda: self._api_context))]
+                       if settings.api_enabled else [])  # registered first: they win their id@version
         self.capabilities = ProviderFabric(
             self.node_id,
-            registry_from((ext.shape.name, ext.obj.providers) for ext in found.with_hook("providers")),
+            registry_from([*first_party, *((ext.shape.name, ext.obj.providers) for ext in found.with_hook("providers"))]),
             publish_control=lambda node_id, message: router.publish(TOPICS.provider_calls, message, to_node=node_id),
             publish_data=lambda node_id, message: router.publish(TOPICS.provider_data, message, to_node=node_id),
         )
-        for refusal in self.capability_tags.advertise_all(self.capabilities.capability_tags()):
+        for refusal in self.capability_tags.advertise_all(always_advertised(self.capabilities.capability_tags())):
             logger.warning("a provider's capability is served but not advertised as a tag: %s", refusal)
+        if first_party:  # stt@ / tts@ follow their ready models
+            speech_tags = SpeechTagSync(self.capability_tags)
+            self.replica.on_applied(lambda _indexed: speech_tags.sync(self.replica.state, cards()))
+            self.replica.on_synced(lambda *_: speech_tags.sync(self.replica.state, cards()))
         self.replica.on_applied(lambda indexed: self.task_inputs.on_event(indexed, self.replica.state))
         self.intent = IntentRecord(settings.paths.data_home / INTENT_FILE)  # restored by a cold-start master
         self.replica.on_applied(lambda indexed: self.intent.observe(indexed, self.replica.state))
