@@ -18,7 +18,7 @@ import wave
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -48,7 +48,7 @@ def rows_on(a: NodeProcess, b_id: str) -> dict[str, dict[str, Any]]:
         rows = {row["id"]: row for row in a.get("/v1/capabilities").json()["data"] if row["node"] == b_id}
         return rows if {"vad", "stt", "tts"} <= set(rows) else None
 
-    return wait_for(found, timeout_s=30, what="B's speech capabilities listed by A")
+    return cast(dict[str, dict[str, Any]], wait_for(found, timeout_s=30, what="B's speech capabilities listed by A"))
 
 
 @contextmanager

@@ -16,6 +16,7 @@ from skulk.api.speech_providers.advertising import (
 )
 from skulk.extensions.capability_tags import CapabilityTags
 from skulk.models.cards import builtin_cards_dir, load_card
+from skulk.shared.types.ids import InstanceId, ModelId, NodeId, RunnerId
 from skulk.shared.types.instances import Instance, RunnerStatus, ShardAssignment
 from skulk.shared.types.state import State
 
@@ -29,15 +30,16 @@ STT, TTS, CHAT = "local/tiny-whisper", "local/tiny-piper", "local/tiny-llama"
 
 def _state(placed: dict[str, str | None]) -> State:
     """One single-runner instance per model; its runner's state (None: not reported yet)."""
-    instances, runners = {}, {}
+    instances: dict[InstanceId, Instance] = {}
+    runners: dict[RunnerId, RunnerStatus] = {}
     for n, (model, runner_state) in enumerate(placed.items()):
-        runner = f"r{n}"
-        instances[f"i{n}"] = Instance(
-            instance_id=f"i{n}", model_id=model, sharding="Pipeline", context_token_limit=1024,
-            shards=[ShardAssignment(node_id="n", runner_id=runner, rank=0, world_size=1, start_layer=0,
+        runner, instance_id = RunnerId(f"r{n}"), InstanceId(f"i{n}")
+        instances[instance_id] = Instance(
+            instance_id=instance_id, model_id=ModelId(model), sharding="Pipeline", context_token_limit=1024,
+            shards=[ShardAssignment(node_id=NodeId("n"), runner_id=runner, rank=0, world_size=1, start_layer=0,
                                     end_layer=1, backend="cpu")])
         if runner_state is not None:
-            runners[runner] = RunnerStatus(state=runner_state)
+            runners[runner] = RunnerStatus.model_validate({"state": runner_state})
     return State(instances=instances, runners=runners)
 
 
