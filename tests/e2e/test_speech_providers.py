@@ -3,11 +3,12 @@ capability WebSocket opens each call on node B, where the providers run over B's
 serving (`local/tiny-whisper`, `local/tiny-piper` placed on B only).
 
 vad@1.0.0 is advertised with no model at all and finds the turn in an espeak-ng sentence
-(speech_started, then speech_stopped on the silence after it); stt@ and tts@ are listed but
-not advertised, and refused by name, until their models are ready; then stt@ answers one
-transcript for audio sent in chunks and half-closed, tts@ answers MP3 frames that decode
-to the voice's rate, and cancelling a tts@ call reaches the runner (which counts the stream
-it ended as cancelled)."""
+(speech_started, then speech_stopped on the silence after it); stt@, stt.realtime@ and tts@
+are listed but not advertised, and refused by name, until their models are ready; then stt@
+answers one transcript for audio sent in chunks and half-closed, stt.realtime@ finds the turn
+in a live stream and transcribes it, tts@ answers MP3 frames that decode to the voice's rate,
+and cancelling a tts@ call reaches the runner (which counts the stream it ended as
+cancelled)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from tests.speech_kit import spoken_wav
 pytestmark = pytest.mark.timeout(600)
 
 STT, TTS = "local/tiny-whisper", "local/tiny-piper"
-VAD_TAG, STT_TAG, TTS_TAG = "vad@1.0.0", "stt@1.0.0", "tts@1.0.0"
+VAD_TAG, STT_TAG, TTS_TAG, REALTIME_TAG = "vad@1.0.0", "stt@1.0.0", "tts@1.0.0", "stt.realtime@1.0.0"
 CALL_DEADLINE_S = 120.0
 """A hang guard for one frame of a call (a cold runner on a busy 2-core machine)."""
 TERMINALS = ("completed", "failed", "cancelled")
@@ -46,7 +47,7 @@ def tags_of(a: NodeProcess, b_id: str) -> set[str]:
 def rows_on(a: NodeProcess, b_id: str) -> dict[str, dict[str, Any]]:
     def found() -> dict[str, dict[str, Any]] | None:
         rows = {row["id"]: row for row in a.get("/v1/capabilities").json()["data"] if row["node"] == b_id}
-        return rows if {"vad", "stt", "tts"} <= set(rows) else None
+        return rows if {"vad", "stt", "stt.realtime", "tts"} <= set(rows) else None
 
     return cast(dict[str, dict[str, Any]], wait_for(found, timeout_s=30, what="B's speech capabilities listed by A"))
 
@@ -114,7 +115,7 @@ def test_speech_providers_called_across_nodes(spawn_node, tmp_path):
 
     # No speech model anywhere: vad@ advertised, stt@ and tts@ not, and refused by name.
     wait_for(lambda: VAD_TAG in tags_of(a, b_id), timeout_s=30, what="B's vad@ tag seen by A")
-    assert not {STT_TAG, TTS_TAG} & tags_of(a, b_id)
+    assert not {STT_TAG, TTS_TAG, REALTIME_TAG} & tags_of(a, b_id)
     refused = call(a, rows["stt"], [])
     assert refused[-1]["code"] == "admission_refused" and "speech-to-text" in refused[-1]["detail"], refused
     refused = call(a, rows["tts"], [], {"input": "Hello."})
@@ -136,7 +137,8 @@ def test_speech_providers_called_across_nodes(spawn_node, tmp_path):
     # The speech models on B: stt@ and tts@ are advertised once they are ready.
     for model in (STT, TTS):
         wait_instance_ready(a, place(a, modelId=model, excludedNodes=[a_id])["instanceId"], timeout_s=240)
-    wait_for(lambda: {STT_TAG, TTS_TAG} <= tags_of(a, b_id), timeout_s=30, what="B's stt@ and tts@ tags")
+    wait_for(lambda: {STT_TAG, TTS_TAG, REALTIME_TAG} <= tags_of(a, b_id), timeout_s=30,
+             what="B's stt@, stt.realtime@ and tts@ tags")
 
     # stt@: the WAV in 16 KiB chunks, half-closed, one final transcript (random weights: its shape).
     step = 16 * 1024
@@ -146,6 +148,14 @@ def test_speech_providers_called_across_nodes(spawn_node, tmp_path):
     assert transcript["model"] == STT and isinstance(transcript["text"], str) and transcript["durationS"] > 0
     bad = call(a, rows["stt"], [{"audio": base64.b64encode(b"not audio at all").decode()}])
     assert bad[-1]["type"] == "failed" and bad[-1]["code"] == "input_invalid", bad
+
+    # stt.realtime@: the same 48 kHz stream; the turn is found, then transcribed as item 0.
+    live = [dict(chunks[0], model=STT, language="en"), *chunks[1:]]
+    events = outputs(call(a, rows["stt.realtime"], live))
+    assert [e["type"] for e in events] == ["speech_started", "speech_stopped", "transcript"], events
+    assert events[1]["item"] == events[2]["item"] == 0 and isinstance(events[2]["text"], str)
+    bad = call(a, rows["stt.realtime"], [dict(chunks[0], model=TTS)])
+    assert bad[-1]["type"] == "failed" and bad[-1]["code"] == "input_invalid", bad  # not a realtime STT model
 
     # tts@: MP3 frames whose concatenation decodes at the voice's rate.
     frames = outputs(call(a, rows["tts"], [], {"input": "Hello there. This is the second sentence.", "model": TTS}))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from skulk.api.speech_providers.advertising import (
+    STT_REALTIME_TAG,
     STT_TAG,
     TTS_TAG,
     VAD_TAG,
@@ -48,11 +49,11 @@ def _state(placed: dict[str, str | None]) -> State:
     [
         ({}, {VAD_TAG}),  # no model: vad@ alone
         ({CHAT: "Ready"}, {VAD_TAG}),  # a chat model speaks neither
-        ({STT: "Ready"}, {VAD_TAG, STT_TAG}),
+        ({STT: "Ready"}, {VAD_TAG, STT_TAG, STT_REALTIME_TAG}),  # its card declares supports_realtime
         ({TTS: "Running"}, {VAD_TAG, TTS_TAG}),
         ({STT: "Loading", TTS: None}, {VAD_TAG}),  # placed, not ready yet
         ({STT: "Failed", TTS: "Ready"}, {VAD_TAG, TTS_TAG}),
-        ({STT: "Ready", TTS: "Ready", CHAT: "Ready"}, {VAD_TAG, STT_TAG, TTS_TAG}),
+        ({STT: "Ready", TTS: "Ready", CHAT: "Ready"}, {VAD_TAG, STT_TAG, STT_REALTIME_TAG, TTS_TAG}),
     ],
 )
 def test_speech_tags_follow_ready_models(placed, tags) -> None:
@@ -63,6 +64,12 @@ def test_ready_models_are_sorted_by_kind() -> None:
     state = _state({STT: "Ready", TTS: "Ready"})
     assert ready_models(state, CARDS, "stt") == (STT,)
     assert ready_models(state, CARDS, "tts") == (TTS,)
+    assert ready_models(state, CARDS, "stt_realtime") == (STT,)
+    whisper = CARDS[ModelId(STT)]
+    assert whisper.audio is not None
+    batch_only = {**CARDS, ModelId(STT): whisper.model_copy(
+        update={"audio": whisper.audio.model_copy(update={"supports_realtime": False})})}
+    assert ready_models(state, batch_only, "stt") == (STT,) and ready_models(state, batch_only, "stt_realtime") == ()
 
 
 @pytest.mark.parametrize(
@@ -86,6 +93,6 @@ def test_the_sync_advertises_and_withdraws() -> None:
     tags.advertise(VAD_TAG)
     sync = SpeechTagSync(tags)
     sync.sync(_state({STT: "Ready"}), CARDS)
-    assert tags.current() == {VAD_TAG, STT_TAG}
+    assert tags.current() == {VAD_TAG, STT_TAG, STT_REALTIME_TAG}
     sync.sync(_state({STT: "Failed"}), CARDS)
     assert tags.current() == {VAD_TAG}

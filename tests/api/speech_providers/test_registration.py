@@ -25,7 +25,7 @@ class Impostor:
 def test_first_party_providers_win_their_id_at_version() -> None:
     registry = registry_from([(FIRST_PARTY_SOURCE, lambda: first_party_providers(lambda: None)),
                               ("impostor", lambda: [Impostor()])])
-    assert registry.capability_tags() == ("stt@1.0.0", "tts@1.0.0", "vad@1.0.0")
+    assert registry.capability_tags() == ("stt.realtime@1.0.0", "stt@1.0.0", "tts@1.0.0", "vad@1.0.0")
     entry = registry.get("vad", "1.0.0")
     assert entry is not None and entry.source == FIRST_PARTY_SOURCE and entry.descriptor.revision == VAD.revision
     assert [(r.source, r.capability) for r in registry.refused] == [("impostor", "vad@1.0.0")]

@@ -23,22 +23,33 @@ from skulk.shared.types.state import State
 
 log = logging.getLogger(__name__)
 
-SpeechKind = Literal["stt", "tts"]
+SpeechKind = Literal["stt", "tts", "stt_realtime"]
 
 VAD_TAG: Final = "vad@1.0.0"
 STT_TAG: Final = "stt@1.0.0"
 TTS_TAG: Final = "tts@1.0.0"
-MODEL_BACKED_TAGS: Final[Mapping[str, SpeechKind]] = {STT_TAG: "stt", TTS_TAG: "tts"}
-"""The tags advertised only while a ready model of their card capability is placed."""
+STT_REALTIME_TAG: Final = "stt.realtime@1.0.0"
+MODEL_BACKED_TAGS: Final[Mapping[str, SpeechKind]] = {STT_TAG: "stt", TTS_TAG: "tts",
+                                                      STT_REALTIME_TAG: "stt_realtime"}
+"""The tags advertised only while a ready model of their kind is placed."""
+
+
+def eligible(card: ModelCard | None, kind: SpeechKind) -> bool:
+    """Does the card serve `kind`: `stt` / `tts` in its capabilities with an audio section;
+    `stt_realtime`: an `stt` card declaring `audio.supports_realtime` (the realtime edge's gate)."""
+    if card is None or card.audio is None:
+        return False
+    if kind == "stt_realtime":
+        return "stt" in card.capabilities and card.audio.supports_realtime
+    return kind in card.capabilities
 
 
 def ready_models(state: State, cards: Mapping[ModelId, ModelCard], kind: SpeechKind) -> tuple[str, ...]:
-    """Placed models whose card declares `kind` (and an audio section) with a serving
-    instance, sorted (the first is the default when a call names none)."""
+    """Placed models whose card serves `kind` (`eligible`) with a serving instance, sorted
+    (the first is the default when a call names none)."""
     ready: set[str] = set()
     for instance in state.instances.values():
-        card = cards.get(instance.model_id)
-        if card is None or card.audio is None or kind not in card.capabilities:
+        if not eligible(cards.get(instance.model_id), kind):
             continue
         if serving(state, instance):
             ready.add(str(instance.model_id))
@@ -82,11 +93,13 @@ class SpeechTagSync:
 
 __all__ = [
     "MODEL_BACKED_TAGS",
+    "STT_REALTIME_TAG",
     "STT_TAG",
     "TTS_TAG",
     "VAD_TAG",
     "SpeechTagSync",
     "always_advertised",
+    "eligible",
     "ready_models",
     "speech_tags",
     "tag_changes",

@@ -54,6 +54,7 @@ def b64_chars(size_bytes: int) -> int:
 
 
 __all__ = [
+    "MAX_PENDING_UTTERANCES",
     "MAX_STT_AUDIO_BYTES",
     "MAX_STT_CHUNKS",
     "MAX_STT_CHUNK_BYTES",
@@ -67,3 +68,7 @@ __all__ = [
     "VAD_RATES",
     "b64_chars",
 ]
+
+MAX_PENDING_UTTERANCES: Final = 4
+"""Committed stt.realtime@ utterances waiting for their transcription; one more ends the call
+`overloaded` (the model cannot keep up with the speaker)."""

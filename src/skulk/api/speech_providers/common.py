@@ -16,7 +16,8 @@ from skulk.extensions.providers.errors import CapabilityError
 
 ContextOf = Callable[[], ApiContext | None]
 
-WHAT: dict[SpeechKind, str] = {"stt": "speech-to-text", "tts": "text-to-speech"}
+WHAT: dict[SpeechKind, str] = {"stt": "speech-to-text", "tts": "text-to-speech",
+                               "stt_realtime": "realtime speech-to-text (audio.supports_realtime)"}
 
 
 def api_of(context_of: ContextOf) -> ApiContext:
