@@ -154,6 +154,8 @@ def test_speech_providers_called_across_nodes(spawn_node, tmp_path):
     events = outputs(call(a, rows["stt.realtime"], live))
     assert [e["type"] for e in events] == ["speech_started", "speech_stopped", "transcript"], events
     assert events[1]["item"] == events[2]["item"] == 0 and isinstance(events[2]["text"], str)
+    (queues,) = b.get("/v1/diagnostics/node").json()["capabilities"]["speechProviders"]
+    assert queues == {"capability": REALTIME_TAG, "pendingTurns": [], "overloaded": 0}  # the call's queue is gone
     bad = call(a, rows["stt.realtime"], [dict(chunks[0], model=TTS)])
     assert bad[-1]["type"] == "failed" and bad[-1]["code"] == "input_invalid", bad  # not a realtime STT model
 

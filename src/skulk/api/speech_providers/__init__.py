@@ -35,4 +35,9 @@ def first_party_providers(context_of: ContextOf) -> list[Any]:
     return [VadProvider(), SttProvider(context_of), SttRealtimeProvider(context_of), TtsProvider(context_of)]
 
 
-__all__ = ["FIRST_PARTY_SOURCE", "SpeechTagSync", "always_advertised", "first_party_providers"]
+def first_party_stats(providers: list[Any]) -> list[dict[str, Any]]:
+    """The bounded queues of the providers that hold any (`/v1/diagnostics/node`)."""
+    return [provider.stats() for provider in providers if callable(getattr(provider, "stats", None))]
+
+
+__all__ = ["FIRST_PARTY_SOURCE", "SpeechTagSync", "always_advertised", "first_party_providers", "first_party_stats"]

@@ -134,6 +134,9 @@ class SttRealtimeProvider:
 
     def __init__(self, context_of: ContextOf) -> None:
         self._context_of = context_of
+        self._pending: dict[str, asyncio.Queue[Utterance | None]] = {}
+        self.overloaded = 0
+        """Calls ended because their turns waited past `MAX_PENDING_UTTERANCES` (the drops)."""
 
     def descriptors(self) -> list[CapabilityDescriptor]:
         return [DESCRIPTOR]
@@ -141,12 +144,22 @@ class SttRealtimeProvider:
     def admit(self, capability_id: str, ctx: CallContext) -> str | None:
         return admission_refusal(self._context_of(), "stt_realtime")
 
+    def stats(self) -> dict[str, Any]:
+        """Each open call's queue of turns waiting for their transcript, and the drops."""
+        return {
+            "capability": STT_REALTIME_TAG,
+            "pendingTurns": [{"callId": call_id, "depth": queue.qsize(), "capacity": MAX_PENDING_UTTERANCES}
+                             for call_id, queue in self._pending.items()],
+            "overloaded": self.overloaded,
+        }
+
     async def handle_stream(
         self, capability_id: str, payload: Any, inputs: AsyncIterator[Any] | None, ctx: CallContext
     ) -> AsyncIterator[dict[str, Any]]:
         assert inputs is not None  # bidirectional: the fabric hands the input stream
         out: asyncio.Queue[Any] = asyncio.Queue()
         utterances: asyncio.Queue[Utterance | None] = asyncio.Queue(MAX_PENDING_UTTERANCES)
+        self._pending[ctx.call_id] = utterances
         reader = asyncio.create_task(self._listen(inputs, out, utterances))
         writer = asyncio.create_task(self._transcribe_all(utterances, out))
         try:
@@ -155,6 +168,7 @@ class SttRealtimeProvider:
                     raise item
                 yield item
         finally:
+            self._pending.pop(ctx.call_id, None)
             for task in (reader, writer):
                 task.cancel()
             await asyncio.gather(reader, writer, return_exceptions=True)
@@ -192,6 +206,7 @@ class SttRealtimeProvider:
             try:
                 utterances.put_nowait(Utterance(items, model, cut(held, start_ms, end_ms), language, prompt))
             except asyncio.QueueFull:
+                self.overloaded += 1
                 raise CapabilityError("overloaded", f"{MAX_PENDING_UTTERANCES} turns wait for their transcript: "
                                       "the model does not keep up") from None
             items += 1
