@@ -32,6 +32,13 @@ from skulk.api.context import LogLevelControl
 from skulk.api.failover import failover_failures
 from skulk.api.limits import RequestLimits
 from skulk.api.node_access import access_policy, access_warnings, with_api_key, with_own_hosts
+from skulk.api.speech_providers import (
+    FIRST_PARTY_SOURCE,
+    SpeechTagSync,
+    always_advertised,
+    first_party_providers,
+    first_party_stats,
+)
 from skulk.api.streams import CommandStreams
 from skulk.api.task_stream_ends import awaiting_terminal, completed_in, stream_end_for, stream_ends_in
 from skulk.cluster.command_resend import CommandResender
@@ -219,6 +226,8 @@ class Node:
         self.log_shipper: IngestShipper | None = None
         self.capability_tags = CapabilityTags()
         """What this node advertises on the telemetry plane (extensions, later providers)."""
+        self._first_party: list[Any] = []
+        """The first-party speech providers (`skulk.api.speech_providers`): API nodes only."""
         self._api_context: ApiContext | None = None
 
     def request_stop(self, exit_code: int = ExitCode.OK, reason: str = "stop requested") -> None:
@@ -349,14 +358,21 @@ class Node:
         self.replica.on_applied(self.lost_members.observe)
         self.task_inputs = TaskInputRelay(send=lambda node_id, item: self._send_input(router, node_id, item))
         self.command_resender = CommandResender()
+        self._first_party = first_party_providers(lambda: self._api_context) if settings.api_enabled else []
+        first_party = [(FIRST_PARTY_SOURCE, lambda: self._first_party)] if self._first_party else []
+        # registered first: they win their id@version
         self.capabilities = ProviderFabric(
             self.node_id,
-            registry_from((ext.shape.name, ext.obj.providers) for ext in found.with_hook("providers")),
+            registry_from([*first_party, *((ext.shape.name, ext.obj.providers) for ext in found.with_hook("providers"))]),
             publish_control=lambda node_id, message: router.publish(TOPICS.provider_calls, message, to_node=node_id),
             publish_data=lambda node_id, message: router.publish(TOPICS.provider_data, message, to_node=node_id),
         )
-        for refusal in self.capability_tags.advertise_all(self.capabilities.capability_tags()):
+        for refusal in self.capability_tags.advertise_all(always_advertised(self.capabilities.capability_tags())):
             logger.warning("a provider's capability is served but not advertised as a tag: %s", refusal)
+        if first_party:  # stt@ / tts@ follow their ready models
+            speech_tags = SpeechTagSync(self.capability_tags)
+            self.replica.on_applied(lambda _indexed: speech_tags.sync(self.replica.state, cards()))
+            self.replica.on_synced(lambda *_: speech_tags.sync(self.replica.state, cards()))
         self.replica.on_applied(lambda indexed: self.task_inputs.on_event(indexed, self.replica.state))
         self.intent = IntentRecord(settings.paths.data_home / INTENT_FILE)  # restored by a cold-start master
         self.replica.on_applied(lambda indexed: self.intent.observe(indexed, self.replica.state))
@@ -683,7 +699,7 @@ class Node:
             "versions": versions(),
             "intentRecord": self.intent.stats(),
             "extensions": self.extensions.stats(),
-            "capabilities": self.capabilities.stats(),
+            "capabilities": {**self.capabilities.stats(), "speechProviders": first_party_stats(self._first_party)},
         }
 
     def _store_stats(self) -> dict[str, Any] | None:

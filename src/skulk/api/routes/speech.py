@@ -156,11 +156,12 @@ def _sse_done(usage: Usage | None) -> bytes:
                  "usage": {"input_tokens": spoken, "output_tokens": 0, "total_tokens": spoken}})
 
 
-async def _pieces(results: AsyncGenerator[tuple[SpeechResult, Usage | None], None], sample_rate: int,
+async def encoded_pieces(results: AsyncGenerator[tuple[SpeechResult, Usage | None], None], sample_rate: int,
                   command_id: str, encode: Encoder | None, response_format: AudioFormat,
                   ) -> AsyncGenerator[tuple[bytes, Usage | None], None]:
     """The encoded body, piece by piece as results arrive (`encode`), or whole once the last
-    has (None): each piece with the usage so far. Encoding runs off the event loop."""
+    has (None): each piece with the usage so far. Encoding runs off the event loop. The
+    tts@1.0.0 provider (`skulk.api.speech_providers.tts`) encodes through this too."""
     usage: Usage | None = None
     whole = bytearray()
     async with aclosing(results) as arriving:
@@ -193,7 +194,7 @@ async def speech(request: Request, body: SpeechRequest) -> Response:
     stream = await start_workload(context, params)
     results = follow_results(request, context, stream, SpeechResult)
     encode = encoder(response_format, rate, streamed=True) if params.stream else None
-    pieces = _pieces(results, rate, stream.command_id, encode, response_format)
+    pieces = encoded_pieces(results, rate, stream.command_id, encode, response_format)
     # The first piece before the response starts: a failure before any audio (the runner
     # refused the voice, the instance went away) is an HTTP error in OpenAI's shape.
     try:
@@ -261,5 +262,5 @@ def voices(request: Request, model: str | None = None) -> dict[str, Any]:
     return {"object": "list", "data": data}
 
 
-__all__ = ["MAX_SPEED", "MIN_SPEED", "STREAM_FORMATS", "WHOLE_ONLY_FORMATS", "SpeechRequest", "router",
+__all__ = ["MAX_SPEED", "MIN_SPEED", "STREAM_FORMATS", "WHOLE_ONLY_FORMATS", "SpeechRequest", "encoded_pieces", "router",
            "speaking_card", "speech_params"]
