@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -36,6 +37,8 @@ from typing import Final
 
 from pydantic import ValidationError
 
+from skulk.shared.settings import setting
+from skulk.shared.types.stream_errors import StreamErrorType
 from skulk.shared.types.task_inputs import TaskInput, TaskInputAck, TaskInputChunk, TransferError
 from skulk.shared.types.workload_io import MAX_AUDIO_UPLOAD_BYTES
 
@@ -46,14 +49,16 @@ CHUNK_BYTES: Final = 1 * MIB
 the `task_inputs` topic's 2 MiB bound). Small enough that one large input does not hold the
 data plane's reliable queue for long, large enough that a 25 MiB upload is 34 messages."""
 
-MAX_COMMAND_INPUT_BYTES: Final = 40 * MIB
-"""Largest serialized input of one command. The issue asked for 32 MiB; the largest input the
-API accepts is bigger: a 25 MiB audio upload (`MAX_AUDIO_UPLOAD_BYTES`) is 33.3 MiB as
-base64 in its params, and an image request may be a whole 32 MiB body
-(`body_limits.MAX_MAX_BODY_BYTES`) whose JSON re-escaping can grow it a little. 40 MiB holds
-either with room; anything bigger is refused by name (`TransferError.TOO_LARGE`)."""
+MAX_COMMAND_INPUT_BYTES: Final = 80 * MIB
+"""Largest serialized input (its wire bytes) of one command. The issue's "32 MiB a command"
+is the media: the API refuses a request whose images total more than 32 MiB
+(`skulk.api.media.MAX_REQUEST_IMAGE_BYTES`), and an upload over 25 MiB
+(`MAX_AUDIO_UPLOAD_BYTES`). In the params they travel as base64 (32 MiB of images is 42.7
+MiB) beside the request's text (a body of at most `body_limits.MAX_MAX_BODY_BYTES`, 32 MiB),
+so the transfer bound is 80 MiB: every request the API accepts fits (asserted in
+`skulk.api.media`), and anything bigger is refused by name (`TransferError.TOO_LARGE`)."""
 
-MAX_SENDER_IN_FLIGHT_BYTES: Final = 128 * MIB
+MAX_SENDER_IN_FLIGHT_BYTES: Final = 256 * MIB
 """Incomplete-transfer bytes one receiver reserves for one sending node: one busy API node
 cannot take the whole in-flight budget from the others."""
 
@@ -71,7 +76,7 @@ sends it again after `ACK_DEADLINE_S`, and a resent chunk starts a new reassembl
 
 ACK_DEADLINE_S: Final = 10.0
 """How long the sender waits for a transfer's ack before sending the whole transfer again.
-A 40 MiB input needs 4 MB/s to arrive in time: any link a cluster serves over."""
+The largest input (80 MiB) needs 8.4 MB/s to arrive in time: a tenth of gigabit Ethernet."""
 
 MAX_SEND_TRIES: Final = 3
 """Tries of one transfer (the first send included) before the sender gives it up as `LOST`
@@ -81,7 +86,35 @@ RETRIED: Final = frozenset({TransferError.RECEIVER_BUSY, TransferError.CHUNK_MIS
                             TransferError.DIGEST_MISMATCH, TransferError.EXPIRED})
 """Refusals worth another try (transient); the others end the command at once."""
 
+INPUT_STREAM_ERRORS: Final[Mapping[TransferError, StreamErrorType]] = MappingProxyType({
+    TransferError.TOO_LARGE: StreamErrorType.INPUT_TOO_LARGE,
+    TransferError.RECEIVER_BUSY: StreamErrorType.INPUT_TRANSFER_LOST,
+    TransferError.CHUNK_MISMATCH: StreamErrorType.INPUT_TRANSFER_LOST,
+    TransferError.DIGEST_MISMATCH: StreamErrorType.INPUT_TRANSFER_LOST,
+    TransferError.EXPIRED: StreamErrorType.INPUT_TRANSFER_LOST,
+    TransferError.LOST: StreamErrorType.INPUT_TRANSFER_LOST,
+    TransferError.UNDECODABLE: StreamErrorType.INPUT_TRANSFER_FAILED,
+    TransferError.NO_WORKER: StreamErrorType.INPUT_TRANSFER_FAILED,
+})
+"""The stream error a command ends with when its input transfer fails for each reason."""
+
+assert set(INPUT_STREAM_ERRORS) == set(TransferError), "every transfer failure ends its stream typed"
 assert (MAX_AUDIO_UPLOAD_BYTES + 2) // 3 * 4 < MAX_COMMAND_INPUT_BYTES, "an accepted upload must fit one transfer"
+
+
+TEST_DROP_INPUT_CHUNKS_ENV: Final = "SKULK_TEST_API_DROPS_INPUT_CHUNKS"
+"""Test-only knob: comma-separated chunk numbers (`seq`) the API node never publishes, on
+every try, so a real-process test sees a transfer lost deterministically (the client gets
+`InputTransferLost` after `MAX_SEND_TRIES`). Never set it in production."""
+
+
+def dropped_input_chunks(env: Mapping[str, str] | None = None) -> frozenset[int]:
+    """The chunk numbers the test knob drops: none unless it is set."""
+    raw = setting(TEST_DROP_INPUT_CHUNKS_ENV, os.environ if env is None else env)
+    try:
+        return frozenset(int(part) for part in raw.split(",") if part.strip())
+    except ValueError:
+        raise ValueError(f"{TEST_DROP_INPUT_CHUNKS_ENV}={raw!r} is not a list of chunk numbers") from None
 
 
 # -- sender ---------------------------------------------------------------------------------
@@ -307,8 +340,32 @@ def _assemble(partial: Partial) -> Completed | Refused:
 
 
 __all__ = [
-    "ACK_DEADLINE_S", "CHUNK_BYTES", "MAX_ANSWERED", "MAX_COMMAND_INPUT_BYTES", "MAX_HELD_TRANSFER_BYTES",
-    "MAX_IN_FLIGHT_BYTES", "MAX_SENDER_IN_FLIGHT_BYTES", "MAX_SEND_TRIES", "RETRIED", "TRANSFER_DEADLINE_S",
-    "Completed", "Duplicate", "GiveUp", "Outgoing", "Partial", "Pending", "Reassemblies", "Received", "Refused",
-    "Resend", "Verdict", "ack_for", "encode_input", "sender_verdict", "split",
+    "ACK_DEADLINE_S",
+    "CHUNK_BYTES",
+    "INPUT_STREAM_ERRORS",
+    "MAX_ANSWERED",
+    "MAX_COMMAND_INPUT_BYTES",
+    "MAX_HELD_TRANSFER_BYTES",
+    "MAX_IN_FLIGHT_BYTES",
+    "MAX_SENDER_IN_FLIGHT_BYTES",
+    "MAX_SEND_TRIES",
+    "RETRIED",
+    "TEST_DROP_INPUT_CHUNKS_ENV",
+    "TRANSFER_DEADLINE_S",
+    "Completed",
+    "Duplicate",
+    "GiveUp",
+    "Outgoing",
+    "Partial",
+    "Pending",
+    "Reassemblies",
+    "Received",
+    "Refused",
+    "Resend",
+    "Verdict",
+    "ack_for",
+    "dropped_input_chunks",
+    "encode_input",
+    "sender_verdict",
+    "split",
 ]
