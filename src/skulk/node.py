@@ -36,7 +36,6 @@ from skulk.api.streams import CommandStreams
 from skulk.api.task_stream_ends import awaiting_terminal, completed_in, stream_end_for, stream_ends_in
 from skulk.cluster.command_resend import CommandResender
 from skulk.cluster.election import ElectionService
-from skulk.cluster.input_chunks import INPUT_STREAM_ERRORS, TEST_DROP_INPUT_CHUNKS_ENV, dropped_input_chunks
 from skulk.cluster.master_role import master_api_endpoint, master_role_change
 from skulk.cluster.membership import MembershipService
 from skulk.cluster.producer import EventProducer
@@ -89,6 +88,7 @@ from skulk.routing.router import Router, RouterError
 from skulk.routing.topics import TOPICS, Topic
 from skulk.shared import election as election_machine
 from skulk.shared.hardware_class import hardware_class
+from skulk.shared.input_transfer import INPUT_STREAM_ERRORS, TEST_DROP_INPUT_CHUNKS_ENV, dropped_input_chunks
 from skulk.shared.membership import SelfInfo
 from skulk.shared.serving import wait_explanation
 from skulk.shared.telemetry_view import node_resources

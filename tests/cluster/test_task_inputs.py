@@ -8,8 +8,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from skulk.cluster.input_chunks import ACK_DEADLINE_S, CHUNK_BYTES, MAX_SEND_TRIES
 from skulk.cluster.task_inputs import TaskInputRelay
+from skulk.shared.input_transfer import ACK_DEADLINE_S, CHUNK_BYTES, MAX_SEND_TRIES
 from skulk.shared.types.common import ChatMessage
 from skulk.shared.types.ids import CommandId, InstanceId, ModelId, NodeId, RunnerId, TaskId
 from skulk.shared.types.instances import Instance, ShardAssignment

@@ -16,9 +16,10 @@ import random
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletion
 from PIL import Image
 
-from skulk.cluster.input_chunks import CHUNK_BYTES, MAX_SEND_TRIES
+from skulk.shared.input_transfer import CHUNK_BYTES, MAX_SEND_TRIES
 from tests.cluster.harness import node_id, start_linked, wait_agreed
 from tests.e2e.test_openai_serving import wait_instance_ready
 from tests.llama_server_kit import require_bundled_server
@@ -36,7 +37,7 @@ def noise_png(side: int, seed: int) -> bytes:
     return out.getvalue()
 
 
-def ask(sdk: openai.OpenAI, image: bytes) -> openai.types.chat.ChatCompletion:
+def ask(sdk: openai.OpenAI, image: bytes) -> ChatCompletion:
     url = "data:image/png;base64," + base64.b64encode(image).decode()
     return sdk.chat.completions.create(model=MODEL, max_tokens=4, temperature=0, messages=[{"role": "user", "content": [
         {"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": url}}]}])
@@ -66,13 +67,14 @@ def test_an_image_larger_than_a_chunk_travels_acked_and_a_lost_transfer_is_typed
         return None if response.status_code == 503 else response
 
     response = wait_for(placed, timeout_s=90, interval_s=0.5, what="the VLM placed")
-    assert response.status_code == 200, response.text
+    assert isinstance(response, httpx.Response) and response.status_code == 200, response
     body = wait_instance_ready(a, response.json()["instanceId"], timeout_s=240)
     assert {s["nodeId"] for s in body["shards"]} == {node_id(b)}
 
     sdk = openai.OpenAI(base_url=a.url + "/v1", api_key="unused", max_retries=0, timeout=120)
     answered = ask(sdk, TWO_CHUNKS)
-    assert answered.choices[0].message.content is not None and answered.usage.prompt_tokens > 0
+    assert answered.choices[0].message.content is not None
+    assert answered.usage is not None and answered.usage.prompt_tokens > 0
 
     sent = diagnostics(a)["taskInputs"]
     assert (sent["sent"], sent["chunksSent"], sent["acked"], sent["resent"], sent["failed"]) == (1, 2, 1, 0, 0), sent

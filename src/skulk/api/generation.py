@@ -39,11 +39,11 @@ from skulk.api.output import OutputShaper
 from skulk.api.streams import CommandStream
 from skulk.api.strict_tools import combined_usage, strict_retry_params
 from skulk.api.thinking_budget import BudgetMeter, closing_text, continuation_params, continued_usage
-from skulk.cluster.input_chunks import MAX_COMMAND_INPUT_BYTES, encode_input
 from skulk.models.model_names import load_library, placed_model_id
 from skulk.observe.structured_logs import bind_request_ids
 from skulk.observe.traces import RequestTrace
 from skulk.shared.codec import pack
+from skulk.shared.input_transfer import MAX_COMMAND_INPUT_BYTES, encode_input
 from skulk.shared.reasoning_switches import refusal as reasoning_refusal
 from skulk.shared.serving import model_serving
 from skulk.shared.types.cards import ModelCard, backend_engine

@@ -35,8 +35,8 @@ from collections.abc import Mapping, Sequence
 from typing import Final, Literal, cast, get_args
 
 from skulk.api.errors import ImageRefused, ModelCannotSee
-from skulk.cluster.input_chunks import MAX_COMMAND_INPUT_BYTES
 from skulk.shared.body_limits import MAX_MAX_BODY_BYTES
+from skulk.shared.input_transfer import MAX_COMMAND_INPUT_BYTES
 from skulk.shared.types.cards import ModelCard, backend_engine
 from skulk.shared.types.common import ChatMessage
 from skulk.shared.types.engines import sees_images

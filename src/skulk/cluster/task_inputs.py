@@ -4,7 +4,7 @@ task's rank 0 (see `skulk.shared.types.task_inputs` for why).
 
 `input_destination` is the pure decision; `TaskInputRelay` holds the inputs (bounded, each
 for at most `INPUT_HOLD_S`), and once bound cuts each into chunks
-(`skulk.cluster.input_chunks.split`) and calls `send(node_id, chunks)`. It keeps every
+(`skulk.shared.input_transfer.split`) and calls `send(node_id, chunks)`. It keeps every
 transfer until the serving node's `TaskInputAck` (`on_ack`), sends it again when none comes
 in time and gives it up by the pure `sender_verdict`, calling `fail(command_id, error,
 detail)` so the command's stream ends typed (its route then cancels the command). It is
@@ -21,7 +21,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from skulk.cluster.input_chunks import MAX_HELD_TRANSFER_BYTES, GiveUp, Outgoing, Resend, sender_verdict, split
+from skulk.shared.input_transfer import MAX_HELD_TRANSFER_BYTES, GiveUp, Outgoing, Resend, sender_verdict, split
 from skulk.shared.types.common import TERMINAL_TASK_STATUSES
 from skulk.shared.types.events import IndexedEvent, TaskCreated
 from skulk.shared.types.ids import new_id

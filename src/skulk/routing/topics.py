@@ -182,7 +182,7 @@ def _build_topics() -> dict[str, Topic]:
         Topic("telemetry", Plane.TELEMETRY, TELEMETRY_ADAPTER, latest_key=_telemetry_key),
         Topic("data", Plane.DATA, DATA_FRAME_ADAPTER, node_addressed=True),
         # A request's text, straight to the node that runs it: never through the master. In
-        # chunks of at most input_chunks.CHUNK_BYTES (1 MiB, ~1.34 MiB as base64), and one ack
+        # chunks of at most input_transfer.CHUNK_BYTES (1 MiB, ~1.34 MiB as base64), and one ack
         # per transfer back to the sender (a few ids and a reason).
         Topic("task_inputs", Plane.DATA, TaskInputChunk, node_addressed=True, max_payload_bytes=2 * MIB),
         Topic("task_input_acks", Plane.DATA, TaskInputAck, node_addressed=True, max_payload_bytes=64 * KIB),

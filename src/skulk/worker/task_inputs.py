@@ -5,7 +5,7 @@ A task is dispatched to its runner only once its input is here (`worker.plan`); 
 forgotten when the task ends, and any input left waiting (its task never came, or the worker
 missed its end) expires after `INPUT_TTL_S`. Bounded: past `MAX_INPUTS` the oldest goes.
 
-Inputs arrive in chunks (`skulk.cluster.input_chunks`): `InputAssembler` keeps the chunks of
+Inputs arrive in chunks (`skulk.shared.input_transfer`): `InputAssembler` keeps the chunks of
 each transfer in memory (bounded per command, per sending node and in total), hands the
 input on only once it is complete and its SHA-256 checked, and answers every transfer with a
 `TaskInputAck`, so a runner never starts on a partial or corrupted input. Nothing of an input
@@ -19,7 +19,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
-from skulk.cluster.input_chunks import (
+from skulk.shared.input_transfer import (
     MAX_COMMAND_INPUT_BYTES,
     MAX_IN_FLIGHT_BYTES,
     MAX_SENDER_IN_FLIGHT_BYTES,

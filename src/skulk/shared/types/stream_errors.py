@@ -43,7 +43,7 @@ class StreamErrorType(StrEnum):
     could not be generated again under the schema's grammar (`skulk.api.strict_tools`)."""
     INPUT_TOO_LARGE = "InputTooLarge"
     """The request's input is over the per-command transfer bound
-    (`skulk.cluster.input_chunks.MAX_COMMAND_INPUT_BYTES`), or the serving node refused it so."""
+    (`skulk.shared.input_transfer.MAX_COMMAND_INPUT_BYTES`), or the serving node refused it so."""
     INPUT_TRANSFER_LOST = "InputTransferLost"
     """The request's input never reached the serving node, acknowledged, after every try
     (no ack, the receiver busy or gone): nothing ran; the client may resend."""

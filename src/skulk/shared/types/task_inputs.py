@@ -10,9 +10,9 @@ an instance (`skulk.cluster.task_inputs`). The worker dispatches a task only whe
 has arrived (`skulk.worker.plan.dispatch_pending_tasks`).
 
 A `TaskInput` never travels whole: its wire bytes are cut into `TaskInputChunk`s of at most
-`skulk.cluster.input_chunks.CHUNK_BYTES` (a text-only input is one chunk), reassembled and
+`skulk.shared.input_transfer.CHUNK_BYTES` (a text-only input is one chunk), reassembled and
 checked against their SHA-256 on the serving node, which answers each transfer with one
-`TaskInputAck` (ok, or the typed reason it refused). See `skulk.cluster.input_chunks`.
+`TaskInputAck` (ok, or the typed reason it refused). See `skulk.shared.input_transfer`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The pure core of task-input transfer (`skulk.cluster.input_chunks`): splitting, reassembly
+"""The pure core of task-input transfer (`skulk.shared.input_transfer`): splitting, reassembly
 in any order, duplicates, contradictions, the byte bounds, expiry, the digest check, and the
 sender's verdicts. No event loop, no processes."""
 
@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from skulk.cluster.input_chunks import (
+from skulk.shared.input_transfer import (
     ACK_DEADLINE_S,
     CHUNK_BYTES,
     MAX_COMMAND_INPUT_BYTES,
