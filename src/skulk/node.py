@@ -352,7 +352,7 @@ class Node:
         self.task_inputs = TaskInputRelay(send=lambda node_id, chunks: self._send_input(router, node_id, chunks),
                                           fail=self._fail_input)
         self.input_assembler = InputAssembler(
-            deliver=self.worker_accept_input if settings.worker_enabled else None,
+            deliver=self._deliver_input if settings.worker_enabled else None,
             answer=lambda node_id, ack: self._answer_input(router, node_id, ack))
         self.command_resender = CommandResender()
         self.capabilities = ProviderFabric(
@@ -551,7 +551,7 @@ class Node:
         async for received in router.subscribe(topic, own=False):
             self.capabilities.deliver(received.sender, received.message)
 
-    def worker_accept_input(self, item: TaskInput) -> None:
+    def _deliver_input(self, item: TaskInput) -> None:
         """A verified input reached this node: its task may now be dispatched."""
         assert self.worker is not None  # the assembler delivers only where a worker runs
         self.worker.accept_input(item)

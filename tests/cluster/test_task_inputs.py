@@ -9,7 +9,7 @@ import random
 from dataclasses import dataclass, field
 
 from skulk.cluster.task_inputs import TaskInputRelay
-from skulk.shared.input_transfer import ACK_DEADLINE_S, CHUNK_BYTES, MAX_SEND_TRIES
+from skulk.shared.input_transfer import ACK_DEADLINE_S, CHUNK_BYTES, MAX_SEND_TRIES, TRANSFER_DEADLINE_S
 from skulk.shared.types.common import ChatMessage
 from skulk.shared.types.ids import CommandId, InstanceId, ModelId, NodeId, RunnerId, TaskId
 from skulk.shared.types.instances import Instance, ShardAssignment
@@ -95,7 +95,7 @@ def test_a_lost_ack_is_answered_again_when_the_transfer_is_resent():
     assert net.relay.stats()["awaitingAck"] == 1
     net.tick(ACK_DEADLINE_S)
     assert net.relay.stats()["acked"] == 1 and net.relay.stats()["resent"] == 1 and net.failures == []
-    assert net.delivered == [LARGE]
+    assert net.delivered == [LARGE, LARGE]  # the same input again: the store keeps one per command
 
 
 def test_a_chunk_lost_once_is_sent_again_and_completes():
@@ -106,7 +106,10 @@ def test_a_chunk_lost_once_is_sent_again_and_completes():
     net.drop_seqs = frozenset()
     net.tick(ACK_DEADLINE_S)
     assert net.delivered == [LARGE] and net.failures == []
-    assert net.assembler.stats()["duplicates"] == 1  # chunk 0 again: ignored
+    assert net.assembler.stats()["inFlight"] == 1  # the first try's chunk 0, until its deadline
+    net.tick(TRANSFER_DEADLINE_S)
+    assert net.assembler.stats()["inFlight"] == 0 and net.assembler.stats()["expired"] == 1
+    assert net.failures == []  # its refusal names a transfer the relay no longer holds
 
 
 def test_a_transfer_lost_on_every_try_fails_the_command_typed():

@@ -203,8 +203,8 @@ VERDICTS = {
     "acked": (SENT, 1.0, ack_for(GOOD[0]), None),
     "waiting": (SENT, ACK_DEADLINE_S - 0.1, None, None),
     "deadline: again": (SENT, ACK_DEADLINE_S, None, Resend()),
-    "busy: again": (SENT, 1.0, ack_for(GOOD[0], TransferError.RECEIVER_BUSY), Resend()),
-    "digest: again": (SENT, 1.0, ack_for(GOOD[0], TransferError.DIGEST_MISMATCH), Resend()),
+    "busy: again at the deadline": (SENT, 1.0, ack_for(GOOD[0], TransferError.RECEIVER_BUSY), None),
+    "digest: again at the deadline": (SENT, 1.0, ack_for(GOOD[0], TransferError.DIGEST_MISMATCH), None),
     "too large: final": (SENT, 1.0, ack_for(GOOD[0], TransferError.TOO_LARGE, "big"), GiveUp(TransferError.TOO_LARGE, "big")),
     "no worker: final": (SENT, 1.0, ack_for(GOOD[0], TransferError.NO_WORKER, "none"),
                          GiveUp(TransferError.NO_WORKER, "none")),
@@ -216,8 +216,18 @@ def test_sender_verdicts(outgoing, now, ack, verdict):
     assert sender_verdict(outgoing, now, ack) == verdict
 
 
-@pytest.mark.parametrize("ack", [None, ack_for(GOOD[0], TransferError.EXPIRED)], ids=["deadline", "refused"])
-def test_the_last_try_gives_up_as_lost(ack):
-    last = Outgoing(node_id="b", chunks=GOOD, sent_at=0.0, tries=MAX_SEND_TRIES)
-    verdict = sender_verdict(last, ACK_DEADLINE_S, ack)
-    assert isinstance(verdict, GiveUp) and verdict.error == TransferError.LOST
+@pytest.mark.parametrize("refusal", ["", "receiver_busy: full"], ids=["silence", "refused"])
+def test_the_last_try_gives_up_as_lost_naming_the_last_refusal(refusal):
+    last = Outgoing(node_id="b", chunks=GOOD, sent_at=0.0, tries=MAX_SEND_TRIES, last_refusal=refusal)
+    verdict = sender_verdict(last, ACK_DEADLINE_S)
+    assert isinstance(verdict, GiveUp) and verdict.error == TransferError.LOST and refusal in verdict.detail
+
+
+def test_a_try_again_has_a_fresh_transfer_id_that_the_receiver_admits_anew():
+    first = Outgoing(node_id="b", chunks=GOOD, sent_at=0.0)
+    book, outcome = Reassemblies().receive("a", header(MAX_COMMAND_INPUT_BYTES + 1, first.chunks[0].transfer_id), 0.0)
+    assert isinstance(outcome, Refused)
+    again = first.again("t2", 10.0)
+    assert (again.tries, again.sent_at, {c.transfer_id for c in again.chunks}) == (2, 10.0, {"t2"})
+    _, outcomes = feed(again.chunks, book)
+    assert isinstance(outcomes[-1], Completed) and outcomes[-1].item == BIG

@@ -5,8 +5,8 @@ task's rank 0 (see `skulk.shared.types.task_inputs` for why).
 `input_destination` is the pure decision; `TaskInputRelay` holds the inputs (bounded, each
 for at most `INPUT_HOLD_S`), and once bound cuts each into chunks
 (`skulk.shared.input_transfer.split`) and calls `send(node_id, chunks)`. It keeps every
-transfer until the serving node's `TaskInputAck` (`on_ack`), sends it again when none comes
-in time and gives it up by the pure `sender_verdict`, calling `fail(command_id, error,
+transfer until the serving node's `TaskInputAck` (`on_ack`), sends it again (under a fresh
+transfer id) when none comes in time, and gives it up by the pure `sender_verdict`, calling `fail(command_id, error,
 detail)` so the command's stream ends typed (its route then cancels the command). It is
 flushed after every applied `TaskCreated` and on the node's one-second housekeeping tick, so
 an input whose task arrived inside a snapshot (not as an event) still leaves, and deadlines
@@ -19,7 +19,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from skulk.shared.input_transfer import MAX_HELD_TRANSFER_BYTES, GiveUp, Outgoing, Resend, sender_verdict, split
 from skulk.shared.types.common import TERMINAL_TASK_STATUSES
@@ -142,9 +142,9 @@ class TaskInputRelay:
 
     def _decide(self, transfer_id: str, outgoing: Outgoing, verdict: Resend | GiveUp | None) -> None:
         if isinstance(verdict, Resend):
-            again = Outgoing(node_id=outgoing.node_id, chunks=outgoing.chunks, sent_at=self._clock(),
-                             tries=outgoing.tries + 1)
-            self._outgoing[transfer_id] = again
+            again = outgoing.again(new_id(), self._clock())
+            del self._outgoing[transfer_id]
+            self._outgoing[again.chunks[0].transfer_id] = again
             self.resent += 1
             logger.warning("task input of command %s sent again to node %s (try %d)",
                            outgoing.chunks[0].command_id, outgoing.node_id, again.tries)
@@ -165,11 +165,13 @@ class TaskInputRelay:
         if outgoing is None or outgoing.chunks[0].sha256 != ack.sha256:
             return
         verdict = sender_verdict(outgoing, self._clock(), ack)
-        if verdict is None:
+        if ack.ok:
             del self._outgoing[ack.transfer_id]
             self.acked += 1
-            return
-        self._decide(ack.transfer_id, outgoing, verdict)
+        elif verdict is None:  # a transient refusal: sent again at the deadline
+            self._outgoing[ack.transfer_id] = replace(outgoing, last_refusal=f"{ack.error}: {ack.detail}")
+        else:
+            self._decide(ack.transfer_id, outgoing, verdict)
 
     def held_bytes(self) -> int:
         return sum(outgoing.size_bytes for outgoing in self._outgoing.values())

@@ -6,7 +6,7 @@ master, State or disk. Whole, such an input could be tens of MiB in one message;
 cut into chunks of at most `CHUNK_BYTES` (`split`), the receiver keeps the chunks in memory
 until the transfer is complete (`Reassemblies.receive`), checks the SHA-256 of the whole and
 answers with one `TaskInputAck`; the sender keeps the transfer until that ack and sends it
-again when none comes (`sender_verdict`).
+again, under a fresh transfer id, when none comes in time (`sender_verdict`).
 
 Every bound is named here, and this module never reads the clock, a socket or a file: the
 shells (`skulk.cluster.task_inputs.TaskInputRelay` on the API node,
@@ -84,7 +84,8 @@ and fails the command's stream."""
 
 RETRIED: Final = frozenset({TransferError.RECEIVER_BUSY, TransferError.CHUNK_MISMATCH,
                             TransferError.DIGEST_MISMATCH, TransferError.EXPIRED})
-"""Refusals worth another try (transient); the others end the command at once."""
+"""Refusals worth another try (transient), at the sender's next deadline; the others end the
+command at once."""
 
 INPUT_STREAM_ERRORS: Final[Mapping[TransferError, StreamErrorType]] = MappingProxyType({
     TransferError.TOO_LARGE: StreamErrorType.INPUT_TOO_LARGE,
@@ -146,10 +147,19 @@ class Outgoing:
     chunks: tuple[TaskInputChunk, ...]
     sent_at: float
     tries: int = 1
+    last_refusal: str = ""
+    """The receiver's last transient refusal of this input, for the final error's detail."""
 
     @property
     def size_bytes(self) -> int:
         return self.chunks[0].total_bytes
+
+    def again(self, transfer_id: str, now: float) -> Outgoing:
+        """The next try, under a fresh transfer id: the receiver answers each id once (a
+        refusal it remembered must not answer the new try), and chunks of the old try that
+        arrive late complete nothing."""
+        chunks = tuple(chunk.model_copy(update={"transfer_id": transfer_id}) for chunk in self.chunks)
+        return replace(self, chunks=chunks, sent_at=now, tries=self.tries + 1)
 
 
 @dataclass(frozen=True)
@@ -167,18 +177,19 @@ Verdict = Resend | GiveUp | None
 
 
 def sender_verdict(outgoing: Outgoing, now: float, ack: TaskInputAck | None = None) -> Verdict:
-    """What the sender does with a transfer: None (done, or keep waiting), send it again, or
-    give it up. `ack` is the receiver's answer when one just came; without one, the deadline."""
+    """What the sender does with a transfer: None (done when `ack` is ok, else keep
+    waiting), send it again, or give it up. `ack` is the receiver's answer when one just came;
+    a transient refusal waits for the deadline like a lost transfer (a busy receiver is not
+    asked again at once); without an ack, the deadline decides."""
     if ack is not None:
         if ack.ok:
             return None
         error = ack.error or TransferError.CHUNK_MISMATCH
-        if error not in RETRIED:
-            return GiveUp(error, ack.detail or error.value)
-    elif now - outgoing.sent_at < ACK_DEADLINE_S:
+        return None if error in RETRIED else GiveUp(error, ack.detail or error.value)
+    if now - outgoing.sent_at < ACK_DEADLINE_S:
         return None
     if outgoing.tries >= MAX_SEND_TRIES:
-        last = f"; last refusal: {ack.error}: {ack.detail}" if ack is not None else ""
+        last = f"; last refusal: {outgoing.last_refusal}" if outgoing.last_refusal else ""
         return GiveUp(TransferError.LOST, f"no acknowledgement from node {outgoing.node_id} after "
                                           f"{outgoing.tries} tries of {ACK_DEADLINE_S:.0f} s{last}")
     return Resend()
