@@ -17,6 +17,7 @@ from skulk.shared.input_transfer import (
     MAX_IN_FLIGHT_BYTES,
     MAX_SEND_TRIES,
     MAX_SENDER_IN_FLIGHT_BYTES,
+    TEST_DROP_INPUT_CHUNKS_ENV,
     TRANSFER_DEADLINE_S,
     Completed,
     Duplicate,
@@ -27,6 +28,7 @@ from skulk.shared.input_transfer import (
     Refused,
     Resend,
     ack_for,
+    dropped_input_chunks,
     encode_input,
     sender_verdict,
     split,
@@ -231,3 +233,13 @@ def test_a_try_again_has_a_fresh_transfer_id_that_the_receiver_admits_anew():
     assert (again.tries, again.sent_at, {c.transfer_id for c in again.chunks}) == (2, 10.0, {"t2"})
     _, outcomes = feed(again.chunks, book)
     assert isinstance(outcomes[-1], Completed) and outcomes[-1].item == BIG
+
+
+@pytest.mark.parametrize(("raw", "dropped"), [("", frozenset()), ("2", frozenset({2})), ("0, 3", frozenset({0, 3}))])
+def test_the_test_knob_names_the_chunks_the_api_node_drops(raw, dropped):
+    assert dropped_input_chunks({TEST_DROP_INPUT_CHUNKS_ENV: raw}) == dropped
+
+
+def test_the_test_knob_refuses_what_is_not_a_chunk_number():
+    with pytest.raises(ValueError, match=TEST_DROP_INPUT_CHUNKS_ENV):
+        dropped_input_chunks({TEST_DROP_INPUT_CHUNKS_ENV: "two"})
