@@ -95,6 +95,7 @@ from skulk.routing.router import Router, RouterError
 from skulk.routing.topics import TOPICS, Topic
 from skulk.shared import election as election_machine
 from skulk.shared.hardware_class import hardware_class
+from skulk.shared.input_transfer import INPUT_STREAM_ERRORS, TEST_DROP_INPUT_CHUNKS_ENV, dropped_input_chunks
 from skulk.shared.membership import SelfInfo
 from skulk.shared.serving import wait_explanation
 from skulk.shared.telemetry_view import node_resources
@@ -105,11 +106,12 @@ from skulk.shared.types.ids import NodeId, SessionId, new_id
 from skulk.shared.types.invites import IssuedInvite, JoinRequest
 from skulk.shared.types.node_facts import NodeFacts
 from skulk.shared.types.stream_errors import StreamErrorType
-from skulk.shared.types.task_inputs import TaskInput
+from skulk.shared.types.task_inputs import TaskInput, TaskInputAck, TaskInputChunk, TransferError
 from skulk.shared.types.telemetry import ServingCounters
 from skulk.shared.wire_keys import to_camel_keys
 from skulk.worker.main import Worker
 from skulk.worker.staged_copies import StagedCopyKeeper
+from skulk.worker.task_inputs import InputAssembler
 
 logger = logging.getLogger(__name__)
 
@@ -356,7 +358,11 @@ class Node:
         self.replica.on_synced(self._fail_streams_failed_in_snapshot)
         self.lost_members = LostMembers()
         self.replica.on_applied(self.lost_members.observe)
-        self.task_inputs = TaskInputRelay(send=lambda node_id, item: self._send_input(router, node_id, item))
+        self.task_inputs = TaskInputRelay(send=lambda node_id, chunks: self._send_input(router, node_id, chunks),
+                                          fail=self._fail_input)
+        self.input_assembler = InputAssembler(
+            deliver=self._deliver_input if settings.worker_enabled else None,
+            answer=lambda node_id, ack: self._answer_input(router, node_id, ack))
         self.command_resender = CommandResender()
         self._first_party = first_party_providers(lambda: self._api_context) if settings.api_enabled else []
         first_party = [(FIRST_PARTY_SOURCE, lambda: self._first_party)] if self._first_party else []
@@ -421,6 +427,7 @@ class Node:
             asyncio.create_task(self.election.run(), name="election"),
             asyncio.create_task(self._receive_output(router), name="data-receive"),
             asyncio.create_task(self._receive_task_inputs(router), name="task-input-receive"),
+            asyncio.create_task(self._receive_input_acks(router), name="task-input-acks"),
             asyncio.create_task(self._expire_streams(), name="stream-expiry"),
             asyncio.create_task(self._resend_commands(router), name="command-resend"),
             asyncio.create_task(self.field_telemetry.run(), name="field-telemetry"),
@@ -551,32 +558,63 @@ class Node:
 
     async def _receive_task_inputs(self, router: Router) -> None:
         async for received in router.subscribe(TOPICS.task_inputs):
-            self._accept_input(received.message)
+            self.input_assembler.receive(received.sender, received.message)
+
+    async def _receive_input_acks(self, router: Router) -> None:
+        async for received in router.subscribe(TOPICS.task_input_acks):
+            self.task_inputs.on_ack(received.message)
 
     async def _receive_capabilities(self, router: Router, topic: Topic) -> None:
         # own=False: a call to this node itself is delivered in-process by the fabric
         async for received in router.subscribe(topic, own=False):
             self.capabilities.deliver(received.sender, received.message)
 
-    def _accept_input(self, item: TaskInput) -> None:
-        if self.worker is None:
-            logger.warning("task input of command %s dropped: this node runs no worker", item.command_id)
-            return
+    def _deliver_input(self, item: TaskInput) -> None:
+        """A verified input reached this node: its task may now be dispatched."""
+        assert self.worker is not None  # the assembler delivers only where a worker runs
         self.worker.accept_input(item)
 
-    def _send_input(self, router: Router, node_id: str, item: TaskInput) -> None:
-        """Hand a request's text to the node that runs it (in-process when that is us)."""
+    def _send_input(self, router: Router, node_id: str, chunks: tuple[TaskInputChunk, ...]) -> None:
+        """Hand a request's input, in chunks, to the node that runs it (in-process when that
+        is us: the same reassembly, check and ack)."""
         if node_id == self.node_id:
-            self._accept_input(item)
+            for chunk in chunks:
+                self.input_assembler.receive(self.node_id, chunk)
+            return
+
+        async def publish() -> None:
+            dropped = dropped_input_chunks()
+            try:
+                for chunk in chunks:
+                    if chunk.seq in dropped:
+                        logger.warning("test knob %s: chunk %d of command %s not sent", TEST_DROP_INPUT_CHUNKS_ENV,
+                                       chunk.seq, chunk.command_id)
+                        continue
+                    await router.publish(TOPICS.task_inputs, chunk, to_node=node_id)
+            except RouterError as exc:  # the relay sends it again when no ack comes
+                logger.warning("task input of command %s could not reach node %s: %s", chunks[0].command_id, node_id, exc)
+
+        self._spawn_housekeeping(publish(), f"task-input-{chunks[0].transfer_id}")
+
+    def _answer_input(self, router: Router, node_id: str, ack: TaskInputAck) -> None:
+        """Tell the sender of a transfer how it ended (in-process when that is us)."""
+        if node_id == self.node_id:
+            self.task_inputs.on_ack(ack)
             return
 
         async def publish() -> None:
             try:
-                await router.publish(TOPICS.task_inputs, item, to_node=node_id)
-            except RouterError as exc:
-                logger.warning("task input of command %s could not reach node %s: %s", item.command_id, node_id, exc)
+                await router.publish(TOPICS.task_input_acks, ack, to_node=node_id)
+            except RouterError as exc:  # the sender sends the transfer again, and is answered again
+                logger.warning("ack of task input %s could not reach node %s: %s", ack.command_id, node_id, exc)
 
-        self._spawn_housekeeping(publish(), f"task-input-{item.command_id}")
+        self._spawn_housekeeping(publish(), f"task-input-ack-{ack.transfer_id}")
+
+    def _fail_input(self, command_id: str, error: TransferError, detail: str) -> None:
+        """A request's input could not be handed over: its stream ends typed (and its route
+        cancels the command, as for every stream this node ends)."""
+        self.streams.fail(command_id, INPUT_STREAM_ERRORS[error], f"The request's input could not reach the serving "
+                                                                  f"node ({error.value}): {detail}")
 
     async def _expire_streams(self) -> None:
         loop = asyncio.get_running_loop()
@@ -584,6 +622,7 @@ class Node:
             await asyncio.sleep(until_tick_s(loop.time(), HOUSEKEEPING_TICK_S))
             self.streams.expire()
             self.task_inputs.flush(self.replica.state)
+            self.input_assembler.expire()
 
     async def _resend_commands(self, router: Router) -> None:
         """Publish again the commands whose task is not logged yet (`CommandResender`), in
@@ -686,6 +725,7 @@ class Node:
             "membership": self.membership.stats(),
             "streams": self.streams.stats(),
             "taskInputs": self.task_inputs.stats(),
+            "inputTransfers": self.input_assembler.stats(),
             "commandResends": self.command_resender.stats(),
             "worker": self.worker.stats() if self.worker else None,
             "master": self._master.stats() if self._master else None,

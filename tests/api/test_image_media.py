@@ -134,13 +134,18 @@ def test_a_card_sees_when_it_says_so_and_an_engine_of_it_serves_images() -> None
     assert isinstance(refusal, ModelCannotSee) and refusal.model_id == "some/model" and "some/model" in refusal.message
 
 
-def test_the_task_input_topic_admits_a_full_request() -> None:
+def test_one_input_transfer_admits_a_full_request_and_the_topic_one_chunk() -> None:
+    import base64
+
     from skulk.routing.topics import TOPICS
     from skulk.shared.body_limits import MAX_MAX_BODY_BYTES
+    from skulk.shared.input_transfer import CHUNK_BYTES, MAX_COMMAND_INPUT_BYTES
 
     # Every image as base64 inside the TaskInput, plus the largest body's text, plus framing.
     full = media.MAX_REQUEST_IMAGE_BYTES * 4 // 3 + MAX_MAX_BODY_BYTES + (1 << 20)
-    assert (TOPICS.task_inputs.max_payload_bytes or 0) >= full
+    assert full <= MAX_COMMAND_INPUT_BYTES
+    # One chunk as base64 with its header, framed: what the topic must admit.
+    assert (TOPICS.task_inputs.max_payload_bytes or 0) >= len(base64.b64encode(bytes(CHUNK_BYTES))) + 4096
 
 
 def test_stored_responses_bound_the_image_bytes_they_keep() -> None:

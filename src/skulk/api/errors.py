@@ -191,6 +191,9 @@ STREAM_ERROR_KINDS: dict[str, ErrorKind] = {
     StreamErrorType.IDLE_TIMEOUT: "timeout",
     StreamErrorType.FIRST_FRAME_TIMEOUT: "timeout",
     StreamErrorType.MASTER_FAILOVER: "unavailable",
+    StreamErrorType.INPUT_TOO_LARGE: "too_large",  # the request's input over the transfer bound
+    StreamErrorType.INPUT_TRANSFER_LOST: "unavailable",  # nothing ran: try again
+    StreamErrorType.INPUT_TRANSFER_FAILED: "upstream",
     # The master failed the task: its instance is gone, lost a node, was refused or never
     # placed. The type says which; all are "try again", none is the request's fault.
     StreamErrorType.TASK_FAILED: "unavailable",

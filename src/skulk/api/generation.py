@@ -30,6 +30,7 @@ from skulk.api.errors import (
     InvalidRequest,
     ModelNotFound,
     ModelNotServing,
+    PayloadTooLarge,
     StreamFailed,
 )
 from skulk.api.image_fetch import fetch_request_images
@@ -42,6 +43,7 @@ from skulk.models.model_names import load_library, placed_model_id
 from skulk.observe.structured_logs import bind_request_ids
 from skulk.observe.traces import RequestTrace
 from skulk.shared.codec import pack
+from skulk.shared.input_transfer import MAX_COMMAND_INPUT_BYTES, encode_input
 from skulk.shared.reasoning_switches import refusal as reasoning_refusal
 from skulk.shared.serving import model_serving
 from skulk.shared.types.cards import ModelCard, backend_engine
@@ -489,13 +491,19 @@ def _call_id_factory(command_id: str) -> Callable[[int], str]:
 
 def hold_input(context: ApiContext, stream: CommandStream, item: TaskInput) -> None:
     """Hand the request's full params to the relay, after checking that the cluster's framing
-    can carry them (it packs them when the serving node is another one): a value it cannot
-    carry is the caller's 400 now, not a request lost on the way."""
+    can carry them (it packs them when the serving node is another one) and that they are
+    within the per-command transfer bound: a value it cannot carry is the caller's 400 (and
+    an input too large its 413) now, not a request lost on the way."""
     try:
         pack(item)
     except OverflowError as exc:
         stream.close()
         raise InvalidRequest(f"The request holds a number too large to carry: {exc}.") from exc
+    size_bytes = len(encode_input(item))
+    if size_bytes > MAX_COMMAND_INPUT_BYTES:
+        stream.close()
+        raise PayloadTooLarge(f"The request's input is {size_bytes} bytes serialized; at most "
+                              f"{MAX_COMMAND_INPUT_BYTES} travel to the serving node.", code="input_too_large")
     context.hold_input(item)
 
 

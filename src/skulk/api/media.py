@@ -35,6 +35,8 @@ from collections.abc import Mapping, Sequence
 from typing import Final, Literal, cast, get_args
 
 from skulk.api.errors import ImageRefused, ModelCannotSee
+from skulk.shared.body_limits import MAX_MAX_BODY_BYTES
+from skulk.shared.input_transfer import MAX_COMMAND_INPUT_BYTES
 from skulk.shared.types.cards import ModelCard, backend_engine
 from skulk.shared.types.common import ChatMessage
 from skulk.shared.types.engines import sees_images
@@ -49,6 +51,9 @@ MAX_REQUEST_IMAGE_BYTES: Final = 32 * 1024 * 1024
 as the cluster admits one command's media). Inline (base64) images also count against the
 body bound (`api.max_body_bytes`, 8 MiB by default), so larger images come by URL or with a
 raised body bound."""
+
+assert (MAX_REQUEST_IMAGE_BYTES + 2) // 3 * 4 + MAX_MAX_BODY_BYTES < MAX_COMMAND_INPUT_BYTES, (
+    "a request's images (base64) beside the largest body must fit one input transfer")
 
 MAX_IMAGES_PER_REQUEST: Final = 16
 """Images in one request: each costs the engine an encoder pass and hundreds to thousands

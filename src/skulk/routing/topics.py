@@ -167,7 +167,7 @@ def _build_topics() -> dict[str, Topic]:
     from skulk.shared.types.events import LocalEvent
     from skulk.shared.types.providers import PROVIDER_CALL_ADAPTER, ProviderFrame
     from skulk.shared.types.sync import SYNC_REPLY_ADAPTER, GlobalEvent, SyncRequest
-    from skulk.shared.types.task_inputs import TaskInput
+    from skulk.shared.types.task_inputs import TaskInputAck, TaskInputChunk
     from skulk.shared.types.telemetry import TELEMETRY_ADAPTER
 
     table = [
@@ -181,8 +181,11 @@ def _build_topics() -> dict[str, Topic]:
         Topic("state_sync", Plane.CONTROL, SYNC_REPLY_ADAPTER, node_addressed=True, max_payload_bytes=256 * MIB),
         Topic("telemetry", Plane.TELEMETRY, TELEMETRY_ADAPTER, latest_key=_telemetry_key),
         Topic("data", Plane.DATA, DATA_FRAME_ADAPTER, node_addressed=True),
-        # A request's text, straight to the node that runs it: never through the master.
-        Topic("task_inputs", Plane.DATA, TaskInput, node_addressed=True),
+        # A request's text, straight to the node that runs it: never through the master. In
+        # chunks of at most input_transfer.CHUNK_BYTES (1 MiB, ~1.34 MiB as base64), and one ack
+        # per transfer back to the sender (a few ids and a reason).
+        Topic("task_inputs", Plane.DATA, TaskInputChunk, node_addressed=True, max_payload_bytes=2 * MIB),
+        Topic("task_input_acks", Plane.DATA, TaskInputAck, node_addressed=True, max_payload_bytes=64 * KIB),
         # Capability calls between the caller's node and the provider's node, never through the
         # master: describe, open (admission) and cancel on control; the frames of both
         # directions on data. Both bounds are a call's payload cap plus framing.

@@ -154,6 +154,8 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             "GenerateText commands.", "tests/", "test"),
     Setting("SKULK_TEST_WORKER_RAM_AVAILABLE_BYTES", "integer", "", "The pre-spawn memory guard reads this as "
             "free memory.", "tests/", "test"),
+    Setting("SKULK_TEST_API_DROPS_INPUT_CHUNKS", "list", "", "The API node never sends these chunks (by number) "
+            "of a task input to another node.", "tests/", "test"),
     Setting("SKULK_TEST_WORKER_DROPS_TERMINALS", "flag", "", "The worker drops terminal frames bound for a remote "
             "API.", "tests/", "test"),
 )

@@ -41,6 +41,15 @@ class StreamErrorType(StrEnum):
     TOOL_CALL_INVALID = "tool_call_invalid"
     """The model called a strict tool with arguments that break its schema, and the call
     could not be generated again under the schema's grammar (`skulk.api.strict_tools`)."""
+    INPUT_TOO_LARGE = "InputTooLarge"
+    """The request's input is over the per-command transfer bound
+    (`skulk.shared.input_transfer.MAX_COMMAND_INPUT_BYTES`), or the serving node refused it so."""
+    INPUT_TRANSFER_LOST = "InputTransferLost"
+    """The request's input never reached the serving node, acknowledged, after every try
+    (no ack, the receiver busy or gone): nothing ran; the client may resend."""
+    INPUT_TRANSFER_FAILED = "InputTransferFailed"
+    """The serving node refused the request's input for good (not a task input its build
+    reads, or it serves nothing)."""
     MASTER_FAILOVER = "MasterFailover"
     """The master changed while the command was in flight; the client should resend."""
 
