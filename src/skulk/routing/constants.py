@@ -33,7 +33,9 @@ NETWORK_VERSION: Final = "skulk-net-6"
 # 6: speech: cards gained tasks Transcription / SpeechSynthesis, capabilities stt / tts and
 # an `audio` section and `onnx_file` (a Piper voice in a hub repo); the workload unions carry
 # transcription and speech params and results
-# (the audio, base64 with its SHA-256, in a request's full params on the data plane).
+# (the audio, base64 with its SHA-256, in a request's full params on the data plane);
+# a request's input crosses in chunks (`task_inputs` carries TaskInputChunk, answered on
+# `task_input_acks`); a leader's announcement carries its last index (`high_water_idx`).
 
 # Every key expression this build publishes or subscribes to starts with this prefix.
 KEY_ROOT: Final = "skulk"
