@@ -44,7 +44,6 @@ import os
 import shutil
 import sys
 import tempfile
-import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -55,6 +54,8 @@ import numpy as np
 from skulk.datadir.file_lock import exclusive_file_lock
 from skulk.models.artifact_errors import ArtifactUnavailable
 from skulk.models.cards import builtin_cards_dir
+from skulk.models.seeded_noise import bytes_to_unicode as _bytes_to_unicode
+from skulk.models.seeded_noise import uniform as _uniform
 from skulk.models.tiny_speech import SPEECH_GENERATORS, GeneratedSpeechModel
 from skulk.shared.types.cards import ModelCard
 
@@ -324,19 +325,6 @@ def spec_hash(spec: TinySpec, vision: TinyVisionSpec | None = None) -> str:
 # ---------------------------------------------------------------------------------------
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte-level alphabet: each byte maps to one printable character. Both
-    `tokenizers`' ByteLevel and llama.cpp's 'gpt2' vocab type spell tokens in it."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), 256)]
-    mapping = {b: chr(b) for b in printable}
-    shifted = 0
-    for b in range(256):
-        if b not in mapping:
-            mapping[b] = chr(256 + shifted)
-            shifted += 1
-    return mapping
-
-
 def train_tokenizer(spec: TinySpec):  # -> tokenizers.Tokenizer (imported lazily)
     """A byte-level BPE tokenizer with exactly spec.vocab_size tokens: the special tokens,
     the alphabet (ALPHABET_BYTES), then merges learned from the corpus. Deterministic: the
@@ -379,19 +367,6 @@ def train_tokenizer(spec: TinySpec):  # -> tokenizers.Tokenizer (imported lazily
 # ---------------------------------------------------------------------------------------
 # Weights
 # ---------------------------------------------------------------------------------------
-
-
-def _uniform(seed: int, name: str, shape: tuple[int, ...], std: float) -> np.ndarray:
-    """float32 uniform noise of standard deviation `std`, from a PCG64 stream keyed by
-    (seed, tensor name). Raw 64-bit outputs -> top 24 bits -> [-1, 1) is exact integer
-    and power-of-two arithmetic, so the bytes do not depend on the platform or numpy's
-    sampler implementations."""
-    count = math.prod(shape)
-    stream = np.random.PCG64(np.random.SeedSequence([seed, zlib.crc32(name.encode())]))
-    top_bits = (stream.random_raw(count) >> np.uint64(40)).astype(np.float32)
-    unit = top_bits * np.float32(2.0**-23) - np.float32(1.0)
-    # Uniform on [-a, a) has standard deviation a / sqrt(3).
-    return (unit * np.float32(std * math.sqrt(3.0))).reshape(shape)
 
 
 def _hf_weights(spec: TinySpec, silent_token_ids: Sequence[int]) -> dict[str, np.ndarray]:

@@ -55,7 +55,7 @@ OPSET = 17
 
 
 def _weights() -> dict[str, np.ndarray]:
-    from skulk.models.tiny_models import _uniform  # the project's platform-stable seeded noise
+    from skulk.models.seeded_noise import uniform as _uniform  # the project's platform-stable seeded noise
 
     def w(name: str, *shape: int, std: float) -> np.ndarray:
         return _uniform(SEED, name, shape, std)

@@ -30,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from skulk.models.tiny_models import _bytes_to_unicode, _uniform
+from skulk.models.seeded_noise import bytes_to_unicode as _bytes_to_unicode
+from skulk.models.seeded_noise import uniform as _uniform
 
 SEED = 31
 D_MODEL = 64
