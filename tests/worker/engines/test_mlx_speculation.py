@@ -88,8 +88,10 @@ def test_the_drafting_engine_stops_at_max_tokens_exactly(drafting):
     (None, 1, True, None),
     ("none", 2, False, None),
     ("ngram", 1, True, None),
-    ("draft", 1, True, "'ngram' (prompt lookup) only"),
+    ("draft", 1, True, None),
+    ("eagle", 1, True, "drafts with 'ngram', 'draft' only"),
     ("ngram", 2, True, "one MLX rank holding the whole model"),
+    ("draft", 2, True, "draft speculation runs on one MLX rank"),
     ("ngram", 1, False, "cannot always give back rejected drafts"),
 ])
 def test_speculating(method, world, trimmable, refusal):
