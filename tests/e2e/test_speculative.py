@@ -3,8 +3,10 @@ on llama-server with drafting, the OpenAI SDK's answer carries the drafted token
 `completion_tokens_details` (accepted and rejected predictions), and `/metrics` counts them.
 N-gram drafting on a local model with the native llama-server; draft-model drafting on a hub
 model whose draft GGUF the node downloads from the (mock) hub with it, served out of the
-box by the bundled llama-server. That the greedy text is the undrafted text is shown beside
-the engine (tests/worker/engines/served/test_llama_server.py)."""
+box by the bundled llama-server; and an MLX card drafting with an MLX (safetensors) draft
+repo, fetched the same way and run beside the target by the MLX engine. That the greedy text
+is the undrafted text is shown beside the engines (tests/worker/engines/served/
+test_llama_server.py, tests/worker/engines/test_mlx_draft.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,15 @@ from skulk.models.cards import builtin_cards_dir, write_custom_card
 from tests.cluster.harness import start_linked, wait_agreed
 from tests.cluster.test_any_architecture import place
 from tests.llama_server_kit import require_bundled_server, require_llama_server
-from tests.mockhub import GGUF_FILE, TINY_GGUF_REPO, hub_card, mock_hub, tiny_artifacts  # noqa: F401
+from tests.mockhub import (  # noqa: F401
+    GGUF_FILE,
+    TINY_GGUF_REPO,
+    TINY_MLX_REPO,
+    hub_card,
+    mock_hub,
+    tiny_artifacts,
+    tiny_repo_files,
+)
 from tests.worker.tiny_gguf import LONG_PROMPT, tiny_gguf  # noqa: F401
 
 pytestmark = pytest.mark.timeout(300)
@@ -105,6 +115,54 @@ def test_a_draft_model_card_fetches_its_draft_and_drafts_with_it(spawn_node, tmp
     metrics = httpx.get(node.url + "/metrics", timeout=10).text
     assert _counter(metrics, "skulk_speculative_accepted_tokens_total", TINY_GGUF_REPO) >= \
         details.accepted_prediction_tokens
+
+
+MLX_DRAFT_REPO = "mock-org/tiny-llama-draft-mlx"
+
+
+def test_an_mlx_card_drafts_with_an_mlx_draft_model(spawn_node, tmp_path, mock_hub, tiny_artifacts):
+    """The tiny model's own weights as its draft, published as a second safetensors repo."""
+    mlx_files, _ = tiny_repo_files(tiny_artifacts)
+    mock_hub.add_repo(MLX_DRAFT_REPO, mlx_files, tags=("mlx", "safetensors", "llama"))
+    base = hub_card(TINY_MLX_REPO)
+    card = type(base).model_validate({
+        **base.model_dump(by_alias=False), "served_spec_draft_repo": MLX_DRAFT_REPO,
+        "served_spec_draft_size_bytes": len(mlx_files["model.safetensors"]), "runtime": {"speculative": "draft"}})
+    data_dir = tmp_path / "mlx-draft"
+    write_custom_card(data_dir / "custom_model_cards", card)
+    env = {"HF_ENDPOINT": mock_hub.url}
+    (node,) = start_linked(lambda name, extra_args: spawn_node(name, data_dir=data_dir, env=env,
+                                                               extra_args=extra_args), ["mlxdraft"])
+    wait_agreed([node], members=1)
+    instance_id = place(node, TINY_MLX_REPO)
+    shards = node.get("/state").json()["instances"][instance_id]["shards"]
+    assert [s["backend"].split("-")[0] for s in shards] == ["mlx"]
+
+    sdk = openai.OpenAI(base_url=node.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    chat = sdk.chat.completions.create(model=TINY_MLX_REPO, messages=[{"role": "user", "content": LONG_PROMPT}],
+                                       max_tokens=40, temperature=0)
+    assert chat.usage is not None
+    details = chat.usage.completion_tokens_details
+    assert details is not None and details.accepted_prediction_tokens, details  # the same weights agree
+    print(f"MLX own draft on a node: {details.accepted_prediction_tokens} accepted, "
+          f"{details.rejected_prediction_tokens} rejected")
+    sampled = sdk.chat.completions.create(model=TINY_MLX_REPO, messages=[{"role": "user", "content": "hi"}],
+                                          max_tokens=12, temperature=0.9, seed=3, extra_body={"speculative": True})
+    assert sampled.usage is not None and sampled.usage.completion_tokens == 12
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.chat.completions.create(model=TINY_MLX_REPO, messages=[{"role": "user", "content": "hi"}],
+                                    max_tokens=4, extra_body={"speculative": False})
+    assert refused.value.code == "speculative_unsupported" and "is served with draft speculation" in \
+        refused.value.message
+
+    draft_dir = data_dir / "models" / "mock-org--tiny-llama-draft-mlx"
+    assert (draft_dir / "model.safetensors").read_bytes() == mlx_files["model.safetensors"]  # fetched whole
+    assert "speculation draft (draft " in node.log()
+    metrics = httpx.get(node.url + "/metrics", timeout=10).text
+    assert _counter(metrics, "skulk_speculative_accepted_tokens_total", TINY_MLX_REPO) >= \
+        details.accepted_prediction_tokens
+    assert _counter(metrics, "skulk_speculative_drafted_tokens_total", TINY_MLX_REPO) >= \
+        details.accepted_prediction_tokens + (details.rejected_prediction_tokens or 0)
 
 
 def _counter(exposition: str, name: str, model: str) -> float:

@@ -1,5 +1,6 @@
 """A card's speculative method (`runtime.speculative`): served only by an engine that can
-(llama-server's n-gram drafting), refused by name where no engine of the card can."""
+(llama-server's n-gram and draft-model drafting, MLX's too, vLLM's n-gram), on one node,
+refused by name where no engine of the card can."""
 
 import pytest
 
@@ -16,7 +17,8 @@ SERVED_AND_IN_PROCESS = ("llama_cpp", "llama_cpp-cpu", "llama_server", "llama_se
     ("llama_server-cuda", "ngram", False),
     ("llama_cpp-cpu", "ngram", True),
     ("mlx-metal", "ngram", False),
-    ("mlx-metal", "draft", True),
+    ("mlx-metal", "draft", False),
+    ("mlx-cpu", "draft", False),
     ("vllm-cuda", "ngram", False),
     ("llama_cpp-cpu", "none", False),
     ("llama_server-cpu", "draft", False),
@@ -83,15 +85,28 @@ def test_a_node_without_the_engine_the_card_needs_is_named_with_the_reason():
         place(card, cluster("a"), {"a": reading}, request(card), new_id=ids())
 
 
-def test_an_mlx_card_asking_for_ngram_speculation_is_placed_on_one_node_or_not_at_all():
+def _mlx_speculating(method: str):
+    """The 1B MLX card asking for `method`; 'draft' with a safetensors draft repo a tenth its size."""
+    from tests.master.test_placement import LLAMA_1B
+
+    data = {**LLAMA_1B.model_dump(by_alias=False), "runtime": {"speculative": method}}
+    if method == "draft":
+        data.update(served_spec_draft_repo="mlx-community/Llama-3.2-draft-4bit",
+                    served_spec_draft_size_bytes=LLAMA_1B.storage_size_bytes // 10)
+    return type(LLAMA_1B).model_validate(data)
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_an_mlx_card_asking_for_speculation_is_placed_on_one_node_or_not_at_all(method):
     from skulk.master.placement import MemoryShortfall, ShardingUnsupported
     from tests.master.test_placement import LLAMA_1B, res
 
-    card = LLAMA_1B.model_copy(update={"runtime": LLAMA_1B.runtime.model_copy(update={"speculative": "ngram"})})
+    card = _mlx_speculating(method)
     roomy = {"a": res("a", 3 * GB), "b": res("b", 3 * GB)}
     instance = place(card, cluster("ab", ["a-b"]), roomy, request(card), new_id=ids())
     assert len(instance.shards) == 1 and instance.shards[0].backend.startswith("mlx")
-    with pytest.raises(ShardingUnsupported, match="speculates"):
+    with pytest.raises(ShardingUnsupported, match=f"the card speculates \\({method}\\), which every engine does "
+                                                  "on one node"):
         place(card, cluster("ab", ["a-b"]), roomy, request(card, min_nodes=2), new_id=ids())
     # Too big for either node alone: the plain card spans both, the speculating one does not.
     tight = {"a": res("a", int(1.2 * GB)), "b": res("b", int(1.2 * GB))}

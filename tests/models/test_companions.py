@@ -25,7 +25,7 @@ from skulk.models.companions import (
 from skulk.models.downloads import DownloadFailed
 from skulk.shared.types.cards import ModelCard
 from skulk.shared.types.state import State
-from tests.mockhub import GGUF_FILE, TINY_GGUF_REPO, hub_card
+from tests.mockhub import GGUF_FILE, TINY_GGUF_REPO, TINY_MLX_REPO, hub_card
 from tests.worker.tiny_gguf import NODE, tiny_instance
 
 VISION, DRAFT = "acme/vision", "acme/draft-GGUF"
@@ -80,6 +80,40 @@ def test_inconsistent_companion_fields_name_the_field(fields, field):
         card_with(**fields)
     named = {(e.get("ctx") or {}).get("field") for e in caught.value.errors()}
     named |= {".".join(str(part) for part in e["loc"]) for e in caught.value.errors()}
+    assert field in named, caught.value.errors()
+
+
+MLX_DRAFT = "acme/draft-mlx"
+MLX_DRAFTING = {"served_spec_draft_repo": MLX_DRAFT, "served_spec_draft_size_bytes": 1_000_000,
+                "runtime": {"speculative": "draft"}}
+
+
+def mlx_card_with(**companions) -> ModelCard:
+    base = hub_card(TINY_MLX_REPO)
+    return ModelCard.model_validate({**base.model_dump(by_alias=False), **companions})
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        (MLX_DRAFTING, None),  # a safetensors card drafts with a whole safetensors repo
+        ({**MLX_DRAFTING, "served_spec_draft_file": "d.gguf"}, "served_spec_draft_file"),  # a GGUF draft
+        ({**MLX_DRAFTING, "served_spec_draft_size_bytes": None}, "served_spec_draft_size_bytes"),
+        ({"runtime": {"speculative": "draft"}}, "runtime.speculative"),
+        ({**MLX_DRAFTING, "served_spec_draft_repo": TINY_MLX_REPO}, "served_spec_draft_repo"),  # its own repo
+    ],
+)
+def test_an_mlx_cards_draft_is_a_safetensors_repo(fields, field):
+    if field is None:
+        card = mlx_card_with(**fields)
+        assert companion_download_specs(card) == (CompanionSpec("served_draft", MLX_DRAFT, None),)
+        companion = companion_card(card, companion_download_specs(card)[0])
+        assert (companion.model_id, companion.artifact_format) == (MLX_DRAFT, "safetensors")
+        assert draft_model_path(card, {MLX_DRAFT: "/m/acme--draft-mlx"}) == "/m/acme--draft-mlx"
+        return
+    with pytest.raises(ValidationError) as caught:
+        mlx_card_with(**fields)
+    named = {(e.get("ctx") or {}).get("field") for e in caught.value.errors()}
     assert field in named, caught.value.errors()
 
 

@@ -1,6 +1,7 @@
 """Companion repos: the one download contract for artifacts a model needs besides its own.
 
-A card may name companions (a served engine's draft GGUF, split vision weights). No
+A card may name companions (a draft model: a GGUF file or, for an MLX card, a whole
+safetensors repo; split vision weights). No
 instance names them, yet a runner of the model loads them,
 so every resolution path (a fresh download, the already-on-disk fast path, store staging,
 the store-unreachable direct fallback) ensures them through `ensure_companions` before the
@@ -10,7 +11,8 @@ model is reported ready, and eviction counts them as in use while such a runner 
   required: vision weights because the model cannot load without them, the draft because a
   card that asks for draft speculation (`runtime.speculative = "draft"`) must not be served
   without it silently. A draft the card names but does not use is never downloaded.
-- `draft_model_path(card, resolved)` (pure): the draft GGUF a runner of `card` loads.
+- `draft_model_path(card, resolved)` (pure): the draft (GGUF file or MLX model directory) a
+  runner of `card` loads.
 - `projector_path(card, resolved, model_path)` (pure): the multimodal projector (mmproj
   GGUF) a runner of a vision card loads: the `vision_weights_file` companion of a hub
   card, or the generated file beside a local-generated card's model
@@ -62,7 +64,7 @@ def companion_download_specs(card: ModelCard) -> tuple[CompanionSpec, ...]:
 
 
 def draft_model_path(card: ModelCard, resolved: Mapping[str, str]) -> str | None:
-    """The draft GGUF a runner of `card` loads (`resolved`: companion repo id -> local path,
+    """The draft (GGUF file or MLX directory) a runner of `card` loads (`resolved`: companion repo id -> local path,
     as `ensure_companions` returned them), or None when the card does not draft with one or
     its draft is not resolved (the engine then refuses to load rather than serve the card
     without the speculation it asks for)."""

@@ -223,6 +223,19 @@ CPU backend has no fast f16 path (measured on a 2-core box: MLX 2.3 tok/s at f16
 f32; llama.cpp 4.8 tok/s at f32), and f32 keeps the two engines' greedy tokens equal here
 too. Write it with `python -m skulk.models.tiny_models OUT_DIR --bench` (about 10 s)."""
 
+TINY_DRAFT_SPEC = replace(
+    TINY_SPEC,
+    num_layers=1,
+    hidden_size=64,
+    intermediate_size=128,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    seed=1,
+)
+"""A draft model for the tiny Llama (draft-model speculation's tests and benchmark): the same
+tokenizer (the vocabulary size and corpus decide it), one layer at half the width, its own
+random weights, so it agrees with the target only as often as chance has it."""
+
 
 @dataclass(frozen=True)
 class TinyVisionSpec:
@@ -1034,6 +1047,7 @@ __all__ = [
     "MARKER_FILE_NAME",
     "PROJECTOR_FILE_NAME",
     "SPECIAL_TOKENS",
+    "TINY_DRAFT_SPEC",
     "TINY_SPEC",
     "TINY_VISION_SPEC",
     "ArtifactUnavailable",

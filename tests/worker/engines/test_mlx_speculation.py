@@ -88,8 +88,10 @@ def test_the_drafting_engine_stops_at_max_tokens_exactly(drafting):
     (None, 1, True, None),
     ("none", 2, False, None),
     ("ngram", 1, True, None),
-    ("draft", 1, True, "'ngram' (prompt lookup) only"),
+    ("draft", 1, True, None),
+    ("eagle", 1, True, "drafts with 'ngram', 'draft' only"),
     ("ngram", 2, True, "one MLX rank holding the whole model"),
+    ("draft", 2, True, "draft speculation runs on one MLX rank"),
     ("ngram", 1, False, "cannot always give back rejected drafts"),
 ])
 def test_speculating(method, world, trimmable, refusal):
@@ -135,3 +137,20 @@ def test_drafts_never_reach_past_max_tokens():
     drafting.handed(5)  # the prefill's token: one left, so nothing to draft
     assert drafting.next_token(5, lambda _: 42, lambda t: [0] * len(t), lambda _: None, lambda _: None) == 42
     assert drafting.drafted == 0
+
+
+def test_the_drafter_is_asked_for_no_more_than_the_room_left():
+    """Any drafter (prompt lookup, a draft model) is told how many tokens may still follow."""
+    asked: list[tuple[int, int]] = []
+
+    def drafter(context: list[int], room: int) -> list[int]:
+        asked.append((len(context), room))
+        return [7] * room
+
+    drafting = Speculation(context=[1, 2, 3], max_new=4, drafter=drafter)
+    drafting.handed(5)  # the prefill's token
+    first = drafting.next_token(5, lambda _: 42, lambda t: [7] * len(t), lambda _: None, lambda _: None)
+    assert asked == [(4, 2)] and first == 7  # two drafts kept, then the model's own token: 4 in all
+    assert [drafting.next_token(7, lambda _: 42, lambda t: [7] * len(t), lambda _: None, lambda _: None)
+            for _ in range(2)] == [7, 7]
+    assert (drafting.drafted, drafting.accepted) == (2, 2) and len(drafting.context) == 3 + 4

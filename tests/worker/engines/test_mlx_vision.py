@@ -128,6 +128,15 @@ def test_a_card_that_sees_on_a_text_only_folder_fails_to_load(tmp_path):
                               card=CARD, model_path=str(path)))
 
 
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_a_speculating_card_is_refused_on_the_vision_path_by_name(method, tmp_path):
+    card = CARD.model_copy(update={"runtime": CARD.runtime.model_copy(update={"speculative": method})})
+    instance = local_instance(card, 1)
+    with pytest.raises(ModelLoadFailed, match=f"does not speculate.*'{method}'"):
+        MlxVisionEngine().load(ShardSpec(instance=instance, runner_id=instance.shards[0].runner_id, card=card,
+                                         model_path=str(tmp_path)))
+
+
 # -- pure helpers and the traits table --------------------------------------------------------
 
 

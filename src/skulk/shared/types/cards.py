@@ -217,9 +217,9 @@ def refuse_removed(data: object, removed: Mapping[str, str], prefix: str = "") -
 REMOVED_CARD_FIELDS: Mapping[str, str] = {
     "mtp_sidecar_repo": "no engine Skulk runs loads separately shipped multi-token-prediction heads; "
                         "speculate with runtime.speculative = 'ngram', or 'draft' and served_spec_draft_*",
-    "assistant_model_repo": "no engine Skulk runs loads an assistant drafter repo; name a draft GGUF with "
-                            "served_spec_draft_repo, served_spec_draft_file and served_spec_draft_size_bytes "
-                            "and set runtime.speculative = 'draft'",
+    "assistant_model_repo": "no engine Skulk runs loads an assistant drafter repo; name the draft with "
+                            "served_spec_draft_repo (and served_spec_draft_file on a GGUF card) and "
+                            "served_spec_draft_size_bytes, and set runtime.speculative = 'draft'",
 }
 """Card fields older cards may still set, each with why it is gone: refused by name rather
 than downloaded and loaded by nothing."""
@@ -243,7 +243,8 @@ class RuntimeSection(WireModel):
     """Speculative decoding for this model (`skulk.shared.types.speculative`): 'ngram'
     drafts from n-grams already in the context (no second model); 'draft' runs the card's
     `served_spec_draft_*` model ahead of it; 'none' or unset: off. Placement serves a card
-    that asks for it only on an engine that can (llama-server)."""
+    that asks for it only on an engine that can (`speculative` in the engine traits table:
+    llama-server and MLX both; vLLM n-gram only), on one node."""
 
     @model_validator(mode="before")
     @classmethod
@@ -373,13 +374,17 @@ class ModelCard(WireModel):
     # optional (None = none); `skulk.models.companions.companion_download_specs` is the one
     # place that turns them into downloads and says which are required.
     served_spec_draft_repo: CardModelId | None = None
-    """Hub repo of the draft GGUF llama-server takes as --model-draft when
-    `runtime.speculative` is 'draft' (then required; otherwise never downloaded)."""
+    """Hub repo of the draft model when `runtime.speculative` is 'draft' (then required;
+    otherwise never downloaded): for a GGUF card, the repo of the draft GGUF llama-server
+    takes as --model-draft; for a safetensors (MLX) card, a safetensors repo of the same
+    tokenizer, downloaded whole and loaded by the MLX engine beside the target."""
     served_spec_draft_file: GgufFile | None = None
-    """The draft GGUF file in served_spec_draft_repo; set exactly when that repo is."""
+    """The draft GGUF file in served_spec_draft_repo: set exactly when that repo is on a
+    GGUF card, never on a safetensors card (its draft is the whole repo)."""
     served_spec_draft_size_bytes: PositiveInt | None = None
-    """Bytes of served_spec_draft_file: placement admits the draft (and its KV cache) with
-    the target. Set exactly when served_spec_draft_repo is."""
+    """Bytes of the draft (its GGUF file, or the safetensors repo's weights): placement
+    admits the draft (and its KV cache) with the target. Set exactly when
+    served_spec_draft_repo is."""
     vision_weights_repo: CardModelId | None = None
     """Hub repo of split vision weights (required: a vision model cannot load without them)."""
     vision_weights_file: GgufFile | None = None
@@ -629,14 +634,22 @@ def _companions_consistent(card: ModelCard) -> None:
         if getattr(card, file_field) is not None and getattr(card, repo_field) is None:
             raise card_field_error(file_field, f"set without {repo_field}")
     drafts = card.served_spec_draft_repo is not None
-    for name in ("served_spec_draft_file", "served_spec_draft_size_bytes"):
-        if drafts and getattr(card, name) is None:
-            raise card_field_error(name, "required with served_spec_draft_repo (the draft GGUF and its size)")
+    # A GGUF card's draft is one GGUF file of the repo (llama-server's --model-draft); a
+    # safetensors card's (MLX) is the whole repo, loaded as an mlx-lm model.
+    if drafts and card.served_spec_draft_size_bytes is None:
+        raise card_field_error("served_spec_draft_size_bytes", "required with served_spec_draft_repo (the "
+                               "draft's size, admitted for memory with the target)")
+    if drafts and card.is_gguf and card.served_spec_draft_file is None:
+        raise card_field_error("served_spec_draft_file", "required with served_spec_draft_repo on a GGUF card "
+                               "(the draft GGUF file)")
+    if card.served_spec_draft_file is not None and drafts and not card.is_gguf:
+        raise card_field_error("served_spec_draft_file", "a safetensors (MLX) card drafts with a whole safetensors "
+                               "repo of the same tokenizer: name served_spec_draft_repo without a file")
     if card.served_spec_draft_size_bytes is not None and not drafts:
         raise card_field_error("served_spec_draft_size_bytes", "set without served_spec_draft_repo")
     if card.runtime.speculative == "draft" and not drafts:
-        raise card_field_error("runtime.speculative", "'draft' needs the draft model: set served_spec_draft_repo, "
-                               "served_spec_draft_file and served_spec_draft_size_bytes")
+        raise card_field_error("runtime.speculative", "'draft' needs the draft model: set served_spec_draft_repo "
+                               "(with served_spec_draft_file on a GGUF card) and served_spec_draft_size_bytes")
     for name in ("served_spec_draft_repo", "vision_weights_repo"):
         repo = getattr(card, name)
         if repo is None:

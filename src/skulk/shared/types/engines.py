@@ -230,8 +230,10 @@ ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
         modules=("mlx", "mlx_lm"),
         vendor_computes=_APPLE_COMPUTES,
         ranks_dial=True,
-        # Prompt lookup on one whole-model rank, one request at a time (mlx.speculate).
-        speculative=("ngram",),
+        # Prompt lookup, or a safetensors draft model of the same tokenizer (the card's
+        # served_spec_draft_repo), on one whole-model rank, one request at a time
+        # (mlx.speculate, mlx.draft_model).
+        speculative=("ngram", "draft"),
         # mlx-lm's QuantizedKVCache (8 or 4 bits) on every rank, batched on one rank through
         # skulk's batch cache for it (mlx.kv_quant).
         kv_cache_types=("f16", "q8_0", "q4_0"),

@@ -63,7 +63,8 @@ class ShardSpec:
     """The cluster's pool channel secret (`skulk.pool.layout.derive_pool_key`); only a
     pooled llama.cpp instance uses it."""
     draft_model_path: str | None = None
-    """The draft GGUF for a card with `runtime.speculative = "draft"` (served engines)."""
+    """The draft for a card with `runtime.speculative = "draft"`: a GGUF file (llama-server)
+    or an mlx-lm model directory (MLX)."""
     projector_path: str | None = None
     """The multimodal projector (mmproj GGUF) for a card that sees images (llama-server)."""
 

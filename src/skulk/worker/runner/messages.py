@@ -61,7 +61,8 @@ class LoadShard(WireModel):
     model_path: str
     """Local path of the artifact: the .gguf file for llama.cpp, the model directory for MLX."""
     draft_model_path: str | None = None
-    """Local path of the draft GGUF (`skulk.models.companions.draft_model_path`) for a card
+    """Local path of the draft (a GGUF file, or an MLX model directory:
+    `skulk.models.companions.draft_model_path`) for a card
     that speculates with one; None otherwise."""
     projector_path: str | None = None
     """Local path of the multimodal projector (`skulk.models.companions.projector_path`) for

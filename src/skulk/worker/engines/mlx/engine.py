@@ -70,6 +70,7 @@ from skulk.worker.engines.base import (
 )
 from skulk.worker.engines.logits import GrammarMatcher, ScoredToken, llguidance_tokenizer
 from skulk.worker.engines.mlx.batch import BatchLoop, BatchSequence, batch_width, batchable
+from skulk.worker.engines.mlx.draft_model import DraftModel
 from skulk.worker.engines.mlx.family import adapter_for, family_of
 from skulk.worker.engines.mlx.group import (
     EVAL_TIMEOUT_ENV,
@@ -107,7 +108,14 @@ from skulk.worker.engines.mlx.sampling import (
     resolve_sampling,
     shaping_of,
 )
-from skulk.worker.engines.mlx.speculate import Speculation, speculating, trim, verify, with_draft_counts
+from skulk.worker.engines.mlx.speculate import (
+    Speculation,
+    prompt_lookup,
+    speculating,
+    trim,
+    verify,
+    with_draft_counts,
+)
 from skulk.worker.engines.mlx.tensor import shard_layers
 from skulk.worker.engines.mlx.text import prompt_and_tokens, special_tokens, token_bytes_table
 from skulk.worker.engines.prompt_pieces import REASONING_OPEN, PromptCancelled, PromptOverContext, opens_reasoning
@@ -190,8 +198,10 @@ class MlxEngine:
         self._my_rank = 0
         self._broken: GroupBroken | None = None
         self._speculative = False
-        """Prompt-lookup speculation (`runtime.speculative = "ngram"`): one whole-model rank,
-        one request at a time (`mlx.speculate`)."""
+        """Speculation (`runtime.speculative` "ngram" or "draft"): one whole-model rank, one
+        request at a time (`mlx.speculate`)."""
+        self._draft: DraftModel | None = None
+        """The draft model of a card that drafts with one (`mlx.draft_model`)."""
         self._prefixes: MlxPrefixStore | None = None
         """The prefix cache of a single rank (None in a group, or in a batch whose model's
         KV cache is not plain `KVCache` layers)."""
@@ -277,6 +287,9 @@ class MlxEngine:
             stage.make_cache()  # a cache layer mlx-lm cannot quantize fails the load, not a request
         make_cache: Callable[[], list[Any]] | None = stage.make_cache
         self._speculative = speculating(spec.card.runtime.speculative, role.world, stage.make_cache)
+        if self._speculative and spec.card.runtime.speculative == "draft":
+            self._draft = DraftModel.load(spec.draft_model_path, int(text.get("vocab_size") or 0),
+                                          PREFILL_CHUNK_TOKENS)
         if role.world == 1:
             # A speculating model steps one request at a time: mlx-lm's batch decodes one
             # token per sequence per step.
@@ -319,7 +332,8 @@ class MlxEngine:
             path, role.rank, role.world, role.start_layer, role.end_layer,
             "tensor" if role.tensor else "pipeline", self._n_ctx, shard.kv_cache_type,
             f" ({kv.bits}-bit, groups of {kv.group_size})" if kv is not None else "",
-            ", speculation ngram (prompt lookup)" if self._speculative else "",
+            "" if not self._speculative else f", speculation draft (draft {spec.draft_model_path})"
+            if self._draft is not None else ", speculation ngram (prompt lookup)",
         )
 
     def warm_up(self) -> None:
@@ -369,6 +383,9 @@ class MlxEngine:
             self._batch.close()
         if self._prefixes is not None:
             self._prefixes.clear()
+        if self._draft is not None:
+            self._draft.close()
+            self._draft = None
         self._stage = None
 
     # -- the leader (rank 0) --------------------------------------------------------------
@@ -435,7 +452,8 @@ class MlxEngine:
         state: dict[str, int | None] = {"last": None}
         # A shaped sampler (logprobs, grammar, penalties) reads each token's logits as it is
         # handed out: those requests step one token at a time.
-        drafting = Speculation(list(prompt), max_new) if self._speculative and chooser is None else None
+        drafter = self._draft.propose if self._draft is not None else prompt_lookup
+        drafting = Speculation(list(prompt), max_new, drafter) if self._speculative and chooser is None else None
 
         def plain_step(fed: int) -> int:
             sampled = self._command(Header(OP_STEP, n_tokens=1, sample=True), [fed])

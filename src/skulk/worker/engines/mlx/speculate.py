@@ -1,5 +1,6 @@
-"""Prompt-lookup speculation on one MLX rank: draft from the context, check the draft in one
-forward step, keep what the model agrees with, and give the KV cache back what it rejected.
+"""Speculation on one MLX rank: draft from the context (prompt lookup, `ngram`) or with a
+draft model (`draft`, `mlx.draft_model`), check the draft in one forward step, keep what the
+model agrees with, and give the KV cache back what it rejected.
 
 `Speculation` is one request's drafting state: the context drafts are looked up in (the
 prompt and every token emitted so far), the tokens already verified but not yet handed to the
@@ -12,6 +13,9 @@ The cache always holds exactly the tokens fed to the model (`fed`): the verified
 stay, the rejected ones are trimmed, and the token sampled after the last kept draft is fed
 on the next step. Only whole-model single ranks speculate (the engine refuses the rest at
 load; the whole model or all its layers), with plain sampling (a request with a shaped sampler steps one token at a time).
+The drafter is a function of the context and the room left (`Drafter`); both drafters
+propose deterministically, so keeping the drafts the model's own draws agree with is the
+standard acceptance rule and sampled output keeps the model's distribution.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
+from skulk.shared.types.engines import traits_of
 from skulk.worker.engines.base import GeneratedToken, ModelLoadFailed
 from skulk.worker.engines.mlx.pipeline import Stage, embed_tokens, forward_layers
 from skulk.worker.engines.mlx.sampling import Sampler
@@ -33,10 +38,11 @@ def speculating(method: str | None, world: int, make_cache: Callable[[], list[An
     (placement keeps a speculating card on one node, so this is a last guard)."""
     if (method or "none") == "none":
         return False
-    if method != "ngram":
-        raise ModelLoadFailed(f"the MLX engine drafts with 'ngram' (prompt lookup) only, not {method!r}")
+    served = traits_of("mlx").speculative
+    if method not in served:
+        raise ModelLoadFailed(f"the MLX engine drafts with {', '.join(map(repr, served))} only, not {method!r}")
     if world > 1:
-        raise ModelLoadFailed("prompt-lookup speculation runs on one MLX rank holding the whole model")
+        raise ModelLoadFailed(f"{method} speculation runs on one MLX rank holding the whole model")
     from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
     # A plain cache (or its quantized form) can always give back its last positions; a
@@ -46,6 +52,15 @@ def speculating(method: str | None, world: int, make_cache: Callable[[], list[An
         raise ModelLoadFailed("this model's KV cache cannot always give back rejected drafts (a rotating window "
                               "or another non-plain cache): place it without runtime.speculative")
     return True
+
+
+Drafter = Callable[[list[int], int], list[int]]
+"""`drafter(context, room)`: up to `room` tokens proposed to follow `context` ([] for none)."""
+
+
+def prompt_lookup(context: list[int], room: int) -> list[int]:
+    """The `ngram` drafter: what followed the context's tail earlier in it."""
+    return propose(context, min(DRAFT_TOKENS, room))
 
 
 def with_draft_counts(tokens: Iterator[GeneratedToken], drafting: Speculation) -> Iterator[GeneratedToken]:
@@ -86,11 +101,12 @@ def trim(cache: list[Any], count: int) -> None:
 
 @dataclass
 class Speculation:
-    """One request's prompt-lookup drafting (see the module doc)."""
+    """One request's drafting (see the module doc)."""
 
     context: list[int]
     """The prompt, then every token handed to the token loop."""
     max_new: int
+    drafter: Drafter = prompt_lookup
     drafted: int = 0
     accepted: int = 0
     _pending: deque[int] = field(default_factory=deque)
@@ -105,7 +121,7 @@ class Speculation:
         if self._pending:
             return self.handed(self._pending.popleft())
         room = self.max_new - self._handed - 1  # the token after the drafts is handed out too
-        drafts = propose(self.context, min(DRAFT_TOKENS, room))
+        drafts = self.drafter(self.context, room) if room > 0 else []
         if not drafts:
             feed([fed])
             return self.handed(step(fed))
@@ -125,4 +141,4 @@ class Speculation:
         return token
 
 
-__all__ = ["Speculation", "speculating", "trim", "verify", "with_draft_counts"]
+__all__ = ["Drafter", "Speculation", "prompt_lookup", "speculating", "trim", "verify", "with_draft_counts"]

@@ -133,6 +133,10 @@ class MlxVisionEngine:
         if shard.world_size != 1:
             # Placement never spans a model that sees on MLX; this guards a stale plan.
             raise ModelLoadFailed(f"a vision model runs on one MLX rank, not {shard.world_size}")
+        if (spec.card.runtime.speculative or "none") != "none":
+            # mlx-vlm's loop has no verification step: refused rather than served undrafted.
+            raise ModelLoadFailed(f"the MLX vision path (mlx-vlm) does not speculate; place {spec.card.model_id} "
+                                  f"without runtime.speculative ({spec.card.runtime.speculative!r})")
         path = Path(spec.model_path)
         try:
             config = json.loads((path / "config.json").read_text(encoding="utf-8"))
