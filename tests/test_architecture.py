@@ -35,6 +35,7 @@ ALLOWED: dict[str, set[str]] = {
     "worker": SHARED | {"cluster", "routing", "observe", "models", "model_store", "artifacts", "worker.engines"},
     "api.adapters": SHARED | {"api"},
     "api.realtime": SHARED,
+    "api.speech_providers": SHARED | {"api", "api.realtime", "api.routes", "extensions"},
     "api": SHARED | {"datadir", "observe", "models", "api.routes", "extensions"},
     "api.routes": SHARED | {"api", "api.adapters", "api.realtime", "observe", "master", "models", "model_store",
                             "dashboard", "datadir", "extensions"},
@@ -55,7 +56,7 @@ def package_of(module: str) -> str:
         return ""
     if parts[0] == "worker" and parts[1:2] == ["engines"]:
         return "worker.engines"
-    if parts[0] == "api" and len(parts) > 1 and parts[1] in ("adapters", "routes", "realtime"):
+    if parts[0] == "api" and len(parts) > 1 and parts[1] in ("adapters", "routes", "realtime", "speech_providers"):
         return f"api.{parts[1]}"
     if parts[0] == "shared" and parts[1:2] == ["types"]:
         return "shared.types"
