@@ -64,8 +64,11 @@ def card_from_hub(model_id: str, hub: HubSource, *, revision: str | None = None,
         group = shard_group(model_id, files, chosen)
         header = read_gguf_header(lambda n: hub_meta.read_prefix(model_id, chosen, listing.revision, hub, n),
                                   f"{model_id}/{chosen}")
+        projector = vision_projector(files)
+        projector_size = next((f.size_bytes for f in files if f.path == projector), None)
         return card_from_gguf(model_id, header.meta, chosen, total_size_bytes(files, group), revision=pin,
-                              name=name, tensor_elements=header.tensor_elements, projector_file=vision_projector(files))
+                              name=name, tensor_elements=header.tensor_elements, projector_file=projector,
+                              projector_size_bytes=projector_size)
     if gguf_file is not None or quant is not None:
         raise CardBuildError(model_id, f"{'ggufFile' if gguf_file else f'quant {quant}'} given, but the repository "
                              "holds no GGUF files")
