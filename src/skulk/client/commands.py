@@ -316,6 +316,8 @@ def models_add(
     gguf_file: Annotated[str | None, typer.Option("--gguf-file", help="Which GGUF file of the repo.")] = None,
     onnx_file: Annotated[str | None, typer.Option(
         "--onnx-file", help="Which Piper voice (.onnx) of a repo that holds several.")] = None,
+    override: Annotated[bool, typer.Option(
+        "--override", help="Replace a card that already has this id (another voice of the same repo).")] = False,
     revision: Annotated[str | None, typer.Option("--revision", help="Pin a repo revision.")] = None,
     url: Url = DEFAULT_URL,
 ) -> None:
@@ -326,6 +328,8 @@ def models_add(
             body["ggufFile"] = gguf_file
         if onnx_file:
             body["onnxFile"] = onnx_file
+        if override:
+            body["override"] = True
         if revision:
             body["revision"] = revision
         with _client(url) as client:
