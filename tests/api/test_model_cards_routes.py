@@ -230,6 +230,8 @@ def test_add_errors_are_typed(mock_hub):
     assert "HF_TOKEN" in private.json()["detail"]
     no_quant = client.post("/models/add", json={"modelId": TINY_GGUF_REPO, "ggufFile": "nope.gguf"})
     assert no_quant.status_code == 400 and "nope.gguf" in no_quant.json()["detail"]
+    no_voice = client.post("/models/add", json={"modelId": TINY_MLX_REPO, "onnxFile": "voice.onnx"})
+    assert no_voice.status_code == 400 and "no voice.onnx or voice.onnx.json" in no_voice.json()["detail"]
     assert client.post("/models/add", json={}).status_code == 400
     assert client.post("/models/add", json={"modelId": "local/x"}).status_code == 400
 

@@ -12,6 +12,7 @@ from skulk.models.speech_cards import (
     card_from_piper,
     card_from_whisper,
     choose_piper_voice,
+    is_piper_repo,
     missing_whisper_files,
     piper_voices,
     vocabulary_tokens,
@@ -122,3 +123,13 @@ def test_a_piper_card_and_its_refusals():
     for broken, says in (({**config, "audio": {}}, "audio.sample_rate"), ({**config, "num_symbols": 0}, "num_symbols")):
         with pytest.raises(CardBuildError, match=says):
             card_from_piper("r/v", "v.onnx", broken, 10)
+
+
+@pytest.mark.parametrize(("paths", "expected"), [
+    ([VOICES[0], f"{VOICES[0]}.json"], True),
+    (["v.onnx"], True),                                                      # refused later, naming the config
+    (["config.json", "model.safetensors", "onnx/model.onnx"], False),        # a transformers repo's ONNX export
+    (["config.json", "model.safetensors"], False),
+])
+def test_is_piper_repo(paths, expected):
+    assert is_piper_repo(_listing(paths)) is expected

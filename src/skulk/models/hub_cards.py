@@ -90,11 +90,9 @@ def card_from_hub(model_id: str, hub: HubSource, *, revision: str | None = None,
     if gguf_file is not None or quant is not None:
         raise CardBuildError(model_id, f"{'ggufFile' if gguf_file else f'quant {quant}'} given, but the repository "
                              "holds no GGUF files")
-    if onnx_file is not None and not is_piper_repo(files):
-        raise CardBuildError(model_id, "onnxFile given, but the repository holds no ONNX files")
-    if is_ctranslate2_repo(files):
+    if is_ctranslate2_repo(files) and onnx_file is None:
         return _whisper_card(model_id, listing, hub, pin, name)
-    if is_piper_repo(files):
+    if onnx_file is not None or is_piper_repo(files):  # a named voice must be there, with its config
         voice = choose_piper_voice(model_id, files, onnx_file)
         config = hub_meta.read_json(model_id, f"{voice}.json", listing.revision, hub)
         return card_from_piper(model_id, voice, config, total_size_bytes(files, (voice, f"{voice}.json")),

@@ -146,9 +146,13 @@ def piper_voice_files(files: Sequence[RepoFile]) -> list[str]:
 
 
 def is_piper_repo(files: Sequence[RepoFile]) -> bool:
-    """Whether the repo holds ONNX models (then it is read as Piper voices, or refused as
-    one naming what a voice lacks)."""
-    return any(f.path.endswith(".onnx") for f in files)
+    """Whether the repo is read as Piper voices: it holds a voice (an `.onnx` with its
+    `.onnx.json`), or ONNX models and no top-level config.json (then it is refused as a
+    voice, naming what it lacks). A transformers repo that ships an `onnx/` export beside
+    its config.json is not one: it stays a safetensors repo."""
+    if piper_voice_files(files):
+        return True
+    return any(f.path.endswith(".onnx") for f in files) and not any(f.path == "config.json" for f in files)
 
 
 def choose_piper_voice(model_id: str, files: Sequence[RepoFile], onnx_file: str | None) -> str:
