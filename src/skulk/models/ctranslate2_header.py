@@ -230,12 +230,12 @@ def _record_start(variable: Variable) -> int:
 
 
 def _count_layers(opens: Callable[[int], bool], layer_bytes: int) -> int:
-    """Decoder layers: the largest k for which `opens(k)` (layer k's records are where layer
-    k would start), plus one."""
+    """Decoder layers: the largest k for which `opens(k)` (a layer's first record is where
+    the k-th stored layer would start), plus one. Slots 0 and 1 are known to exist."""
     if layer_bytes <= 0:
         raise Ct2FormatError("model.bin's decoder layer 0 is empty")
 
-    low, high = 1, 2  # layer `low` exists; look for one that does not
+    low, high = 1, 2  # slot `low` exists; look for one that does not
     while high < MAX_LAYERS and opens(high):
         low, high = high, high * 2
     if high >= MAX_LAYERS and opens(min(high, MAX_LAYERS)):
