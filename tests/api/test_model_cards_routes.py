@@ -4,6 +4,7 @@ records the command and applies the master's decision to State, as the cluster w
 
 from __future__ import annotations
 
+import pytest
 from fastapi.testclient import TestClient
 
 from skulk.api.app import ApiContext, create_app
@@ -136,14 +137,88 @@ def test_an_mlx_card_reads_the_models_own_chat_template(mock_hub, tiny_artifacts
         assert card["tooling"]["toolCallFormat"] == "hermes" and "thinking" in card["capabilities"]
 
 
-def test_a_ctranslate2_repo_is_refused_with_the_way_to_add_it(mock_hub):
-    """A faster-whisper repo's small files hold no model shape: no card is guessed."""
-    mock_hub.add_repo("mock-org/faster-whisper-x", {"model.bin": b"\0" * 64, "config.json": b'{"lang_ids": []}',
-                                                    "vocabulary.json": b"[]"}, tags=("ctranslate2",))
+@pytest.fixture(scope="module")
+def speech_files(tmp_path_factory) -> dict[str, dict[str, bytes]]:
+    """The generated tiny Whisper (CTranslate2) and tiny Piper voice, as repo files."""
+    from skulk.models.tiny_piper import write_tiny_piper
+    from skulk.models.tiny_whisper import write_tiny_whisper
+
+    out = {}
+    for kind, write in (("whisper", write_tiny_whisper), ("piper", write_tiny_piper)):
+        folder = tmp_path_factory.mktemp(kind)
+        write(folder)
+        out[kind] = {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+    return out
+
+
+def test_a_ctranslate2_whisper_repo_builds_a_transcription_card(mock_hub, speech_files):
+    mock_hub.add_repo("mock-org/faster-whisper-tiny", {**speech_files["whisper"], "README.md": b"# w\n"},
+                      tags=("ctranslate2",))
     cluster = Cluster()
-    refused = _client(cluster).post("/models/add", json={"modelId": "mock-org/faster-whisper-x"})
-    assert refused.status_code == 400 and "CTranslate2" in refused.json()["detail"]
-    assert "Systran--faster-whisper-small.toml" in refused.json()["detail"] and cluster.commands == []
+    added = _client(cluster).post("/models/add", json={"modelId": "mock-org/faster-whisper-tiny"})
+    assert added.status_code == 200, added.text
+    card = added.json()["card"]
+    # The decoder's shape, read from model.bin's variable records (2 layers, 2 heads of 32).
+    assert _shape(card) == (2, 64, 2, 2, 32, 2626, 448)
+    assert (card["family"], card["tasks"], card["capabilities"]) == ("whisper", ["Transcription"], ["stt"])
+    assert "faster_whisper" in card["placement"]["compatibleBackends"]
+    audio = card["audio"]
+    assert audio["sampleRate"] == 16000 and audio["supportsTranslation"] is True
+    assert {"en", "de", "ja", "yue"} <= set(audio["languages"]) and len(audio["languages"]) == 100
+    size = sum(len(v) for k, v in speech_files["whisper"].items())
+    assert card["storageSizeBytes"] == size  # every file faster-whisper loads, not the README
+    # model.bin's weights were never read: only its header and the records after the layers.
+    reads = [r for r in mock_hub.requests if r.path.endswith("/model.bin")]
+    assert reads and all(r.range is not None for r in reads)
+
+
+@pytest.mark.parametrize(("drop", "garble", "says"), [
+    ("tokenizer.json", None, "needs tokenizer.json"),
+    ("vocabulary.json", None, "vocabulary.json or vocabulary.txt"),
+    (None, "model.bin", "model.bin: CTranslate2 format version"),
+])
+def test_a_ctranslate2_repo_that_cannot_be_served_is_refused_naming_what_is_missing(mock_hub, speech_files, drop,
+                                                                                     garble, says):
+    files = {k: (b"\0" * 64 if k == garble else v) for k, v in speech_files["whisper"].items() if k != drop}
+    mock_hub.add_repo("mock-org/faster-whisper-broken", files, tags=("ctranslate2",))
+    cluster = Cluster()
+    refused = _client(cluster).post("/models/add", json={"modelId": "mock-org/faster-whisper-broken"})
+    assert refused.status_code == 400 and says in refused.json()["detail"], refused.text
+    assert cluster.commands == []
+
+
+def test_a_piper_voice_repo_builds_a_speech_card_for_the_named_voice(mock_hub, speech_files):
+    voice = speech_files["piper"]
+    mock_hub.add_repo("mock-org/piper-voices", {
+        "en/en_US/tiny/x_low/en_US-tiny-x_low.onnx": voice["model.onnx"],
+        "en/en_US/tiny/x_low/en_US-tiny-x_low.onnx.json": voice["model.onnx.json"],
+        "de/de_DE/tiny/x_low/de_DE-tiny-x_low.onnx": voice["model.onnx"],
+        "de/de_DE/tiny/x_low/de_DE-tiny-x_low.onnx.json": voice["model.onnx.json"],
+        "voices.json": b"{}"}, tags=("onnx",))
+    client = _client(Cluster())
+    unnamed = client.post("/models/add", json={"modelId": "mock-org/piper-voices"})
+    assert unnamed.status_code == 400 and "holds 2 Piper voices" in unnamed.json()["detail"]
+    assert "onnxFile" in unnamed.json()["detail"]
+    chosen = "en/en_US/tiny/x_low/en_US-tiny-x_low.onnx"
+    added = client.post("/models/add", json={"modelId": "mock-org/piper-voices", "onnxFile": chosen})
+    assert added.status_code == 200, added.text
+    card = added.json()["card"]
+    assert (card["onnxFile"], card["family"], card["tasks"], card["capabilities"]) == (
+        chosen, "vits", ["SpeechSynthesis"], ["tts"])
+    assert card["audio"]["voices"] == ["amber", "birch", "cedar"] and card["audio"]["defaultVoice"] == "amber"
+    assert card["audio"]["sampleRate"] == 22050 and card["audio"]["languages"] == ["en"]
+    assert card["storageSizeBytes"] == len(voice["model.onnx"]) + len(voice["model.onnx.json"])
+    wrong = client.post("/models/add", json={"modelId": "mock-org/piper-voices", "onnxFile": "x/none.onnx",
+                                             "override": True})
+    assert wrong.status_code == 400 and "x/none.onnx" in wrong.json()["detail"]
+    bad = client.post("/models/add", json={"modelId": "mock-org/piper-voices", "onnxFile": "/abs.onnx"})
+    assert bad.status_code == 400 and bad.json()["param"] == "onnxFile"
+
+
+def test_an_onnx_without_its_config_is_refused_naming_it(mock_hub, speech_files):
+    mock_hub.add_repo("mock-org/piper-bare", {"v.onnx": speech_files["piper"]["model.onnx"]}, tags=("onnx",))
+    refused = _client(Cluster()).post("/models/add", json={"modelId": "mock-org/piper-bare"})
+    assert refused.status_code == 400 and "v.onnx has no .onnx.json" in refused.json()["detail"]
 
 
 def test_add_errors_are_typed(mock_hub):
@@ -155,6 +230,8 @@ def test_add_errors_are_typed(mock_hub):
     assert "HF_TOKEN" in private.json()["detail"]
     no_quant = client.post("/models/add", json={"modelId": TINY_GGUF_REPO, "ggufFile": "nope.gguf"})
     assert no_quant.status_code == 400 and "nope.gguf" in no_quant.json()["detail"]
+    no_voice = client.post("/models/add", json={"modelId": TINY_MLX_REPO, "onnxFile": "voice.onnx"})
+    assert no_voice.status_code == 400 and "no voice.onnx or voice.onnx.json" in no_voice.json()["detail"]
     assert client.post("/models/add", json={}).status_code == 400
     assert client.post("/models/add", json={"modelId": "local/x"}).status_code == 400
 

@@ -110,3 +110,29 @@ def test_stamped_context(name, card, backend, free, expected):
     capacity = plan_instance(card, shards, {"a": ram(free, 2 * free)})
     stamped = stamped_context_tokens(card, shards, {"a": NodeMemoryTotals(ram_total_bytes=2 * free)}, capacity)
     assert stamped == (capacity.effective_context_tokens if expected == "planner" else expected)
+
+
+@pytest.mark.parametrize(("resident", "hot"), [
+    (0, 65536),               # 4 GiB left after 8 GiB of weights, 64 KiB per token
+    (1 * GiB, 49152),         # a 1 GiB projector beside the layers: 3 GiB left
+    (4 * GiB, None),          # nothing left for the minimum hot context
+])
+def test_bytes_resident_beside_the_layers_come_off_the_budget(resident, hot):
+    plan = plan_capacity(LLAMA_8B, ram(12 * GiB), NO_SLACK, layers=range(0, 16), resident_bytes=resident)
+    if hot is None:
+        assert not isinstance(plan, CapacityPlan)
+    else:
+        assert isinstance(plan, CapacityPlan) and plan.hot_kv_tokens == hot
+
+
+def test_only_the_rank_that_loads_the_projector_plans_around_it():
+    seeing = GGUF.model_validate({**GGUF.model_dump(), "capabilities": [*GGUF.capabilities, "vision"],
+                                  "vision_weights_repo": GGUF.model_id, "vision_weights_file": "mmproj-f16.gguf",
+                                  "vision_weights_size_bytes": 800_000_000})
+    shards = [ShardAssignment(node_id=n, runner_id=f"r{i}", rank=i, world_size=2, start_layer=16 * i,
+                              end_layer=16 * (i + 1), backend="llama_cpp-cpu") for i, n in enumerate("ab")]
+    devices = {n: ram(12 * GiB) for n in "ab"}
+    plain, vlm = (plan_instance(card, shards, devices, NO_SLACK) for card in (GGUF, seeing))
+    assert vlm.shards[0].hot_kv_tokens < plain.shards[0].hot_kv_tokens
+    assert vlm.shards[1].hot_kv_tokens == plain.shards[1].hot_kv_tokens
+    assert vlm.shards[0].admitted_bytes == plain.shards[0].admitted_bytes + 800_000_000

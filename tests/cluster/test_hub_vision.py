@@ -59,6 +59,12 @@ def test_a_vision_gguf_repo_is_added_with_its_projector_and_sees(spawn_node, tmp
         card = added.json()["card"]
         assert "vision" in card["capabilities"]
         assert (card["ggufFile"], card["visionWeightsRepo"], card["visionWeightsFile"]) == (MODEL_FILE, REPO, PROJECTOR)
+        # The projector's size from the listing: placement admits it beside the model on rank 0.
+        assert card["visionWeightsSizeBytes"] == made.projector_path.stat().st_size
+        previewed = wait_for(lambda: httpx.get(node.url + "/instance/previews", params={"modelId": REPO},
+                                                timeout=10).json().get("previews"), timeout_s=90, what="a preview")
+        (first, *_) = previewed[0]["shards"]
+        assert first["projectorBytes"] == card["visionWeightsSizeBytes"] and "+ projector" in first["breakdown"]
 
         def placed():
             response = httpx.post(node.url + "/place_instance", json={"modelId": REPO}, timeout=10)

@@ -643,3 +643,34 @@ def test_a_vision_mlx_model_is_placed_whole_on_one_node():
     assert len(instance.shards) == 1 and instance.shards[0].backend.startswith("mlx")
     refused = _fails(vlm, cluster("ab", ["a-b"]), {n: res(n, 64 * GB) for n in "ab"}, request(vlm, min_nodes=2))
     assert isinstance(refused, ShardingUnsupported)
+
+
+PROJECTOR_BYTES = 800_000_000  # Gemma 3 4B's mmproj at f16
+VLM_8B = GGUF_8B.model_validate({**GGUF_8B.model_dump(), "capabilities": [*GGUF_8B.capabilities, "vision"],
+                                 "vision_weights_repo": GGUF_8B.model_id, "vision_weights_file": "mmproj-f16.gguf",
+                                 "vision_weights_size_bytes": PROJECTOR_BYTES})
+
+
+def test_a_vision_model_that_fits_only_without_its_projector_is_refused_naming_it():
+    available = whole(GGUF_8B) + PROJECTOR_BYTES // 2  # the model fits; the model and its projector do not
+    resources = {"a": res("a", available, LLAMA_CPU)}
+    place(GGUF_8B, cluster("a"), resources, request(GGUF_8B), new_id=ids())
+    failure = _fails(VLM_8B, cluster("a"), resources, request(VLM_8B))
+    assert isinstance(failure, MemoryShortfall)
+    (short,) = failure.shortfalls
+    assert short.needed_bytes == whole(GGUF_8B) + PROJECTOR_BYTES == whole(VLM_8B)
+    assert "+ projector 0.80 GB" in short.arithmetic and "+ projector 0.80 GB" in failure.message
+
+
+def test_a_vision_models_projector_is_admitted_on_rank_0_and_shown_in_the_preview():
+    resources = {"a": res("a", whole(GGUF_8B) + 2 * PROJECTOR_BYTES, LLAMA_CPU)}
+    (only, *_) = preview(VLM_8B, cluster("a"), resources)
+    (shard,) = only.shards
+    assert (shard.projector_bytes, shard.needed_bytes) == (PROJECTOR_BYTES, whole(VLM_8B))
+    assert "+ projector 0.80 GB" in shard.breakdown
+    # Over two stages only the first loads it.
+    two = {n: res(n, whole(GGUF_8B) * 7 // 10, LLAMA_CPU) for n in "ab"}
+    instance = place(VLM_8B, cluster("ab", ["a-b"]), two, request(VLM_8B, min_nodes=2), new_id=ids())
+    (first, second) = preview(VLM_8B, cluster("ab", ["a-b"]), two, sharding="Pipeline")[0].shards
+    assert (first.rank, first.start_layer, first.projector_bytes, second.projector_bytes) == (0, 0, PROJECTOR_BYTES, 0)
+    assert [s.rank for s in instance.shards] == [0, 1]

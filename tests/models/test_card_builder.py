@@ -116,6 +116,21 @@ def test_card_from_gguf():
     assert local.source == "local-path" and local.local_path == "/m" and local.quantization == "gguf"
 
 
+@pytest.mark.parametrize(("size", "expected"), [(811_000_000, 811_000_000), (None, "does not state the size"),
+                                                 (0, "does not state the size")])
+def test_a_gguf_card_with_a_projector_carries_its_size(size, expected):
+    meta = parse_gguf_metadata(_gguf(QWEN_META))
+    if isinstance(expected, str):
+        with pytest.raises(CardBuildError, match=expected):
+            card_from_gguf("Qwen/Q-GGUF", meta, "q-q4_k_m.gguf", 491_000_000, projector_file="mmproj-f16.gguf",
+                           projector_size_bytes=size)
+        return
+    card = card_from_gguf("Qwen/Q-GGUF", meta, "q-q4_k_m.gguf", 491_000_000, projector_file="mmproj-f16.gguf",
+                          projector_size_bytes=size)
+    assert "vision" in card.capabilities
+    assert (card.vision_weights_file, card.vision_weights_size_bytes) == ("mmproj-f16.gguf", expected)
+
+
 @pytest.mark.parametrize(
     ("query", "expected"),
     [

@@ -73,6 +73,8 @@ def test_companion_download_specs(fields, expected):
         ({"vision_weights_repo": "not a repo"}, "vision_weights_repo"),
         ({"vision_weights_repo": TINY_GGUF_REPO}, "vision_weights_repo"),  # its own repo, no projector file
         ({"vision_weights_repo": TINY_GGUF_REPO, "vision_weights_file": GGUF_FILE}, "vision_weights_repo"),
+        ({"vision_weights_size_bytes": 10}, "vision_weights_size_bytes"),  # no projector to size
+        ({"vision_weights_repo": VISION, "vision_weights_size_bytes": 10}, "vision_weights_size_bytes"),
     ],
 )
 def test_inconsistent_companion_fields_name_the_field(fields, field):
@@ -248,3 +250,12 @@ def test_a_live_runners_companion_copy_survives_a_purge(tmp_path):
     result = remove_staged(staging, in_use, models)
     assert result.removed == ("acme--idle",)
     assert sorted(result.kept_in_use) == sorted(["acme--draft-GGUF", "mock-org--tiny-llama-GGUF"])
+
+
+def test_a_projectors_size_travels_with_the_card_not_with_its_companion():
+    seeing = card_with(capabilities=["text", "vision"], vision_weights_repo=TINY_GGUF_REPO,
+                       vision_weights_file="mmproj-f16.gguf", vision_weights_size_bytes=800_000_000)
+    assert ModelCard.model_validate(seeing.to_wire()) == seeing
+    (spec,) = companion_download_specs(seeing)
+    companion = companion_card(seeing, spec)
+    assert (companion.gguf_file, companion.vision_weights_size_bytes) == ("mmproj-f16.gguf", None)

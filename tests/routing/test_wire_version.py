@@ -15,7 +15,7 @@ PAYLOAD_SCHEMA_DIGESTS = {
     "skulk-net-3": "3a3cc4ca7fc01ddb78103b32099277be569fa81091555b02fa1c168a159047a3",
     "skulk-net-4": "f912f0e7f03685ea62b74ac304b4274f64bc7decd25c8e9e720f8053ee86e517",
     "skulk-net-5": "684698450e0e0b17964107c5bd2f1227ae6ea0e8107d4e22446333e8e779d8e6",
-    "skulk-net-6": "1abe7773de3d8d159ef515c635adb25f1fbe6ea9879422e51f1b1443635b60d1",
+    "skulk-net-6": "a629563801baba3360ba5f4bcbca3f00a3b816b664c8e4ab25803ca995eac04d",
 }
 """NETWORK_VERSION -> the digest of its payload schemas. On a wire change: bump
 NETWORK_VERSION in skulk/routing/constants.py (saying why) and add its digest here."""

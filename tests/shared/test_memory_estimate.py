@@ -10,10 +10,12 @@ from skulk.shared.memory_estimate import (
     VLLM_CONTEXT_CAP_TOKENS,
     NodeMemoryTotals,
     admission_context_tokens,
+    assignment_footprint,
     instance_context_token_limit,
     instance_node_footprints,
     kv_bytes_per_token,
     kv_cache_bytes,
+    projector_bytes,
     shard_footprint,
     shard_footprint_bytes,
 )
@@ -292,3 +294,76 @@ def test_a_draft_model_narrows_the_window_it_shares():
     fixed = shard_footprint(card, range(card.num_layers), 0)
     budget = 12 * GB - (fixed.weights_with_overhead_bytes + fixed.floor_bytes + fixed.draft_bytes)
     assert narrowed == min(card.context_length, math.floor(budget / (kv_bytes_per_token(card) * Fraction(11, 10))))
+
+
+PROJECTOR_BYTES = 800_000_000  # Gemma 3 4B's mmproj at f16
+
+
+def seeing(card, size_bytes=PROJECTOR_BYTES):
+    """`card` as a vision GGUF card whose mmproj ships in its own repo."""
+    data = card.model_dump()
+    data.update(capabilities=[*card.capabilities, "vision"], vision_weights_repo=card.model_id,
+                vision_weights_file="mmproj-f16.gguf", vision_weights_size_bytes=size_bytes)
+    return type(card).model_validate(data)
+
+
+@pytest.mark.parametrize(("share", "loads_projector", "projector"), [
+    (range(0, 32), None, PROJECTOR_BYTES),        # the single node / a pipeline's first stage
+    (range(0, 16), None, PROJECTOR_BYTES),
+    (range(16, 32), None, 0),                     # a later stage never loads it
+    (16, None, PROJECTOR_BYTES),                  # position unknown: bounded from above
+    (Fraction(1, 2), None, PROJECTOR_BYTES),
+    (Fraction(1, 2), False, 0),                   # a tensor rank other than 0
+    (range(0, 16), False, 0),
+])
+def test_a_projector_is_admitted_on_the_rank_that_loads_it(share, loads_projector, projector):
+    card = seeing(GGUF_8B)
+    plain = shard_footprint(GGUF_8B, share, 8192)
+    with_projector = shard_footprint(card, share, 8192, loads_projector=loads_projector)
+    assert with_projector.projector_bytes == projector
+    assert with_projector.total_bytes == plain.total_bytes + projector
+    assert ("+ projector 0.80 GB" in with_projector.describe()) == (projector > 0)
+
+
+@pytest.mark.parametrize(("rank", "start", "end", "projector"), [
+    (0, 0, 16, PROJECTOR_BYTES), (1, 16, 32, 0),
+])
+def test_a_placed_shard_counts_the_projector_on_rank_0_only(rank, start, end, projector):
+    card = seeing(GGUF_8B)
+    placed = shard(f"n{rank}", start, end, "llama_cpp-cpu", rank=rank, world=2)
+    assert assignment_footprint(card, placed).projector_bytes == projector
+    pipeline = Instance(instance_id="i", model_id=card.model_id, sharding="Pipeline", context_token_limit=8192,
+                        shards=[shard("n0", 0, 16, "llama_cpp-cpu", 0, 2), shard("n1", 16, 32, "llama_cpp-cpu", 1, 2)])
+    footprints = instance_node_footprints(card, pipeline)
+    plain = instance_node_footprints(GGUF_8B, pipeline)
+    assert footprints == {"n0": plain["n0"] + PROJECTOR_BYTES, "n1": plain["n1"]}
+
+
+@pytest.mark.parametrize(("card", "expected"), [
+    (GGUF_8B, 0),                                           # no vision
+    (seeing(GGUF_8B), PROJECTOR_BYTES),
+    (seeing(GGUF_8B, None), 0),                             # a card logged before the size existed
+    (CARDS["local/tiny-vlm-gguf"], 425_000),                # the generated mmproj.gguf beside the model
+    (GEMMA3, 0),                                            # MLX: the vision tower is in the repo's weights
+])
+def test_projector_bytes(card, expected):
+    assert projector_bytes(card) == expected
+
+
+def test_a_projector_narrows_the_window_like_any_fixed_cost():
+    card = seeing(GGUF_8B)
+    placed = shard("a", 0, card.num_layers, "llama_server-cuda").model_copy(update={"slots": 1})
+    totals = {"a": NodeMemoryTotals(64 * GB, 12 * GB)}
+    plain = instance_context_token_limit(GGUF_8B, [placed], totals)
+    narrowed = instance_context_token_limit(card, [placed], totals)
+    assert admission_context_tokens(card) < narrowed < plain
+    fixed = shard_footprint(card, range(card.num_layers), 0)
+    budget = 12 * GB - (fixed.weights_with_overhead_bytes + fixed.floor_bytes + PROJECTOR_BYTES)
+    assert narrowed == min(card.context_length, math.floor(budget / kv_bytes_per_token(card)))
+
+
+def test_a_projector_size_needs_a_projector():
+    data = GGUF_8B.model_dump()
+    data.update(vision_weights_size_bytes=1000)
+    with pytest.raises(ValueError, match="set without a projector"):
+        type(GGUF_8B).model_validate(data)

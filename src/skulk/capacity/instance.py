@@ -96,8 +96,8 @@ def _plan_shard(
     policy: CapacityPolicy,
 ) -> ShardCapacity:
     layers, share = assignment_share(card, shard)
-    base = _ShardBase(node_id=shard.node_id, rank=shard.rank, layers=len(layers),
-                admitted_bytes=assignment_footprint(card, shard).total_bytes)
+    admitted = assignment_footprint(card, shard)
+    base = _ShardBase(node_id=shard.node_id, rank=shard.rank, layers=len(layers), admitted_bytes=admitted.total_bytes)
     if device is None:
         return ShardCapacity(**base, device_kind="ram", gpu_layers=0, hot_kv_tokens=0, effective_context_tokens=0,
                              planner_effective_context_tokens=0, shortfall="no memory reading for the node")
@@ -105,7 +105,7 @@ def _plan_shard(
         device = DeviceSnapshot(device.kind, device.total_bytes, device.free_bytes // ranks_on_node)
     policy = replace(policy, kv_cache_type=shard.kv_cache_type)
     result = plan_capacity(meta, device, policy, layers=layers, share=share,
-                           kv_copies=kv_copies(shard.backend, shard.slots))
+                           kv_copies=kv_copies(shard.backend, shard.slots), resident_bytes=admitted.projector_bytes)
     if not isinstance(result, CapacityPlan):
         return ShardCapacity(**base, device_kind=device.kind, gpu_layers=0, hot_kv_tokens=0,
                              effective_context_tokens=0, planner_effective_context_tokens=0,

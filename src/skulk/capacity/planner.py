@@ -351,6 +351,7 @@ def plan_capacity(
     layers: range | None = None,
     share: Fraction = Fraction(1),
     kv_copies: int = 1,
+    resident_bytes: int = 0,
 ) -> CapacityPlan | CapacityShortfall:
     """The capacity plan for `meta` on `device`, or why even the minimum does not fit.
 
@@ -358,7 +359,9 @@ def plan_capacity(
     pipeline stage) and the `share` of those layers' weights and KV it holds (1/world for a
     tensor rank): the plan is then that shard's, on its own device, with `gpu_layers`
     counted within `layers`. `kv_copies` full caches are reserved per token (a served engine
-    whose every slot owns its context): the token counts are then per slot."""
+    whose every slot owns its context): the token counts are then per slot. `resident_bytes`
+    are held on the device beside the layers (a vision card's projector on rank 0) and come
+    off the usable memory first."""
     span = range(meta.num_layers) if layers is None else layers
     if span.step != 1 or not 0 <= span.start < span.stop <= meta.num_layers:
         raise ModelShapeError(f"layers {span} outside [0, {meta.num_layers})")
@@ -366,8 +369,10 @@ def plan_capacity(
         raise ModelShapeError(f"share {share} outside (0, 1]")
     if kv_copies < 1:
         raise ModelShapeError(f"kv_copies {kv_copies} < 1")
+    if resident_bytes < 0:
+        raise ModelShapeError(f"resident_bytes {resident_bytes} < 0")
     kv_share = share * kv_copies  # of one full-model cache, per token of one slot
-    usable = usable_bytes(device, policy)
+    usable = max(0, usable_bytes(device, policy) - resident_bytes)
     min_hot = min(policy.min_hot_context_tokens, meta.trained_context_tokens)
     dense_rate = math.ceil(len(span) * kv_bytes_per_token_per_layer(meta, policy.kv_cache_type) * share)
     if device.kind == "ram":

@@ -314,6 +314,10 @@ def models_search(
 def models_add(
     source: Annotated[str, typer.Argument(help="A Hugging Face repo (owner/name) or a local model path the node can read.")],
     gguf_file: Annotated[str | None, typer.Option("--gguf-file", help="Which GGUF file of the repo.")] = None,
+    onnx_file: Annotated[str | None, typer.Option(
+        "--onnx-file", help="Which Piper voice (.onnx) of a repo that holds several.")] = None,
+    override: Annotated[bool, typer.Option(
+        "--override", help="Replace a card that already has this id (another voice of the same repo).")] = False,
     revision: Annotated[str | None, typer.Option("--revision", help="Pin a repo revision.")] = None,
     url: Url = DEFAULT_URL,
 ) -> None:
@@ -322,6 +326,10 @@ def models_add(
         body: dict = ({"path": str(Path(source).resolve())} if _is_path(source) else {"modelId": source})
         if gguf_file:
             body["ggufFile"] = gguf_file
+        if onnx_file:
+            body["onnxFile"] = onnx_file
+        if override:
+            body["override"] = True
         if revision:
             body["revision"] = revision
         with _client(url) as client:

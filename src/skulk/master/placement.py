@@ -323,6 +323,10 @@ class PreviewShard(WireModel):
     """Requests the engine decodes at once; `needed_bytes` holds KV for every slot."""
     slots_wanted: int | None = None
     """The node's slot setting when `slots` had to be reduced to fit memory."""
+    projector_bytes: int = 0
+    """Of `needed_bytes`, the vision card's multimodal projector this rank loads (rank 0)."""
+    breakdown: str = ""
+    """`needed_bytes` as its arithmetic: 'weights ... + KV ... (+ draft, + projector) + floor = ...'."""
 
 
 class PlacementPreview(WireModel):
@@ -533,8 +537,9 @@ def _build_option(card: ModelCard, sharding: Sharding, order: Sequence[_Node], c
     n = len(order)
     if sharding == "Tensor":
         fraction = Fraction(1, n)
-        shards = tuple(_Shard(node, 0, card.num_layers, *_slotted_footprint(card, node, fraction, tokens, kv_type))
-                       for node in order)
+        shards = tuple(_Shard(node, 0, card.num_layers,
+                              *_slotted_footprint(card, node, fraction, tokens, kv_type, loads_projector=rank == 0))
+                       for rank, node in enumerate(order))
         return _Option(sharding, shards, connected, kv_type)
     weights = [node.available_bytes for node in order]
     counts = allocate_layers(card.num_layers, weights, card.placement.max_pipeline_split_layer)
@@ -550,12 +555,13 @@ def _build_option(card: ModelCard, sharding: Sharding, order: Sequence[_Node], c
 
 
 def _slotted_footprint(card: ModelCard, node: _Node, share: ShardShare, tokens: int,
-                       kv_type: KvCacheType = DEFAULT_KV_CACHE_TYPE) -> tuple[Footprint, int]:
+                       kv_type: KvCacheType = DEFAULT_KV_CACHE_TYPE,
+                       loads_projector: bool | None = None) -> tuple[Footprint, int]:
     """The shard's footprint with KV for the node's slot setting and that many slots, or, when
     that does not fit, for the most slots that do (at least one: a shard that cannot hold
     one slot's context is a memory shortfall, its arithmetic naming context and slots)."""
     for slots in range(node.slots, 0, -1):
-        footprint = shard_footprint(card, share, tokens, kv_copies(node.backend, slots), kv_type)
+        footprint = shard_footprint(card, share, tokens, kv_copies(node.backend, slots), kv_type, loads_projector)
         if footprint.total_bytes < node.available_bytes or slots == 1 or node.fixed_slots:
             return footprint, slots
     raise AssertionError("unreachable: slots >= 1")
@@ -567,7 +573,8 @@ def _most_slots_fitting(card: ModelCard, shard: _Shard) -> int:
     share = range(shard.start_layer, shard.end_layer)
     tokens = admission_context_tokens(card)
     for slots in range(shard.slots, 0, -1):
-        footprint = shard_footprint(card, share, tokens, kv_copies(shard.node.backend, slots), shard.footprint.kv_type)
+        footprint = shard_footprint(card, share, tokens, kv_copies(shard.node.backend, slots), shard.footprint.kv_type,
+                                    loads_projector=shard.footprint.projector_bytes > 0)
         if footprint.total_bytes < shard.node.available_bytes:
             return slots
     return 0
@@ -1067,6 +1074,8 @@ def _to_preview(card: ModelCard, resources: Mapping[NodeId, NodeResources], opti
                 available_bytes=shard.node.available_bytes,
                 slots=shard.slots,
                 slots_wanted=shard.slots_wanted,
+                projector_bytes=shard.footprint.projector_bytes,
+                breakdown=shard.footprint.describe(),
             )
             for rank, shard in enumerate(option.shards)
         ],

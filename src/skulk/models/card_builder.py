@@ -358,12 +358,15 @@ def card_from_gguf(
     name: str | None = None,
     tensor_elements: Mapping[str, int] | None = None,
     projector_file: str | None = None,
+    projector_size_bytes: int | None = None,
 ) -> ModelCard:
     """A llama.cpp card from a GGUF file's metadata; `gguf_file` is pinned on the card (the
     first shard of a split file). `tensor_elements` (the header's tensor table) gives the
     parameter counts; a split file's first shard holds only some tensors, so none then.
     `projector_file`: the repo's multimodal projector (an mmproj GGUF, `vision_projector`):
-    the card then sees images, with the projector as its vision companion from the same repo."""
+    the card then sees images, with the projector as its vision companion from the same repo,
+    and `projector_size_bytes` (its size in the listing, required with it) as the bytes
+    placement admits for it."""
     arch = meta.get("general.architecture")
     family = _family(model_id, arch, "llama_cpp", "architecture")
     prefixed = {k.removeprefix(f"{arch}."): v for k, v in meta.items()}
@@ -394,16 +397,23 @@ def card_from_gguf(
         "sliding_window": window,
         "sliding_window_pattern": WINDOW_PATTERNS.get(family) if window else None,
         "placement": {"compatible_backends": list(GGUF_BACKENDS), "backend_preference": list(GGUF_PREFERENCE)},
-        **_with_vision(_chat_format(family, meta.get("tokenizer.chat_template")), model_id, projector_file),
+        **_with_vision(_chat_format(family, meta.get("tokenizer.chat_template")), model_id, projector_file,
+                       projector_size_bytes),
     })
 
 
-def _with_vision(fields: dict[str, Any], repo: str, projector_file: str | None) -> dict[str, Any]:
-    """`fields` with the capability `vision` and the projector companion, when there is one."""
+def _with_vision(fields: dict[str, Any], repo: str, projector_file: str | None,
+                 projector_size_bytes: int | None) -> dict[str, Any]:
+    """`fields` with the capability `vision` and the projector companion (and its size), when
+    there is one. A projector of unknown size is refused: placement could not admit it."""
     if projector_file is None:
         return fields
+    if projector_size_bytes is None or projector_size_bytes <= 0:
+        raise CardBuildError(repo, f"the repository listing does not state the size of its projector {projector_file}, "
+                             "so placement could not admit it; write a card file with vision_weights_size_bytes")
     return {**fields, "capabilities": [*fields.get("capabilities", ["text"]), "vision"],
-            "vision_weights_repo": repo, "vision_weights_file": projector_file}
+            "vision_weights_repo": repo, "vision_weights_file": projector_file,
+            "vision_weights_size_bytes": projector_size_bytes}
 
 
 MMPROJ_PREFERENCE: tuple[str, ...] = ("f16", "bf16", "f32", "q8_0")

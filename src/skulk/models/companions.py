@@ -99,7 +99,7 @@ def companions_of(cards: Callable[[], Mapping[ModelId, ModelCard]]) -> Callable[
 
 
 _COMPANION_FIELDS = ("served_spec_draft_repo", "served_spec_draft_file", "served_spec_draft_size_bytes",
-                     "vision_weights_repo", "vision_weights_file")
+                     "vision_weights_repo", "vision_weights_file", "vision_weights_size_bytes")
 
 
 def companion_card(card: ModelCard, spec: CompanionSpec) -> ModelCard:

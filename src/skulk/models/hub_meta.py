@@ -90,7 +90,7 @@ def search(query: str, hub: HubSource, limit: int = SEARCH_LIMIT) -> list[Search
 
 
 def _stream(repo_id: str, path: str, revision: str, hub: HubSource, limit_bytes: int,
-            range_end: int | None = None) -> bytes:
+            range_end: int | None = None, range_start: int = 0) -> bytes:
     from huggingface_hub import hf_hub_url
     from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
@@ -98,12 +98,14 @@ def _stream(repo_id: str, path: str, revision: str, hub: HubSource, limit_bytes:
     headers = build_hf_headers(token=hub.token)
     headers["Accept-Encoding"] = "identity"
     if range_end is not None:
-        headers["Range"] = f"bytes=0-{range_end - 1}"
+        headers["Range"] = f"bytes={range_start}-{range_end - 1}"
     with get_session().stream("GET", url, headers=headers, timeout=METADATA_TIMEOUT_S,
                               follow_redirects=True) as response:
         if response.status_code >= 400:
             response.read()
             hf_raise_for_status(response)
+        if range_start and response.status_code != 206:  # a whole file from byte 0 is not what was asked
+            raise ValueError(f"the server answered a Range request from byte {range_start} with the whole file")
         chunks: list[bytes] = []
         size = 0
         for chunk in response.iter_bytes():
@@ -124,6 +126,13 @@ def read_json(repo_id: str, path: str, revision: str, hub: HubSource) -> dict[st
     if not isinstance(parsed, dict):
         raise HubError(f"reading {repo_id}/{path}", "not a JSON object", "error")
     return parsed
+
+
+def read_range(repo_id: str, path: str, revision: str, hub: HubSource, offset: int, size_bytes: int) -> bytes:
+    """Up to `size_bytes` of a repo file from byte `offset` (a Range request; fewer at the
+    file's end). A server that ignores Range is an error, not a read from byte 0."""
+    return _call(f"reading {repo_id}/{path}", lambda: _stream(repo_id, path, revision, hub, size_bytes,
+                                                             range_end=offset + size_bytes, range_start=offset))
 
 
 def read_prefix(repo_id: str, path: str, revision: str, hub: HubSource, size_bytes: int) -> bytes:
@@ -151,6 +160,7 @@ __all__ = [
     "growing_prefixes",
     "read_json",
     "read_prefix",
+    "read_range",
     "repo_listing",
     "search",
 ]

@@ -35,7 +35,8 @@ NETWORK_VERSION: Final = "skulk-net-6"
 # transcription and speech params and results
 # (the audio, base64 with its SHA-256, in a request's full params on the data plane);
 # a request's input crosses in chunks (`task_inputs` carries TaskInputChunk, answered on
-# `task_input_acks`); a leader's announcement carries its last index (`high_water_idx`).
+# `task_input_acks`); a leader's announcement carries its last index (`high_water_idx`);
+# cards carry their projector's size (`vision_weights_size_bytes`).
 
 # Every key expression this build publishes or subscribes to starts with this prefix.
 KEY_ROOT: Final = "skulk"

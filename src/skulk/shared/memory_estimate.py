@@ -19,6 +19,10 @@ layer holds K and V for every token of the context, a windowed layer for at most
 layers / num_layers), which lumps embeddings and heads in with the blocks: the overhead
 factor and the floor absorb that imprecision.
 
+A vision card's multimodal projector (`projector_bytes`: its mmproj GGUF, which llama.cpp
+loads whole beside the model) is not a share of the layers: it is added once, on the rank
+that loads it, rank 0 (the single node, a pipeline's first stage, a pool's driver).
+
 Pure and integer-exact (fractions, no floats in the sums), so master and worker agree to the
 byte. Never reads telemetry, the clock or the disk.
 """
@@ -32,7 +36,7 @@ from fractions import Fraction
 
 from skulk.shared.kv_shape import value_dim
 from skulk.shared.slots import kv_copies as slot_kv_copies
-from skulk.shared.types.cards import ModelCard, backend_engine
+from skulk.shared.types.cards import ModelCard, backend_engine, has_gguf_projector
 from skulk.shared.types.engines import VLLM_CONTEXT_CAP_TOKENS, WINDOW_AT_LOAD_ENGINES, context_cap
 from skulk.shared.types.ids import NodeId
 from skulk.shared.types.instances import Instance, ShardAssignment
@@ -84,6 +88,8 @@ class Footprint:
     overhead_factor: float = ENGINE_OVERHEAD_FACTOR
     draft_bytes: int = 0
     """A speculative draft model's weights and KV cache (`draft_ratio`), 0 without one."""
+    projector_bytes: int = 0
+    """A vision card's multimodal projector (`projector_bytes`) on the rank that loads it, else 0."""
 
     @property
     def weights_with_overhead_bytes(self) -> int:
@@ -91,7 +97,8 @@ class Footprint:
 
     @property
     def total_bytes(self) -> int:
-        return self.weights_with_overhead_bytes + self.kv_bytes + self.floor_bytes + self.draft_bytes
+        return (self.weights_with_overhead_bytes + self.kv_bytes + self.floor_bytes + self.draft_bytes
+                + self.projector_bytes)
 
     def describe(self) -> str:
         """'weights 1.20 GB x 1.15 + KV 0.30 GB (8192 tokens) + floor 0.54 GB = 2.22 GB'."""
@@ -99,6 +106,7 @@ class Footprint:
             f"weights {format_gb(self.weights_bytes)} x {self.overhead_factor:.2f} "
             f"+ KV {format_gb(self.kv_bytes)} ({self._kv_shape()}) "
             + (f"+ draft {format_gb(self.draft_bytes)} " if self.draft_bytes else "")
+            + (f"+ projector {format_gb(self.projector_bytes)} " if self.projector_bytes else "")
             + f"+ floor {format_gb(self.floor_bytes)} = {format_gb(self.total_bytes)}"
         )
 
@@ -167,12 +175,15 @@ counting global layers first), or a `Fraction` of every layer (a tensor rank, 1/
 
 def shard_footprint(
     card: ModelCard, share: ShardShare, context_tokens: int | None = None, kv_copies: int = 1,
-    kv_type: str = DEFAULT_KV_CACHE_TYPE,
+    kv_type: str = DEFAULT_KV_CACHE_TYPE, loads_projector: bool | None = None,
 ) -> Footprint:
     """Admission footprint of one shard: its weight share x ENGINE_OVERHEAD_FACTOR + its KV
     cache of `kv_type` at `context_tokens` (default: the admission context) times
     `kv_copies` (a served engine's slots, each with its own cache:
-    `skulk.shared.slots.kv_copies`) + FLAT_FLOOR_BYTES, + a draft model's share (`draft_ratio`)."""
+    `skulk.shared.slots.kv_copies`) + FLAT_FLOOR_BYTES, + a draft model's share (`draft_ratio`),
+    + the card's projector (`projector_bytes`) when the shard loads it. `loads_projector`
+    None: a layer range that starts at layer 0 does; a layer count or a tensor fraction, whose
+    rank is not known, is bounded from above (it does)."""
     if kv_copies < 1:
         raise ValueError(f"kv_copies {kv_copies} < 1")
     tokens = admission_context_tokens(card) if context_tokens is None else context_tokens
@@ -195,7 +206,19 @@ def shard_footprint(
         raise TypeError(f"share must be a layer range, a layer count or a Fraction, not {type(share).__name__}")
     target = Footprint(weights_bytes=_ceil(card.storage_size_bytes * weights), kv_bytes=kv * kv_copies,
                        context_tokens=tokens, kv_copies=kv_copies, kv_type=kv_type)
-    return replace(target, draft_bytes=_ceil((target.weights_with_overhead_bytes + target.kv_bytes) * draft_ratio(card)))
+    if loads_projector is None:
+        loads_projector = share.start == 0 if isinstance(share, range) else True
+    return replace(target, draft_bytes=_ceil((target.weights_with_overhead_bytes + target.kv_bytes) * draft_ratio(card)),
+                   projector_bytes=projector_bytes(card) if loads_projector else 0)
+
+
+def projector_bytes(card: ModelCard) -> int:
+    """Bytes of the multimodal projector a runner of `card` loads beside the model (its
+    `vision_weights_size_bytes`), 0 for a card without one. A card logged before the size
+    was stated counts 0, as before."""
+    if not has_gguf_projector(card):
+        return 0
+    return card.vision_weights_size_bytes or 0
 
 
 def draft_ratio(card: ModelCard) -> Fraction:
@@ -211,10 +234,10 @@ def draft_ratio(card: ModelCard) -> Fraction:
 
 def shard_footprint_bytes(
     card: ModelCard, share: ShardShare, context_tokens: int | None = None, kv_copies: int = 1,
-    kv_type: str = DEFAULT_KV_CACHE_TYPE,
+    kv_type: str = DEFAULT_KV_CACHE_TYPE, loads_projector: bool | None = None,
 ) -> int:
     """`shard_footprint(...).total_bytes`."""
-    return shard_footprint(card, share, context_tokens, kv_copies, kv_type).total_bytes
+    return shard_footprint(card, share, context_tokens, kv_copies, kv_type, loads_projector).total_bytes
 
 
 def _kv_upper_bound(card: ModelCard, layer_count: int, tokens: int, kv_type: str = DEFAULT_KV_CACHE_TYPE) -> int:
@@ -237,11 +260,11 @@ def assignment_share(card: ModelCard, shard: ShardAssignment) -> tuple[range, Fr
 
 def assignment_footprint(card: ModelCard, shard: ShardAssignment, context_tokens: int | None = None) -> Footprint:
     """Admission footprint of a placed shard (at the admission context by default), with KV
-    for every slot stamped on it."""
+    for every slot stamped on it and, on rank 0, the card's projector."""
     tokens = admission_context_tokens(card) if context_tokens is None else context_tokens
     layers, fraction = assignment_share(card, shard)
     return shard_footprint(card, layers if fraction == 1 else fraction, tokens, slot_kv_copies(shard.backend, shard.slots),
-                           shard.kv_cache_type)
+                           shard.kv_cache_type, loads_projector=shard.rank == 0)
 
 
 def instance_node_footprints(card: ModelCard, instance: Instance) -> dict[NodeId, int]:
@@ -325,14 +348,15 @@ def _tokens_fitting(card: ModelCard, shards: Sequence[ShardAssignment], pool_byt
 
 
 def _node_costs(card: ModelCard, shards: Sequence[ShardAssignment]) -> tuple[int, Fraction, Fraction]:
-    """(fixed bytes: weights x overhead + floor per shard, KV bytes/token over global layers,
+    """(fixed bytes: weights x overhead + floor (+ draft, + projector) per shard, KV bytes/token over global layers,
     KV bytes/token over windowed layers) for the shards one node hosts."""
     fixed = 0
     global_rate = windowed_rate = Fraction(0)
     for shard in shards:
         layers, fraction = assignment_share(card, shard)
         footprint = assignment_footprint(card, shard, context_tokens=0)
-        fixed += footprint.weights_with_overhead_bytes + footprint.floor_bytes + footprint.draft_bytes
+        fixed += (footprint.weights_with_overhead_bytes + footprint.floor_bytes + footprint.draft_bytes
+                  + footprint.projector_bytes)
         g, w = _kv_rates(card, layers, shard.kv_cache_type)
         copies = slot_kv_copies(shard.backend, shard.slots)  # every slot's cache grows per token
         with_draft = 1 + draft_ratio(card)  # a draft's cache grows with the target's
@@ -364,6 +388,7 @@ __all__ = [
     "kv_bytes_per_token",
     "kv_bytes_per_token_per_layer",
     "kv_cache_bytes",
+    "projector_bytes",
     "shard_footprint",
     "shard_footprint_bytes",
 ]

@@ -5,10 +5,11 @@ delete a custom card.
   GGUF file names, which the hub's search does not index: broaden the name's prefix
   (`card_builder.broadening_prefixes`), read at most `MAX_INSPECTED_REPOS` listings, keep
   repos holding that exact file, and return the matched path (`matchedFile`) with each.
-- `POST /models/add` `{"modelId": "owner/repo", "ggufFile"?, "revision"?}` builds a card from
-  the repo's metadata (`modelId` may also be `owner/repo:QUANT`, `hf.co/owner/repo:QUANT` or
+- `POST /models/add` `{"modelId": "owner/repo", "ggufFile"?, "onnxFile"?, "revision"?}` builds a
+  card from the repo's metadata (`modelId` may also be `owner/repo:QUANT`, `hf.co/owner/repo:QUANT` or
   an Ollama library name such as `llama3.2:1b`: `skulk.models.model_names`) (config.json -> MLX card; a GGUF repo -> llama.cpp card pinned to one
-  quant file), `{"path": "/abs/file.gguf" | "/abs/mlx-dir", "modelId"?: "local/..."}` from a
+  quant file; a CTranslate2 Whisper -> a faster-whisper Transcription card; a Piper voice
+  repo -> a Piper SpeechSynthesis card for `onnxFile` or its only voice: `skulk.models.speech_cards`), `{"path": "/abs/file.gguf" | "/abs/mlx-dir", "modelId"?: "local/..."}` from a
   local model; either way it submits AddCustomModelCard and answers with the card's modelId.
 - `DELETE /models/custom/{modelId}` submits DeleteCustomModelCard for a custom card.
 
@@ -173,6 +174,8 @@ class AddModelBody(BaseModel):
     model_id: str | None = None
     path: str | None = None
     gguf_file: str | None = None
+    onnx_file: str | None = None
+    """A Piper voice repo's voice (`<name>.onnx`, its `.onnx.json` beside it)."""
     revision: str | None = None
     name: str | None = None
     override: bool = False
@@ -187,7 +190,7 @@ def _card_from_hub(body: AddModelBody, hub: HubSource, card_ids: frozenset[str])
     except UnknownModelName as exc:
         raise NotFound(str(exc), code="unknown_model_name", param="modelId") from None
     return card_from_hub(resolved.model_id, hub, revision=body.revision, gguf_file=body.gguf_file,
-                         quant=resolved.quant, name=body.name)
+                         quant=resolved.quant, name=body.name, onnx_file=body.onnx_file)
 
 
 def _local_files(directory: Path) -> list[RepoFile]:
@@ -264,6 +267,11 @@ async def add_model(request: Request, body: AddModelBody) -> Any:
             raise InvalidRequest(f"{body.model_id!r} is a local id: give \"path\" to add a local model", param="modelId")
         if body.gguf_file is not None and (PurePosixPath(body.gguf_file).is_absolute() or not is_gguf(body.gguf_file)):
             raise InvalidRequest("ggufFile must be a repo-relative path ending in .gguf", param="ggufFile")
+        if body.onnx_file is not None and (PurePosixPath(body.onnx_file).is_absolute()
+                                           or not body.onnx_file.endswith(".onnx") or ".." in body.onnx_file.split("/")):
+            raise InvalidRequest("onnxFile must be a repo-relative path ending in .onnx", param="onnxFile")
+        if body.onnx_file is not None and body.gguf_file is not None:
+            raise InvalidRequest("give ggufFile or onnxFile, not both", param="onnxFile")
         card = await build_hub_card(request, body)
     else:
         roots = api_context(request).local_model_dirs

@@ -127,7 +127,7 @@ class SkulkModels extends HTMLElement {
     setHtml(target, `<table class="previews"><thead><tr><th>sharding</th><th>nodes: memory needed / free, layers</th><th>context</th><th></th></tr></thead><tbody>${
       options.map((p, i) => `<tr>
         <td>${esc(p.sharding)}</td>
-        <td><ul>${p.shards.map((s) => `<li>${esc(nodeName(state, s.nodeId))}: ${gib(s.neededBytes)} / ${gib(s.availableBytes)}, layers ${s.startLayer}-${s.endLayer} <span class="muted">${esc(s.backend)}${s.slots > 1 ? `, <span class="slots">${s.slots} slots</span>` : ""}</span></li>`).join("")}</ul></td>
+        <td><ul>${p.shards.map((s) => `<li title="${esc(s.breakdown || "")}">${esc(nodeName(state, s.nodeId))}: ${gib(s.neededBytes)} / ${gib(s.availableBytes)}${s.projectorBytes ? ` <span class="muted">(projector ${gib(s.projectorBytes)})</span>` : ""}, layers ${s.startLayer}-${s.endLayer} <span class="muted">${esc(s.backend)}${s.slots > 1 ? `, <span class="slots">${s.slots} slots</span>` : ""}</span></li>`).join("")}</ul></td>
         <td>${p.contextTokenLimit ?? "-"} tokens</td>
         <td><button data-action="place" data-index="${i}">Place</button></td></tr>`).join("")}</tbody></table>`);
     this.visibleOptions = options;

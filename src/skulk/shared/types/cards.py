@@ -389,6 +389,12 @@ class ModelCard(WireModel):
     """Hub repo of split vision weights (required: a vision model cannot load without them)."""
     vision_weights_file: GgufFile | None = None
     """The vision GGUF (an mmproj file) in vision_weights_repo; None = a safetensors repo."""
+    vision_weights_size_bytes: PositiveInt | None = None
+    """Bytes of the multimodal projector (the mmproj GGUF) a llama.cpp engine loads beside the
+    model: vision_weights_file, or a generated GGUF vision card's own mmproj.gguf. Placement
+    admits it on the rank that loads it (rank 0: `skulk.shared.memory_estimate.projector_bytes`).
+    Only for a card with such a projector; the card builder always fills it. Optional on the
+    wire (cards logged before it existed still replay); such a card is admitted without it."""
 
     tasks: Annotated[tuple[ModelTask, ...], Field(min_length=1), AfterValidator(_unique)]
     capabilities: Annotated[tuple[Capability, ...], Field(min_length=1), AfterValidator(_unique)]
@@ -650,6 +656,9 @@ def _companions_consistent(card: ModelCard) -> None:
     if card.runtime.speculative == "draft" and not drafts:
         raise card_field_error("runtime.speculative", "'draft' needs the draft model: set served_spec_draft_repo "
                                "(with served_spec_draft_file on a GGUF card) and served_spec_draft_size_bytes")
+    if card.vision_weights_size_bytes is not None and not has_gguf_projector(card):
+        raise card_field_error("vision_weights_size_bytes", "set without a projector: only a vision card with "
+                               "vision_weights_file (or a generated GGUF vision card) loads one")
     for name in ("served_spec_draft_repo", "vision_weights_repo"):
         repo = getattr(card, name)
         if repo is None:
@@ -663,6 +672,14 @@ def _companions_consistent(card: ModelCard) -> None:
             raise card_field_error(name, "names the model's own repo")
         if repo.startswith(LOCAL_MODEL_PREFIX):
             raise card_field_error(name, f"'{LOCAL_MODEL_PREFIX}...' ids are not hub repos")
+
+
+def has_gguf_projector(card: ModelCard) -> bool:
+    """Whether a runner of `card` loads a multimodal projector GGUF beside the model: a vision
+    card naming vision_weights_file, or a generated GGUF vision card (its mmproj.gguf)."""
+    if "vision" not in card.capabilities:
+        return False
+    return card.vision_weights_file is not None or (card.source == "local-generated" and card.is_gguf)
 
 
 def _engines_load_family(card: ModelCard) -> None:
@@ -705,6 +722,7 @@ __all__ = [
     "ToolingSection",
     "backend_engine",
     "card_field_error",
+    "has_gguf_projector",
     "is_model_id",
     "windowed_layer",
 ]
