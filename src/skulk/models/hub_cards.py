@@ -28,6 +28,7 @@ from skulk.models.hub_files import (
     choose_gguf_file,
     is_ctranslate2_repo,
     is_gguf_repo,
+    is_mlx_whisper_repo,
     select_safetensors,
     shard_group,
     total_size_bytes,
@@ -76,6 +77,11 @@ def card_from_hub(model_id: str, hub: HubSource, *, revision: str | None = None,
         raise CardBuildError(model_id, "a CTranslate2 (faster-whisper) repository: its small files do not state the "
                              "model's shape, so no card is built from them; write a card file for it (docs/SPEECH.md, "
                              "resources/model_cards/Systran--faster-whisper-small.toml)")
+    if is_mlx_whisper_repo(files):
+        # Its config.json is Whisper's ModelDimensions, no HF config: a card built as a text
+        # model's would be wrong, and the audio section is the writer's to state.
+        raise CardBuildError(model_id, "an mlx-whisper repository: no card is built from it; write a card file for it "
+                             "(docs/SPEECH.md, resources/model_cards/mlx-community--whisper-small-mlx.toml)")
     selected = select_safetensors(model_id, files)
     config = hub_meta.read_json(model_id, CONFIG_FILE, listing.revision, hub)
     present = {f.path for f in files}
