@@ -628,6 +628,26 @@ def test_a_speech_model_is_placed_whole_on_one_node_with_its_engine(card):
     assert options and all(o.node_ids == ["b"] for o in options)
 
 
+MLX_WHISPER_CARDS = [CARDS["local/tiny-mlx-whisper"], CARDS["mlx-community/whisper-small-mlx"]]
+
+
+@pytest.mark.parametrize("card", MLX_WHISPER_CARDS)
+def test_an_mlx_whisper_model_lands_only_where_mlx_whisper_is_advertised(card):
+    # a: MLX text and faster-whisper (no mlx-whisper), roomy; b: a Mac with mlx-whisper on Metal.
+    resources = {"a": res("a", 64 * GB, backends=(*MLX_CPU, *WHISPER_CPU)),
+                 "b": res("b", 4 * GB, backends=("mlx", "mlx-metal", "mlx_whisper", "mlx_whisper-metal"))}
+    instance = place(card, cluster("ab", ["a-b"]), resources, request(card), new_id=ids())
+    assert layers(instance) == [("b", 0, card.num_layers)]
+    assert instance.shards[0].backend == "mlx_whisper-metal", "Metal first, as the card ranks it"
+    options = preview(card, cluster("ab", ["a-b"]), resources)
+    assert options and all(o.node_ids == ["b"] for o in options)
+    # Without a node advertising mlx_whisper it is refused, never handed to faster-whisper.
+    only_a = {"a": resources["a"]}
+    assert preview(card, cluster("a"), only_a) == []
+    with pytest.raises(PlacementError):
+        place(card, cluster("a"), only_a, request(card), new_id=ids())
+
+
 def test_a_speech_model_never_spans_nodes():
     # Two nodes that could share its weights, neither able to hold it alone: refused, not split.
     half = whole(WHISPER_SMALL) * 3 // 4
