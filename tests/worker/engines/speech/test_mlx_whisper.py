@@ -7,6 +7,8 @@ asked, word timings; translation reaches the decoder; what the card does not dec
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 pytest.importorskip("mlx_whisper", reason="mlx-whisper is not installed (the dev group installs it)")
@@ -86,6 +88,29 @@ def test_audio_reaches_the_model(engine, speech):
     assert [s.id for s in one.segments] == list(range(len(one.segments)))
     (again,) = engine.transcribe(params(first, language="en"))
     assert again.text == one.text, "temperature 0 decodes greedily: the same audio, the same text"
+
+
+def test_it_warms_up_and_decodes_on_another_thread_than_the_one_that_loaded_it(engine, model_dir, speech, tmp_path):
+    # The runner loads on its main thread, warms up and decodes on its dispatcher's: MLX's
+    # streams are per thread, so an array left lazy at load would fail there. A copy of the
+    # model (mlx-whisper caches one model per path) loads fresh here.
+    import shutil
+
+    copy = shutil.copytree(model_dir, tmp_path / "copy")
+    fresh = MlxWhisperEngine()
+    fresh.load(ShardSpec(instance=instance(), runner_id=RUNNER, card=tiny_card(), model_path=str(copy), n_threads=1))
+    results: list[object] = []
+
+    def dispatcher() -> None:
+        fresh.warm_up()
+        results.append(next(iter(fresh.transcribe(params(speech[0], language="en")))))
+
+    worker = threading.Thread(target=dispatcher)
+    worker.start()
+    worker.join(timeout=120)
+    assert not worker.is_alive() and len(results) == 1
+    (here,) = engine.transcribe(params(speech[0], language="en"))
+    assert results[0] == here
 
 
 def test_word_timestamps_come_back_when_asked(engine, speech):

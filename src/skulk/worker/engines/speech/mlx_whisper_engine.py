@@ -152,6 +152,12 @@ class MlxWhisperEngine:
             # the path; loading through it here means transcribe() never loads (nor reaches
             # the hub: an existing path is never a repo id to it).
             model = ModelHolder.get_model(str(path), mx.float16 if fp16 else mx.float32)
+            # The runner loads on its main thread and decodes on the dispatcher's. MLX binds a
+            # lazy array to the stream of the thread that made it, and evaluating it on
+            # another thread fails ("There is no Stream(cpu, 0) in current thread"). load_model
+            # evaluates the weights only; the modules' private arrays (the encoder's sinusoid
+            # positions, the decoder's causal mask, the alignment heads) are evaluated here.
+            mx.eval([value for module in model.modules() for value in module.values() if isinstance(value, mx.array)])
         except (RuntimeError, ValueError, OSError, TypeError, KeyError) as exc:
             raise ModelLoadFailed(f"mlx-whisper could not load {path}: {exc}") from exc
         self._model, self._path, self._fp16, self._card = model, str(path), fp16, spec.card
@@ -208,7 +214,10 @@ class MlxWhisperEngine:
     def _run(self, audio: np.ndarray, *, language: str | None, task: str, prompt: str | None, temperature: float,
              word_timestamps: bool) -> dict[str, Any]:
         from mlx_whisper import transcribe
+        from mlx_whisper.transcribe import ModelHolder
 
+        # transcribe() takes its model from this one-slot holder by path: ours, never a reload.
+        ModelHolder.model, ModelHolder.model_path = self._model, self._path
         return transcribe(
             audio, path_or_hf_repo=self._path, verbose=None,
             # The caller's temperature as given (no fallback ladder): the same request gives
