@@ -19,12 +19,10 @@ pytest.importorskip("mlx_whisper", reason="mlx-whisper is not installed (the dev
 from tests.cluster.harness import node_id, start_linked, wait_agreed
 from tests.e2e.test_openai_serving import wait_instance_ready
 from tests.nodeproc import wait_for
+from tests.speech_kit import TINY_MLX_WHISPER as TINY
 from tests.speech_kit import require_espeak, spoken_wav, wav_duration_s
 
 pytestmark = pytest.mark.timeout(420)
-
-TINY = "local/tiny-mlx-whisper"
-
 
 def test_speech_through_node_a_is_transcribed_by_mlx_whisper_on_node_b(spawn_node, tmp_path):
     require_espeak()

@@ -13,35 +13,17 @@ import pytest
 
 pytest.importorskip("mlx_whisper", reason="mlx-whisper is not installed (the dev group installs it)")
 
-from skulk.models.cards import builtin_cards_dir, load_card
 from skulk.models.tiny_models import ensure_generated
-from skulk.shared.types.cards import ModelCard
-from skulk.shared.types.ids import InstanceId, ModelId, NodeId
-from skulk.shared.types.instances import Instance, ShardAssignment
 from skulk.shared.types.workload_io import TranscriptionParams
 from skulk.worker.engines.base import EngineNotLoaded, ModelLoadFailed, ShardSpec, WorkloadUnsupported
 from skulk.worker.engines.speech.mlx_whisper_engine import MlxWhisperEngine, segments_of, uses_fp16
 from skulk.worker.engines.speech.whisper import AudioRejected, TranscriptionUnsupported
 from tests.speech_kit import RUNNER, spoken_wav, wav_duration_s
+from tests.speech_kit import TINY_MLX_WHISPER as TINY
+from tests.speech_kit import mlx_whisper_instance as instance
+from tests.speech_kit import tiny_mlx_whisper_card as tiny_card
 
 pytestmark = pytest.mark.timeout(180)
-
-TINY = "local/tiny-mlx-whisper"
-
-
-def tiny_card() -> ModelCard:
-    return load_card(builtin_cards_dir() / "local--tiny-mlx-whisper.toml")
-
-
-def instance(backend: str = "mlx_whisper-cpu") -> Instance:
-    card = tiny_card()
-    return Instance(
-        instance_id=InstanceId("instance-0"), model_id=ModelId(TINY), sharding="Pipeline",
-        shards=[ShardAssignment(node_id=NodeId("node-0"), runner_id=RUNNER, rank=0, world_size=1, start_layer=0,
-                                end_layer=card.num_layers, backend=backend, slots=1)],
-        context_token_limit=card.context_length,
-    )
-
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
