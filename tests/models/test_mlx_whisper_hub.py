@@ -63,3 +63,13 @@ def test_an_mlx_whisper_repo_downloads_and_transcribes(mock_hub, tmp_path):
         assert result.final and result.duration == pytest.approx(1.0)
     finally:
         engine.close()
+
+
+def test_no_text_card_is_built_from_an_mlx_whisper_repo(mock_hub):
+    from skulk.models.card_builder import CardBuildError
+    from skulk.models.downloads import HubSource
+    from skulk.models.hub_cards import card_from_hub
+
+    mock_hub.add_repo(REPO, {"config.json": b'{"n_mels": 80}', "weights.npz": b"\0" * 64}, tags=("mlx", "whisper"))
+    with pytest.raises(CardBuildError, match="an mlx-whisper repository"):
+        card_from_hub(REPO, HubSource.from_env())
