@@ -37,7 +37,7 @@ def test_speech_through_node_a_is_transcribed_by_mlx_whisper_on_node_b(spawn_nod
         return None if response.status_code == 503 else response
 
     response = wait_for(placed, timeout_s=90, interval_s=0.5, what="tiny-mlx-whisper placed")
-    assert response.status_code == 200, response.text
+    assert isinstance(response, httpx.Response) and response.status_code == 200, response
     body = wait_instance_ready(a, response.json()["instanceId"], timeout_s=240)
     assert {s["nodeId"] for s in body["shards"]} == {node_id(b)}
     assert all(s["backend"].startswith("mlx_whisper") for s in body["shards"])
