@@ -1,5 +1,6 @@
 """Spoken test audio for the speech tests: WAVs that espeak-ng speaks (a real voice, so a
-Whisper hears speech), and the generated `local/tiny-whisper` card. Tests that need
+Whisper hears speech), and the generated `local/tiny-whisper` and `local/tiny-mlx-whisper`
+cards. Tests that need
 espeak-ng skip, saying so, where it is not installed."""
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from skulk.shared.types.ids import InstanceId, ModelId, NodeId, RunnerId
 from skulk.shared.types.instances import Instance, ShardAssignment
 
 TINY_WHISPER = "local/tiny-whisper"
+TINY_MLX_WHISPER = "local/tiny-mlx-whisper"
 ESPEAK_TIMEOUT_S = 30.0
 """espeak-ng writes a sentence in well under a second; this bounds a hung one."""
 
@@ -33,6 +35,21 @@ def whisper_instance(backend: str = "faster_whisper-cpu") -> Instance:
     card = tiny_whisper_card()
     return Instance(
         instance_id=InstanceId("instance-0"), model_id=ModelId(TINY_WHISPER), sharding="Pipeline",
+        shards=[ShardAssignment(node_id=NodeId("node-0"), runner_id=RUNNER, rank=0, world_size=1, start_layer=0,
+                                end_layer=card.num_layers, backend=backend, slots=1)],
+        context_token_limit=card.context_length,
+    )
+
+
+def tiny_mlx_whisper_card() -> ModelCard:
+    return load_card(builtin_cards_dir() / "local--tiny-mlx-whisper.toml")
+
+
+def mlx_whisper_instance(backend: str = "mlx_whisper-cpu") -> Instance:
+    """A one-node instance of local/tiny-mlx-whisper on `backend`, for loading an engine by hand."""
+    card = tiny_mlx_whisper_card()
+    return Instance(
+        instance_id=InstanceId("instance-0"), model_id=ModelId(TINY_MLX_WHISPER), sharding="Pipeline",
         shards=[ShardAssignment(node_id=NodeId("node-0"), runner_id=RUNNER, rank=0, world_size=1, start_layer=0,
                                 end_layer=card.num_layers, backend=backend, slots=1)],
         context_token_limit=card.context_length,

@@ -51,6 +51,16 @@ USABLE_VLLM = {"vllm": EngineBinary(path="/opt/vllm", state="usable")}
             ["mlx", "mlx-metal", "faster_whisper", "faster_whisper-cpu", "piper", "piper-cpu"],
             [],
         ),
+        (
+            "macOS arm64 with mlx-whisper: Whisper in MLX's layout on Metal, beside faster-whisper on its CPU",
+            facts(os="darwin", machine="arm64", gpus=[APPLE],
+                  importable={"mlx": True, "mlx_lm": True, "faster_whisper": True, "mlx_whisper": True}),
+            ["mlx", "mlx-metal", "faster_whisper", "faster_whisper-cpu", "mlx_whisper", "mlx_whisper-metal"],
+            [],
+        ),
+        ("linux with mlx-whisper: MLX's CPU backend", facts(importable={"mlx": True, "mlx_whisper": True}),
+         ["mlx_whisper", "mlx_whisper-cpu"], []),
+        ("mlx-whisper without mlx is not advertised", facts(importable={"mlx_whisper": True}), [], []),
         ("nvidia + GPU llama_cpp build", facts(gpus=[NVIDIA], importable={"llama_cpp": True}, offload=True), ["llama_cpp", "llama_cpp-cuda"], []),
         (
             "nvidia + CPU-only llama_cpp build: the build wins, loudly",

@@ -27,6 +27,7 @@ from skulk.shared.memory_estimate import (
 )
 from skulk.shared.types.commands import PlaceInstance
 from skulk.shared.types.common import Edge
+from skulk.shared.types.ids import ModelId, NodeId
 from skulk.shared.types.state import NodeInfo, State
 from skulk.shared.types.telemetry import DiskReading, MemoryReading, NodeResources
 
@@ -626,6 +627,26 @@ def test_a_speech_model_is_placed_whole_on_one_node_with_its_engine(card):
     assert instance.shards[0].backend == "faster_whisper-cpu"
     options = preview(card, cluster("ab", ["a-b"]), resources)
     assert options and all(o.node_ids == ["b"] for o in options)
+
+
+MLX_WHISPER_CARDS = [CARDS[ModelId("local/tiny-mlx-whisper")], CARDS[ModelId("mlx-community/whisper-small-mlx")]]
+
+
+@pytest.mark.parametrize("card", MLX_WHISPER_CARDS)
+def test_an_mlx_whisper_model_lands_only_where_mlx_whisper_is_advertised(card):
+    # a: MLX text and faster-whisper (no mlx-whisper), roomy; b: a Mac with mlx-whisper on Metal.
+    resources = {NodeId("a"): res("a", 64 * GB, backends=(*MLX_CPU, *WHISPER_CPU)),
+                 NodeId("b"): res("b", 4 * GB, backends=("mlx", "mlx-metal", "mlx_whisper", "mlx_whisper-metal"))}
+    instance = place(card, cluster("ab", ["a-b"]), resources, request(card), new_id=ids())
+    assert layers(instance) == [("b", 0, card.num_layers)]
+    assert instance.shards[0].backend == "mlx_whisper-metal", "Metal first, as the card ranks it"
+    options = preview(card, cluster("ab", ["a-b"]), resources)
+    assert options and all(o.node_ids == ["b"] for o in options)
+    # Without a node advertising mlx_whisper it is refused, never handed to faster-whisper.
+    only_a = {NodeId("a"): resources[NodeId("a")]}
+    assert preview(card, cluster("a"), only_a) == []
+    with pytest.raises(PlacementError):
+        place(card, cluster("a"), only_a, request(card), new_id=ids())
 
 
 def test_a_speech_model_never_spans_nodes():

@@ -161,7 +161,7 @@ def test_everything_that_reads_engine_facts_reads_this_table():
     assert {"mlx", "llama_cpp"} == SPANNING_TRANSPORT_ENGINES
     assert set(SLOT_SETTING_ENV) == set(DEFAULT_SLOTS) == set(MAX_SLOTS) == SERVED_ENGINES == set(ENGINE_BINARY_ENV)
     assert {"llama_server"} == PER_SLOT_KV_ENGINES
-    assert set(PROBED_MODULES) == {"llama_cpp", "mlx", "mlx_lm", "faster_whisper", "piper"}
+    assert set(PROBED_MODULES) == {"llama_cpp", "mlx", "mlx_lm", "faster_whisper", "mlx_whisper", "piper"}
     # Every engine a worker can construct is one the table describes.
     assert set(CONSTRUCTORS) <= KNOWN_ENGINES
 

@@ -26,6 +26,7 @@ ENGINE_CLASSES = {
     "vllm": ("skulk.worker.engines.served.vllm", "VllmEngine"),
     "mlx": ("skulk.worker.engines.mlx.engine", "MlxEngine"),
     "faster_whisper": ("skulk.worker.engines.speech.whisper", "WhisperEngine"),
+    "mlx_whisper": ("skulk.worker.engines.speech.mlx_whisper_engine", "MlxWhisperEngine"),
     "piper": ("skulk.worker.engines.speech.piper_voice", "PiperEngine"),
 }
 """The class each runner constructor builds (`bootstrap.ENGINES`), to check its methods."""

@@ -33,6 +33,7 @@ from skulk.models.hub_files import (
     choose_gguf_file,
     is_ctranslate2_repo,
     is_gguf_repo,
+    is_mlx_whisper_repo,
     select_ctranslate2,
     select_safetensors,
     shard_group,
@@ -92,6 +93,11 @@ def card_from_hub(model_id: str, hub: HubSource, *, revision: str | None = None,
                              "holds no GGUF files")
     if is_ctranslate2_repo(files) and onnx_file is None:
         return _whisper_card(model_id, listing, hub, pin, name)
+    if is_mlx_whisper_repo(files):
+        # Its config.json is Whisper's ModelDimensions, no HF config: a card built as a text
+        # model's would be wrong, and the audio section is the writer's to state.
+        raise CardBuildError(model_id, "an mlx-whisper repository: no card is built from it; write a card file for it "
+                             "(docs/SPEECH.md, resources/model_cards/mlx-community--whisper-small-mlx.toml)")
     if onnx_file is not None or is_piper_repo(files):  # a named voice must be there, with its config
         voice = choose_piper_voice(model_id, files, onnx_file)
         config = hub_meta.read_json(model_id, f"{voice}.json", listing.revision, hub)

@@ -252,6 +252,33 @@ def select_ctranslate2(repo_id: str, files: Sequence[RepoFile]) -> tuple[str, ..
 
 
 # ---------------------------------------------------------------------------------------
+# MLX Whisper selection
+# ---------------------------------------------------------------------------------------
+
+MLX_WHISPER_WEIGHT_FILES: tuple[str, ...] = ("weights.safetensors", "weights.npz")
+"""The weight file mlx-whisper's `load_model` reads, in its order of preference."""
+
+
+def is_mlx_whisper_repo(files: Iterable[RepoFile]) -> bool:
+    """A repo with a top-level config.json and weights.safetensors or weights.npz (and no
+    `model*.safetensors`) is an mlx-whisper model (the mlx-community `whisper-*-mlx` repos)."""
+    top = {f.path for f in files if "/" not in f.path}
+    return CONFIG_FILE in top and any(w in top for w in MLX_WHISPER_WEIGHT_FILES)
+
+
+def select_mlx_whisper(repo_id: str, files: Sequence[RepoFile]) -> tuple[str, ...]:
+    """config.json and the one weight file mlx-whisper loads (its tokenizer ships in its wheel)."""
+    top = {f.path for f in files if "/" not in f.path}
+    if CONFIG_FILE not in top:
+        raise SelectionError(repo_id, f"the repository has no top-level {CONFIG_FILE}: not an mlx-whisper model")
+    for weights in MLX_WHISPER_WEIGHT_FILES:
+        if weights in top:
+            return tuple(sorted((CONFIG_FILE, weights)))
+    raise SelectionError(repo_id, f"the repository has no top-level {' or '.join(MLX_WHISPER_WEIGHT_FILES)}: not an "
+                                  "mlx-whisper model")
+
+
+# ---------------------------------------------------------------------------------------
 # Entry point
 # ---------------------------------------------------------------------------------------
 
@@ -272,6 +299,8 @@ def select_files(
         return select_ctranslate2(repo_id, files)
     if artifact_format == "onnx":
         return select_onnx(repo_id, files, onnx_file)
+    if artifact_format == "mlx_whisper":
+        return select_mlx_whisper(repo_id, files)
     return select_safetensors(repo_id, files)
 
 
@@ -286,6 +315,7 @@ __all__ = [
     "CTRANSLATE2_MODEL_FILE",
     "CTRANSLATE2_SIDE_FILES",
     "GGUF_QUANT_PREFERENCE",
+    "MLX_WHISPER_WEIGHT_FILES",
     "SAFETENSORS_INDEX_FILE",
     "SAFETENSORS_SIDE_FILES",
     "ArtifactFormat",
@@ -296,9 +326,11 @@ __all__ = [
     "is_ctranslate2_repo",
     "is_gguf",
     "is_gguf_repo",
+    "is_mlx_whisper_repo",
     "quant_of",
     "select_ctranslate2",
     "select_files",
+    "select_mlx_whisper",
     "select_onnx",
     "select_safetensors",
     "shard_group",

@@ -2,7 +2,7 @@
 generator, into which directory, and what an engine loads from it.
 
 Like `local/tiny-llama-gguf`, each is a real model of its family (a Whisper converted to
-CTranslate2, a Piper voice exported to ONNX) with small random weights, written offline on
+CTranslate2 or to mlx-whisper's layout, a Piper voice exported to ONNX) with small random weights, written offline on
 first use, so that tests and a fresh node serve speech with no hub. The generic machinery
 (lock, partial directory, marker, regeneration on a version change) is
 `skulk.models.tiny_models.ensure_generated`; this table only says what to write.
@@ -35,6 +35,12 @@ def _write_tiny_whisper(out_dir: Path) -> None:
     write_tiny_whisper(out_dir)
 
 
+def _write_tiny_mlx_whisper(out_dir: Path) -> None:
+    from skulk.models.tiny_mlx_whisper import write_tiny_mlx_whisper
+
+    write_tiny_mlx_whisper(out_dir)
+
+
 def _write_tiny_piper(out_dir: Path) -> None:
     from skulk.models.tiny_piper import write_tiny_piper
 
@@ -45,6 +51,10 @@ SPEECH_GENERATORS: Mapping[str, GeneratedSpeechModel] = MappingProxyType({
     # One entry per generated speech card, each writer importing its generator lazily.
     "local/tiny-whisper": GeneratedSpeechModel(dir_name="tiny-whisper", version="tiny-whisper-1",
                                                write=_write_tiny_whisper),
+    # The same kind of model in mlx-whisper's layout (config.json + weights.safetensors);
+    # bump the version with skulk.models.tiny_mlx_whisper.
+    "local/tiny-mlx-whisper": GeneratedSpeechModel(dir_name="tiny-mlx-whisper", version="tiny-mlx-whisper-1",
+                                                   write=_write_tiny_mlx_whisper),
     # A Piper voice (model.onnx + model.onnx.json); bump the version with skulk.models.tiny_piper.
     "local/tiny-piper": GeneratedSpeechModel(dir_name="tiny-piper", version="tiny-piper-1",
                                              write=_write_tiny_piper, entry="model.onnx"),

@@ -27,6 +27,7 @@ from skulk.shared.types.engines import (  # the engine vocabularies derive from 
     GGUF_ENGINES,
     KNOWN_ENGINES,
     SAFETENSORS_ONLY_ENGINES,
+    SPEECH_FORMATS,
     ArtifactFormat,
     traits_of,
 )
@@ -451,11 +452,14 @@ class ModelCard(WireModel):
     @property
     def artifact_format(self) -> ArtifactFormat:
         """The one format every engine the card lists loads (`_one_artifact_format` makes
-        it one): GGUF, a CTranslate2 or ONNX speech model, or else a safetensors folder."""
+        it one): GGUF, a speech model's own layout (`SPEECH_FORMATS`), or else a safetensors folder."""
         if self.is_gguf:
             return "gguf"
         shared = _shared_formats(self.engines)
-        return "ctranslate2" if "ctranslate2" in shared else "onnx" if "onnx" in shared else "safetensors"
+        for speech_format in SPEECH_FORMATS:
+            if speech_format in shared:
+                return speech_format
+        return "safetensors"
 
     @property
     def is_speech(self) -> bool:

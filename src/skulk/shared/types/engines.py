@@ -31,10 +31,20 @@ from skulk.shared.types.engine_architectures import (
 if TYPE_CHECKING:
     from skulk.shared.types.tasks import TextGenerationParams
 
-ArtifactFormat = Literal["safetensors", "gguf", "ctranslate2", "onnx"]
+ArtifactFormat = Literal["safetensors", "gguf", "ctranslate2", "onnx", "mlx_whisper"]
 """How a model's files are laid out: a safetensors folder (MLX, vLLM), one GGUF file
-(llama.cpp), a CTranslate2 model folder (faster-whisper) or an ONNX model with its JSON
-config (Piper voices)."""
+(llama.cpp), a CTranslate2 model folder (faster-whisper), an ONNX model with its JSON
+config (Piper voices) or an MLX Whisper folder (mlx-whisper: config.json holding Whisper's
+`ModelDimensions` and weights.safetensors or weights.npz, with MLX's parameter names).
+
+The MLX Whisper layout is its own format, not "safetensors": its config.json is no HF
+config (no `model_type` mlx-lm loads, no tokenizer files), its weights are one file under a
+fixed name, and a card listing it beside `mlx` would pass as a text model's artifact; as a
+format of its own a card names exactly one engine family that can read it."""
+
+SPEECH_FORMATS: tuple[ArtifactFormat, ...] = ("ctranslate2", "onnx", "mlx_whisper")
+"""The speech engines' own layouts: a card whose engines share one of these describes that
+layout (`ModelCard.artifact_format`), never a safetensors folder."""
 
 
 class Feature(StrEnum):
@@ -244,6 +254,15 @@ ENGINE_TRAITS: Mapping[str, EngineTraits] = MappingProxyType({
     "faster_whisper": EngineTraits(formats=frozenset({"ctranslate2"}), families=frozenset({"whisper"}),
                                    workloads=frozenset({"transcription"}), modules=("faster_whisper",),
                                    vendor_computes=MappingProxyType({"nvidia": "cuda"})),
+    # Speech to text on a Mac's GPU: Whisper models in mlx-whisper's layout (the
+    # mlx-community `whisper-*-mlx` repos), through mlx-whisper (Apple's mlx-examples Whisper)
+    # on Metal; elsewhere MLX's CPU backend serves them (how Linux tests run it). mlx-whisper
+    # transcribes a whole file in one call: no partial results (its cards declare
+    # supports_streaming false), and a cancel takes effect when the call returns. One request
+    # at a time per runner; never spans nodes.
+    "mlx_whisper": EngineTraits(formats=frozenset({"mlx_whisper"}), families=frozenset({"whisper"}),
+                                workloads=frozenset({"transcription"}), modules=("mlx", "mlx_whisper"),
+                                vendor_computes=_APPLE_COMPUTES),
     # Text to speech: Piper voices (VITS exported to ONNX), through piper-tts and ONNX
     # Runtime on CPU, on any machine; espeak-ng's phoneme data ships inside the wheel.
     "piper": EngineTraits(formats=frozenset({"onnx"}), families=frozenset({"vits"}),
@@ -424,6 +443,7 @@ __all__ = [
     "SERVED_ENGINES",
     "SERVED_TWIN",
     "SLOTTED_ENGINES",
+    "SPEECH_FORMATS",
     "VLLM_CONTEXT_CAP_TOKENS",
     "WINDOW_AT_LOAD_ENGINES",
     "ArtifactFormat",

@@ -132,6 +132,12 @@ def _whisper_engine() -> Engine:
     return WhisperEngine()
 
 
+def _mlx_whisper_engine() -> Engine:
+    from skulk.worker.engines.speech.mlx_whisper_engine import MlxWhisperEngine
+
+    return MlxWhisperEngine()
+
+
 def _piper_engine() -> Engine:
     from skulk.worker.engines.speech.piper_voice import PiperEngine
 
@@ -144,6 +150,7 @@ ENGINES: Mapping[str, Callable[[], Engine]] = {
     "vllm": _vllm_engine,
     "mlx": lambda: __import__("skulk.worker.engines.mlx.engine", fromlist=["MlxEngine"]).MlxEngine(),  # lazy import
     "faster_whisper": _whisper_engine,
+    "mlx_whisper": _mlx_whisper_engine,
     "piper": _piper_engine,
 }
 """Engine constructors keyed by the shard's backend engine ('llama_cpp-cuda' -> 'llama_cpp')."""
