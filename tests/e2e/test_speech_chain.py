@@ -5,7 +5,7 @@ node B (the generated `local/tiny-whisper`, `local/tiny-piper`, `local/tiny-llam
 
 With `stt` alone, server VAD finds the turn (speech_started / speech_stopped) and B's
 Whisper transcribes it; with `stt` + `chat` + `tts`, the answer comes back as text and
-audio events. `response.cancel` reaches the runner serving the answer (its supervisor
+audio events. Barge-in and `response.cancel` reach the runner serving the answer (its supervisor
 counts the stream as cancelled). A first frame naming a model in the wrong role, one not
 placed, or a voice the TTS model lacks is one typed `error` event, then a 1008 close."""
 
@@ -101,6 +101,20 @@ def test_speech_chain_through_node_a_served_on_node_b(spawn_node, tmp_path):
         assert text and done["response"]["output"][0]["content"][0]["transcript"] == text
         spoken = b"".join(base64.b64decode(e["delta"]) for e in seen if e["type"] == "response.audio.delta")
         assert len(spoken) > 2 * audio.WIRE_RATE // 10, "less than 0.1 s of speech came back"
+
+        # Barge-in: a long spoken answer, spoken over as soon as it starts, is cancelled on the runner.
+        cancels_before = runner_cancels(b)
+        ws.send(chain(stt={"model": STT}, chat={"model": CHAT, "max_output_tokens": 1024}, tts={"model": TTS}))
+        until(ws, "session.updated", seen)
+        seen = []
+        stream(ws, pcm)
+        until(ws, "response.audio_transcript.delta", seen)  # the chat model is answering
+        stream(ws, pcm[int(0.9 * audio.WIRE_RATE) * 2:])  # speech at once
+        cancelled = until(ws, "response.done", seen)
+        assert cancelled["response"]["status_details"] == {"type": "cancelled", "reason": "turn_detected"}
+        assert kinds(seen).index("input_audio_buffer.speech_started") < kinds(seen).index("response.done")
+        wait_for(lambda: runner_cancels(b) > cancels_before, timeout_s=60, interval_s=0.25,
+                 what="node B's runner ending the barged-in chain response as cancelled")
 
         # response.cancel on a long answer: the runner serving it ends it as cancelled.
         cancels_before = runner_cancels(b)
