@@ -33,6 +33,7 @@ from skulk.api.routes import (
     realtime,
     responses_socket,
     speech,
+    speech_chain,
     telemetry,
     traces,
     workloads,
@@ -80,6 +81,7 @@ def create_app(context: ApiContext) -> FastAPI:
     app.include_router(responses_socket.router)
     app.include_router(realtime.router)
     app.include_router(speech.router)
+    app.include_router(speech_chain.router)
     # Ollama's OpenAI-compatible paths (clients pointed at an Ollama base URL + /v1): the
     # same routes, OpenAI's wire shape (skulk.api.errors), not in the schema twice.
     app.include_router(openai_routes.router, prefix=OLLAMA_OPENAI_PREFIX, include_in_schema=False)

@@ -290,17 +290,21 @@ class Session:
 
     def __init__(self, intent: Intent, settings: SessionSettings,
                  check: Callable[[SessionSettings], SessionRefused | None],
-                 new_id: Callable[[str], str] | None = None, *, beta: bool = True) -> None:
+                 new_id: Callable[[str], str] | None = None, *, beta: bool = True,
+                 parse_update: Callable[[SessionSettings, object], SessionSettings] | None = None) -> None:
         """`beta`: the client speaks the beta dialect (it sent `OpenAI-Beta: realtime=v1`): a
         transcription session opens with `transcription_session.created`, as beta's did; a GA
         client gets `session.created` (GA has no transcription_session events). Updates are
-        answered in the dialect of the update."""
+        answered in the dialect of the update. `parse_update`: how a `session.update`'s
+        `session` changes the settings (`updated_settings`, OpenAI's shape, by default; the
+        speech chain names its participants instead, `skulk.api.realtime.chains`)."""
         counter = itertools.count(1)
         self._new_id = new_id or (lambda prefix: f"{prefix}_{next(counter)}")
         self.intent: Intent = intent
         self.beta = beta
         self.settings = settings
         self._check = check
+        self._parse_update = parse_update or updated_settings
         self.session_id = self._new_id("sess")
         self._buffer = bytearray()
         self._buffer_start = 0
@@ -351,7 +355,7 @@ class Session:
             return [self._error(refused, client_id)]
 
     def _update(self, event: dict[str, Any]) -> list[Action]:
-        settings = updated_settings(self.settings, event.get("session", {}))
+        settings = self._parse_update(self.settings, event.get("session", {}))
         if (refused := self._check(settings)) is not None:
             raise refused
         if settings.turn_detection is not None and self.settings.turn_detection is None:

@@ -22,7 +22,7 @@ import contextlib
 import json
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -359,8 +359,16 @@ def _intent(websocket: WebSocket) -> Intent:
     return "conversation" if websocket.query_params.get("intent") == "conversation" else "transcription"
 
 
-@router.websocket("/v1/realtime")
-async def realtime_socket(websocket: WebSocket) -> None:
+OpenSession = Callable[[WebSocket, ApiContext], Awaitable[Session | None]]
+"""How a route opens its session on an accepted, admitted socket: the session, or None
+when it has already refused (and closed) the socket."""
+
+
+async def serve(websocket: WebSocket, open_session: OpenSession) -> None:
+    """The shell every realtime-dialect socket shares (`/v1/realtime`, `/v1/fabric/chains/
+    speech`): origin check, subprotocol, admission (`MAX_SESSIONS`), then the session
+    `open_session` configures, run until the client leaves or idles out; closing cancels
+    every command the socket started."""
     context = api_context(websocket)
     if not origin_allowed(websocket.headers.get("origin"), context.cors_origins):
         await websocket.close(CLOSE_POLICY, "this origin may not open a WebSocket here")
@@ -375,13 +383,22 @@ async def realtime_socket(websocket: WebSocket) -> None:
             "try again later or connect to another node.", error_type="server_error")))
         await websocket.close(CLOSE_TRY_AGAIN, "too many realtime sessions")
         return
-    beta = "realtime=v1" in websocket.headers.get("openai-beta", "")
-    session = Session(_intent(websocket), SessionSettings(model=websocket.query_params.get("model") or None),
-                      lambda settings: refusal(context, settings), lambda prefix: f"{prefix}_{new_id()}", beta=beta)
+    COUNTERS["sessions_open"] += 1  # held from here: a socket still naming its session counts too
+    try:
+        try:
+            session = await open_session(websocket, context)
+        except (WebSocketDisconnect, RuntimeError):
+            return
+        if session is not None:
+            COUNTERS["sessions_total"] += 1
+            await _run(websocket, context, session)
+    finally:
+        COUNTERS["sessions_open"] -= 1
+
+
+async def _run(websocket: WebSocket, context: ApiContext, session: Session) -> None:
     socket = _Socket(websocket, context, session)
     transcriber = asyncio.create_task(socket.transcribe_all())
-    COUNTERS["sessions_open"] += 1
-    COUNTERS["sessions_total"] += 1
     logger.info("realtime session %s opened", session.session_id)
     try:
         await socket.perform(session.opened())
@@ -405,10 +422,19 @@ async def realtime_socket(websocket: WebSocket) -> None:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        COUNTERS["sessions_open"] -= 1
         logger.info("realtime session %s closed", session.session_id)
 
 
-__all__ = ["AUDIO_DELTA_SAMPLES", "COUNTERS", "IDLE_TIMEOUT_S", "MAX_CONVERSATION_MESSAGES", "MAX_SESSIONS", "refusal",
-           "router",
+@router.websocket("/v1/realtime")
+async def realtime_socket(websocket: WebSocket) -> None:
+    async def open_session(websocket: WebSocket, context: ApiContext) -> Session:
+        beta = "realtime=v1" in websocket.headers.get("openai-beta", "")
+        return Session(_intent(websocket), SessionSettings(model=websocket.query_params.get("model") or None),
+                       lambda settings: refusal(context, settings), lambda prefix: f"{prefix}_{new_id()}", beta=beta)
+
+    await serve(websocket, open_session)
+
+
+__all__ = ["AUDIO_DELTA_SAMPLES", "CLOSE_NORMAL", "CLOSE_POLICY", "CLOSE_TRY_AGAIN", "COUNTERS", "IDLE_TIMEOUT_S",
+           "MAX_CONVERSATION_MESSAGES", "MAX_SESSIONS", "OpenSession", "refusal", "router", "serve",
            "spoken_thinking", "stats"]
