@@ -1,8 +1,9 @@
-"""MLX's vision path (mlx-vlm) on the generated tiny LLaVA `local/tiny-vlm`: the image reaches
-the model (two different images, two different greedy answers; the same image, the same
-answer), its embeddings are counted in the prompt, and what the path does not honour is
-refused by name. The pure helpers (marker to image token, image token expansion) are
-table-driven."""
+"""MLX's vision path (mlx-vlm) on each family it serves, each on its generated tiny model
+(`local/tiny-vlm`: LLaVA; `local/tiny-gemma3-vlm`: Gemma 3): the image reaches the model (two
+different images, two different greedy answers; the same image, the same answer), its
+positions are counted in the prompt exactly as the model's own processor lays them out, and
+what the path does not honour is refused by name. The pure helpers (marker to placeholder,
+placeholder expansion) are table-driven."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ import pytest
 from PIL import Image
 
 from skulk.models.cards import builtin_cards_dir, load_card
-from skulk.models.tiny_models import IMAGE_TOKEN, TINY_VISION_SPEC
+from skulk.models.tiny_models import GEMMA3_BOI_TOKEN, GEMMA3_EOI_TOKEN, IMAGE_TOKEN, TINY_VISION_SPEC
 from skulk.shared.types.common import ChatMessage
 from skulk.shared.types.engines import (
+    MLX_VLM_VISION_TYPES,
     Feature,
     honoured_features,
     missing_features,
@@ -29,7 +31,14 @@ from skulk.shared.types.media import IMAGE_MARKER, ImageInput
 from skulk.shared.types.tasks import TextGenerationParams
 from skulk.worker.engines.base import GeneratedToken, ModelLoadFailed, ShardSpec
 from skulk.worker.engines.mlx.text import images_as
-from skulk.worker.engines.mlx.vision import MlxVisionEngine, VisionModelError, expanded, has_vision_tower
+from skulk.worker.engines.mlx.vision import (
+    VISION_FAMILIES,
+    MlxVisionEngine,
+    VisionModelError,
+    expanded,
+    has_vision_tower,
+    image_block,
+)
 from skulk.worker.engines.prompt_pieces import Segment
 from skulk.worker.runner.bootstrap import engine_factory
 from tests.worker.engines.mlx_ranks import local_instance
@@ -38,6 +47,17 @@ pytestmark = pytest.mark.timeout(180)
 
 CARD = load_card(builtin_cards_dir() / "local--tiny-vlm.toml")
 MODEL = ModelId(CARD.model_id)
+GEMMA3_CARD = load_card(builtin_cards_dir() / "local--tiny-gemma3-vlm.toml")
+CARDS = {"llava": CARD, "gemma3": GEMMA3_CARD}
+"""The generated model each served family is tested on."""
+
+IMAGE_POSITIONS = {
+    "llava": TINY_VISION_SPEC.image_tokens,
+    # "\n\n<start_of_image>" + a soft token per embedding + "<end_of_image>\n\n"; the tiny
+    # tokenizer has a token per newline.
+    "gemma3": 2 + 1 + TINY_VISION_SPEC.image_tokens + 1 + 2,
+}
+"""Prompt positions one image takes, per family, as its processor lays them out."""
 
 
 def png(colour: str, size: tuple[int, int] = (40, 30)) -> ImageInput:
@@ -57,20 +77,27 @@ def run(engine: MlxVisionEngine, request: TextGenerationParams) -> tuple[str, Ge
     return "".join(t.text for t in tokens), tokens[-1]
 
 
+@pytest.fixture(scope="module", params=sorted(CARDS))
+def family(request) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def tiny_vlm(tmp_path_factory) -> Path:
+def tiny_vlm(family, tmp_path_factory) -> Path:
     from skulk.artifacts.resolve import ensure_local_model
 
-    path = ensure_local_model(CARD, tmp_path_factory.mktemp("mlx-vlm-models"))
-    assert has_vision_tower(__import__("json").loads((path / "config.json").read_text()))
+    path = ensure_local_model(CARDS[family], tmp_path_factory.mktemp("mlx-vlm-models"))
+    config = __import__("json").loads((path / "config.json").read_text())
+    assert has_vision_tower(config) and config["model_type"] == family
     return path
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_vlm):
+def engine(family, tiny_vlm):
+    card = CARDS[family]
     engine = MlxVisionEngine()
-    engine.load(ShardSpec(instance=local_instance(CARD, 1), runner_id=local_instance(CARD, 1).shards[0].runner_id,
-                          card=CARD, model_path=str(tiny_vlm)))
+    engine.load(ShardSpec(instance=local_instance(card, 1), runner_id=local_instance(card, 1).shards[0].runner_id,
+                          card=card, model_path=str(tiny_vlm)))
     engine.warm_up()
     yield engine
     engine.close()
@@ -84,15 +111,37 @@ def test_the_image_steers_greedy_decoding(engine):
     assert black[1].finish_reason == "length"
 
 
-def test_prompt_tokens_count_the_image_embeddings(engine):
+def test_prompt_tokens_count_the_image_embeddings(engine, family):
     plain = run(engine, ask())[1].usage
     one = run(engine, ask(png("red")))[1].usage
     two = run(engine, ask(png("red"), png("blue", (64, 64))))[1].usage
     assert plain is not None and one is not None and two is not None
-    # The marker becomes one image token, repeated once per embedding (16 per image here).
-    assert one.prompt_tokens - plain.prompt_tokens == TINY_VISION_SPEC.image_tokens
-    assert two.prompt_tokens - plain.prompt_tokens == 2 * TINY_VISION_SPEC.image_tokens
+    # The marker becomes the family's placeholder, laid out as its processor lays out an image.
+    assert one.prompt_tokens - plain.prompt_tokens == IMAGE_POSITIONS[family]
+    assert two.prompt_tokens - plain.prompt_tokens == 2 * IMAGE_POSITIONS[family]
     assert engine.prompt_token_count(ask(png("red"))) == one.prompt_tokens
+
+
+def test_the_image_is_laid_out_as_the_models_processor_lays_it_out(engine, family, tiny_vlm):
+    import numpy as np
+    from mlx_vlm.utils import load as load_vlm
+
+    from skulk.worker.engines.mlx.text import prompt_and_tokens
+
+    _, processor = load_vlm(str(tiny_vlm))
+    placeholder = getattr(processor, VISION_FAMILIES[family].placeholder_attr)
+    request = ask(png("red"))
+    text, _ = prompt_and_tokens(engine._tokenizer, request)
+    # The processor given our rendered prompt expands the placeholder its own way; ours must
+    # be the same ids (less the BOS its tokenizer adds: the template already wrote one).
+    out = processor(text=[text.replace(IMAGE_MARKER, placeholder)], images=[Image.new("RGB", (40, 30), "red")])
+    added = [int(t) for t in processor.tokenizer("")["input_ids"]]
+    theirs = image_block([int(t) for t in np.asarray(out["input_ids"]).reshape(-1)], added)
+    ours = engine._inputs(request, None, pixels=False)[0]
+    assert ours == theirs
+    if family == "gemma3":  # the soft tokens framed by <start_of_image> ... <end_of_image>
+        ids = processor.tokenizer.convert_tokens_to_ids([GEMMA3_BOI_TOKEN, GEMMA3_EOI_TOKEN])
+        assert [ours.count(i) for i in ids] == [1, 1]
 
 
 def test_a_seeded_sample_repeats_and_the_seed_matters(engine):
@@ -128,6 +177,14 @@ def test_a_card_that_sees_on_a_text_only_folder_fails_to_load(tmp_path):
                               card=CARD, model_path=str(path)))
 
 
+def test_a_vision_folder_of_a_family_the_path_does_not_serve_is_refused_by_name(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "qwen2_5_vl", "vision_config": {}}')
+    instance = local_instance(CARD, 1)
+    with pytest.raises(ModelLoadFailed, match="'qwen2_5_vl' is not a family the MLX vision path serves"):
+        MlxVisionEngine().load(ShardSpec(instance=instance, runner_id=instance.shards[0].runner_id, card=CARD,
+                                         model_path=str(tmp_path)))
+
+
 @pytest.mark.parametrize("method", ["ngram", "draft"])
 def test_a_speculating_card_is_refused_on_the_vision_path_by_name(method, tmp_path):
     card = CARD.model_copy(update={"runtime": CARD.runtime.model_copy(update={"speculative": method})})
@@ -151,18 +208,33 @@ def test_image_markers_become_the_image_token(segments, want):
     assert images_as(segments, IMAGE_TOKEN) == want
 
 
-@pytest.mark.parametrize(("prompt", "counts", "want"), [
-    ([1, 9, 2], [3], [1, 9, 9, 9, 2]),
-    ([9, 9], [1, 2], [9, 9, 9]),
+@pytest.mark.parametrize(("prompt", "blocks", "want"), [
+    ([1, 9, 2], [[9, 9, 9]], [1, 9, 9, 9, 2]),  # LLaVA: the image token once per embedding
+    ([9, 9], [[9], [9, 9]], [9, 9, 9]),
     ([1, 2], [], [1, 2]),
+    ([1, 7, 2], [[5, 7, 8, 8, 6, 5]], [1, 5, 7, 8, 8, 6, 5, 2]),  # Gemma 3: framed soft tokens
+    ([7, 7], [[7, 8], [7, 8, 8]], [7, 8, 7, 8, 8]),  # each image its own length
 ])
-def test_image_tokens_expand_per_image(prompt, counts, want):
-    assert expanded(prompt, 9, counts) == want
+def test_placeholders_expand_per_image(prompt, blocks, want):
+    assert expanded(prompt, 9 if 9 in prompt else 7, blocks) == want
 
 
 def test_an_image_without_its_token_is_refused():
     with pytest.raises(VisionModelError, match="1 image token"):
-        expanded([1, 9], 9, [2, 2])
+        expanded([1, 9], 9, [[9, 9], [9, 9]])
+
+
+@pytest.mark.parametrize(("ids", "added", "want"), [
+    ([0, 9, 9], [0], [9, 9]),  # the tokenizer's BOS dropped
+    ([9, 9], [0], [9, 9]),  # a processor that adds none
+    ([0, 5, 9, 6], [], [0, 5, 9, 6]),  # a tokenizer that adds nothing
+])
+def test_an_images_block_is_the_processors_ids_less_what_the_tokenizer_adds(ids, added, want):
+    assert image_block(ids, added) == want
+
+
+def test_every_served_family_says_how_it_places_images():
+    assert frozenset(VISION_FAMILIES) == MLX_VLM_VISION_TYPES
 
 
 @pytest.mark.parametrize(("vision", "feature", "honoured"), [
@@ -188,7 +260,8 @@ def test_logprobs_on_the_vision_path_are_refused_by_name():
 @pytest.mark.parametrize(("engine", "family", "sees", "on_path"), [
     ("mlx", "llava", True, True),
     ("mlx", "llava", False, False),  # a card that does not say it sees stays on the text path
-    ("mlx", "gemma3", True, False),  # a family the vision path has not been shown to run
+    ("mlx", "gemma3", True, True),
+    ("mlx", "qwen2_5_vl", True, False),  # a family the vision path has not been shown to run
     ("llama_server", "llama", True, False),  # no separate vision path there
 ])
 def test_the_vision_path_is_the_cards_and_the_familys(engine, family, sees, on_path):
@@ -196,8 +269,9 @@ def test_the_vision_path_is_the_cards_and_the_familys(engine, family, sees, on_p
 
 
 def test_a_vision_mlx_model_never_spans_nodes():
-    assert sees_images("mlx", "llava") and not sees_images("mlx") and not sees_images("mlx", "gemma3")
-    assert not shards_model("mlx", "llava", sees=True)
+    assert sees_images("mlx", "llava") and sees_images("mlx", "gemma3") and not sees_images("mlx")
+    assert not sees_images("mlx", "qwen2_5_vl")
+    assert not shards_model("mlx", "llava", sees=True) and not shards_model("mlx", "gemma3", sees=True)
     assert shards_model("mlx", "llama", sees=True)  # llama has no vision path: the text path spans
     assert shards_model("mlx", "llama", sees=False)
 
