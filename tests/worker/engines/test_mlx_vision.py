@@ -103,6 +103,17 @@ def engine(family, tiny_vlm):
     engine.close()
 
 
+def test_the_card_says_the_generated_folders_size_and_shape(family, tiny_vlm):
+    import json
+
+    card = CARDS[family]
+    actual = sum(p.stat().st_size for p in tiny_vlm.rglob("*") if p.is_file())
+    assert abs(card.storage_size_bytes - actual) <= actual * 0.05  # placement fits memory with it
+    text = json.loads((tiny_vlm / "config.json").read_text())["text_config"]
+    assert (text["num_hidden_layers"], text["hidden_size"], text["vocab_size"]) == (
+        card.num_layers, card.hidden_size, card.vocab_size)
+
+
 def test_the_image_steers_greedy_decoding(engine):
     black, white = run(engine, ask(png("black"))), run(engine, ask(png("white")))
     assert black[0] and white[0]
