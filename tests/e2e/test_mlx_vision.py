@@ -1,5 +1,6 @@
 """Images on MLX end to end, per family the vision path serves: the generated LLaVA model
-`local/tiny-vlm` and Gemma 3 model `local/tiny-gemma3-vlm` placed on a real node, loaded by its
+`local/tiny-vlm`, Gemma 3 model `local/tiny-gemma3-vlm` and Qwen2.5-VL model
+`local/tiny-qwen2.5-vl` placed on a real node, loaded by its
 runner through mlx-vlm (MLX's vision path), asked about images with the official OpenAI SDK.
 The image reaches the model (the prompt grows by the positions its processor gives an image;
 two images, two greedy answers; the same image, the same answer, streamed or not), and what
@@ -23,10 +24,11 @@ from tests.nodeproc import wait_for
 
 pytestmark = pytest.mark.timeout(300)
 
-IMAGE_TOKENS = {"local/tiny-vlm": 16, "local/tiny-gemma3-vlm": 22}
-"""Prompt positions any image takes: the generated towers' (32 / 8) ** 2 patches; Gemma 3
+IMAGE_TOKENS = {"local/tiny-vlm": 16, "local/tiny-gemma3-vlm": 22, "local/tiny-qwen2.5-vl": 6}
+"""Prompt positions a 32x32 image takes: the generated towers' (32 / 8) ** 2 patches; Gemma 3
 frames its soft tokens as "\n\n<start_of_image>" ... "<end_of_image>\n\n" (a token per
-newline in the tiny tokenizer)."""
+newline in the tiny tokenizer); Qwen2.5-VL merges 2x2 patches (4 pads) between
+<|vision_start|> and <|vision_end|>."""
 
 
 def data_url(colour: str) -> str:

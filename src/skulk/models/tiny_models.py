@@ -16,6 +16,10 @@ Llama-architecture network with random weights and a BPE tokenizer trained on th
   the same shapes as a Gemma 3 language model (its extra norms), a tiny SigLIP tower and
   Gemma 3's projector, the tokenizer plus Gemma 3's image tokens, and Gemma 3's processor
   configs;
+- `hf/` as a Qwen2.5-VL model for mlx-vlm, for local/tiny-qwen2.5-vl
+  (`write_mlx_vlm_qwen2_5_vl`): a Qwen2 language model of the same shapes with M-RoPE, a
+  tiny Qwen2.5-VL vision tower and patch merger, the tokenizer plus Qwen's vision tokens, and
+  the Qwen2-VL image processor config;
 - `mmproj.gguf`, for a vision model only (`TinyVisionSpec`): a LLaVA-style multimodal
   projector (a tiny CLIP ViT and a two-layer `mlp` projector into the LM's embedding size)
   with random weights, which llama.cpp's `mtmd` loads beside `model.gguf` (llama-server's
@@ -948,6 +952,135 @@ def write_mlx_vlm_gemma3(hf_dir: Path, spec: TinySpec, vision: TinyVisionSpec) -
     _write_json(hf_dir / "tokenizer_config.json", tokenizer_config)
 
 
+QWEN2_5_VL_START_TOKEN = "<|vision_start|>"
+QWEN2_5_VL_END_TOKEN = "<|vision_end|>"
+QWEN2_5_VL_IMAGE_TOKEN = "<|image_pad|>"
+QWEN2_5_VL_TOKENS: tuple[str, ...] = (QWEN2_5_VL_START_TOKEN, QWEN2_5_VL_END_TOKEN, "<|vision_pad|>",
+                                      QWEN2_5_VL_IMAGE_TOKEN, "<|video_pad|>")
+"""The Qwen2.5-VL model's added special tokens, after the trained vocabulary in this order.
+Qwen's chat template writes `<|vision_start|><|image_pad|><|vision_end|>` per image; its
+processor repeats `<|image_pad|>` once per merged patch (the image's grid t*h*w / merge**2),
+and M-RoPE numbers those positions in 2D from `<|vision_start|>` on."""
+
+QWEN2_5_VL_PATCH_PX = 8
+QWEN2_5_VL_MERGE = 2
+QWEN2_5_VL_MIN_PIXELS = 16 * 16
+QWEN2_5_VL_MAX_PIXELS = 64 * 64
+"""The tiny Qwen2.5-VL's image processor bounds: an image is resized to multiples of
+patch * merge (16 px) within these pixel counts, so the count of image tokens follows the
+image's shape (a 40x30 image: 48x32 px, 6x4 patches, 6 tokens; 64x64: 16 tokens)."""
+
+
+def _qwen2_5_vl_weights(spec: TinySpec, vision: TinyVisionSpec,
+                        silent_token_ids: Sequence[int]) -> dict[str, np.ndarray]:
+    """Qwen2.5-VL's tensors under mlx-vlm's names: the Llama tensors of `_hf_weights` with
+    Qwen2's q/k/v biases (zero) as the language model, and a tiny Qwen2.5-VL vision tower
+    (a 3D patch conv over two frames, RMS-normed blocks with a fused qkv and a gated MLP, the
+    2x2 patch merger into the LM), float32, in a fixed order."""
+    lm = _hf_weights(spec, silent_token_ids)
+    for i in range(spec.num_layers):
+        p = f"model.layers.{i}.self_attn"
+        lm[f"{p}.q_proj.bias"] = np.zeros(spec.num_attention_heads * spec.head_dim, dtype=np.float32)
+        for name in ("k_proj", "v_proj"):
+            lm[f"{p}.{name}.bias"] = np.zeros(spec.num_key_value_heads * spec.head_dim, dtype=np.float32)
+    weights = {f"language_model.{name}": weight for name, weight in sorted(lm.items())}
+    h, ff, p = vision.hidden_size, vision.intermediate_size, QWEN2_5_VL_PATCH_PX
+    tower, noise, linear, _ = _tower_builders(vision)
+    noise("vision_tower.patch_embed.proj.weight", (h, 3, 2, p, p), HIDDEN_GAIN / math.sqrt(3 * 2 * p * p))
+    for i in range(vision.num_layers):
+        b = f"vision_tower.blocks.{i}"
+        tower[f"{b}.norm1.weight"] = np.ones(h, dtype=np.float32)
+        linear(f"{b}.attn.qkv", 3 * h, h)
+        linear(f"{b}.attn.proj", h, h, RESIDUAL_GAIN)
+        tower[f"{b}.norm2.weight"] = np.ones(h, dtype=np.float32)
+        linear(f"{b}.mlp.gate_proj", ff, h)
+        linear(f"{b}.mlp.up_proj", ff, h)
+        linear(f"{b}.mlp.down_proj", h, ff, RESIDUAL_GAIN)
+    merged = h * QWEN2_5_VL_MERGE ** 2
+    tower["vision_tower.merger.ln_q.weight"] = np.ones(h, dtype=np.float32)
+    linear("vision_tower.merger.mlp.0", merged, merged)
+    linear("vision_tower.merger.mlp.2", spec.hidden_size, merged, vision.projection_gain)
+    weights.update(tower)
+    return weights
+
+
+def write_mlx_vlm_qwen2_5_vl(hf_dir: Path, spec: TinySpec, vision: TinyVisionSpec) -> None:
+    """A Qwen2.5-VL safetensors folder mlx-vlm's qwen2_5_vl loads: a Qwen2 language model of
+    `spec`'s shape with M-RoPE (the tokenizer plus QWEN2_5_VL_TOKENS), a tiny Qwen2.5-VL tower
+    of `vision`'s width and depth (8 px patches over two frames, 2x2 merge), and the Qwen2-VL
+    image processor and Qwen2.5-VL processor configs."""
+    from safetensors.numpy import save_file
+    from tokenizers import AddedToken
+
+    tokenizer = train_tokenizer(spec)
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN2_5_VL_TOKENS])
+    vocab = tokenizer.get_vocab()
+    lm_spec = replace(spec, vocab_size=tokenizer.get_vocab_size())
+    weights = _qwen2_5_vl_weights(lm_spec, vision, [vocab[t] for t in (*SPECIAL_TOKENS, *QWEN2_5_VL_TOKENS)])
+    _write_hf(hf_dir, lm_spec, tokenizer, {})
+    save_file({name: np.ascontiguousarray(w) for name, w in weights.items()}, str(hf_dir / "model.safetensors"),
+              metadata={"format": "pt"})
+    os.chmod(hf_dir / "model.safetensors", 0o644)
+    config = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
+    half = spec.head_dim // 2
+    config.update({
+        "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+        "model_type": "qwen2_5_vl",
+        # Rotary frequencies per axis (time, height, width): they must sum to head_dim / 2.
+        "rope_scaling": {"type": "mrope", "mrope_section": [half - 2 * (half * 3 // 8), half * 3 // 8,
+                                                             half * 3 // 8]},
+        "vision_config": {
+            "model_type": "qwen2_5_vl",
+            "depth": vision.num_layers,
+            "hidden_size": vision.hidden_size,
+            "intermediate_size": vision.intermediate_size,
+            "num_heads": vision.num_attention_heads,
+            "out_hidden_size": spec.hidden_size,
+            "patch_size": QWEN2_5_VL_PATCH_PX,
+            "spatial_patch_size": QWEN2_5_VL_PATCH_PX,
+            "spatial_merge_size": QWEN2_5_VL_MERGE,
+            "temporal_patch_size": 2,
+            "in_channels": 3,
+            # 32 px windows (2x2 merged units); the last block attends to the whole image.
+            "window_size": 2 * QWEN2_5_VL_MERGE * QWEN2_5_VL_PATCH_PX,
+            "fullatt_block_indexes": [vision.num_layers - 1],
+            "tokens_per_second": 2,
+        },
+        "image_token_id": vocab[QWEN2_5_VL_IMAGE_TOKEN],
+        "video_token_id": vocab["<|video_pad|>"],
+        "vision_start_token_id": vocab[QWEN2_5_VL_START_TOKEN],
+        "vision_end_token_id": vocab[QWEN2_5_VL_END_TOKEN],
+        "vision_token_id": vocab["<|vision_pad|>"],
+    })
+    _write_json(hf_dir / "config.json", config)
+    _write_json(hf_dir / "preprocessor_config.json", {
+        "image_processor_type": "Qwen2VLImageProcessor",
+        "processor_class": "Qwen2_5_VLProcessor",
+        "do_resize": True,
+        "resample": 3,
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "image_mean": list(IMAGE_MEAN),
+        "image_std": list(IMAGE_STD),
+        "do_convert_rgb": True,
+        "min_pixels": QWEN2_5_VL_MIN_PIXELS,
+        "max_pixels": QWEN2_5_VL_MAX_PIXELS,
+        "size": {"shortest_edge": QWEN2_5_VL_MIN_PIXELS, "longest_edge": QWEN2_5_VL_MAX_PIXELS},
+        "patch_size": QWEN2_5_VL_PATCH_PX,
+        "temporal_patch_size": 2,
+        "merge_size": QWEN2_5_VL_MERGE,
+    })
+    tokenizer_config = json.loads((hf_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+    for token in QWEN2_5_VL_TOKENS:
+        tokenizer_config["added_tokens_decoder"][str(vocab[token])] = {
+            "content": token, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
+            "special": True,
+        }
+    tokenizer_config["processor_class"] = "Qwen2_5_VLProcessor"
+    _write_json(hf_dir / "tokenizer_config.json", tokenizer_config)
+
+
 def _tree_size_bytes(directory: Path) -> int:
     return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
 
@@ -984,7 +1117,7 @@ def generate_tiny_model(out_dir: Path, spec: TinySpec, vision: TinyVisionSpec | 
 # ---------------------------------------------------------------------------------------
 
 
-MlxVlmFamily = Literal["llava", "gemma3"]
+MlxVlmFamily = Literal["llava", "gemma3", "qwen2_5_vl"]
 """The mlx-vlm families the generator writes (`MLX_VLM_WRITERS`)."""
 
 
@@ -1004,6 +1137,7 @@ class GeneratedModel:
 MLX_VLM_WRITERS: Mapping[str, tuple[Callable[[Path, TinySpec, TinyVisionSpec], None], int, str]] = {
     "llava": (write_mlx_vlm, 1, "-mlx-vlm"),
     "gemma3": (write_mlx_vlm_gemma3, len(GEMMA3_TOKENS), "-mlx-vlm-gemma3"),
+    "qwen2_5_vl": (write_mlx_vlm_qwen2_5_vl, len(QWEN2_5_VL_TOKENS), "-mlx-vlm-qwen2_5_vl"),
 }
 """An mlx-vlm family's writer, how many tokens it adds to the trained vocabulary (the card's
 vocab_size is that much larger), and its spec-hash suffix (a layout change regenerates)."""
@@ -1016,12 +1150,15 @@ LOCAL_GENERATED_MODELS: Mapping[str, GeneratedModel] = {
     "local/tiny-vlm": GeneratedModel("local--tiny-vlm-mlx", TINY_SPEC, TINY_VISION_SPEC, mlx_vlm=True),
     "local/tiny-gemma3-vlm": GeneratedModel("local--tiny-gemma3-vlm", TINY_SPEC, TINY_VISION_SPEC, mlx_vlm=True,
                                             mlx_vlm_family="gemma3"),
+    "local/tiny-qwen2.5-vl": GeneratedModel("local--tiny-qwen2.5-vl", TINY_SPEC, TINY_VISION_SPEC, mlx_vlm=True,
+                                            mlx_vlm_family="qwen2_5_vl"),
 }
 """Generated cards by model id. Both tiny cards share one directory: the HF card resolves to
 its hf/ folder, the GGUF card (the one with a llama.cpp backend) to its model.gguf. The
 vision card has its own directory (the same LM plus mmproj.gguf); so has the MLX vision card
 (hf/ only: a LLaVA folder for mlx-vlm), and so has the Gemma 3 one (a Gemma 3 folder, the
-same shapes with Gemma 3's norms, SigLIP tower and projector)."""
+same shapes with Gemma 3's norms, SigLIP tower and projector) and the Qwen2.5-VL one (a
+Qwen2 LM with M-RoPE and Qwen2.5-VL's windowed tower and patch merger)."""
 
 
 def generated_projector_path(model_path: Path) -> Path:
@@ -1248,6 +1385,10 @@ __all__ = [
     "LOCAL_GENERATED_MODELS",
     "MARKER_FILE_NAME",
     "PROJECTOR_FILE_NAME",
+    "QWEN2_5_VL_END_TOKEN",
+    "QWEN2_5_VL_IMAGE_TOKEN",
+    "QWEN2_5_VL_START_TOKEN",
+    "QWEN2_5_VL_TOKENS",
     "SPECIAL_TOKENS",
     "TINY_DRAFT_SPEC",
     "TINY_SPEC",
@@ -1266,6 +1407,7 @@ __all__ = [
     "train_tokenizer",
     "write_mlx_vlm",
     "write_mlx_vlm_gemma3",
+    "write_mlx_vlm_qwen2_5_vl",
 ]
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """MLX's vision path (mlx-vlm) on each family it serves, each on its generated tiny model
-(`local/tiny-vlm`: LLaVA; `local/tiny-gemma3-vlm`: Gemma 3): the image reaches the model (two
+(`local/tiny-vlm`: LLaVA; `local/tiny-gemma3-vlm`: Gemma 3; `local/tiny-qwen2.5-vl`:
+Qwen2.5-VL): the image reaches the model (two
 different images, two different greedy answers; the same image, the same answer), its
 positions are counted in the prompt exactly as the model's own processor lays them out, and
 what the path does not honour is refused by name. The pure helpers (marker to placeholder,
@@ -47,20 +48,25 @@ pytestmark = pytest.mark.timeout(180)
 
 CARD = load_card(builtin_cards_dir() / "local--tiny-vlm.toml")
 MODEL = ModelId(CARD.model_id)
-GEMMA3_CARD = load_card(builtin_cards_dir() / "local--tiny-gemma3-vlm.toml")
-CARDS = {"llava": CARD, "gemma3": GEMMA3_CARD}
+CARDS = {"llava": CARD, "gemma3": load_card(builtin_cards_dir() / "local--tiny-gemma3-vlm.toml"),
+         "qwen2_5_vl": load_card(builtin_cards_dir() / "local--tiny-qwen2.5-vl.toml")}
 """The generated model each served family is tested on."""
 
+SMALL, SQUARE = (40, 30), (64, 64)
 IMAGE_POSITIONS = {
-    "llava": TINY_VISION_SPEC.image_tokens,
+    # Every image resized to the tower's 32x32: 16 patch embeddings.
+    "llava": {SMALL: TINY_VISION_SPEC.image_tokens, SQUARE: TINY_VISION_SPEC.image_tokens},
     # "\n\n<start_of_image>" + a soft token per embedding + "<end_of_image>\n\n"; the tiny
     # tokenizer has a token per newline.
-    "gemma3": 2 + 1 + TINY_VISION_SPEC.image_tokens + 1 + 2,
+    "gemma3": {size: 2 + 1 + TINY_VISION_SPEC.image_tokens + 1 + 2 for size in (SMALL, SQUARE)},
+    # "<|vision_start|>" + an "<|image_pad|>" per 2x2 merged 8 px patch + "<|vision_end|>":
+    # 40x30 resizes to 32x32 (4x4 patches, 4 pads), 64x64 stays (8x8 patches, 16 pads).
+    "qwen2_5_vl": {SMALL: 1 + 4 + 1, SQUARE: 1 + 16 + 1},
 }
-"""Prompt positions one image takes, per family, as its processor lays them out."""
+"""Prompt positions one image takes, per family and image size, as its processor lays them out."""
 
 
-def png(colour: str, size: tuple[int, int] = (40, 30)) -> ImageInput:
+def png(colour: str, size: tuple[int, int] = SMALL) -> ImageInput:
     out = io.BytesIO()
     Image.new("RGB", size, colour).save(out, format="PNG")
     return ImageInput.of(out.getvalue(), "image/png", *size)
@@ -109,7 +115,8 @@ def test_the_card_says_the_generated_folders_size_and_shape(family, tiny_vlm):
     card = CARDS[family]
     actual = sum(p.stat().st_size for p in tiny_vlm.rglob("*") if p.is_file())
     assert abs(card.storage_size_bytes - actual) <= actual * 0.05  # placement fits memory with it
-    text = json.loads((tiny_vlm / "config.json").read_text())["text_config"]
+    config = json.loads((tiny_vlm / "config.json").read_text())
+    text = config.get("text_config", config)  # Qwen2.5-VL keeps its text fields at the top
     assert (text["num_hidden_layers"], text["hidden_size"], text["vocab_size"]) == (
         card.num_layers, card.hidden_size, card.vocab_size)
 
@@ -125,11 +132,12 @@ def test_the_image_steers_greedy_decoding(engine):
 def test_prompt_tokens_count_the_image_embeddings(engine, family):
     plain = run(engine, ask())[1].usage
     one = run(engine, ask(png("red")))[1].usage
-    two = run(engine, ask(png("red"), png("blue", (64, 64))))[1].usage
+    two = run(engine, ask(png("red"), png("blue", SQUARE)))[1].usage
     assert plain is not None and one is not None and two is not None
     # The marker becomes the family's placeholder, laid out as its processor lays out an image.
-    assert one.prompt_tokens - plain.prompt_tokens == IMAGE_POSITIONS[family]
-    assert two.prompt_tokens - plain.prompt_tokens == 2 * IMAGE_POSITIONS[family]
+    positions = IMAGE_POSITIONS[family]
+    assert one.prompt_tokens - plain.prompt_tokens == positions[SMALL]
+    assert two.prompt_tokens - plain.prompt_tokens == positions[SMALL] + positions[SQUARE]
     assert engine.prompt_token_count(ask(png("red"))) == one.prompt_tokens
 
 
@@ -141,18 +149,21 @@ def test_the_image_is_laid_out_as_the_models_processor_lays_it_out(engine, famil
 
     _, processor = load_vlm(str(tiny_vlm))
     placeholder = getattr(processor, VISION_FAMILIES[family].placeholder_attr)
+    frame = VISION_FAMILIES[family].frame or ("", "")
     request = ask(png("red"))
     text, _ = prompt_and_tokens(engine._tokenizer, request)
     # The processor given our rendered prompt expands the placeholder its own way; ours must
     # be the same ids (less the BOS its tokenizer adds: the template already wrote one).
-    out = processor(text=[text.replace(IMAGE_MARKER, placeholder)], images=[Image.new("RGB", (40, 30), "red")])
+    # (Qwen's chat template frames the placeholder; its processor expands only the pads.)
+    out = processor(text=[text.replace(IMAGE_MARKER, frame[0] + placeholder + frame[1])],
+                    images=[Image.new("RGB", SMALL, "red")])
     added = [int(t) for t in processor.tokenizer("")["input_ids"]]
     theirs = image_block([int(t) for t in np.asarray(out["input_ids"]).reshape(-1)], added)
     ours = engine._inputs(request, None, pixels=False)[0]
     assert ours == theirs
-    if family == "gemma3":  # the soft tokens framed by <start_of_image> ... <end_of_image>
-        ids = processor.tokenizer.convert_tokens_to_ids([GEMMA3_BOI_TOKEN, GEMMA3_EOI_TOKEN])
-        assert [ours.count(i) for i in ids] == [1, 1]
+    framing = {"gemma3": [GEMMA3_BOI_TOKEN, GEMMA3_EOI_TOKEN], "qwen2_5_vl": list(frame)}.get(family, [])
+    ids = processor.tokenizer.convert_tokens_to_ids(framing)
+    assert [ours.count(i) for i in ids] == [1] * len(framing)  # each image framed once
 
 
 def test_a_seeded_sample_repeats_and_the_seed_matters(engine):
@@ -189,9 +200,9 @@ def test_a_card_that_sees_on_a_text_only_folder_fails_to_load(tmp_path):
 
 
 def test_a_vision_folder_of_a_family_the_path_does_not_serve_is_refused_by_name(tmp_path):
-    (tmp_path / "config.json").write_text('{"model_type": "qwen2_5_vl", "vision_config": {}}')
+    (tmp_path / "config.json").write_text('{"model_type": "qwen2_vl", "vision_config": {}}')
     instance = local_instance(CARD, 1)
-    with pytest.raises(ModelLoadFailed, match="'qwen2_5_vl' is not a family the MLX vision path serves"):
+    with pytest.raises(ModelLoadFailed, match="'qwen2_vl' is not a family the MLX vision path serves"):
         MlxVisionEngine().load(ShardSpec(instance=instance, runner_id=instance.shards[0].runner_id, card=CARD,
                                          model_path=str(tmp_path)))
 
@@ -272,7 +283,8 @@ def test_logprobs_on_the_vision_path_are_refused_by_name():
     ("mlx", "llava", True, True),
     ("mlx", "llava", False, False),  # a card that does not say it sees stays on the text path
     ("mlx", "gemma3", True, True),
-    ("mlx", "qwen2_5_vl", True, False),  # a family the vision path has not been shown to run
+    ("mlx", "qwen2_5_vl", True, True),
+    ("mlx", "qwen2_vl", True, False),  # a family the vision path has not been shown to run
     ("llama_server", "llama", True, False),  # no separate vision path there
 ])
 def test_the_vision_path_is_the_cards_and_the_familys(engine, family, sees, on_path):
@@ -281,7 +293,7 @@ def test_the_vision_path_is_the_cards_and_the_familys(engine, family, sees, on_p
 
 def test_a_vision_mlx_model_never_spans_nodes():
     assert sees_images("mlx", "llava") and sees_images("mlx", "gemma3") and not sees_images("mlx")
-    assert not sees_images("mlx", "qwen2_5_vl")
+    assert sees_images("mlx", "qwen2_5_vl") and not sees_images("mlx", "qwen2_vl")
     assert not shards_model("mlx", "llava", sees=True) and not shards_model("mlx", "gemma3", sees=True)
     assert shards_model("mlx", "llama", sees=True)  # llama has no vision path: the text path spans
     assert shards_model("mlx", "llama", sees=False)

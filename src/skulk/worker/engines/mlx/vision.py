@@ -8,7 +8,9 @@ is rendered with the tokenizer's own chat template exactly as the text path rend
 (`text.prompt_and_tokens`); each image marker becomes the family's placeholder token (LLaVA's
 `<image>`, Gemma 3's `<start_of_image>`), and each placeholder is then replaced by the ids the
 model's own processor gives that image's placeholder (LLaVA: `<image>` once per embedding;
-Gemma 3: `\n\n<start_of_image>`, a soft token per embedding, `<end_of_image>\n\n`), so the
+Gemma 3: `\n\n<start_of_image>`, a soft token per embedding, `<end_of_image>\n\n`;
+Qwen2.5-VL: `<|image_pad|>` per merged patch of the image's grid, framed by the
+`<|vision_start|>` and `<|vision_end|>` its chat template writes), so the
 prompt's length (usage.prompt_tokens) counts every image position. The images' pixels come
 from the model's own processor; mlx-vlm puts their embeddings where the image tokens are and
 decodes. Per-family quirks are data (`VISION_FAMILIES`), keyed by config.json's model_type.
@@ -75,11 +77,16 @@ class VisionFamily:
     attention_mask: bool = False
     """Whether the model's embedding step reads the prompt's attention mask (Gemma 3's does:
     mlx-vlm builds its mask from it; LLaVA's ignores it)."""
+    frame: tuple[str, str] | None = None
+    """Special tokens around each image that the family's chat template writes and its
+    processor does not (Qwen2.5-VL's `<|vision_start|>` ... `<|vision_end|>`, from which its
+    M-RoPE numbers the image's positions in 2D)."""
 
 
 VISION_FAMILIES: Mapping[str, VisionFamily] = MappingProxyType({
     "llava": VisionFamily("image_token"),
     "gemma3": VisionFamily("boi_token", attention_mask=True),
+    "qwen2_5_vl": VisionFamily("image_token", frame=("<|vision_start|>", "<|vision_end|>")),
 })
 """config.json `model_type` -> its image placement; exactly the families of
 `MLX_VLM_VISION_TYPES` (checked at import): a family joins both once a test shows it serves."""
@@ -146,6 +153,7 @@ class MlxVisionEngine:
         self._placeholder = ""
         self._placeholder_id = -1
         self._added_ids: list[int] = []
+        self._frame_ids: tuple[int, int] | None = None
         self._family = VISION_FAMILIES["llava"]
         self._n_ctx = 0
         self._model_id = ModelId("")
@@ -207,7 +215,7 @@ class MlxVisionEngine:
         # The text helpers read the HF tokenizer as mlx-lm's wrapper holds it (`_tokenizer`).
         tokenizer = TokenizerWrapper(hf_tokenizer)
         specials = special_tokens(tokenizer)
-        for token in (image_token, placeholder):
+        for token in (image_token, placeholder, *(family.frame or ())):
             if token not in specials:
                 raise ModelLoadFailed(f"the image token {token!r} is not a special token of the tokenizer")
         self._model, self._processor, self._tokenizer = model, processor, tokenizer
@@ -216,6 +224,7 @@ class MlxVisionEngine:
         self._image_token, self._image_token_id = image_token, specials[image_token]
         self._placeholder, self._placeholder_id = placeholder, specials[placeholder]
         self._added_ids = _flat_ids(hf_tokenizer("")["input_ids"])
+        self._frame_ids = (specials[family.frame[0]], specials[family.frame[1]]) if family.frame else None
         self._family = family
         eos = getattr(model.config, "eos_token_id", None) or getattr(hf_tokenizer, "eos_token_id", None)
         self._eos = frozenset(int(t) for t in (eos if isinstance(eos, list) else [eos] if eos is not None else []))
@@ -305,6 +314,8 @@ class MlxVisionEngine:
         block = image_block(_flat_ids(out["input_ids"]), self._added_ids)
         if not any(token == self._image_token_id for token in block):
             raise VisionModelError("the model's processor gave an image no prompt positions")
+        if self._frame_ids is not None:
+            block = [self._frame_ids[0], *block, self._frame_ids[1]]
         return block, {key: value for key, value in out.items()
                        if key not in PROCESSOR_OUTPUTS_IGNORED and value is not None}
 
