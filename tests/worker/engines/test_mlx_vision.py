@@ -141,6 +141,16 @@ def test_prompt_tokens_count_the_image_embeddings(engine, family):
     assert engine.prompt_token_count(ask(png("red"))) == one.prompt_tokens
 
 
+def test_the_context_check_counts_the_image(engine, family):
+    from skulk.worker.engines.base import PromptTooLong
+
+    plain = engine.prompt_token_count(ask())
+    window = plain + IMAGE_POSITIONS[family][SMALL]  # the image fits only with no room to answer
+    assert run(engine, ask(max_tokens=2).model_copy(update={"context_tokens": window}))[0]
+    with pytest.raises(PromptTooLong):
+        run(engine, ask(png("black"), max_tokens=2).model_copy(update={"context_tokens": window}))
+
+
 def test_the_image_is_laid_out_as_the_models_processor_lays_it_out(engine, family, tiny_vlm):
     import numpy as np
     from mlx_vlm.utils import load as load_vlm
