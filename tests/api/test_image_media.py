@@ -128,7 +128,7 @@ def test_only_the_llama_cpp_engines_serve_images() -> None:
 
 def test_a_card_sees_when_it_says_so_and_an_engine_of_it_serves_images() -> None:
     assert media.card_sees(CARDS[SEEING])
-    assert not media.card_sees(CARDS[MLX_SEEING])  # says vision, but only MLX runs it
+    assert not media.card_sees(CARDS[MLX_SEEING])  # says vision, but only MLX runs it, not for its family
     assert media.vision_refusal(MLX_SEEING, CARDS[MLX_SEEING], "messages") is None
     refusal = media.vision_refusal("some/model", None, "messages")
     assert isinstance(refusal, ModelCannotSee) and refusal.model_id == "some/model" and "some/model" in refusal.message

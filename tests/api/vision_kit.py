@@ -24,8 +24,9 @@ SEEING = "local/tiny-llama-gguf"
 """A GGUF card made to see (capability "vision") and placed on llama_server."""
 BLIND = "local/tiny-llama"
 """The same placement's blind twin: a card without "vision" (text only), on llama_server."""
-MLX_SEEING = "mlx-community/gemma-3-4b-it-4bit"
-"""A card that sees, placed on MLX: an engine that serves no images."""
+MLX_SEEING = "mlx-community/Llama-3.2-1B-Instruct-4bit"
+"""A card made to see, placed on MLX, of a family MLX's vision path does not serve (llama;
+its served families, LLaVA and Gemma 3, are `MLX_VLM_VISION_TYPES`): no engine of it sees."""
 
 _BUILTIN = resolve_cards(builtin_cards_dir(), None).cards
 
@@ -36,7 +37,7 @@ def _seeing(model_id: str):
 
 
 CARDS = {ModelId(SEEING): _seeing(SEEING), ModelId(BLIND): _BUILTIN[ModelId(BLIND)],
-         ModelId(MLX_SEEING): _BUILTIN[ModelId(MLX_SEEING)]}
+         ModelId(MLX_SEEING): _seeing(MLX_SEEING)}
 
 
 def _instance(number: int, model_id: str, backend: str) -> Instance:

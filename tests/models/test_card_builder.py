@@ -315,6 +315,30 @@ def test_an_mlx_config_with_a_vision_tower_of_a_family_mlx_runs_builds_a_seeing_
     assert card.family == "llava" and "vision" in card.capabilities
     assert card.vocab_size == TINY_SPEC.vocab_size + 1 and card.num_layers == TINY_SPEC.num_layers
     # A tower of a family MLX's vision path has not been shown to run: no vision advertised.
-    gemma = {**LLAMA_CONFIG, "model_type": "gemma3", "vision_config": {"model_type": "siglip_vision_model"}}
-    assert "vision" not in card_from_config("org/gemma", gemma, 1000).capabilities
+    qwen = {**LLAMA_CONFIG, "model_type": "qwen2_vl", "vision_config": {"model_type": "qwen2_vl"}}
+    assert "vision" not in card_from_config("org/qwen-vl", qwen, 1000).capabilities
     assert "vision" not in card_from_config("org/m", LLAMA_CONFIG, 1000).capabilities
+
+
+def test_an_mlx_gemma3_config_with_its_tower_builds_a_seeing_card(tmp_path):
+    import json
+
+    from skulk.models.tiny_models import GEMMA3_TOKENS, TINY_SPEC, TINY_VISION_SPEC, write_mlx_vlm_gemma3
+
+    write_mlx_vlm_gemma3(tmp_path / "hf", TINY_SPEC, TINY_VISION_SPEC)
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    card = card_from_config("org/tiny-gemma3", config, 1000)
+    assert card.family == "gemma3" and "vision" in card.capabilities
+    assert card.vocab_size == TINY_SPEC.vocab_size + len(GEMMA3_TOKENS) and card.num_layers == TINY_SPEC.num_layers
+
+
+def test_an_mlx_qwen2_5_vl_config_with_its_tower_builds_a_seeing_card(tmp_path):
+    import json
+
+    from skulk.models.tiny_models import QWEN2_5_VL_TOKENS, TINY_SPEC, TINY_VISION_SPEC, write_mlx_vlm_qwen2_5_vl
+
+    write_mlx_vlm_qwen2_5_vl(tmp_path / "hf", TINY_SPEC, TINY_VISION_SPEC)
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    card = card_from_config("org/tiny-qwen-vl", config, 1000)
+    assert card.family == "qwen2_5_vl" and "vision" in card.capabilities
+    assert card.vocab_size == TINY_SPEC.vocab_size + len(QWEN2_5_VL_TOKENS) and card.num_layers == TINY_SPEC.num_layers

@@ -117,6 +117,16 @@ def test_generation_is_byte_identical_across_processes(tiny: TinyArtifacts, tmp_
     assert [name for name in first if first[name] != second[name]] == []
 
 
+@pytest.mark.parametrize("family", sorted(tiny_models.MLX_VLM_WRITERS))
+def test_mlx_vlm_folders_are_byte_identical_across_runs(family: str, tmp_path: Path) -> None:
+    write = tiny_models.MLX_VLM_WRITERS[family][0]
+    for name in ("first", "second"):
+        write(tmp_path / name / "hf", TINY_SPEC, tiny_models.TINY_VISION_SPEC)
+    first, second = tree_bytes(tmp_path / "first"), tree_bytes(tmp_path / "second")
+    assert first.keys() == second.keys()
+    assert [name for name in first if first[name] != second[name]] == []
+
+
 def test_generation_refuses_to_overwrite(tiny: TinyArtifacts) -> None:
     with pytest.raises(FileExistsError):
         generate_tiny_model(tiny.hf_dir.parent, TINY_SPEC)

@@ -12,6 +12,14 @@ Llama-architecture network with random weights and a BPE tokenizer trained on th
   projector with `TINY_VISION_SPEC`'s shapes, the tokenizer plus an `<image>` token, and
   CLIP preprocessor / LLaVA processor configs. No GGUF: llama.cpp reads its projector as
   `mmproj.gguf` (local/tiny-vlm-gguf);
+- `hf/` as a Gemma 3 VLM for mlx-vlm, for local/tiny-gemma3-vlm (`write_mlx_vlm_gemma3`):
+  the same shapes as a Gemma 3 language model (its extra norms), a tiny SigLIP tower and
+  Gemma 3's projector, the tokenizer plus Gemma 3's image tokens, and Gemma 3's processor
+  configs;
+- `hf/` as a Qwen2.5-VL model for mlx-vlm, for local/tiny-qwen2.5-vl
+  (`write_mlx_vlm_qwen2_5_vl`): a Qwen2 language model of the same shapes with M-RoPE, a
+  tiny Qwen2.5-VL vision tower and patch merger, the tokenizer plus Qwen's vision tokens, and
+  the Qwen2-VL image processor config;
 - `mmproj.gguf`, for a vision model only (`TinyVisionSpec`): a LLaVA-style multimodal
   projector (a tiny CLIP ViT and a two-layer `mlp` projector into the LM's embedding size)
   with random weights, which llama.cpp's `mtmd` loads beside `model.gguf` (llama-server's
@@ -769,6 +777,310 @@ def write_mlx_vlm(hf_dir: Path, spec: TinySpec, vision: TinyVisionSpec) -> None:
     _write_json(hf_dir / "tokenizer_config.json", tokenizer_config)
 
 
+GEMMA3_BOI_TOKEN = "<start_of_image>"
+GEMMA3_IMAGE_TOKEN = "<image_soft_token>"
+GEMMA3_EOI_TOKEN = "<end_of_image>"
+GEMMA3_PAD_TOKEN = "<pad>"
+GEMMA3_TOKENS: tuple[str, ...] = (GEMMA3_PAD_TOKEN, GEMMA3_BOI_TOKEN, GEMMA3_IMAGE_TOKEN, GEMMA3_EOI_TOKEN)
+"""The Gemma 3 VLM's added special tokens, after the trained vocabulary in this order. The
+prompt holds `<start_of_image>` per image; Gemma 3's processor expands it to
+`\n\n<start_of_image>` + `<image_soft_token>` x image_seq_length + `<end_of_image>\n\n`, and
+mlx-vlm's gemma3 puts the image's embeddings where the soft tokens are. `<pad>` is the
+config's pad_token_id (mlx-vlm zeroes that token's embedding), so no real token is padding."""
+
+
+GEMMA3_EMBED_STD = 0.02
+"""Gemma 3 ties its output layer to the token embeddings (mlx-vlm's gemma3 always does) and
+multiplies the embeddings by sqrt(hidden_size) on the way in. At EMBED_STD (1.0) a token's own
+embedding dominates the last hidden state and the tied logits echo the prompt's last token
+for ever (measured: twelve newlines for any image); at Gemma's own init scale the layers'
+unit-RMS outputs dominate and greedy decoding follows the prompt and the image."""
+
+
+def _gemma3_lm_weights(spec: TinySpec, silent_token_ids: Sequence[int]) -> dict[str, np.ndarray]:
+    """Gemma 3's text tensors: the Llama tensors of `_hf_weights` plus the per-head q/k norms
+    and the feed-forward pre/post norms Gemma 3 adds. Gemma's RMSNorm scales by (1 + weight),
+    so a unit norm is all zeros. No lm_head: it is the embedding (tied), whose rows of
+    `silent_token_ids` are zero, so those tokens' logit is 0 and they are never generated
+    (nor seen: a zero embedding adds nothing to the residual)."""
+    weights = _hf_weights(spec, silent_token_ids)
+    del weights["lm_head.weight"]
+    embed = "model.embed_tokens.weight"
+    weights[embed] = _uniform(spec.seed, embed, (spec.vocab_size, spec.hidden_size), GEMMA3_EMBED_STD)
+    weights[embed][list(silent_token_ids)] = 0.0
+    zeros_h = np.zeros(spec.hidden_size, dtype=np.float32)
+    for name in list(weights):
+        if name.endswith("norm.weight"):
+            weights[name] = zeros_h.copy()
+    for i in range(spec.num_layers):
+        p = f"model.layers.{i}"
+        weights[f"{p}.self_attn.q_norm.weight"] = np.zeros(spec.head_dim, dtype=np.float32)
+        weights[f"{p}.self_attn.k_norm.weight"] = np.zeros(spec.head_dim, dtype=np.float32)
+        weights[f"{p}.pre_feedforward_layernorm.weight"] = zeros_h.copy()
+        weights[f"{p}.post_feedforward_layernorm.weight"] = zeros_h.copy()
+    return dict(sorted(weights.items()))
+
+
+def _siglip_hf_weights(vision: TinyVisionSpec, lm_hidden_size: int) -> dict[str, np.ndarray]:
+    """Gemma 3's SigLIP tower (no class token, no pre-norm) and its projector (an RMS norm,
+    Gemma-style (1 + weight), then one matrix into the LM), float32, in a fixed order."""
+    h, ff, p = vision.hidden_size, vision.intermediate_size, vision.patch_size
+    weights, noise, linear, norm = _tower_builders(vision)
+
+    tower = "vision_tower.vision_model"
+    noise(f"{tower}.embeddings.patch_embedding.weight", (h, 3, p, p), HIDDEN_GAIN / math.sqrt(3 * p * p))
+    weights[f"{tower}.embeddings.patch_embedding.bias"] = np.zeros(h, dtype=np.float32)
+    noise(f"{tower}.embeddings.position_embedding.weight", (vision.image_tokens, h), EMBED_STD)
+    for i in range(vision.num_layers):
+        b = f"{tower}.encoder.layers.{i}"
+        norm(f"{b}.layer_norm1")
+        for name in ("q_proj", "k_proj", "v_proj"):
+            linear(f"{b}.self_attn.{name}", h, h)
+        linear(f"{b}.self_attn.out_proj", h, h, RESIDUAL_GAIN)
+        norm(f"{b}.layer_norm2")
+        linear(f"{b}.mlp.fc1", ff, h)
+        linear(f"{b}.mlp.fc2", h, ff, RESIDUAL_GAIN)
+    norm(f"{tower}.post_layernorm")
+    weights["multi_modal_projector.mm_soft_emb_norm.weight"] = np.zeros(h, dtype=np.float32)
+    # (in, out), as mlx-vlm's einsum reads it. The image features are divided by
+    # sqrt(hidden_size) and then multiplied back by the LM's embedding scale, so the gain
+    # alone sets how loud an image is against the unit-scale token embeddings.
+    noise("multi_modal_projector.mm_input_projection_weight", (h, lm_hidden_size),
+          vision.projection_gain / math.sqrt(h))
+    return weights
+
+
+def write_mlx_vlm_gemma3(hf_dir: Path, spec: TinySpec, vision: TinyVisionSpec) -> None:
+    """A Gemma 3 VLM safetensors folder mlx-vlm's gemma3 loads: a Gemma 3 language model of
+    `spec`'s shape (the tokenizer plus GEMMA3_TOKENS, so the vocabulary is four larger), a
+    SigLIP tower of `vision`'s shape, Gemma 3's projector, and the Gemma 3 processor and
+    image processor configs (`vision.image_tokens` soft tokens per image, no pooling)."""
+    from safetensors.numpy import save_file
+    from tokenizers import AddedToken
+
+    tokenizer = train_tokenizer(spec)
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in GEMMA3_TOKENS])
+    vocab = tokenizer.get_vocab()
+    lm_spec = replace(spec, vocab_size=tokenizer.get_vocab_size())
+    lm = _gemma3_lm_weights(lm_spec, [vocab[t] for t in (*SPECIAL_TOKENS, *GEMMA3_TOKENS)])
+    _write_hf(hf_dir, lm_spec, tokenizer, lm)
+    weights = {f"language_model.{name}": weight for name, weight in lm.items()}
+    weights.update(_siglip_hf_weights(vision, spec.hidden_size))
+    save_file({name: np.ascontiguousarray(w) for name, w in weights.items()}, str(hf_dir / "model.safetensors"),
+              metadata={"format": "pt"})
+    os.chmod(hf_dir / "model.safetensors", 0o644)
+    llama = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
+    text_config = {
+        "model_type": "gemma3_text",
+        "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.intermediate_size,
+        "num_hidden_layers": spec.num_layers,
+        "num_attention_heads": spec.num_attention_heads,
+        "num_key_value_heads": spec.num_key_value_heads,
+        "head_dim": spec.head_dim,
+        "query_pre_attn_scalar": spec.head_dim,
+        "vocab_size": lm_spec.vocab_size,
+        "rms_norm_eps": spec.rms_norm_eps,
+        "rope_global_base_freq": spec.rope_theta,
+        "rope_local_base_freq": spec.rope_theta,
+        "sliding_window": spec.context_length,
+        "sliding_window_pattern": 6,
+        "max_position_embeddings": spec.context_length,
+        "mm_tokens_per_image": vision.image_tokens,
+    }
+    _write_json(hf_dir / "config.json", {
+        "architectures": ["Gemma3ForConditionalGeneration"],
+        "model_type": "gemma3",
+        "text_config": text_config,
+        "vision_config": {
+            "model_type": "siglip_vision_model",
+            "hidden_size": vision.hidden_size,
+            "intermediate_size": vision.intermediate_size,
+            "num_hidden_layers": vision.num_layers,
+            "num_attention_heads": vision.num_attention_heads,
+            "image_size": vision.image_size,
+            "patch_size": vision.patch_size,
+            "num_channels": 3,
+            "layer_norm_eps": CLIP_NORM_EPS,
+        },
+        "image_token_index": vocab[GEMMA3_IMAGE_TOKEN],
+        "boi_token_index": vocab[GEMMA3_BOI_TOKEN],
+        "eoi_token_index": vocab[GEMMA3_EOI_TOKEN],
+        "mm_tokens_per_image": vision.image_tokens,
+        "hidden_size": spec.hidden_size,
+        "pad_token_id": vocab[GEMMA3_PAD_TOKEN],
+        "vocab_size": lm_spec.vocab_size,
+        "bos_token_id": llama["bos_token_id"],
+        "eos_token_id": llama["eos_token_id"],
+        "torch_dtype": spec.dtype,
+    })
+    _write_json(hf_dir / "preprocessor_config.json", {
+        "image_processor_type": "Gemma3ImageProcessor",
+        "processor_class": "Gemma3Processor",
+        "do_resize": True,
+        "size": {"height": vision.image_size, "width": vision.image_size},
+        "resample": 2,
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "image_mean": list(IMAGE_MEAN),
+        "image_std": list(IMAGE_STD),
+        "do_convert_rgb": None,
+        "do_pan_and_scan": None,
+        "pan_and_scan_max_num_crops": None,
+        "pan_and_scan_min_crop_size": None,
+        "pan_and_scan_min_ratio_to_activate": None,
+    })
+    _write_json(hf_dir / "processor_config.json", {
+        "processor_class": "Gemma3Processor",
+        "image_seq_length": vision.image_tokens,
+    })
+    tokenizer_config = json.loads((hf_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+    for token in GEMMA3_TOKENS:
+        tokenizer_config["added_tokens_decoder"][str(vocab[token])] = {
+            "content": token, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
+            "special": True,
+        }
+    tokenizer_config["pad_token"] = GEMMA3_PAD_TOKEN
+    tokenizer_config["boi_token"] = GEMMA3_BOI_TOKEN
+    tokenizer_config["eoi_token"] = GEMMA3_EOI_TOKEN
+    tokenizer_config["image_token"] = GEMMA3_IMAGE_TOKEN
+    tokenizer_config["extra_special_tokens"] = {
+        "boi_token": GEMMA3_BOI_TOKEN, "eoi_token": GEMMA3_EOI_TOKEN, "image_token": GEMMA3_IMAGE_TOKEN,
+    }
+    tokenizer_config["processor_class"] = "Gemma3Processor"
+    _write_json(hf_dir / "tokenizer_config.json", tokenizer_config)
+
+
+QWEN2_5_VL_START_TOKEN = "<|vision_start|>"
+QWEN2_5_VL_END_TOKEN = "<|vision_end|>"
+QWEN2_5_VL_IMAGE_TOKEN = "<|image_pad|>"
+QWEN2_5_VL_TOKENS: tuple[str, ...] = (QWEN2_5_VL_START_TOKEN, QWEN2_5_VL_END_TOKEN, "<|vision_pad|>",
+                                      QWEN2_5_VL_IMAGE_TOKEN, "<|video_pad|>")
+"""The Qwen2.5-VL model's added special tokens, after the trained vocabulary in this order.
+Qwen's chat template writes `<|vision_start|><|image_pad|><|vision_end|>` per image; its
+processor repeats `<|image_pad|>` once per merged patch (the image's grid t*h*w / merge**2),
+and M-RoPE numbers those positions in 2D from `<|vision_start|>` on."""
+
+QWEN2_5_VL_PATCH_PX = 8
+QWEN2_5_VL_MERGE = 2
+QWEN2_5_VL_MIN_PIXELS = 16 * 16
+QWEN2_5_VL_MAX_PIXELS = 64 * 64
+"""The tiny Qwen2.5-VL's image processor bounds: an image is resized to multiples of
+patch * merge (16 px) within these pixel counts, so the count of image tokens follows the
+image's shape (a 40x30 image: 48x32 px, 6x4 patches, 6 tokens; 64x64: 16 tokens)."""
+
+
+def _qwen2_5_vl_weights(spec: TinySpec, vision: TinyVisionSpec,
+                        silent_token_ids: Sequence[int]) -> dict[str, np.ndarray]:
+    """Qwen2.5-VL's tensors under mlx-vlm's names: the Llama tensors of `_hf_weights` with
+    Qwen2's q/k/v biases (zero) as the language model, and a tiny Qwen2.5-VL vision tower
+    (a 3D patch conv over two frames, RMS-normed blocks with a fused qkv and a gated MLP, the
+    2x2 patch merger into the LM), float32, in a fixed order."""
+    lm = _hf_weights(spec, silent_token_ids)
+    for i in range(spec.num_layers):
+        p = f"model.layers.{i}.self_attn"
+        lm[f"{p}.q_proj.bias"] = np.zeros(spec.num_attention_heads * spec.head_dim, dtype=np.float32)
+        for name in ("k_proj", "v_proj"):
+            lm[f"{p}.{name}.bias"] = np.zeros(spec.num_key_value_heads * spec.head_dim, dtype=np.float32)
+    weights = {f"language_model.{name}": weight for name, weight in sorted(lm.items())}
+    h, ff, p = vision.hidden_size, vision.intermediate_size, QWEN2_5_VL_PATCH_PX
+    tower, noise, linear, _ = _tower_builders(vision)
+    noise("vision_tower.patch_embed.proj.weight", (h, 3, 2, p, p), HIDDEN_GAIN / math.sqrt(3 * 2 * p * p))
+    for i in range(vision.num_layers):
+        b = f"vision_tower.blocks.{i}"
+        tower[f"{b}.norm1.weight"] = np.ones(h, dtype=np.float32)
+        linear(f"{b}.attn.qkv", 3 * h, h)
+        linear(f"{b}.attn.proj", h, h, RESIDUAL_GAIN)
+        tower[f"{b}.norm2.weight"] = np.ones(h, dtype=np.float32)
+        linear(f"{b}.mlp.gate_proj", ff, h)
+        linear(f"{b}.mlp.up_proj", ff, h)
+        linear(f"{b}.mlp.down_proj", h, ff, RESIDUAL_GAIN)
+    merged = h * QWEN2_5_VL_MERGE ** 2
+    tower["vision_tower.merger.ln_q.weight"] = np.ones(h, dtype=np.float32)
+    linear("vision_tower.merger.mlp.0", merged, merged)
+    linear("vision_tower.merger.mlp.2", spec.hidden_size, merged, vision.projection_gain)
+    weights.update(tower)
+    return weights
+
+
+def write_mlx_vlm_qwen2_5_vl(hf_dir: Path, spec: TinySpec, vision: TinyVisionSpec) -> None:
+    """A Qwen2.5-VL safetensors folder mlx-vlm's qwen2_5_vl loads: a Qwen2 language model of
+    `spec`'s shape with M-RoPE (the tokenizer plus QWEN2_5_VL_TOKENS), a tiny Qwen2.5-VL tower
+    of `vision`'s width and depth (8 px patches over two frames, 2x2 merge), and the Qwen2-VL
+    image processor and Qwen2.5-VL processor configs."""
+    from safetensors.numpy import save_file
+    from tokenizers import AddedToken
+
+    tokenizer = train_tokenizer(spec)
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN2_5_VL_TOKENS])
+    vocab = tokenizer.get_vocab()
+    lm_spec = replace(spec, vocab_size=tokenizer.get_vocab_size())
+    weights = _qwen2_5_vl_weights(lm_spec, vision, [vocab[t] for t in (*SPECIAL_TOKENS, *QWEN2_5_VL_TOKENS)])
+    _write_hf(hf_dir, lm_spec, tokenizer, {})
+    save_file({name: np.ascontiguousarray(w) for name, w in weights.items()}, str(hf_dir / "model.safetensors"),
+              metadata={"format": "pt"})
+    os.chmod(hf_dir / "model.safetensors", 0o644)
+    config = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
+    half = spec.head_dim // 2
+    config.update({
+        "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+        "model_type": "qwen2_5_vl",
+        # Rotary frequencies per axis (time, height, width): they must sum to head_dim / 2.
+        "rope_scaling": {"type": "mrope", "mrope_section": [half - 2 * (half * 3 // 8), half * 3 // 8,
+                                                             half * 3 // 8]},
+        "vision_config": {
+            "model_type": "qwen2_5_vl",
+            "depth": vision.num_layers,
+            "hidden_size": vision.hidden_size,
+            "intermediate_size": vision.intermediate_size,
+            "num_heads": vision.num_attention_heads,
+            "out_hidden_size": spec.hidden_size,
+            "patch_size": QWEN2_5_VL_PATCH_PX,
+            "spatial_patch_size": QWEN2_5_VL_PATCH_PX,
+            "spatial_merge_size": QWEN2_5_VL_MERGE,
+            "temporal_patch_size": 2,
+            "in_channels": 3,
+            # 32 px windows (2x2 merged units); the last block attends to the whole image.
+            "window_size": 2 * QWEN2_5_VL_MERGE * QWEN2_5_VL_PATCH_PX,
+            "fullatt_block_indexes": [vision.num_layers - 1],
+            "tokens_per_second": 2,
+        },
+        "image_token_id": vocab[QWEN2_5_VL_IMAGE_TOKEN],
+        "video_token_id": vocab["<|video_pad|>"],
+        "vision_start_token_id": vocab[QWEN2_5_VL_START_TOKEN],
+        "vision_end_token_id": vocab[QWEN2_5_VL_END_TOKEN],
+        "vision_token_id": vocab["<|vision_pad|>"],
+    })
+    _write_json(hf_dir / "config.json", config)
+    _write_json(hf_dir / "preprocessor_config.json", {
+        "image_processor_type": "Qwen2VLImageProcessor",
+        "processor_class": "Qwen2_5_VLProcessor",
+        "do_resize": True,
+        "resample": 3,
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "image_mean": list(IMAGE_MEAN),
+        "image_std": list(IMAGE_STD),
+        "do_convert_rgb": True,
+        "min_pixels": QWEN2_5_VL_MIN_PIXELS,
+        "max_pixels": QWEN2_5_VL_MAX_PIXELS,
+        "size": {"shortest_edge": QWEN2_5_VL_MIN_PIXELS, "longest_edge": QWEN2_5_VL_MAX_PIXELS},
+        "patch_size": QWEN2_5_VL_PATCH_PX,
+        "temporal_patch_size": 2,
+        "merge_size": QWEN2_5_VL_MERGE,
+    })
+    tokenizer_config = json.loads((hf_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+    for token in QWEN2_5_VL_TOKENS:
+        tokenizer_config["added_tokens_decoder"][str(vocab[token])] = {
+            "content": token, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
+            "special": True,
+        }
+    tokenizer_config["processor_class"] = "Qwen2_5_VLProcessor"
+    _write_json(hf_dir / "tokenizer_config.json", tokenizer_config)
+
+
 def _tree_size_bytes(directory: Path) -> int:
     return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
 
@@ -805,6 +1117,10 @@ def generate_tiny_model(out_dir: Path, spec: TinySpec, vision: TinyVisionSpec | 
 # ---------------------------------------------------------------------------------------
 
 
+MlxVlmFamily = Literal["llava", "gemma3", "qwen2_5_vl"]
+"""The mlx-vlm families the generator writes (`MLX_VLM_WRITERS`)."""
+
+
 @dataclass(frozen=True)
 class GeneratedModel:
     """Where a local-generated card's artifacts live under the models dir, and their spec."""
@@ -814,7 +1130,17 @@ class GeneratedModel:
     vision: TinyVisionSpec | None = None
     """The projector written beside model.gguf (`PROJECTOR_FILE_NAME`) for a vision card."""
     mlx_vlm: bool = False
-    """Write only hf/, as a LLaVA model for mlx-vlm (`write_mlx_vlm`), with `vision`'s tower."""
+    """Write only hf/, as a model for mlx-vlm of `mlx_vlm_family` (`MLX_VLM_WRITERS`), with
+    `vision`'s tower."""
+    mlx_vlm_family: MlxVlmFamily = "llava"
+
+MLX_VLM_WRITERS: Mapping[str, tuple[Callable[[Path, TinySpec, TinyVisionSpec], None], int, str]] = {
+    "llava": (write_mlx_vlm, 1, "-mlx-vlm"),
+    "gemma3": (write_mlx_vlm_gemma3, len(GEMMA3_TOKENS), "-mlx-vlm-gemma3"),
+    "qwen2_5_vl": (write_mlx_vlm_qwen2_5_vl, len(QWEN2_5_VL_TOKENS), "-mlx-vlm-qwen2_5_vl"),
+}
+"""An mlx-vlm family's writer, how many tokens it adds to the trained vocabulary (the card's
+vocab_size is that much larger), and its spec-hash suffix (a layout change regenerates)."""
 
 
 LOCAL_GENERATED_MODELS: Mapping[str, GeneratedModel] = {
@@ -822,11 +1148,17 @@ LOCAL_GENERATED_MODELS: Mapping[str, GeneratedModel] = {
     "local/tiny-llama-gguf": GeneratedModel("local--tiny-llama", TINY_SPEC),
     "local/tiny-vlm-gguf": GeneratedModel("local--tiny-vlm", TINY_SPEC, TINY_VISION_SPEC),
     "local/tiny-vlm": GeneratedModel("local--tiny-vlm-mlx", TINY_SPEC, TINY_VISION_SPEC, mlx_vlm=True),
+    "local/tiny-gemma3-vlm": GeneratedModel("local--tiny-gemma3-vlm", TINY_SPEC, TINY_VISION_SPEC, mlx_vlm=True,
+                                            mlx_vlm_family="gemma3"),
+    "local/tiny-qwen2.5-vl": GeneratedModel("local--tiny-qwen2.5-vl", TINY_SPEC, TINY_VISION_SPEC, mlx_vlm=True,
+                                            mlx_vlm_family="qwen2_5_vl"),
 }
 """Generated cards by model id. Both tiny cards share one directory: the HF card resolves to
 its hf/ folder, the GGUF card (the one with a llama.cpp backend) to its model.gguf. The
 vision card has its own directory (the same LM plus mmproj.gguf); so has the MLX vision card
-(hf/ only: a LLaVA folder for mlx-vlm)."""
+(hf/ only: a LLaVA folder for mlx-vlm), and so has the Gemma 3 one (a Gemma 3 folder, the
+same shapes with Gemma 3's norms, SigLIP tower and projector) and the Qwen2.5-VL one (a
+Qwen2 LM with M-RoPE and Qwen2.5-VL's windowed tower and patch merger)."""
 
 
 def generated_projector_path(model_path: Path) -> Path:
@@ -911,7 +1243,7 @@ def _generate_in_place(models_dir: Path, model_id: str, generated: GeneratedMode
     try:
         logger.info("generating %s (spec %s) into %s", model_id, expected_hash[:12], target)
         if generated.mlx_vlm and generated.vision is not None:
-            write_mlx_vlm(partial / HF_DIR_NAME, generated.spec, generated.vision)
+            MLX_VLM_WRITERS[generated.mlx_vlm_family][0](partial / HF_DIR_NAME, generated.spec, generated.vision)
         elif generated.vision is None:
             generate_tiny_model(partial, generated.spec)
         else:
@@ -920,6 +1252,8 @@ def _generate_in_place(models_dir: Path, model_id: str, generated: GeneratedMode
             partial / MARKER_FILE_NAME,
             {"spec_hash": expected_hash, "generator_version": GENERATOR_VERSION, "spec": asdict(generated.spec),
              **({"layout": "mlx-vlm"} if generated.mlx_vlm else {}),
+             **({"family": generated.mlx_vlm_family} if generated.mlx_vlm and generated.mlx_vlm_family != "llava"
+                else {}),
              **({"vision": asdict(generated.vision)} if generated.vision is not None else {})},
         )
         _fsync_tree(partial)
@@ -943,8 +1277,9 @@ def ensure_generated(card: ModelCard, models_dir: Path) -> Path:
             card.model_id,
             f"no generator for this id (generated models: {sorted({*LOCAL_GENERATED_MODELS, *SPEECH_GENERATORS})})"
         )
-    # The MLX vision model's LM has one more token (IMAGE_TOKEN) than the trained vocabulary.
-    mismatches = _shape_mismatches(card, replace(generated.spec, vocab_size=generated.spec.vocab_size + 1)
+    # An MLX vision model's LM has its image tokens after the trained vocabulary.
+    _, added_tokens, hash_suffix = MLX_VLM_WRITERS[generated.mlx_vlm_family]
+    mismatches = _shape_mismatches(card, replace(generated.spec, vocab_size=generated.spec.vocab_size + added_tokens)
                                    if generated.mlx_vlm else generated.spec)
     if mismatches:
         raise ArtifactUnavailable(
@@ -952,7 +1287,7 @@ def ensure_generated(card: ModelCard, models_dir: Path) -> Path:
         )
     models_dir = Path(models_dir)
     target = models_dir / generated.dir_name
-    expected_hash = spec_hash(generated.spec, generated.vision) + ("-mlx-vlm" if generated.mlx_vlm else "")
+    expected_hash = spec_hash(generated.spec, generated.vision) + (hash_suffix if generated.mlx_vlm else "")
     vision = generated.vision is not None
     gguf = not generated.mlx_vlm
     if not _marker_matches(target, expected_hash, vision, gguf):
@@ -1040,12 +1375,20 @@ __all__ = [
     "END_OF_TEXT_TOKEN",
     "EOS_TOKEN",
     "EOT_TOKEN",
+    "GEMMA3_BOI_TOKEN",
+    "GEMMA3_EOI_TOKEN",
+    "GEMMA3_IMAGE_TOKEN",
+    "GEMMA3_TOKENS",
     "GGUF_FILE_NAME",
     "HF_DIR_NAME",
     "IMAGE_TOKEN",
     "LOCAL_GENERATED_MODELS",
     "MARKER_FILE_NAME",
     "PROJECTOR_FILE_NAME",
+    "QWEN2_5_VL_END_TOKEN",
+    "QWEN2_5_VL_IMAGE_TOKEN",
+    "QWEN2_5_VL_START_TOKEN",
+    "QWEN2_5_VL_TOKENS",
     "SPECIAL_TOKENS",
     "TINY_DRAFT_SPEC",
     "TINY_SPEC",
@@ -1063,6 +1406,8 @@ __all__ = [
     "spec_hash",
     "train_tokenizer",
     "write_mlx_vlm",
+    "write_mlx_vlm_gemma3",
+    "write_mlx_vlm_qwen2_5_vl",
 ]
 
 if __name__ == "__main__":

@@ -151,12 +151,14 @@ class EngineTraits:
         return self.binary_env is not None
 
 
-MLX_VLM_VISION_TYPES: frozenset[str] = frozenset({"llava"})
+MLX_VLM_VISION_TYPES: frozenset[str] = frozenset({"llava", "gemma3", "qwen2_5_vl"})
 """config.json `model_type` values whose vision tower MLX's vision path runs through mlx-vlm
-(`skulk.worker.engines.mlx.vision`), as tested on a generated model (local/tiny-vlm). mlx-vlm
-(0.7) loads many more families, but each processor places its image tokens its own way
-(Gemma 3 expands `<start_of_image>`, Qwen2-VL its pads by image size): a family joins here
-once a test shows its prompt and embeddings line up. A card that sees with another family
+(`skulk.worker.engines.mlx.vision`, whose `VISION_FAMILIES` holds how each places its image
+tokens), as tested on generated models (local/tiny-vlm: LLaVA; local/tiny-gemma3-vlm: Gemma 3,
+which expands `<start_of_image>`; local/tiny-qwen2.5-vl: Qwen2.5-VL, which expands its
+`<|image_pad|>` by the image's grid and numbers positions with M-RoPE). mlx-vlm (0.7) loads
+many more families, but each processor places its image tokens its own way: a family joins
+here once a test shows its prompt and embeddings line up. A card that sees with another family
 runs on the text path, where images are refused by name. Ours, not generated from mlx-vlm
 (`engine_architectures` is)."""
 

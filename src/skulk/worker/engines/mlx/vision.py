@@ -5,11 +5,15 @@ mlx-lm has no vision towers; mlx-vlm loads the same safetensors folders with the
 projector (LLaVA, Qwen2-VL, Gemma 3, ...). The runner picks this engine instead of
 `engine.MlxEngine` for such a card (`runner.bootstrap.VISION_ENGINES`). A request's prompt
 is rendered with the tokenizer's own chat template exactly as the text path renders it
-(`text.prompt_and_tokens`); each image marker becomes the model's image token, and each
-image token is then repeated as many times as the model's processor expands it for that
-image, so the prompt's length (usage.prompt_tokens) counts every image embedding. The
-images' pixels come from the model's own processor; mlx-vlm puts their embeddings where the
-image tokens are and decodes.
+(`text.prompt_and_tokens`); each image marker becomes the family's placeholder token (LLaVA's
+`<image>`, Gemma 3's `<start_of_image>`), and each placeholder is then replaced by the ids the
+model's own processor gives that image's placeholder (LLaVA: `<image>` once per embedding;
+Gemma 3: `\n\n<start_of_image>`, a soft token per embedding, `<end_of_image>\n\n`;
+Qwen2.5-VL: `<|image_pad|>` per merged patch of the image's grid, framed by the
+`<|vision_start|>` and `<|vision_end|>` its chat template writes), so the
+prompt's length (usage.prompt_tokens) counts every image position. The images' pixels come
+from the model's own processor; mlx-vlm puts their embeddings where the image tokens are and
+decodes. Per-family quirks are data (`VISION_FAMILIES`), keyed by config.json's model_type.
 
 What it honours is in the engine traits table (`EngineTraits.vision_features`): images and
 plain sampling (temperature, top_p, top_k, min_p, seed), stop strings and max_tokens;
@@ -26,11 +30,14 @@ import json
 import logging
 import secrets
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from skulk.shared.types.cards import backend_engine
+from skulk.shared.types.engines import MLX_VLM_VISION_TYPES
 from skulk.shared.types.ids import ModelId
 from skulk.shared.types.media import ImageInput
 from skulk.shared.types.tasks import TextGenerationParams
@@ -60,6 +67,35 @@ PROCESSOR_OUTPUTS_IGNORED = frozenset({"input_ids", "attention_mask"})
 """What a processor returns beside the pixel tensors: the prompt ids are ours."""
 
 
+@dataclass(frozen=True)
+class VisionFamily:
+    """How one mlx-vlm family places images in its prompt."""
+
+    placeholder_attr: str
+    """The processor attribute naming the token a prompt holds once per image, the one the
+    processor expands (LLaVA's `image_token`, Gemma 3's `boi_token`)."""
+    attention_mask: bool = False
+    """Whether the model's embedding step reads the prompt's attention mask (Gemma 3's does:
+    mlx-vlm builds its mask from it; LLaVA's ignores it)."""
+    frame: tuple[str, str] | None = None
+    """Special tokens around each image that the family's chat template writes and its
+    processor does not (Qwen2.5-VL's `<|vision_start|>` ... `<|vision_end|>`, from which its
+    M-RoPE numbers the image's positions in 2D)."""
+
+
+VISION_FAMILIES: Mapping[str, VisionFamily] = MappingProxyType({
+    "llava": VisionFamily("image_token"),
+    "gemma3": VisionFamily("boi_token", attention_mask=True),
+    "qwen2_5_vl": VisionFamily("image_token", frame=("<|vision_start|>", "<|vision_end|>")),
+})
+"""config.json `model_type` -> its image placement; exactly the families of
+`MLX_VLM_VISION_TYPES` (checked at import): a family joins both once a test shows it serves."""
+
+if frozenset(VISION_FAMILIES) != MLX_VLM_VISION_TYPES:
+    raise RuntimeError(f"VISION_FAMILIES {sorted(VISION_FAMILIES)} must match MLX_VLM_VISION_TYPES "
+                       f"{sorted(MLX_VLM_VISION_TYPES)}")
+
+
 class VisionModelError(EngineError):
     """An image this model's processor cannot turn into embeddings (undecodable, or a shape
     its family does not take); the request fails with this message."""
@@ -71,26 +107,34 @@ def has_vision_tower(config: dict[str, Any]) -> bool:
     return isinstance(config.get("vision_config"), dict)
 
 
-def expanded(prompt: Sequence[int], image_token_id: int, counts: Sequence[int]) -> list[int]:
-    """`prompt` with its i-th image token repeated `counts[i]` times: the positions the
-    model's i-th image embeddings take. The count of image tokens must equal `len(counts)`."""
-    found = sum(1 for token in prompt if token == image_token_id)
-    if found != len(counts):
-        raise VisionModelError(f"the prompt holds {found} image token(s) for {len(counts)} image(s)")
+def expanded(prompt: Sequence[int], placeholder_id: int, blocks: Sequence[Sequence[int]]) -> list[int]:
+    """`prompt` with its i-th placeholder token replaced by `blocks[i]`: the ids the model's
+    processor gives the i-th image (its image tokens, and any framing the family adds). The
+    count of placeholders must equal `len(blocks)`."""
+    found = sum(1 for token in prompt if token == placeholder_id)
+    if found != len(blocks):
+        raise VisionModelError(f"the prompt holds {found} image token(s) for {len(blocks)} image(s)")
     out: list[int] = []
-    images = iter(counts)
+    images = iter(blocks)
     for token in prompt:
-        if token == image_token_id:
-            out.extend([image_token_id] * next(images))
+        if token == placeholder_id:
+            out.extend(next(images))
         else:
             out.append(token)
     return out
 
 
-def _image_token(processor: Any, tokenizer: Any) -> str:
-    token = getattr(processor, "image_token", None) or getattr(tokenizer, "image_token", None)
+def image_block(ids: Sequence[int], added: Sequence[int]) -> list[int]:
+    """The processor's ids for a lone placeholder (`ids`) less what the tokenizer adds to any
+    text (`added`, its ids for "": BOS, say), at the front: the ids one image takes."""
+    n = len(added)
+    return list(ids[n:]) if n and list(ids[:n]) == list(added) else list(ids)
+
+
+def _processor_token(processor: Any, tokenizer: Any, attr: str) -> str:
+    token = getattr(processor, attr, None) or getattr(tokenizer, attr, None)
     if not isinstance(token, str) or not token:
-        raise ModelLoadFailed("the model's processor names no image token; mlx-vlm cannot place images in its prompt")
+        raise ModelLoadFailed(f"the model's processor names no {attr}; mlx-vlm cannot place images in its prompt")
     return token
 
 
@@ -106,6 +150,11 @@ class MlxVisionEngine:
         self._eos: frozenset[int] = frozenset()
         self._image_token = ""
         self._image_token_id = -1
+        self._placeholder = ""
+        self._placeholder_id = -1
+        self._added_ids: list[int] = []
+        self._frame_ids: tuple[int, int] | None = None
+        self._family = VISION_FAMILIES["llava"]
         self._n_ctx = 0
         self._model_id = ModelId("")
         self._switches: tuple[str, ...] = ()
@@ -145,6 +194,10 @@ class MlxVisionEngine:
         if not has_vision_tower(config):
             raise ModelLoadFailed(f"{spec.card.model_id}'s card says it sees, but {path}/config.json has no "
                                   "vision_config (no vision tower to load)")
+        family = VISION_FAMILIES.get(str(config.get("model_type")))
+        if family is None:
+            raise ModelLoadFailed(f"{spec.card.model_id}'s model_type {config.get('model_type')!r} is not a family "
+                                  f"the MLX vision path serves ({', '.join(sorted(VISION_FAMILIES))})")
         try:
             from mlx_vlm.utils import load as load_vlm
 
@@ -157,16 +210,22 @@ class MlxVisionEngine:
         from mlx_lm.tokenizer_utils import TokenizerWrapper
 
         hf_tokenizer = getattr(processor, "tokenizer", processor)
-        image_token = _image_token(processor, hf_tokenizer)
+        image_token = _processor_token(processor, hf_tokenizer, "image_token")
+        placeholder = _processor_token(processor, hf_tokenizer, family.placeholder_attr)
         # The text helpers read the HF tokenizer as mlx-lm's wrapper holds it (`_tokenizer`).
         tokenizer = TokenizerWrapper(hf_tokenizer)
         specials = special_tokens(tokenizer)
-        if image_token not in specials:
-            raise ModelLoadFailed(f"the image token {image_token!r} is not a special token of the tokenizer")
+        for token in (image_token, placeholder, *(family.frame or ())):
+            if token not in specials:
+                raise ModelLoadFailed(f"the image token {token!r} is not a special token of the tokenizer")
         self._model, self._processor, self._tokenizer = model, processor, tokenizer
         self._token_bytes = token_bytes_table(tokenizer)
         self._specials = specials
         self._image_token, self._image_token_id = image_token, specials[image_token]
+        self._placeholder, self._placeholder_id = placeholder, specials[placeholder]
+        self._added_ids = _flat_ids(hf_tokenizer("")["input_ids"])
+        self._frame_ids = (specials[family.frame[0]], specials[family.frame[1]]) if family.frame else None
+        self._family = family
         eos = getattr(model.config, "eos_token_id", None) or getattr(hf_tokenizer, "eos_token_id", None)
         self._eos = frozenset(int(t) for t in (eos if isinstance(eos, list) else [eos] if eos is not None else []))
         self._n_ctx = min(spec.instance.context_token_limit, spec.card.context_length)
@@ -224,23 +283,23 @@ class MlxVisionEngine:
         try:
             _, prompt = prompt_and_tokens(self._tokenizer, request, specials=self._specials, limit=self._n_ctx,
                                           cancelled=cancelled, switches=self._switches,
-                                          image_token=self._image_token if images else None)
+                                          image_token=self._placeholder if images else None)
         except PromptOverContext as over:
             raise PromptTooLong(over.tokens_so_far, self._n_ctx) from None
         if not images:
             return prompt, {}
-        counts: list[int] = []
+        blocks: list[list[int]] = []
         tensors: list[dict[str, Any]] = []
         for image in images:
-            count, tensor = self._processed(image)
-            counts.append(count)
+            block, tensor = self._processed(image)
+            blocks.append(block)
             tensors.append(tensor)
-        prompt = expanded(prompt, self._image_token_id, counts)
+        prompt = expanded(prompt, self._placeholder_id, blocks)
         return prompt, (_concatenated(tensors) if pixels else {})
 
-    def _processed(self, image: ImageInput) -> tuple[int, dict[str, Any]]:
-        """How many prompt positions `image` takes, and its pixel tensors, from the model's
-        own processor (it expands the image token per image, as the model was trained)."""
+    def _processed(self, image: ImageInput) -> tuple[list[int], dict[str, Any]]:
+        """The prompt ids `image` takes and its pixel tensors, from the model's own processor
+        (it expands the placeholder per image, as the model was trained)."""
         from PIL import Image, UnidentifiedImageError
 
         try:
@@ -249,14 +308,15 @@ class MlxVisionEngine:
         except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
             raise VisionModelError(f"an image could not be decoded: {exc}") from exc
         try:
-            out = self._processor(text=[self._image_token], images=[picture])
+            out = self._processor(text=[self._placeholder], images=[picture])
         except Exception as exc:
             raise VisionModelError(f"the model's processor refused an image: {exc}") from exc
-        ids = _flat_ids(out["input_ids"])
-        count = sum(1 for token in ids if token == self._image_token_id)
-        if count < 1:
+        block = image_block(_flat_ids(out["input_ids"]), self._added_ids)
+        if not any(token == self._image_token_id for token in block):
             raise VisionModelError("the model's processor gave an image no prompt positions")
-        return count, {key: value for key, value in out.items()
+        if self._frame_ids is not None:
+            block = [self._frame_ids[0], *block, self._frame_ids[1]]
+        return block, {key: value for key, value in out.items()
                        if key not in PROCESSOR_OUTPUTS_IGNORED and value is not None}
 
     def _generate(self, request: TextGenerationParams, cancelled: threading.Event) -> Iterator[GeneratedToken]:
@@ -278,9 +338,10 @@ class MlxVisionEngine:
         params = resolve_sampling(request.temperature, request.top_p, request.top_k, request.seed,
                                   secrets.randbits(31), request.min_p)
         pixel_values = tensors.pop("pixel_values", None)
+        mask = mx.ones((1, len(prompt)), dtype=mx.int32) if self._family.attention_mask else None
         sampler = Sampler(params)
         # mlx-vlm hands the sampler a batch of one, (1, vocab); ours reads one row of logits.
-        steps = generate_step(mx.array([prompt]), self._model, pixel_values, None, max_tokens=max_new,
+        steps = generate_step(mx.array([prompt]), self._model, pixel_values, mask, max_tokens=max_new,
                               sampler=lambda logprobs: sampler(logprobs.reshape(-1)), **tensors)
 
         def next_token() -> int:
@@ -318,4 +379,5 @@ def _concatenated(tensors: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["MlxVisionEngine", "VisionModelError", "expanded", "has_vision_tower"]
+__all__ = ["VISION_FAMILIES", "MlxVisionEngine", "VisionFamily", "VisionModelError", "expanded", "has_vision_tower",
+           "image_block"]
