@@ -188,3 +188,15 @@ local_path = "/nonexistent/huge"
 compatible_backends = ["llama_cpp", "llama_cpp-cpu"]
 backend_preference = ["llama_cpp-cpu"]
 """
+
+
+def test_a_stopping_node_starts_no_runner(one_node):
+    """SIGTERM stops the node's runners; the worker's plan must not start them again while they
+    stop (it used to: a runner spawned after the SIGTERM, then killed with the process)."""
+    wait_instance_ready(one_node, place(one_node)["instanceId"])
+    one_node.stop()
+    log = one_node.log()
+    assert "stopping: received SIGTERM" in log
+    after = log.split("stopping: received SIGTERM", 1)[1]
+    assert "spawned, pid" not in after, after[-3000:]
+    assert "shut down (runner exited" in after  # its runner stopped, and only that one

@@ -129,6 +129,8 @@ class Worker:
         self._egress: asyncio.Queue[tuple[str, DataFrame]] = asyncio.Queue(maxsize=EGRESS_BOUND)
         self._drop_terminals = bool(setting(TEST_DROP_TERMINALS_ENV))
         self._wake = asyncio.Event()
+        self._stopping = False
+        """Set by `shutdown`: the plan acts no more, so no runner starts while the node stops."""
         self._background: set[asyncio.Task] = set()
         self.downloads = ArtifactDownloads(
             node_id=self.node_id, models_dir=models_dir, cards=cards, state=lambda: replica.state,
@@ -191,6 +193,8 @@ class Worker:
         """Act until the plan has nothing to do; the view it settled on, or None when the
         pass stopped at MAX_ACTIONS_PER_PASS with more to do."""
         for _ in range(MAX_ACTIONS_PER_PASS):
+            if self._stopping:
+                return None
             view = self._view()
             action = worker_plan.plan(view)
             if action is None:
@@ -280,6 +284,8 @@ class Worker:
     async def _spawn_runner(self, action: worker_plan.SpawnRunner) -> None:
         runner_id = action.shard.runner_id
         await asyncio.to_thread(self.downloads.mark_staged_use, action.model_path)
+        if self._stopping:
+            return
         supervisor = RunnerSupervisor(
             instance=action.instance,
             runner_id=runner_id,
@@ -408,10 +414,15 @@ class Worker:
             egress.cancel()
 
     async def shutdown(self) -> None:
-        """Stop every runner (bounded: each supervisor escalates to SIGKILL) and downloads."""
+        """Stop every runner (bounded: each supervisor escalates to SIGKILL) and downloads.
+        The plan acts no more from here: while the runners stopped, it used to see their
+        shards unserved and start them again (a runner spawned after the node's SIGTERM, then
+        killed). A spawn already under way when shutdown began is stopped in the next round."""
+        self._stopping = True
         self.downloads.cancel()
-        supervisors, self._supervisors = list(self._supervisors.values()), {}
-        await asyncio.gather(*(s.shutdown(timeout_s=2.0) for s in supervisors), return_exceptions=True)
+        while self._supervisors:
+            supervisors, self._supervisors = list(self._supervisors.values()), {}
+            await asyncio.gather(*(s.shutdown(timeout_s=2.0) for s in supervisors), return_exceptions=True)
 
     def instance_loads(self) -> dict[str, InstanceLoad]:
         """Generations running and messages queued, per instance, on this node's runners."""
